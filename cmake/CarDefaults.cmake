@@ -1,0 +1,30 @@
+# Project-wide compile settings: warnings, sanitizers, and the per-file ISA flags used by SIMD kernels.
+
+add_compile_options(-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align -Wnull-dereference
+                    -Wimplicit-fallthrough -Wno-unused-parameter)
+if(CAR_WERROR)
+  add_compile_options(-Werror)
+endif()
+
+if(CAR_SANITIZE)
+  add_compile_options(-fsanitize=${CAR_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_link_options(-fsanitize=${CAR_SANITIZE})
+endif()
+
+# car_simd_source(FILE ISA): compile one kernel file for an instruction set; the runtime dispatcher decides
+# whether it is ever called, so the rest of the program stays runnable on any x86-64.
+set(CAR_FLAGS_AVX2 "-mavx2;-mfma;-mf16c;-mbmi2")
+set(CAR_FLAGS_AVX512 "-mavx2;-mfma;-mf16c;-mbmi2;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16")
+function(car_simd_source file isa)
+  set_source_files_properties(${file} PROPERTIES COMPILE_OPTIONS "${CAR_FLAGS_${isa}}")
+endfunction()
+
+# car_add_gtest(NAME SOURCES... LIBS ...): one test executable registered with ctest test by test.
+function(car_add_gtest name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock Threads::Threads)
+  target_compile_definitions(${name} PRIVATE CAR_DEFAULT_CONFORMANCE_DIR="${CAR_DEFAULT_CONFORMANCE_DIR}"
+                                             CAR_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+endfunction()

@@ -1,0 +1,69 @@
+// Quantized tensor kernels: the arithmetic core. Row conversion (dequantize / quantize) and the matrix
+// products the forward pass runs, over weights in any GGUF block format, computed in place from the bytes
+// of the mmapped file.
+//
+// Numerics follow llama.cpp's CPU backend so that logits match it to ~1e-5: the input vector of every
+// product is first rounded to the weight type's dot-product partner (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: Q8_0 blocks
+// of 32; K-quants: Q8_K blocks of 256; F16: fp16; BF16: bf16; F32: unrounded), then multiplied.
+//
+// Every function has a scalar reference, always compiled (the test oracle), and SIMD variants (AVX2+FMA,
+// AVX-512) picked once at start-up from CPUID, overridable with CAR_INFERENCE_ISA=scalar|avx2|avx512 (read
+// by the tool/daemon and passed to set_isa(); core reads no environment itself).
+//
+// Thread safety: all functions are reentrant; matvec/matmul split rows over the given pool and allocate
+// nothing in the hot path beyond the caller-provided / thread-local scratch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "core/gguf/ggml_type.h"
+
+namespace car {
+class ThreadPool;
+}
+
+namespace car::tensor {
+
+enum class Isa { scalar, avx2, avx512 };
+/// The best ISA this CPU supports.
+Isa detect_isa();
+/// Select the kernels used from now on (clamped to what the CPU supports). Not thread-safe: call at start-up.
+void set_isa(Isa isa);
+Isa current_isa();
+std::string_view isa_name(Isa isa);
+/// Parse "scalar" | "avx2" | "avx512"; false when unknown.
+bool parse_isa(std::string_view s, Isa* out);
+
+/// Can dequantize_row / matvec handle this weight type?
+bool can_compute(GgmlType type);
+/// Can quantize_row produce this type (for synthetic models)?
+bool can_quantize(GgmlType type);
+
+/// Dequantize `n` elements (a multiple of the block size) from `src` to `dst`.
+void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
+/// Quantize `n` elements (round-to-nearest as ggml's reference quantizers do) into `dst`
+/// (ggml_row_bytes(type, n) bytes).
+void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
+
+/// A 2-D weight matrix in a GGUF tensor: `rows` rows of `cols` elements, each row `row_bytes` bytes.
+/// Non-owning: `data` points into the mapped file (or any buffer that outlives the call).
+struct MatrixView {
+  GgmlType type = GgmlType::F32;
+  const uint8_t* data = nullptr;
+  int64_t cols = 0;       ///< row length (ne[0])
+  int64_t rows = 0;       ///< ne[1]
+  size_t row_bytes = 0;
+};
+
+/// y[r] = dot(W[r, :], round(x)) for r in [0, rows). x has w.cols floats, y has w.rows floats.
+/// `pool` may be null (run on the calling thread).
+void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool);
+
+/// Batched product for prompt processing: for each of n vectors i, Y[i*ldy + r] = dot(W[r,:], round(X[i*ldx + :])).
+/// Each weight block is read once per tile of vectors. X is n x w.cols (row stride ldx), Y is n x w.rows
+/// (row stride ldy).
+void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool);
+
+}  // namespace car::tensor
