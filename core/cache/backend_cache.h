@@ -1,0 +1,609 @@
+// BackendCache<T>: a byte-budgeted LRU cache of loaded backends (models), with single-flight loading,
+// idle eviction that respects models in use, and accounting for `stats`.
+//
+// Contract. `get_or_load(key, size_bytes, loader)` returns a Handle (std::shared_ptr<CachedBackend<T>>)
+// for `key`; on a miss the loader runs OUTSIDE the cache's lock, and concurrent misses on one key run ONE
+// loader while the others wait for its outcome (single-flight). A failed load - the loader returns an
+// Error, or throws (the exception is caught and becomes Error{"load_failed", what()}) - is reported to
+// every waiter and nothing is cached. After an insert, least-recently-used entries are evicted until the
+// total is within the budget, never the entry just inserted (one entry larger than the budget stays
+// alone). A budget of 0 disables caching: every call loads and nothing is retained.
+//
+// Ownership. The cache holds one shared_ptr per entry; eviction (capacity, idle, invalidate, clear) only
+// drops that reference. A handle keeps working after eviction, and the backend is destroyed when the last
+// handle drops - never under the cache's lock. `stats()` reports the bytes of evicted entries that
+// handles still hold.
+//
+// Use. A request takes a Lease (`handle->acquire()` or `cache.lease_or_load(...)`), which marks the entry
+// in use: an entry with a live lease is never idle-evicted, and its idle time counts from the END of its
+// last use. To serialize with other requests on the same backend, lock it: `auto lock = lease.lock();`
+// (or `handle->lock()`). `stats()`, `list()`, `peek()` and `contains()` never refresh recency or idle time.
+//
+// Thread safety. Every member function is safe to call from any thread. One mutex (Core::mutex) guards the
+// map, the LRU list, the in-flight loads and the counters; it is never held while a loader runs or a
+// backend is destroyed. Each entry has its own mutex for the backend itself. The clock is injectable so
+// idle eviction is tested without sleeping; it must be callable from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/util/result.h"
+
+namespace car {
+
+/// The cache's notion of "now". Defaults to std::chrono::steady_clock::now.
+using CacheClock = std::function<std::chrono::steady_clock::time_point()>;
+
+/// Why an entry left the cache.
+enum class EvictionCause { capacity, idle, invalidate, clear };
+
+/// What one get_or_load / lease_or_load call did (optional out-parameter).
+struct LoadInfo {
+  bool hit = false;     ///< found cached (the protocol's `cached`)
+  bool waited = false;  ///< joined another caller's in-flight load of the same key
+  bool loaded = false;  ///< this call ran the loader
+  bool cached = false;  ///< the returned backend is retained by the cache (false when disabled/invalidated)
+  std::chrono::nanoseconds load_time{0};  ///< time spent loading or waiting for the load (0 on a hit)
+};
+
+/// Entries and bytes removed by one eviction call.
+struct Evicted {
+  std::size_t entries = 0;
+  std::uint64_t bytes = 0;
+  bool operator==(const Evicted&) const = default;
+};
+
+/// One cached entry, as `stats`/`list` show it. Never refreshes the entry.
+struct CacheEntryInfo {
+  std::string key;
+  std::uint64_t size_bytes = 0;
+  bool in_use = false;        ///< at least one live lease
+  std::uint32_t leases = 0;   ///< live leases
+  double idle_seconds = 0;    ///< since the end of the last use (0 while in use)
+  double age_seconds = 0;     ///< since it was loaded
+  std::uint64_t hits = 0;     ///< cache hits on this entry
+};
+
+/// Counters and the per-entry listing. Counters are cumulative since construction.
+struct CacheStats {
+  std::size_t entries = 0;
+  std::uint64_t total_bytes = 0;
+  std::uint64_t budget_bytes = 0;
+  std::optional<std::chrono::milliseconds> idle_ttl;  ///< nullopt: idle eviction disabled
+  std::uint64_t hits = 0;           ///< calls served from the cache
+  std::uint64_t misses = 0;         ///< calls that did not find the key cached (incl. waiters)
+  std::uint64_t coalesced = 0;      ///< misses that waited for another caller's load
+  std::uint64_t loads = 0;          ///< loader invocations
+  std::uint64_t load_failures = 0;  ///< loader invocations that failed (error or exception)
+  std::size_t loading = 0;          ///< loads in flight right now
+  std::uint64_t evictions_capacity = 0;
+  std::uint64_t evictions_idle = 0;
+  std::uint64_t evictions_invalidate = 0;
+  std::uint64_t evictions_clear = 0;
+  std::uint64_t evictions_total() const {
+    return evictions_capacity + evictions_idle + evictions_invalidate + evictions_clear;
+  }
+  std::size_t evicted_held_entries = 0;  ///< evicted entries some handle still holds
+  std::uint64_t evicted_held_bytes = 0;  ///< their bytes (released when the last handle drops)
+  double last_eviction_age_seconds = 0;  ///< age (since load) of the last evicted entry
+  double mean_eviction_age_seconds = 0;  ///< mean age at eviction over all evictions
+  std::vector<CacheEntryInfo> items;     ///< most recently used first
+};
+
+namespace cache_detail {
+
+/// State shared by the cache and every entry it created, so entries (and leases) outliving the cache
+/// still have a clock and a place to report their release.
+struct Core {
+  explicit Core(CacheClock c) : clock(std::move(c)) {}
+  std::mutex mutex;  ///< the cache's one map mutex (guards BackendCache's members, see there)
+  const CacheClock clock;
+  std::atomic<std::size_t> evicted_held_entries{0};
+  std::atomic<std::uint64_t> evicted_held_bytes{0};
+};
+
+inline std::int64_t to_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+inline double seconds_between(std::int64_t from_ns, std::int64_t to) {
+  return to > from_ns ? static_cast<double>(to - from_ns) / 1e9 : 0.0;
+}
+
+}  // namespace cache_detail
+
+template <typename T>
+class BackendCache;
+template <typename T>
+class BackendLease;
+
+/// One loaded backend plus its own mutex. Owned through std::shared_ptr (the Handle); the cache holds one
+/// reference while the entry is cached.
+template <typename T>
+class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
+ public:
+  CachedBackend(const CachedBackend&) = delete;
+  CachedBackend& operator=(const CachedBackend&) = delete;
+  ~CachedBackend() {
+    if (evicted_.load(std::memory_order_acquire)) {
+      core_->evicted_held_entries.fetch_sub(1, std::memory_order_relaxed);
+      core_->evicted_held_bytes.fetch_sub(size_bytes_, std::memory_order_relaxed);
+    }
+  }
+
+  /// The backend. Callers serialize access with lock() (or a lease's lock()).
+  T& backend() { return backend_; }
+  const T& backend() const { return backend_; }
+  /// The backend's own mutex (not the cache's).
+  std::mutex& mutex() { return mutex_; }
+  /// Lock the backend for one request: `auto lock = handle->lock();`.
+  [[nodiscard]] std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+
+  /// Mark the entry in use until the returned lease dies (it is then idle from that moment).
+  [[nodiscard]] BackendLease<T> acquire();
+
+  const std::string& key() const { return key_; }
+  std::uint64_t size_bytes() const { return size_bytes_; }
+  bool in_use() const { return leases_.load(std::memory_order_acquire) > 0; }
+  /// True once the cache dropped its reference (the handle still works).
+  bool evicted() const { return evicted_.load(std::memory_order_acquire); }
+
+ private:
+  friend class BackendCache<T>;
+  friend class BackendLease<T>;
+  struct Private {};
+
+ public:
+  /// Constructed by BackendCache only (Private is inaccessible elsewhere).
+  CachedBackend(Private, std::shared_ptr<cache_detail::Core> core, std::string key, std::uint64_t size_bytes,
+                T backend, std::int64_t now_ns)
+      : core_(std::move(core)),
+        key_(std::move(key)),
+        size_bytes_(size_bytes),
+        backend_(std::move(backend)),
+        loaded_ns_(now_ns),
+        last_used_ns_(now_ns) {}
+
+ private:
+  void release_lease() {
+    // Record the end of use before the count drops, so a sweep that sees 0 leases sees the new time.
+    last_used_ns_.store(cache_detail::to_ns(core_->clock()), std::memory_order_release);
+    leases_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  void touch(std::int64_t now_ns) { last_used_ns_.store(now_ns, std::memory_order_release); }
+  // Called with core_->mutex held, exactly once.
+  void mark_evicted() {
+    core_->evicted_held_entries.fetch_add(1, std::memory_order_relaxed);
+    core_->evicted_held_bytes.fetch_add(size_bytes_, std::memory_order_relaxed);
+    evicted_.store(true, std::memory_order_release);
+  }
+
+  const std::shared_ptr<cache_detail::Core> core_;
+  const std::string key_;
+  const std::uint64_t size_bytes_;
+  std::mutex mutex_;  ///< serializes requests on backend_ (taken by callers, never by the cache)
+  T backend_;
+  const std::int64_t loaded_ns_;
+  // Leases are taken under core_->mutex (so a sweep holding it sees a consistent count) and released
+  // without it. last_used_ns_ is written on hits (under core_->mutex) and on lease release.
+  std::atomic<std::uint32_t> leases_{0};
+  std::atomic<std::int64_t> last_used_ns_;
+  std::uint64_t hits_ = 0;       ///< GUARDED_BY(core_->mutex)
+  std::atomic<bool> evicted_{false};
+};
+
+/// RAII "in use" mark on one backend, held for the length of a request. Move-only; holds the handle, so
+/// the backend stays alive while the lease does.
+template <typename T>
+class BackendLease {
+ public:
+  using Handle = std::shared_ptr<CachedBackend<T>>;
+  BackendLease() = default;
+  BackendLease(BackendLease&& other) noexcept : entry_(std::move(other.entry_)) {}
+  BackendLease& operator=(BackendLease&& other) noexcept {
+    if (this != &other) {
+      reset();
+      entry_ = std::move(other.entry_);
+    }
+    return *this;
+  }
+  BackendLease(const BackendLease&) = delete;
+  BackendLease& operator=(const BackendLease&) = delete;
+  ~BackendLease() { reset(); }
+
+  /// End the use now (idle time starts counting from here).
+  void reset() {
+    if (entry_) {
+      entry_->release_lease();
+      entry_.reset();
+    }
+  }
+  explicit operator bool() const { return entry_ != nullptr; }
+  const Handle& handle() const { return entry_; }
+  CachedBackend<T>* operator->() const { return entry_.get(); }
+  T& backend() const { return entry_->backend(); }
+  [[nodiscard]] std::unique_lock<std::mutex> lock() const { return entry_->lock(); }
+
+ private:
+  friend class CachedBackend<T>;
+  friend class BackendCache<T>;
+  // Takes ownership of one already-counted lease on `entry`.
+  explicit BackendLease(Handle entry) : entry_(std::move(entry)) {}
+  Handle entry_;
+};
+
+template <typename T>
+BackendLease<T> CachedBackend<T>::acquire() {
+  {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    leases_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  return BackendLease<T>(this->shared_from_this());
+}
+
+template <typename T>
+class BackendCache {
+ public:
+  using Handle = std::shared_ptr<CachedBackend<T>>;
+  using Lease = BackendLease<T>;
+
+  /// `budget_bytes` 0 disables caching. `idle_ttl` nullopt (or zero) disables idle eviction.
+  explicit BackendCache(std::uint64_t budget_bytes,
+                        std::optional<std::chrono::milliseconds> idle_ttl = std::nullopt,
+                        CacheClock clock = [] { return std::chrono::steady_clock::now(); })
+      : core_(std::make_shared<cache_detail::Core>(std::move(clock))),
+        budget_bytes_(budget_bytes),
+        idle_ttl_(normalize_ttl(idle_ttl)) {}
+
+  BackendCache(const BackendCache&) = delete;
+  BackendCache& operator=(const BackendCache&) = delete;
+  /// Handles and leases outlive the cache safely; in-flight loads must have finished.
+  ~BackendCache() = default;
+
+  /// The handle for `key`, loading it on a miss. `loader` is a callable returning car::Result<T> (or T);
+  /// it runs outside the lock, at most once per key at a time. Errors are the loader's own Error, or
+  /// Error{"load_failed", what()} when it throws.
+  template <typename Loader>
+  Result<Handle> get_or_load(std::string_view key, std::uint64_t size_bytes, Loader&& loader,
+                             LoadInfo* info = nullptr) {
+    return lookup(key, size_bytes, std::forward<Loader>(loader), info, /*take_lease=*/false);
+  }
+
+  /// Like get_or_load, but the returned lease is taken atomically with the lookup, so the entry cannot
+  /// be idle-evicted between the two. The way a request should get its backend.
+  template <typename Loader>
+  Result<Lease> lease_or_load(std::string_view key, std::uint64_t size_bytes, Loader&& loader,
+                              LoadInfo* info = nullptr) {
+    Result<Handle> h = lookup(key, size_bytes, std::forward<Loader>(loader), info, /*take_lease=*/true);
+    if (!h.ok()) return h.error();
+    return Lease(std::move(h.value()));
+  }
+
+  /// The cached handle for `key`, or nullptr. Does not count as a hit or refresh anything.
+  Handle peek(std::string_view key) const {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    auto it = map_.find(std::string(key));
+    return it == map_.end() ? nullptr : *it->second;
+  }
+  bool contains(std::string_view key) const { return peek(key) != nullptr; }
+
+  /// Remove `key` (e.g. its file changed). Returns whether it was cached. A load of `key` in flight is
+  /// not cached when it completes (its callers still get the backend).
+  bool invalidate(std::string_view key) {
+    std::vector<Handle> dropped;
+    bool was_cached = false;
+    {
+      std::lock_guard<std::mutex> guard(core_->mutex);
+      std::string k(key);
+      if (auto f = flights_.find(k); f != flights_.end()) f->second->invalidated = true;
+      auto it = map_.find(k);
+      if (it != map_.end()) {
+        dropped.push_back(evict_locked(it, EvictionCause::invalidate, now_ns()));
+        was_cached = true;
+      }
+    }
+    return was_cached;  // `dropped` releases the cache's references outside the lock
+  }
+
+  /// Evict every entry (and keep loads in flight from being cached). Returns what was evicted.
+  Evicted clear() {
+    std::vector<Handle> dropped;
+    Evicted out;
+    {
+      std::lock_guard<std::mutex> guard(core_->mutex);
+      for (auto& [k, flight] : flights_) flight->invalidated = true;
+      const std::int64_t now = now_ns();
+      while (!lru_.empty()) {
+        auto it = map_.find(lru_.back()->key());
+        out.entries += 1;
+        out.bytes += (*it->second)->size_bytes();
+        dropped.push_back(evict_locked(it, EvictionCause::clear, now));
+      }
+    }
+    return out;
+  }
+
+  /// Evict entries not in use and idle (since the end of their last use) for at least the TTL.
+  /// A no-op returning {0, 0} when the TTL is unset. Meant to be driven by a timer.
+  Evicted evict_idle() {
+    std::vector<Handle> dropped;
+    Evicted out;
+    {
+      std::lock_guard<std::mutex> guard(core_->mutex);
+      if (!idle_ttl_) return out;
+      const std::int64_t now = now_ns();
+      const std::int64_t ttl_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(*idle_ttl_).count();
+      // One walk over the entries (O(entries)); each removal is O(1).
+      for (auto pos = lru_.begin(); pos != lru_.end();) {
+        const Handle& e = *pos;
+        ++pos;
+        if (e->leases_.load(std::memory_order_acquire) > 0) continue;
+        if (now - e->last_used_ns_.load(std::memory_order_acquire) < ttl_ns) continue;
+        out.entries += 1;
+        out.bytes += e->size_bytes();
+        dropped.push_back(evict_locked(map_.find(e->key()), EvictionCause::idle, now));
+      }
+    }
+    return out;
+  }
+
+  /// Change the budget at runtime (SIGHUP). Shrinking evicts LRU entries (cause: capacity) until within
+  /// the new budget; 0 evicts everything and disables caching.
+  Evicted set_budget(std::uint64_t budget_bytes) {
+    std::vector<Handle> dropped;
+    Evicted out;
+    {
+      std::lock_guard<std::mutex> guard(core_->mutex);
+      budget_bytes_ = budget_bytes;
+      const std::int64_t now = now_ns();
+      while (!lru_.empty() && (budget_bytes_ == 0 || total_bytes_ > budget_bytes_)) {
+        auto it = map_.find(lru_.back()->key());
+        out.entries += 1;
+        out.bytes += (*it->second)->size_bytes();
+        dropped.push_back(evict_locked(it, EvictionCause::capacity, now));
+      }
+    }
+    return out;
+  }
+
+  /// Change the idle TTL at runtime; nullopt or zero disables idle eviction. Takes effect on the next
+  /// evict_idle().
+  void set_idle_ttl(std::optional<std::chrono::milliseconds> ttl) {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    idle_ttl_ = normalize_ttl(ttl);
+  }
+
+  std::uint64_t budget_bytes() const {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    return budget_bytes_;
+  }
+  std::optional<std::chrono::milliseconds> idle_ttl() const {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    return idle_ttl_;
+  }
+  bool is_disabled() const { return budget_bytes() == 0; }
+
+  /// The cached entries, most recently used first. Refreshes nothing.
+  std::vector<CacheEntryInfo> list() const {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    return list_locked(now_ns());
+  }
+
+  /// Counters and listing. Refreshes nothing.
+  CacheStats stats() const {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    CacheStats s;
+    s.entries = map_.size();
+    s.total_bytes = total_bytes_;
+    s.budget_bytes = budget_bytes_;
+    s.idle_ttl = idle_ttl_;
+    s.hits = hits_;
+    s.misses = misses_;
+    s.coalesced = coalesced_;
+    s.loads = loads_;
+    s.load_failures = load_failures_;
+    s.loading = flights_.size();
+    s.evictions_capacity = evictions_[0];
+    s.evictions_idle = evictions_[1];
+    s.evictions_invalidate = evictions_[2];
+    s.evictions_clear = evictions_[3];
+    s.evicted_held_entries = core_->evicted_held_entries.load(std::memory_order_relaxed);
+    s.evicted_held_bytes = core_->evicted_held_bytes.load(std::memory_order_relaxed);
+    s.last_eviction_age_seconds = last_eviction_age_s_;
+    const std::uint64_t n = s.evictions_total();
+    s.mean_eviction_age_seconds = n == 0 ? 0.0 : eviction_age_sum_s_ / static_cast<double>(n);
+    s.items = list_locked(now_ns());
+    return s;
+  }
+
+ private:
+  using LruList = std::list<Handle>;  // front = most recently used
+
+  // One in-flight load; waiters sleep on `done_cv` with core_->mutex.
+  struct Flight {
+    std::condition_variable done_cv;
+    bool done = false;              ///< GUARDED_BY(core_->mutex)
+    bool invalidated = false;       ///< GUARDED_BY(core_->mutex): do not cache the result
+    std::optional<Error> error;     ///< GUARDED_BY(core_->mutex): set when the load failed
+    Handle handle;                  ///< GUARDED_BY(core_->mutex): set when it succeeded
+    std::chrono::steady_clock::time_point started;
+  };
+
+  static std::optional<std::chrono::milliseconds> normalize_ttl(std::optional<std::chrono::milliseconds> t) {
+    if (t && t->count() <= 0) return std::nullopt;
+    return t;
+  }
+
+  std::int64_t now_ns() const { return cache_detail::to_ns(core_->clock()); }
+
+  template <typename Loader>
+  static Result<T> run_loader(Loader& loader) {
+    try {
+      if constexpr (std::is_convertible_v<std::invoke_result_t<Loader&>, Result<T>>) {
+        return Result<T>(loader());
+      } else {
+        return Result<T>(T(loader()));
+      }
+    } catch (const std::exception& e) {
+      return make_error("load_failed", e.what());
+    } catch (...) {
+      return make_error("load_failed", "loader threw a non-standard exception");
+    }
+  }
+
+  template <typename Loader>
+  Result<Handle> lookup(std::string_view key_view, std::uint64_t size_bytes, Loader&& loader, LoadInfo* info,
+                        bool take_lease) {
+    LoadInfo local;
+    LoadInfo& out = info != nullptr ? *info : local;
+    out = LoadInfo{};
+    std::string key(key_view);
+    std::shared_ptr<Flight> flight;
+    {
+      std::unique_lock<std::mutex> guard(core_->mutex);
+      if (auto it = map_.find(key); it != map_.end()) {
+        Handle& h = *it->second;
+        lru_.splice(lru_.begin(), lru_, it->second);  // O(1) move to front
+        h->touch(now_ns());
+        h->hits_ += 1;
+        hits_ += 1;
+        if (take_lease) h->leases_.fetch_add(1, std::memory_order_acq_rel);
+        out.hit = true;
+        out.cached = true;
+        return h;
+      }
+      misses_ += 1;
+      if (budget_bytes_ != 0) {
+        if (auto f = flights_.find(key); f != flights_.end()) {
+          // Someone is loading this key: wait for its outcome.
+          coalesced_ += 1;
+          std::shared_ptr<Flight> other = f->second;
+          other->done_cv.wait(guard, [&] { return other->done; });
+          out.waited = true;
+          out.load_time = core_->clock() - other->started;
+          if (other->error) return *other->error;
+          Handle h = other->handle;
+          out.cached = !h->evicted() && map_.count(key) != 0 && *map_.at(key) == h;
+          if (take_lease) h->leases_.fetch_add(1, std::memory_order_acq_rel);
+          return h;
+        }
+        flight = std::make_shared<Flight>();
+        flight->started = core_->clock();
+        flights_.emplace(key, flight);
+      }
+      loads_ += 1;
+    }
+
+    // Load outside the lock.
+    const auto started = core_->clock();
+    Result<T> loaded = run_loader(loader);
+    out.loaded = true;
+
+    std::vector<Handle> dropped;  // released after the lock
+    std::unique_lock<std::mutex> guard(core_->mutex);
+    const std::int64_t now = now_ns();
+    out.load_time = core_->clock() - started;
+    if (!loaded.ok()) {
+      load_failures_ += 1;
+      if (flight) finish_flight(key, flight, loaded.error(), nullptr);
+      return loaded.error();
+    }
+    Handle h = std::make_shared<CachedBackend<T>>(typename CachedBackend<T>::Private{}, core_, key, size_bytes,
+                                                  std::move(loaded.value()), now);
+    if (take_lease) h->leases_.fetch_add(1, std::memory_order_acq_rel);
+    if (flight == nullptr || budget_bytes_ == 0 || flight->invalidated) {
+      // Caching disabled (now or when we started), or invalidated while loading: hand it out uncached.
+      if (flight) finish_flight(key, flight, std::nullopt, h);
+      return h;
+    }
+    lru_.push_front(h);
+    map_.emplace(key, lru_.begin());
+    total_bytes_ += size_bytes;
+    out.cached = true;
+    // Evict from the LRU end until within budget, never the entry just inserted (it is at the front).
+    while (total_bytes_ > budget_bytes_ && lru_.size() > 1) {
+      dropped.push_back(evict_locked(map_.find(lru_.back()->key()), EvictionCause::capacity, now));
+    }
+    finish_flight(key, flight, std::nullopt, h);
+    guard.unlock();
+    return h;
+  }
+
+  // Requires core_->mutex. Publishes a load's outcome to its waiters and forgets the flight.
+  void finish_flight(const std::string& key, const std::shared_ptr<Flight>& flight, std::optional<Error> error,
+                     Handle h) {
+    flight->done = true;
+    flight->error = std::move(error);
+    flight->handle = std::move(h);
+    flights_.erase(key);
+    flight->done_cv.notify_all();
+  }
+
+  // Requires core_->mutex. Removes one entry from the map and the LRU list and returns the cache's
+  // reference, which the caller drops after unlocking (a backend is never destroyed under the lock).
+  Handle evict_locked(typename std::unordered_map<std::string, typename LruList::iterator>::iterator it,
+                      EvictionCause cause, std::int64_t now) {
+    CAR_CHECK(it != map_.end());
+    Handle h = std::move(*it->second);
+    lru_.erase(it->second);
+    map_.erase(it);
+    CAR_CHECK(total_bytes_ >= h->size_bytes());
+    total_bytes_ -= h->size_bytes();
+    evictions_[static_cast<int>(cause)] += 1;
+    last_eviction_age_s_ = cache_detail::seconds_between(h->loaded_ns_, now);
+    eviction_age_sum_s_ += last_eviction_age_s_;
+    h->mark_evicted();
+    return h;
+  }
+
+  // Requires core_->mutex.
+  std::vector<CacheEntryInfo> list_locked(std::int64_t now) const {
+    std::vector<CacheEntryInfo> items;
+    items.reserve(lru_.size());
+    for (const Handle& e : lru_) {
+      CacheEntryInfo i;
+      i.key = e->key();
+      i.size_bytes = e->size_bytes();
+      i.leases = e->leases_.load(std::memory_order_acquire);
+      i.in_use = i.leases > 0;
+      i.idle_seconds = i.in_use ? 0.0 : cache_detail::seconds_between(e->last_used_ns_.load(), now);
+      i.age_seconds = cache_detail::seconds_between(e->loaded_ns_, now);
+      i.hits = e->hits_;
+      items.push_back(std::move(i));
+    }
+    return items;
+  }
+
+  const std::shared_ptr<cache_detail::Core> core_;  ///< core_->mutex guards everything below
+  // Invariant: an entry is in map_ iff it is in lru_; map_ points at its list node; total_bytes_ is the
+  // sum of their sizes. A key is in flights_ while exactly one caller runs its loader (and never when
+  // caching is disabled).
+  std::unordered_map<std::string, typename LruList::iterator> map_;  ///< GUARDED_BY(core_->mutex)
+  LruList lru_;                                                    ///< GUARDED_BY(core_->mutex)
+  std::unordered_map<std::string, std::shared_ptr<Flight>> flights_;  ///< GUARDED_BY(core_->mutex)
+  std::uint64_t total_bytes_ = 0;                                  ///< GUARDED_BY(core_->mutex)
+  std::uint64_t budget_bytes_;                                     ///< GUARDED_BY(core_->mutex)
+  std::optional<std::chrono::milliseconds> idle_ttl_;              ///< GUARDED_BY(core_->mutex)
+  std::uint64_t hits_ = 0, misses_ = 0, coalesced_ = 0, loads_ = 0, load_failures_ = 0;  ///< GUARDED_BY
+  std::uint64_t evictions_[4] = {0, 0, 0, 0};  ///< GUARDED_BY(core_->mutex), indexed by EvictionCause
+  double last_eviction_age_s_ = 0;             ///< GUARDED_BY(core_->mutex)
+  double eviction_age_sum_s_ = 0;              ///< GUARDED_BY(core_->mutex)
+};
+
+}  // namespace car
