@@ -78,6 +78,8 @@ struct Value;
 struct ArrayValue {
   ValueType elem_type = ValueType::UINT8;
   std::vector<Value> items;
+  /// Same element type and equal items (deep).
+  friend bool operator==(const ArrayValue& a, const ArrayValue& b);
 };
 
 /// One metadata value. The variant's index equals the ValueType id, so `type()` is `index()`.
@@ -93,6 +95,8 @@ struct Value {
   std::optional<int64_t> as_int() const;
   /// Any integer or float type as double.
   std::optional<double> as_double() const;
+  /// Same type and equal value (deep for arrays; floats compare with ==).
+  friend bool operator==(const Value& a, const Value& b) { return a.v == b.v; }
 };
 
 struct KeyValue {
