@@ -44,6 +44,10 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;      ///< stop strings (not included in the output)
   int top_logprobs = 0;               ///< K most likely ids per generated position
+  /// Keep generating past EOS until max_tokens (finish_reason "length"). Added for `car bench`, which
+  /// prefills random ids and must decode exactly max_tokens tokens; generate() should skip its EOS check
+  /// when set. Sampling and stop strings: core/engine/sampler.h (Sampler, StopMatcher).
+  bool ignore_eos = false;
 };
 
 struct TokenEvent {
