@@ -66,4 +66,17 @@ void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool);
 /// (row stride ldy).
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool);
 
+// ---- Lower-level entry points (the pieces matvec is made of), for callers that reuse a rounded vector. ----
+
+/// The type an input vector is rounded to for products with weights of type `w`: Q8_0 (Q4_0, Q5_0, Q8_0),
+/// Q8_1 (Q4_1, Q5_1; Q8_0 rounding plus per-block sums, as ggml pairs them), Q8_K (K-quants), F16, BF16,
+/// or F32 (F32 weights: not rounded).
+GgmlType activation_type(GgmlType w);
+/// Bytes of a rounded activation row of `n` elements for weights of type `w`.
+size_t activation_row_bytes(GgmlType w, int64_t n);
+/// Round `n` floats (a multiple of the weight block size) to activation_type(w) into `dst`.
+void quantize_activation(GgmlType w, const float* x, void* dst, int64_t n);
+/// dot(weight row, rounded activation row) of `n` elements with the current ISA's kernel.
+float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n);
+
 }  // namespace car::tensor

@@ -1,0 +1,135 @@
+// GGUF / ggml quantization block layouts, byte for byte as they are stored in a GGUF file's tensor data.
+//
+// Each struct is one block of a row: `QK*` elements packed into `sizeof(block_*)` bytes, little-endian, no
+// padding (every size is asserted below). Names follow ggml's ggml-common.h so they can be checked against the
+// format's definition. Scales marked `ggml_half` are IEEE fp16 bit patterns (see fp16.h).
+//
+// Element order inside a block (what dequantize_row produces):
+//   Q4_0/Q4_1/Q5_*:  element j < 16 is the low nibble of qs[j], element j + 16 the high nibble
+//                    (Q5_*: bit 4 of element i is bit i of the 32-bit little-endian qh).
+//   Q8_0/Q8_1/Q8_K:  element j is qs[j].
+//   Q2_K/Q3_K:       element p (p < 256) is 2 bits of qs[32 * (p / 128) + p % 32] at shift 2 * ((p / 32) % 4);
+//                    sub-block scale index p / 16. Q3_K's third bit is bit p / 32 of hmask[p % 32].
+//   Q4_K/Q5_K:       element p is the (p / 32) % 2 == 0 ? low : high nibble of qs[32 * (p / 64) + p % 32];
+//                    sub-block scale index p / 32 (6-bit scale and min packed in 12 bytes);
+//                    Q5_K's fifth bit is bit p / 32 of qh[p % 32].
+//   Q6_K:            element p: low 4 bits from ql[64 * (p / 128) + p % 64] (low nibble when (p % 128) < 64),
+//                    high 2 bits from qh[32 * (p / 128) + p % 32] at shift 2 * ((p % 128) / 32); scale p / 16.
+// Plain data; no behaviour here beyond the layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace car::tensor {
+
+using ggml_half = uint16_t;  ///< IEEE 754 binary16 bit pattern
+using ggml_bf16 = uint16_t;  ///< bfloat16 bit pattern (upper half of an fp32)
+
+inline constexpr int QK4_0 = 32;
+inline constexpr int QK4_1 = 32;
+inline constexpr int QK5_0 = 32;
+inline constexpr int QK5_1 = 32;
+inline constexpr int QK8_0 = 32;
+inline constexpr int QK8_1 = 32;
+inline constexpr int QK_K = 256;         ///< super-block size of the K-quants
+inline constexpr int K_SCALE_SIZE = 12;  ///< bytes of packed 6-bit scales+mins in Q4_K / Q5_K
+
+struct block_q4_0 {
+  ggml_half d;             ///< scale
+  uint8_t qs[QK4_0 / 2];   ///< nibbles; value = (q - 8) * d
+};
+static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "wrong q4_0 block size/padding");
+
+struct block_q4_1 {
+  ggml_half d;             ///< scale
+  ggml_half m;             ///< min; value = q * d + m
+  uint8_t qs[QK4_1 / 2];
+};
+static_assert(sizeof(block_q4_1) == 2 * 2 + QK4_1 / 2, "wrong q4_1 block size/padding");
+
+struct block_q5_0 {
+  ggml_half d;
+  uint8_t qh[4];           ///< 5th bits, little-endian u32
+  uint8_t qs[QK5_0 / 2];   ///< value = (q - 16) * d
+};
+static_assert(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "wrong q5_0 block size/padding");
+
+struct block_q5_1 {
+  ggml_half d;
+  ggml_half m;
+  uint8_t qh[4];
+  uint8_t qs[QK5_1 / 2];   ///< value = q * d + m
+};
+static_assert(sizeof(block_q5_1) == 2 * 2 + 4 + QK5_1 / 2, "wrong q5_1 block size/padding");
+
+struct block_q8_0 {
+  ggml_half d;
+  int8_t qs[QK8_0];        ///< value = q * d
+};
+static_assert(sizeof(block_q8_0) == 2 + QK8_0, "wrong q8_0 block size/padding");
+
+/// Activation partner of Q4_1 / Q5_1 (never stored in model files in practice).
+struct block_q8_1 {
+  ggml_half d;             ///< scale
+  ggml_half s;             ///< d * sum(qs), rounded to fp16
+  int8_t qs[QK8_1];
+};
+static_assert(sizeof(block_q8_1) == 2 * 2 + QK8_1, "wrong q8_1 block size/padding");
+
+/// 2-bit: 16 sub-blocks of 16, 4-bit scale and 4-bit min per sub-block. value = d*sc*q - dmin*m.
+struct block_q2_K {
+  uint8_t scales[QK_K / 16];  ///< low nibble scale, high nibble min
+  uint8_t qs[QK_K / 4];
+  ggml_half d;
+  ggml_half dmin;
+};
+static_assert(sizeof(block_q2_K) == 2 * 2 + QK_K / 16 + QK_K / 4, "wrong q2_K block size/padding");
+
+/// 3-bit: 16 sub-blocks of 16, signed 6-bit scales (stored + 32). value = d * (sc - 32) * (q - 4*!hbit).
+struct block_q3_K {
+  uint8_t hmask[QK_K / 8];
+  uint8_t qs[QK_K / 4];
+  uint8_t scales[12];
+  ggml_half d;
+};
+static_assert(sizeof(block_q3_K) == 2 + QK_K / 4 + QK_K / 8 + 12, "wrong q3_K block size/padding");
+
+/// 4-bit: 8 sub-blocks of 32, 6-bit scale and min each. value = d*sc*q - dmin*m.
+struct block_q4_K {
+  ggml_half d;
+  ggml_half dmin;
+  uint8_t scales[K_SCALE_SIZE];
+  uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_q4_K) == 2 * 2 + K_SCALE_SIZE + QK_K / 2, "wrong q4_K block size/padding");
+
+/// 5-bit: as Q4_K plus one high bit per element.
+struct block_q5_K {
+  ggml_half d;
+  ggml_half dmin;
+  uint8_t scales[K_SCALE_SIZE];
+  uint8_t qh[QK_K / 8];
+  uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_q5_K) == 2 * 2 + K_SCALE_SIZE + QK_K / 2 + QK_K / 8, "wrong q5_K block size/padding");
+
+/// 6-bit: 16 sub-blocks of 16, int8 scales. value = d * sc * (q - 32).
+struct block_q6_K {
+  uint8_t ql[QK_K / 2];       ///< low 4 bits
+  uint8_t qh[QK_K / 4];       ///< high 2 bits
+  int8_t scales[QK_K / 16];
+  ggml_half d;
+};
+static_assert(sizeof(block_q6_K) == 2 + QK_K / 16 + 3 * QK_K / 4, "wrong q6_K block size/padding");
+
+/// Activation partner of the K-quants: fp32 scale, sums of each 16 quants.
+struct block_q8_K {
+  float d;
+  int8_t qs[QK_K];
+  int16_t bsums[QK_K / 16];
+};
+static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t),
+              "wrong q8_K block size/padding");
+
+}  // namespace car::tensor

@@ -1,0 +1,84 @@
+// Internal to core/tensor: the per-ISA function tables behind kernels.h, and the scalar reference kernels.
+//
+// One DotKernels table per instruction set (scalar, AVX2+FMA, AVX-512). kernels.cpp picks one at start-up
+// (set_isa) and every product goes through it, so ISA choice is a pointer, not #ifdefs. The AVX-512 table starts
+// as a copy of the AVX2 one and overrides the entries it has its own kernels for; a null entry means the type
+// has no dot product at all (can_compute() is false).
+//
+// A dot kernel computes dot(weight row, activation row) for `n` elements (a multiple of the weight block
+// size), where the activation row was already rounded to the weight type's partner (act_type()). The scalar
+// versions follow ggml's generic C kernels operation for operation (integer sums per block, then scaled,
+// in the same float order), which is what llama.cpp's results are compared against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gguf/ggml_type.h"
+#include "core/tensor/kernels.h"
+
+namespace car::tensor::detail {
+
+inline constexpr int kTypeSlots = 40;  ///< ggml type ids are < 40
+
+using DotFn = float (*)(const void* w, const void* a, int64_t n);
+using ConvertFn = void (*)(const float* x, void* dst, int64_t n);
+
+struct DotKernels {
+  DotFn dot[kTypeSlots] = {};           ///< indexed by weight type id
+  ConvertFn quantize_act[kTypeSlots] = {};  ///< indexed by *activation* type id (Q8_0, Q8_1, Q8_K, F16, BF16)
+};
+
+/// Block geometry for the types this module knows (block elements, bytes); {0, 0} for others.
+struct BlockGeometry {
+  int64_t block_size = 0;
+  int64_t block_bytes = 0;
+};
+BlockGeometry geometry(GgmlType t);
+/// Bytes of a row of n elements of type t (n a multiple of the block size).
+inline size_t row_bytes(GgmlType t, int64_t n) {
+  const BlockGeometry g = geometry(t);
+  return static_cast<size_t>(n / g.block_size * g.block_bytes);
+}
+
+/// The type an activation row is rounded to before a product with weights of type w.
+GgmlType act_type(GgmlType w);
+
+const DotKernels& scalar_kernels();
+/// nullptr when the build has no such kernels (never on x86-64 builds of this project).
+const DotKernels* avx2_kernels();
+const DotKernels* avx512_kernels();
+/// The table for an ISA (scalar for Isa::scalar); does not check that the CPU supports it.
+const DotKernels& kernels_for(Isa isa);
+
+// ---- scalar references (ref_quantize.cpp, ref_dequantize.cpp, ref_dot.cpp) ----
+
+// Activation rounding, as llama.cpp's x86 CPU backend does it.
+void quantize_act_q8_0(const float* x, void* dst, int64_t n);  ///< RNE(x * 127/amax), fp16 scale amax/127
+void quantize_act_q8_1(const float* x, void* dst, int64_t n);  ///< as Q8_0 plus s = fp16(d * sum q)
+void quantize_act_q8_K(const float* x, void* dst, int64_t n);  ///< ggml's quantize_row_q8_K_ref
+void convert_act_f16(const float* x, void* dst, int64_t n);
+void convert_act_bf16(const float* x, void* dst, int64_t n);
+
+/// Weight quantizers (round to nearest, for writing synthetic models). false when the type has none.
+bool quantize_weights_ref(GgmlType t, const float* x, void* dst, int64_t n);
+/// Dequantize; false when the type has no dequantizer.
+bool dequantize_ref(GgmlType t, const void* src, float* dst, int64_t n);
+
+float dot_f32_ref(const void* w, const void* a, int64_t n);
+float dot_f16_ref(const void* w, const void* a, int64_t n);
+float dot_bf16_ref(const void* w, const void* a, int64_t n);
+float dot_q4_0_q8_0_ref(const void* w, const void* a, int64_t n);
+float dot_q4_1_q8_1_ref(const void* w, const void* a, int64_t n);
+float dot_q5_0_q8_0_ref(const void* w, const void* a, int64_t n);
+float dot_q5_1_q8_1_ref(const void* w, const void* a, int64_t n);
+float dot_q8_0_q8_0_ref(const void* w, const void* a, int64_t n);
+float dot_q2_K_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_q3_K_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_q4_K_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n);
+
+inline int slot(GgmlType t) { return static_cast<int>(t); }
+
+}  // namespace car::tensor::detail

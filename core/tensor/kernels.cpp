@@ -1,0 +1,326 @@
+// ISA selection, the public row conversions, and the threaded matrix products over the selected table.
+#include "core/tensor/kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "core/tensor/blocks.h"
+#include "core/tensor/kernel_table.h"
+#include "core/util/result.h"
+#include "core/util/thread_pool.h"
+
+namespace car::tensor {
+namespace detail {
+
+BlockGeometry geometry(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return {1, 4};
+    case GgmlType::F16: return {1, 2};
+    case GgmlType::BF16: return {1, 2};
+    case GgmlType::Q4_0: return {QK4_0, sizeof(block_q4_0)};
+    case GgmlType::Q4_1: return {QK4_1, sizeof(block_q4_1)};
+    case GgmlType::Q5_0: return {QK5_0, sizeof(block_q5_0)};
+    case GgmlType::Q5_1: return {QK5_1, sizeof(block_q5_1)};
+    case GgmlType::Q8_0: return {QK8_0, sizeof(block_q8_0)};
+    case GgmlType::Q8_1: return {QK8_1, sizeof(block_q8_1)};
+    case GgmlType::Q2_K: return {QK_K, sizeof(block_q2_K)};
+    case GgmlType::Q3_K: return {QK_K, sizeof(block_q3_K)};
+    case GgmlType::Q4_K: return {QK_K, sizeof(block_q4_K)};
+    case GgmlType::Q5_K: return {QK_K, sizeof(block_q5_K)};
+    case GgmlType::Q6_K: return {QK_K, sizeof(block_q6_K)};
+    case GgmlType::Q8_K: return {QK_K, sizeof(block_q8_K)};
+    default: return {};
+  }
+}
+
+GgmlType act_type(GgmlType w) {
+  switch (w) {
+    case GgmlType::F16: return GgmlType::F16;
+    case GgmlType::BF16: return GgmlType::BF16;
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+    case GgmlType::Q8_0: return GgmlType::Q8_0;
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1: return GgmlType::Q8_1;
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K: return GgmlType::Q8_K;
+    default: return GgmlType::F32;
+  }
+}
+
+namespace {
+DotKernels make_scalar_table() {
+  DotKernels k;
+  k.dot[slot(GgmlType::F32)] = dot_f32_ref;
+  k.dot[slot(GgmlType::F16)] = dot_f16_ref;
+  k.dot[slot(GgmlType::BF16)] = dot_bf16_ref;
+  k.dot[slot(GgmlType::Q4_0)] = dot_q4_0_q8_0_ref;
+  k.dot[slot(GgmlType::Q4_1)] = dot_q4_1_q8_1_ref;
+  k.dot[slot(GgmlType::Q5_0)] = dot_q5_0_q8_0_ref;
+  k.dot[slot(GgmlType::Q5_1)] = dot_q5_1_q8_1_ref;
+  k.dot[slot(GgmlType::Q8_0)] = dot_q8_0_q8_0_ref;
+  k.dot[slot(GgmlType::Q2_K)] = dot_q2_K_q8_K_ref;
+  k.dot[slot(GgmlType::Q3_K)] = dot_q3_K_q8_K_ref;
+  k.dot[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_ref;
+  k.dot[slot(GgmlType::Q5_K)] = dot_q5_K_q8_K_ref;
+  k.dot[slot(GgmlType::Q6_K)] = dot_q6_K_q8_K_ref;
+  k.quantize_act[slot(GgmlType::Q8_0)] = quantize_act_q8_0;
+  k.quantize_act[slot(GgmlType::Q8_1)] = quantize_act_q8_1;
+  k.quantize_act[slot(GgmlType::Q8_K)] = quantize_act_q8_K;
+  k.quantize_act[slot(GgmlType::F16)] = convert_act_f16;
+  k.quantize_act[slot(GgmlType::BF16)] = convert_act_bf16;
+  return k;
+}
+}  // namespace
+
+const DotKernels& scalar_kernels() {
+  static const DotKernels table = make_scalar_table();
+  return table;
+}
+
+const DotKernels& kernels_for(Isa isa) {
+  if (isa == Isa::avx512 && avx512_kernels() != nullptr) return *avx512_kernels();
+  if (isa != Isa::scalar && avx2_kernels() != nullptr) return *avx2_kernels();
+  return scalar_kernels();
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::DotKernels;
+using detail::slot;
+
+bool cpu_has(Isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  switch (isa) {
+    case Isa::scalar: return true;
+    case Isa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+             __builtin_cpu_supports("bmi2");
+    case Isa::avx512:
+      return cpu_has(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+#else
+  return isa == Isa::scalar;
+#endif
+}
+
+struct Active {
+  Isa isa;
+  const DotKernels* table;
+};
+
+Active& active() {
+  static Active a = [] {
+    const Isa isa = detect_isa();
+    return Active{isa, &detail::kernels_for(isa)};
+  }();
+  return a;
+}
+
+/// Per-thread, grow-only, 64-byte aligned scratch for rounded activations (allocates only when it grows).
+class Scratch {
+ public:
+  uint8_t* get(size_t bytes) {
+    if (bytes > cap_) {
+      cap_ = std::max(bytes, cap_ * 2);
+      buf_.reset(static_cast<uint8_t*>(::operator new(cap_, std::align_val_t{64})));
+    }
+    return buf_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<uint8_t, Free> buf_;
+  size_t cap_ = 0;
+};
+
+thread_local Scratch tls_act_scratch;
+
+/// Round x into dst for weight type w with table k (F32: copy-free, returns x itself).
+const void* round_into(const DotKernels& k, GgmlType w, const float* x, int64_t n, uint8_t* dst) {
+  const GgmlType a = detail::act_type(w);
+  if (a == GgmlType::F32) return x;
+  k.quantize_act[slot(a)](x, dst, n);
+  return dst;
+}
+
+// Work split: chunks of about kChunkBytes of weights per task so both threads stream long sequential runs,
+// and products smaller than kMinParallelBytes stay on the calling thread (fork-join would cost more).
+constexpr size_t kChunkBytes = 64 * 1024;
+constexpr size_t kMinParallelBytes = 96 * 1024;
+constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
+
+void check_view(const MatrixView& w, const DotKernels& k) {
+  CAR_CHECK(static_cast<uint32_t>(w.type) < static_cast<uint32_t>(detail::kTypeSlots));
+  CAR_CHECK(k.dot[slot(w.type)] != nullptr);
+  const detail::BlockGeometry g = detail::geometry(w.type);
+  CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
+  CAR_CHECK(w.row_bytes >= detail::row_bytes(w.type, w.cols));
+  CAR_CHECK(w.rows >= 0 && (w.rows == 0 || w.data != nullptr));
+}
+
+int64_t rows_per_chunk(const MatrixView& w) {
+  return std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(1, w.row_bytes)));
+}
+
+}  // namespace
+
+Isa detect_isa() {
+  if (cpu_has(Isa::avx512) && detail::avx512_kernels() != nullptr) return Isa::avx512;
+  if (cpu_has(Isa::avx2) && detail::avx2_kernels() != nullptr) return Isa::avx2;
+  return Isa::scalar;
+}
+
+void set_isa(Isa isa) {
+  Isa best = detect_isa();
+  if (isa == Isa::avx512 && best != Isa::avx512) isa = best;
+  if (isa == Isa::avx2 && best == Isa::scalar) isa = Isa::scalar;
+  active() = Active{isa, &detail::kernels_for(isa)};
+}
+
+Isa current_isa() { return active().isa; }
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+bool parse_isa(std::string_view s, Isa* out) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (s == isa_name(isa)) {
+      *out = isa;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool can_compute(GgmlType type) {
+  const auto id = static_cast<uint32_t>(type);
+  return id < static_cast<uint32_t>(detail::kTypeSlots) && detail::scalar_kernels().dot[id] != nullptr;
+}
+
+bool can_quantize(GgmlType type) {
+  return can_compute(type) || type == GgmlType::Q8_1 || type == GgmlType::Q8_K;
+}
+
+void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
+  CAR_CHECK(detail::dequantize_ref(type, src, dst, n));
+}
+
+void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
+  CAR_CHECK(detail::quantize_weights_ref(type, src, dst, n));
+}
+
+GgmlType activation_type(GgmlType w) { return detail::act_type(w); }
+
+size_t activation_row_bytes(GgmlType w, int64_t n) { return detail::row_bytes(detail::act_type(w), n); }
+
+void quantize_activation(GgmlType w, const float* x, void* dst, int64_t n) {
+  const GgmlType a = detail::act_type(w);
+  if (a == GgmlType::F32) {
+    std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  active().table->quantize_act[slot(a)](x, dst, n);
+}
+
+float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n) {
+  const DotKernels& k = *active().table;
+  CAR_CHECK(static_cast<uint32_t>(w) < static_cast<uint32_t>(detail::kTypeSlots) && k.dot[slot(w)] != nullptr);
+  return k.dot[slot(w)](w_row, act, n);
+}
+
+void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
+  const DotKernels& k = *active().table;
+  check_view(w, k);
+  const detail::DotFn dot = k.dot[slot(w.type)];
+  const void* act = round_into(k, w.type, x, w.cols, tls_act_scratch.get(activation_row_bytes(w.type, w.cols)));
+  const int64_t cols = w.cols;
+  const uint8_t* base = w.data;
+  const size_t stride = w.row_bytes;
+  auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) y[r] = dot(base + static_cast<size_t>(r) * stride, act, cols);
+  };
+  const size_t total = static_cast<size_t>(w.rows) * w.row_bytes;
+  if (pool == nullptr || pool->size() == 1 || total < kMinParallelBytes) {
+    rows(0, w.rows);
+    return;
+  }
+  pool->parallel_for(w.rows, rows_per_chunk(w), 0, rows);
+}
+
+void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
+  if (n <= 0) return;
+  if (n == 1) {
+    matvec(w, x, y, pool);
+    return;
+  }
+  const DotKernels& k = *active().table;
+  check_view(w, k);
+  CAR_CHECK(ldx >= w.cols && ldy >= w.rows);
+  const detail::DotFn dot = k.dot[slot(w.type)];
+  const GgmlType at = detail::act_type(w.type);
+  const int64_t cols = w.cols;
+
+  // Round every input vector once; F32 weights read X in place.
+  const size_t act_bytes = at == GgmlType::F32 ? 0 : activation_row_bytes(w.type, cols);
+  uint8_t* acts = tls_act_scratch.get(std::max<size_t>(1, act_bytes * static_cast<size_t>(n)));
+  auto act_of = [&](int64_t i) -> const void* {
+    return at == GgmlType::F32 ? static_cast<const void*>(x + i * ldx)
+                               : static_cast<const void*>(acts + static_cast<size_t>(i) * act_bytes);
+  };
+  const bool threaded = pool != nullptr && pool->size() > 1 &&
+                        static_cast<size_t>(w.rows) * w.row_bytes * static_cast<size_t>(n) >= kMinParallelBytes;
+  if (at != GgmlType::F32) {
+    auto quantize = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        k.quantize_act[slot(at)](x + i * ldx, acts + static_cast<size_t>(i) * act_bytes, cols);
+      }
+    };
+    if (threaded) {
+      pool->parallel_for(n, std::max<int64_t>(1, 16384 / cols), 0, quantize);
+    } else {
+      quantize(0, n);
+    }
+  }
+
+  // Each task owns a chunk of rows; within it, tiles of vectors sweep the chunk, so the chunk's weights come
+  // from memory once and from cache for the remaining tiles.
+  const uint8_t* base = w.data;
+  const size_t stride = w.row_bytes;
+  auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t t0 = 0; t0 < n; t0 += kVectorTile) {
+      const int64_t t1 = std::min(n, t0 + kVectorTile);
+      for (int64_t r = begin; r < end; ++r) {
+        const uint8_t* row = base + static_cast<size_t>(r) * stride;
+        for (int64_t i = t0; i < t1; ++i) y[i * ldy + r] = dot(row, act_of(i), cols);
+      }
+    }
+  };
+  if (!threaded) {
+    rows(0, w.rows);
+    return;
+  }
+  // Smaller chunks than matvec's: the chunk is re-read once per vector tile and should stay in L2.
+  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(16384 / std::max<size_t>(1, stride)));
+  pool->parallel_for(w.rows, grain, 0, rows);
+}
+
+}  // namespace car::tensor

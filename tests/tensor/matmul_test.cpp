@@ -1,0 +1,109 @@
+// matvec / matmul: every output equals the single-row dot product of the same kernel (threads and tiling
+// change only which thread computes a row, never its arithmetic), for every type and ISA.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+#include "core/util/thread_pool.h"
+#include "tests/tensor/test_data.h"
+
+namespace car::tensor {
+namespace {
+
+using testing::computable_types;
+using testing::random_floats;
+
+class IsaScope {
+ public:
+  explicit IsaScope(Isa isa) : saved_(current_isa()) { set_isa(isa); }
+  ~IsaScope() { set_isa(saved_); }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+
+ private:
+  Isa saved_;
+};
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out = {Isa::scalar};
+  if (detect_isa() != Isa::scalar) out.push_back(Isa::avx2);
+  if (detect_isa() == Isa::avx512) out.push_back(Isa::avx512);
+  return out;
+}
+
+TEST(Matvec, EqualsRowDotsForEveryTypeThreadCountAndIsa) {
+  std::mt19937 rng(21);
+  ThreadPool pool(2);
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (GgmlType t : computable_types()) {
+      SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)));
+      const int64_t cols = 512, rows = 300;  // large enough for the threaded path (> 96 KB for most types)
+      const auto wf = random_floats(rng, cols * rows);
+      const auto w = testing::quantize_rows(t, wf, rows, cols);
+      const MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};
+      const auto x = random_floats(rng, cols);
+      std::vector<uint8_t> act(activation_row_bytes(t, cols));
+      quantize_activation(t, x.data(), act.data(), cols);
+      std::vector<float> y1(rows), y2(rows);
+      matvec(view, x.data(), y1.data(), nullptr);
+      matvec(view, x.data(), y2.data(), &pool);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float want = dot_row(t, w.data() + r * view.row_bytes, act.data(), cols);
+        ASSERT_EQ(y1[r], want) << r;
+        ASSERT_EQ(y2[r], want) << r;
+      }
+    }
+  }
+}
+
+TEST(Matmul, EqualsMatvecPerVectorWithStrides) {
+  std::mt19937 rng(22);
+  ThreadPool pool(2);
+  for (GgmlType t : computable_types()) {
+    SCOPED_TRACE(ggml_type_name(t));
+    const int64_t cols = 256, rows = 200;
+    const auto wf = random_floats(rng, cols * rows);
+    const auto w = testing::quantize_rows(t, wf, rows, cols);
+    const MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};
+    for (int64_t n : {2, 7, 8, 19}) {
+      const int64_t ldx = cols + 3, ldy = rows + 5;
+      const auto x = random_floats(rng, n * ldx);
+      std::vector<float> y(static_cast<size_t>(n * ldy), -1.0f), y1(static_cast<size_t>(n * ldy), -1.0f);
+      matmul(view, x.data(), n, ldx, y.data(), ldy, &pool);
+      matmul(view, x.data(), n, ldx, y1.data(), ldy, nullptr);
+      std::vector<float> col(rows);
+      for (int64_t i = 0; i < n; ++i) {
+        matvec(view, x.data() + i * ldx, col.data(), nullptr);
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_EQ(y[i * ldy + r], col[r]) << "n=" << n << " i=" << i << " r=" << r;
+          ASSERT_EQ(y1[i * ldy + r], col[r]);
+        }
+        for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -1.0f) << "wrote past the row";
+      }
+    }
+  }
+}
+
+TEST(Matvec, RowStrideLargerThanRow) {
+  std::mt19937 rng(23);
+  const GgmlType t = GgmlType::Q4_K;
+  const int64_t cols = 512, rows = 16;
+  const size_t rb = detail::row_bytes(t, cols), stride = rb + 64;
+  const auto wf = random_floats(rng, cols * rows);
+  std::vector<uint8_t> w(stride * rows, 0xee);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, wf.data() + r * cols, w.data() + r * stride, cols);
+  const MatrixView view{t, w.data(), cols, rows, stride};
+  const auto x = random_floats(rng, cols);
+  std::vector<float> y(rows);
+  matvec(view, x.data(), y.data(), nullptr);
+  std::vector<uint8_t> act(activation_row_bytes(t, cols));
+  quantize_activation(t, x.data(), act.data(), cols);
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(y[r], dot_row(t, w.data() + r * stride, act.data(), cols));
+}
+
+}  // namespace
+}  // namespace car::tensor

@@ -1,0 +1,47 @@
+// Helpers for the tensor tests: random rows, quantized weights, double-precision oracles.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/gguf/ggml_type.h"
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+
+namespace car::tensor::testing {
+
+/// Every type with a dot product, and the block size of each.
+inline const std::vector<GgmlType>& computable_types() {
+  static const std::vector<GgmlType> types = {
+      GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+      GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+      GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+  return types;
+}
+
+inline int64_t block_size(GgmlType t) { return detail::geometry(t).block_size; }
+
+inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+/// `rows` rows of n elements quantized to t (row-major, row_bytes each).
+inline std::vector<uint8_t> quantize_rows(GgmlType t, const std::vector<float>& x, int64_t rows, int64_t n) {
+  const size_t rb = detail::row_bytes(t, n);
+  std::vector<uint8_t> out(rb * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, x.data() + r * n, out.data() + rb * static_cast<size_t>(r), n);
+  return out;
+}
+
+inline std::vector<float> dequantized(GgmlType t, const void* src, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  dequantize_row(t, src, out.data(), n);
+  return out;
+}
+
+}  // namespace car::tensor::testing

@@ -1,0 +1,77 @@
+// car::ThreadPool: every participant index runs exactly once per run(), parallel_for covers a range exactly
+// once, the pool is reusable and callable from several threads.
+#include "core/util/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace car {
+namespace {
+
+TEST(ThreadPool, RunCallsEachIndexOnce) {
+  ThreadPool pool(3);
+  EXPECT_EQ(pool.size(), 3);
+  for (int n : {1, 2, 3, 5}) {
+    std::vector<std::atomic<int>> hits(8);
+    std::atomic<int> seen_n{-1};
+    pool.run(n, [&](int i, int total) {
+      hits[static_cast<size_t>(i)].fetch_add(1);
+      seen_n.store(total);
+    });
+    const int expect_n = std::min(n, 3);
+    EXPECT_EQ(seen_n.load(), expect_n);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(hits[static_cast<size_t>(i)].load(), i < expect_n ? 1 : 0);
+  }
+}
+
+TEST(ThreadPool, RunUsesDistinctThreadsAndTheCaller) {
+  ThreadPool pool(2);
+  std::thread::id ids[2];
+  pool.run(2, [&](int i, int) { ids[i] = std::this_thread::get_id(); });
+  EXPECT_EQ(ids[0], std::this_thread::get_id());
+  EXPECT_NE(ids[0], ids[1]);
+}
+
+TEST(ThreadPool, ParallelForCoversRangeExactlyOnce) {
+  ThreadPool pool(2);
+  for (int64_t n : {0, 1, 7, 64, 1000}) {
+    for (int64_t grain : {1, 3, 64, 5000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, grain, 0, [&](int64_t b, int64_t e) {
+        ASSERT_LE(e - b, grain);
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << n << " " << grain;
+    }
+  }
+}
+
+TEST(ThreadPool, ManyShortJobsAndConcurrentCallers) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> total{0};
+  auto work = [&] {
+    for (int k = 0; k < 500; ++k) pool.parallel_for(10, 1, 0, [&](int64_t b, int64_t e) { total += e - b; });
+  };
+  std::thread other(work);
+  work();
+  other.join();
+  EXPECT_EQ(total.load(), 2 * 500 * 10);
+}
+
+TEST(ThreadPool, SingleThreadPoolRunsInline) {
+  ThreadPool pool(1);
+  EXPECT_EQ(pool.size(), 1);
+  int calls = 0;
+  pool.run(4, [&](int i, int n) {
+    EXPECT_EQ(i, 0);
+    EXPECT_EQ(n, 1);
+    ++calls;
+  });
+  EXPECT_EQ(calls, 1);
+}
+
+}  // namespace
+}  // namespace car
