@@ -1,0 +1,436 @@
+#include "core/synth/synth_model.h"
+
+#include <cctype>
+#include <cmath>
+#include <numbers>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#ifdef CAR_SYNTH_HAVE_TENSOR
+#include "core/tensor/kernels.h"
+#endif
+
+namespace car::synth {
+namespace {
+
+using gguf::ArrayValue;
+using gguf::GgufWriter;
+using gguf::Value;
+using gguf::ValueType;
+
+bool is_qwen3(const SynthSpec& s) { return s.arch == "qwen3" || s.arch == "qwen3moe"; }
+bool is_moe(const SynthSpec& s) { return s.n_expert > 0; }
+uint32_t head_dim(const SynthSpec& s) { return s.head_dim != 0 ? s.head_dim : s.n_embd / s.n_head; }
+uint32_t expert_ff(const SynthSpec& s) { return s.n_ff_expert != 0 ? s.n_ff_expert : s.n_ff; }
+uint32_t expert_used(const SynthSpec& s) {
+  return s.n_expert_used != 0 ? s.n_expert_used : std::min<uint32_t>(2, s.n_expert);
+}
+
+// A weight type request: a base type, and whether llama-quantize's _M mix rules apply.
+struct WeightScheme {
+  GgmlType base = GgmlType::F32;
+  bool mix = false;
+  std::optional<uint32_t> file_type;  // general.file_type (llama_ftype), when there is one
+};
+
+Result<WeightScheme> parse_scheme(std::string_view name) {
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "q4_k_m") return WeightScheme{GgmlType::Q4_K, true, 15};
+  if (lower == "q5_k_m") return WeightScheme{GgmlType::Q5_K, true, 17};
+  auto t = ggml_type_from_name(lower);
+  if (!t) {
+    return make_error("bad_weight_type", "unknown weight type '" + std::string(name) +
+                                             "' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m, q5_k_m, ...)");
+  }
+  // llama_ftype values for files whose weights are mostly of one type.
+  std::optional<uint32_t> ft;
+  switch (*t) {
+    case GgmlType::F32: ft = 0; break;
+    case GgmlType::F16: ft = 1; break;
+    case GgmlType::Q4_0: ft = 2; break;
+    case GgmlType::Q4_1: ft = 3; break;
+    case GgmlType::Q8_0: ft = 7; break;
+    case GgmlType::Q5_0: ft = 8; break;
+    case GgmlType::Q5_1: ft = 9; break;
+    case GgmlType::Q2_K: ft = 10; break;
+    case GgmlType::Q3_K: ft = 12; break;
+    case GgmlType::Q4_K: ft = 14; break;
+    case GgmlType::Q5_K: ft = 16; break;
+    case GgmlType::Q6_K: ft = 18; break;
+    case GgmlType::IQ4_NL: ft = 25; break;
+    case GgmlType::IQ4_XS: ft = 30; break;
+    case GgmlType::BF16: ft = 32; break;
+    default: break;
+  }
+  return WeightScheme{*t, false, ft};
+}
+
+bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// llama.cpp's layer selection for the extra-precision tensors of the _M mixes.
+bool use_more_bits(uint32_t i, uint32_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// llama.cpp's replacement when a row is not a multiple of the chosen type's block size.
+GgmlType fallback_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: case GgmlType::Q3_K: return GgmlType::IQ4_NL;
+    case GgmlType::Q4_K: return GgmlType::Q5_0;
+    case GgmlType::Q5_K: return GgmlType::Q5_1;
+    case GgmlType::Q6_K: return GgmlType::Q8_0;
+    default: return GgmlType::F16;
+  }
+}
+
+// ---- Random weights -------------------------------------------------------------------------------
+
+// mt19937_64's sequence is fixed by the standard; the normal transform is our own (Box-Muller), so the
+// same seed gives the same weights with any standard library.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  float normal() {
+    if (have_spare_) {
+      have_spare_ = false;
+      return spare_;
+    }
+    double u1 = (static_cast<double>(gen_() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    double u2 = static_cast<double>(gen_() >> 11) * 0x1.0p-53;          // [0, 1)
+    double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = static_cast<float>(r * std::sin(2.0 * std::numbers::pi * u2));
+    have_spare_ = true;
+    return static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
+  }
+
+ private:
+  std::mt19937_64 gen_;
+  float spare_ = 0.0f;
+  bool have_spare_ = false;
+};
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {                                               // subnormal half (or zero)
+    float a;
+    std::memcpy(&a, &abs, 4);
+    // a * 2^24 is the subnormal mantissa; nearbyint rounds to nearest even.
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  // Normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even.
+  uint32_t h = ((abs - 0x38000000u) >> 13);
+  const uint32_t rest = abs & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0)) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+bool quantizable(GgmlType t) {
+  if (is_float_type(t)) return true;
+#ifdef CAR_SYNTH_HAVE_TENSOR
+  return tensor::can_quantize(t);
+#else
+  return false;
+#endif
+}
+
+// Encode `rows` rows of `cols` floats as `type`.
+std::vector<uint8_t> encode_rows(GgmlType type, const std::vector<float>& src, uint64_t cols) {
+  const uint64_t rows = src.size() / cols;
+  const uint64_t row_bytes = *ggml_row_bytes(type, cols);
+  std::vector<uint8_t> out(row_bytes * rows);
+  if (type == GgmlType::F32) {
+    std::memcpy(out.data(), src.data(), out.size());
+  } else if (type == GgmlType::F16 || type == GgmlType::BF16) {
+    for (size_t i = 0; i < src.size(); ++i) {
+      const uint16_t h = type == GgmlType::F16 ? float_to_half(src[i]) : float_to_bf16(src[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  } else {
+#ifdef CAR_SYNTH_HAVE_TENSOR
+    for (uint64_t r = 0; r < rows; ++r) {
+      tensor::quantize_row(type, src.data() + r * cols, out.data() + r * row_bytes, static_cast<int64_t>(cols));
+    }
+#else
+    CAR_CHECK(false);  // quantizable() said no; callers check it first
+#endif
+  }
+  return out;
+}
+
+// ---- Model assembly -----------------------------------------------------------------------------------
+
+class ModelBuilder {
+ public:
+  ModelBuilder(const SynthSpec& spec, GgufWriter& w) : spec_(spec), w_(w), rng_(spec.seed) {}
+
+  // A weight tensor of `role` with ggml shape `shape`, values N(mean, stddev).
+  Result<void> add(const std::string& name, TensorRole role, uint32_t layer, std::vector<uint64_t> shape,
+                   float mean, float stddev) {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<float> values(n);
+    for (float& v : values) v = mean + stddev * rng_.normal();
+    auto type = resolve_tensor_type(spec_, role, layer, shape[0]);
+    if (!type) return type.error();
+    if (!quantizable(*type)) {
+      return make_error("unsupported_type", "tensor " + name + ": cannot write " +
+                                                std::string(ggml_type_name(*type)) +
+                                                " weights (no quantizer for it in this build)");
+    }
+    if (!ggml_row_bytes(*type, shape[0])) {
+      return make_error("bad_shape", "tensor " + name + ": row length " + std::to_string(shape[0]) +
+                                         " is not a multiple of " + std::string(ggml_type_name(*type)) +
+                                         "'s block size");
+    }
+    any_quantized_ = any_quantized_ || !is_float_type(*type);
+    const uint64_t cols = shape[0];
+    return w_.add_tensor(name, *type, std::move(shape), encode_rows(*type, values, cols));
+  }
+
+  bool any_quantized() const { return any_quantized_; }
+
+ private:
+  const SynthSpec& spec_;
+  GgufWriter& w_;
+  Rng rng_;
+  bool any_quantized_ = false;
+};
+
+std::string default_name(const SynthSpec& s) {
+  std::string name = "synthetic-" + s.arch + "-";
+  if (is_moe(s)) {
+    name += "moe-" + std::to_string(s.n_expert) + "x" + std::to_string(expert_ff(s)) + "-top" +
+            std::to_string(expert_used(s));
+  } else {
+    name += "dense-ff" + std::to_string(s.n_ff);
+  }
+  return name + "-L" + std::to_string(s.n_layer) + "-D" + std::to_string(s.n_embd) + "-seed" +
+         std::to_string(s.seed);
+}
+
+template <typename T>
+ArrayValue array_of(ValueType t, const std::vector<T>& items) {
+  ArrayValue a;
+  a.elem_type = t;
+  a.items.reserve(items.size());
+  for (const auto& x : items) a.items.push_back(Value{x});
+  return a;
+}
+
+void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme) {
+  const std::string& a = s.arch;
+  const bool qwen = is_qwen3(s);
+  w.set_string("general.architecture", a);
+  w.set_string("general.name", s.name.empty() ? default_name(s) : s.name);
+  if (s.alignment != 0) w.set_u32("general.alignment", s.alignment);
+  w.set_u32(a + ".context_length", s.n_ctx);
+  w.set_u32(a + ".embedding_length", s.n_embd);
+  w.set_u32(a + ".block_count", s.n_layer);
+  if (s.arch == "qwen3moe") {
+    w.set_u32(a + ".feed_forward_length", s.n_ff);
+    w.set_u32(a + ".expert_feed_forward_length", expert_ff(s));
+  } else {
+    w.set_u32(a + ".feed_forward_length", is_moe(s) ? expert_ff(s) : s.n_ff);
+  }
+  w.set_u32(a + ".attention.head_count", s.n_head);
+  w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
+  if (qwen || head_dim(s) != s.n_embd / s.n_head) {
+    w.set_u32(a + ".attention.key_length", head_dim(s));
+    w.set_u32(a + ".attention.value_length", head_dim(s));
+  }
+  w.set_u32(a + ".rope.dimension_count", head_dim(s));
+  w.set_f32(a + ".rope.freq_base", s.rope_freq_base != 0.0f ? s.rope_freq_base : (qwen ? 1e6f : 1e4f));
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps != 0.0f ? s.rms_eps : (qwen ? 1e-6f : 1e-5f));
+  if (is_moe(s)) {
+    w.set_u32(a + ".expert_count", s.n_expert);
+    w.set_u32(a + ".expert_used_count", expert_used(s));
+  }
+  w.set_u32(a + ".vocab_size", s.n_vocab);
+  if (scheme.file_type) w.set_u32("general.file_type", *scheme.file_type);
+
+  SynthVocab v = make_synth_vocab(s.n_vocab);
+  w.set_array("tokenizer.ggml.tokens", array_of(ValueType::STRING, v.tokens));
+  w.set_array("tokenizer.ggml.scores", array_of(ValueType::FLOAT32, v.scores));
+  w.set_array("tokenizer.ggml.token_type", array_of(ValueType::INT32, v.token_types));
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_u32("tokenizer.ggml.seperator_token_id", 0xffffffffu);  // llama.cpp's spelling; unset
+  w.set_u32("tokenizer.ggml.padding_token_id", 0xffffffffu);
+}
+
+}  // namespace
+
+Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len) {
+  auto scheme = parse_scheme(spec.weight_type);
+  if (!scheme) return scheme.error();
+  if (role == TensorRole::norm || role == TensorRole::router) return GgmlType::F32;
+  const GgmlType base = scheme->base;
+  GgmlType t = base;
+  if (!is_float_type(base)) {
+    const bool eight_experts = spec.n_expert == 8;
+    switch (role) {
+      case TensorRole::output: t = base == GgmlType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q6_K; break;
+      case TensorRole::attn_k:
+        if (eight_experts) t = GgmlType::Q8_0;
+        break;
+      case TensorRole::attn_v:
+        if (eight_experts) {
+          t = GgmlType::Q8_0;
+        } else if (scheme->mix && use_more_bits(layer, spec.n_layer)) {
+          t = GgmlType::Q6_K;
+        }
+        break;
+      case TensorRole::attn_output:
+        if (scheme->mix && base == GgmlType::Q4_K && eight_experts) t = GgmlType::Q5_K;
+        break;
+      case TensorRole::ffn_down:
+        if (scheme->mix && use_more_bits(layer, spec.n_layer)) t = GgmlType::Q6_K;
+        break;
+      default: break;
+    }
+  }
+  if (row_len % ggml_traits(t).block_size != 0) t = fallback_type(t);
+  if (row_len % ggml_traits(t).block_size != 0) t = GgmlType::F16;
+  return t;
+}
+
+Result<void> validate(const SynthSpec& s) {
+  auto bad = [](const std::string& msg) { return make_error("bad_spec", msg); };
+  if (s.arch != "llama" && s.arch != "qwen3" && s.arch != "qwen3moe") {
+    return bad("unknown arch '" + s.arch + "' (llama, qwen3, qwen3moe)");
+  }
+  if (s.n_layer == 0 || s.n_embd == 0 || s.n_ff == 0 || s.n_head == 0 || s.n_head_kv == 0 || s.n_ctx == 0) {
+    return bad("layers, n_embd, n_ff, heads, kv heads and context length must all be > 0");
+  }
+  if (s.n_head % s.n_head_kv != 0) {
+    return bad("head count " + std::to_string(s.n_head) + " is not a multiple of kv head count " +
+               std::to_string(s.n_head_kv));
+  }
+  if (s.head_dim == 0 && s.n_embd % s.n_head != 0) {
+    return bad("n_embd " + std::to_string(s.n_embd) + " is not a multiple of head count " +
+               std::to_string(s.n_head) + "; give head_dim");
+  }
+  if (head_dim(s) % 2 != 0) return bad("head dim " + std::to_string(head_dim(s)) + " must be even (RoPE pairs)");
+  if (s.arch == "qwen3moe" && s.n_expert == 0) return bad("qwen3moe needs experts > 0");
+  if (s.arch == "qwen3" && s.n_expert != 0) return bad("qwen3 is dense; use qwen3moe for experts");
+  if (is_moe(s) && (expert_used(s) == 0 || expert_used(s) > s.n_expert)) {
+    return bad("experts used " + std::to_string(expert_used(s)) + " not in 1.." + std::to_string(s.n_expert));
+  }
+  if (!is_moe(s) && s.n_expert_used != 0) return bad("experts used given without experts");
+  if (s.n_vocab < 260) return bad("vocab size " + std::to_string(s.n_vocab) + " < 260 (3 specials + 256 bytes + 1)");
+  if (s.alignment != 0 && (s.alignment & (s.alignment - 1)) != 0) {
+    return bad("alignment " + std::to_string(s.alignment) + " is not a power of two");
+  }
+  auto scheme = parse_scheme(s.weight_type);
+  if (!scheme) return scheme.error();
+  return {};
+}
+
+Result<GgufWriter> build_synth_model(const SynthSpec& s) {
+  if (auto v = validate(s); !v) return v.error();
+  auto scheme = parse_scheme(s.weight_type);
+  GgufWriter w;
+  add_metadata(s, w, *scheme);
+
+  ModelBuilder b(s, w);
+  const uint64_t d = s.n_embd;
+  const uint64_t hd = head_dim(s);
+  const uint64_t q_dim = hd * s.n_head;
+  const uint64_t kv_dim = hd * s.n_head_kv;
+  const uint64_t vocab = s.n_vocab;
+  auto lin = [](uint64_t fan_in) { return 0.5f / std::sqrt(static_cast<float>(fan_in)); };
+  if (auto r = b.add("token_embd.weight", TensorRole::token_embd, 0, {d, vocab}, 0.0f, 1.0f); !r) return r.error();
+  for (uint32_t l = 0; l < s.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    struct T {
+      std::string name;
+      TensorRole role;
+      std::vector<uint64_t> shape;
+      float mean, stddev;
+    };
+    std::vector<T> ts = {
+        {p + "attn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f},
+        {p + "attn_q.weight", TensorRole::attn_q, {d, q_dim}, 0.0f, lin(d)},
+        {p + "attn_k.weight", TensorRole::attn_k, {d, kv_dim}, 0.0f, lin(d)},
+        {p + "attn_v.weight", TensorRole::attn_v, {d, kv_dim}, 0.0f, lin(d)},
+        {p + "attn_output.weight", TensorRole::attn_output, {q_dim, d}, 0.0f, lin(q_dim)},
+    };
+    if (is_qwen3(s)) {
+      ts.push_back({p + "attn_q_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
+      ts.push_back({p + "attn_k_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
+    }
+    ts.push_back({p + "ffn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
+    if (is_moe(s)) {
+      const uint64_t ff = expert_ff(s);
+      const uint64_t ne = s.n_expert;
+      ts.push_back({p + "ffn_gate_inp.weight", TensorRole::router, {d, ne}, 0.0f, 0.5f});
+      ts.push_back({p + "ffn_gate_exps.weight", TensorRole::ffn_gate, {d, ff, ne}, 0.0f, lin(d)});
+      ts.push_back({p + "ffn_up_exps.weight", TensorRole::ffn_up, {d, ff, ne}, 0.0f, lin(d)});
+      ts.push_back({p + "ffn_down_exps.weight", TensorRole::ffn_down, {ff, d, ne}, 0.0f, lin(ff)});
+    } else {
+      const uint64_t ff = s.n_ff;
+      ts.push_back({p + "ffn_gate.weight", TensorRole::ffn_gate, {d, ff}, 0.0f, lin(d)});
+      ts.push_back({p + "ffn_up.weight", TensorRole::ffn_up, {d, ff}, 0.0f, lin(d)});
+      ts.push_back({p + "ffn_down.weight", TensorRole::ffn_down, {ff, d}, 0.0f, lin(ff)});
+    }
+    for (auto& t : ts) {
+      if (auto r = b.add(t.name, t.role, l, std::move(t.shape), t.mean, t.stddev); !r) return r.error();
+    }
+  }
+  if (auto r = b.add("output_norm.weight", TensorRole::norm, 0, {d}, 1.0f, 0.1f); !r) return r.error();
+  if (!s.tied_embeddings) {
+    if (auto r = b.add("output.weight", TensorRole::output, 0, {d, vocab}, 0.0f, 0.15f); !r) return r.error();
+  }
+  if (b.any_quantized()) w.set_u32("general.quantization_version", 2);
+  return w;
+}
+
+Result<void> write_synth_model(const SynthSpec& spec, const std::string& path) {
+  auto w = build_synth_model(spec);
+  if (!w) return w.error();
+  return w->write(path);
+}
+
+SynthSpec tiny_spec(std::string_view flavour) {
+  SynthSpec s;
+  s.n_layer = 2;
+  s.n_embd = 32;
+  s.n_ff = 64;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_vocab = 300;
+  s.n_ctx = 128;
+  s.seed = 42;
+  if (flavour == "llama-moe") {
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.n_ff_expert = 32;
+  } else if (flavour == "qwen3") {
+    s.arch = "qwen3";
+    s.head_dim = 16;  // q is 64 wide, wider than n_embd, as in the qwen3 fixture
+  } else if (flavour == "qwen3moe") {
+    s.arch = "qwen3moe";
+    s.head_dim = 8;
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.n_ff_expert = 32;
+  }
+  return s;
+}
+
+}  // namespace car::synth

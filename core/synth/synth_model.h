@@ -1,0 +1,88 @@
+// Synthetic GGUF models: seeded random weights in the exact layout llama.cpp expects, for tests, benchmarks
+// and demos (`car gguf synth`).
+//
+// Architectures: `llama` dense, `llama` MoE (Mixtral layout: llama.expert_count / expert_used_count,
+// blk.N.ffn_gate_inp.weight and stacked blk.N.ffn_{gate,up,down}_exps.weight), `qwen3` (per-head q/k
+// RMSNorm: attn_q_norm / attn_k_norm) and `qwen3moe`. Key names, tensor names, shapes and order follow the
+// llama.cpp-made fixtures in ../shared/conformance/models/. Weights are drawn as those fixtures' were:
+// token_embd N(0, 1), linear weights N(0, 0.5/sqrt(fan_in)), router N(0, 0.5), output N(0, 0.15), norm
+// weights 1 + 0.1 N(0, 1), from a seeded generator: the same spec gives the same bytes.
+//
+// Weight types: F32, F16, BF16 always; quantized types through car::tensor::quantize_row when car_tensor is
+// linked and can_quantize() says yes (otherwise an error naming the type). Norms and the router are always
+// F32. `q4_k_m` / `q5_k_m` mix types per tensor like llama-quantize (see resolve_tensor_type).
+//
+// The embedded tokenizer is a SentencePiece (`llama`) vocabulary: <unk>=0, <s>=1, </s>=2 (CONTROL), the
+// 256 byte-fallback tokens <0x00>..<0xFF> (BYTE), then common English pieces with descending scores,
+// padded with generated pieces to `n_vocab`, so any text tokenizes.
+//
+// Pure functions of the spec; no global state; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/gguf/ggml_type.h"
+#include "core/gguf/gguf_writer.h"
+#include "core/util/result.h"
+
+namespace car::synth {
+
+struct SynthSpec {
+  std::string arch = "llama";   ///< "llama" | "qwen3" | "qwen3moe"
+  uint32_t n_layer = 2;
+  uint32_t n_embd = 256;
+  uint32_t n_ff = 512;          ///< dense FFN width (qwen3moe: feed_forward_length, unused by the model)
+  uint32_t n_ff_expert = 0;     ///< MoE expert FFN width; 0 = n_ff
+  uint32_t n_head = 4;
+  uint32_t n_head_kv = 2;
+  uint32_t head_dim = 0;        ///< 0 = n_embd / n_head
+  uint32_t n_expert = 0;        ///< > 0 makes llama a Mixtral-style MoE; qwen3moe needs it
+  uint32_t n_expert_used = 0;   ///< 0 = min(2, n_expert)
+  uint32_t n_vocab = 512;       ///< at least 260 (3 specials + 256 bytes + "▁")
+  uint32_t n_ctx = 512;
+  float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen3, qwen3moe)
+  float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama) / 1e-6 (qwen3, qwen3moe)
+  bool tied_embeddings = false; ///< no output.weight (the output projection is token_embd)
+  uint64_t seed = 1;
+  /// "f32", "f16", "bf16", "q4_k_m", "q5_k_m", or any ggml type name ("q8_0", "q4_0", "q6_k", ...).
+  std::string weight_type = "f32";
+  std::string name;             ///< general.name; empty = derived from the shape
+  uint32_t alignment = 0;       ///< 0 = no general.alignment key (GGUF default 32)
+};
+
+/// What a tensor is, for choosing its type in a mix.
+enum class TensorRole { token_embd, output, norm, router, attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up,
+                        ffn_down };
+
+/// The ggml type of one tensor under `spec.weight_type`: norms and routers F32; mixes pick per role and
+/// layer as llama-quantize does (q4_k_m: Q4_K, with Q6_K for output and, in the "more bits" layers, for
+/// attn_v and ffn_down; q5_k_m the same with Q5_K); rows that are not a multiple of the type's block fall
+/// back as llama.cpp does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> IQ4_NL, others -> F16).
+/// Errors: unknown weight type name.
+Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len);
+
+/// Check a spec (arch known, sizes non-zero and consistent, vocab large enough, weight type known).
+Result<void> validate(const SynthSpec& spec);
+
+/// Build the model in a writer (metadata, tokenizer, every tensor).
+Result<gguf::GgufWriter> build_synth_model(const SynthSpec& spec);
+/// Build and write to `path` (atomically).
+Result<void> write_synth_model(const SynthSpec& spec, const std::string& path);
+
+/// A very small valid spec per flavour ("llama", "llama-moe", "qwen3", "qwen3moe"): one or two layers,
+/// n_embd 32, vocab 300; a few tens of KB. For unit tests and fuzz seeds.
+SynthSpec tiny_spec(std::string_view flavour);
+
+/// The embedded tokenizer's pieces, scores and token types for a vocabulary of `n_vocab` (>= 260).
+struct SynthVocab {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> token_types;  ///< 1 normal, 2 unknown, 3 control, 6 byte
+};
+SynthVocab make_synth_vocab(uint32_t n_vocab);
+
+}  // namespace car::synth
