@@ -1,0 +1,277 @@
+#include "core/engine/forward.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "core/model/architecture.h"
+#include "core/tensor/kernels.h"
+#include "core/util/result.h"
+
+namespace car::engine {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 1024;  // stack scratch per attention task
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+}  // namespace
+
+ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::ExpertSource* experts, ThreadPool* pool,
+                         int64_t max_batch)
+    : model_(std::move(model)), hp_(model_->hparams()), experts_(experts), pool_(pool), max_batch_(max_batch) {
+  CAR_CHECK(max_batch_ >= 1);
+  CAR_CHECK(hp_.head_dim_k <= kMaxHeadDim && hp_.head_dim_v <= kMaxHeadDim);
+  CAR_CHECK(!hp_.is_moe() || experts_ != nullptr);
+  rope_.n_rot = hp_.n_rot;
+  rope_.head_dim = hp_.head_dim_k;
+  rope_.freq_base = hp_.rope_freq_base;
+  rope_.freq_scale = hp_.rope_freq_scale;
+  rope_.type = hp_.rope_type;
+  rope_.freq_factors = model_->rope_freq_factors();
+
+  const int64_t B = max_batch_;
+  const int64_t ff = std::max(hp_.n_ff, hp_.n_ff_exp);
+  x_.resize(sz(B * hp_.n_embd));
+  xn_.resize(sz(B * hp_.n_embd));
+  q_.resize(sz(B * hp_.q_dim()));
+  k_.resize(sz(B * hp_.k_dim()));
+  v_.resize(sz(B * hp_.v_dim()));
+  attn_.resize(sz(B * hp_.attn_out_dim()));
+  proj_.resize(sz(B * hp_.n_embd));
+  gate_.resize(sz(B * ff));
+  up_.resize(sz(B * ff));
+  rope_cache_.resize(sz(B * hp_.n_rot));
+  if (hp_.is_moe()) {
+    const int64_t E = hp_.n_expert;
+    const int64_t K = hp_.n_expert_used;
+    router_.resize(sz(B * E));
+    probs_.resize(sz(B * E));
+    sel_ids_.resize(sz(B * K));
+    sel_w_.resize(sz(B * K));
+    slot_out_.resize(sz(B * K * hp_.n_embd));
+    xe_.resize(sz(B * hp_.n_embd));
+    group_rows_.resize(sz(B * K));
+    group_start_.resize(sz(E + 1));
+    cursor_.resize(sz(E));
+    active_.reserve(sz(E));
+  }
+}
+
+KvCache ForwardPass::make_cache(int64_t n_ctx) const {
+  return KvCache(hp_.n_layer, n_ctx, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v);
+}
+
+uint64_t ForwardPass::scratch_bytes() const {
+  uint64_t f = x_.size() + xn_.size() + q_.size() + k_.size() + v_.size() + attn_.size() + proj_.size() +
+               gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() + sel_w_.size() +
+               slot_out_.size() + xe_.size();
+  uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
+  return f * sizeof(float) + i * sizeof(int32_t);
+}
+
+void ForwardPass::parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn) {
+  if (pool_ == nullptr || pool_->size() == 1 || n <= grain) {
+    fn(0, n);
+    return;
+  }
+  pool_->parallel_for(n, grain, 0, fn);
+}
+
+void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
+  if (n == 1) {
+    tensor::matvec(w, x, y, pool_);
+  } else {
+    tensor::matmul(w, x, n, w.cols, y, w.rows, pool_);
+  }
+}
+
+void ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows) {
+  const int64_t n_total = static_cast<int64_t>(tokens.size());
+  CAR_CHECK(n_total > 0);
+  CAR_CHECK(kv.n_past() + n_total <= kv.n_ctx());
+  for (int64_t begin = 0; begin < n_total; begin += max_batch_) {
+    const int64_t n = std::min(max_batch_, n_total - begin);
+    const bool last_chunk = begin + n == n_total;
+    if (all_rows) {
+      eval_batch(tokens.data() + begin, n, kv, logits + begin * hp_.n_vocab, true);
+    } else {
+      eval_batch(tokens.data() + begin, n, kv, last_chunk ? logits : nullptr, false);
+    }
+  }
+}
+
+void ForwardPass::embed(const int32_t* tokens, int64_t n) {
+  const tensor::MatrixView& te = model_->token_embd();
+  for (int64_t i = 0; i < n; ++i) {
+    CAR_CHECK(tokens[i] >= 0 && tokens[i] < hp_.n_vocab);
+    const uint8_t* row = te.data + sz(tokens[i]) * te.row_bytes;
+    tensor::dequantize_row(te.type, row, x_.data() + i * hp_.n_embd, hp_.n_embd);
+  }
+}
+
+void ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows) {
+  const int64_t E = hp_.n_embd;
+  embed(tokens, n);
+  const int64_t pos0 = kv.n_past();
+  for (int64_t i = 0; i < n; ++i) rope_cache(rope_, pos0 + i, rope_cache_.data() + i * hp_.n_rot);
+
+  int64_t rows = n;  // rows still carried through the layers
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    const model::LayerWeights& L = model_->layers()[sz(il)];
+    attention(il, rows, kv);
+    // Last layer without per-row logits: only the final row's FFN matters (llama.cpp's inp_out_ids).
+    if (il == hp_.n_layer - 1 && !all_rows && rows > 1) {
+      std::memmove(x_.data(), x_.data() + (rows - 1) * E, sz(E) * sizeof(float));
+      std::memmove(proj_.data(), proj_.data() + (rows - 1) * E, sz(E) * sizeof(float));
+      rows = 1;
+    }
+    for (int64_t i = 0; i < rows * E; ++i) x_[sz(i)] = proj_[sz(i)] + x_[sz(i)];
+    for (int64_t i = 0; i < rows; ++i) {
+      rms_norm(x_.data() + i * E, L.ffn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+    }
+    if (L.is_moe) {
+      moe_ffn(il, rows);
+    } else {
+      dense_ffn(il, rows);
+    }
+    for (int64_t i = 0; i < rows * E; ++i) x_[sz(i)] = proj_[sz(i)] + x_[sz(i)];
+  }
+  kv.advance(n);
+
+  if (logits == nullptr) return;
+  for (int64_t i = 0; i < rows; ++i) {
+    rms_norm(x_.data() + i * E, model_->output_norm(), xn_.data() + i * E, E, hp_.rms_eps);
+  }
+  mm(model_->output(), xn_.data(), rows, logits);
+}
+
+void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  const int64_t E = hp_.n_embd;
+  const int64_t dk = hp_.head_dim_k;
+  const int64_t dv = hp_.head_dim_v;
+  const int64_t n_head = hp_.n_head;
+  const int64_t n_kv_head = hp_.n_head_kv;
+  const int64_t pos0 = kv.n_past();
+
+  for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  mm(L.wq, xn_.data(), n, q_.data());
+  mm(L.wk, xn_.data(), n, k_.data());
+  mm(L.wv, xn_.data(), n, v_.data());
+
+  for (int64_t i = 0; i < n; ++i) {
+    float* qi = q_.data() + i * hp_.q_dim();
+    float* ki = k_.data() + i * hp_.k_dim();
+    if (L.q_norm != nullptr) {
+      for (int64_t h = 0; h < n_head; ++h) rms_norm(qi + h * dk, L.q_norm, qi + h * dk, dk, hp_.rms_eps);
+      for (int64_t h = 0; h < n_kv_head; ++h) rms_norm(ki + h * dk, L.k_norm, ki + h * dk, dk, hp_.rms_eps);
+    }
+    const float* rc = rope_cache_.data() + i * hp_.n_rot;
+    rope_apply(rope_, rc, qi, n_head);
+    rope_apply(rope_, rc, ki, n_kv_head);
+    // Store K and V of this position in fp16.
+    const float* vi = v_.data() + i * hp_.v_dim();
+    for (int64_t h = 0; h < n_kv_head; ++h) {
+      to_fp16(ki + h * dk, kv.k(il, h) + (pos0 + i) * dk, dk);
+      to_fp16(vi + h * dv, kv.v(il, h) + (pos0 + i) * dv, dv);
+    }
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const int64_t group = n_head / n_kv_head;
+  const KvCache& ckv = kv;
+  auto task = [&](int64_t begin, int64_t end) {
+    std::array<uint16_t, kMaxHeadDim> q16;
+    std::array<uint16_t, kMaxHeadDim> acc16;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t / n_head;
+      const int64_t h = t % n_head;
+      const int64_t g = h / group;
+      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), pos0 + i + 1, dk, dv, scale,
+                  attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
+    }
+  };
+  parallel(n * n_head, 1, task);
+  mm(L.wo, attn_.data(), n, proj_.data());
+}
+
+void ForwardPass::dense_ffn(int64_t il, int64_t n) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  const int64_t ff = hp_.n_ff;
+  mm(L.ffn_gate, xn_.data(), n, gate_.data());
+  mm(L.ffn_up, xn_.data(), n, up_.data());
+  swiglu(gate_.data(), up_.data(), gate_.data(), n * ff);
+  mm(L.ffn_down, gate_.data(), n, proj_.data());
+}
+
+void ForwardPass::moe_ffn(int64_t il, int64_t n) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  const int64_t E = hp_.n_embd;
+  const int64_t NE = hp_.n_expert;
+  const int64_t K = hp_.n_expert_used;
+  const int64_t ff = hp_.n_ff_exp;
+  const bool normalize = hp_.traits->moe_norm_weights;
+
+  // Router (F32 weights: the input is not rounded) and top-k per row.
+  mm(L.ffn_gate_inp, xn_.data(), n, router_.data());
+  for (int64_t i = 0; i < n; ++i) {
+    select_experts(router_.data() + i * NE, NE, K, normalize, probs_.data() + i * NE, sel_ids_.data() + i * K,
+                   sel_w_.data() + i * K);
+  }
+
+  // Group the (row, slot) assignments by expert (counting sort; rows stay in increasing order).
+  std::fill(group_start_.begin(), group_start_.end(), 0);
+  for (int64_t a = 0; a < n * K; ++a) ++group_start_[sz(sel_ids_[sz(a)]) + 1];
+  for (int64_t e = 0; e < NE; ++e) group_start_[sz(e + 1)] += group_start_[sz(e)];
+  active_.clear();
+  for (int64_t e = 0; e < NE; ++e) {
+    if (group_start_[sz(e + 1)] > group_start_[sz(e)]) active_.push_back(static_cast<int32_t>(e));
+  }
+  for (int64_t e = 0; e < NE; ++e) cursor_[sz(e)] = group_start_[sz(e)];
+  for (int64_t a = 0; a < n * K; ++a) group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
+  experts_->prefetch(static_cast<int>(il), active_);
+
+  for (int32_t e : active_) {
+    experts::ExpertLease lease = experts_->acquire(static_cast<int>(il), e);
+    const experts::ExpertWeights& w = lease.weights();
+    const int32_t g0 = group_start_[sz(e)];
+    const int64_t m = group_start_[sz(e) + 1] - g0;
+    const float* xin = nullptr;
+    if (n == 1) {
+      xin = xn_.data();
+    } else {
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t row = group_rows_[sz(g0 + r)] / K;
+        std::memcpy(xe_.data() + r * E, xn_.data() + row * E, sz(E) * sizeof(float));
+      }
+      xin = xe_.data();
+    }
+    mm(w.gate, xin, m, gate_.data());
+    mm(w.up, xin, m, up_.data());
+    swiglu(gate_.data(), up_.data(), gate_.data(), m * ff);
+    mm(w.down, gate_.data(), m, proj_.data());  // proj_ is free until the slots are summed below
+    const float* dout = proj_.data();
+    for (int64_t r = 0; r < m; ++r) {
+      const int32_t a = group_rows_[sz(g0 + r)];
+      const float wgt = sel_w_[sz(a)];
+      float* dst = slot_out_.data() + sz(a) * sz(E);
+      const float* src = dout + r * E;
+      for (int64_t d = 0; d < E; ++d) dst[d] = src[d] * wgt;
+    }
+  }
+
+  // Sum the slots in selection order (largest weight first), as llama.cpp adds the per-slot views.
+  for (int64_t i = 0; i < n; ++i) {
+    float* out = proj_.data() + i * E;
+    const float* s0 = slot_out_.data() + sz(i * K) * sz(E);
+    std::memcpy(out, s0, sz(E) * sizeof(float));
+    for (int64_t j = 1; j < K; ++j) {
+      const float* sj = slot_out_.data() + sz(i * K + j) * sz(E);
+      for (int64_t d = 0; d < E; ++d) out[d] += sj[d];
+    }
+  }
+}
+
+}  // namespace car::engine

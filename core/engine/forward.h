@@ -1,0 +1,98 @@
+// ForwardPass: evaluates a Model on a batch of token ids, appending their keys/values to a KvCache and
+// producing logits - the one transformer every supported architecture shares (see core/model/architecture.h):
+//
+//   x = embed(tokens)                                       dequantized rows of token_embd
+//   for each layer:
+//     h = rms_norm(x) * attn_norm
+//     q, k, v = h Wq, h Wk, h Wv                            (qk_norm archs: per-head rms_norm of q, k)
+//     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16
+//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv)
+//     h = rms_norm(x) * ffn_norm
+//     x += dense: (silu(h Wgate) * (h Wup)) Wdown
+//          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)
+//   logits = (rms_norm(x) * output_norm) Wout
+//
+// A batch (prompt processing) runs every product as a matrix-matrix product over its rows, and an MoE layer
+// groups the batch's rows by expert so each chosen expert's weights are read once per batch; a single token
+// (decode) uses matrix-vector products. Batches longer than max_batch() are split. All scratch is allocated
+// in the constructor: eval() allocates nothing.
+//
+// Thread safety: a ForwardPass is mutable scratch; one eval() at a time. The Model and ExpertSource it uses
+// are shared and must outlive it; the ThreadPool (may be null = single-threaded) too.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/engine/kv_cache.h"
+#include "core/engine/ops.h"
+#include "core/experts/expert_source.h"
+#include "core/model/model.h"
+#include "core/util/thread_pool.h"
+
+namespace car::engine {
+
+class ForwardPass {
+ public:
+  /// `experts` may be null for a dense model.
+  ForwardPass(std::shared_ptr<const model::Model> model, experts::ExpertSource* experts, ThreadPool* pool,
+              int64_t max_batch = 64);
+
+  /// Evaluate `tokens` (each in [0, n_vocab)) at positions kv.n_past() ... and advance the cache.
+  /// Precondition: kv.n_past() + tokens.size() <= kv.n_ctx(). `logits` receives n_vocab floats per token
+  /// when `all_rows`, else only the last token's n_vocab floats.
+  void eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows);
+
+  /// A cache sized for this model.
+  KvCache make_cache(int64_t n_ctx) const;
+
+  const model::Model& model() const { return *model_; }
+  int64_t max_batch() const { return max_batch_; }
+  /// Bytes of scratch this object holds.
+  uint64_t scratch_bytes() const;
+
+ private:
+  void eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows);
+  void embed(const int32_t* tokens, int64_t n);
+  void attention(int64_t il, int64_t n, KvCache& kv);
+  void dense_ffn(int64_t il, int64_t n);
+  void moe_ffn(int64_t il, int64_t n);
+  /// y (n x w.rows) = x (n x w.cols) W^T, each input row rounded as the weight type requires.
+  void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
+  /// fn(begin, end) over [0, n) on the pool (inline when there is none).
+  void parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn);
+
+  std::shared_ptr<const model::Model> model_;
+  const model::Hparams& hp_;
+  experts::ExpertSource* experts_;  // non-owning; null for dense models
+  ThreadPool* pool_;                // non-owning; may be null
+  int64_t max_batch_;
+  RopeParams rope_;
+
+  // Scratch, max_batch_ rows each (widths in the comments).
+  std::vector<float> x_;        // residual stream (n_embd)
+  std::vector<float> xn_;       // normed input of a sub-block (n_embd)
+  std::vector<float> q_;        // (n_head * head_dim_k)
+  std::vector<float> k_;        // (n_head_kv * head_dim_k)
+  std::vector<float> v_;        // (n_head_kv * head_dim_v)
+  std::vector<float> attn_;     // attention output (n_head * head_dim_v)
+  std::vector<float> proj_;     // a projection back to n_embd (n_embd)
+  std::vector<float> gate_;     // (max(n_ff, n_ff_exp))
+  std::vector<float> up_;       // (max(n_ff, n_ff_exp))
+  std::vector<float> rope_cache_;  // (n_rot) per row
+  // MoE scratch
+  std::vector<float> router_;      // router logits (n_expert) per row
+  std::vector<float> probs_;       // (n_expert) per row
+  std::vector<int32_t> sel_ids_;   // (n_expert_used) per row
+  std::vector<float> sel_w_;       // (n_expert_used) per row
+  std::vector<float> slot_out_;    // weighted expert outputs (n_expert_used x n_embd) per row
+  std::vector<float> xe_;          // gathered rows for one expert (n_embd)
+  std::vector<int32_t> group_rows_;   // (token * n_expert_used + slot) per assignment, grouped by expert
+  std::vector<int32_t> group_start_;  // (n_expert + 1) offsets into group_rows_
+  std::vector<int32_t> cursor_;       // (n_expert) fill positions while grouping
+  std::vector<int32_t> active_;       // experts with at least one row, in id order
+};
+
+}  // namespace car::engine

@@ -1,0 +1,149 @@
+#include "core/engine/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/tensor/fp16.h"
+#include "core/tensor/kernels.h"
+#include "core/util/result.h"
+
+namespace car::engine {
+
+// Defined in ops_avx2.cpp (compiled with AVX2/FMA/F16C flags; only called when the CPU has them).
+void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
+                      float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    const float normed = x[i] * scale;
+    y[i] = normed * w[i];
+  }
+}
+
+void rope_cache(const RopeParams& p, int64_t pos, float* cache) {
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
+  float theta = static_cast<float>(pos);
+  for (int64_t i0 = 0; i0 < p.n_rot; i0 += 2) {
+    const float ff = p.freq_factors != nullptr ? p.freq_factors[i0 / 2] : 1.0f;
+    const float t = p.freq_scale * (theta / ff);
+    cache[i0] = std::cos(t);
+    cache[i0 + 1] = std::sin(t);
+    theta *= theta_scale;
+  }
+}
+
+void rope_apply(const RopeParams& p, const float* cache, float* x, int64_t n_heads) {
+  const int64_t half = p.n_rot / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* xh = x + h * p.head_dim;
+    for (int64_t i0 = 0; i0 < p.n_rot; i0 += 2) {
+      const float c = cache[i0];
+      const float s = cache[i0 + 1];
+      const int64_t a = p.type == model::RopeType::norm ? i0 : i0 / 2;
+      const int64_t b = p.type == model::RopeType::norm ? i0 + 1 : i0 / 2 + half;
+      const float x0 = xh[a];
+      const float x1 = xh[b];
+      xh[a] = x0 * c - x1 * s;
+      xh[b] = x0 * s + x1 * c;
+    }
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += static_cast<double>(x[i]);
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float silu = g / (1.0f + std::exp(-g));
+    out[i] = silu * up[i];
+  }
+}
+
+void to_fp16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = tensor::fp32_to_fp16(x[i]);
+}
+
+void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
+                        float scale, float* out, uint16_t* q16, uint16_t* acc16) {
+  to_fp16(q, q16, dk);
+  std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
+  float sum = 0.0f;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t ic = 0; ic < n_kv; ++ic) {
+    const uint16_t* kr = k + ic * dk;
+    double dot = 0.0;
+    for (int64_t d = 0; d < dk; ++d) {
+      dot += static_cast<double>(tensor::fp16_to_fp32(kr[d]) * tensor::fp16_to_fp32(q16[d]));
+    }
+    const float s = static_cast<float>(dot) * scale;
+    float ms = 1.0f;
+    float vs = 1.0f;
+    if (s > mx) {
+      const float old = mx;
+      mx = s;
+      ms = std::exp(old - mx);
+      for (int64_t d = 0; d < dv; ++d) acc16[d] = tensor::fp32_to_fp16(tensor::fp16_to_fp32(acc16[d]) * ms);
+    } else {
+      vs = std::exp(s - mx);
+    }
+    const uint16_t* vr = v + ic * dv;
+    for (int64_t d = 0; d < dv; ++d) {
+      acc16[d] = tensor::fp32_to_fp16(std::fma(tensor::fp16_to_fp32(vr[d]), vs, tensor::fp16_to_fp32(acc16[d])));
+    }
+    sum = sum * ms + vs;
+  }
+  const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+  for (int64_t d = 0; d < dv; ++d) out[d] = tensor::fp16_to_fp32(acc16[d]) * inv;
+}
+
+void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
+                 float scale, float* out, uint16_t* q16, uint16_t* acc16) {
+  if (tensor::current_isa() != tensor::Isa::scalar) {
+    attend_head_avx2(q, k, v, n_kv, dk, dv, scale, out, q16, acc16);
+  } else {
+    attend_head_scalar(q, k, v, n_kv, dk, dv, scale, out, q16, acc16);
+  }
+}
+
+void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,
+                    float* weights) {
+  CAR_CHECK(k >= 1 && k <= n_expert);
+  std::copy(logits, logits + n_expert, probs);
+  softmax(probs, n_expert);
+  // Partial selection sort: k is small (2..8). Largest first; equal probabilities keep the lower id first.
+  for (int64_t j = 0; j < k; ++j) {
+    int32_t best = -1;
+    for (int32_t e = 0; e < static_cast<int32_t>(n_expert); ++e) {
+      bool taken = false;
+      for (int64_t t = 0; t < j; ++t) taken = taken || ids[t] == e;
+      if (taken) continue;
+      if (best < 0 || probs[e] > probs[best]) best = e;
+    }
+    ids[j] = best;
+    weights[j] = probs[best];
+  }
+  if (normalize) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < k; ++j) sum += static_cast<double>(weights[j]);
+    const float s = std::max(static_cast<float>(sum), 6.103515625e-5f);
+    for (int64_t j = 0; j < k; ++j) weights[j] = weights[j] / s;
+  }
+}
+
+}  // namespace car::engine

@@ -1,0 +1,64 @@
+// The forward pass's element-wise and per-head steps, one function each, written to compute what llama.cpp's
+// CPU backend computes (same operation order and float/double choices), so logits agree to ~1e-5:
+//
+//   rms_norm      y = x * (1 / sqrtf(mean(x^2) + eps)) * w     sum of squares in double (ggml_compute_forward_rms_norm)
+//   rope          rotate pairs by pos * base^(-2i/n_rot) * freq_scale / freq_factor[i]; theta advanced by repeated
+//                 float multiplication as ggml_rope_cache_init does; norm = adjacent pairs, neox = halves
+//   softmax       expf(x - max) summed in double, scaled by 1 / sum in float (ggml_soft_max_f32)
+//   swiglu        silu(gate) * up, silu(x) = x / (1 + expf(-x))
+//   attention     one query head over fp16 K/V, as ggml_compute_forward_flash_attn_ext_f16_one_chunk: Q rounded
+//                 to fp16, s = dot(K, Q) * scale in float, online softmax with a running max in float, the V
+//                 accumulator kept in fp16 and rounded after every scale / multiply-add, divided by the sum at
+//                 the end in float
+//   select_experts softmax over the router logits, top-k (largest first, ties to the lower id), the chosen
+//                 probabilities optionally divided by their float sum (clamped below at 2^-14, as llama.cpp)
+//
+// All functions are pure and reentrant; scratch is caller-provided.
+#pragma once
+
+#include <cstdint>
+
+#include "core/model/hparams.h"
+
+namespace car::engine {
+
+/// y[i] = x[i] * scale * w[i]; y may alias x.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+
+struct RopeParams {
+  int64_t n_rot = 0;         ///< rotated dimensions per head (even, <= head_dim); the rest pass through
+  int64_t head_dim = 0;
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  model::RopeType type = model::RopeType::norm;
+  const float* freq_factors = nullptr;  ///< n_rot / 2 divisors of theta, or null
+};
+
+/// cos/sin of every rotated pair at `pos`: cache[2i] = cos, cache[2i+1] = sin (n_rot floats).
+void rope_cache(const RopeParams& p, int64_t pos, float* cache);
+/// Rotate `n_heads` consecutive heads of `x` (each head_dim floats) in place with a cache from rope_cache().
+void rope_apply(const RopeParams& p, const float* cache, float* x, int64_t n_heads);
+
+/// In-place softmax of n values.
+void softmax(float* x, int64_t n);
+
+/// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+
+/// Attention of one query head over `n_kv` cached positions. k: n_kv rows of dk fp16 values (row stride dk),
+/// v: n_kv rows of dv fp16 values. out: dv floats. q16 (dk) and acc16 (dv) are scratch.
+void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
+                 float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
+/// The scalar version of attend_head (the test oracle for the SIMD one).
+void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
+/// Route one token: probs (n_expert scratch, left holding the softmax), ids[k] and weights[k] out.
+void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,
+                    float* weights);
+
+/// Convert n floats to fp16 bit patterns (round to nearest even).
+void to_fp16(const float* x, uint16_t* y, int64_t n);
+
+}  // namespace car::engine

@@ -1,0 +1,39 @@
+#include "core/experts/expert_source.h"
+
+#include "core/util/result.h"
+
+namespace car::experts {
+
+ExpertLease& ExpertLease::operator=(ExpertLease&& other) noexcept {
+  if (this != &other) {
+    reset();
+    source_ = other.source_;
+    layer_ = other.layer_;
+    expert_ = other.expert_;
+    token_ = other.token_;
+    weights_ = other.weights_;
+    other.source_ = nullptr;
+    other.layer_ = -1;
+    other.expert_ = -1;
+  }
+  return *this;
+}
+
+void ExpertLease::reset() {
+  if (source_ != nullptr) {
+    source_->release(layer_, expert_, token_);
+    source_ = nullptr;
+  }
+  weights_ = {};
+}
+
+tensor::MatrixView expert_slice(const tensor::MatrixView& bank, int n_expert, int e) {
+  CAR_CHECK(n_expert > 0 && e >= 0 && e < n_expert);
+  CAR_CHECK(bank.rows % n_expert == 0);
+  tensor::MatrixView v = bank;
+  v.rows = bank.rows / n_expert;
+  v.data = bank.data + static_cast<size_t>(e) * static_cast<size_t>(v.rows) * bank.row_bytes;
+  return v;
+}
+
+}  // namespace car::experts

@@ -1,0 +1,102 @@
+// ExpertSource: where the MoE forward pass gets one routed expert's gate / up / down weights.
+//
+// A GGUF MoE layer stores its routed experts as three stacked banks, `blk.N.ffn_{gate,up,down}_exps.weight`
+// with ggml shape [n_embd, n_ff, n_expert] (gate, up) and [n_ff, n_embd, n_expert] (down): expert e's matrix
+// is the e-th run of `rows * row_bytes` bytes of the bank. The forward pass asks the source for an expert,
+// holds the returned ExpertLease while it multiplies, and drops it afterwards; it never learns whether the
+// bytes are a view into the mmapped file (ResidentExpertSource) or a slot in a cache filled by positional
+// reads (the streamed source). A lease keeps its bytes valid - a streaming source must not evict a leased
+// expert - so lease lifetimes should be short (one MoE block).
+//
+// Thread safety: acquire() and the lease's release may be called from several threads at once; each
+// implementation says how it synchronizes. ResidentExpertSource is immutable and lock-free.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor/kernels.h"
+
+namespace car::experts {
+
+/// One expert's three matrices. Non-owning views; valid while the lease that produced them lives.
+struct ExpertWeights {
+  tensor::MatrixView gate;  ///< (n_ff, n_embd): rows n_ff, cols n_embd
+  tensor::MatrixView up;    ///< (n_ff, n_embd)
+  tensor::MatrixView down;  ///< (n_embd, n_ff)
+};
+
+/// Geometry of one layer's banks, as read from the file.
+struct ExpertBankInfo {
+  tensor::MatrixView gate_bank;  ///< rows = n_ff * n_expert (expert-major), cols = n_embd
+  tensor::MatrixView up_bank;    ///< rows = n_ff * n_expert, cols = n_embd
+  tensor::MatrixView down_bank;  ///< rows = n_embd * n_expert, cols = n_ff
+  int n_expert = 0;
+  uint64_t gate_offset = 0;      ///< absolute file offsets of the banks (for positional reads)
+  uint64_t up_offset = 0;
+  uint64_t down_offset = 0;
+};
+
+class ExpertSource;
+
+/// A pinned expert: its weights stay valid until the lease is destroyed. Move-only.
+class ExpertLease {
+ public:
+  ExpertLease() = default;
+  ExpertLease(ExpertSource* source, int layer, int expert, ExpertWeights weights, uint64_t token)
+      : source_(source), layer_(layer), expert_(expert), token_(token), weights_(weights) {}
+  ExpertLease(ExpertLease&& other) noexcept { *this = std::move(other); }
+  ExpertLease& operator=(ExpertLease&& other) noexcept;
+  ExpertLease(const ExpertLease&) = delete;
+  ExpertLease& operator=(const ExpertLease&) = delete;
+  ~ExpertLease() { reset(); }
+
+  const ExpertWeights& weights() const { return weights_; }
+  int layer() const { return layer_; }
+  int expert() const { return expert_; }
+  /// Release early.
+  void reset();
+
+ private:
+  ExpertSource* source_ = nullptr;  // non-owning; null for an empty lease or a source that needs no release
+  int layer_ = -1;
+  int expert_ = -1;
+  uint64_t token_ = 0;              // the source's own bookkeeping (e.g. a cache slot)
+  ExpertWeights weights_;
+};
+
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+
+  /// Pin expert `expert` of MoE layer `layer` and return its weights. Both indices must be in range
+  /// (the forward pass only asks for experts its router chose). Streaming sources may block on I/O.
+  virtual ExpertLease acquire(int layer, int expert) = 0;
+  /// Hint: these experts of `layer` will be acquired soon (a streaming source may start reads). Default: none.
+  virtual void prefetch(int layer, std::span<const int> experts) {}
+  /// Bytes this source keeps in memory beyond the mapped file (0 for the resident source).
+  virtual uint64_t resident_bytes() const { return 0; }
+  /// True when experts come from disk reads rather than the mapping.
+  virtual bool streams() const { return false; }
+
+  int n_layers() const { return static_cast<int>(banks_.size()); }
+  /// Experts of `layer`; 0 for a dense layer.
+  int n_expert(int layer) const { return banks_[static_cast<size_t>(layer)].n_expert; }
+  const ExpertBankInfo& bank(int layer) const { return banks_[static_cast<size_t>(layer)]; }
+
+ protected:
+  explicit ExpertSource(std::vector<ExpertBankInfo> banks) : banks_(std::move(banks)) {}
+
+ private:
+  friend class ExpertLease;
+  /// Called once per non-empty lease with a source when it ends.
+  virtual void release(int layer, int expert, uint64_t token) {}
+
+  std::vector<ExpertBankInfo> banks_;  // one per layer; n_expert == 0 for dense layers
+};
+
+/// The slice of a bank that is expert `e`'s matrix: `rows_per_expert` rows starting at e * rows_per_expert.
+tensor::MatrixView expert_slice(const tensor::MatrixView& bank, int n_expert, int e);
+
+}  // namespace car::experts

@@ -1,0 +1,159 @@
+#include "core/model/hparams.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/model/architecture.h"
+
+namespace car::model {
+namespace {
+
+constexpr const char* kLoadFailed = "load_failed";
+constexpr int64_t kMaxDim = int64_t{1} << 24;  // no real model has a dimension near 16M
+
+Error load_error(std::string message) { return make_error(kLoadFailed, std::move(message)); }
+
+/// Reads `<arch>.<suffix>` keys, turning reader errors into load_failed errors that name the key.
+class KeyReader {
+ public:
+  KeyReader(const gguf::GgufFile& f, std::string arch) : f_(f), arch_(std::move(arch)) {}
+
+  std::string key(std::string_view suffix) const { return arch_ + "." + std::string(suffix); }
+
+  /// A required positive integer no larger than kMaxDim.
+  Result<int64_t> dim(std::string_view suffix) const {
+    const std::string k = key(suffix);
+    auto v = f_.get_uint(k);
+    if (!v.ok()) return load_error("model key " + k + ": " + v.error().message);
+    if (*v == 0 || *v > static_cast<uint64_t>(kMaxDim)) {
+      return load_error("model key " + k + " = " + std::to_string(*v) + ": must be in [1, " +
+                        std::to_string(kMaxDim) + "]");
+    }
+    return static_cast<int64_t>(*v);
+  }
+  /// An optional non-negative integer (fallback when absent).
+  Result<int64_t> dim_or(std::string_view suffix, int64_t fallback) const {
+    const std::string k = key(suffix);
+    if (!f_.has(k)) return fallback;
+    auto v = f_.get_uint(k);
+    if (!v.ok()) return load_error("model key " + k + ": " + v.error().message);
+    if (*v > static_cast<uint64_t>(kMaxDim)) {
+      return load_error("model key " + k + " = " + std::to_string(*v) + ": larger than " + std::to_string(kMaxDim));
+    }
+    return static_cast<int64_t>(*v);
+  }
+  Result<double> real_or(std::string_view suffix, double fallback) const {
+    const std::string k = key(suffix);
+    auto v = f_.get_float_or(k, fallback);
+    if (!v.ok()) return load_error("model key " + k + ": " + v.error().message);
+    if (!std::isfinite(*v)) return load_error("model key " + k + ": not a finite number");
+    return *v;
+  }
+  Result<std::string> string_or(std::string_view suffix, std::string fallback) const {
+    const std::string k = key(suffix);
+    auto v = f_.get_string_or(k, std::move(fallback));
+    if (!v.ok()) return load_error("model key " + k + ": " + v.error().message);
+    return *v;
+  }
+
+ private:
+  const gguf::GgufFile& f_;
+  std::string arch_;
+};
+
+#define CAR_TRY_ASSIGN(lhs, expr)            \
+  do {                                       \
+    auto car_try_r_ = (expr);                \
+    if (!car_try_r_.ok()) return car_try_r_.error(); \
+    lhs = *car_try_r_;                       \
+  } while (0)
+
+}  // namespace
+
+Result<Hparams> read_hparams(const gguf::GgufFile& file) {
+  Hparams h;
+  auto arch = file.get_string("general.architecture");
+  if (!arch.ok()) return load_error("model key general.architecture: " + arch.error().message);
+  h.arch = *arch;
+  h.traits = find_arch(h.arch);
+  if (h.traits == nullptr) {
+    return load_error("general.architecture '" + h.arch + "' is not supported (supported: llama, qwen3, qwen3moe)");
+  }
+  const ArchTraits& t = *h.traits;
+  h.rope_type = t.rope_type;
+  KeyReader kr(file, h.arch);
+
+  CAR_TRY_ASSIGN(h.n_ctx_train, kr.dim("context_length"));
+  CAR_TRY_ASSIGN(h.n_embd, kr.dim("embedding_length"));
+  CAR_TRY_ASSIGN(h.n_layer, kr.dim("block_count"));
+  CAR_TRY_ASSIGN(h.n_head, kr.dim("attention.head_count"));
+  CAR_TRY_ASSIGN(h.n_head_kv, kr.dim_or("attention.head_count_kv", h.n_head));
+  if (h.n_head_kv == 0 || h.n_head % h.n_head_kv != 0) {
+    return load_error("model key " + kr.key("attention.head_count_kv") + " = " + std::to_string(h.n_head_kv) +
+                      ": must divide attention.head_count = " + std::to_string(h.n_head));
+  }
+  int64_t default_head_dim = h.n_embd % h.n_head == 0 ? h.n_embd / h.n_head : 0;
+  CAR_TRY_ASSIGN(h.head_dim_k, kr.dim_or("attention.key_length", default_head_dim));
+  if (h.head_dim_k == 0) {
+    return load_error("model key " + kr.key("attention.key_length") + " is absent and embedding_length " +
+                      std::to_string(h.n_embd) + " is not a multiple of head_count " + std::to_string(h.n_head));
+  }
+  CAR_TRY_ASSIGN(h.head_dim_v, kr.dim_or("attention.value_length", h.head_dim_k));
+  if (h.head_dim_v == 0) return load_error("model key " + kr.key("attention.value_length") + " is 0");
+  CAR_TRY_ASSIGN(h.n_rot, kr.dim_or("rope.dimension_count", h.head_dim_k));
+  if (h.n_rot == 0 || h.n_rot > h.head_dim_k || h.n_rot % 2 != 0) {
+    return load_error("model key " + kr.key("rope.dimension_count") + " = " + std::to_string(h.n_rot) +
+                      ": must be even and in [2, key_length = " + std::to_string(h.head_dim_k) + "]");
+  }
+
+  double eps = 0;
+  CAR_TRY_ASSIGN(eps, kr.real_or("attention.layer_norm_rms_epsilon", -1.0));
+  if (eps < 0) return load_error("model key " + kr.key("attention.layer_norm_rms_epsilon") + " is missing");
+  if (eps == 0 || eps > 1) return load_error("model key " + kr.key("attention.layer_norm_rms_epsilon") + " out of (0, 1]");
+  h.rms_eps = static_cast<float>(eps);
+  double base = 0;
+  CAR_TRY_ASSIGN(base, kr.real_or("rope.freq_base", 10000.0));
+  if (base <= 1) return load_error("model key " + kr.key("rope.freq_base") + " = " + std::to_string(base) + ": must be > 1");
+  h.rope_freq_base = static_cast<float>(base);
+
+  // Rope scaling: none and linear are computed; anything else would silently change the model's output.
+  std::string scaling;
+  CAR_TRY_ASSIGN(scaling, kr.string_or("rope.scaling.type", "none"));
+  double factor = 0;
+  CAR_TRY_ASSIGN(factor, kr.real_or("rope.scaling.factor", 0.0));
+  if (factor == 0) CAR_TRY_ASSIGN(factor, kr.real_or("rope.scale_linear", 0.0));
+  // llama.cpp applies 1 / factor as the frequency scale whatever the (supported) type says.
+  if (scaling != "none" && !scaling.empty() && scaling != "linear") {
+    return load_error("model key " + kr.key("rope.scaling.type") + " = '" + scaling +
+                      "': unsupported rope scaling (supported: none, linear)");
+  }
+  if (factor < 0) return load_error("model key " + kr.key("rope.scaling.factor") + " is negative");
+  h.rope_freq_scale = factor == 0 ? 1.0f : static_cast<float>(1.0 / factor);
+
+  CAR_TRY_ASSIGN(h.n_expert, kr.dim_or("expert_count", 0));
+  CAR_TRY_ASSIGN(h.n_expert_used, kr.dim_or("expert_used_count", 0));
+  if (h.n_expert > 0) {
+    if (t.dense_only) return load_error("model key " + kr.key("expert_count") + ": architecture " + h.arch + " is dense");
+    if (h.n_expert_used == 0 || h.n_expert_used > h.n_expert) {
+      return load_error("model key " + kr.key("expert_used_count") + " = " + std::to_string(h.n_expert_used) +
+                        ": must be in [1, expert_count = " + std::to_string(h.n_expert) + "]");
+    }
+    if (!t.expert_ff_key.empty()) {
+      CAR_TRY_ASSIGN(h.n_ff_exp, kr.dim(t.expert_ff_key));
+      CAR_TRY_ASSIGN(h.n_ff, kr.dim_or("feed_forward_length", 0));
+    } else {
+      CAR_TRY_ASSIGN(h.n_ff_exp, kr.dim("feed_forward_length"));
+      h.n_ff = h.n_ff_exp;
+    }
+  } else {
+    if (t.moe_required) return load_error("model key " + kr.key("expert_count") + " is missing (architecture " + h.arch + " is MoE)");
+    if (h.n_expert_used != 0) {
+      return load_error("model key " + kr.key("expert_used_count") + " = " + std::to_string(h.n_expert_used) +
+                        " without expert_count");
+    }
+    CAR_TRY_ASSIGN(h.n_ff, kr.dim("feed_forward_length"));
+  }
+  return h;
+}
+
+}  // namespace car::model

@@ -1,0 +1,54 @@
+// Hparams: a transformer's hyperparameters, read from a GGUF file's `<arch>.*` metadata and checked against
+// each other. Plain data; the architecture (core/model/architecture.h) says which keys are required and how
+// the forward pass differs (rope style, q/k norm, MoE layout).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/gguf/gguf_file.h"
+#include "core/util/result.h"
+
+namespace car::model {
+
+struct ArchTraits;
+
+/// How RoPE pairs the elements of a head (llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX).
+enum class RopeType {
+  norm,  ///< adjacent pairs (x[2i], x[2i+1]) - llama
+  neox,  ///< halves (x[i], x[i + n_rot/2]) - qwen3, qwen3moe
+};
+
+struct Hparams {
+  std::string arch;              ///< general.architecture
+  const ArchTraits* traits = nullptr;
+  int64_t n_vocab = 0;           ///< rows of token_embd
+  int64_t n_ctx_train = 0;       ///< <arch>.context_length
+  int64_t n_embd = 0;            ///< <arch>.embedding_length
+  int64_t n_layer = 0;           ///< <arch>.block_count
+  int64_t n_head = 0;            ///< <arch>.attention.head_count
+  int64_t n_head_kv = 0;         ///< <arch>.attention.head_count_kv (default n_head)
+  int64_t head_dim_k = 0;        ///< <arch>.attention.key_length (default n_embd / n_head)
+  int64_t head_dim_v = 0;        ///< <arch>.attention.value_length (default head_dim_k)
+  int64_t n_ff = 0;              ///< dense FFN width (<arch>.feed_forward_length); 0 when every layer is MoE
+  int64_t n_expert = 0;          ///< <arch>.expert_count (0 = dense)
+  int64_t n_expert_used = 0;     ///< <arch>.expert_used_count
+  int64_t n_ff_exp = 0;          ///< one expert's FFN width
+  float rms_eps = 1e-5f;         ///< <arch>.attention.layer_norm_rms_epsilon
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;  ///< 1 / rope.scaling.factor for linear scaling
+  int64_t n_rot = 0;             ///< <arch>.rope.dimension_count (default head_dim_k)
+  RopeType rope_type = RopeType::norm;
+
+  int64_t q_dim() const { return n_head * head_dim_k; }      ///< width of Q
+  int64_t k_dim() const { return n_head_kv * head_dim_k; }   ///< width of K
+  int64_t v_dim() const { return n_head_kv * head_dim_v; }   ///< width of V
+  int64_t attn_out_dim() const { return n_head * head_dim_v; }
+  bool is_moe() const { return n_expert > 0; }
+};
+
+/// Read and validate the hyperparameters. Errors: load_failed, naming the key and the offending values.
+/// `n_vocab` is filled by the model loader from token_embd.
+Result<Hparams> read_hparams(const gguf::GgufFile& file);
+
+}  // namespace car::model

@@ -1,0 +1,29 @@
+// llama (Llama 1/2/3, and Mixtral's MoE layout under the same name): adjacent-pair RoPE, no q/k norm.
+// MoE layers (when <arch>.expert_count > 0) store the experts as ffn_{gate,up,down}_exps banks with a router
+// ffn_gate_inp; an expert's width is feed_forward_length. llama.cpp's build for this architecture passes
+// norm_w = true to build_moe_ffn: softmax over all experts, take the top k, divide by their sum.
+#include "core/model/architecture.h"
+
+namespace car::model {
+
+const ArchTraits& llama_traits() {
+  static const ArchTraits traits{
+      .name = "llama",
+      .rope_type = RopeType::norm,
+      .qk_norm = false,
+      .moe_required = false,
+      .dense_only = false,
+      .expert_ff_key = {},
+      .moe_norm_weights = true,
+  };
+  return traits;
+}
+
+const ArchTraits* find_arch(std::string_view name) {
+  for (const ArchTraits* t : {&llama_traits(), &qwen3_traits(), &qwen3moe_traits()}) {
+    if (t->name == name) return t;
+  }
+  return nullptr;
+}
+
+}  // namespace car::model

@@ -1,0 +1,211 @@
+#include "core/model/model.h"
+
+#include <cstring>
+#include <string>
+
+#include "core/model/architecture.h"
+
+namespace car::model {
+namespace {
+
+Error load_error(std::string message) { return make_error("load_failed", std::move(message)); }
+
+std::string shape_string(const gguf::TensorInfo& t) {
+  std::string s = "[";
+  for (uint32_t i = 0; i < t.n_dims; ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(t.ne[i]);
+  }
+  return s + "]";
+}
+
+std::string shape_string(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  bool first = true;
+  for (int64_t d : dims) {
+    if (!first) s += ", ";
+    first = false;
+    s += std::to_string(d);
+  }
+  return s + "]";
+}
+
+/// Finds tensors and checks their shapes, producing load_failed errors that name the tensor.
+class TensorLoader {
+ public:
+  explicit TensorLoader(const gguf::GgufFile& f) : f_(f) {}
+
+  const gguf::TensorInfo* find(const std::string& name) const { return f_.find_tensor(name); }
+
+  /// The tensor `name` with exactly `dims` (ggml order; trailing 1s may be omitted in the file).
+  Result<const gguf::TensorInfo*> require(const std::string& name, std::initializer_list<int64_t> dims) const {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    if (t == nullptr) return load_error("tensor " + name + " is missing");
+    size_t i = 0;
+    bool ok = true;
+    for (int64_t d : dims) {
+      if (t->ne[i] != static_cast<uint64_t>(d)) ok = false;
+      ++i;
+    }
+    for (; i < static_cast<size_t>(gguf::kMaxDims); ++i) {
+      if (t->ne[i] != 1) ok = false;
+    }
+    if (!ok) {
+      return load_error("tensor " + name + ": shape " + shape_string(*t) + ", expected " + shape_string(dims));
+    }
+    return t;
+  }
+
+  /// A matrix the kernels multiply by.
+  Result<tensor::MatrixView> matrix(const std::string& name, int64_t cols, int64_t rows, int64_t n_mat = 1) const {
+    auto t = n_mat == 1 ? require(name, {cols, rows}) : require(name, {cols, rows, n_mat});
+    if (!t.ok()) return t.error();
+    return view(**t, name);
+  }
+
+  Result<tensor::MatrixView> view(const gguf::TensorInfo& t, const std::string& name) const {
+    if (!tensor::can_compute(t.type)) {
+      return load_error("tensor " + name + ": type " + std::string(ggml_type_name(t.type)) +
+                        " is not supported by the kernels");
+    }
+    auto rb = ggml_row_bytes(t.type, t.ne[0]);
+    if (!rb) return load_error("tensor " + name + ": row length " + std::to_string(t.ne[0]) + " is not a multiple of the block size");
+    tensor::MatrixView v;
+    v.type = t.type;
+    v.data = f_.tensor_data(t).data();
+    v.cols = static_cast<int64_t>(t.ne[0]);
+    v.rows = static_cast<int64_t>(t.rows());
+    v.row_bytes = static_cast<size_t>(*rb);
+    return v;
+  }
+
+ private:
+  const gguf::GgufFile& f_;
+};
+
+std::string blk(int64_t il, const char* what) { return "blk." + std::to_string(il) + "." + what + ".weight"; }
+
+#define CAR_TRY_ASSIGN(lhs, expr)                     \
+  do {                                                \
+    auto car_try_r_ = (expr);                         \
+    if (!car_try_r_.ok()) return car_try_r_.error();  \
+    lhs = *car_try_r_;                                \
+  } while (0)
+
+}  // namespace
+
+Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::GgufFile> file) {
+  auto hp = read_hparams(*file);
+  if (!hp.ok()) return hp.error();
+  std::shared_ptr<Model> m(new Model());
+  m->file_ = std::move(file);
+  m->hparams_ = *hp;
+  Hparams& h = m->hparams_;
+  const ArchTraits& traits = *h.traits;
+  TensorLoader tl(*m->file_);
+
+  // A norm-like vector: a view when F32, else dequantized into an owned buffer.
+  auto vec = [&](const std::string& name, int64_t n) -> Result<const float*> {
+    auto t = tl.require(name, {n});
+    if (!t.ok()) return t.error();
+    const gguf::TensorInfo& ti = **t;
+    const uint8_t* data = m->file_->tensor_data(ti).data();
+    if (ti.type == GgmlType::F32) {
+      if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
+        auto copy = std::make_unique<float[]>(static_cast<size_t>(n));
+        std::memcpy(copy.get(), data, static_cast<size_t>(n) * sizeof(float));
+        m->owned_.push_back(std::move(copy));
+        return m->owned_.back().get();
+      }
+      return reinterpret_cast<const float*>(data);
+    }
+    if (!tensor::can_compute(ti.type) || !ggml_row_bytes(ti.type, static_cast<uint64_t>(n))) {
+      return load_error("tensor " + name + ": type " + std::string(ggml_type_name(ti.type)) + " is not supported for a vector");
+    }
+    auto copy = std::make_unique<float[]>(static_cast<size_t>(n));
+    tensor::dequantize_row(ti.type, data, copy.get(), n);
+    m->owned_.push_back(std::move(copy));
+    return m->owned_.back().get();
+  };
+
+  // Embeddings: the vocabulary size comes from token_embd's shape.
+  const gguf::TensorInfo* te = tl.find("token_embd.weight");
+  if (te == nullptr) return load_error("tensor token_embd.weight is missing");
+  if (te->n_dims != 2 || te->ne[0] != static_cast<uint64_t>(h.n_embd) || te->ne[1] == 0 || te->ne[1] > (1u << 24)) {
+    return load_error("tensor token_embd.weight: shape " + shape_string(*te) + ", expected [" +
+                      std::to_string(h.n_embd) + ", n_vocab]");
+  }
+  h.n_vocab = static_cast<int64_t>(te->ne[1]);
+  CAR_TRY_ASSIGN(m->token_embd_, tl.view(*te, "token_embd.weight"));
+  CAR_TRY_ASSIGN(m->output_norm_, vec("output_norm.weight", h.n_embd));
+  if (tl.find("output.weight") != nullptr) {
+    CAR_TRY_ASSIGN(m->output_, tl.matrix("output.weight", h.n_embd, h.n_vocab));
+  } else {
+    m->output_ = m->token_embd_;
+    m->tied_ = true;
+  }
+  if (tl.find("rope_freqs.weight") != nullptr) {
+    CAR_TRY_ASSIGN(m->rope_freqs_, vec("rope_freqs.weight", h.n_rot / 2));
+  }
+
+  m->layers_.resize(static_cast<size_t>(h.n_layer));
+  m->banks_.resize(static_cast<size_t>(h.n_layer));
+  for (int64_t il = 0; il < h.n_layer; ++il) {
+    LayerWeights& L = m->layers_[static_cast<size_t>(il)];
+    CAR_TRY_ASSIGN(L.attn_norm, vec(blk(il, "attn_norm"), h.n_embd));
+    CAR_TRY_ASSIGN(L.wq, tl.matrix(blk(il, "attn_q"), h.n_embd, h.q_dim()));
+    CAR_TRY_ASSIGN(L.wk, tl.matrix(blk(il, "attn_k"), h.n_embd, h.k_dim()));
+    CAR_TRY_ASSIGN(L.wv, tl.matrix(blk(il, "attn_v"), h.n_embd, h.v_dim()));
+    CAR_TRY_ASSIGN(L.wo, tl.matrix(blk(il, "attn_output"), h.attn_out_dim(), h.n_embd));
+    if (traits.qk_norm) {
+      CAR_TRY_ASSIGN(L.q_norm, vec(blk(il, "attn_q_norm"), h.head_dim_k));
+      CAR_TRY_ASSIGN(L.k_norm, vec(blk(il, "attn_k_norm"), h.head_dim_k));
+    }
+    CAR_TRY_ASSIGN(L.ffn_norm, vec(blk(il, "ffn_norm"), h.n_embd));
+    const bool has_router = tl.find(blk(il, "ffn_gate_inp")) != nullptr;
+    if (has_router && h.n_expert == 0) {
+      return load_error("tensor " + blk(il, "ffn_gate_inp") + " present but " + h.arch + ".expert_count is missing");
+    }
+    if (h.n_expert > 0 && !has_router && traits.moe_required) {
+      return load_error("tensor " + blk(il, "ffn_gate_inp") + " is missing");
+    }
+    if (h.n_expert > 0 && has_router) {
+      L.is_moe = true;
+      CAR_TRY_ASSIGN(L.ffn_gate_inp, tl.matrix(blk(il, "ffn_gate_inp"), h.n_embd, h.n_expert));
+      experts::ExpertBankInfo& b = m->banks_[static_cast<size_t>(il)];
+      b.n_expert = static_cast<int>(h.n_expert);
+      CAR_TRY_ASSIGN(b.gate_bank, tl.matrix(blk(il, "ffn_gate_exps"), h.n_embd, h.n_ff_exp, h.n_expert));
+      CAR_TRY_ASSIGN(b.up_bank, tl.matrix(blk(il, "ffn_up_exps"), h.n_embd, h.n_ff_exp, h.n_expert));
+      CAR_TRY_ASSIGN(b.down_bank, tl.matrix(blk(il, "ffn_down_exps"), h.n_ff_exp, h.n_embd, h.n_expert));
+      b.gate_offset = m->file_->tensor_file_offset(*tl.find(blk(il, "ffn_gate_exps")));
+      b.up_offset = m->file_->tensor_file_offset(*tl.find(blk(il, "ffn_up_exps")));
+      b.down_offset = m->file_->tensor_file_offset(*tl.find(blk(il, "ffn_down_exps")));
+    } else {
+      if (h.n_ff == 0) return load_error("layer " + std::to_string(il) + " is dense but " + h.arch + ".feed_forward_length is missing");
+      CAR_TRY_ASSIGN(L.ffn_gate, tl.matrix(blk(il, "ffn_gate"), h.n_embd, h.n_ff));
+      CAR_TRY_ASSIGN(L.ffn_up, tl.matrix(blk(il, "ffn_up"), h.n_embd, h.n_ff));
+      CAR_TRY_ASSIGN(L.ffn_down, tl.matrix(blk(il, "ffn_down"), h.n_ff, h.n_embd));
+    }
+  }
+  return std::shared_ptr<const Model>(std::move(m));
+}
+
+uint64_t Model::bytes_per_token() const {
+  auto bytes = [](const tensor::MatrixView& v) { return static_cast<uint64_t>(v.rows) * v.row_bytes; };
+  uint64_t total = token_embd_.row_bytes + bytes(output_);
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const LayerWeights& L = layers_[il];
+    total += bytes(L.wq) + bytes(L.wk) + bytes(L.wv) + bytes(L.wo);
+    if (L.is_moe) {
+      const experts::ExpertBankInfo& b = banks_[il];
+      const uint64_t per_expert = (bytes(b.gate_bank) + bytes(b.up_bank) + bytes(b.down_bank)) /
+                                  static_cast<uint64_t>(b.n_expert);
+      total += bytes(L.ffn_gate_inp) + per_expert * static_cast<uint64_t>(hparams_.n_expert_used);
+    } else {
+      total += bytes(L.ffn_gate) + bytes(L.ffn_up) + bytes(L.ffn_down);
+    }
+  }
+  return total;
+}
+
+}  // namespace car::model

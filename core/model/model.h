@@ -1,0 +1,80 @@
+// Model: a loaded transformer - its hyperparameters and every weight as a view into the mmapped GGUF file.
+//
+// load() checks each tensor the architecture needs exists with the shape the hyperparameters imply and a type
+// the kernels compute (errors name the tensor), then keeps only views: matrices stay in the file's pages
+// (no copy for any format), norm vectors too when they are F32 (other types are dequantized once into a small
+// owned buffer). The Model keeps the GgufFile (and so the mapping) alive. MoE layers expose their expert banks
+// as ExpertBankInfo; the engine wraps them in an ExpertSource.
+//
+// Immutable after load; safe to share across threads.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/experts/expert_source.h"
+#include "core/gguf/gguf_file.h"
+#include "core/model/hparams.h"
+#include "core/tensor/kernels.h"
+#include "core/util/result.h"
+
+namespace car::model {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;   // (n_embd)
+  tensor::MatrixView wq;              // (n_head * head_dim_k, n_embd)
+  tensor::MatrixView wk;              // (n_head_kv * head_dim_k, n_embd)
+  tensor::MatrixView wv;              // (n_head_kv * head_dim_v, n_embd)
+  tensor::MatrixView wo;              // (n_embd, n_head * head_dim_v)
+  const float* q_norm = nullptr;      // (head_dim_k), qk_norm architectures only
+  const float* k_norm = nullptr;      // (head_dim_k), qk_norm architectures only
+  const float* ffn_norm = nullptr;    // (n_embd)
+  // Dense FFN (is_moe == false)
+  tensor::MatrixView ffn_gate;        // (n_ff, n_embd)
+  tensor::MatrixView ffn_up;          // (n_ff, n_embd)
+  tensor::MatrixView ffn_down;        // (n_embd, n_ff)
+  // MoE (is_moe == true): the router here, the experts in the ExpertSource (banks in Model::expert_banks())
+  bool is_moe = false;
+  tensor::MatrixView ffn_gate_inp;    // (n_expert, n_embd), F32 in every known file
+};
+
+class Model {
+ public:
+  /// Build from a parsed file. Errors: load_failed naming the key or tensor.
+  static Result<std::shared_ptr<const Model>> load(std::shared_ptr<const gguf::GgufFile> file);
+
+  const Hparams& hparams() const { return hparams_; }
+  const gguf::GgufFile& file() const { return *file_; }
+  const std::shared_ptr<const gguf::GgufFile>& file_ptr() const { return file_; }
+
+  const tensor::MatrixView& token_embd() const { return token_embd_; }  // (n_vocab, n_embd)
+  const float* output_norm() const { return output_norm_; }             // (n_embd)
+  /// (n_vocab, n_embd); token_embd when the file has no output.weight (tied embeddings).
+  const tensor::MatrixView& output() const { return output_; }
+  bool tied_embeddings() const { return tied_; }
+  /// Llama 3 style per-pair RoPE frequency divisors (n_rot / 2), or null.
+  const float* rope_freq_factors() const { return rope_freqs_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  /// One entry per layer (n_expert == 0 for dense layers).
+  const std::vector<experts::ExpertBankInfo>& expert_banks() const { return banks_; }
+
+  /// Bytes of tensor data the forward pass reads for one decoded token (dense weights + n_expert_used
+  /// experts per MoE layer + one embedding row), for bandwidth-bound estimates.
+  uint64_t bytes_per_token() const;
+
+ private:
+  Model() = default;
+
+  std::shared_ptr<const gguf::GgufFile> file_;
+  Hparams hparams_;
+  tensor::MatrixView token_embd_;
+  tensor::MatrixView output_;
+  const float* output_norm_ = nullptr;
+  const float* rope_freqs_ = nullptr;
+  bool tied_ = false;
+  std::vector<LayerWeights> layers_;
+  std::vector<experts::ExpertBankInfo> banks_;
+  std::vector<std::unique_ptr<float[]>> owned_;  // dequantized copies of non-F32 vectors (norms)
+};
+
+}  // namespace car::model

@@ -1,0 +1,21 @@
+// qwen3 (dense): NEOX-style RoPE (halves of each head rotate together) and a per-head RMSNorm of Q and K
+// (attn_q_norm / attn_k_norm, head_dim wide) applied before RoPE. Q may be wider than n_embd
+// (attention.key_length * head_count).
+#include "core/model/architecture.h"
+
+namespace car::model {
+
+const ArchTraits& qwen3_traits() {
+  static const ArchTraits traits{
+      .name = "qwen3",
+      .rope_type = RopeType::neox,
+      .qk_norm = true,
+      .moe_required = false,
+      .dense_only = true,
+      .expert_ff_key = {},
+      .moe_norm_weights = true,
+  };
+  return traits;
+}
+
+}  // namespace car::model

@@ -1,0 +1,21 @@
+// qwen3moe: qwen3's attention (NEOX RoPE, per-head q/k RMSNorm) with every FFN a routed MoE block. One
+// expert's width is expert_feed_forward_length (feed_forward_length is unused). llama.cpp builds it with
+// norm_w = true (the top-k softmax weights renormalized to sum to 1), softmax gating, no shared expert.
+#include "core/model/architecture.h"
+
+namespace car::model {
+
+const ArchTraits& qwen3moe_traits() {
+  static const ArchTraits traits{
+      .name = "qwen3moe",
+      .rope_type = RopeType::neox,
+      .qk_norm = true,
+      .moe_required = true,
+      .dense_only = false,
+      .expert_ff_key = "expert_feed_forward_length",
+      .moe_norm_weights = true,
+  };
+  return traits;
+}
+
+}  // namespace car::model

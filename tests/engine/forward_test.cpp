@@ -1,0 +1,207 @@
+// ForwardPass on small random models the test writes itself (no conformance files needed): against a naive
+// double-precision forward over the same (dequantized) weights, and batch/decode/chunking consistency.
+#include "core/engine/forward.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/experts/resident_source.h"
+#include "tests/engine/tiny_model.h"
+#include "tests/test_support.h"
+
+namespace car::engine {
+namespace {
+
+using testing::TinySpec;
+
+struct Loaded {
+  std::shared_ptr<const model::Model> model;
+  std::unique_ptr<experts::ResidentExpertSource> experts;
+  testing::TinyWeights weights;
+};
+
+Loaded load_tiny(const testing::TempDir& dir, const TinySpec& spec) {
+  const std::string path = (dir / (spec.arch + "-" + std::to_string(spec.seed) + ".gguf")).string();
+  Loaded l;
+  l.weights = testing::write_tiny_model(path, spec);
+  auto f = gguf::GgufFile::open(path);
+  EXPECT_TRUE(f.ok()) << (f.ok() ? "" : f.error().message);
+  auto m = model::Model::load(*f);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+  l.model = *m;
+  if (l.model->hparams().is_moe()) l.experts = std::make_unique<experts::ResidentExpertSource>(l.model->expert_banks());
+  return l;
+}
+
+std::vector<int32_t> some_tokens(int64_t n, int64_t vocab) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((1 + i * 37) % vocab));
+  return t;
+}
+
+std::vector<float> eval_all(const Loaded& l, const std::vector<int32_t>& toks, ThreadPool* pool, int64_t max_batch) {
+  ForwardPass fp(l.model, l.experts.get(), pool, max_batch);
+  KvCache kv = fp.make_cache(64);
+  std::vector<float> logits(toks.size() * static_cast<size_t>(l.model->hparams().n_vocab));
+  fp.eval(toks, kv, logits.data(), true);
+  EXPECT_EQ(kv.n_past(), static_cast<int64_t>(toks.size()));
+  return logits;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+void check_against_reference(const TinySpec& spec, double tol) {
+  testing::TempDir dir;
+  Loaded l = load_tiny(dir, spec);
+  ASSERT_TRUE(l.model);
+  auto toks = some_tokens(12, spec.n_vocab);
+  ThreadPool pool(2);
+  auto got = eval_all(l, toks, &pool, 64);
+  auto ref = testing::reference_forward(spec, l.weights, toks);
+  const double dev = max_abs_diff(got, ref);
+  double spread = 0;
+  for (double v : ref) spread = std::max(spread, std::fabs(v));
+  EXPECT_LT(dev, tol) << spec.arch << " type " << ggml_type_name(spec.matrix_type) << " (max |logit| " << spread << ")";
+  EXPECT_GT(spread, 0.5);  // the test is not vacuous
+}
+
+TEST(ForwardReference, LlamaDenseF32) { check_against_reference(TinySpec{}, 1e-2); }
+
+TEST(ForwardReference, LlamaTiedF32) {
+  TinySpec s;
+  s.tied = true;
+  check_against_reference(s, 1e-2);
+}
+
+TEST(ForwardReference, LlamaMoeF32) {
+  TinySpec s;
+  s.n_expert = 4;
+  s.n_expert_used = 2;
+  s.n_ff = 32;
+  s.seed = 3;
+  check_against_reference(s, 1e-2);
+}
+
+TEST(ForwardReference, Qwen3F32) {
+  TinySpec s;
+  s.arch = "qwen3";
+  s.n_head = 8;  // q wider than n_embd
+  s.rope_base = 1e6f;
+  s.seed = 5;
+  check_against_reference(s, 1e-2);
+}
+
+TEST(ForwardReference, Qwen3MoeF32) {
+  TinySpec s;
+  s.arch = "qwen3moe";
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.n_ff = 32;
+  s.seed = 7;
+  check_against_reference(s, 1e-2);
+}
+
+TEST(ForwardReference, LlamaMoeQ8_0) {
+  TinySpec s;
+  s.n_expert = 4;
+  s.n_expert_used = 2;
+  s.n_ff = 64;
+  s.matrix_type = GgmlType::Q8_0;
+  s.embd_type = GgmlType::Q8_0;
+  s.seed = 9;
+  check_against_reference(s, 6e-2);
+}
+
+TEST(ForwardReference, Qwen3MoeQ4K) {
+  TinySpec s;
+  s.arch = "qwen3moe";
+  s.n_embd = 256;
+  s.n_expert = 4;
+  s.n_expert_used = 2;
+  s.n_ff = 256;
+  s.head_dim = 64;
+  s.matrix_type = GgmlType::Q4_K;
+  s.seed = 11;
+  check_against_reference(s, 0.15);
+}
+
+TEST(ForwardConsistency, BatchEqualsTokenByToken) {
+  for (bool moe : {false, true}) {
+    TinySpec s;
+    if (moe) {
+      s.n_expert = 4;
+      s.n_expert_used = 2;
+    }
+    s.matrix_type = GgmlType::Q8_0;
+    testing::TempDir dir;
+    Loaded l = load_tiny(dir, s);
+    auto toks = some_tokens(10, s.n_vocab);
+    auto batch = eval_all(l, toks, nullptr, 64);
+    ForwardPass fp(l.model, l.experts.get(), nullptr, 64);
+    KvCache kv = fp.make_cache(32);
+    std::vector<float> one(static_cast<size_t>(s.n_vocab));
+    double dev = 0;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      fp.eval(std::span<const int32_t>(&toks[i], 1), kv, one.data(), false);
+      for (int64_t v = 0; v < s.n_vocab; ++v) {
+        dev = std::max(dev, std::fabs(double(one[static_cast<size_t>(v)]) - batch[i * static_cast<size_t>(s.n_vocab) + static_cast<size_t>(v)]));
+      }
+    }
+    EXPECT_LT(dev, 1e-4) << (moe ? "moe" : "dense");
+  }
+}
+
+TEST(ForwardConsistency, ChunkingAndThreadsDoNotChangeLogits) {
+  TinySpec s;
+  s.n_expert = 4;
+  s.n_expert_used = 2;
+  testing::TempDir dir;
+  Loaded l = load_tiny(dir, s);
+  auto toks = some_tokens(13, s.n_vocab);
+  auto a = eval_all(l, toks, nullptr, 64);
+  ThreadPool pool(2);
+  auto b = eval_all(l, toks, &pool, 5);
+  double dev = 0;
+  for (size_t i = 0; i < a.size(); ++i) dev = std::max(dev, std::fabs(double(a[i]) - b[i]));
+  EXPECT_LT(dev, 1e-4);
+}
+
+TEST(ForwardConsistency, LastRowOnlyEqualsLastOfAllRows) {
+  TinySpec s;
+  s.arch = "qwen3";
+  testing::TempDir dir;
+  Loaded l = load_tiny(dir, s);
+  auto toks = some_tokens(9, s.n_vocab);
+  auto all = eval_all(l, toks, nullptr, 64);
+  ForwardPass fp(l.model, nullptr, nullptr, 64);
+  KvCache kv = fp.make_cache(16);
+  std::vector<float> last(static_cast<size_t>(s.n_vocab));
+  fp.eval(toks, kv, last.data(), false);
+  for (int64_t v = 0; v < s.n_vocab; ++v) EXPECT_NEAR(last[static_cast<size_t>(v)], all[8 * static_cast<size_t>(s.n_vocab) + static_cast<size_t>(v)], 1e-5);
+}
+
+TEST(ResidentExperts, SlicesAreTheBanksRowsAndCountsUses) {
+  TinySpec s;
+  s.n_expert = 4;
+  s.n_expert_used = 2;
+  testing::TempDir dir;
+  Loaded l = load_tiny(dir, s);
+  const auto& bank = l.model->expert_banks()[1];
+  auto lease = l.experts->acquire(1, 3);
+  EXPECT_EQ(lease.weights().gate.rows, s.n_ff);
+  EXPECT_EQ(lease.weights().gate.cols, s.n_embd);
+  EXPECT_EQ(lease.weights().down.rows, s.n_embd);
+  EXPECT_EQ(lease.weights().gate.data, bank.gate_bank.data + 3 * s.n_ff * bank.gate_bank.row_bytes);
+  EXPECT_EQ(l.experts->use_count(1, 3), 1u);
+  EXPECT_EQ(l.experts->use_count(1, 2), 0u);
+  EXPECT_EQ(l.experts->n_expert(0), 4);
+}
+
+}  // namespace
+}  // namespace car::engine
