@@ -4,11 +4,31 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <new>
 #include <set>
 #include <vector>
+
+// Count every allocation of this test binary, so a test can show sample() allocates nothing when warm.
+namespace {
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+// GCC flags free() of operator new's memory once these are inlined; here both sides are ours and match.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace car::engine {
 namespace {
@@ -270,6 +290,25 @@ TEST(SamplerFrequencies, DegenerateLogitsStillReturnAnId) {
   EXPECT_EQ(s.sample(std::vector<float>{-inf, -inf, -inf}, {}), 0);
   EXPECT_EQ(s.sample(std::vector<float>{0.0f, inf, 1.0f}, {}), 1);
   EXPECT_EQ(s.sample(std::vector<float>{-inf, 3.0f, -inf}, {}), 1);
+}
+
+TEST(SamplerBuffers, WarmSampleDoesNotAllocate) {
+  std::vector<float> logits(32000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(std::sin(static_cast<double>(i)) * 4.0);
+  const std::vector<int32_t> history{5, 17, 99, 5, 31000};
+  SamplingParams p = plain(0.8f, 3);
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.min_p = 0.05f;
+  p.repeat_penalty = 1.1f;
+  for (const int top_k : {40, 0}) {  // 0: top-p walks the unsorted vocabulary
+    p.top_k = top_k;
+    Sampler s(p);
+    s.sample(logits, history);  // first call sizes the buffers
+    const long before = g_allocations.load();
+    for (int i = 0; i < 50; ++i) s.sample(logits, history);
+    EXPECT_EQ(g_allocations.load(), before) << "top_k " << top_k;
+  }
 }
 
 TEST(TopLogprobs, MatchesLogSoftmaxMostLikelyFirst) {
