@@ -1,0 +1,423 @@
+// AVX2 + FMA + F16C dot kernels (compiled with car_simd_source(... AVX2); only called when the CPU has them).
+//
+// Integer parts are computed exactly as the scalar references do (u8 x s8 pair products with maddubs, which
+// cannot saturate for these formats: |level| <= 63 and |activation| <= 127, then madd into int32), so only
+// the float accumulation differs: per block (or per 8 lanes) the integer sum is converted and multiplied by
+// the block's scale product into 8-lane float accumulators, summed horizontally at the end.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/tensor/blocks.h"
+#include "core/tensor/k_scales.h"
+#include "core/tensor/kernel_table.h"
+
+namespace car::tensor::detail {
+namespace {
+
+inline float h2f(ggml_half h) { return _cvtsh_ss(h); }
+
+inline float hsum8(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+/// 16 bytes of nibbles -> 32 bytes: low nibbles in bytes 0..15, high nibbles in bytes 16..31.
+inline __m256i nibbles32(const uint8_t* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/// 32 bits -> 32 bytes, 0xff where the bit is set (byte i <- bit i).
+inline __m256i bits32(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuf);
+  const __m256i mask = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+}
+
+/// Sum of pairs of u8 * s8 products into 8 int32 lanes.
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/// Same for s8 * s8 (sign moved onto the second operand).
+inline __m256i dot_s8s8(__m256i x, __m256i y) {
+  return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/// 16 int16 lanes: s[0] in lanes 0..7 and s[1] in lanes 8..15.
+inline __m256i scale_pair(const int16_t* s) {
+  int32_t pair;
+  std::memcpy(&pair, s, 4);
+  const __m256i shuf = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,  //
+                                        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), shuf);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 32-element blocks
+
+float dot_q8_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q8_0*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  const int64_t nb = n / QK8_0;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2) {
+    const __m256 p0 = _mm256_cvtepi32_ps(dot_s8s8(load32(x[i].qs), load32(y[i].qs)));
+    const __m256 p1 = _mm256_cvtepi32_ps(dot_s8s8(load32(x[i + 1].qs), load32(y[i + 1].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p0, acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), p1, acc1);
+  }
+  for (; i < nb; ++i) {
+    const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(load32(x[i].qs), load32(y[i].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc0);
+  }
+  return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+float dot_q4_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_0*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  const int64_t nb = n / QK8_0;
+  const __m256i eight = _mm256_set1_epi8(8);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2) {
+    const __m256i q0 = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
+    const __m256i q1 = _mm256_sub_epi8(nibbles32(x[i + 1].qs), eight);
+    const __m256 p0 = _mm256_cvtepi32_ps(dot_s8s8(q0, load32(y[i].qs)));
+    const __m256 p1 = _mm256_cvtepi32_ps(dot_s8s8(q1, load32(y[i + 1].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p0, acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), p1, acc1);
+  }
+  for (; i < nb; ++i) {
+    const __m256i q = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
+    const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(y[i].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc0);
+  }
+  return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+float dot_q4_1(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_1*>(w);
+  const auto* y = static_cast<const block_q8_1*>(a);
+  const int64_t nb = n / QK8_1;
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    summs += h2f(x[i].m) * h2f(y[i].s);
+    const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(nibbles32(x[i].qs), load32(y[i].qs)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc);
+  }
+  return hsum8(acc) + summs;
+}
+
+float dot_q5_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q5_0*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  const int64_t nb = n / QK8_0;
+  const __m256i hi_off = _mm256_set1_epi8(static_cast<char>(0xf0));
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    // level - 16 = nibble | (bit ? 0 : 0xf0) read as int8.
+    const __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_andnot_si256(bits32(x[i].qh), hi_off));
+    const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(y[i].qs)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc);
+  }
+  return hsum8(acc);
+}
+
+float dot_q5_1(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q5_1*>(w);
+  const auto* y = static_cast<const block_q8_1*>(a);
+  const int64_t nb = n / QK8_1;
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    summs += h2f(x[i].m) * h2f(y[i].s);
+    const __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_and_si256(bits32(x[i].qh), bit4));
+    const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(q, load32(y[i].qs)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc);
+  }
+  return hsum8(acc) + summs;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// K-quants (256-element super-blocks, Q8_K activations)
+
+/// Sum of bsums pairs times the 8 Q4_K/Q5_K mins, as 8 int32 lanes (lane j: mins[j/2]... summed later).
+inline __m256i mins_dot_bsums(const uint8_t* mins8, const int16_t* bsums) {
+  // bsums[2j] + bsums[2j+1] pairs with mins[j]: madd of the 16 bsums with each min repeated twice.
+  const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins8));
+  const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+  return _mm256_madd_epi16(m16, load32(bsums));
+}
+
+float dot_q4_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t sm[16];
+    unpack_scale_min_k4(x[i].scales, sm);
+    const float d = h2f(x[i].d) * y[i].d;
+    const float dmin = h2f(x[i].dmin) * y[i].d;
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm + 8, y[i].bsums)), acc_m);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
+      const __m256i bits = load32(q4);
+      const __m256i lo = _mm256_and_si256(bits, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
+      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sm[2 * j])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sm[2 * j + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc) - hsum8(acc_m);
+}
+
+float dot_q5_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q5_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t sm[16];
+    unpack_scale_min_k4(x[i].scales, sm);
+    const float d = h2f(x[i].d) * y[i].d;
+    const float dmin = h2f(x[i].dmin) * y[i].d;
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm + 8, y[i].bsums)), acc_m);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    const __m256i hbits = load32(x[i].qh);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
+      const __m256i bits = load32(q4);
+      const __m256i h_lo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4);
+      const __m256i h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h_hi);
+      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
+      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sm[2 * j])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sm[2 * j + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc) - hsum8(acc_m);
+}
+
+float dot_q6_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q6_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  const __m256i m32 = _mm256_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    int16_t sc[16];
+    for (int j = 0; j < 16; ++j) sc[j] = x[i].scales[j];
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h, ql += 64, qh += 32) {
+      const __m256i l1 = load32(ql), l2 = load32(ql + 32), hb = load32(qh);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l2, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+      for (int k = 0; k < 4; ++k, q8 += 32) {
+        const __m256i y8 = load32(q8);
+        // (level - 32) * y = level * y - 32 * y, both pairs fit int16.
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y8), _mm256_maddubs_epi16(m32, y8));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 8 * h + 2 * k)));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc);
+}
+
+float dot_q2_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float dall = y[i].d * h2f(x[i].d);
+    const float dmin = y[i].d * h2f(x[i].dmin);
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, load32(y[i].bsums))),
+                            acc_m);
+    int16_t sc[16];
+    for (int j = 0; j < 16; ++j) sc[j] = static_cast<int16_t>(x[i].scales[j] & 0x0f);
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = load32(x[i].qs + 32 * h);
+      for (int k = 0; k < 4; ++k, q8 += 32) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+        const __m256i p = _mm256_maddubs_epi16(q, load32(q8));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 8 * h + 2 * k)));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dall), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc) - hsum8(acc_m);
+}
+
+float dot_q3_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q3_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    int8_t raw[16];
+    unpack_q3_K_scales(x[i].scales, raw);
+    int16_t sc[16];
+    for (int j = 0; j < 16; ++j) sc[j] = static_cast<int16_t>(raw[j] - 32);
+    const __m256i hbits = load32(x[i].hmask);
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = load32(x[i].qs + 32 * h);
+      for (int k = 0; k < 4; ++k, q8 += 32) {
+        const int b = 4 * h + k;
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+        // 4 where the high bit is clear: level = q - that.
+        const __m256i clear = _mm256_andnot_si256(_mm256_srli_epi16(hbits, b), one);
+        const __m256i q_hi = _mm256_slli_epi16(_mm256_and_si256(clear, one), 2);
+        const __m256i y8 = load32(q8);
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y8), _mm256_maddubs_epi16(q_hi, y8));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 2 * b)));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Float formats (any length; scalar tail)
+
+float dot_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
+  float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+float dot_f16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      acc[k] = _mm256_fmadd_ps(load_f16x8(x + i + 8 * k), load_f16x8(y + i + 8 * k), acc[k]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc[0]);
+  float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) sum += _cvtsh_ss(x[i]) * _cvtsh_ss(y[i]);
+  return sum;
+}
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+float dot_bf16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), load_bf16x8(y + i + 8 * k), acc[k]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16x8(x + i), load_bf16x8(y + i), acc[0]);
+  float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  uint32_t ux, uy;
+  for (; i < n; ++i) {
+    ux = static_cast<uint32_t>(x[i]) << 16;
+    uy = static_cast<uint32_t>(y[i]) << 16;
+    float fx, fy;
+    std::memcpy(&fx, &ux, 4);
+    std::memcpy(&fy, &uy, 4);
+    sum += fx * fy;
+  }
+  return sum;
+}
+
+DotKernels make_table() {
+  DotKernels k = scalar_kernels();  // activation rounding stays scalar (exact, and O(cols) per product)
+  k.dot[slot(GgmlType::F32)] = dot_f32;
+  k.dot[slot(GgmlType::F16)] = dot_f16;
+  k.dot[slot(GgmlType::BF16)] = dot_bf16;
+  k.dot[slot(GgmlType::Q4_0)] = dot_q4_0;
+  k.dot[slot(GgmlType::Q4_1)] = dot_q4_1;
+  k.dot[slot(GgmlType::Q5_0)] = dot_q5_0;
+  k.dot[slot(GgmlType::Q5_1)] = dot_q5_1;
+  k.dot[slot(GgmlType::Q8_0)] = dot_q8_0;
+  k.dot[slot(GgmlType::Q2_K)] = dot_q2_K;
+  k.dot[slot(GgmlType::Q3_K)] = dot_q3_K;
+  k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
+  k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
+  k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  return k;
+}
+
+}  // namespace
+
+const DotKernels* avx2_kernels() {
+  static const DotKernels table = make_table();
+  return &table;
+}
+
+}  // namespace car::tensor::detail

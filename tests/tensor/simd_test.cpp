@@ -1,0 +1,232 @@
+// Every SIMD kernel against the scalar reference, for each ISA this CPU has, on fresh random data over many
+// shapes (block counts that exercise unrolled loops and their tails, float rows of any length) and misaligned
+// buffers. Two checks per case:
+//   - exactness of the integer parts: with every scale set to a power of two the float arithmetic is exact,
+//     so SIMD and scalar results must be bit-identical;
+//   - general data: |simd - scalar| <= tolerance(type) * sum of |terms| (only float summation order differs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/tensor/blocks.h"
+#include "core/tensor/fp16.h"
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+#include "tests/tensor/test_data.h"
+
+namespace car::tensor {
+namespace {
+
+using testing::computable_types;
+using testing::random_floats;
+
+/// Relative tolerance of a SIMD dot product against the scalar one, in units of the sum of |terms|.
+/// Float formats: the scalar sums in double, SIMD in float lanes (error ~ n_per_lane * 2^-24 worst case);
+/// block formats: both sum per-block float products, in different orders.
+double simd_tolerance(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16: return 2e-6;
+    default: return 1e-6;
+  }
+}
+
+const detail::DotKernels* table_if_supported(Isa isa) {
+  if (isa == Isa::avx512 && detect_isa() != Isa::avx512) return nullptr;
+  if (isa == Isa::avx2 && detect_isa() == Isa::scalar) return nullptr;
+  return &detail::kernels_for(isa);
+}
+
+/// Set every fp16 scale field of a row to one power of two (2^e, e in [-2, 1] per row) so that all float
+/// products and partial sums are exact (integer multiples of one power of two, far below 2^24 of them).
+void make_scales_exact(GgmlType t, uint8_t* row, int64_t n, std::mt19937& rng) {
+  const auto g = detail::geometry(t);
+  const uint16_t scale = fp32_to_fp16(std::ldexp(1.0f, std::uniform_int_distribution<int>(-2, 1)(rng)));
+  auto pow2 = [&] { return scale; };
+  for (int64_t b = 0; b < n / g.block_size; ++b) {
+    uint8_t* blk = row + b * g.block_bytes;
+    auto set = [&](size_t off) {
+      const uint16_t h = pow2();
+      std::memcpy(blk + off, &h, 2);
+    };
+    switch (t) {
+      case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: set(0); break;
+      case GgmlType::Q4_1: case GgmlType::Q5_1: set(0); set(2); break;
+      case GgmlType::Q4_K: case GgmlType::Q5_K: set(0); set(2); break;
+      case GgmlType::Q2_K: set(offsetof(block_q2_K, d)); set(offsetof(block_q2_K, dmin)); break;
+      case GgmlType::Q3_K: set(offsetof(block_q3_K, d)); break;
+      case GgmlType::Q6_K: set(offsetof(block_q6_K, d)); break;
+      default: break;
+    }
+  }
+}
+
+/// Activation scales to powers of two and levels to [-8, 8] (keeps every sum well inside float's exact range).
+void make_act_scales_exact(GgmlType at, uint8_t* act, int64_t n, std::mt19937& rng) {
+  const auto g = detail::geometry(at);
+  std::uniform_int_distribution<int> level(-8, 8);
+  for (int64_t b = 0; b < n / g.block_size; ++b) {
+    uint8_t* blk = act + b * g.block_bytes;
+    if (at == GgmlType::Q8_K) {
+      auto* q = reinterpret_cast<block_q8_K*>(blk);
+      q->d = 0.5f;
+      for (int j = 0; j < 16; ++j) {
+        int sum = 0;
+        for (int l = 0; l < 16; ++l) sum += q->qs[16 * j + l] = static_cast<int8_t>(level(rng));
+        q->bsums[j] = static_cast<int16_t>(sum);
+      }
+    } else if (at == GgmlType::Q8_0 || at == GgmlType::Q8_1) {
+      int8_t* qs = reinterpret_cast<int8_t*>(blk + (at == GgmlType::Q8_0 ? 2 : 4));
+      for (int j = 0; j < 32; ++j) qs[j] = static_cast<int8_t>(level(rng));
+      const uint16_t h = fp32_to_fp16(0.25f);
+      std::memcpy(blk, &h, 2);
+      if (at == GgmlType::Q8_1) {
+        const uint16_t s = fp32_to_fp16(-3.0f);
+        std::memcpy(blk + 2, &s, 2);
+      }
+    }
+  }
+}
+
+/// Weight rows with random bit patterns in the quant fields (every level occurs, not only what a quantizer
+/// produces), scales as a quantizer leaves them.
+std::vector<uint8_t> random_weight_row(GgmlType t, int64_t n, std::mt19937& rng) {
+  const auto wf = random_floats(rng, n);
+  std::vector<uint8_t> row(detail::row_bytes(t, n));
+  quantize_row(t, wf.data(), row.data(), n);
+  if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) return row;
+  // Re-randomize everything except the fp16 scale fields, kept from the quantizer.
+  std::vector<uint8_t> keep = row;
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
+  make_scales_exact(t, row.data(), n, rng);  // place sane scales...
+  const auto g = detail::geometry(t);
+  for (int64_t b = 0; b < n / g.block_size; ++b) {  // ...then restore the quantizer's real scale values
+    uint8_t* blk = row.data() + b * g.block_bytes;
+    const uint8_t* src = keep.data() + b * g.block_bytes;
+    switch (t) {
+      case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: std::memcpy(blk, src, 2); break;
+      case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
+        std::memcpy(blk, src, 4);
+        break;
+      case GgmlType::Q2_K: std::memcpy(blk + offsetof(block_q2_K, d), src + offsetof(block_q2_K, d), 4); break;
+      case GgmlType::Q3_K: std::memcpy(blk + offsetof(block_q3_K, d), src + offsetof(block_q3_K, d), 2); break;
+      case GgmlType::Q6_K: std::memcpy(blk + offsetof(block_q6_K, d), src + offsetof(block_q6_K, d), 2); break;
+      default: break;
+    }
+  }
+  if (t == GgmlType::Q8_0) {
+    // Q8_0 levels come from roundf(x * 127 / amax): never -128.
+    for (int64_t b = 0; b < n / 32; ++b) {
+      for (int j = 0; j < 32; ++j) {
+        auto& q = row[static_cast<size_t>(b * 34 + 2 + j)];
+        if (q == 0x80) q = 0x81;
+      }
+    }
+  }
+  return row;
+}
+
+std::vector<int64_t> shapes(GgmlType t) {
+  const int64_t bs = testing::block_size(t);
+  if (bs == 1) return {1, 3, 7, 8, 15, 16, 31, 32, 33, 63, 64, 65, 100, 255, 256, 1000, 4096, 4099};
+  std::vector<int64_t> out;
+  for (int64_t nb : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 64}) out.push_back(nb * bs);
+  return out;
+}
+
+class SimdVsScalar : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(SimdVsScalar, IntegerPartsAreExact) {
+  const detail::DotKernels* simd = table_if_supported(GetParam());
+  if (simd == nullptr) GTEST_SKIP() << "CPU lacks " << isa_name(GetParam());
+  const auto& ref = detail::scalar_kernels();
+  std::mt19937 rng(100);
+  for (GgmlType t : computable_types()) {
+    if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) continue;  // no integer part
+    SCOPED_TRACE(ggml_type_name(t));
+    const GgmlType at = activation_type(t);
+    for (int64_t n : shapes(t)) {
+      for (int rep = 0; rep < 3; ++rep) {
+        auto w = random_weight_row(t, n, rng);
+        make_scales_exact(t, w.data(), n, rng);
+        const auto x = random_floats(rng, n);
+        std::vector<uint8_t> act(activation_row_bytes(t, n));
+        ref.quantize_act[detail::slot(at)](x.data(), act.data(), n);
+        make_act_scales_exact(at, act.data(), n, rng);
+        const float want = ref.dot[detail::slot(t)](w.data(), act.data(), n);
+        const float got = simd->dot[detail::slot(t)](w.data(), act.data(), n);
+        ASSERT_EQ(got, want) << "n=" << n << " rep=" << rep;
+      }
+    }
+  }
+}
+
+TEST_P(SimdVsScalar, GeneralDataWithinTolerance) {
+  const detail::DotKernels* simd = table_if_supported(GetParam());
+  if (simd == nullptr) GTEST_SKIP() << "CPU lacks " << isa_name(GetParam());
+  const auto& ref = detail::scalar_kernels();
+  std::mt19937 rng(200);
+  for (GgmlType t : computable_types()) {
+    SCOPED_TRACE(ggml_type_name(t));
+    const GgmlType at = activation_type(t);
+    for (int64_t n : shapes(t)) {
+      for (int misalign = 0; misalign < 3; ++misalign) {
+        const auto w = random_weight_row(t, n, rng);
+        // Copy into buffers offset by 1..2 bytes from any alignment: kernels must use unaligned loads.
+        std::vector<uint8_t> wbuf(w.size() + 64), abuf(activation_row_bytes(t, n) + 64);
+        uint8_t* wp = wbuf.data() + misalign * 1 + 1;
+        uint8_t* ap = abuf.data() + misalign * 2 + 1;
+        std::memcpy(wp, w.data(), w.size());
+        const auto x = random_floats(rng, n, misalign == 2 ? 50.0f : 1.0f);
+        if (at == GgmlType::F32) {
+          std::memcpy(ap, x.data(), x.size() * sizeof(float));
+        } else {
+          ref.quantize_act[detail::slot(at)](x.data(), ap, n);
+        }
+        const float want = ref.dot[detail::slot(t)](wp, ap, n);
+        const float got = simd->dot[detail::slot(t)](wp, ap, n);
+        // Scale of the rounding error: sum of |w_i a_i| over the dequantized rows.
+        std::vector<float> wd(static_cast<size_t>(n)), ad(static_cast<size_t>(n));
+        dequantize_row(t, wp, wd.data(), n);
+        dequantize_row(at, ap, ad.data(), n);
+        double mag = 0;
+        for (int64_t i = 0; i < n; ++i) mag += std::fabs(double(wd[i]) * ad[i]);
+        if (at == GgmlType::Q8_1) {
+          for (int64_t b = 0; b < n / 32; ++b) {
+            uint16_t mh, sh;
+            std::memcpy(&mh, wp + b * detail::geometry(t).block_bytes + 2, 2);
+            std::memcpy(&sh, ap + b * 36 + 2, 2);
+            mag += 2 * std::fabs(double(fp16_to_fp32(mh)) * fp16_to_fp32(sh));
+          }
+        }
+        ASSERT_NEAR(got, want, simd_tolerance(t) * mag + 1e-30) << "n=" << n << " misalign=" << misalign;
+      }
+    }
+  }
+}
+
+TEST_P(SimdVsScalar, ZeroActivationGivesZero) {
+  const detail::DotKernels* simd = table_if_supported(GetParam());
+  if (simd == nullptr) GTEST_SKIP() << "CPU lacks " << isa_name(GetParam());
+  std::mt19937 rng(300);
+  for (GgmlType t : computable_types()) {
+    if (activation_type(t) == GgmlType::Q8_1) continue;  // the min term uses the activation's sum, also 0
+    const int64_t n = 4 * testing::block_size(t) * (testing::block_size(t) == 1 ? 64 : 1);
+    const auto w = random_weight_row(t, n, rng);
+    const std::vector<float> zeros(static_cast<size_t>(n), 0.0f);
+    std::vector<uint8_t> act(activation_row_bytes(t, n) + 4);
+    quantize_activation(t, zeros.data(), act.data(), n);
+    EXPECT_EQ(simd->dot[detail::slot(t)](w.data(), act.data(), n), 0.0f) << ggml_type_name(t);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, SimdVsScalar, ::testing::Values(Isa::avx2, Isa::avx512),
+                         [](const auto& param_info) { return std::string(isa_name(param_info.param)); });
+
+}  // namespace
+}  // namespace car::tensor
