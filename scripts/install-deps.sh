@@ -9,6 +9,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsystemd-dev systemd    # sd_notify; systemd-analyze verifies the units
   libpcre2-dev              # Unicode-property regexes for BPE pre-tokenizers
+  libicu-dev                # Unicode normalisation and properties for the WordPiece tokenizer
   clang-14 libclang-rt-14-dev  # libFuzzer and sanitizer runtimes
 )
 missing=()

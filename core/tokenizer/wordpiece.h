@@ -1,0 +1,25 @@
+// WordPiece (BERT) encoding of one raw-text fragment, as llama.cpp's llm_tokenizer_wpm.
+//
+// Normalisation: each code point is replaced by the first code point of its NFD decomposition (which drops
+// accents), lower-cased; whitespace separates words; NUL, U+FFFD and control characters are dropped;
+// punctuation, ASCII symbols and CJK ideographs become single-character words. Each word, prefixed with
+// U+2581 (the GGUF converter marks word-initial pieces that way and strips BERT's "##"), is covered by
+// greedy longest-match tokens; a word that cannot be fully covered becomes the unknown token. Unicode
+// properties come from ICU. Stateless; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tokenizer/vocab.h"
+
+namespace car::tokenizer {
+
+/// The normalised words of `text` (exposed for tests).
+std::vector<std::string> wordpiece_words(std::string_view text);
+
+void wordpiece_encode(const Vocab& vocab, std::string_view text, std::vector<int32_t>& out);
+
+}  // namespace car::tokenizer
