@@ -122,5 +122,468 @@ TEST(BackendCacheSeedTest, InvalidateRemovesKey) {
   EXPECT_FALSE(cache.invalidate("a")) << "second invalidate finds nothing";
 }
 
+// --- Single-flight ----------------------------------------------------------------------------------
+
+/// Poll until `pred` holds (bounded, so a broken cache fails instead of hanging).
+template <typename Pred>
+bool eventually(Pred pred) {
+  for (int i = 0; i < 20000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return false;
+}
+
+TEST(BackendCacheSingleFlightTest, ConcurrentMissesRunOneLoader) {
+  constexpr int kThreads = 6;
+  BackendCache<int> cache(1024);
+  std::atomic<int> loads{0};
+  auto loader = [&]() -> Result<int> {
+    loads.fetch_add(1);
+    // Hold the load open until every other caller is waiting on it.
+    EXPECT_TRUE(eventually([&] { return cache.stats().coalesced == kThreads - 1; }));
+    EXPECT_EQ(cache.stats().loading, 1u);
+    return 7;
+  };
+  std::vector<std::future<std::pair<BackendCache<int>::Handle, LoadInfo>>> results;
+  for (int i = 0; i < kThreads; ++i) {
+    results.push_back(std::async(std::launch::async, [&] {
+      LoadInfo info;
+      auto h = cache.get_or_load("m", 10, loader, &info);
+      EXPECT_TRUE(h.ok());
+      return std::make_pair(h.ok() ? h.value() : nullptr, info);
+    }));
+  }
+  std::vector<std::pair<BackendCache<int>::Handle, LoadInfo>> got;
+  for (auto& f : results) got.push_back(f.get());
+  EXPECT_EQ(loads.load(), 1);
+  int loaded = 0;
+  int waited = 0;
+  for (const auto& [h, info] : got) {
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(h, got[0].first) << "every caller shares the one loaded backend";
+    EXPECT_TRUE(info.cached);
+    EXPECT_FALSE(info.hit);
+    loaded += info.loaded ? 1 : 0;
+    waited += info.waited ? 1 : 0;
+  }
+  EXPECT_EQ(loaded, 1);
+  EXPECT_EQ(waited, kThreads - 1);
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.loads, 1u);
+  EXPECT_EQ(s.misses, static_cast<std::uint64_t>(kThreads));
+  EXPECT_EQ(s.coalesced, static_cast<std::uint64_t>(kThreads - 1));
+  EXPECT_EQ(s.loading, 0u);
+  EXPECT_EQ(s.entries, 1u);
+}
+
+TEST(BackendCacheSingleFlightTest, FailedLoadIsReportedToEveryWaiterAndNotCached) {
+  constexpr int kThreads = 4;
+  BackendCache<int> cache(1024);
+  std::atomic<int> loads{0};
+  auto loader = [&]() -> Result<int> {
+    loads.fetch_add(1);
+    EXPECT_TRUE(eventually([&] { return cache.stats().coalesced == kThreads - 1; }));
+    return make_error("load_failed", "m.gguf: bad magic");
+  };
+  std::vector<std::future<Result<BackendCache<int>::Handle>>> results;
+  for (int i = 0; i < kThreads; ++i) {
+    results.push_back(std::async(std::launch::async, [&] { return cache.get_or_load("m", 10, loader); }));
+  }
+  for (auto& f : results) {
+    auto r = f.get();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, "load_failed");
+    EXPECT_EQ(r.error().message, "m.gguf: bad magic");
+  }
+  EXPECT_EQ(loads.load(), 1);
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.entries, 0u);
+  EXPECT_EQ(s.loads, 1u);
+  EXPECT_EQ(s.load_failures, 1u);
+  // Not cached: the next call loads again (and may succeed).
+  auto again = cache.get_or_load("m", 10, [] { return value(3); });
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value()->backend(), 3);
+  EXPECT_EQ(cache.stats().loads, 2u);
+}
+
+TEST(BackendCacheSingleFlightTest, ThrowingLoaderBecomesLoadFailedError) {
+  BackendCache<int> cache(1024);
+  auto r = cache.get_or_load("m", 10, []() -> Result<int> { throw std::runtime_error("out of memory"); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, "load_failed");
+  EXPECT_EQ(r.error().message, "out of memory");
+  EXPECT_EQ(cache.stats().entries, 0u);
+  EXPECT_EQ(cache.stats().load_failures, 1u);
+  EXPECT_EQ(cache.stats().loading, 0u) << "the flight is finished even when the loader throws";
+  EXPECT_TRUE(cache.get_or_load("m", 10, [] { return value(1); }).ok());
+}
+
+TEST(BackendCacheSingleFlightTest, InvalidateDuringLoadKeepsResultUncached) {
+  BackendCache<int> cache(1024);
+  LoadInfo info;
+  auto r = cache.get_or_load(
+      "m", 10,
+      [&]() -> Result<int> {
+        EXPECT_FALSE(cache.invalidate("m")) << "not cached yet";
+        return 5;
+      },
+      &info);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value()->backend(), 5);
+  EXPECT_TRUE(info.loaded);
+  EXPECT_FALSE(info.cached);
+  EXPECT_FALSE(cache.contains("m")) << "a load invalidated in flight is not cached";
+}
+
+TEST(BackendCacheSingleFlightTest, DifferentKeysLoadInParallel) {
+  BackendCache<int> cache(1024);
+  std::atomic<int> inside{0};
+  auto loader = [&]() -> Result<int> {
+    inside.fetch_add(1);
+    // Both loaders must be inside at once: a cache lock held across loads would deadlock here.
+    EXPECT_TRUE(eventually([&] { return inside.load() == 2; }));
+    return 1;
+  };
+  auto a = std::async(std::launch::async, [&] { return cache.get_or_load("a", 1, loader).ok(); });
+  auto b = std::async(std::launch::async, [&] { return cache.get_or_load("b", 1, loader).ok(); });
+  EXPECT_TRUE(a.get());
+  EXPECT_TRUE(b.get());
+  EXPECT_EQ(cache.stats().entries, 2u);
+}
+
+// --- LRU order and capacity -------------------------------------------------------------------------
+
+TEST(BackendCacheLruTest, ListIsMostRecentFirstAndHitsReorder) {
+  BackendCache<int> cache(1000);
+  for (const char* k : {"a", "b", "c", "d"}) ASSERT_TRUE(cache.get_or_load(k, 10, [] { return value(0); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 10, never_called).ok());
+  std::vector<std::string> keys;
+  for (const auto& i : cache.list()) keys.push_back(i.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"b", "d", "c", "a"}));
+}
+
+TEST(BackendCacheLruTest, EvictsInLruOrderAcrossManyEntries) {
+  BackendCache<int> cache(100 * 10);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(cache.get_or_load("k" + std::to_string(i), 10, [i] { return value(i); }).ok());
+  }
+  // Touch the even keys, so the odd ones are the 50 least recently used.
+  for (int i = 0; i < 100; i += 2) ASSERT_TRUE(cache.get_or_load("k" + std::to_string(i), 10, never_called).ok());
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(cache.get_or_load("n" + std::to_string(i), 10, [] { return value(0); }).ok());
+  }
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(cache.contains("k" + std::to_string(i)), i % 2 == 0) << "k" << i;
+  }
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.entries, 100u);
+  EXPECT_EQ(s.total_bytes, 1000u);
+  EXPECT_EQ(s.evictions_capacity, 50u);
+}
+
+TEST(BackendCacheLruTest, OversizedEntryStaysAloneNeverEvictingItself) {
+  BackendCache<int> cache(100);
+  ASSERT_TRUE(cache.get_or_load("a", 40, [] { return value(1); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 40, [] { return value(2); }).ok());
+  auto big = cache.get_or_load("big", 500, [] { return value(3); });
+  ASSERT_TRUE(big.ok());
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.entries, 1u);
+  EXPECT_TRUE(cache.contains("big"));
+  EXPECT_EQ(s.total_bytes, 500u);
+  EXPECT_EQ(s.evictions_capacity, 2u);
+  // The next insert evicts it in turn.
+  ASSERT_TRUE(cache.get_or_load("c", 10, [] { return value(4); }).ok());
+  EXPECT_FALSE(cache.contains("big"));
+  EXPECT_EQ(cache.stats().total_bytes, 10u);
+}
+
+// --- Handles, leases, and release -------------------------------------------------------------------
+
+struct Tracked {
+  explicit Tracked(std::atomic<int>* d) : destroyed(d) {}
+  ~Tracked() { destroyed->fetch_add(1); }
+  Tracked(const Tracked&) = delete;
+  Tracked& operator=(const Tracked&) = delete;
+  std::atomic<int>* destroyed;
+  int uses = 0;
+};
+using TrackedPtr = std::unique_ptr<Tracked>;
+
+TEST(BackendCacheHandleTest, HandleWorksAfterEvictionAndMemoryIsReleasedOnLastDrop) {
+  std::atomic<int> destroyed{0};
+  BackendCache<TrackedPtr> cache(100);
+  auto a = cache.get_or_load("a", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
+  ASSERT_TRUE(a.ok());
+  BackendCache<TrackedPtr>::Handle handle = a.value();
+  // Capacity-evict `a` by loading `b`.
+  ASSERT_TRUE(cache.get_or_load("b", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); })
+                  .ok());
+  EXPECT_FALSE(cache.contains("a"));
+  EXPECT_TRUE(handle->evicted());
+  EXPECT_EQ(destroyed.load(), 0) << "a handle still holds a";
+  {
+    auto lock = handle->lock();
+    handle->backend()->uses += 1;  // still usable
+  }
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.evicted_held_entries, 1u);
+  EXPECT_EQ(s.evicted_held_bytes, 80u);
+  EXPECT_EQ(s.total_bytes, 80u) << "the budget no longer charges a";
+  handle.reset();
+  a = make_error("x", "drop the last reference");
+  EXPECT_EQ(destroyed.load(), 1);
+  s = cache.stats();
+  EXPECT_EQ(s.evicted_held_entries, 0u);
+  EXPECT_EQ(s.evicted_held_bytes, 0u);
+  // Invalidate with no outside handle releases at once.
+  EXPECT_TRUE(cache.invalidate("b"));
+  EXPECT_EQ(destroyed.load(), 2);
+  EXPECT_EQ(cache.stats().evicted_held_bytes, 0u);
+}
+
+/// A backend whose destructor calls back into the cache: proves backends die outside the cache lock.
+struct Reentrant {
+  BackendCache<std::unique_ptr<Reentrant>>* cache = nullptr;
+  std::atomic<int>* destroyed = nullptr;
+  ~Reentrant() {
+    (void)cache->stats();
+    destroyed->fetch_add(1);
+  }
+};
+
+TEST(BackendCacheHandleTest, BackendIsNeverDestroyedUnderTheCacheLock) {
+  using Ptr = std::unique_ptr<Reentrant>;
+  std::atomic<int> destroyed{0};
+  BackendCache<Ptr> cache(100);
+  auto make = [&]() -> Result<Ptr> {
+    auto p = std::make_unique<Reentrant>();
+    p->cache = &cache;
+    p->destroyed = &destroyed;
+    return p;
+  };
+  ASSERT_TRUE(cache.get_or_load("a", 60, make).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 60, make).ok());  // capacity eviction of a
+  EXPECT_EQ(destroyed.load(), 1);
+  EXPECT_TRUE(cache.invalidate("b"));
+  EXPECT_EQ(destroyed.load(), 2);
+  ASSERT_TRUE(cache.get_or_load("c", 60, make).ok());
+  EXPECT_EQ(cache.clear(), (Evicted{1, 60}));
+  EXPECT_EQ(destroyed.load(), 3);
+}
+
+TEST(BackendCacheHandleTest, HandlesAndLeasesOutliveTheCache) {
+  std::atomic<int> destroyed{0};
+  BackendCache<TrackedPtr>::Lease lease;
+  {
+    BackendCache<TrackedPtr> cache(100);
+    auto r = cache.lease_or_load("a", 10, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
+    ASSERT_TRUE(r.ok());
+    lease = std::move(r.value());
+  }
+  EXPECT_EQ(destroyed.load(), 0);
+  auto lock = lease.lock();
+  lease.backend()->uses += 1;
+  lock.unlock();
+  lease.reset();
+  EXPECT_EQ(destroyed.load(), 1);
+}
+
+TEST(BackendCacheHandleTest, EntryLockSerializesRequests) {
+  BackendCache<int> cache(100);
+  auto h = cache.get_or_load("a", 10, [] { return value(0); });
+  ASSERT_TRUE(h.ok());
+  auto handle = h.value();
+  auto lock = handle->lock();
+  EXPECT_TRUE(lock.owns_lock());
+  auto other = std::async(std::launch::async, [&] { return handle->mutex().try_lock(); });
+  EXPECT_FALSE(other.get()) << "a second request cannot take the model while the first holds it";
+}
+
+// --- Idle means not in use --------------------------------------------------------------------------
+
+TEST(BackendCacheIdleTest, LeasedEntryIsNeverIdleEvicted) {
+  ManualClock clock;
+  BackendCache<int> cache(1000, seconds(10), clock.fn());
+  auto lease = cache.lease_or_load("a", 10, [] { return value(1); });
+  ASSERT_TRUE(lease.ok());
+  EXPECT_TRUE(lease.value()->in_use());
+  clock.advance(std::chrono::hours(1));
+  EXPECT_EQ(cache.evict_idle(), (Evicted{0, 0})) << "in the middle of a request";
+  auto items = cache.list();
+  ASSERT_EQ(items.size(), 1u);
+  EXPECT_TRUE(items[0].in_use);
+  EXPECT_EQ(items[0].leases, 1u);
+  EXPECT_EQ(items[0].idle_seconds, 0.0);
+}
+
+TEST(BackendCacheIdleTest, IdleTimeCountsFromTheEndOfTheLastUse) {
+  ManualClock clock;
+  BackendCache<int> cache(1000, seconds(10), clock.fn());
+  auto h = cache.get_or_load("a", 10, [] { return value(1); });
+  ASSERT_TRUE(h.ok());
+  {
+    auto lease = h.value()->acquire();
+    clock.advance(seconds(60));  // a long request
+  }
+  clock.advance(seconds(9));
+  EXPECT_EQ(cache.evict_idle(), (Evicted{0, 0})) << "only 9 s since the request ended";
+  EXPECT_DOUBLE_EQ(cache.list().at(0).idle_seconds, 9.0);
+  clock.advance(seconds(1));
+  EXPECT_EQ(cache.evict_idle(), (Evicted{1, 10}));
+  EXPECT_EQ(cache.stats().evictions_idle, 1u);
+}
+
+TEST(BackendCacheIdleTest, TwoOverlappingLeasesBothMustEnd) {
+  ManualClock clock;
+  BackendCache<int> cache(1000, seconds(5), clock.fn());
+  auto first = cache.lease_or_load("a", 10, [] { return value(1); });
+  auto second = cache.lease_or_load("a", 10, never_called);
+  ASSERT_TRUE(first.ok() && second.ok());
+  first.value().reset();
+  clock.advance(seconds(30));
+  EXPECT_EQ(cache.evict_idle().entries, 0u) << "the second request is still running";
+  second.value().reset();
+  clock.advance(seconds(5));
+  EXPECT_EQ(cache.evict_idle().entries, 1u);
+}
+
+TEST(BackendCacheIdleTest, StatsListPeekNeverRefreshIdleTime) {
+  ManualClock clock;
+  BackendCache<int> cache(1000, seconds(10), clock.fn());
+  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 10, [] { return value(2); }).ok());
+  for (int i = 0; i < 10; ++i) {
+    clock.advance(seconds(1));
+    (void)cache.stats();
+    (void)cache.list();
+    EXPECT_NE(cache.peek("a"), nullptr);
+    EXPECT_TRUE(cache.contains("a"));
+  }
+  EXPECT_EQ(cache.evict_idle(), (Evicted{2, 20}));
+  EXPECT_EQ(cache.stats().hits, 0u) << "peek/contains are not hits";
+}
+
+TEST(BackendCacheIdleTest, PeekDoesNotChangeLruOrder) {
+  BackendCache<int> cache(20);
+  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 10, [] { return value(2); }).ok());
+  EXPECT_NE(cache.peek("a"), nullptr);
+  ASSERT_TRUE(cache.get_or_load("c", 10, [] { return value(3); }).ok());
+  EXPECT_FALSE(cache.contains("a")) << "a stayed least recently used despite the peek";
+  EXPECT_TRUE(cache.contains("b"));
+}
+
+// --- Accounting -------------------------------------------------------------------------------------
+
+TEST(BackendCacheStatsTest, CountsHitsMissesLoadsAndEvictionsByCause) {
+  ManualClock clock;
+  BackendCache<int> cache(30, seconds(100), clock.fn());
+  LoadInfo info;
+  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }, &info).ok());
+  EXPECT_TRUE(info.loaded);
+  EXPECT_FALSE(info.hit);
+  ASSERT_TRUE(cache.get_or_load("a", 10, never_called, &info).ok());
+  EXPECT_TRUE(info.hit);
+  EXPECT_TRUE(info.cached);
+  EXPECT_FALSE(info.loaded);
+  ASSERT_TRUE(cache.get_or_load("a", 10, never_called).ok());
+  clock.advance(seconds(4));
+  ASSERT_TRUE(cache.get_or_load("b", 10, [] { return value(2); }).ok());
+  ASSERT_TRUE(cache.get_or_load("c", 10, [] { return value(3); }).ok());
+  clock.advance(seconds(2));
+  ASSERT_TRUE(cache.get_or_load("d", 10, [] { return value(4); }).ok());  // capacity-evicts a (age 6 s)
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.hits, 2u);
+  EXPECT_EQ(s.misses, 4u);
+  EXPECT_EQ(s.loads, 4u);
+  EXPECT_EQ(s.evictions_capacity, 1u);
+  EXPECT_DOUBLE_EQ(s.last_eviction_age_seconds, 6.0);
+  EXPECT_TRUE(cache.invalidate("b"));
+  clock.advance(seconds(100));
+  EXPECT_EQ(cache.evict_idle(), (Evicted{2, 20}));  // c and d, both untouched for 100+ s
+  s = cache.stats();
+  EXPECT_EQ(s.evictions_capacity, 1u);
+  EXPECT_EQ(s.evictions_invalidate, 1u);
+  EXPECT_EQ(s.evictions_idle, 2u);
+  EXPECT_EQ(s.evictions_clear, 0u);
+  EXPECT_EQ(s.evictions_total(), 4u);
+  EXPECT_EQ(s.entries, 0u);
+}
+
+TEST(BackendCacheStatsTest, PerEntryListingAndAgeAtEviction) {
+  ManualClock clock;
+  BackendCache<int> cache(1000, std::nullopt, clock.fn());
+  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }).ok());
+  clock.advance(seconds(3));
+  ASSERT_TRUE(cache.get_or_load("b", 20, [] { return value(2); }).ok());
+  ASSERT_TRUE(cache.get_or_load("a", 10, never_called).ok());
+  ASSERT_TRUE(cache.get_or_load("a", 10, never_called).ok());
+  clock.advance(seconds(2));
+  CacheStats s = cache.stats();
+  ASSERT_EQ(s.items.size(), 2u);
+  EXPECT_EQ(s.items[0].key, "a");
+  EXPECT_EQ(s.items[0].size_bytes, 10u);
+  EXPECT_EQ(s.items[0].hits, 2u);
+  EXPECT_DOUBLE_EQ(s.items[0].idle_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(s.items[0].age_seconds, 5.0);
+  EXPECT_FALSE(s.items[0].in_use);
+  EXPECT_EQ(s.items[1].key, "b");
+  EXPECT_EQ(s.items[1].hits, 0u);
+  EXPECT_DOUBLE_EQ(s.items[1].age_seconds, 2.0);
+  EXPECT_EQ(cache.clear(), (Evicted{2, 30}));
+  s = cache.stats();
+  EXPECT_EQ(s.evictions_clear, 2u);
+  EXPECT_EQ(s.evictions_total(), 2u);
+  EXPECT_DOUBLE_EQ(s.mean_eviction_age_seconds, (5.0 + 2.0) / 2);
+  EXPECT_TRUE(s.items.empty());
+  EXPECT_EQ(s.total_bytes, 0u);
+}
+
+// --- Runtime budget and TTL -------------------------------------------------------------------------
+
+TEST(BackendCacheRuntimeTest, ShrinkingTheBudgetEvictsLeastRecentlyUsed) {
+  BackendCache<int> cache(100);
+  for (const char* k : {"a", "b", "c", "d"}) ASSERT_TRUE(cache.get_or_load(k, 25, [] { return value(0); }).ok());
+  ASSERT_TRUE(cache.get_or_load("a", 25, never_called).ok());  // order now a d c b
+  EXPECT_EQ(cache.set_budget(50), (Evicted{2, 50}));
+  EXPECT_TRUE(cache.contains("a"));
+  EXPECT_TRUE(cache.contains("d"));
+  EXPECT_EQ(cache.stats().budget_bytes, 50u);
+  EXPECT_EQ(cache.set_budget(1000), (Evicted{0, 0}));
+  EXPECT_EQ(cache.set_budget(0), (Evicted{2, 50})) << "0 disables caching: everything goes";
+  EXPECT_TRUE(cache.is_disabled());
+  int loads = 0;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(cache.get_or_load("a", 25, [&] {
+                       ++loads;
+                       return value(0);
+                     })
+                    .ok());
+  }
+  EXPECT_EQ(loads, 2);
+  EXPECT_EQ(cache.stats().evictions_capacity, 4u);
+}
+
+TEST(BackendCacheRuntimeTest, IdleTtlCanBeEnabledChangedAndDisabledLive) {
+  ManualClock clock;
+  BackendCache<int> cache(1000, std::nullopt, clock.fn());
+  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }).ok());
+  clock.advance(seconds(50));
+  EXPECT_EQ(cache.evict_idle().entries, 0u);
+  cache.set_idle_ttl(seconds(60));
+  EXPECT_EQ(cache.idle_ttl(), std::optional<std::chrono::milliseconds>(seconds(60)));
+  EXPECT_EQ(cache.evict_idle().entries, 0u);
+  cache.set_idle_ttl(seconds(30));
+  EXPECT_EQ(cache.evict_idle().entries, 1u);
+  ASSERT_TRUE(cache.get_or_load("b", 10, [] { return value(1); }).ok());
+  cache.set_idle_ttl(seconds(0));  // zero disables, like the setting
+  EXPECT_FALSE(cache.idle_ttl().has_value());
+  clock.advance(std::chrono::hours(5));
+  EXPECT_EQ(cache.evict_idle().entries, 0u);
+}
+
 }  // namespace
 }  // namespace car
