@@ -156,6 +156,32 @@ float dot_q5_1(const void* w, const void* a, int64_t n) {
 // ---------------------------------------------------------------------------------------------------------
 // K-quants (256-element super-blocks, Q8_K activations)
 
+/// Byte-shuffle patterns that spread int16 lane pair (2k, 2k+1) of a 128-bit vector: kSpread2[k] puts
+/// lane 2k in the low 8 int16 lanes and lane 2k+1 in the high 8 (for the 16-element sub-blocks), and
+/// kSpread1[k] repeats lane k across all 16 lanes (for the 32-element sub-blocks).
+alignas(32) constexpr uint8_t kSpread2[4][32] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+     14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
+
+/// `s16` holds 8 int16 scales in both 128-bit halves; lanes of result: scale 2k (low half), 2k+1 (high half).
+inline __m256i spread2(__m256i s16, int k) {
+  return _mm256_shuffle_epi8(s16, _mm256_load_si256(reinterpret_cast<const __m256i*>(kSpread2[k])));
+}
+/// Scale k repeated over all 16 lanes.
+inline __m256i spread1(__m256i s16, int k) {
+  const int b = 2 * k;
+  return _mm256_shuffle_epi8(s16, _mm256_set1_epi16(static_cast<int16_t>(b | ((b + 1) << 8))));
+}
+
+/// 8 int8/uint8 scales (as 8 bytes) widened to int16 and duplicated into both 128-bit halves.
+inline __m256i scales8_to_16(__m128i s8, bool is_signed) {
+  const __m128i s16 = is_signed ? _mm_cvtepi8_epi16(s8) : _mm_cvtepu8_epi16(s8);
+  return _mm256_broadcastsi128_si256(s16);
+}
+
 /// Sum of bsums pairs times the 8 Q4_K/Q5_K mins, as 8 int32 lanes (lane j: mins[j/2]... summed later).
 inline __m256i mins_dot_bsums(const uint8_t* mins8, const int16_t* bsums) {
   // bsums[2j] + bsums[2j+1] pairs with mins[j]: madd of the 16 bsums with each min repeated twice.
@@ -171,11 +197,14 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    uint8_t sm[16];
-    unpack_scale_min_k4(x[i].scales, sm);
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
     const float d = h2f(x[i].d) * y[i].d;
     const float dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm + 8, y[i].bsums)), acc_m);
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
+                            _mm256_cvtepi32_ps(mins_dot_bsums(reinterpret_cast<const uint8_t*>(sm + 2), y[i].bsums)),
+                            acc_m);
+    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
     __m256i sumi = _mm256_setzero_si256();
@@ -185,8 +214,8 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
       const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
       const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sm[2 * j])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sm[2 * j + 1])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, spread1(sc16, 2 * j)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
@@ -201,11 +230,14 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
   const __m256i one = _mm256_set1_epi8(1);
   __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    uint8_t sm[16];
-    unpack_scale_min_k4(x[i].scales, sm);
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
     const float d = h2f(x[i].d) * y[i].d;
     const float dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm + 8, y[i].bsums)), acc_m);
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
+                            _mm256_cvtepi32_ps(mins_dot_bsums(reinterpret_cast<const uint8_t*>(sm + 2), y[i].bsums)),
+                            acc_m);
+    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
     const __m256i hbits = load32(x[i].qh);
@@ -218,8 +250,8 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
       const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h_hi);
       const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
       const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sm[2 * j])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sm[2 * j + 1])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, spread1(sc16, 2 * j)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
@@ -235,8 +267,8 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
   const __m256i m32 = _mm256_set1_epi8(32);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    int16_t sc[16];
-    for (int j = 0; j < 16; ++j) sc[j] = x[i].scales[j];
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+    const __m256i sc16[2] = {scales8_to_16(sc8, true), scales8_to_16(_mm_srli_si128(sc8, 8), true)};
     const uint8_t* ql = x[i].ql;
     const uint8_t* qh = x[i].qh;
     const int8_t* q8 = y[i].qs;
@@ -255,7 +287,7 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
         const __m256i y8 = load32(q8);
         // (level - 32) * y = level * y - 32 * y, both pairs fit int16.
         const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y8), _mm256_maddubs_epi16(m32, y8));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 8 * h + 2 * k)));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, spread2(sc16[h], k)));
       }
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);

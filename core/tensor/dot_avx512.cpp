@@ -1,6 +1,296 @@
-// AVX-512 dot kernels (F, BW, VL, DQ, VNNI, BF16). Placeholder: starts as the AVX2 table.
+// AVX-512 dot kernels (F, BW, VL, DQ, VNNI, BF16; compiled with car_simd_source(... AVX512) and only called
+// when CPUID reports all of them). The table starts from the AVX2 one and replaces the kernels that gain from
+// AVX-512: VNNI's dpbusd / dpwssd fuse the u8 x s8 multiply with the int32 accumulation, 512-bit registers
+// halve the instruction count of the K-quant loops, masked loads handle float tails, and dpbf16ps multiplies
+// bf16 pairs directly. Q2_K, Q3_K, Q4_1, Q5_0 and Q5_1 keep their AVX2 kernels.
+//
+// Integer parts are exact (same identities as the scalar reference: levels <= 63 times |activation| <= 127
+// never saturate maddubs' int16 pairs); float accumulation order differs from the scalar one.
+#include <immintrin.h>
+
+// GCC 12's AVX-512 intrinsic headers build masked builtins from _mm512_undefined_*() values, which -Wall
+// reports as uninitialized at every inlined call site (a known false positive of those headers).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <cstring>
+
+#include "core/tensor/blocks.h"
+#include "core/tensor/k_scales.h"
 #include "core/tensor/kernel_table.h"
 
 namespace car::tensor::detail {
-const DotKernels* avx512_kernels() { return avx2_kernels(); }
+namespace {
+
+inline float h2f(ggml_half h) { return _cvtsh_ss(h); }
+
+inline float hsum8(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
+/// Two 32-byte loads side by side in one register.
+inline __m512i load32x2(const void* lo, const void* hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load32(lo)), load32(hi), 1);
+}
+
+/// 16 bytes of nibbles -> 32 bytes: low nibbles in bytes 0..15, high nibbles in bytes 16..31.
+inline __m256i nibbles32(const uint8_t* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/// int32 lanes += sum of 4 adjacent s8 x s8 products (the sign moved onto y so dpbusd's u8 operand is |x|).
+inline __m256i dpbssd_via_sign(__m256i acc, __m256i x, __m256i y) {
+  return _mm256_dpbusd_epi32(acc, _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 32-element blocks with Q8_0 activations
+
+float dot_q8_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q8_0*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  const int64_t nb = n / QK8_0;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2) {
+    const __m256i p0 = dpbssd_via_sign(_mm256_setzero_si256(), load32(x[i].qs), load32(y[i].qs));
+    const __m256i p1 = dpbssd_via_sign(_mm256_setzero_si256(), load32(x[i + 1].qs), load32(y[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+  }
+  for (; i < nb; ++i) {
+    const __m256i p = dpbssd_via_sign(_mm256_setzero_si256(), load32(x[i].qs), load32(y[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc0);
+  }
+  return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+float dot_q4_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_0*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  const int64_t nb = n / QK8_0;
+  const __m256i eight = _mm256_set1_epi8(8);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2) {
+    const __m256i q0 = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
+    const __m256i q1 = _mm256_sub_epi8(nibbles32(x[i + 1].qs), eight);
+    const __m256i p0 = dpbssd_via_sign(_mm256_setzero_si256(), q0, load32(y[i].qs));
+    const __m256i p1 = dpbssd_via_sign(_mm256_setzero_si256(), q1, load32(y[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+  }
+  for (; i < nb; ++i) {
+    const __m256i q = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
+    const __m256i p = dpbssd_via_sign(_mm256_setzero_si256(), q, load32(y[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc0);
+  }
+  return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// K-quants
+
+/// vpermw indices: from int16 scales in lanes 0..7, lanes [0,16) get scale a and [16,32) scale b.
+struct Perm2 {
+  alignas(64) int16_t idx[32];
+};
+constexpr Perm2 make_perm2(int a, int b) {
+  Perm2 p{};
+  for (int i = 0; i < 32; ++i) p.idx[i] = static_cast<int16_t>(i < 16 ? a : b);
+  return p;
+}
+/// Four scales, each over 8 int16 lanes (16-element sub-blocks), from int16 scales in lanes 0..15.
+constexpr Perm2 make_perm4(int first) {
+  Perm2 p{};
+  for (int i = 0; i < 32; ++i) p.idx[i] = static_cast<int16_t>(first + i / 8);
+  return p;
+}
+// Q4_K / Q5_K: register jj (0, 1) covers sub-blocks {4jj, 4jj+2} (low nibbles) and {4jj+1, 4jj+3} (high).
+constexpr Perm2 kK4Perm[2][2] = {{make_perm2(0, 2), make_perm2(1, 3)}, {make_perm2(4, 6), make_perm2(5, 7)}};
+// Q6_K: half h, part p covers scales 8h + 4p .. 8h + 4p + 3.
+constexpr Perm2 kK6Perm[2][2] = {{make_perm4(0), make_perm4(4)}, {make_perm4(8), make_perm4(12)}};
+
+inline __m512i perm_idx(const Perm2& p) { return _mm512_load_si512(p.idx); }
+
+/// Sum over the 8 sub-block mins of min_j * (bsums[2j] + bsums[2j+1]), as 8 int32 lanes.
+inline __m256i mins_dot_bsums(const uint32_t* mins_words, const int16_t* bsums) {
+  const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins_words));
+  const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+  return _mm256_madd_epi16(m16, load32(bsums));
+}
+
+template <bool kHasHighBit, typename Block>
+float dot_k4(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const Block*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
+  const __m512i p00 = perm_idx(kK4Perm[0][0]), p01 = perm_idx(kK4Perm[0][1]);
+  const __m512i p10 = perm_idx(kK4Perm[1][0]), p11 = perm_idx(kK4Perm[1][1]);
+  __m512 acc = _mm512_setzero_ps();
+  __m256 acc_m = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
+    const float d = h2f(x[i].d) * y[i].d;
+    const float dmin = h2f(x[i].dmin) * y[i].d;
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm + 2, y[i].bsums)), acc_m);
+    const __m512i sc16 =
+        _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+    const int8_t* q8 = y[i].qs;
+    __m512i sumi = _mm512_setzero_si512();
+    for (int jj = 0; jj < 2; ++jj, q8 += 128) {
+      const __m512i bits = load64(x[i].qs + 64 * jj);
+      __m512i lo = _mm512_and_si512(bits, m4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+      if constexpr (kHasHighBit) {
+        // qh bit (2j) of byte l is the fifth bit of the low-nibble element of sub-block j-pair ..., (2j+1) of
+        // the high-nibble one; this register holds sub-block pairs j = 2jj (bytes 0..31) and 2jj+1 (32..63).
+        const __m256i hb = load32(x[i].qh);
+        const __m512i hbz = _mm512_broadcast_i64x4(hb);
+        const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(4 * jj)),
+                                                 _mm256_set1_epi16(static_cast<int16_t>(4 * jj + 2)), 1);
+        const __m512i hl = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(hbz, sh_lo), 4), bit4);
+        const __m512i hh = _mm512_and_si512(
+            _mm512_slli_epi16(_mm512_srlv_epi16(hbz, _mm512_add_epi16(sh_lo, _mm512_set1_epi16(1))), 4), bit4);
+        lo = _mm512_or_si512(lo, hl);
+        hi = _mm512_or_si512(hi, hh);
+      }
+      const __m512i ylo = load32x2(q8, q8 + 64);
+      const __m512i yhi = load32x2(q8 + 32, q8 + 96);
+      const __m512i plo = _mm512_maddubs_epi16(lo, ylo);
+      const __m512i phi = _mm512_maddubs_epi16(hi, yhi);
+      sumi = _mm512_dpwssd_epi32(sumi, plo, _mm512_permutexvar_epi16(jj == 0 ? p00 : p10, sc16));
+      sumi = _mm512_dpwssd_epi32(sumi, phi, _mm512_permutexvar_epi16(jj == 0 ? p01 : p11, sc16));
+    }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+  }
+  return _mm512_reduce_add_ps(acc) - hsum8(acc_m);
+}
+
+float dot_q4_K(const void* w, const void* a, int64_t n) { return dot_k4<false, block_q4_K>(w, a, n); }
+float dot_q5_K(const void* w, const void* a, int64_t n) { return dot_k4<true, block_q5_K>(w, a, n); }
+
+float dot_q6_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q6_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  // Per 256-bit half of a register: left shifts 4 | 2 bring qh bits (0,1) | (2,3) to bits (4,5);
+  // right shifts 0 | 2 bring bits (4,5) | (6,7) there.
+  const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
+                              {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    // The -32 offset of every level: sum over sub-blocks of scale * 32 * sum(activations), from bsums.
+    const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load32(y[i].bsums)), 5);
+    __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(off));
+    const int8_t* q8 = y[i].qs;
+    for (int h = 0; h < 2; ++h, q8 += 128) {
+      const __m512i l = load64(x[i].ql + 64 * h);  // ql bytes 0..31 | 32..63 of this half
+      const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
+      const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
+      const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                          _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
+      const __m512i p01 = _mm512_maddubs_epi16(q01, load64(q8));
+      const __m512i p23 = _mm512_maddubs_epi16(q23, load64(q8 + 64));
+      sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(perm[h][0], sc));
+      sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(perm[h][1], sc));
+    }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Float formats: 32 elements per step, masked tail.
+
+float dot_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+float dot_f16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(load32(x + i)), _mm512_cvtph_ps(load32(y + i)), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(load32(x + i + 16)), _mm512_cvtph_ps(load32(y + i + 16)), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 xv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
+    const __m512 yv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y + i));
+    acc0 = _mm512_fmadd_ps(xv, yv, acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+float dot_bf16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)load64(x + i), (__m512bh)load64(y + i));
+    acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)load64(x + i + 32), (__m512bh)load64(y + i + 32));
+  }
+  for (; i < n; i += 32) {
+    const __mmask32 m = n - i >= 32 ? 0xffffffffu : static_cast<__mmask32>((1u << (n - i)) - 1);
+    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_maskz_loadu_epi16(m, x + i),
+                            (__m512bh)_mm512_maskz_loadu_epi16(m, y + i));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+DotKernels make_table() {
+  const DotKernels* base = avx2_kernels();
+  DotKernels k = base != nullptr ? *base : scalar_kernels();
+  k.dot[slot(GgmlType::F32)] = dot_f32;
+  k.dot[slot(GgmlType::F16)] = dot_f16;
+  k.dot[slot(GgmlType::BF16)] = dot_bf16;
+  k.dot[slot(GgmlType::Q4_0)] = dot_q4_0;
+  k.dot[slot(GgmlType::Q8_0)] = dot_q8_0;
+  k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
+  k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
+  k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  return k;
+}
+
+}  // namespace
+
+const DotKernels* avx512_kernels() {
+  static const DotKernels table = make_table();
+  return &table;
+}
+
 }  // namespace car::tensor::detail

@@ -31,6 +31,18 @@ inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   }
 }
 
+/// The same unpacking as whole words (ggml's utmp trick): out[0..1] hold the 8 scales, out[2..3] the 8 mins,
+/// one byte each in order. Branch-free; used by the SIMD kernels.
+inline void unpack_scale_min_k4_words(const uint8_t* q, uint32_t* out) {
+  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+  uint32_t u[3];
+  std::memcpy(u, q, 12);
+  out[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+  out[2] = u[1] & kmask1;
+  out[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+  out[0] = u[0] & kmask1;
+}
+
 /// All 8 scales then all 8 mins of a Q4_K / Q5_K block: out[0..7] scales, out[8..15] mins.
 inline void unpack_scale_min_k4(const uint8_t* q, uint8_t* out) {
   for (int j = 0; j < 8; ++j) get_scale_min_k4(j, q, &out[j], &out[8 + j]);

@@ -1,0 +1,202 @@
+// bench_kernels: how fast `y = W x` consumes weight bytes, per weight format, ISA, thread count and matrix
+// size (L2-resident to 1 GiB), next to a plain multithreaded streaming read of a buffer of the same size
+// (the machine's attainable read bandwidth). Reported as bytes_per_second = weight bytes / time.
+//
+//   bench_kernels                      # sizes up to 64 MiB (a short run)
+//   bench_kernels --big                # adds 256 MiB and 1 GiB
+//   bench_kernels --big --benchmark_filter='1024MiB'
+//
+// Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
+// set, tiled), so the kernels see valid scales; values do not affect speed.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+#include "core/util/thread_pool.h"
+
+namespace {
+
+using car::GgmlType;
+using car::ThreadPool;
+using namespace car::tensor;
+
+constexpr int64_t kCols = 4096;
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t n) : size(n), data(static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  size_t size;
+  uint8_t* data;
+};
+
+ThreadPool& pool_of(int threads) {
+  static ThreadPool one(1), two(2);
+  return threads >= 2 ? two : one;
+}
+
+/// A cached matrix per (type, size): building a 1 GiB matrix once is enough.
+struct Matrix {
+  std::unique_ptr<AlignedBuffer> buf;
+  MatrixView view;
+};
+
+Matrix& matrix(GgmlType t, size_t bytes) {
+  static std::vector<std::pair<std::pair<GgmlType, size_t>, std::unique_ptr<Matrix>>> cache;
+  for (auto& [key, m] : cache) {
+    if (key.first == t && key.second == bytes) return *m;
+  }
+  // Keep at most one big matrix alive.
+  if (bytes >= (256u << 20)) {
+    std::erase_if(cache, [](const auto& e) { return e.first.second >= (256u << 20); });
+  }
+  auto m = std::make_unique<Matrix>();
+  const size_t rb = detail::row_bytes(t, kCols);
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(bytes / rb));
+  m->buf = std::make_unique<AlignedBuffer>(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  constexpr int kDistinct = 16;
+  std::vector<float> x(kCols);
+  std::vector<uint8_t> rows_q(rb * kDistinct);
+  for (int r = 0; r < kDistinct; ++r) {
+    for (auto& v : x) v = dist(rng);
+    quantize_row(t, x.data(), rows_q.data() + rb * r, kCols);
+  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(m->buf->data + rb * r, rows_q.data() + rb * (r % kDistinct), rb);
+  m->view = MatrixView{t, m->buf->data, kCols, rows, rb};
+  cache.emplace_back(std::make_pair(t, bytes), std::move(m));
+  return *cache.back().second;
+}
+
+void BM_Matvec(benchmark::State& state, GgmlType t, Isa isa) {
+  if (isa != Isa::scalar && (detect_isa() == Isa::scalar || (isa == Isa::avx512 && detect_isa() != Isa::avx512))) {
+    state.SkipWithError("ISA not supported by this CPU");
+    return;
+  }
+  const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
+  const int threads = static_cast<int>(state.range(1));
+  Matrix& m = matrix(t, bytes);
+  set_isa(isa);
+  std::vector<float> x(kCols), y(static_cast<size_t>(m.view.rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& v : x) v = dist(rng);
+  ThreadPool& pool = pool_of(threads);
+  for (auto _ : state) {
+    matvec(m.view, x.data(), y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.view.rows) *
+                          static_cast<int64_t>(m.view.row_bytes));
+  state.counters["rows"] = static_cast<double>(m.view.rows);
+}
+
+__attribute__((target("avx2"))) uint64_t read_range(const uint8_t* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    a0 = _mm256_xor_si256(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_xor_si256(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_xor_si256(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_xor_si256(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i s = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+  return static_cast<uint64_t>(_mm256_extract_epi64(s, 0) ^ _mm256_extract_epi64(s, 3));
+}
+
+/// The baseline: each thread reads its contiguous share of the buffer (the same split matvec gets).
+void BM_StreamRead(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
+  const int threads = static_cast<int>(state.range(1));
+  static std::unique_ptr<AlignedBuffer> buf;
+  if (!buf || buf->size != bytes) {
+    buf.reset();
+    buf = std::make_unique<AlignedBuffer>(bytes);
+    std::memset(buf->data, 1, bytes);
+  }
+  ThreadPool& pool = pool_of(threads);
+  const size_t chunk = 64 * 1024;
+  const int64_t chunks = static_cast<int64_t>((bytes + chunk - 1) / chunk);
+  std::atomic<uint64_t> sink{0};
+  for (auto _ : state) {
+    pool.parallel_for(chunks, 1, threads, [&](int64_t b, int64_t e) {
+      uint64_t v = 0;
+      for (int64_t c = b; c < e; ++c) {
+        const size_t off = static_cast<size_t>(c) * chunk;
+        v ^= read_range(buf->data + off, std::min(chunk, bytes - off));
+      }
+      sink.fetch_xor(v, std::memory_order_relaxed);
+    });
+  }
+  benchmark::DoNotOptimize(sink.load());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+}
+
+void register_all(bool big) {
+  std::vector<int64_t> sizes_kib = {256, 4 << 10, 64 << 10};  // L2-resident, L3-resident, DRAM
+  if (big) {
+    sizes_kib.push_back(256 << 10);
+    sizes_kib.push_back(1 << 20);  // 1 GiB
+  }
+  auto name_size = [](int64_t kib) {
+    return kib >= 1024 ? std::to_string(kib >> 10) + "MiB" : std::to_string(kib) + "KiB";
+  };
+  for (int64_t kib : sizes_kib) {
+    for (int threads : {1, 2}) {
+      benchmark::RegisterBenchmark(("StreamRead/" + name_size(kib) + "/t" + std::to_string(threads)).c_str(),
+                                   BM_StreamRead)
+          ->Args({kib, threads})
+          ->UseRealTime()
+          ->MinTime(big ? 1.0 : 0.2);
+    }
+  }
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                            GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                            GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
+  for (GgmlType t : types) {
+    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+      for (int64_t kib : sizes_kib) {
+        // The scalar kernels are only the oracle: measure them at one small size.
+        if (isa == Isa::scalar && kib > (4 << 10)) continue;
+        for (int threads : {1, 2}) {
+          const std::string name = "Matvec/" + std::string(car::ggml_type_name(t)) + "/" +
+                                   std::string(isa_name(isa)) + "/" + name_size(kib) + "/t" + std::to_string(threads);
+          benchmark::RegisterBenchmark(name.c_str(), [t, isa](benchmark::State& s) { BM_Matvec(s, t, isa); })
+              ->Args({kib, threads})
+              ->UseRealTime()
+              ->MinTime(big ? 1.0 : 0.2);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool big = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--big") {
+      big = true;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  register_all(big);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
