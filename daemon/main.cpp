@@ -1,0 +1,99 @@
+// car-inferenced: the daemon. Resolves Settings (defaults < config file < environment < flags), sets up
+// logging to stderr (journald keeps it under systemd), adopts a socket-activation fd if systemd passed
+// one, and runs the Server until SIGTERM/SIGINT. Exit codes: 0 clean shutdown, 1 runtime failure,
+// 2 bad configuration.
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "config/settings.h"
+#include "daemon/model_runtime.h"
+#include "daemon/server.h"
+#include "daemon/systemd_notify.h"
+
+namespace {
+
+using car::daemon::LiveSettings;
+
+LiveSettings live_of(const car::config::Settings& s) {
+  LiveSettings live;
+  live.cache_budget_bytes = s.cache_budget_bytes();
+  live.idle_ttl = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(s.idle_secs));
+  live.log_level = std::string(car::config::to_string(s.log_level));
+  return live;
+}
+
+void setup_logging(const car::config::Settings& s) {
+  auto logger = spdlog::stderr_logger_mt("car-inferenced");
+  // journald timestamps lines itself; a terminal gets our own.
+  const char* journal = std::getenv("JOURNAL_STREAM");
+  logger->set_pattern(journal != nullptr && *journal != '\0' ? "<%^%l%$> %v" : "%Y-%m-%d %H:%M:%S.%e [%^%l%$] %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(std::string(car::config::to_string(s.log_level))));
+  spdlog::flush_on(spdlog::level::info);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto settings = car::config::load_settings(argc, argv, car::config::current_environment());
+  if (!settings) {
+    if (settings.error().code == "help") {
+      std::fputs(settings.error().message.c_str(), stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "car-inferenced: %s\n", settings.error().message.c_str());
+    return 2;
+  }
+  setup_logging(*settings);
+  for (const auto& w : settings->warnings) spdlog::warn("{}", w);
+  spdlog::debug("settings:\n{}", settings->describe());
+
+  auto listen_fd = car::daemon::systemd::take_listen_fd();
+  if (!listen_fd) {
+    spdlog::critical("{}", listen_fd.error().message);
+    return 2;
+  }
+
+  car::daemon::ServerOptions options;
+  options.socket_path = settings->socket_path;
+  options.listen_fd = *listen_fd;
+  options.models_dir = settings->models_dir;
+  options.state_dir = settings->state_dir;
+  options.live = live_of(*settings);
+  options.socket_group = settings->socket_group;
+  options.allowed_uids = settings->allow_uids;
+  options.allowed_gids = settings->allow_gids;
+  options.workers = settings->workers;
+  options.queue_capacity = settings->queue_depth;
+  options.shutdown_grace = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(settings->shutdown_grace_secs));
+  options.max_line_bytes = car::config::Settings::max_line_bytes;
+  auto current = std::make_shared<car::config::Settings>(*settings);
+  options.reload = [current, argc, argv]() -> car::Result<LiveSettings> {
+    auto next = car::config::reload_settings(*current, argc, argv, car::config::current_environment());
+    if (!next) return next.error();
+    auto plan = car::config::plan_reload(*current, *next);
+    for (const auto& name : plan.needs_restart) spdlog::warn("SIGHUP: {} changed; it takes effect on restart", name);
+    *current = *next;
+    return live_of(*next);
+  };
+
+  car::daemon::RuntimeOptions runtime_options;
+  runtime_options.threads = static_cast<int>(settings->threads);
+  runtime_options.stream_experts = std::string(car::config::to_string(settings->stream_experts));
+  runtime_options.expert_ram_gb = settings->expert_ram_gb.value_or(0.0);
+  runtime_options.state_dir = settings->state_dir.string();
+  auto runtime = car::daemon::make_default_runtime(runtime_options);
+  if (!runtime->available()) {
+    spdlog::warn("built without the inference engine: load and infer will answer load_failed");
+  }
+
+  car::daemon::Server server(std::move(options), *runtime);
+  if (auto ok = server.open(); !ok) {
+    spdlog::critical("{}", ok.error().message);
+    return 1;
+  }
+  return server.run();
+}

@@ -1,0 +1,86 @@
+// ModelRuntime: what the daemon needs from an inference engine - load a model file into a Backend and
+// generate from it. The server is written against this interface, so it builds, and its protocol, cache,
+// cancellation and shutdown paths are tested with a scripted runtime, whether or not the engine exists.
+//
+// Implementations: EngineRuntime (engine_runtime.cpp, wraps car::engine; compiled when the car_engine
+// target exists, CAR_DAEMON_HAVE_ENGINE) and, without it, a runtime whose every load answers load_failed
+// "engine not built" - never made-up text.
+//
+// Thread safety: load() may run concurrently on different files. A Backend's generate() calls are
+// serialized by the caller (the cache entry's mutex); its other methods are safe at any time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/util/result.h"
+
+namespace car::daemon {
+
+/// One generation request, already validated by the protocol layer.
+struct GenerateParams {
+  std::string prompt;
+  int max_tokens = 128;
+  std::optional<double> temperature;  ///< unset: the engine's default
+  std::optional<int> top_k;
+  std::optional<double> top_p;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+};
+
+struct GenerateOutput {
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"
+  int prompt_tokens = 0;
+  double prompt_ms = 0;
+  double decode_ms = 0;
+};
+
+/// Called for each generated token on the generating thread: the token id and the text it released.
+using TokenSink = std::function<void(int32_t token, const std::string& text)>;
+
+/// A loaded model. Destroying it releases its memory.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, internal.
+  virtual Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
+                                          const std::atomic<bool>& cancelled) = 0;
+  /// Bytes the model holds now (weights, KV cache, scratch).
+  virtual uint64_t memory_bytes() const = 0;
+  /// Whether MoE experts are streamed from disk.
+  virtual bool streams_experts() const = 0;
+  /// Persist state worth keeping across runs (the expert usage sidecar). Called at shutdown.
+  virtual void save_state() = 0;
+};
+
+/// Settings the runtime passes to the engine when loading.
+struct RuntimeOptions {
+  int threads = 0;
+  std::string stream_experts = "auto";
+  double expert_ram_gb = 0;
+  std::string state_dir;
+};
+
+class ModelRuntime {
+ public:
+  virtual ~ModelRuntime() = default;
+  /// Load `path`. Errors: not_found, load_failed (message for a person).
+  virtual Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) = 0;
+  /// True when this runtime can actually run models (false: built without the engine).
+  virtual bool available() const = 0;
+  /// One word for logs and `health`: "engine" or "none".
+  virtual std::string name() const = 0;
+};
+
+/// The runtime this binary was built with: the engine when car_engine was linked, else the refusing one.
+std::unique_ptr<ModelRuntime> make_default_runtime(const RuntimeOptions& options);
+
+}  // namespace car::daemon

@@ -1,0 +1,213 @@
+#include "daemon/protocol.h"
+
+#include <cmath>
+#include <limits>
+
+namespace car::protocol {
+
+using nlohmann::json;
+
+namespace {
+
+Error bad(std::string message) { return make_error(code::kBadRequest, std::move(message)); }
+
+bool is_scalar(const json& v) { return v.is_null() || v.is_boolean() || v.is_number() || v.is_string(); }
+
+std::string type_name(const json& v) { return v.type_name(); }
+
+/// An integer field in [lo, hi]. Accepts JSON integers and integral floats (1.0), nothing else.
+Result<std::optional<int64_t>> int_field(const json& body, const char* name, int64_t lo, int64_t hi) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::optional<int64_t>{};
+  int64_t v = 0;
+  if (it->is_number_integer()) {
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      return bad(std::string("field '") + name + "' out of range");
+    }
+    v = it->get<int64_t>();
+  } else if (it->is_number_float()) {
+    double d = it->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+      return bad(std::string("field '") + name + "' must be an integer in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "]");
+    }
+    v = static_cast<int64_t>(d);
+  } else {
+    return bad(std::string("field '") + name + "' must be an integer, got " + type_name(*it));
+  }
+  if (v < lo || v > hi) {
+    return bad(std::string("field '") + name + "' = " + std::to_string(v) + " is outside [" +
+               std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return std::optional<int64_t>{v};
+}
+
+Result<std::optional<double>> number_field(const json& body, const char* name, double lo, double hi) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::optional<double>{};
+  if (!it->is_number()) return bad(std::string("field '") + name + "' must be a number, got " + type_name(*it));
+  double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return bad(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+               "]");
+  }
+  return std::optional<double>{v};
+}
+
+}  // namespace
+
+std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+Result<Request> parse_request(std::string_view line, json* id_out) {
+  if (id_out != nullptr) *id_out = nullptr;
+  json doc = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return bad("request is not valid JSON");
+  if (!doc.is_object()) return bad(std::string("request must be a JSON object, got ") + type_name(doc));
+  Request req;
+  if (auto it = doc.find("id"); it != doc.end()) {
+    if (!is_scalar(*it)) return bad("field 'id' must be a JSON scalar (string, number, boolean or null)");
+    req.id = *it;
+    if (id_out != nullptr) *id_out = *it;
+  }
+  auto op = doc.find("op");
+  if (op == doc.end()) return bad("field 'op' is missing");
+  if (!op->is_string()) return bad("field 'op' must be a string, got " + type_name(*op));
+  req.op = op->get<std::string>();
+  req.body = std::move(doc);
+  return req;
+}
+
+Result<std::string> model_field(const json& body) {
+  auto it = body.find("model");
+  if (it == body.end()) return bad("field 'model' is missing");
+  if (!it->is_string()) return bad("field 'model' must be a string, got " + type_name(*it));
+  return it->get<std::string>();
+}
+
+Result<InferParams> parse_infer(const json& body) {
+  InferParams p;
+  auto model = model_field(body);
+  if (!model) return model.error();
+  p.model = std::move(*model);
+
+  auto prompt = body.find("prompt");
+  if (prompt == body.end()) return bad("field 'prompt' is missing");
+  if (!prompt->is_string()) return bad("field 'prompt' must be a string, got " + type_name(*prompt));
+  p.prompt = prompt->get<std::string>();
+
+  auto max_tokens = int_field(body, "max_tokens", 0, kMaxTokensLimit);
+  if (!max_tokens) return max_tokens.error();
+  if (*max_tokens) p.max_tokens = static_cast<int>(**max_tokens);
+
+  auto temperature = number_field(body, "temperature", 0.0, 100.0);
+  if (!temperature) return temperature.error();
+  p.temperature = *temperature;
+
+  auto top_k = int_field(body, "top_k", 0, std::numeric_limits<int32_t>::max());
+  if (!top_k) return top_k.error();
+  if (*top_k) p.top_k = static_cast<int>(**top_k);
+
+  auto top_p = number_field(body, "top_p", 0.0, 1.0);
+  if (!top_p) return top_p.error();
+  p.top_p = *top_p;
+
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() < 0)) {
+      return bad("field 'seed' must be a non-negative integer");
+    }
+    p.seed = it->get<uint64_t>();
+  }
+
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& s : *it) {
+        if (!s.is_string()) return bad("field 'stop' must be a string or an array of strings");
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return bad("field 'stop' must be a string or an array of strings");
+    }
+    for (const auto& s : p.stop) {
+      if (s.empty()) return bad("field 'stop' must not contain an empty string");
+    }
+  }
+
+  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("field 'stream' must be a boolean, got " + type_name(*it));
+    p.stream = it->get<bool>();
+  }
+  return p;
+}
+
+std::string ok_line(const json& id, const json& result) {
+  json j = {{"id", id}, {"ok", true}, {"result", result}};
+  return dump(j);
+}
+
+std::string error_line(const json& id, std::string_view code, std::string_view message) {
+  json j = {{"id", id}, {"ok", false}, {"error", {{"code", code}, {"message", message}}}};
+  return dump(j);
+}
+
+std::string token_line(const json& id, std::string_view text, int32_t token) {
+  json j = {{"id", id}, {"event", "token"}, {"text", text}, {"token", token}};
+  return dump(j);
+}
+
+Result<Reply> parse_reply(std::string_view line) {
+  json doc = json::parse(line.begin(), line.end(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return make_error("protocol_error", "the daemon sent a line that is not a JSON object");
+  }
+  Reply r;
+  if (auto it = doc.find("id"); it != doc.end()) r.id = *it;
+  if (auto ev = doc.find("event"); ev != doc.end()) {
+    if (!ev->is_string()) return make_error("protocol_error", "event name is not a string");
+    r.is_event = true;
+    r.event = ev->get<std::string>();
+    r.raw = std::move(doc);
+    return r;
+  }
+  auto ok = doc.find("ok");
+  if (ok == doc.end() || !ok->is_boolean()) return make_error("protocol_error", "reply has no boolean 'ok'");
+  r.ok = ok->get<bool>();
+  if (r.ok) {
+    if (auto res = doc.find("result"); res != doc.end()) r.result = *res;
+  } else {
+    auto err = doc.find("error");
+    if (err == doc.end() || !err->is_object()) return make_error("protocol_error", "failed reply has no 'error'");
+    r.error_code = err->value("code", std::string("unknown"));
+    r.error_message = err->value("message", std::string());
+  }
+  r.raw = std::move(doc);
+  return r;
+}
+
+void LineFramer::feed(std::string_view bytes, std::vector<Item>& out) {
+  while (!bytes.empty()) {
+    std::size_t nl = bytes.find('\n');
+    std::string_view chunk = bytes.substr(0, nl);  // npos -> all
+    if (discarding_) {
+      if (nl == std::string_view::npos) return;  // still inside the over-long line
+      discarding_ = false;
+    } else if (partial_.size() + chunk.size() > max_line_) {
+      partial_.clear();
+      partial_.shrink_to_fit();
+      out.push_back({Item::Kind::kOversized, {}});
+      if (nl == std::string_view::npos) {
+        discarding_ = true;
+        return;
+      }
+    } else {
+      partial_.append(chunk);
+      if (nl == std::string_view::npos) return;
+      out.push_back({Item::Kind::kLine, std::move(partial_)});
+      partial_.clear();
+    }
+    bytes.remove_prefix(nl + 1);
+  }
+}
+
+}  // namespace car::protocol

@@ -1,0 +1,276 @@
+#include "daemon/server.h"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "daemon/peer_credentials.h"
+#include "daemon/session.h"
+#include "daemon/systemd_notify.h"
+
+namespace car::daemon {
+
+namespace asio = boost::asio;
+using asio::local::stream_protocol;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+std::string errno_text() { return std::strerror(errno); }
+
+/// Is something already answering on `path`? (A stale socket file from a crashed daemon refuses.)
+bool socket_is_live(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+Result<gid_t> group_id(const std::string& name) {
+  std::vector<char> buf(16384);
+  group grp{};
+  group* out = nullptr;
+  int rc = ::getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &out);
+  if (rc != 0 || out == nullptr) {
+    // A numeric group is accepted too.
+    char* end = nullptr;
+    unsigned long v = std::strtoul(name.c_str(), &end, 10);
+    if (!name.empty() && end != nullptr && *end == '\0') return static_cast<gid_t>(v);
+    return make_error("bad_group", "socket group '" + name + "' does not exist");
+  }
+  return out->gr_gid;
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options, ModelRuntime& runtime)
+    : options_(std::move(options)),
+      runtime_(runtime),
+      acceptor_(io_),
+      signals_(io_),
+      idle_timer_(io_),
+      watchdog_timer_(io_),
+      grace_timer_(io_),
+      service_(std::make_unique<Service>(io_, options_, runtime_)) {}
+
+Server::~Server() {
+  service_.reset();  // joins the workers before the io_context goes away
+}
+
+Result<void> Server::open() {
+  boost::system::error_code ec;
+  if (options_.listen_fd) {
+    acceptor_.assign(stream_protocol(), *options_.listen_fd, ec);
+    if (ec) return make_error("listen_failed", "cannot adopt the socket-activation fd: " + ec.message());
+    spdlog::info("listening on the socket passed by systemd (fd {})", *options_.listen_fd);
+    return {};
+  }
+  const std::string path = options_.socket_path.string();
+  if (path.empty()) return make_error("listen_failed", "no socket path configured (CAR_INFERENCE_SOCKET)");
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return make_error("listen_failed", "socket path " + path + " is longer than " +
+                                           std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return make_error("listen_failed", path + " exists and is not a socket; refusing to replace it");
+    }
+    if (socket_is_live(path)) {
+      return make_error("listen_failed", "another process is already listening on " + path);
+    }
+    spdlog::info("removing stale socket {}", path);
+    ::unlink(path.c_str());
+  }
+  acceptor_.open(stream_protocol(), ec);
+  if (ec) return make_error("listen_failed", "socket(): " + ec.message());
+  // Bind with a umask that leaves the file 0660 from its first moment, then chmod to be explicit.
+  mode_t old_mask = ::umask(0117);
+  acceptor_.bind(stream_protocol::endpoint(path), ec);
+  ::umask(old_mask);
+  if (ec) return make_error("listen_failed", "cannot bind " + path + ": " + ec.message());
+  created_socket_file_ = true;
+  if (::chmod(path.c_str(), 0660) != 0) {
+    return make_error("listen_failed", "chmod 0660 " + path + ": " + errno_text());
+  }
+  if (!options_.socket_group.empty()) {
+    auto gid = group_id(options_.socket_group);
+    if (!gid) return gid.error();
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
+      return make_error("listen_failed", "chown " + path + " to group " + options_.socket_group + ": " + errno_text());
+    }
+  }
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return make_error("listen_failed", "listen on " + path + ": " + ec.message());
+  spdlog::info("listening on {} (mode 0660{}{})", path, options_.socket_group.empty() ? "" : ", group ",
+               options_.socket_group);
+  return {};
+}
+
+int Server::run() {
+  if (options_.handle_signals) {
+    signals_.add(SIGTERM);
+    signals_.add(SIGINT);
+    signals_.add(SIGHUP);
+    wait_signals();
+  }
+  asio::co_spawn(io_, accept_loop(), asio::detached);
+  arm_idle_timer();
+  if (auto period = systemd::watchdog_interval()) arm_watchdog(*period);
+  spdlog::info("car-inferenced ready: models in {}, engine: {}, cache budget {} MiB, idle TTL {} s, {} worker(s)",
+               options_.models_dir.string(), runtime_.name(), options_.live.cache_budget_bytes >> 20,
+               options_.live.idle_ttl.count(), options_.workers);
+  systemd::notify_ready();
+  update_status();
+  int code = 0;
+  try {
+    io_.run();
+  } catch (const std::exception& e) {
+    spdlog::critical("io loop failed: {}", e.what());
+    code = 1;
+  }
+  service_->run_shutdown_hooks();
+  if (created_socket_file_) {
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    if (::unlink(options_.socket_path.c_str()) != 0 && errno != ENOENT) {
+      spdlog::warn("cannot remove {}: {}", options_.socket_path.string(), errno_text());
+    }
+  }
+  spdlog::info("car-inferenced stopped");
+  return code;
+}
+
+void Server::request_stop() {
+  asio::post(io_, [this] { begin_shutdown("stop requested"); });
+}
+
+asio::awaitable<void> Server::accept_loop() {
+  asio::steady_timer backoff(io_);
+  while (acceptor_.is_open() && !stopping_) {
+    auto [ec, socket] = co_await acceptor_.async_accept(kTuple);
+    if (stopping_ || ec == asio::error::operation_aborted) break;
+    if (ec) {
+      spdlog::warn("accept failed: {} (retrying)", ec.message());
+      backoff.expires_after(100ms);
+      co_await backoff.async_wait(kTuple);
+      continue;
+    }
+    auto creds = peer_credentials(socket.native_handle());
+    if (!creds) {
+      spdlog::warn("rejecting a connection: {}", creds.error().message);
+      continue;  // `socket` closes here
+    }
+    const uint64_t number = next_session_++;
+    if (!peer_allowed(*creds, options_.allowed_uids, options_.allowed_gids)) {
+      spdlog::warn("conn {}: rejected peer {} (not in the allow-list)", number, creds->to_string());
+      continue;
+    }
+    spdlog::info("conn {}: accepted peer {}", number, creds->to_string());
+    auto session = std::make_shared<Session>(std::move(socket), *service_, *creds, number, options_.max_line_bytes);
+    service_->session_opened(session);
+    session->start();
+  }
+}
+
+void Server::arm_idle_timer() {
+  auto ttl = std::chrono::duration_cast<std::chrono::milliseconds>(options_.live.idle_ttl);
+  // Sweep four times per TTL, so a model leaves within 1.25 TTL of its last use; at most every 5 s
+  // otherwise (the sweep also refreshes systemd's STATUS=).
+  std::chrono::milliseconds period = ttl.count() > 0 ? std::clamp(ttl / 4, std::chrono::milliseconds(50),
+                                                                  std::chrono::milliseconds(5000))
+                                                     : std::chrono::milliseconds(5000);
+  idle_timer_.expires_after(period);
+  idle_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping_) return;
+    if (service_->evict_idle() > 0) spdlog::debug("after idle sweep: {}", service_->status_line());
+    update_status();
+    arm_idle_timer();
+  });
+}
+
+void Server::arm_watchdog(std::chrono::microseconds period) {
+  systemd::notify_watchdog();
+  watchdog_timer_.expires_after(period / 2);
+  watchdog_timer_.async_wait([this, period](boost::system::error_code ec) {
+    if (ec || finished_) return;
+    arm_watchdog(period);
+  });
+}
+
+void Server::wait_signals() {
+  signals_.async_wait([this](boost::system::error_code ec, int signo) {
+    if (ec) return;
+    if (signo == SIGHUP) {
+      if (options_.reload) {
+        auto live = options_.reload();
+        if (live) {
+          options_.live = *live;
+          service_->apply_live(*live);
+          idle_timer_.cancel();
+          if (!stopping_) arm_idle_timer();
+        } else {
+          spdlog::error("SIGHUP: settings not reloaded: {}", live.error().message);
+        }
+      } else {
+        spdlog::info("SIGHUP: nothing to reload");
+      }
+      update_status();
+    } else {
+      begin_shutdown(signo == SIGTERM ? "SIGTERM" : "SIGINT");
+    }
+    if (!finished_) wait_signals();
+  });
+}
+
+void Server::begin_shutdown(const char* why) {
+  if (stopping_) return;
+  stopping_ = true;
+  systemd::notify_stopping();
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  idle_timer_.cancel();
+  spdlog::info("{}: shutting down ({} request(s) in flight, grace {} ms)", why, service_->in_flight(),
+               options_.shutdown_grace.count());
+  update_status();
+  grace_timer_.expires_after(options_.shutdown_grace);
+  grace_timer_.async_wait([this](boost::system::error_code wait_ec) {
+    if (wait_ec || finished_) return;
+    spdlog::warn("grace period over: cancelling {} request(s)", service_->in_flight());
+    service_->cancel_in_flight();
+  });
+  service_->begin_shutdown([this] { finish_shutdown(); });
+}
+
+void Server::finish_shutdown() {
+  finished_ = true;
+  grace_timer_.cancel();
+  idle_timer_.cancel();
+  watchdog_timer_.cancel();
+  signals_.cancel();
+  // Flush what is queued to each client, but do not wait for a client that stopped reading.
+  grace_timer_.expires_after(1s);
+  grace_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) service_->close_sessions(/*graceful=*/false, nullptr);
+  });
+  service_->close_sessions(/*graceful=*/true, [this] { grace_timer_.cancel(); });
+}
+
+void Server::update_status() { systemd::notify_status(service_->status_line()); }
+
+}  // namespace car::daemon

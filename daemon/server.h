@@ -1,0 +1,65 @@
+// Server: car-inferenced's top-level object. Owns the io_context and everything that runs on its one
+// thread - the acceptor, the signal_set, the idle-eviction, watchdog and grace timers, and the Service
+// (sessions, cache, worker pool). Heavy work never runs on the io thread.
+//
+// Life: open() binds the socket (0660, optional group) or adopts the socket-activation fd; run() serves
+// until SIGTERM/SIGINT (or request_stop()), then stops accepting, lets in-flight work finish for the
+// grace period, cancels what is left, closes sessions, runs the shutdown hooks and removes the socket
+// file it created. SIGHUP re-reads the live settings. run() returns 0 on a clean shutdown.
+//
+// Thread safety: open() and run() from one thread; request_stop() from any thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include <boost/asio.hpp>
+
+#include "core/util/result.h"
+#include "daemon/model_runtime.h"
+#include "daemon/server_options.h"
+#include "daemon/service.h"
+
+namespace car::daemon {
+
+class Server {
+ public:
+  Server(ServerOptions options, ModelRuntime& runtime);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Bind and listen (or adopt options.listen_fd). Errors name the socket path and the cause.
+  Result<void> open();
+  /// Serve until shut down. Returns the process exit code (0 = clean).
+  int run();
+  /// Begin a graceful shutdown as SIGTERM would (thread-safe).
+  void request_stop();
+
+  const ServerOptions& options() const { return options_; }
+
+ private:
+  boost::asio::awaitable<void> accept_loop();
+  void arm_idle_timer();
+  void arm_watchdog(std::chrono::microseconds period);
+  void wait_signals();
+  void begin_shutdown(const char* why);
+  void finish_shutdown();
+  void update_status();
+
+  ServerOptions options_;
+  ModelRuntime& runtime_;
+  boost::asio::io_context io_;  // declared before everything that uses its executor
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  boost::asio::signal_set signals_;
+  boost::asio::steady_timer idle_timer_;
+  boost::asio::steady_timer watchdog_timer_;
+  boost::asio::steady_timer grace_timer_;
+  std::unique_ptr<Service> service_;
+  bool created_socket_file_ = false;  // we bound it (not socket-activated): unlink it at exit
+  bool stopping_ = false;
+  bool finished_ = false;
+  uint64_t next_session_ = 1;
+};
+
+}  // namespace car::daemon

@@ -1,0 +1,80 @@
+// Session: one client connection. A reader coroutine frames request lines (LineFramer) and hands them to
+// the Service; a writer coroutine drains the session's write queue (Asio's cpp20 chat_server shape).
+//
+// Lifetime: owned by shared_ptr - by the server's session set, its coroutines, and every job still
+// working for it. Every member runs on the io thread (workers post to it), so there is no lock.
+// A request in flight is a Pending with a cancellation flag the worker checks between tokens. When the
+// client goes away (end of file, read or write error) every Pending is cancelled; once they have all
+// reported and the queue is flushed, the socket is closed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+
+#include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "daemon/peer_credentials.h"
+
+namespace car::daemon {
+
+class Service;
+
+/// One request in flight on a session.
+struct Pending {
+  nlohmann::json id;
+  std::string op;
+  std::string model;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  std::atomic<bool> cancelled{false};
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(boost::asio::local::stream_protocol::socket socket, Service& service, PeerCredentials peer,
+          uint64_t number, std::size_t max_line_bytes);
+
+  /// Spawn the reader and writer coroutines.
+  void start();
+  /// Queue one line (the newline is added). Dropped when the connection is already broken.
+  void send(std::string line);
+  /// Register a request that will finish later (load/infer).
+  std::shared_ptr<Pending> begin(nlohmann::json id, std::string op, std::string model);
+  /// Forget a finished request and queue its final line.
+  void finish(const std::shared_ptr<Pending>& pending, std::string final_line);
+  /// Cancel the in-flight requests whose id equals `target`. Returns how many.
+  std::size_t cancel(const nlohmann::json& target);
+  /// Cancel every in-flight request (disconnect, shutdown past the grace period).
+  void cancel_all();
+  /// Stop reading; close the socket once in-flight requests reported and the queue is flushed.
+  void close_when_idle();
+  /// Close now (shutdown, write error).
+  void close_now();
+
+  const PeerCredentials& peer() const { return peer_; }
+  uint64_t number() const { return number_; }
+  std::size_t in_flight() const { return pending_.size(); }
+
+ private:
+  boost::asio::awaitable<void> reader();
+  boost::asio::awaitable<void> writer();
+  void maybe_close();
+
+  boost::asio::local::stream_protocol::socket socket_;
+  boost::asio::steady_timer write_signal_;  // expires at max; cancelled to wake the writer
+  Service& service_;
+  const PeerCredentials peer_;
+  const uint64_t number_;
+  const std::size_t max_line_bytes_;
+  std::deque<std::string> queue_;                  // lines waiting for the writer
+  std::list<std::shared_ptr<Pending>> pending_;    // requests in flight
+  bool reading_done_ = false;  // no more requests will be read (EOF, error, shutdown)
+  bool closed_ = false;        // the socket is closed; sends are dropped
+};
+
+}  // namespace car::daemon

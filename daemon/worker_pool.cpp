@@ -1,0 +1,63 @@
+#include "daemon/worker_pool.h"
+
+#include "core/util/result.h"
+
+namespace car::daemon {
+
+WorkerPool::WorkerPool(std::size_t threads, std::size_t queue_capacity) : capacity_(queue_capacity) {
+  CAR_CHECK(threads >= 1);
+  threads_.reserve(threads);
+  for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+}
+
+WorkerPool::~WorkerPool() { stop(); }
+
+bool WorkerPool::try_submit(Job job) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || queue_.size() >= capacity_) return false;
+    queue_.push_back(std::move(job));
+  }
+  wake_.notify_one();
+  return true;
+}
+
+void WorkerPool::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+}
+
+std::size_t WorkerPool::queued() const {
+  std::lock_guard lock(mutex_);
+  return queue_.size();
+}
+
+std::size_t WorkerPool::running() const {
+  std::lock_guard lock(mutex_);
+  return running_;
+}
+
+void WorkerPool::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping and drained
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    ++running_;
+    lock.unlock();
+    job();
+    job = nullptr;  // destroy captures outside the lock
+    lock.lock();
+    --running_;
+  }
+}
+
+}  // namespace car::daemon

@@ -1,0 +1,50 @@
+// WorkerPool: a fixed set of threads running jobs from a bounded FIFO queue. The daemon runs `load` and
+// `infer` here so the io thread never blocks; when the queue is full, try_submit() refuses at once and the
+// caller answers `busy` instead of queueing without bound.
+//
+// Thread safety: try_submit(), queued() and running() may be called from any thread; stop() by the owner. A job must not throw (the daemon's
+// jobs catch everything and report an error reply). stop() lets queued jobs run, then joins the threads.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace car::daemon {
+
+class WorkerPool {
+ public:
+  using Job = std::function<void()>;
+
+  /// `threads` >= 1 workers; at most `queue_capacity` jobs waiting (not counting running ones).
+  WorkerPool(std::size_t threads, std::size_t queue_capacity);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  /// Queue a job. False (and the job is dropped) when the queue is full or the pool is stopping.
+  bool try_submit(Job job);
+  /// Finish the queued jobs and join the workers. Idempotent.
+  void stop();
+
+  std::size_t threads() const { return threads_.size(); }
+  std::size_t queued() const;
+  std::size_t running() const;
+
+ private:
+  void run();
+
+  const std::size_t capacity_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> queue_;   // guarded by mutex_
+  std::size_t running_ = 0; // guarded by mutex_: jobs being executed right now
+  bool stopping_ = false;   // guarded by mutex_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace car::daemon
