@@ -61,9 +61,9 @@ void bpe_encode_word(const Vocab& vocab, std::string_view raw_word, std::vector<
     key.assign(word, l.offset, l.n);
     key.push_back(' ');
     key.append(word, r.offset, r.n);
-    auto it = vocab.merge_rank.find(key);
-    if (it == vocab.merge_rank.end()) return;
-    queue.push(Bigram{left, right, it->second, l.n + r.n});
+    const int32_t rank = vocab.merge_rank.find(key);
+    if (rank == StringTable::kAbsent) return;
+    queue.push(Bigram{left, right, rank, l.n + r.n});
   };
   for (size_t i = 1; i < symbols.size(); ++i) try_add(static_cast<int>(i - 1), static_cast<int>(i));
 

@@ -70,7 +70,11 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
   }
 
   v.tokens.resize(n);
-  v.token_to_id.reserve(n);
+  size_t total_bytes = 0;
+  for (const auto& item : items) {
+    if (const auto* str = item.get_if<std::string>()) total_bytes += str->size();
+  }
+  v.token_to_id.reserve(n, total_bytes);
   for (size_t i = 0; i < n; ++i) {
     TokenData& t = v.tokens[i];
     const std::string* text = items[i].get_if<std::string>();
@@ -87,7 +91,9 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
       if (!ty) return bad_value("tokenizer.ggml.token_type", "element " + std::to_string(i) + " is not an integer");
       t.attr = attr_from_type(*ty);
     }
-    v.token_to_id[t.text] = static_cast<int32_t>(i);  // duplicates: the last id wins, as in llama.cpp
+    if (!v.token_to_id.assign(t.text, static_cast<int32_t>(i))) {  // duplicates: the last id wins
+      return bad_value("tokenizer.ggml.tokens", "vocabulary too large to index");
+    }
     v.max_token_len = std::max(v.max_token_len, t.text.size());
   }
   return {};
@@ -100,14 +106,21 @@ Result<void> read_merges(const GgufFile& f, Vocab& v) {
   auto merges = f.get_array("tokenizer.ggml.merges", ValueType::STRING);
   if (!merges) return merges.error();
   const auto& items = (*merges)->items;
-  v.merge_rank.reserve(items.size());
+  if (items.size() > static_cast<size_t>(INT32_MAX)) return bad_value("tokenizer.ggml.merges", "too many merges");
+  size_t total_bytes = 0;
+  for (const auto& item : items) {
+    if (const auto* str = item.get_if<std::string>()) total_bytes += str->size();
+  }
+  v.merge_rank.reserve(items.size(), total_bytes);
   for (size_t i = 0; i < items.size(); ++i) {
     const std::string* mp = items[i].get_if<std::string>();
     if (mp == nullptr) return bad_value("tokenizer.ggml.merges", "element " + std::to_string(i) + " is not a string");
     const std::string& m = *mp;
     // "left right", split at the first space after the first byte; a line without one merges nothing.
     if (m.size() < 2 || m.find(' ', 1) == std::string::npos) continue;
-    v.merge_rank.emplace(m, static_cast<int32_t>(std::min<size_t>(i, INT32_MAX)));
+    if (!v.merge_rank.insert_first(m, static_cast<int32_t>(i))) {
+      return bad_value("tokenizer.ggml.merges", "too many merges to index");
+    }
   }
   return {};
 }

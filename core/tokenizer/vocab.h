@@ -12,14 +12,13 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/gguf/gguf_file.h"
 #include "core/tokenizer/pretokenizer.h"
+#include "core/tokenizer/string_table.h"
 #include "core/util/result.h"
 
 namespace car::tokenizer {
@@ -43,12 +42,6 @@ enum TokenAttr : uint32_t {
 
 inline constexpr int32_t kNoToken = -1;
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using StringMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
-
 struct TokenData {
   std::string text;
   float score = 0.0f;
@@ -62,11 +55,11 @@ struct Vocab {
   PreTypeInfo pre;         ///< meaningful for BPE only
 
   std::vector<TokenData> tokens;  ///< by id
-  StringMap token_to_id;          ///< text -> id (the last id for duplicated texts)
+  StringTable token_to_id;        ///< text -> id (the last id for duplicated texts)
   size_t max_token_len = 0;       ///< longest token text in bytes
 
   /// BPE merge ranks keyed by "left right" (the merge line itself); the first occurrence wins.
-  StringMap merge_rank;
+  StringTable merge_rank;
 
   int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken, unk = kNoToken, sep = kNoToken,
           pad = kNoToken, mask = kNoToken;
@@ -87,10 +80,7 @@ struct Vocab {
 
   static Result<Vocab> load(const gguf::GgufFile& file);
 
-  int32_t find(std::string_view text) const {
-    auto it = token_to_id.find(text);
-    return it == token_to_id.end() ? kNoToken : it->second;
-  }
+  int32_t find(std::string_view text) const { return token_to_id.find(text); }
   bool valid(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < tokens.size(); }
   uint32_t attr(int32_t id) const { return valid(id) ? tokens[static_cast<size_t>(id)].attr : kAttrUndefined; }
 };
