@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -177,10 +178,13 @@ TEST_P(SimdVsScalar, GeneralDataWithinTolerance) {
     for (int64_t n : shapes(t)) {
       for (int misalign = 0; misalign < 3; ++misalign) {
         const auto w = random_weight_row(t, n, rng);
-        // Copy into buffers offset by 1..2 bytes from any alignment: kernels must use unaligned loads.
-        std::vector<uint8_t> wbuf(w.size() + 64), abuf(activation_row_bytes(t, n) + 64);
-        uint8_t* wp = wbuf.data() + misalign * 1 + 1;
-        uint8_t* ap = abuf.data() + misalign * 2 + 1;
+        // Copy into buffers 4 / 8 / 12 bytes past a 64-byte boundary: the SIMD kernels must not assume vector
+        // alignment (the fields' natural alignment, which GGUF rows always have, is kept).
+        std::vector<uint8_t> wbuf(w.size() + 128), abuf(activation_row_bytes(t, n) + 128);
+        auto* wbase = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wbuf.data()) + 63) & ~uintptr_t{63});
+        auto* abase = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(abuf.data()) + 63) & ~uintptr_t{63});
+        uint8_t* wp = wbase + 4 * misalign + 4;
+        uint8_t* ap = abase + 4 * ((misalign + 1) % 3) + 4;
         std::memcpy(wp, w.data(), w.size());
         const auto x = random_floats(rng, n, misalign == 2 ? 50.0f : 1.0f);
         if (at == GgmlType::F32) {
@@ -226,6 +230,47 @@ TEST_P(SimdVsScalar, ZeroActivationGivesZero) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, SimdVsScalar, ::testing::Values(Isa::avx2, Isa::avx512),
+                         [](const auto& param_info) { return std::string(isa_name(param_info.param)); });
+
+}  // namespace
+}  // namespace car::tensor
+
+namespace car::tensor {
+namespace {
+
+class SimdActivation : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(SimdActivation, RoundingIsBitIdenticalToScalar) {
+  const detail::DotKernels* simd = table_if_supported(GetParam());
+  if (simd == nullptr) GTEST_SKIP() << "CPU lacks " << isa_name(GetParam());
+  const auto& ref = detail::scalar_kernels();
+  std::mt19937 rng(400);
+  for (GgmlType at : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::F16, GgmlType::BF16}) {
+    SCOPED_TRACE(ggml_type_name(at));
+    for (int64_t nb : {1, 2, 5}) {
+      const int64_t n = nb * 256;
+      for (int rep = 0; rep < 6; ++rep) {
+        auto x = random_floats(rng, n, rep == 5 ? 1e-3f : 1.0f);
+        if (rep == 1) {
+          for (auto& v : x) v = std::round(v * 8) / 2;  // many exact ties after scaling
+        }
+        if (rep == 2) std::fill(x.begin(), x.begin() + 256, 0.0f);  // all-zero blocks
+        if (rep == 3) {  // +m and -m both present: the first one decides Q8_K's sign
+          x[5] = 7.0f;
+          x[9] = -7.0f;
+        }
+        if (rep == 4) x[0] = -9.0f;
+        const size_t bytes = detail::row_bytes(at, n);
+        std::vector<uint8_t> a(bytes, 0x55), b(bytes, 0xaa);
+        ref.quantize_act[detail::slot(at)](x.data(), a.data(), n);
+        simd->quantize_act[detail::slot(at)](x.data(), b.data(), n);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), bytes)) << "nb=" << nb << " rep=" << rep;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, SimdActivation, ::testing::Values(Isa::avx2, Isa::avx512),
                          [](const auto& param_info) { return std::string(isa_name(param_info.param)); });
 
 }  // namespace
