@@ -36,6 +36,7 @@ struct TinySpec {
   GgmlType embd_type = GgmlType::F32;
   bool tied = false;
   uint32_t seed = 1;
+  std::string skip_tensor;  // leave this tensor out (for load-error tests)
 };
 
 /// Dequantized weights kept beside the file, for the reference forward.
@@ -127,6 +128,7 @@ inline TinyWeights write_tiny_model(const std::string& path, const TinySpec& s) 
       tensor::dequantize_row(type, bytes.data() + r * rb, back.data() + r * shape[0], static_cast<int64_t>(shape[0]));
     }
     tw.t[name] = std::move(back);
+    if (name == s.skip_tensor) return;
     auto res = w.add_tensor(name, type, std::move(shape), std::move(bytes));
     if (!res.ok()) std::abort();
   };
