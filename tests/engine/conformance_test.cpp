@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -121,7 +122,13 @@ TEST(Conformance, LlamaCppGoldens) {
   std::ifstream in(*dir / "models" / "manifest.json");
   ASSERT_TRUE(in.good());
   const json manifest = json::parse(in);
-  tensor::set_isa(tensor::detect_isa());
+  // The kernels under test: CAR_INFERENCE_ISA (scalar | avx2 | avx512) when set, else the best this CPU has.
+  tensor::Isa isa = tensor::detect_isa();
+  if (const char* env = std::getenv("CAR_INFERENCE_ISA"); env != nullptr && *env != '\0') {
+    ASSERT_TRUE(tensor::parse_isa(env, &isa)) << "CAR_INFERENCE_ISA=" << env;
+  }
+  tensor::set_isa(isa);
+  std::printf("conformance kernels: %s\n", std::string(tensor::isa_name(tensor::current_isa())).c_str());
   ThreadPool pool(2);
   double worst = 0;
   for (const json& entry : manifest.at("files")) {
