@@ -1,0 +1,90 @@
+// `car tokenize FILE.gguf TEXT [--json] [--no-bos] [--parse-special]`: the model's tokenization of TEXT.
+//
+// Tokenizes as the engine does for a prompt: BOS/EOS added as the vocabulary asks unless --no-bos, special-token
+// text left as plain text unless --parse-special (CONTRACT.md). TEXT "-" reads standard input. Human output is
+// one token per line (`id<TAB>piece`, the piece C-escaped); --json prints {"ids": [...], "pieces": [...]} with
+// pieces as llama_token_to_piece(special = true) gives them (bytes that are not valid UTF-8 become U+FFFD).
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/gguf/gguf_file.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/utf8.h"
+#include "tools/command_registry.h"
+
+namespace car::tools {
+namespace {
+
+struct TokenizeOptions {
+  std::string file;
+  std::string text;
+  bool json = false;
+  bool no_bos = false;
+  bool parse_special = false;
+};
+
+[[noreturn]] void fail(const std::string& msg) {
+  std::fprintf(stderr, "car tokenize: %s\n", msg.c_str());
+  throw CommandFailed(1);
+}
+
+std::string escape(const std::string& piece) {
+  std::string out;
+  for (unsigned char c : piece) {
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\\': out += "\\\\"; break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\x%02x", c);
+          out += buf;
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  return out;
+}
+
+void run_tokenize(const TokenizeOptions& o) {
+  auto file = gguf::GgufFile::open(o.file);
+  if (!file) fail(o.file + ": " + file.error().message);
+  auto tok = tokenizer::Tokenizer::from_gguf(**file);
+  if (!tok) fail(o.file + ": " + tok.error().message);
+  std::string text = o.text;
+  if (text == "-") text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  const auto ids = (*tok)->encode(text, !o.no_bos, o.parse_special);
+  if (o.json) {
+    nlohmann::json j;
+    j["ids"] = ids;
+    j["pieces"] = nlohmann::json::array();
+    for (int32_t id : ids) j["pieces"].push_back(tokenizer::sanitize_utf8((*tok)->token_to_piece(id, true)));
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  for (int32_t id : ids) std::printf("%d\t%s\n", id, escape((*tok)->token_to_piece(id, true)).c_str());
+}
+
+void setup(CLI::App& root) {
+  auto o = std::make_shared<TokenizeOptions>();
+  auto* cmd = root.add_subcommand("tokenize", "Print the token ids (and pieces) of TEXT for a model's vocabulary");
+  cmd->add_option("file", o->file, "GGUF file (a model or a vocab-only file)")->required();
+  cmd->add_option("text", o->text, "Text to tokenize ('-' reads standard input)")->required();
+  cmd->add_flag("--json", o->json, "One JSON object: {\"ids\": [...], \"pieces\": [...]}");
+  cmd->add_flag("--no-bos", o->no_bos, "Add no special tokens (BOS/EOS)");
+  cmd->add_flag("--parse-special", o->parse_special, "Let special-token text in TEXT become special tokens");
+  cmd->callback([o] { run_tokenize(*o); });
+}
+
+}  // namespace
+
+CAR_REGISTER_COMMANDS(setup);
+
+}  // namespace car::tools
