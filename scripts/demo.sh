@@ -12,10 +12,13 @@ dir="${DEMO_DIR:-$(mktemp -d /tmp/car-demo.XXXXXX)}"
 mkdir -p "$dir/models" "$dir/state"
 model="$dir/models/demo.gguf"
 if [ ! -f "$model" ]; then
-  ./build/tools/car gguf synth --arch llama --layers 4 --n-embd 256 --n-ff 688 --heads 8 --kv-heads 4 \
-      --vocab 1024 --type Q8_0 --seed 42 -o "$model"
+  ./build/tools/car gguf synth --arch llama --layers 4 --embd 256 --ff 768 --heads 8 --kv-heads 4 \
+      --vocab 1024 --type q8_0 --seed 42 -o "$model"
 fi
 ./build/tools/car gguf inspect "$model" | head -n 20
+# The real (tiny, trained) stories260K model writes English; use it too when the shared fixtures are here.
+stories="${CAR_CONFORMANCE_DIR:-../shared/conformance}/models/stories260K.gguf"
+[ -f "$stories" ] && ln -sf "$(readlink -f "$stories")" "$dir/models/stories.gguf"
 sock="$dir/car.sock"
 ./build/daemon/car-inferenced --socket "$sock" --models-dir "$dir/models" --state-dir "$dir/state" &
 daemon=$!
@@ -23,4 +26,7 @@ trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 ./build/tools/car health --socket "$sock"
 ./build/tools/car infer demo "${DEMO_PROMPT:-Once upon a time}" --max-tokens 32 --temperature 0 --socket "$sock"
+if [ -e "$dir/models/stories.gguf" ]; then
+  ./build/tools/car infer stories "Once upon a time" --max-tokens 48 --temperature 0 --socket "$sock"
+fi
 ./build/tools/car stats --socket "$sock"
