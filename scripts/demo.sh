@@ -18,7 +18,7 @@ fi
 ./build/tools/car gguf inspect "$model" | head -n 20
 # The real (tiny, trained) stories260K model writes English; use it too when the shared fixtures are here.
 stories="${CAR_CONFORMANCE_DIR:-../shared/conformance}/models/stories260K.gguf"
-[ -f "$stories" ] && ln -sf "$(readlink -f "$stories")" "$dir/models/stories.gguf"
+[ -f "$stories" ] && cp "$stories" "$dir/models/stories.gguf"
 sock="$dir/car.sock"
 ./build/daemon/car-inferenced --socket "$sock" --models-dir "$dir/models" --state-dir "$dir/state" &
 daemon=$!
