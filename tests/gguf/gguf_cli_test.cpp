@@ -1,0 +1,149 @@
+// `car gguf inspect` / `car gguf synth` end to end, through the built binary (skipped when it is absent).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/test_support.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct CliRun {
+  int exit_code;
+  std::string out;
+  std::string err;
+};
+
+const fs::path& car_binary() {
+  static const fs::path p = fs::path(CAR_BINARY_DIR) / "tools" / "car";
+  return p;
+}
+
+CliRun run(const std::string& args, const car::testing::TempDir& tmp) {
+  const fs::path err_file = tmp / "stderr.txt";
+  const std::string cmd = car_binary().string() + " " + args + " 2>" + err_file.string();
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = p != nullptr ? pclose(p) : -1;
+  std::string err;
+  if (FILE* e = std::fopen(err_file.c_str(), "r")) {
+    while ((n = std::fread(buf, 1, sizeof buf, e)) > 0) err.append(buf, n);
+    std::fclose(e);
+  }
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
+}
+
+class GgufCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(car_binary())) GTEST_SKIP() << "car binary not built: " << car_binary();
+  }
+  car::testing::TempDir tmp_;
+};
+
+TEST_F(GgufCli, SynthThenInspectJson) {
+  const std::string file = (tmp_ / "moe.gguf").string();
+  CliRun w = run("gguf synth --arch llama --layers 3 --embd 64 --ff 96 --experts 4 --experts-used 2 --vocab 300 "
+              "--seed 5 -o " + file, tmp_);
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  EXPECT_NE(w.out.find("wrote " + file), std::string::npos);
+  CliRun r = run("gguf inspect --json " + file, tmp_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["alignment"], 32);
+  EXPECT_EQ(j["metadata"]["general.architecture"], "llama");
+  EXPECT_EQ(j["metadata"]["llama.expert_count"], 4);
+  EXPECT_EQ(j["metadata"]["llama.block_count"], 3);
+  // Long arrays are summarized: element type, count and the first items.
+  const auto& tokens = j["metadata"]["tokenizer.ggml.tokens"];
+  EXPECT_EQ(tokens["array"], "string");
+  EXPECT_EQ(tokens["count"], 300);
+  EXPECT_EQ(tokens["first"][1], "<s>");
+  // 1 + 3 * (6 + 4) + 2 tensors, each with the contract's fields.
+  ASSERT_EQ(j["tensors"].size(), 33u);
+  uint64_t sum = 0;
+  for (const auto& t : j["tensors"]) {
+    for (const char* k : {"name", "type", "shape", "offset", "bytes"}) EXPECT_TRUE(t.contains(k)) << k;
+    sum += t["bytes"].get<uint64_t>();
+  }
+  EXPECT_EQ(j["totals"]["bytes"], sum);
+  EXPECT_EQ(j["tensors"][0]["name"], "token_embd.weight");
+  EXPECT_EQ(j["tensors"][0]["shape"], json::array({64, 300}));
+  ASSERT_EQ(j["expert_banks"].size(), 9u);
+  const auto& down = j["expert_banks"][2];
+  EXPECT_EQ(down["kind"], "down");
+  EXPECT_EQ(down["layer"], 0);
+  EXPECT_EQ(down["n_expert"], 4);
+  EXPECT_EQ(down["bytes_per_expert"], 96 * 64 * 4);
+
+  CliRun h = run("gguf inspect " + file, tmp_);
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("GGUF version 3"), std::string::npos);
+  EXPECT_NE(h.out.find("blk.2.ffn_down_exps.weight"), std::string::npos);
+  EXPECT_NE(h.out.find("expert banks (9)"), std::string::npos);
+  EXPECT_NE(h.out.find("(300 items)"), std::string::npos);
+}
+
+TEST_F(GgufCli, ErrorsGoToStderrWithNonZeroExit) {
+  const fs::path bad = tmp_ / "bad.gguf";
+  {
+    const std::string header("GGUF\x01\x00\x00\x00", 8);
+    std::ofstream(bad, std::ios::binary) << header;
+  }
+  CliRun r = run("gguf inspect " + bad.string(), tmp_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(r.out.empty());
+  EXPECT_NE(r.err.find("version 1"), std::string::npos) << r.err;
+  CliRun m = run("gguf inspect " + (tmp_ / "missing.gguf").string(), tmp_);
+  EXPECT_NE(m.exit_code, 0);
+  EXPECT_NE(m.err.find("missing.gguf"), std::string::npos) << m.err;
+  CliRun s = run("gguf synth --arch qwen3moe -o " + (tmp_ / "x.gguf").string(), tmp_);
+  EXPECT_NE(s.exit_code, 0);
+  EXPECT_NE(s.err.find("experts"), std::string::npos) << s.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "x.gguf"));
+}
+
+// `inspect --json` on every shared fixture reports what llama.cpp's manifest says.
+TEST_F(GgufCli, InspectsEveryFixture) {
+  auto dir = car::testing::conformance_dir();
+  if (!dir || !fs::exists(*dir / "models" / "manifest.json")) GTEST_SKIP() << "no conformance fixtures";
+  std::ifstream in(*dir / "models" / "manifest.json");
+  const json manifest = json::parse(in);
+  for (const auto& e : manifest["files"]) {
+    SCOPED_TRACE(e["file"].get<std::string>());
+    CliRun r = run("gguf inspect --json " + (*dir / "models" / e["file"].get<std::string>()).string(), tmp_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["version"], e["gguf_version"]);
+    EXPECT_EQ(j["data_offset"], e["data_offset"]);
+    ASSERT_EQ(j["tensors"].size(), e["tensors"].size());
+    for (size_t i = 0; i < e["tensors"].size(); ++i) {
+      for (const char* k : {"name", "type", "shape", "offset", "bytes"}) {
+        EXPECT_EQ(j["tensors"][i][k], e["tensors"][i][k]) << k;
+      }
+    }
+    for (const auto& [key, want] : e["metadata"].items()) {
+      if (want.is_number_float()) {
+        EXPECT_NEAR(j["metadata"][key].get<double>(), want.get<double>(), 1e-6 * std::abs(want.get<double>())) << key;
+      } else {
+        EXPECT_EQ(j["metadata"][key], want) << key;
+      }
+    }
+  }
+}
+
+}  // namespace

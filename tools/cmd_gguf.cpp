@@ -1,0 +1,307 @@
+// `car gguf inspect FILE [--json] [--full]` and `car gguf synth ... -o FILE`.
+//
+// inspect prints a GGUF's version, layout (alignment, data offset), metadata (arrays longer than
+// kArrayPreview items summarized as their element type, count and first items unless --full), tensors
+// (name, type, shape in GGUF order, offset relative to the data section, bytes), totals per type, and for
+// MoE models the expert banks per layer (blk.N.ffn_{gate,up,down}_exps.weight: experts, bytes per expert).
+// --json prints one object: {"version", "alignment", "data_offset", "file_size", "metadata": {...},
+// "tensors": [{"name", "type", "shape", "offset", "bytes"}], "totals": {...}, "expert_banks": [...]}; a
+// summarized array is {"array": elem type, "count": n, "first": [...]}.
+//
+// synth writes a synthetic model (core/synth) with seeded random weights.
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <string>
+
+#include "core/gguf/gguf_file.h"
+#include "core/synth/synth_model.h"
+#include "tools/command_registry.h"
+
+namespace car::tools {
+namespace {
+
+using gguf::ArrayValue;
+using gguf::GgufFile;
+using gguf::Value;
+using gguf::ValueType;
+using json = nlohmann::ordered_json;  // keeps metadata in file order
+
+constexpr size_t kArrayPreview = 8;
+
+[[noreturn]] void fail(const std::string& msg) {
+  std::fprintf(stderr, "car gguf: %s\n", msg.c_str());
+  throw CommandFailed(1);
+}
+
+// ---- inspect --------------------------------------------------------------------------------------
+
+json value_json(const Value& v, bool full) {
+  switch (v.type()) {
+    case ValueType::UINT8: return *v.get_if<uint8_t>();
+    case ValueType::INT8: return *v.get_if<int8_t>();
+    case ValueType::UINT16: return *v.get_if<uint16_t>();
+    case ValueType::INT16: return *v.get_if<int16_t>();
+    case ValueType::UINT32: return *v.get_if<uint32_t>();
+    case ValueType::INT32: return *v.get_if<int32_t>();
+    case ValueType::FLOAT32: return *v.get_if<float>();
+    case ValueType::BOOL: return *v.get_if<bool>();
+    case ValueType::STRING: return *v.get_if<std::string>();
+    case ValueType::UINT64: return *v.get_if<uint64_t>();
+    case ValueType::INT64: return *v.get_if<int64_t>();
+    case ValueType::FLOAT64: return *v.get_if<double>();
+    case ValueType::ARRAY: {
+      const auto& a = *v.get_if<ArrayValue>();
+      const bool summarize = !full && a.items.size() > kArrayPreview;
+      json items = json::array();
+      for (size_t i = 0; i < a.items.size() && (!summarize || i < kArrayPreview); ++i) {
+        items.push_back(value_json(a.items[i], full));
+      }
+      if (!summarize) return items;
+      return json{{"array", std::string(value_type_name(a.elem_type))}, {"count", a.items.size()}, {"first", items}};
+    }
+  }
+  return nullptr;
+}
+
+std::string quoted(const std::string& s, size_t max_len) {
+  std::string out = "\"";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i == max_len) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string value_text(const Value& v, bool full) {
+  switch (v.type()) {
+    case ValueType::STRING: return quoted(*v.get_if<std::string>(), full ? std::string::npos : 200);
+    case ValueType::BOOL: return *v.get_if<bool>() ? "true" : "false";
+    case ValueType::FLOAT32: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(*v.get_if<float>()));
+      return buf;
+    }
+    case ValueType::FLOAT64: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.17g", *v.get_if<double>());
+      return buf;
+    }
+    case ValueType::ARRAY: {
+      const auto& a = *v.get_if<ArrayValue>();
+      const bool summarize = !full && a.items.size() > kArrayPreview;
+      std::string out = "[";
+      for (size_t i = 0; i < a.items.size() && (!summarize || i < kArrayPreview); ++i) {
+        if (i > 0) out += ", ";
+        out += value_text(a.items[i], full);
+      }
+      if (summarize) out += ", ... (" + std::to_string(a.items.size()) + " items)";
+      return out + "]";
+    }
+    case ValueType::UINT64: return std::to_string(*v.get_if<uint64_t>());
+    default: return std::to_string(*v.as_int());
+  }
+}
+
+std::string type_label(const Value& v) {
+  std::string s(value_type_name(v.type()));
+  if (const auto* a = v.get_if<ArrayValue>()) {
+    s += "[" + std::string(value_type_name(a->elem_type)) + "; " + std::to_string(a->items.size()) + "]";
+  }
+  return s;
+}
+
+std::string shape_text(const gguf::TensorInfo& t) {
+  std::string s = "[";
+  for (uint32_t d = 0; d < t.n_dims; ++d) s += (d ? ", " : "") + std::to_string(t.ne[d]);
+  return s + "]";
+}
+
+struct ExpertBank {
+  uint32_t layer;
+  std::string kind;  // gate | up | down
+  const gguf::TensorInfo* tensor;
+  uint64_t n_expert;
+  uint64_t bytes_per_expert;
+};
+
+std::vector<ExpertBank> expert_banks(const GgufFile& f) {
+  static const std::regex re(R"(blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight)");
+  std::vector<ExpertBank> banks;
+  for (const auto& t : f.tensors()) {
+    std::smatch m;
+    if (!std::regex_match(t.name, m, re) || t.n_dims < 3) continue;
+    const uint64_t n_expert = t.ne[t.n_dims - 1];
+    banks.push_back({static_cast<uint32_t>(std::stoul(m[1].str())), m[2].str(), &t, n_expert, t.n_bytes / n_expert});
+  }
+  std::sort(banks.begin(), banks.end(), [](const ExpertBank& a, const ExpertBank& b) {
+    auto rank = [](const std::string& k) { return k == "gate" ? 0 : k == "up" ? 1 : 2; };
+    return a.layer != b.layer ? a.layer < b.layer : rank(a.kind) < rank(b.kind);
+  });
+  return banks;
+}
+
+void inspect(const std::string& path, bool as_json, bool full) {
+  auto opened = GgufFile::open(path);
+  if (!opened) fail(opened.error().message + " [" + opened.error().code + "]");
+  const GgufFile& f = **opened;
+
+  uint64_t total_bytes = 0;
+  uint64_t total_elements = 0;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_type;  // name -> (count, bytes)
+  for (const auto& t : f.tensors()) {
+    total_bytes += t.n_bytes;
+    total_elements += t.n_elements;
+    auto& e = by_type[std::string(ggml_type_name(t.type))];
+    e.first += 1;
+    e.second += t.n_bytes;
+  }
+  const auto banks = expert_banks(f);
+
+  if (as_json) {
+    json out;
+    out["file"] = path;
+    out["version"] = f.version();
+    out["alignment"] = f.alignment();
+    out["data_offset"] = f.data_offset();
+    out["file_size"] = f.file_size();
+    json md = json::object();
+    for (const auto& kv : f.metadata()) md[kv.key] = value_json(kv.value, full);
+    out["metadata"] = md;
+    json tensors = json::array();
+    for (const auto& t : f.tensors()) {
+      tensors.push_back({{"name", t.name},
+                         {"type", std::string(ggml_type_name(t.type))},
+                         {"shape", std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims)},
+                         {"offset", t.offset},
+                         {"bytes", t.n_bytes}});
+    }
+    out["tensors"] = tensors;
+    json types = json::object();
+    for (const auto& [name, e] : by_type) types[name] = {{"count", e.first}, {"bytes", e.second}};
+    out["totals"] = {{"tensors", f.tensors().size()}, {"elements", total_elements}, {"bytes", total_bytes},
+                     {"by_type", types}};
+    json jb = json::array();
+    for (const auto& b : banks) {
+      jb.push_back({{"layer", b.layer}, {"kind", b.kind}, {"tensor", b.tensor->name},
+                    {"type", std::string(ggml_type_name(b.tensor->type))}, {"n_expert", b.n_expert},
+                    {"bytes_per_expert", b.bytes_per_expert}, {"bytes", b.tensor->n_bytes}});
+    }
+    out["expert_banks"] = jb;
+    std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    return;
+  }
+
+  std::printf("%s: GGUF version %u, alignment %" PRIu64 ", data offset %" PRIu64 ", file size %" PRIu64 "\n",
+              path.c_str(), f.version(), f.alignment(), f.data_offset(), f.file_size());
+  std::printf("\nmetadata (%zu keys):\n", f.metadata().size());
+  size_t key_width = 0;
+  for (const auto& kv : f.metadata()) key_width = std::max(key_width, kv.key.size());
+  for (const auto& kv : f.metadata()) {
+    std::printf("  %-*s %-20s %s\n", static_cast<int>(key_width), kv.key.c_str(), type_label(kv.value).c_str(),
+                value_text(kv.value, full).c_str());
+  }
+  std::printf("\ntensors (%zu):\n", f.tensors().size());
+  size_t name_width = 4;
+  for (const auto& t : f.tensors()) name_width = std::max(name_width, t.name.size());
+  std::printf("  %-*s %-7s %-20s %12s %12s\n", static_cast<int>(name_width), "name", "type", "shape", "offset",
+              "bytes");
+  for (const auto& t : f.tensors()) {
+    std::printf("  %-*s %-7s %-20s %12" PRIu64 " %12" PRIu64 "\n", static_cast<int>(name_width), t.name.c_str(),
+                std::string(ggml_type_name(t.type)).c_str(), shape_text(t).c_str(), t.offset, t.n_bytes);
+  }
+  std::printf("\ntotals: %zu tensors, %" PRIu64 " elements, %" PRIu64 " bytes of tensor data (%.2f MiB)\n",
+              f.tensors().size(), total_elements, total_bytes, static_cast<double>(total_bytes) / (1 << 20));
+  for (const auto& [name, e] : by_type) {
+    std::printf("  %-7s %4" PRIu64 " tensors %14" PRIu64 " bytes\n", name.c_str(), e.first, e.second);
+  }
+  if (!banks.empty()) {
+    std::printf("\nexpert banks (%zu):\n", banks.size());
+    for (const auto& b : banks) {
+      std::printf("  blk.%-3u %-4s %-6s %3" PRIu64 " experts x %10" PRIu64 " bytes = %12" PRIu64 " bytes\n", b.layer,
+                  b.kind.c_str(), std::string(ggml_type_name(b.tensor->type)).c_str(), b.n_expert, b.bytes_per_expert,
+                  b.tensor->n_bytes);
+    }
+  }
+}
+
+// ---- synth ----------------------------------------------------------------------------------------
+
+struct SynthOptions {
+  synth::SynthSpec spec;
+  std::string out;
+};
+
+void run_synth(const SynthOptions& o) {
+  auto w = synth::build_synth_model(o.spec);
+  if (!w) fail(w.error().message + " [" + w.error().code + "]");
+  if (auto r = w->write(o.out); !r) fail(r.error().message);
+  auto f = GgufFile::open(o.out);
+  if (!f) fail("wrote " + o.out + " but cannot read it back: " + f.error().message);
+  std::printf("wrote %s: %s, %zu tensors, %" PRIu64 " bytes\n", o.out.c_str(),
+              (*f)->get_string("general.name").value().c_str(), (*f)->tensors().size(), (*f)->file_size());
+}
+
+void setup(CLI::App& root) {
+  auto* g = root.add_subcommand("gguf", "Inspect GGUF files and write synthetic models");
+  g->require_subcommand(1);
+
+  auto* ins = g->add_subcommand("inspect", "Print a GGUF file's metadata and tensors");
+  auto path = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  auto full = std::make_shared<bool>(false);
+  ins->add_option("file", *path, "GGUF file")->required();
+  ins->add_flag("--json", *as_json, "One JSON object (CONTRACT.md)");
+  ins->add_flag("--full", *full, "Print long arrays and strings whole");
+  ins->callback([path, as_json, full] { inspect(*path, *as_json, *full); });
+
+  auto* syn = g->add_subcommand("synth", "Write a synthetic model with seeded random weights");
+  auto o = std::make_shared<SynthOptions>();
+  auto& s = o->spec;
+  syn->add_option("-o,--output", o->out, "Output .gguf file")->required();
+  syn->add_option("--arch", s.arch, "llama | qwen3 | qwen3moe")->capture_default_str();
+  syn->add_option("--layers", s.n_layer, "Number of blocks")->capture_default_str();
+  syn->add_option("--embd", s.n_embd, "Embedding width")->capture_default_str();
+  syn->add_option("--ff", s.n_ff, "Dense FFN width (qwen3moe: feed_forward_length)")->capture_default_str();
+  syn->add_option("--ff-expert", s.n_ff_expert, "Expert FFN width (0 = --ff)")->capture_default_str();
+  syn->add_option("--heads", s.n_head, "Attention heads")->capture_default_str();
+  syn->add_option("--kv-heads", s.n_head_kv, "KV heads")->capture_default_str();
+  syn->add_option("--head-dim", s.head_dim, "Head dimension (0 = embd / heads)")->capture_default_str();
+  syn->add_option("--experts", s.n_expert, "Experts (llama: > 0 makes it a Mixtral-style MoE)")
+      ->capture_default_str();
+  syn->add_option("--experts-used", s.n_expert_used, "Experts used per token (0 = min(2, experts))")
+      ->capture_default_str();
+  syn->add_option("--vocab", s.n_vocab, "Vocabulary size (>= 260)")->capture_default_str();
+  syn->add_option("--ctx", s.n_ctx, "Context length")->capture_default_str();
+  syn->add_option("--rope-base", s.rope_freq_base, "RoPE base (0 = arch default)")->capture_default_str();
+  syn->add_option("--seed", s.seed, "Random seed")->capture_default_str();
+  syn->add_option("--type", s.weight_type, "f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q6_k | q4_k_m | q5_k_m | ...")
+      ->capture_default_str();
+  syn->add_flag("--tied", s.tied_embeddings, "No output.weight (tied to token_embd)");
+  syn->add_option("--name", s.name, "general.name (default: derived from the shape)");
+  syn->callback([o] { run_synth(*o); });
+}
+
+}  // namespace
+
+CAR_REGISTER_COMMANDS(setup);
+
+}  // namespace car::tools
