@@ -621,6 +621,10 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
       case State::pre_key:
         if (c == '#' || c == ';') {
           state = State::comment;
+        } else if (c == '=') {  // "=value": an empty key, reported as invalid when the value ends
+          start_line = line;
+          key.clear();
+          state = State::pre_value;
         } else if (!newline && !is_space(c)) {
           state = State::key;
           start_line = line;
