@@ -77,6 +77,13 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
 
 /// Generate. `on_token` (may be empty) is called for each generated token on the calling thread;
 /// `cancelled` (may be null) is checked before each token. Errors: context_overflow, bad_request.
+///
+/// Details (engine.cpp): context_overflow when prompt tokens + max_tokens exceed the context; bad_request for
+/// a prompt that tokenizes to nothing or an id outside the vocabulary. An end-of-generation token (unless
+/// ignore_eos) ends with "eos" and is not included in `tokens`. Text held back at the end (an incomplete
+/// UTF-8 tail, or a possible stop-string prefix that never completed) is appended to `text` and reported by
+/// one last on_token event with token = -1. The KV cache is kept between calls and the longest common prefix
+/// with the previous call's sequence is reused.
 Result<GenerateResult> generate(LoadedModel& model, const GenerateRequest& request,
                                 const std::function<void(const TokenEvent&)>& on_token,
                                 const std::atomic<bool>* cancelled);
