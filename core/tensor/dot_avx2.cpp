@@ -68,46 +68,30 @@ inline __m256i scale_pair(const int16_t* s) {
 // ---------------------------------------------------------------------------------------------------------
 // 32-element blocks
 
+// Q8_0 / Q4_0 / Q5_0: one 8-lane accumulator over the blocks in order, as ggml's AVX2 ggml_vec_dot_q*_q8_0
+// and llamafile's tinyBLAS_Q0_AVX (llama.cpp's two paths for these types) do, so results match them bit for bit.
 float dot_q8_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q8_0*>(w);
   const auto* y = static_cast<const block_q8_0*>(a);
-  const int64_t nb = n / QK8_0;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 1 < nb; i += 2) {
-    const __m256 p0 = _mm256_cvtepi32_ps(dot_s8s8(load32(x[i].qs), load32(y[i].qs)));
-    const __m256 p1 = _mm256_cvtepi32_ps(dot_s8s8(load32(x[i + 1].qs), load32(y[i + 1].qs)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p0, acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), p1, acc1);
-  }
-  for (; i < nb; ++i) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK8_0; ++i) {
     const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(load32(x[i].qs), load32(y[i].qs)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc0);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc);
   }
-  return hsum8(_mm256_add_ps(acc0, acc1));
+  return hsum8(acc);
 }
 
 float dot_q4_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q4_0*>(w);
   const auto* y = static_cast<const block_q8_0*>(a);
-  const int64_t nb = n / QK8_0;
   const __m256i eight = _mm256_set1_epi8(8);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 1 < nb; i += 2) {
-    const __m256i q0 = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
-    const __m256i q1 = _mm256_sub_epi8(nibbles32(x[i + 1].qs), eight);
-    const __m256 p0 = _mm256_cvtepi32_ps(dot_s8s8(q0, load32(y[i].qs)));
-    const __m256 p1 = _mm256_cvtepi32_ps(dot_s8s8(q1, load32(y[i + 1].qs)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p0, acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), p1, acc1);
-  }
-  for (; i < nb; ++i) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK8_0; ++i) {
     const __m256i q = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
     const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(y[i].qs)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc0);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc);
   }
-  return hsum8(_mm256_add_ps(acc0, acc1));
+  return hsum8(acc);
 }
 
 float dot_q4_1(const void* w, const void* a, int64_t n) {
@@ -184,28 +168,43 @@ inline __m256i scales8_to_16(__m128i s8, bool is_signed) {
   return _mm256_broadcastsi128_si256(s16);
 }
 
-/// Sum of bsums pairs times the 8 Q4_K/Q5_K mins, as 8 int32 lanes (lane j: mins[j/2]... summed later).
-inline __m256i mins_dot_bsums(const uint8_t* mins8, const int16_t* bsums) {
-  // bsums[2j] + bsums[2j+1] pairs with mins[j]: madd of the 16 bsums with each min repeated twice.
-  const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins8));
-  const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
-  return _mm256_madd_epi16(m16, load32(bsums));
+/// The mins term of Q4_K / Q5_K as ggml's AVX2 kernels form it: bsums summed in pairs (int16 hadd), times
+/// the 8 mins, into 4 int32 lanes (lane k: mins 2k and 2k+1).
+inline __m128i mins_dot_bsums(const uint32_t* mins_words, const int16_t* bsums) {
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins_words)));
+  const __m256i b = load32(bsums);
+  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+  return _mm_madd_epi16(m16, pairs);
 }
 
+inline float hsum4(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_movehdup_ps(v));
+  return _mm_cvtss_f32(v);
+}
+
+inline int hsum_i32x4(__m128i v) {
+  v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+  return _mm_cvtsi128_si32(v);
+}
+
+// Q4_K / Q5_K / Q6_K follow ggml's AVX2 kernels' arithmetic exactly (the same 8 int32 lanes per super-block,
+// the same scale products, the same mins accumulation and final reductions); llama.cpp uses those kernels on
+// AVX-512 machines too, so these results equal its results bit for bit.
 float dot_q4_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q4_K*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
   const int64_t nb = n / QK_K;
   const __m256i m4 = _mm256_set1_epi8(0x0f);
-  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_m = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t sm[4];
     unpack_scale_min_k4_words(x[i].scales, sm);
-    const float d = h2f(x[i].d) * y[i].d;
-    const float dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
-                            _mm256_cvtepi32_ps(mins_dot_bsums(reinterpret_cast<const uint8_t*>(sm + 2), y[i].bsums)),
-                            acc_m);
+    const float d = y[i].d * h2f(x[i].d);
+    const float dmin = -y[i].d * h2f(x[i].dmin);
+    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(sm + 2, y[i].bsums)), acc_m);
     const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
@@ -221,7 +220,7 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum8(acc) - hsum8(acc_m);
+  return hsum8(acc) + hsum4(acc_m);
 }
 
 float dot_q5_K(const void* w, const void* a, int64_t n) {
@@ -230,15 +229,14 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
   const int64_t nb = n / QK_K;
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const __m256i one = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t sm[4];
     unpack_scale_min_k4_words(x[i].scales, sm);
-    const float d = h2f(x[i].d) * y[i].d;
-    const float dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
-                            _mm256_cvtepi32_ps(mins_dot_bsums(reinterpret_cast<const uint8_t*>(sm + 2), y[i].bsums)),
-                            acc_m);
+    const float d = y[i].d * h2f(x[i].d);
+    const float dmin = -y[i].d * h2f(x[i].dmin);
+    summs += dmin * static_cast<float>(hsum_i32x4(mins_dot_bsums(sm + 2, y[i].bsums)));
     const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
@@ -257,7 +255,7 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum8(acc) - hsum8(acc_m);
+  return hsum8(acc) + summs;
 }
 
 float dot_q6_K(const void* w, const void* a, int64_t n) {

@@ -55,46 +55,30 @@ inline __m256i dpbssd_via_sign(__m256i acc, __m256i x, __m256i y) {
 // ---------------------------------------------------------------------------------------------------------
 // 32-element blocks with Q8_0 activations
 
+// One 8-lane accumulator over the blocks in order (ggml's ggml_vec_dot_q8_0_q8_0 and llamafile's
+// tinyBLAS_Q0_AVX, whose VNNI build uses exactly this dpbusd), so results equal llama.cpp's bit for bit.
 float dot_q8_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q8_0*>(w);
   const auto* y = static_cast<const block_q8_0*>(a);
-  const int64_t nb = n / QK8_0;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 1 < nb; i += 2) {
-    const __m256i p0 = dpbssd_via_sign(_mm256_setzero_si256(), load32(x[i].qs), load32(y[i].qs));
-    const __m256i p1 = dpbssd_via_sign(_mm256_setzero_si256(), load32(x[i + 1].qs), load32(y[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-  }
-  for (; i < nb; ++i) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK8_0; ++i) {
     const __m256i p = dpbssd_via_sign(_mm256_setzero_si256(), load32(x[i].qs), load32(y[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc0);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc);
   }
-  return hsum8(_mm256_add_ps(acc0, acc1));
+  return hsum8(acc);
 }
 
 float dot_q4_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q4_0*>(w);
   const auto* y = static_cast<const block_q8_0*>(a);
-  const int64_t nb = n / QK8_0;
   const __m256i eight = _mm256_set1_epi8(8);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 1 < nb; i += 2) {
-    const __m256i q0 = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
-    const __m256i q1 = _mm256_sub_epi8(nibbles32(x[i + 1].qs), eight);
-    const __m256i p0 = dpbssd_via_sign(_mm256_setzero_si256(), q0, load32(y[i].qs));
-    const __m256i p1 = dpbssd_via_sign(_mm256_setzero_si256(), q1, load32(y[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-  }
-  for (; i < nb; ++i) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK8_0; ++i) {
     const __m256i q = _mm256_sub_epi8(nibbles32(x[i].qs), eight);
     const __m256i p = dpbssd_via_sign(_mm256_setzero_si256(), q, load32(y[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc0);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc);
   }
-  return hsum8(_mm256_add_ps(acc0, acc1));
+  return hsum8(acc);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -122,11 +106,31 @@ constexpr Perm2 kK6Perm[2][2] = {{make_perm4(0), make_perm4(4)}, {make_perm4(8),
 
 inline __m512i perm_idx(const Perm2& p) { return _mm512_load_si512(p.idx); }
 
-/// Sum over the 8 sub-block mins of min_j * (bsums[2j] + bsums[2j+1]), as 8 int32 lanes.
-inline __m256i mins_dot_bsums(const uint32_t* mins_words, const int16_t* bsums) {
-  const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins_words));
-  const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
-  return _mm256_madd_epi16(m16, load32(bsums));
+/// The mins term as ggml's AVX2 Q4_K / Q5_K kernels form it: bsums summed in pairs, times the 8 mins, into 4
+/// int32 lanes (lane k: mins 2k and 2k+1).
+inline __m128i mins_dot_bsums(const uint32_t* mins_words, const int16_t* bsums) {
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins_words)));
+  const __m256i b = load32(bsums);
+  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+  return _mm_madd_epi16(m16, pairs);
+}
+
+inline float hsum4(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_movehdup_ps(v));
+  return _mm_cvtss_f32(v);
+}
+
+inline int hsum_i32x4(__m128i v) {
+  v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+  return _mm_cvtsi128_si32(v);
+}
+
+/// 16 int32 lanes -> 8: lane k + lane k+8. Each half of the 512-bit sums holds whole 32-byte chunks, so this
+/// yields exactly the 8 lanes ggml's AVX2 kernels accumulate (lane k: bytes 4k..4k+3 of every chunk).
+inline __m256i fold16(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
 template <bool kHasHighBit, typename Block>
@@ -138,14 +142,22 @@ float dot_k4(const void* w, const void* a, int64_t n) {
   const __m512i bit4 = _mm512_set1_epi8(0x10);
   const __m512i p00 = perm_idx(kK4Perm[0][0]), p01 = perm_idx(kK4Perm[0][1]);
   const __m512i p10 = perm_idx(kK4Perm[1][0]), p11 = perm_idx(kK4Perm[1][1]);
-  __m512 acc = _mm512_setzero_ps();
-  __m256 acc_m = _mm256_setzero_ps();
+  // ggml's AVX2 Q4_K keeps the mins in a 4-lane float accumulator; its Q5_K sums them to one int per block
+  // and accumulates a scalar float. Both are mirrored so the results equal llama.cpp's.
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_m = _mm_setzero_ps();
+  float summs = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t sm[4];
     unpack_scale_min_k4_words(x[i].scales, sm);
-    const float d = h2f(x[i].d) * y[i].d;
-    const float dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm + 2, y[i].bsums)), acc_m);
+    const float d = y[i].d * h2f(x[i].d);
+    const float dmin = -y[i].d * h2f(x[i].dmin);
+    const __m128i mins = mins_dot_bsums(sm + 2, y[i].bsums);
+    if constexpr (kHasHighBit) {
+      summs += dmin * static_cast<float>(hsum_i32x4(mins));
+    } else {
+      acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m);
+    }
     const __m512i sc16 =
         _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
     const int8_t* q8 = y[i].qs;
@@ -174,9 +186,13 @@ float dot_k4(const void* w, const void* a, int64_t n) {
       sumi = _mm512_dpwssd_epi32(sumi, plo, _mm512_permutexvar_epi16(jj == 0 ? p00 : p10, sc16));
       sumi = _mm512_dpwssd_epi32(sumi, phi, _mm512_permutexvar_epi16(jj == 0 ? p01 : p11, sc16));
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold16(sumi)), acc);
   }
-  return _mm512_reduce_add_ps(acc) - hsum8(acc_m);
+  if constexpr (kHasHighBit) {
+    return hsum8(acc) + summs;
+  } else {
+    return hsum8(acc) + hsum4(acc_m);
+  }
 }
 
 float dot_q4_K(const void* w, const void* a, int64_t n) { return dot_k4<false, block_q4_K>(w, a, n); }
@@ -194,13 +210,12 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
   const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
   const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
                               {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
-  __m512 acc = _mm512_setzero_ps();
+  const __m512i m32 = _mm512_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
     const __m512i sc = _mm512_castsi256_si512(sc16);
-    // The -32 offset of every level: sum over sub-blocks of scale * 32 * sum(activations), from bsums.
-    const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load32(y[i].bsums)), 5);
-    __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(off));
+    __m512i sumi = _mm512_setzero_si512();
     const int8_t* q8 = y[i].qs;
     for (int h = 0; h < 2; ++h, q8 += 128) {
       const __m512i l = load64(x[i].ql + 64 * h);  // ql bytes 0..31 | 32..63 of this half
@@ -208,14 +223,16 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
       const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
       const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                           _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
-      const __m512i p01 = _mm512_maddubs_epi16(q01, load64(q8));
-      const __m512i p23 = _mm512_maddubs_epi16(q23, load64(q8 + 64));
+      const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
+      // (level - 32) * y in int16 pairs, as ggml forms it (level * y - 32 * y; both fit).
+      const __m512i p01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q01, y01), _mm512_maddubs_epi16(m32, y01));
+      const __m512i p23 = _mm512_sub_epi16(_mm512_maddubs_epi16(q23, y23), _mm512_maddubs_epi16(m32, y23));
       sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(perm[h][0], sc));
       sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(perm[h][1], sc));
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(fold16(sumi)), acc);
   }
-  return _mm512_reduce_add_ps(acc);
+  return hsum8(acc);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -275,3 +275,34 @@ INSTANTIATE_TEST_SUITE_P(Isas, SimdActivation, ::testing::Values(Isa::avx2, Isa:
 
 }  // namespace
 }  // namespace car::tensor
+
+namespace car::tensor {
+namespace {
+
+// The AVX-512 kernels of these formats reproduce the arithmetic of ggml's AVX2 kernels (which llama.cpp's
+// AVX-512 build runs for them), as do this project's AVX2 kernels: the two must agree bit for bit on any data.
+TEST(SimdMirror, Avx512EqualsAvx2BitForBitOnLlamaCppPaths) {
+  const detail::DotKernels* v512 = table_if_supported(Isa::avx512);
+  if (v512 == nullptr) GTEST_SKIP() << "CPU lacks avx512";
+  const detail::DotKernels* v2 = table_if_supported(Isa::avx2);
+  const auto& ref = detail::scalar_kernels();
+  std::mt19937 rng(500);
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    SCOPED_TRACE(ggml_type_name(t));
+    const GgmlType at = activation_type(t);
+    for (int64_t n : shapes(t)) {
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto w = random_weight_row(t, n, rng);
+        const auto x = random_floats(rng, n, rep == 2 ? 30.0f : 1.0f);
+        std::vector<uint8_t> act(activation_row_bytes(t, n));
+        ref.quantize_act[detail::slot(at)](x.data(), act.data(), n);
+        const float a = v2->dot[detail::slot(t)](w.data(), act.data(), n);
+        const float b = v512->dot[detail::slot(t)](w.data(), act.data(), n);
+        ASSERT_EQ(a, b) << "n=" << n << " rep=" << rep;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace car::tensor
