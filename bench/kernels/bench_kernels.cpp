@@ -98,7 +98,6 @@ void BM_Matvec(benchmark::State& state, GgmlType t, Isa isa) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.view.rows) *
                           static_cast<int64_t>(m.view.row_bytes));
-  state.counters["rows"] = static_cast<double>(m.view.rows);
 }
 
 __attribute__((target("avx2"))) uint64_t read_range(const uint8_t* p, size_t n) {

@@ -551,6 +551,7 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // one order for every AVX2 kernel
   return k;
 }
 

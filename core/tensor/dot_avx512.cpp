@@ -1,7 +1,7 @@
 // AVX-512 dot kernels (F, BW, VL, DQ, VNNI, BF16; compiled with car_simd_source(... AVX512) and only called
 // when CPUID reports all of them). The table starts from the AVX2 one and replaces the kernels that gain from
 // AVX-512: VNNI's dpbusd / dpwssd fuse the u8 x s8 multiply with the int32 accumulation, 512-bit registers
-// halve the instruction count of the K-quant loops, masked loads handle float tails, and dpbf16ps multiplies
+// halve the instruction count of the K-quant loops, and dpbf16ps multiplies
 // bf16 pairs directly. Q2_K, Q3_K, Q4_1, Q5_0 and Q5_1 keep their AVX2 kernels.
 //
 // Integer parts are exact (same identities as the scalar reference: levels <= 63 times |activation| <= 127
@@ -236,57 +236,95 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Float formats: 32 elements per step, masked tail.
+// Float formats. Two summation orders, as llama.cpp has two paths:
+//  - mul_mat (dense weights): llamafile's tinyBLAS, one 16-lane accumulator over k (32 bf16 per dpbf16ps),
+//    reduced with _mm512_reduce_add_ps; it requires k % 16 == 0 (bf16: 32), else ggml_vec_dot_* is used;
+//  - mul_mat_id (MoE experts): ggml_vec_dot_f32 / _f16 (four 16-lane accumulators over 64-element steps,
+//    reduced pairwise, leftovers added one by one, in float for F32 and double for F16) and _bf16 (two
+//    dpbf16ps accumulators over 64-element steps, each reduced into a double, leftovers in double).
 
-float dot_f32(const void* w, const void* a, int64_t n) {
+float dot_f32_vec(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const float*>(w);
   const auto* y = static_cast<const float*>(a);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), acc1);
+  const int64_t np = n & ~int64_t{63};
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t i = 0; i < np; i += 64) {
+    for (int j = 0; j < 4; ++j) sum[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * j), _mm512_loadu_ps(y + i + 16 * j), sum[j]);
   }
-  for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc0);
+  sum[0] = _mm512_add_ps(sum[0], sum[2]);
+  sum[1] = _mm512_add_ps(sum[1], sum[3]);
+  sum[0] = _mm512_add_ps(sum[0], sum[1]);
+  float sumf = _mm512_reduce_add_ps(sum[0]);
+  for (int64_t i = np; i < n; ++i) sumf += x[i] * y[i];
+  return sumf;
+}
+
+float dot_f32(const void* w, const void* a, int64_t n) {
+  if (n % 16 != 0) return dot_f32_vec(w, a, n);
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
+inline __m512 load_f16x16(const uint16_t* p) { return _mm512_cvtph_ps(load32(p)); }
+
+float dot_f16_vec(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  const int64_t np = n & ~int64_t{63};
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t i = 0; i < np; i += 64) {
+    for (int j = 0; j < 4; ++j) sum[j] = _mm512_fmadd_ps(load_f16x16(x + i + 16 * j), load_f16x16(y + i + 16 * j), sum[j]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  sum[0] = _mm512_add_ps(sum[0], sum[2]);
+  sum[1] = _mm512_add_ps(sum[1], sum[3]);
+  sum[0] = _mm512_add_ps(sum[0], sum[1]);
+  double sumf = _mm512_reduce_add_ps(sum[0]);
+  for (int64_t i = np; i < n; ++i) sumf += static_cast<double>(h2f(x[i]) * h2f(y[i]));
+  return static_cast<float>(sumf);
 }
 
 float dot_f16(const void* w, const void* a, int64_t n) {
+  if (n % 16 != 0) return dot_f16_vec(w, a, n);
   const auto* x = static_cast<const uint16_t*>(w);
   const auto* y = static_cast<const uint16_t*>(a);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(load_f16x16(x + i), load_f16x16(y + i), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
+inline float bf16f(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float dot_bf16_vec(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m512 c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(load32(x + i)), _mm512_cvtph_ps(load32(y + i)), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(load32(x + i + 16)), _mm512_cvtph_ps(load32(y + i + 16)), acc1);
+  for (; i + 64 <= n; i += 64) {
+    c1 = _mm512_dpbf16_ps(c1, (__m512bh)load64(x + i), (__m512bh)load64(y + i));
+    c2 = _mm512_dpbf16_ps(c2, (__m512bh)load64(x + i + 32), (__m512bh)load64(y + i + 32));
   }
-  for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 xv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
-    const __m512 yv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y + i));
-    acc0 = _mm512_fmadd_ps(xv, yv, acc0);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  double sumf = 0.0;
+  sumf += static_cast<double>(_mm512_reduce_add_ps(c1));
+  sumf += static_cast<double>(_mm512_reduce_add_ps(c2));
+  for (; i < n; ++i) sumf += static_cast<double>(bf16f(x[i]) * bf16f(y[i]));
+  return static_cast<float>(sumf);
 }
 
 float dot_bf16(const void* w, const void* a, int64_t n) {
+  if (n % 32 != 0) return dot_bf16_vec(w, a, n);
   const auto* x = static_cast<const uint16_t*>(w);
   const auto* y = static_cast<const uint16_t*>(a);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)load64(x + i), (__m512bh)load64(y + i));
-    acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)load64(x + i + 32), (__m512bh)load64(y + i + 32));
-  }
-  for (; i < n; i += 32) {
-    const __mmask32 m = n - i >= 32 ? 0xffffffffu : static_cast<__mmask32>((1u << (n - i)) - 1);
-    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_maskz_loadu_epi16(m, x + i),
-                            (__m512bh)_mm512_maskz_loadu_epi16(m, y + i));
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 32) acc = _mm512_dpbf16_ps(acc, (__m512bh)load64(x + i), (__m512bh)load64(y + i));
+  return _mm512_reduce_add_ps(acc);
 }
 
 DotKernels make_table() {
@@ -295,6 +333,10 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::F32)] = dot_f32;
   k.dot[slot(GgmlType::F16)] = dot_f16;
   k.dot[slot(GgmlType::BF16)] = dot_bf16;
+  for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];
+  k.dot_id[slot(GgmlType::F32)] = dot_f32_vec;
+  k.dot_id[slot(GgmlType::F16)] = dot_f16_vec;
+  k.dot_id[slot(GgmlType::BF16)] = dot_bf16_vec;
   k.dot[slot(GgmlType::Q4_0)] = dot_q4_0;
   k.dot[slot(GgmlType::Q8_0)] = dot_q8_0;
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;

@@ -25,7 +25,8 @@ using DotFn = float (*)(const void* w, const void* a, int64_t n);
 using ConvertFn = void (*)(const float* x, void* dst, int64_t n);
 
 struct DotKernels {
-  DotFn dot[kTypeSlots] = {};           ///< indexed by weight type id
+  DotFn dot[kTypeSlots] = {};           ///< indexed by weight type id; ProductOrder::mul_mat
+  DotFn dot_id[kTypeSlots] = {};        ///< the same products in ProductOrder::mul_mat_id summation order
   ConvertFn quantize_act[kTypeSlots] = {};  ///< indexed by *activation* type id (Q8_0, Q8_1, Q8_K, F16, BF16)
 };
 
@@ -48,6 +49,12 @@ const DotKernels& scalar_kernels();
 /// nullptr when the build has no such kernels (never on x86-64 builds of this project).
 const DotKernels* avx2_kernels();
 const DotKernels* avx512_kernels();
+/// The kernel for a weight type in the given order.
+inline DotFn dot_for(const DotKernels& k, GgmlType t, ProductOrder order) {
+  const int s = static_cast<int>(t);
+  return order == ProductOrder::mul_mat_id ? k.dot_id[s] : k.dot[s];
+}
+
 /// The table for an ISA (scalar for Isa::scalar); does not check that the CPU supports it.
 const DotKernels& kernels_for(Isa isa);
 

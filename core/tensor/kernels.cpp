@@ -69,6 +69,7 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_ref;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K_q8_K_ref;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K_q8_K_ref;
+  for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
   k.quantize_act[slot(GgmlType::Q8_0)] = quantize_act_q8_0;
   k.quantize_act[slot(GgmlType::Q8_1)] = quantize_act_q8_1;
   k.quantize_act[slot(GgmlType::Q8_K)] = quantize_act_q8_K;
@@ -241,16 +242,16 @@ void quantize_activation(GgmlType w, const float* x, void* dst, int64_t n) {
   active().table->quantize_act[slot(a)](x, dst, n);
 }
 
-float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n) {
+float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n, ProductOrder order) {
   const DotKernels& k = *active().table;
   CAR_CHECK(static_cast<uint32_t>(w) < static_cast<uint32_t>(detail::kTypeSlots) && k.dot[slot(w)] != nullptr);
-  return k.dot[slot(w)](w_row, act, n);
+  return detail::dot_for(k, w, order)(w_row, act, n);
 }
 
 void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
   const DotKernels& k = *active().table;
   check_view(w, k);
-  const detail::DotFn dot = k.dot[slot(w.type)];
+  const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
   const void* act = round_into(k, w.type, x, w.cols, tls_act_scratch.get(activation_row_bytes(w.type, w.cols)));
   const int64_t cols = w.cols;
   const uint8_t* base = w.data;
@@ -275,7 +276,7 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
   const DotKernels& k = *active().table;
   check_view(w, k);
   CAR_CHECK(ldx >= w.cols && ldy >= w.rows);
-  const detail::DotFn dot = k.dot[slot(w.type)];
+  const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
   const GgmlType at = detail::act_type(w.type);
   const int64_t cols = w.cols;
 

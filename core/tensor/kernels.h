@@ -47,6 +47,12 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 /// (ggml_row_bytes(type, n) bytes).
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 
+/// Which of llama.cpp's two matrix-product paths a product mirrors. Only the float weight formats (F32, F16,
+/// BF16) sum differently on the two: ggml's mul_mat (dense weights) runs llamafile's tinyBLAS (one 16-lane
+/// accumulator), mul_mat_id (MoE experts) runs ggml_vec_dot_* (four accumulators). For the quantized formats
+/// both paths compute the same thing and this has no effect. Scalar and AVX2 kernels have one order only.
+enum class ProductOrder { mul_mat, mul_mat_id };
+
 /// A 2-D weight matrix in a GGUF tensor: `rows` rows of `cols` elements, each row `row_bytes` bytes.
 /// Non-owning: `data` points into the mapped file (or any buffer that outlives the call).
 struct MatrixView {
@@ -55,6 +61,7 @@ struct MatrixView {
   int64_t cols = 0;       ///< row length (ne[0])
   int64_t rows = 0;       ///< ne[1]
   size_t row_bytes = 0;
+  ProductOrder order = ProductOrder::mul_mat;  ///< mul_mat_id for MoE expert matrices (see ProductOrder)
 };
 
 /// y[r] = dot(W[r, :], round(x)) for r in [0, rows). x has w.cols floats, y has w.rows floats.
@@ -77,6 +84,7 @@ size_t activation_row_bytes(GgmlType w, int64_t n);
 /// Round `n` floats (a multiple of the weight block size) to activation_type(w) into `dst`.
 void quantize_activation(GgmlType w, const float* x, void* dst, int64_t n);
 /// dot(weight row, rounded activation row) of `n` elements with the current ISA's kernel.
-float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n);
+float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n,
+              ProductOrder order = ProductOrder::mul_mat);
 
 }  // namespace car::tensor

@@ -88,6 +88,28 @@ TEST(Matmul, EqualsMatvecPerVectorWithStrides) {
   }
 }
 
+TEST(Matvec, MulMatIdOrderUsesTheSecondKernel) {
+  std::mt19937 rng(24);
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_K}) {
+    SCOPED_TRACE(ggml_type_name(t));
+    const int64_t rows = 64;
+    const int64_t c = t == GgmlType::Q4_K ? 256 : 320;  // 320: not a multiple of 64, exercises leftovers
+    const auto wf = random_floats(rng, c * rows);
+    const auto w = testing::quantize_rows(t, wf, rows, c);
+    MatrixView view{t, w.data(), c, rows, detail::row_bytes(t, c)};
+    view.order = ProductOrder::mul_mat_id;
+    const auto x = random_floats(rng, c);
+    std::vector<uint8_t> act(activation_row_bytes(t, c));
+    quantize_activation(t, x.data(), act.data(), c);
+    std::vector<float> y(rows);
+    matvec(view, x.data(), y.data(), &pool);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(y[r], dot_row(t, w.data() + r * view.row_bytes, act.data(), c, ProductOrder::mul_mat_id)) << r;
+    }
+  }
+}
+
 TEST(Matvec, RowStrideLargerThanRow) {
   std::mt19937 rng(23);
   const GgmlType t = GgmlType::Q4_K;

@@ -162,6 +162,7 @@ TEST_P(SimdVsScalar, IntegerPartsAreExact) {
         const float want = ref.dot[detail::slot(t)](w.data(), act.data(), n);
         const float got = simd->dot[detail::slot(t)](w.data(), act.data(), n);
         ASSERT_EQ(got, want) << "n=" << n << " rep=" << rep;
+        ASSERT_EQ(simd->dot_id[detail::slot(t)](w.data(), act.data(), n), want) << "mul_mat_id n=" << n;
       }
     }
   }
@@ -209,6 +210,8 @@ TEST_P(SimdVsScalar, GeneralDataWithinTolerance) {
           }
         }
         ASSERT_NEAR(got, want, simd_tolerance(t) * mag + 1e-30) << "n=" << n << " misalign=" << misalign;
+        const float got_id = simd->dot_id[detail::slot(t)](wp, ap, n);  // the mul_mat_id summation order
+        ASSERT_NEAR(got_id, want, simd_tolerance(t) * mag + 1e-30) << "mul_mat_id n=" << n;
       }
     }
   }
@@ -301,6 +304,41 @@ TEST(SimdMirror, Avx512EqualsAvx2BitForBitOnLlamaCppPaths) {
         ASSERT_EQ(a, b) << "n=" << n << " rep=" << rep;
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace car::tensor
+
+namespace car::tensor {
+namespace {
+
+// The float formats' two llama.cpp summation orders, spelled out on data where the order is visible:
+// mul_mat is one 16-lane accumulator reduced at the end; mul_mat_id four accumulators over 64-element steps.
+TEST(SimdMirror, FloatOrdersFollowTinyBlasAndVecDot) {
+  const detail::DotKernels* v512 = table_if_supported(Isa::avx512);
+  if (v512 == nullptr) GTEST_SKIP() << "CPU lacks avx512";
+  std::mt19937 rng(600);
+  for (int64_t n : {64, 128, 1024}) {
+    const auto x = random_floats(rng, n, 10.0f);
+    const auto y = random_floats(rng, n, 10.0f);
+    float lanes[16] = {};
+    for (int64_t i = 0; i < n; ++i) lanes[i % 16] = std::fma(x[i], y[i], lanes[i % 16]);
+    // _mm512_reduce_add_ps: halves, then quarters, then pairs.
+    float r8[8], r4[4];
+    for (int i = 0; i < 8; ++i) r8[i] = lanes[i + 8] + lanes[i];
+    for (int i = 0; i < 4; ++i) r4[i] = r8[i + 4] + r8[i];
+    const float mul_mat = (r4[2] + r4[0]) + (r4[3] + r4[1]);
+    EXPECT_EQ(v512->dot[detail::slot(GgmlType::F32)](x.data(), y.data(), n), mul_mat) << n;
+
+    float acc[4][16] = {};
+    for (int64_t i = 0; i < n; ++i) acc[(i / 16) % 4][i % 16] = std::fma(x[i], y[i], acc[(i / 16) % 4][i % 16]);
+    float l[16];
+    for (int i = 0; i < 16; ++i) l[i] = (acc[0][i] + acc[2][i]) + (acc[1][i] + acc[3][i]);
+    for (int i = 0; i < 8; ++i) r8[i] = l[i + 8] + l[i];
+    for (int i = 0; i < 4; ++i) r4[i] = r8[i + 4] + r8[i];
+    const float mul_mat_id = (r4[2] + r4[0]) + (r4[3] + r4[1]);
+    EXPECT_EQ(v512->dot_id[detail::slot(GgmlType::F32)](x.data(), y.data(), n), mul_mat_id) << n;
   }
 }
 
