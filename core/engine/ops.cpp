@@ -79,6 +79,35 @@ void to_fp16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = tensor::fp32_to_fp16(x[i]);
 }
 
+float dot_f16_ggml(const uint16_t* x, const uint16_t* y, int64_t n) {
+  // Whole chunks of 64: four 16-lane float accumulators, one FMA per element.
+  const int64_t np = n & ~int64_t{63};
+  float acc[4][16] = {};
+  for (int64_t i = 0; i < np; i += 64) {
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 16; ++l) {
+        const int64_t e = i + j * 16 + l;
+        acc[j][l] = std::fma(tensor::fp16_to_fp32(x[e]), tensor::fp16_to_fp32(y[e]), acc[j][l]);
+      }
+    }
+  }
+  double sum = 0.0;
+  if (np > 0) {
+    // GGML_F32x16_REDUCE: accumulators pairwise (0+2, 1+3, then the two), then _mm512_reduce_add_ps's tree.
+    float v[16];
+    for (int l = 0; l < 16; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    float h[8];
+    for (int l = 0; l < 8; ++l) h[l] = v[l + 8] + v[l];
+    float q[4];
+    for (int l = 0; l < 4; ++l) q[l] = h[l + 4] + h[l];
+    sum = static_cast<double>((q[0] + q[2]) + (q[1] + q[3]));
+  }
+  for (int64_t i = np; i < n; ++i) {
+    sum += static_cast<double>(tensor::fp16_to_fp32(x[i]) * tensor::fp16_to_fp32(y[i]));
+  }
+  return static_cast<float>(sum);
+}
+
 void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                         float scale, float* out, uint16_t* q16, uint16_t* acc16) {
   to_fp16(q, q16, dk);
@@ -86,12 +115,7 @@ void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, in
   float sum = 0.0f;
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t ic = 0; ic < n_kv; ++ic) {
-    const uint16_t* kr = k + ic * dk;
-    double dot = 0.0;
-    for (int64_t d = 0; d < dk; ++d) {
-      dot += static_cast<double>(tensor::fp16_to_fp32(kr[d]) * tensor::fp16_to_fp32(q16[d]));
-    }
-    const float s = static_cast<float>(dot) * scale;
+    const float s = dot_f16_ggml(k + ic * dk, q16, dk) * scale;
     float ms = 1.0f;
     float vs = 1.0f;
     if (s > mx) {

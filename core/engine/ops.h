@@ -7,7 +7,7 @@
 //   softmax       expf(x - max) summed in double, scaled by 1 / sum in float (ggml_soft_max_f32)
 //   swiglu        silu(gate) * up, silu(x) = x / (1 + expf(-x))
 //   attention     one query head over fp16 K/V, as ggml_compute_forward_flash_attn_ext_f16_one_chunk: Q rounded
-//                 to fp16, s = dot(K, Q) * scale in float, online softmax with a running max in float, the V
+//                 to fp16, s = dot(K, Q) * scale in float (dot in ggml_vec_dot_f16's order, see dot_f16_ggml), online softmax with a running max in float, the V
 //                 accumulator kept in fp16 and rounded after every scale / multiply-add, divided by the sum at
 //                 the end in float
 //   select_experts softmax over the router logits, top-k (largest first, ties to the lower id), the chosen
@@ -53,6 +53,11 @@ void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n
 /// The scalar version of attend_head (the test oracle for the SIMD one).
 void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                         int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
+/// dot(x, y) of fp16 vectors in the order of ggml's AVX-512 ggml_vec_dot_f16 (llama.cpp's Q.K product): each
+/// whole chunk of 64 elements into four 16-lane float accumulators by FMA, the accumulators reduced pairwise
+/// and then across lanes in _mm512_reduce_add_ps's tree order, the tail (n % 64) added in double.
+float dot_f16_ggml(const uint16_t* x, const uint16_t* y, int64_t n);
 
 /// Route one token: probs (n_expert scratch, left holding the softmax), ids[k] and weights[k] out.
 void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,

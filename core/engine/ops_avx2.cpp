@@ -1,7 +1,8 @@
 // AVX2 + FMA + F16C version of attend_head (see ops.h): the same arithmetic as attend_head_scalar, eight
 // lanes at a time. fp16 <-> fp32 use the F16C conversions (round to nearest even, as fp32_to_fp16 does); the
 // V accumulator update is one fused multiply-add per element, then rounded to fp16, exactly as the scalar
-// std::fma path. Q.K products are formed in float and summed in double like the scalar version.
+// std::fma path. Q.K follows dot_f16_ggml's order (16-lane accumulators emulated as two 8-lane halves), so the
+// result is bit-identical to the scalar version.
 #include <immintrin.h>
 
 #include <cmath>
@@ -13,38 +14,40 @@
 
 namespace car::engine {
 
-namespace {
-
-inline double hsum_pd(__m256d v) {
-  const __m128d lo = _mm256_castpd256_pd128(v);
-  const __m128d hi = _mm256_extractf128_pd(v, 1);
-  const __m128d s = _mm_add_pd(lo, hi);
-  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-
-}  // namespace
-
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                       float scale, float* out, uint16_t* q16, uint16_t* acc16) {
   for (int64_t d = 0; d < dk; ++d) q16[d] = tensor::fp32_to_fp16(q[d]);
   std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
-  const int64_t dk8 = dk & ~int64_t{7};
+  const int64_t dk64 = dk & ~int64_t{63};
   const int64_t dv8 = dv & ~int64_t{7};
   float sum = 0.0f;
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t ic = 0; ic < n_kv; ++ic) {
     const uint16_t* kr = k + ic * dk;
-    __m256d acc_lo = _mm256_setzero_pd();
-    __m256d acc_hi = _mm256_setzero_pd();
-    for (int64_t d = 0; d < dk8; d += 8) {
-      const __m256 kf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + d)));
-      const __m256 qf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q16 + d)));
-      const __m256 p = _mm256_mul_ps(kf, qf);
-      acc_lo = _mm256_add_pd(acc_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
-      acc_hi = _mm256_add_pd(acc_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+    double dot = 0.0;
+    if (dk64 > 0) {
+      // Four 16-lane accumulators, each two 8-lane halves (lo = lanes 0-7, hi = lanes 8-15).
+      __m256 acc[4][2];
+      for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < dk64; i += 64) {
+        for (int j = 0; j < 4; ++j) {
+          for (int h = 0; h < 2; ++h) {
+            const int64_t e = i + j * 16 + h * 8;
+            const __m256 kf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + e)));
+            const __m256 qf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q16 + e)));
+            acc[j][h] = _mm256_fmadd_ps(kf, qf, acc[j][h]);
+          }
+        }
+      }
+      const __m256 v_lo = _mm256_add_ps(_mm256_add_ps(acc[0][0], acc[2][0]), _mm256_add_ps(acc[1][0], acc[3][0]));
+      const __m256 v_hi = _mm256_add_ps(_mm256_add_ps(acc[0][1], acc[2][1]), _mm256_add_ps(acc[1][1], acc[3][1]));
+      const __m256 h8 = _mm256_add_ps(v_hi, v_lo);                                  // h[l] = v[l + 8] + v[l]
+      const __m128 q4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));  // q[l] = h[l + 4] + h[l]
+      alignas(16) float q[4];
+      _mm_store_ps(q, q4);
+      dot = static_cast<double>((q[0] + q[2]) + (q[1] + q[3]));
     }
-    double dot = hsum_pd(_mm256_add_pd(acc_lo, acc_hi));
-    for (int64_t d = dk8; d < dk; ++d) {
+    for (int64_t d = dk64; d < dk; ++d) {
       dot += static_cast<double>(tensor::fp16_to_fp32(kr[d]) * tensor::fp16_to_fp32(q16[d]));
     }
     const float s = static_cast<float>(dot) * scale;

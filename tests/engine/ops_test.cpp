@@ -186,7 +186,7 @@ TEST(Attention, SimdEqualsScalar) {
   std::vector<float> a(static_cast<size_t>(dv)), b(static_cast<size_t>(dv));
   attend_head(q.data(), k.data(), v.data(), n_kv, dk, dv, 0.125f, a.data(), q16.data(), acc.data());
   attend_head_scalar(q.data(), k.data(), v.data(), n_kv, dk, dv, 0.125f, b.data(), q16.data(), acc.data());
-  for (int64_t c = 0; c < dv; ++c) EXPECT_NEAR(a[static_cast<size_t>(c)], b[static_cast<size_t>(c)], 1e-6);
+  for (int64_t c = 0; c < dv; ++c) EXPECT_EQ(a[static_cast<size_t>(c)], b[static_cast<size_t>(c)]);
   tensor::set_isa(saved);
 }
 
@@ -237,6 +237,25 @@ TEST(SelectExperts, TiesGoToLowerId) {
   EXPECT_EQ(ids[0], 0);
   EXPECT_EQ(ids[1], 1);
   EXPECT_FLOAT_EQ(w[0], 0.5f);
+}
+
+}  // namespace
+}  // namespace car::engine
+
+namespace car::engine {
+namespace {
+
+TEST(DotF16Ggml, CloseToExactAndOrderSensitiveOnlyInRounding) {
+  for (int64_t n : {8, 64, 72, 128, 200}) {
+    auto a = randn(static_cast<size_t>(n), 50);
+    auto b = randn(static_cast<size_t>(n), 51);
+    std::vector<uint16_t> ah(a.size()), bh(b.size());
+    to_fp16(a.data(), ah.data(), n);
+    to_fp16(b.data(), bh.data(), n);
+    double exact = 0;
+    for (int64_t i = 0; i < n; ++i) exact += double(tensor::fp16_to_fp32(ah[size_t(i)])) * tensor::fp16_to_fp32(bh[size_t(i)]);
+    EXPECT_NEAR(dot_f16_ggml(ah.data(), bh.data(), n), exact, 1e-5 * (1 + std::fabs(exact))) << n;
+  }
 }
 
 }  // namespace
