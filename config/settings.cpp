@@ -62,7 +62,9 @@ const SettingInfo* find_setting(std::string_view name) {
   return nullptr;
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r';
+}
 
 std::string trim(std::string_view s) {
   std::size_t b = 0;
@@ -138,7 +140,8 @@ Result<std::vector<Id>> get_id_list(std::string_view var, const RawValue& v, std
     if (item.empty()) return invalid(var, v, "empty item in the comma-separated list");
     // (Id)-1 is the "no id" value of chown(2) and never a real uid/gid.
     auto n = parse_u64(item, static_cast<std::uint64_t>(std::numeric_limits<Id>::max()) - 1);
-    if (!all_digits(item) || !n) return invalid(var, v, "'" + item + "' is not a numeric " + std::string(what));
+    if (!all_digits(item) || !n)
+      return invalid(var, v, "'" + item + "' is not a numeric " + std::string(what));
     ids.push_back(static_cast<Id>(*n));
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
@@ -235,7 +238,7 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
                         const std::map<std::string, std::string>* previous_file_values) {
   Layer merged = in.file;
   for (auto& [k, v] : in.env) {
-    // On reload, a live setting the operator just edited in the file beats the environment's stale copy.
+    // On reload, a live setting edited in the file since start-up beats the environment's stale copy.
     if (previous_file_values != nullptr) {
       const SettingInfo* s = find_setting(k);
       auto now = in.file_values.find(k);
@@ -266,7 +269,8 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
     out.idle_secs = n.value();
   }
   if (const RawValue* v = get(kSocket)) {
-    if (v->value.size() > 107) return invalid(kSocket, *v, "longer than 107 bytes (the Unix socket path limit)");
+    if (v->value.size() > 107)
+      return invalid(kSocket, *v, "longer than 107 bytes (the Unix socket path limit)");
     if (v->value.back() == '/') return invalid(kSocket, *v, "names a directory, not a socket file");
     out.socket_path = v->value;
   } else if (auto def = default_socket_path(env, facts.euid)) {
@@ -306,7 +310,8 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
     const double gb = std::strtod(s.c_str(), &end);
     const bool numeric = !s.empty() && end == s.c_str() + s.size() && errno == 0 &&
                          (std::isdigit(static_cast<unsigned char>(s[0])) != 0 || s[0] == '.');
-    if (!numeric || !std::isfinite(gb) || gb <= 0) return invalid(kExpertRamGb, *v, "not a positive number of GiB");
+    if (!numeric || !std::isfinite(gb) || gb <= 0)
+      return invalid(kExpertRamGb, *v, "not a positive number of GiB");
     if (gb > 1024.0 * 1024.0) return invalid(kExpertRamGb, *v, "out of range (at most 1048576 GiB)");
     out.expert_ram_gb = gb;
   }
@@ -329,10 +334,11 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
   if (const RawValue* v = get(kSocketGroup)) {
     const std::string& g = v->value;
     const bool name_ok = (std::isalpha(static_cast<unsigned char>(g[0])) != 0 || g[0] == '_') &&
-                         std::all_of(g.begin(), g.end(), [](char c) {
-                           return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-' ||
-                                  c == '.';
-                         }) &&
+                         std::all_of(g.begin(), g.end(),
+                                     [](char c) {
+                                       return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' ||
+                                              c == '-' || c == '.';
+                                     }) &&
                          g.size() <= 32;
     const bool gid_ok = all_digits(g) && parse_u64(g, std::numeric_limits<gid_t>::max() - 1).has_value();
     if (!name_ok && !gid_ok) return invalid(kSocketGroup, *v, "not a group name or numeric gid");
@@ -364,7 +370,8 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
     out.shutdown_grace_secs = n.value();
   }
   if (in.config_path) out.config_file = *in.config_path;
-  out.file_values = std::move(in.file_values);
+  // The baseline stays the start-up file across reloads: the environment mirrors that one, not the last.
+  out.file_values = previous_file_values != nullptr ? *previous_file_values : std::move(in.file_values);
   out.warnings = std::move(in.warnings);
   return out;
 }
@@ -474,8 +481,10 @@ const std::vector<SettingInfo>& setting_table() {
       {kLogLevel, "", "--log-level", "info", "trace, debug, info, warn, error", true},
       {kSocketGroup, "", "--socket-group", "the daemon's group", "group (name or gid) owning the 0660 socket",
        false},
-      {kAllowUids, "", "--allow-uids", "(empty)", "comma-separated uids allowed to connect; empty with "
-       "ALLOW_GIDS empty: anyone who can open the socket", false},
+      {kAllowUids, "", "--allow-uids", "(empty)",
+       "comma-separated uids allowed to connect; empty with "
+       "ALLOW_GIDS empty: anyone who can open the socket",
+       false},
       {kAllowGids, "", "--allow-gids", "(empty)", "comma-separated gids allowed to connect", false},
       {kWorkers, "", "--workers", "2", "load/infer jobs running at once (1-256)", false},
       {kQueueDepth, "", "--queue-depth", "64", "jobs waiting for a worker before requests get `busy`", false},
@@ -513,14 +522,15 @@ Result<Settings> resolve_settings(const SettingsFlags& flags, const EnvMap& env,
   return finish(std::move(in.value()), env, facts, nullptr);
 }
 
-Result<Settings> load_settings(int argc, const char* const* argv, const EnvMap& env, const SystemFacts& facts) {
+Result<Settings> load_settings(int argc, const char* const* argv, const EnvMap& env,
+                               const SystemFacts& facts) {
   Result<SettingsFlags> flags = parse_args(argc, argv);
   if (!flags.ok()) return flags.error();
   return resolve_settings(flags.value(), env, facts);
 }
 
-Result<Settings> reload_settings(const Settings& current, int argc, const char* const* argv, const EnvMap& env,
-                                 const SystemFacts& facts) {
+Result<Settings> reload_settings(const Settings& current, int argc, const char* const* argv,
+                                 const EnvMap& env, const SystemFacts& facts) {
   Result<SettingsFlags> flags = parse_args(argc, argv);
   if (!flags.ok()) return flags.error();
   Result<Inputs> in = gather(flags.value(), env);
@@ -589,8 +599,17 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
   // A state machine after systemd's env-file parser: comments only where a key could start; values
   // unquoted (backslash escapes, trailing whitespace dropped), '...' (verbatim) or "..." (shell escapes
   // for \" \\ \` \$ and line continuation); quoted and unquoted pieces concatenate.
-  enum class State { pre_key, comment, key, pre_value, value, value_escape, single_quote, double_quote,
-                     double_quote_escape };
+  enum class State {
+    pre_key,
+    comment,
+    key,
+    pre_value,
+    value,
+    value_escape,
+    single_quote,
+    double_quote,
+    double_quote_escape
+  };
   std::vector<EnvAssignment> out;
   State state = State::pre_key;
   std::string key;

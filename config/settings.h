@@ -61,25 +61,27 @@ struct Settings {
   /// Protocol limit on one request line (fixed, not configurable).
   static constexpr std::size_t max_line_bytes = 1024 * 1024;
 
-  std::uint64_t cache_mb = 24576;  ///< CAR_INFERENCE_MODEL_CACHE_MB; 0 disables caching
-  std::uint64_t idle_secs = 300;   ///< CAR_INFERENCE_MODEL_IDLE_SECS; 0 disables idle eviction
+  std::uint64_t cache_mb = 24576;     ///< CAR_INFERENCE_MODEL_CACHE_MB; 0 disables caching
+  std::uint64_t idle_secs = 300;      ///< CAR_INFERENCE_MODEL_IDLE_SECS; 0 disables idle eviction
   std::filesystem::path socket_path;  ///< CAR_INFERENCE_SOCKET (default: see default_socket_path)
   std::filesystem::path models_dir = "/var/lib/car-inference/models";  ///< CAR_INFERENCE_MODELS_DIR
   std::filesystem::path state_dir = "/var/lib/car-inference";          ///< CAR_INFERENCE_STATE_DIR
   unsigned threads = 1;  ///< CAR_INFERENCE_THREADS (default: hardware threads)
   StreamExperts stream_experts = StreamExperts::automatic;  ///< CAR_INFERENCE_STREAM_EXPERTS
-  std::optional<double> expert_ram_gb;  ///< CAR_INFERENCE_EXPERT_RAM_GB / STREAM_EXPERTS_RAM_GB; nullopt: MemAvailable
+  std::optional<double>
+      expert_ram_gb;  ///< CAR_INFERENCE_EXPERT_RAM_GB / STREAM_EXPERTS_RAM_GB; nullopt: MemAvailable
   LogLevel log_level = LogLevel::info;  ///< CAR_INFERENCE_LOG_LEVEL
-  std::string socket_group;             ///< CAR_INFERENCE_SOCKET_GROUP: name or gid; empty: the daemon's group
-  std::vector<uid_t> allow_uids;        ///< CAR_INFERENCE_ALLOW_UIDS; empty (both lists): no peer check
-  std::vector<gid_t> allow_gids;        ///< CAR_INFERENCE_ALLOW_GIDS
-  unsigned workers = 2;                 ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
-  std::size_t queue_depth = 64;         ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
+  std::string socket_group;       ///< CAR_INFERENCE_SOCKET_GROUP: name or gid; empty: the daemon's group
+  std::vector<uid_t> allow_uids;  ///< CAR_INFERENCE_ALLOW_UIDS; empty (both lists): no peer check
+  std::vector<gid_t> allow_gids;  ///< CAR_INFERENCE_ALLOW_GIDS
+  unsigned workers = 2;           ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
+  std::size_t queue_depth = 64;   ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
   std::uint64_t shutdown_grace_secs = 10;  ///< CAR_INFERENCE_SHUTDOWN_GRACE_SECS
 
   std::optional<std::filesystem::path> config_file;  ///< the file that was read, if any
   std::vector<std::string> warnings;  ///< non-fatal findings (unknown CAR_INFERENCE_* variables ...)
-  /// The config file's raw values at load time, by variable (used by reload_settings).
+  /// The config file's raw values when the daemon STARTED (kept unchanged by reload_settings, which
+  /// compares the file against them), by variable.
   std::map<std::string, std::string> file_values;
 
   /// cache_mb in bytes (0 disables caching).
@@ -102,7 +104,7 @@ struct SettingInfo {
   std::string_view flag;           ///< --cache-mb
   std::string_view default_value;  ///< as documented
   std::string_view meaning;
-  bool live = false;               ///< changes on SIGHUP without a restart
+  bool live = false;  ///< changes on SIGHUP without a restart
 };
 const std::vector<SettingInfo>& setting_table();
 
@@ -125,18 +127,19 @@ Result<Settings> resolve_settings(const SettingsFlags& flags, const EnvMap& env,
                                   const SystemFacts& facts = SystemFacts::current());
 
 /// SIGHUP: resolve again (re-reading the config file). A live setting whose value in the config file
-/// changed since `current` was loaded takes the file's new value even over the environment (under systemd
-/// the environment holds the file's OLD value from EnvironmentFile=). Non-live settings are resolved too;
-/// plan_reload() says which of them would need a restart.
-Result<Settings> reload_settings(const Settings& current, int argc, const char* const* argv, const EnvMap& env,
-                                 const SystemFacts& facts = SystemFacts::current());
+/// changed since start-up (current.file_values) takes the file's new value even over the environment (under
+/// systemd the environment holds the file's OLD value from EnvironmentFile=). Non-live settings are resolved
+/// too; plan_reload() says which of them would need a restart.
+Result<Settings> reload_settings(const Settings& current, int argc, const char* const* argv,
+                                 const EnvMap& env, const SystemFacts& facts = SystemFacts::current());
 
 /// What a reload changes.
 struct ReloadPlan {
   bool budget_changed = false;
   bool idle_ttl_changed = false;
   bool log_level_changed = false;
-  std::vector<std::string> needs_restart;  ///< variables that changed but are not live (ignored until restart)
+  std::vector<std::string>
+      needs_restart;  ///< variables that changed but are not live (ignored until restart)
   bool any_live_change() const { return budget_changed || idle_ttl_changed || log_level_changed; }
 };
 ReloadPlan plan_reload(const Settings& current, const Settings& next);

@@ -73,11 +73,11 @@ struct Evicted {
 struct CacheEntryInfo {
   std::string key;
   std::uint64_t size_bytes = 0;
-  bool in_use = false;        ///< at least one live lease
-  std::uint32_t leases = 0;   ///< live leases
-  double idle_seconds = 0;    ///< since the end of the last use (0 while in use)
-  double age_seconds = 0;     ///< since it was loaded
-  std::uint64_t hits = 0;     ///< cache hits on this entry
+  bool in_use = false;       ///< at least one live lease
+  std::uint32_t leases = 0;  ///< live leases
+  double idle_seconds = 0;   ///< since the end of the last use (0 while in use)
+  double age_seconds = 0;    ///< since it was loaded
+  std::uint64_t hits = 0;    ///< cache hits on this entry
 };
 
 /// Counters and the per-entry listing. Counters are cumulative since construction.
@@ -86,7 +86,7 @@ struct CacheStats {
   std::uint64_t total_bytes = 0;
   std::uint64_t budget_bytes = 0;
   std::optional<std::chrono::milliseconds> idle_ttl;  ///< nullopt: idle eviction disabled
-  std::uint64_t hits = 0;           ///< calls served from the cache
+  std::uint64_t hits = 0;                             ///< calls served from the cache
   std::uint64_t misses = 0;         ///< calls that did not find the key cached (incl. waiters)
   std::uint64_t coalesced = 0;      ///< misses that waited for another caller's load
   std::uint64_t loads = 0;          ///< loader invocations
@@ -204,7 +204,7 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   // without it. last_used_ns_ is written on hits (under core_->mutex) and on lease release.
   std::atomic<std::uint32_t> leases_{0};
   std::atomic<std::int64_t> last_used_ns_;
-  std::uint64_t hits_ = 0;       ///< GUARDED_BY(core_->mutex)
+  std::uint64_t hits_ = 0;  ///< GUARDED_BY(core_->mutex)
   std::atomic<bool> evicted_{false};
 };
 
@@ -264,9 +264,9 @@ class BackendCache {
   using Lease = BackendLease<T>;
 
   /// `budget_bytes` 0 disables caching. `idle_ttl` nullopt (or zero) disables idle eviction.
-  explicit BackendCache(std::uint64_t budget_bytes,
-                        std::optional<std::chrono::milliseconds> idle_ttl = std::nullopt,
-                        CacheClock clock = [] { return std::chrono::steady_clock::now(); })
+  explicit BackendCache(
+      std::uint64_t budget_bytes, std::optional<std::chrono::milliseconds> idle_ttl = std::nullopt,
+      CacheClock clock = [] { return std::chrono::steady_clock::now(); })
       : core_(std::make_shared<cache_detail::Core>(std::move(clock))),
         budget_bytes_(budget_bytes),
         idle_ttl_(normalize_ttl(idle_ttl)) {}
@@ -438,10 +438,10 @@ class BackendCache {
   // One in-flight load; waiters sleep on `done_cv` with core_->mutex.
   struct Flight {
     std::condition_variable done_cv;
-    bool done = false;              ///< GUARDED_BY(core_->mutex)
-    bool invalidated = false;       ///< GUARDED_BY(core_->mutex): do not cache the result
-    std::optional<Error> error;     ///< GUARDED_BY(core_->mutex): set when the load failed
-    Handle handle;                  ///< GUARDED_BY(core_->mutex): set when it succeeded
+    bool done = false;           ///< GUARDED_BY(core_->mutex)
+    bool invalidated = false;    ///< GUARDED_BY(core_->mutex): do not cache the result
+    std::optional<Error> error;  ///< GUARDED_BY(core_->mutex): set when the load failed
+    Handle handle;               ///< GUARDED_BY(core_->mutex): set when it succeeded
     std::chrono::steady_clock::time_point started;
   };
 
@@ -524,8 +524,8 @@ class BackendCache {
       if (flight) finish_flight(key, flight, loaded.error(), nullptr);
       return loaded.error();
     }
-    Handle h = std::make_shared<CachedBackend<T>>(typename CachedBackend<T>::Private{}, core_, key, size_bytes,
-                                                  std::move(loaded.value()), now);
+    Handle h = std::make_shared<CachedBackend<T>>(typename CachedBackend<T>::Private{}, core_, key,
+                                                  size_bytes, std::move(loaded.value()), now);
     if (take_lease) h->leases_.fetch_add(1, std::memory_order_acq_rel);
     if (flight == nullptr || budget_bytes_ == 0 || flight->invalidated) {
       // Caching disabled (now or when we started), or invalidated while loading: hand it out uncached.
@@ -546,8 +546,8 @@ class BackendCache {
   }
 
   // Requires core_->mutex. Publishes a load's outcome to its waiters and forgets the flight.
-  void finish_flight(const std::string& key, const std::shared_ptr<Flight>& flight, std::optional<Error> error,
-                     Handle h) {
+  void finish_flight(const std::string& key, const std::shared_ptr<Flight>& flight,
+                     std::optional<Error> error, Handle h) {
     flight->done = true;
     flight->error = std::move(error);
     flight->handle = std::move(h);
@@ -594,12 +594,12 @@ class BackendCache {
   // Invariant: an entry is in map_ iff it is in lru_; map_ points at its list node; total_bytes_ is the
   // sum of their sizes. A key is in flights_ while exactly one caller runs its loader (and never when
   // caching is disabled).
-  std::unordered_map<std::string, typename LruList::iterator> map_;  ///< GUARDED_BY(core_->mutex)
-  LruList lru_;                                                    ///< GUARDED_BY(core_->mutex)
+  std::unordered_map<std::string, typename LruList::iterator> map_;   ///< GUARDED_BY(core_->mutex)
+  LruList lru_;                                                       ///< GUARDED_BY(core_->mutex)
   std::unordered_map<std::string, std::shared_ptr<Flight>> flights_;  ///< GUARDED_BY(core_->mutex)
-  std::uint64_t total_bytes_ = 0;                                  ///< GUARDED_BY(core_->mutex)
-  std::uint64_t budget_bytes_;                                     ///< GUARDED_BY(core_->mutex)
-  std::optional<std::chrono::milliseconds> idle_ttl_;              ///< GUARDED_BY(core_->mutex)
+  std::uint64_t total_bytes_ = 0;                                     ///< GUARDED_BY(core_->mutex)
+  std::uint64_t budget_bytes_;                                        ///< GUARDED_BY(core_->mutex)
+  std::optional<std::chrono::milliseconds> idle_ttl_;                 ///< GUARDED_BY(core_->mutex)
   std::uint64_t hits_ = 0, misses_ = 0, coalesced_ = 0, loads_ = 0, load_failures_ = 0;  ///< GUARDED_BY
   std::uint64_t evictions_[4] = {0, 0, 0, 0};  ///< GUARDED_BY(core_->mutex), indexed by EvictionCause
   double last_eviction_age_s_ = 0;             ///< GUARDED_BY(core_->mutex)

@@ -43,9 +43,9 @@ TEST(BackendCacheStressTest, ConcurrentHitLoadInvalidateEvict) {
   constexpr int kKeys = 8;
   std::atomic<int> live{0};
   std::atomic<std::int64_t> now_ns{0};
-  BackendCache<ModelPtr> cache(
-      300, std::chrono::milliseconds(5),
-      [&] { return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(now_ns.load())); });
+  BackendCache<ModelPtr> cache(300, std::chrono::milliseconds(5), [&] {
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(now_ns.load()));
+  });
 
   std::atomic<std::uint64_t> calls{0}, ok_calls{0}, failed_calls{0}, hits_seen{0};
   std::vector<std::thread> threads;

@@ -33,7 +33,9 @@ class ManualClock {
   std::atomic<std::int64_t> ns_{1'000'000'000};
 };
 
-Result<int> value(int v) { return v; }
+Result<int> value(int v) {
+  return v;
+}
 
 auto never_called = []() -> Result<int> {
   ADD_FAILURE() << "loader must not run";
@@ -257,7 +259,8 @@ TEST(BackendCacheSingleFlightTest, DifferentKeysLoadInParallel) {
 
 TEST(BackendCacheLruTest, ListIsMostRecentFirstAndHitsReorder) {
   BackendCache<int> cache(1000);
-  for (const char* k : {"a", "b", "c", "d"}) ASSERT_TRUE(cache.get_or_load(k, 10, [] { return value(0); }).ok());
+  for (const char* k : {"a", "b", "c", "d"})
+    ASSERT_TRUE(cache.get_or_load(k, 10, [] { return value(0); }).ok());
   ASSERT_TRUE(cache.get_or_load("b", 10, never_called).ok());
   std::vector<std::string> keys;
   for (const auto& i : cache.list()) keys.push_back(i.key);
@@ -270,7 +273,8 @@ TEST(BackendCacheLruTest, EvictsInLruOrderAcrossManyEntries) {
     ASSERT_TRUE(cache.get_or_load("k" + std::to_string(i), 10, [i] { return value(i); }).ok());
   }
   // Touch the even keys, so the odd ones are the 50 least recently used.
-  for (int i = 0; i < 100; i += 2) ASSERT_TRUE(cache.get_or_load("k" + std::to_string(i), 10, never_called).ok());
+  for (int i = 0; i < 100; i += 2)
+    ASSERT_TRUE(cache.get_or_load("k" + std::to_string(i), 10, never_called).ok());
   for (int i = 0; i < 50; ++i) {
     ASSERT_TRUE(cache.get_or_load("n" + std::to_string(i), 10, [] { return value(0); }).ok());
   }
@@ -315,12 +319,14 @@ using TrackedPtr = std::unique_ptr<Tracked>;
 TEST(BackendCacheHandleTest, HandleWorksAfterEvictionAndMemoryIsReleasedOnLastDrop) {
   std::atomic<int> destroyed{0};
   BackendCache<TrackedPtr> cache(100);
-  auto a = cache.get_or_load("a", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
+  auto a =
+      cache.get_or_load("a", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
   ASSERT_TRUE(a.ok());
   BackendCache<TrackedPtr>::Handle handle = a.value();
   // Capacity-evict `a` by loading `b`.
-  ASSERT_TRUE(cache.get_or_load("b", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); })
-                  .ok());
+  ASSERT_TRUE(
+      cache.get_or_load("b", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); })
+          .ok());
   EXPECT_FALSE(cache.contains("a"));
   EXPECT_TRUE(handle->evicted());
   EXPECT_EQ(destroyed.load(), 0) << "a handle still holds a";
@@ -379,7 +385,8 @@ TEST(BackendCacheHandleTest, HandlesAndLeasesOutliveTheCache) {
   BackendCache<TrackedPtr>::Lease lease;
   {
     BackendCache<TrackedPtr> cache(100);
-    auto r = cache.lease_or_load("a", 10, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
+    auto r = cache.lease_or_load("a", 10,
+                                 [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
     ASSERT_TRUE(r.ok());
     lease = std::move(r.value());
   }
@@ -482,7 +489,10 @@ TEST(BackendCacheStatsTest, CountsHitsMissesLoadsAndEvictionsByCause) {
   ManualClock clock;
   BackendCache<int> cache(30, seconds(100), clock.fn());
   LoadInfo info;
-  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }, &info).ok());
+  ASSERT_TRUE(cache
+                  .get_or_load(
+                      "a", 10, [] { return value(1); }, &info)
+                  .ok());
   EXPECT_TRUE(info.loaded);
   EXPECT_FALSE(info.hit);
   ASSERT_TRUE(cache.get_or_load("a", 10, never_called, &info).ok());
@@ -546,7 +556,8 @@ TEST(BackendCacheStatsTest, PerEntryListingAndAgeAtEviction) {
 
 TEST(BackendCacheRuntimeTest, ShrinkingTheBudgetEvictsLeastRecentlyUsed) {
   BackendCache<int> cache(100);
-  for (const char* k : {"a", "b", "c", "d"}) ASSERT_TRUE(cache.get_or_load(k, 25, [] { return value(0); }).ok());
+  for (const char* k : {"a", "b", "c", "d"})
+    ASSERT_TRUE(cache.get_or_load(k, 25, [] { return value(0); }).ok());
   ASSERT_TRUE(cache.get_or_load("a", 25, never_called).ok());  // order now a d c b
   EXPECT_EQ(cache.set_budget(50), (Evicted{2, 50}));
   EXPECT_TRUE(cache.contains("a"));
@@ -557,10 +568,12 @@ TEST(BackendCacheRuntimeTest, ShrinkingTheBudgetEvictsLeastRecentlyUsed) {
   EXPECT_TRUE(cache.is_disabled());
   int loads = 0;
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(cache.get_or_load("a", 25, [&] {
-                       ++loads;
-                       return value(0);
-                     })
+    ASSERT_TRUE(cache
+                    .get_or_load("a", 25,
+                                 [&] {
+                                   ++loads;
+                                   return value(0);
+                                 })
                     .ok());
   }
   EXPECT_EQ(loads, 2);

@@ -40,7 +40,9 @@ std::string load_error(std::initializer_list<std::string> flags, EnvMap env = {}
   return r.ok() ? std::string("<no error>") : r.error().code + ": " + r.error().message;
 }
 
-std::string env_error(const std::string& var, const std::string& value) { return load_error({}, {{var, value}}); }
+std::string env_error(const std::string& var, const std::string& value) {
+  return load_error({}, {{var, value}});
+}
 
 class SettingsFileTest : public ::testing::Test {
  protected:
@@ -91,7 +93,8 @@ TEST(SettingsDefaultsTest, SocketPathDefault) {
       << "systemd joins several RuntimeDirectory= entries with ':'";
   EXPECT_EQ(load_ok({}, {}, kRoot).socket_path, "/run/car-inference/car-inference.sock");
   EXPECT_EQ(load_ok({}, {{"RUNTIME_DIRECTORY", "/run/x"}}, kRoot).socket_path, "/run/x/car-inference.sock");
-  EXPECT_EQ(load_ok({}, {{"XDG_RUNTIME_DIR", "/run/user/42"}}).socket_path, "/run/user/42/car-inference.sock");
+  EXPECT_EQ(load_ok({}, {{"XDG_RUNTIME_DIR", "/run/user/42"}}).socket_path,
+            "/run/user/42/car-inference.sock");
   // Non-root with neither variable: no default.
   std::vector<const char*> argv = {"car-inferenced"};
   auto r = load_settings(1, argv.data(), EnvMap{}, kUser);
@@ -118,24 +121,56 @@ TEST_F(SettingsFileTest, FileThenEnvironmentThenFlag) {
 }
 
 TEST_F(SettingsFileTest, EveryFlagOverridesItsVariable) {
-  const EnvMap env = {
-      {"CAR_INFERENCE_MODEL_CACHE_MB", "1"},   {"CAR_INFERENCE_MODEL_IDLE_SECS", "1"},
-      {"CAR_INFERENCE_SOCKET", "/env.sock"},   {"CAR_INFERENCE_MODELS_DIR", "/env/m"},
-      {"CAR_INFERENCE_STATE_DIR", "/env/s"},   {"CAR_INFERENCE_THREADS", "1"},
-      {"CAR_INFERENCE_STREAM_EXPERTS", "on"},  {"CAR_INFERENCE_EXPERT_RAM_GB", "1"},
-      {"CAR_INFERENCE_LOG_LEVEL", "error"},    {"CAR_INFERENCE_SOCKET_GROUP", "envgroup"},
-      {"CAR_INFERENCE_ALLOW_UIDS", "1"},       {"CAR_INFERENCE_ALLOW_GIDS", "1"},
-      {"CAR_INFERENCE_WORKERS", "1"},          {"CAR_INFERENCE_QUEUE_DEPTH", "1"},
-      {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "1"}};
+  const EnvMap env = {{"CAR_INFERENCE_MODEL_CACHE_MB", "1"},
+                      {"CAR_INFERENCE_MODEL_IDLE_SECS", "1"},
+                      {"CAR_INFERENCE_SOCKET", "/env.sock"},
+                      {"CAR_INFERENCE_MODELS_DIR", "/env/m"},
+                      {"CAR_INFERENCE_STATE_DIR", "/env/s"},
+                      {"CAR_INFERENCE_THREADS", "1"},
+                      {"CAR_INFERENCE_STREAM_EXPERTS", "on"},
+                      {"CAR_INFERENCE_EXPERT_RAM_GB", "1"},
+                      {"CAR_INFERENCE_LOG_LEVEL", "error"},
+                      {"CAR_INFERENCE_SOCKET_GROUP", "envgroup"},
+                      {"CAR_INFERENCE_ALLOW_UIDS", "1"},
+                      {"CAR_INFERENCE_ALLOW_GIDS", "1"},
+                      {"CAR_INFERENCE_WORKERS", "1"},
+                      {"CAR_INFERENCE_QUEUE_DEPTH", "1"},
+                      {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "1"}};
   Settings e = load_ok({}, env);
   EXPECT_EQ(e.cache_mb, 1u);
   EXPECT_EQ(e.stream_experts, StreamExperts::on);
   EXPECT_EQ(e.log_level, LogLevel::error);
   EXPECT_EQ(e.socket_group, "envgroup");
-  Settings s = load_ok({"--cache-mb", "2", "--idle-secs", "2", "--socket", "/flag.sock", "--models-dir", "/f/m",
-                        "--state-dir", "/f/s", "--threads", "2", "--stream-experts", "off", "--expert-ram-gb", "2.5",
-                        "--log-level", "debug", "--socket-group", "flaggroup", "--allow-uids", "5,3",
-                        "--allow-gids", "7", "--workers", "3", "--queue-depth", "9", "--shutdown-grace-secs", "4"},
+  Settings s = load_ok({"--cache-mb",
+                        "2",
+                        "--idle-secs",
+                        "2",
+                        "--socket",
+                        "/flag.sock",
+                        "--models-dir",
+                        "/f/m",
+                        "--state-dir",
+                        "/f/s",
+                        "--threads",
+                        "2",
+                        "--stream-experts",
+                        "off",
+                        "--expert-ram-gb",
+                        "2.5",
+                        "--log-level",
+                        "debug",
+                        "--socket-group",
+                        "flaggroup",
+                        "--allow-uids",
+                        "5,3",
+                        "--allow-gids",
+                        "7",
+                        "--workers",
+                        "3",
+                        "--queue-depth",
+                        "9",
+                        "--shutdown-grace-secs",
+                        "4"},
                        env);
   EXPECT_EQ(s.cache_mb, 2u);
   EXPECT_EQ(s.idle_secs, 2u);
@@ -175,14 +210,16 @@ TEST(SettingsPrecedenceTest, ExpertRamAlias) {
 
 TEST_F(SettingsFileTest, AliasInEnvironmentBeatsCanonicalInFile) {
   const std::string file = write("CAR_INFERENCE_EXPERT_RAM_GB=1\n");
-  EXPECT_EQ(load_ok({"--config", file}, {{"STREAM_EXPERTS_RAM_GB", "2"}}).expert_ram_gb, std::optional<double>(2));
+  EXPECT_EQ(load_ok({"--config", file}, {{"STREAM_EXPERTS_RAM_GB", "2"}}).expert_ram_gb,
+            std::optional<double>(2));
 }
 
 TEST_F(SettingsFileTest, EmptyValueCountsAsUnset) {
   const std::string file = write("CAR_INFERENCE_MODEL_CACHE_MB=100\n");
   EXPECT_EQ(load_ok({"--config", file}, {{"CAR_INFERENCE_MODEL_CACHE_MB", ""}}).cache_mb, 100u);
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_LOG_LEVEL", ""}}).log_level, LogLevel::info);
-  const std::string blanked = write("CAR_INFERENCE_MODEL_CACHE_MB=100\nCAR_INFERENCE_MODEL_CACHE_MB=\n", "b.env");
+  const std::string blanked =
+      write("CAR_INFERENCE_MODEL_CACHE_MB=100\nCAR_INFERENCE_MODEL_CACHE_MB=\n", "b.env");
   EXPECT_EQ(load_ok({"--config", blanked}).cache_mb, 24576u) << "a later empty line unsets the earlier one";
 }
 
@@ -204,13 +241,15 @@ TEST_F(SettingsFileTest, LaterLinesWinAndForeignKeysAreIgnored) {
 
 TEST_F(SettingsFileTest, UnknownCarSettingInFileIsAnError) {
   const std::string file = write("CAR_INFERENCE_MODEL_CACHE_MB=1\nCAR_INFERENCE_CACHE_MB=2\n");
-  EXPECT_EQ(load_error({"--config", file}), "unknown_setting: " + file + ":2: unknown setting CAR_INFERENCE_CACHE_MB");
+  EXPECT_EQ(load_error({"--config", file}),
+            "unknown_setting: " + file + ":2: unknown setting CAR_INFERENCE_CACHE_MB");
 }
 
 TEST_F(SettingsFileTest, BadValueInFileNamesFileAndLine) {
   const std::string file = write("\n# budget\nCAR_INFERENCE_MODEL_CACHE_MB=lots\n");
-  EXPECT_EQ(load_error({"--config", file}),
-            "invalid_setting: CAR_INFERENCE_MODEL_CACHE_MB=lots: not a non-negative integer (from " + file + ":3)");
+  EXPECT_EQ(
+      load_error({"--config", file}),
+      "invalid_setting: CAR_INFERENCE_MODEL_CACHE_MB=lots: not a non-negative integer (from " + file + ":3)");
 }
 
 TEST_F(SettingsFileTest, MissingAndMalformedFiles) {
@@ -283,19 +322,21 @@ TEST(SettingsValidationTest, EveryBadValueNamesTheVariableAndTheValue) {
       {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "soon", "not a non-negative integer"},
   };
   for (const Case& c : cases) {
-    EXPECT_EQ(env_error(c.var, c.value), "invalid_setting: " + c.var + "=" + c.value + ": " + c.why +
-                                             " (from environment)");
+    EXPECT_EQ(env_error(c.var, c.value),
+              "invalid_setting: " + c.var + "=" + c.value + ": " + c.why + " (from environment)");
   }
 }
 
 TEST(SettingsValidationTest, ContractExampleMessage) {
-  EXPECT_EQ(env_error("CAR_INFERENCE_MODEL_CACHE_MB", "lots"),
-            "invalid_setting: CAR_INFERENCE_MODEL_CACHE_MB=lots: not a non-negative integer (from environment)");
+  EXPECT_EQ(
+      env_error("CAR_INFERENCE_MODEL_CACHE_MB", "lots"),
+      "invalid_setting: CAR_INFERENCE_MODEL_CACHE_MB=lots: not a non-negative integer (from environment)");
 }
 
 TEST(SettingsValidationTest, FlagErrorsNameTheVariableAndTheFlag) {
-  EXPECT_EQ(load_error({"--idle-secs", "soon"}),
-            "invalid_setting: CAR_INFERENCE_MODEL_IDLE_SECS=soon: not a non-negative integer (from --idle-secs)");
+  EXPECT_EQ(
+      load_error({"--idle-secs", "soon"}),
+      "invalid_setting: CAR_INFERENCE_MODEL_IDLE_SECS=soon: not a non-negative integer (from --idle-secs)");
   EXPECT_EQ(load_error({"--nope"}).rfind("bad_flag: ", 0), 0u);
   EXPECT_EQ(load_error({"--cache-mb"}).rfind("bad_flag: ", 0), 0u) << "a flag without its value";
 }
@@ -306,7 +347,8 @@ TEST(SettingsValidationTest, AcceptedSpellings) {
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_LOG_LEVEL", "warn"}}).log_level, LogLevel::warn);
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_STREAM_EXPERTS", "Auto"}}).stream_experts, StreamExperts::automatic);
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_EXPERT_RAM_GB", ".5"}}).expert_ram_gb, std::optional<double>(0.5));
-  EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_ALLOW_UIDS", " 10 , 2,10 "}}).allow_uids, (std::vector<uid_t>{2, 10}));
+  EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_ALLOW_UIDS", " 10 , 2,10 "}}).allow_uids,
+            (std::vector<uid_t>{2, 10}));
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_SOCKET_GROUP", "car-users"}}).socket_group, "car-users");
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_SOCKET_GROUP", "1001"}}).socket_group, "1001");
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_MODEL_CACHE_MB", "17592186044415"}}).cache_mb, 17592186044415ULL);
@@ -333,8 +375,9 @@ TEST(SettingsHelpTest, HelpListsEveryFlagAndVariable) {
 
 TEST(SettingsReloadTest, LiveSettingsAreBudgetTtlAndLogLevel) {
   auto live = live_reloadable_settings();
-  EXPECT_EQ(live, (std::vector<std::string_view>{"CAR_INFERENCE_MODEL_CACHE_MB", "CAR_INFERENCE_MODEL_IDLE_SECS",
-                                                 "CAR_INFERENCE_LOG_LEVEL"}));
+  EXPECT_EQ(live,
+            (std::vector<std::string_view>{"CAR_INFERENCE_MODEL_CACHE_MB", "CAR_INFERENCE_MODEL_IDLE_SECS",
+                                           "CAR_INFERENCE_LOG_LEVEL"}));
 }
 
 TEST(SettingsReloadTest, PlanReloadSeparatesLiveFromRestartOnly) {
@@ -357,8 +400,10 @@ TEST_F(SettingsFileTest, ReloadPicksUpEditedLiveSettingsOverStaleEnvironment) {
   // Under systemd the same file is both EnvironmentFile= (so the environment holds its values from start-up)
   // and --config. After an edit + SIGHUP, edited live settings take the file's new value.
   const std::string file = write("CAR_INFERENCE_MODEL_CACHE_MB=100\nCAR_INFERENCE_MODELS_DIR=/m1\n");
-  const EnvMap env = {{"CAR_INFERENCE_MODEL_CACHE_MB", "100"}, {"CAR_INFERENCE_MODELS_DIR", "/m1"},
-                      {"CAR_INFERENCE_LOG_LEVEL", "warn"},       {"XDG_RUNTIME_DIR", "/run/user/1000"}};
+  const EnvMap env = {{"CAR_INFERENCE_MODEL_CACHE_MB", "100"},
+                      {"CAR_INFERENCE_MODELS_DIR", "/m1"},
+                      {"CAR_INFERENCE_LOG_LEVEL", "warn"},
+                      {"XDG_RUNTIME_DIR", "/run/user/1000"}};
   std::vector<const char*> argv = {"car-inferenced", "--config", file.c_str()};
   auto first = load_settings(3, argv.data(), env, kUser);
   ASSERT_TRUE(first.ok()) << first.error().message;
@@ -376,6 +421,13 @@ TEST_F(SettingsFileTest, ReloadPicksUpEditedLiveSettingsOverStaleEnvironment) {
   EXPECT_TRUE(p.budget_changed);
   EXPECT_TRUE(p.idle_ttl_changed);
   EXPECT_FALSE(p.log_level_changed);
+
+  // A second SIGHUP with the file unchanged keeps the edited value (the baseline is the start-up file).
+  auto again = reload_settings(next.value(), 3, argv.data(), env, kUser);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->cache_mb, 200u);
+  EXPECT_EQ(again->file_values, first->file_values);
+  EXPECT_FALSE(plan_reload(next.value(), again.value()).any_live_change());
 
   // A flag still beats everything on reload.
   std::vector<const char*> argv_flag = {"car-inferenced", "--config", file.c_str(), "--cache-mb", "5"};
@@ -405,7 +457,8 @@ TEST(SettingsMiscTest, PeerAllowList) {
 
 TEST(SettingsMiscTest, DescribeShowsEveryVariable) {
   const std::string d = load_ok({"--allow-uids", "1,2"}).describe();
-  for (const SettingInfo& s : setting_table()) EXPECT_NE(d.find(std::string(s.variable) + "="), std::string::npos);
+  for (const SettingInfo& s : setting_table())
+    EXPECT_NE(d.find(std::string(s.variable) + "="), std::string::npos);
   EXPECT_NE(d.find("CAR_INFERENCE_ALLOW_UIDS=1,2\n"), std::string::npos);
   EXPECT_NE(d.find("CAR_INFERENCE_STREAM_EXPERTS=auto\n"), std::string::npos);
 }
