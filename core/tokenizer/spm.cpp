@@ -33,7 +33,10 @@ struct BigramOrder {
 
 }  // namespace
 
-void spm_encode(const Vocab& vocab, std::string_view text, std::vector<int32_t>& out) {
+namespace {
+
+// The merge loop over one stretch of text.
+void encode_segment(const Vocab& vocab, std::string_view text, std::vector<int32_t>& out) {
   if (text.empty()) return;
   std::vector<Symbol> symbols;
   symbols.reserve(text.size());
@@ -87,6 +90,32 @@ void spm_encode(const Vocab& vocab, std::string_view text, std::vector<int32_t>&
       }
     }
   }
+}
+
+}  // namespace
+
+void spm_encode(const Vocab& vocab, std::string_view text, std::vector<int32_t>& out) {
+  if (!vocab.spm_split_at_spaces) {
+    encode_segment(vocab, text, out);
+    return;
+  }
+  // No token holds U+2581 after another character, so no merge can join a character to a following
+  // U+2581; merges on either side of such a point never interact and the text can be encoded in pieces
+  // with the same result (and a far smaller queue). Cut only at character starts, as the merger sees them.
+  constexpr std::string_view kSp = "\xE2\x96\x81";
+  size_t seg = 0;
+  size_t prev = 0;  // start of the previous character
+  for (size_t off = 0; off < text.size();) {
+    const size_t len = std::min(utf8_seq_len(static_cast<uint8_t>(text[off])), text.size() - off);
+    if (off > seg && text.compare(off, kSp.size(), kSp) == 0 && len == kSp.size() &&
+        text.substr(prev, off - prev) != kSp) {
+      encode_segment(vocab, text.substr(seg, off - seg), out);
+      seg = off;
+    }
+    prev = off;
+    off += len;
+  }
+  encode_segment(vocab, text.substr(seg), out);
 }
 
 }  // namespace car::tokenizer

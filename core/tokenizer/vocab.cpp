@@ -306,6 +306,20 @@ Result<Vocab> Vocab::load(const GgufFile& f) {
     for (const char* t : {"<unk>", "<s>", "<|endoftext|>"}) set_attr(v, t, kAttrRstrip, false);
   }
 
+  if (v.type == VocabType::spm) {
+    const std::string_view sp = "\xE2\x96\x81";
+    v.spm_split_at_spaces = true;
+    for (const TokenData& t : v.tokens) {
+      for (size_t p = t.text.find(sp, 1); p != std::string::npos; p = t.text.find(sp, p + 1)) {
+        if (p < sp.size() || std::string_view(t.text).substr(p - sp.size(), sp.size()) != sp) {
+          v.spm_split_at_spaces = false;
+          break;
+        }
+      }
+      if (!v.spm_split_at_spaces) break;
+    }
+  }
+
   for (int b = 0; b < 256; ++b) {
     char hex[8];
     std::snprintf(hex, sizeof hex, "<0x%02X>", b);

@@ -69,6 +69,9 @@ struct Vocab {
   bool add_space_prefix = false;  ///< SPM: prefix raw text with a space (and strip it when decoding)
   bool clean_spaces = false;      ///< detokenizer clean-up of " ." " ," " 's" ...
   bool ignore_merges = false;
+  /// SPM: no token contains U+2581 right after another character, so text may be merged in pieces cut
+  /// before each U+2581 that follows a non-U+2581 character (spm.cpp); an optimisation, same result.
+  bool spm_split_at_spaces = false;
 
   /// Control, user-defined and unknown tokens, longest text first (ties: lower id first): the order in
   /// which special text is matched.

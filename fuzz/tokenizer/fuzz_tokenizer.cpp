@@ -4,7 +4,8 @@
 //   - every id is in [0, n_vocab);
 //   - StreamDecoder output over the ids is valid UTF-8, and so is its finish();
 //   - on the byte-complete synthetic vocabularies, valid UTF-8 round-trips: decode(encode(x)) == x (BPE
-//     without clean-up; SPM when no special token was cut out and the text has no literal U+2581).
+//     without clean-up; SPM when no special token was cut out and the text has no literal U+2581);
+//   - SPM: merging the text in pieces cut before U+2581 (spm.cpp's optimisation) gives the uncut ids.
 // Tokenizers: small synthetic SPM, BPE (several pre-tokenizers) and WordPiece vocabularies built in memory,
 // plus the real llama.cpp test vocabularies when the conformance folder exists ($CAR_CONFORMANCE_DIR, else
 // ../shared/conformance beside the checkout).
@@ -20,6 +21,7 @@
 
 #include "core/gguf/gguf_file.h"
 #include "core/gguf/gguf_writer.h"
+#include "core/tokenizer/spm.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/utf8.h"
 
@@ -34,7 +36,14 @@ using car::tokenizer::Tokenizer;
 struct Entry {
   std::shared_ptr<const Tokenizer> tok;
   bool roundtrip;  // byte-complete synthetic vocabulary: valid UTF-8 must round-trip
+  std::shared_ptr<const car::tokenizer::Vocab> uncut = nullptr;  // SPM: the vocabulary with the cut-at-U+2581 optimisation off
 };
+
+Entry spm_entry(std::shared_ptr<const Tokenizer> tok, bool roundtrip) {
+  auto uncut = std::make_shared<car::tokenizer::Vocab>(tok->vocab());
+  uncut->spm_split_at_spaces = false;
+  return Entry{std::move(tok), roundtrip, std::move(uncut)};
+}
 
 std::shared_ptr<const Tokenizer> build(const GgufWriter& w) {
   const std::vector<uint8_t> bytes = w.to_bytes();
@@ -149,7 +158,7 @@ std::shared_ptr<const Tokenizer> synthetic_wpm() {
 
 std::vector<Entry> make_tokenizers() {
   std::vector<Entry> all;
-  all.push_back({synthetic_spm(), true});
+  all.push_back(spm_entry(synthetic_spm(), true));
   all.push_back({synthetic_bpe("qwen2"), true});  // no clean-up: exact round trip
   all.push_back({synthetic_bpe("gpt-2"), false});
   all.push_back({synthetic_bpe("llama-bpe"), false});
@@ -167,7 +176,7 @@ std::vector<Entry> make_tokenizers() {
     if (!file) continue;
     auto tok = Tokenizer::from_gguf(**file);
     if (!tok) std::abort();  // the shared vocabularies must load
-    all.push_back({*tok, false});
+    all.push_back((*tok)->type() == car::tokenizer::VocabType::spm ? spm_entry(*tok, false) : Entry{*tok, false});
   }
   return all;
 }
@@ -211,6 +220,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const std::string tail = stream.finish();
   if (car::tokenizer::valid_utf8_prefix(tail) != tail.size()) std::abort();
+
+  if (e.uncut && e.tok->vocab().spm_split_at_spaces) {
+    // Cutting the merge before U+2581 must not change the ids.
+    std::string escaped = "\xE2\x96\x81";
+    for (char c : text) escaped += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
+    std::vector<int32_t> cut, whole;
+    car::tokenizer::spm_encode(e.tok->vocab(), escaped, cut);
+    car::tokenizer::spm_encode(*e.uncut, escaped, whole);
+    if (cut != whole) std::abort();
+  }
 
   const std::string decoded = tok.decode(ids, false, true);
   if (e.roundtrip && !add_special && car::tokenizer::valid_utf8_prefix(text) == text.size()) {
