@@ -126,12 +126,14 @@ TEST(BackendCacheSeedTest, InvalidateRemovesKey) {
 
 // --- Single-flight ----------------------------------------------------------------------------------
 
-/// Poll until `pred` holds (bounded, so a broken cache fails instead of hanging).
+/// Poll until `pred` holds (bounded by a generous deadline, so a broken cache fails instead of hanging, and a
+/// loaded CI machine under TSan does not fail a correct one).
 template <typename Pred>
 bool eventually(Pred pred) {
-  for (int i = 0; i < 20000; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
     if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return false;
 }
