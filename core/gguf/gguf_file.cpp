@@ -52,8 +52,8 @@ class Cursor {
   }
 
   Result<std::string> read_string(const std::string& field) {
-    auto len = read<uint64_t>(field + " length");
-    if (!len) return len.error();
+    if (remaining() < 8) return truncated(field + " length", 8);
+    auto len = read<uint64_t>(field);
     if (*len > remaining()) {
       return make_error(errc::truncated, field + ": string length " + num(*len) + " at offset " + num(pos_ - 8) +
                                              " runs past end of file (" + num(remaining()) + " bytes left, size " +
@@ -107,8 +107,14 @@ Result<Value> read_array(Cursor& c, const std::string& field, int depth) {
   arr.elem_type = elem_type;
   arr.items.reserve(static_cast<size_t>(*count));  // bounded by the remaining bytes, checked above
   for (uint64_t i = 0; i < *count; ++i) {
-    auto v = read_value(c, elem_type, field + "[" + num(i) + "]", depth + 1);
-    if (!v) return v.error();
+    // Items are read under the array's field name (no per-item string building on the hot path of
+    // 150k-token vocabularies); an error gets the item's index spliced in after that name.
+    auto v = read_value(c, elem_type, field, depth + 1);
+    if (!v) {
+      Error e = v.error();
+      if (e.message.rfind(field, 0) == 0) e.message.insert(field.size(), "[" + num(i) + "]");
+      return e;
+    }
     arr.items.push_back(std::move(*v));
   }
   return Value{std::move(arr)};
