@@ -22,6 +22,7 @@ class EngineBackend final : public Backend {
     if (params.top_p) req.sampling.top_p = static_cast<float>(*params.top_p);
     if (params.seed) req.sampling.seed = *params.seed;
     req.stop = params.stop;
+    req.ignore_eos = params.ignore_eos;
     std::function<void(const engine::TokenEvent&)> sink;
     if (on_token) sink = [&](const engine::TokenEvent& ev) { on_token(ev.token, ev.text); };
     auto res = engine::generate(*model_, req, sink, &cancelled);

@@ -32,6 +32,7 @@ struct GenerateParams {
   std::optional<double> top_p;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  bool ignore_eos = false;
 };
 
 struct GenerateOutput {

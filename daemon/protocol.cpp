@@ -134,9 +134,11 @@ Result<InferParams> parse_infer(const json& body) {
     }
   }
 
-  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return bad("field 'stream' must be a boolean, got " + type_name(*it));
-    p.stream = it->get<bool>();
+  for (auto [name, field] : {std::pair{"stream", &p.stream}, std::pair{"ignore_eos", &p.ignore_eos}}) {
+    if (auto it = body.find(name); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean()) return bad(std::string("field '") + name + "' must be a boolean, got " + type_name(*it));
+      *field = it->get<bool>();
+    }
   }
   return p;
 }

@@ -59,6 +59,7 @@ struct InferParams {
   std::optional<double> top_p;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  bool ignore_eos = false;  ///< keep generating past end-of-sequence (benchmarks, tests)
   bool stream = false;
 };
 

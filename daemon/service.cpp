@@ -269,6 +269,7 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
   params.top_p = req.infer.top_p;
   params.seed = req.infer.seed;
   params.stop = req.infer.stop;
+  params.ignore_eos = req.infer.ignore_eos;
   TokenSink sink;
   if (req.infer.stream) {
     sink = [this, session, id = req.id](int32_t token, const std::string& text) {

@@ -1,0 +1,262 @@
+// The wire protocol's pure parts: request parsing and validation, reply builders, line framing; model id
+// resolution; the worker pool's bounded queue.
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+
+#include "daemon/model_resolver.h"
+#include "daemon/protocol.h"
+#include "daemon/worker_pool.h"
+#include "tests/test_support.h"
+
+namespace car {
+namespace {
+
+using nlohmann::json;
+using protocol::LineFramer;
+
+TEST(DaemonProtocol, ParsesRequestsAndKeepsScalarIds) {
+  json id;
+  auto r = protocol::parse_request(R"({"id": "x-1", "op": "health"})", &id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->op, "health");
+  EXPECT_EQ(r->id, "x-1");
+  for (const char* line : {R"({"id": 7, "op": "list"})", R"({"id": 2.5, "op": "list"})", R"({"id": false, "op": "list"})",
+                           R"({"id": null, "op": "list"})", R"({"op": "list"})"}) {
+    EXPECT_TRUE(protocol::parse_request(line, nullptr).ok()) << line;
+  }
+}
+
+TEST(DaemonProtocol, RejectsMalformedRequestsWithTheirId) {
+  json id;
+  auto no_op = protocol::parse_request(R"({"id": 9})", &id);
+  ASSERT_FALSE(no_op.ok());
+  EXPECT_EQ(no_op.error().code, "bad_request");
+  EXPECT_EQ(id, 9);  // the error reply can still carry the id
+  for (const char* line : {"", "nope", "[]", "42", R"({"op": 1})", R"({"id": [1], "op": "health"})",
+                           R"({"id": {}, "op": "health"})", "{\"op\": \"health\"", "\xff\xfe"}) {
+    auto r = protocol::parse_request(line, &id);
+    ASSERT_FALSE(r.ok()) << line;
+    EXPECT_EQ(r.error().code, "bad_request") << line;
+  }
+}
+
+TEST(DaemonProtocol, ValidatesInferFields) {
+  json ok = {{"model", "m"}, {"prompt", "p"}, {"max_tokens", 8}, {"temperature", 0}, {"top_k", 5},
+             {"top_p", 0.5}, {"seed", 42}, {"stop", {"\n", "END"}}, {"stream", true}};
+  auto p = protocol::parse_infer(ok);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_EQ(p->max_tokens, 8);
+  EXPECT_EQ(*p->temperature, 0.0);
+  EXPECT_EQ(*p->top_k, 5);
+  EXPECT_EQ(*p->seed, 42u);
+  EXPECT_EQ(p->stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(p->stream);
+  auto single_stop = protocol::parse_infer({{"model", "m"}, {"prompt", "p"}, {"stop", "x"}, {"max_tokens", 4.0}});
+  ASSERT_TRUE(single_stop.ok());
+  EXPECT_EQ(single_stop->stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(single_stop->max_tokens, 4);
+
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"prompt", "p"}}, "model"},
+      {{{"model", 3}, {"prompt", "p"}}, "model"},
+      {{{"model", "m"}}, "prompt"},
+      {{{"model", "m"}, {"prompt", "p"}, {"max_tokens", -1}}, "max_tokens"},
+      {{{"model", "m"}, {"prompt", "p"}, {"max_tokens", 1.5}}, "max_tokens"},
+      {{{"model", "m"}, {"prompt", "p"}, {"max_tokens", 1e12}}, "max_tokens"},
+      {{{"model", "m"}, {"prompt", "p"}, {"max_tokens", "8"}}, "max_tokens"},
+      {{{"model", "m"}, {"prompt", "p"}, {"temperature", -1}}, "temperature"},
+      {{{"model", "m"}, {"prompt", "p"}, {"top_p", 1.5}}, "top_p"},
+      {{{"model", "m"}, {"prompt", "p"}, {"top_k", -2}}, "top_k"},
+      {{{"model", "m"}, {"prompt", "p"}, {"seed", -2}}, "seed"},
+      {{{"model", "m"}, {"prompt", "p"}, {"stop", {""}}}, "stop"},
+      {{{"model", "m"}, {"prompt", "p"}, {"stop", 5}}, "stop"},
+      {{{"model", "m"}, {"prompt", "p"}, {"stream", "yes"}}, "stream"},
+  };
+  for (const auto& [body, field] : bad) {
+    auto r = protocol::parse_infer(body);
+    ASSERT_FALSE(r.ok()) << body.dump();
+    EXPECT_EQ(r.error().code, "bad_request");
+    EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(DaemonProtocol, BuildsAndParsesReplies) {
+  auto ok = protocol::parse_reply(protocol::ok_line(3, {{"status", "ok"}}));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->ok);
+  EXPECT_EQ(ok->id, 3);
+  EXPECT_EQ(ok->result["status"], "ok");
+  auto err = protocol::parse_reply(protocol::error_line("a", "not_found", "no such model"));
+  ASSERT_TRUE(err.ok());
+  EXPECT_FALSE(err->ok);
+  EXPECT_EQ(err->error_code, "not_found");
+  EXPECT_EQ(err->error_message, "no such model");
+  // Token text that is not valid UTF-8 (a model may split a character) still makes a valid line.
+  auto ev = protocol::parse_reply(protocol::token_line(1, "\xe2\x82", 17));
+  ASSERT_TRUE(ev.ok());
+  EXPECT_TRUE(ev->is_event);
+  EXPECT_EQ(ev->raw["token"], 17);
+  EXPECT_FALSE(protocol::parse_reply("{}").ok());
+  EXPECT_FALSE(protocol::parse_reply("garbage").ok());
+}
+
+TEST(DaemonProtocol, FramerSplitsLinesAcrossChunks) {
+  LineFramer f(16);
+  std::vector<LineFramer::Item> out;
+  f.feed("ab", out);
+  f.feed("c\nde\n\nf", out);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].line, "abc");
+  EXPECT_EQ(out[1].line, "de");
+  EXPECT_EQ(out[2].line, "");
+  EXPECT_EQ(f.buffered(), 1u);
+  f.feed("g\n", out);
+  EXPECT_EQ(out.back().line, "fg");
+}
+
+TEST(DaemonProtocol, FramerReportsAnOversizedLineOnceAndResynchronizes) {
+  LineFramer f(8);
+  std::vector<LineFramer::Item> out;
+  f.feed("12345678\n", out);  // exactly the limit: fine
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind, LineFramer::Item::Kind::kLine);
+  out.clear();
+  f.feed("1234", out);
+  f.feed("56789", out);  // over the limit, no newline yet
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind, LineFramer::Item::Kind::kOversized);
+  EXPECT_EQ(f.buffered(), 0u);  // nothing of it is kept
+  f.feed(std::string(1000, 'z'), out);
+  EXPECT_EQ(out.size(), 1u);
+  f.feed("zz\nok\n", out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[1].line, "ok");
+  out.clear();
+  f.feed("123456789\nnext\n", out);  // oversized and complete in one chunk
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].kind, LineFramer::Item::Kind::kOversized);
+  EXPECT_EQ(out[1].line, "next");
+}
+
+class DaemonResolver : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = tmp_ / "models";
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "tiny.gguf") << "0123456789";
+    std::ofstream(tmp_ / "secret.gguf") << "x";
+    std::filesystem::create_symlink(tmp_ / "secret.gguf", dir_ / "leak.gguf");
+    std::filesystem::create_symlink(dir_ / "tiny.gguf", dir_ / "alias.gguf");
+    std::filesystem::create_directories(dir_ / "dir.gguf");
+  }
+  car::testing::TempDir tmp_;
+  std::filesystem::path dir_;
+};
+
+TEST_F(DaemonResolver, ResolvesIdsInsideTheModelsDirectory) {
+  auto r = daemon::resolve_model(dir_, "tiny");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->file_bytes, 10u);
+  EXPECT_EQ(r->path, std::filesystem::canonical(dir_ / "tiny.gguf"));
+  // A symlink that stays inside is fine.
+  auto alias = daemon::resolve_model(dir_, "alias");
+  ASSERT_TRUE(alias.ok());
+  EXPECT_EQ(alias->path, r->path);
+}
+
+TEST_F(DaemonResolver, ForbidsIdsThatCouldEscape) {
+  for (const std::string& id : std::vector<std::string>{"", "../secret", "a/b", "/etc/passwd", "..", ".", ".hidden", std::string("ti\0ny", 5),
+                         "a\\b", "tab\there", std::string(256, 'a'), "leak"}) {
+    auto r = daemon::resolve_model(dir_, id);
+    ASSERT_FALSE(r.ok()) << id;
+    EXPECT_EQ(r.error().code, "forbidden") << id << ": " << r.error().message;
+  }
+}
+
+TEST_F(DaemonResolver, MissingFilesAreNotFound) {
+  for (const char* id : {"absent", "dir"}) {
+    auto r = daemon::resolve_model(dir_, id);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, "not_found") << id;
+  }
+  auto gone = daemon::resolve_model(tmp_ / "no-such-dir", "tiny");
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.error().code, "not_found");
+}
+
+TEST_F(DaemonResolver, ListsOnlyResolvableModels) {
+  auto l = daemon::list_models(dir_);
+  ASSERT_TRUE(l.ok());
+  std::vector<std::string> ids;
+  for (const auto& m : *l) ids.push_back(m.id);
+  EXPECT_EQ(ids, (std::vector<std::string>{"alias", "tiny"}));
+  auto none = daemon::list_models(tmp_ / "missing");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(DaemonWorkerPool, RunsJobsAndRefusesWhenTheQueueIsFull) {
+  daemon::WorkerPool pool(1, 2);
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> started{0};
+  std::atomic<int> ran{0};
+  auto blocker = [&] {
+    ++started;
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return release; });
+    ++ran;
+  };
+  ASSERT_TRUE(pool.try_submit(blocker));
+  while (started.load() == 0) std::this_thread::yield();  // the worker holds the first job
+  EXPECT_TRUE(pool.try_submit([&] { ++ran; }));
+  EXPECT_TRUE(pool.try_submit([&] { ++ran; }));
+  EXPECT_FALSE(pool.try_submit([&] { ++ran; }));  // queue of 2 is full
+  EXPECT_EQ(pool.queued(), 2u);
+  EXPECT_EQ(pool.running(), 1u);
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  pool.stop();  // drains the queue
+  EXPECT_EQ(ran.load(), 3);
+  EXPECT_FALSE(pool.try_submit([] {}));
+}
+
+TEST(DaemonWorkerPool, ParallelWorkersRunConcurrently) {
+  daemon::WorkerPool pool(3, 16);
+  std::atomic<int> inside{0};
+  std::atomic<int> peak{0};
+  std::atomic<int> done{0};
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pool.try_submit([&] {
+      int now = ++inside;
+      int p = peak.load();
+      while (now > p && !peak.compare_exchange_weak(p, now)) {
+      }
+      std::unique_lock lock(m);
+      ++arrived;
+      cv.notify_all();
+      cv.wait(lock, [&] { return arrived == 3; });  // a barrier: only passable if all three run at once
+      --inside;
+      ++done;
+    }));
+  }
+  pool.stop();
+  EXPECT_EQ(done.load(), 3);
+  EXPECT_EQ(peak.load(), 3);
+}
+
+}  // namespace
+}  // namespace car

@@ -1,0 +1,565 @@
+// The server in-process, over a real Unix socket, with a scripted ModelRuntime: every op and error code,
+// pipelining, streaming, cancel, disconnect, busy, the cache's budget and idle eviction, shutdown.
+// The scripted backend is deterministic: it emits max_tokens tokens " w0", " w1", ... and, for the prompt
+// "hold", then waits until it is cancelled - so tests synchronize on events, never on sleeps.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "daemon/protocol.h"
+#include "daemon/server.h"
+#include "tests/daemon/daemon_test_support.h"
+#include "tests/test_support.h"
+
+namespace car::daemon {
+namespace {
+
+using car::testing::call;
+using car::testing::error_code;
+using car::testing::read_json;
+using car::testing::TempDir;
+using car::testing::wait_until;
+using nlohmann::json;
+using protocol::ClientConnection;
+using namespace std::chrono_literals;
+
+struct Script {
+  std::atomic<int> loads{0};
+  std::atomic<int> saves{0};
+  std::atomic<int> cancelled_generations{0};
+  std::atomic<int> live_backends{0};
+  // "gated" loads block until the test opens the gate.
+  std::mutex gate_mutex;
+  std::condition_variable gate_cv;
+  bool gate_open = false;
+  void open_gate() {
+    {
+      std::lock_guard lock(gate_mutex);
+      gate_open = true;
+    }
+    gate_cv.notify_all();
+  }
+};
+
+class ScriptedBackend final : public Backend {
+ public:
+  ScriptedBackend(Script& script, uint64_t bytes) : script_(script), bytes_(bytes) { ++script_.live_backends; }
+  ~ScriptedBackend() override { --script_.live_backends; }
+
+  Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
+                                  const std::atomic<bool>& cancelled) override {
+    if (params.prompt == "throw") throw std::runtime_error("scripted exception");
+    if (params.prompt == "overflow") return make_error("context_overflow", "prompt of 9999 tokens > context 128");
+    GenerateOutput out;
+    out.prompt_tokens = static_cast<int>(params.prompt.size());
+    for (int i = 0; i < params.max_tokens; ++i) {
+      if (cancelled.load()) return finish_cancelled(out);
+      std::string text = " w" + std::to_string(i);
+      out.text += text;
+      out.tokens.push_back(100 + i);
+      if (on_token) on_token(100 + i, text);
+    }
+    if (params.prompt == "hold") {
+      // Wait for cancellation (bounded, so a broken test cannot hang the suite).
+      auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (!cancelled.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      if (cancelled.load()) return finish_cancelled(out);
+    }
+    out.finish_reason = "length";
+    return out;
+  }
+  uint64_t memory_bytes() const override { return bytes_; }
+  bool streams_experts() const override { return false; }
+  void save_state() override { ++script_.saves; }
+
+ private:
+  GenerateOutput finish_cancelled(GenerateOutput& out) {
+    ++script_.cancelled_generations;
+    out.finish_reason = "cancelled";
+    return out;
+  }
+  Script& script_;
+  uint64_t bytes_;
+};
+
+class ScriptedRuntime final : public ModelRuntime {
+ public:
+  explicit ScriptedRuntime(Script& script) : script_(script) {}
+  Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) override {
+    ++script_.loads;
+    const std::string stem = path.stem().string();
+    if (stem == "broken") return make_error("load_failed", "broken.gguf: tensor blk.0.attn_q.weight missing");
+    if (stem == "gated") {
+      std::unique_lock lock(script_.gate_mutex);
+      script_.gate_cv.wait_for(lock, 30s, [&] { return script_.gate_open; });
+    }
+    return std::shared_ptr<Backend>(std::make_shared<ScriptedBackend>(script_, std::filesystem::file_size(path)));
+  }
+  bool available() const override { return true; }
+  std::string name() const override { return "scripted"; }
+
+ private:
+  Script& script_;
+};
+
+class DaemonServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spdlog::set_level(spdlog::level::warn);
+    models_ = tmp_ / "models";
+    std::filesystem::create_directories(models_);
+    for (const char* name : {"a", "b", "c", "broken", "gated"}) write_file(models_ / (std::string(name) + ".gguf"), 1000);
+    write_file(tmp_ / "outside.gguf", 1000);
+    std::filesystem::create_symlink(tmp_ / "outside.gguf", models_ / "escape.gguf");
+    options_.socket_path = tmp_ / "d.sock";
+    options_.models_dir = models_;
+    options_.state_dir = tmp_.path();
+    options_.live.cache_budget_bytes = 1ull << 30;
+    options_.live.idle_ttl = 0s;
+    options_.handle_signals = false;
+    options_.shutdown_grace = 5000ms;
+  }
+
+  void TearDown() override { stop(); }
+
+  static void write_file(const std::filesystem::path& p, std::size_t bytes) {
+    std::ofstream(p) << std::string(bytes, 'x');
+  }
+
+  void start() {
+    server_ = std::make_unique<Server>(options_, runtime_);
+    auto ok = server_->open();
+    ASSERT_TRUE(ok.ok()) << ok.error().message;
+    thread_ = std::thread([this] { exit_code_ = server_->run(); });
+  }
+
+  int stop() {
+    if (thread_.joinable()) {
+      server_->request_stop();
+      thread_.join();
+    }
+    return exit_code_;
+  }
+
+  ClientConnection connect() {
+    auto c = ClientConnection::connect(options_.socket_path.string());
+    EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+    return std::move(c.value());
+  }
+
+  json stats(ClientConnection& conn) { return call(conn, {{"id", "stats"}, {"op", "stats"}})["result"]; }
+
+  TempDir tmp_;
+  std::filesystem::path models_;
+  ServerOptions options_;
+  Script script_;
+  ScriptedRuntime runtime_{script_};
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  int exit_code_ = -1;
+};
+
+TEST_F(DaemonServerTest, HealthListStatsAnswer) {
+  start();
+  auto conn = connect();
+  json h = call(conn, {{"id", 1}, {"op", "health"}});
+  EXPECT_EQ(h["ok"], true);
+  EXPECT_EQ(h["result"]["status"], "ok");
+  EXPECT_EQ(h["result"]["engine"], "scripted");
+
+  json l = call(conn, {{"id", 2}, {"op", "list"}});
+  ASSERT_EQ(l["ok"], true);
+  std::vector<std::string> ids;
+  for (const auto& m : l["result"]["models"]) {
+    ids.push_back(m["model"]);
+    EXPECT_EQ(m["loaded"], false);
+  }
+  // escape.gguf points outside the models directory: not listed.
+  EXPECT_EQ(ids, (std::vector<std::string>{"a", "b", "broken", "c", "gated"}));
+
+  json s = stats(conn);
+  EXPECT_EQ(s["cache"]["entries"], 0);
+  EXPECT_EQ(s["cache"]["budget_bytes"], 1ull << 30);
+  EXPECT_TRUE(s["models"].is_array());
+  EXPECT_TRUE(s.contains("uptime_s"));
+}
+
+TEST_F(DaemonServerTest, EveryErrorCode) {
+  start();
+  auto conn = connect();
+  auto code_of = [&](json req) { return error_code(call(conn, req)); };
+  EXPECT_EQ(code_of({{"id", 1}, {"op", "frobnicate"}}), "unknown_op");
+  EXPECT_EQ(code_of({{"id", 2}}), "bad_request");                          // no op
+  EXPECT_EQ(code_of({{"id", 3}, {"op", 7}}), "bad_request");               // op not a string
+  EXPECT_EQ(code_of({{"id", 4}, {"op", "load"}}), "bad_request");          // no model
+  EXPECT_EQ(code_of({{"id", 5}, {"op", "infer"}, {"model", "a"}}), "bad_request");  // no prompt
+  EXPECT_EQ(code_of({{"id", 6}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"max_tokens", -1}}),
+            "bad_request");
+  EXPECT_EQ(code_of({{"id", 7}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"top_p", 2}}), "bad_request");
+  EXPECT_EQ(code_of({{"id", 8}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"stop", {1}}}), "bad_request");
+  EXPECT_EQ(code_of({{"id", 9}, {"op", "cancel"}}), "bad_request");        // no target
+  for (const std::string& bad_id : std::vector<std::string>{"../a", "a/b", "", ".hidden", "..", std::string("a\0b", 3), "x\\y"}) {
+    EXPECT_EQ(code_of({{"id", 10}, {"op", "load"}, {"model", bad_id}}), "forbidden") << bad_id;
+  }
+  EXPECT_EQ(code_of({{"id", 11}, {"op", "load"}, {"model", "escape"}}), "forbidden");  // symlink out
+  EXPECT_EQ(code_of({{"id", 12}, {"op", "invalidate"}, {"model", "../a"}}), "forbidden");
+  EXPECT_EQ(code_of({{"id", 13}, {"op", "load"}, {"model", "missing"}}), "not_found");
+  EXPECT_EQ(code_of({{"id", 14}, {"op", "infer"}, {"model", "missing"}, {"prompt", "x"}}), "not_found");
+  json failed = call(conn, {{"id", 15}, {"op", "load"}, {"model", "broken"}});
+  EXPECT_EQ(error_code(failed), "load_failed");
+  EXPECT_NE(failed["error"]["message"].get<std::string>().find("blk.0.attn_q.weight"), std::string::npos);
+  EXPECT_EQ(code_of({{"id", 16}, {"op", "infer"}, {"model", "a"}, {"prompt", "overflow"}}), "context_overflow");
+  EXPECT_EQ(code_of({{"id", 17}, {"op", "infer"}, {"model", "a"}, {"prompt", "throw"}}), "internal");
+  // The connection survived all of that.
+  EXPECT_EQ(call(conn, {{"id", 18}, {"op", "health"}})["ok"], true);
+}
+
+TEST_F(DaemonServerTest, InvalidJsonAndOversizedLinesKeepTheConnection) {
+  start();
+  auto conn = connect();
+  ASSERT_TRUE(conn.send_raw("{not json\n").ok());
+  json r = read_json(conn);
+  EXPECT_EQ(error_code(r), "bad_request");
+  EXPECT_TRUE(r["id"].is_null());
+
+  ASSERT_TRUE(conn.send_raw("[1,2]\n").ok());
+  EXPECT_EQ(error_code(read_json(conn)), "bad_request");
+  ASSERT_TRUE(conn.send_line(R"({"id": {"no": "objects"}, "op": "health"})").ok());
+  EXPECT_EQ(error_code(read_json(conn)), "bad_request");
+
+  // One byte over the limit, sent in pieces, then a good request on the same connection.
+  std::string big(protocol::kMaxLineBytes + 1, 'x');
+  ASSERT_TRUE(conn.send_raw(big.substr(0, 5000)).ok());
+  ASSERT_TRUE(conn.send_raw(big.substr(5000)).ok());
+  ASSERT_TRUE(conn.send_raw("\n").ok());
+  json over = read_json(conn);
+  EXPECT_EQ(error_code(over), "bad_request");
+  EXPECT_NE(over["error"]["message"].get<std::string>().find("longer than"), std::string::npos);
+  EXPECT_EQ(call(conn, {{"id", "after"}, {"op", "health"}})["ok"], true);
+
+  // A line of exactly the limit is accepted.
+  json exact = {{"id", "exact"}, {"op", "health"}, {"pad", ""}};
+  std::size_t base = exact.dump().size();
+  exact["pad"] = std::string(protocol::kMaxLineBytes - base, 'p');
+  ASSERT_EQ(exact.dump().size(), protocol::kMaxLineBytes);
+  EXPECT_EQ(call(conn, exact)["ok"], true);
+}
+
+TEST_F(DaemonServerTest, PipelinedRequestsEchoTheirIds) {
+  start();
+  auto conn = connect();
+  // A held infer, then quick ops with every kind of scalar id, in one write.
+  std::string batch = json({{"id", "held"}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1},
+                            {"stream", true}})
+                          .dump() +
+                      "\n" + R"({"id": 2.5, "op": "health"})" + "\n" + R"({"id": true, "op": "list"})" + "\n" +
+                      R"({"op": "health"})" + "\n" + R"({"id": null, "op": "health"})" + "\n";
+  ASSERT_TRUE(conn.send_raw(batch).ok());
+  std::vector<json> finals;
+  bool got_token = false;
+  while (finals.size() < 4) {
+    json j = read_json(conn);
+    ASSERT_FALSE(j.is_null());
+    if (j.contains("event")) {
+      EXPECT_EQ(j["id"], "held");
+      got_token = true;
+      continue;
+    }
+    finals.push_back(j);
+  }
+  // The quick ops answered while the infer is still running, each with its own id.
+  EXPECT_EQ(finals[0]["id"], 2.5);
+  EXPECT_EQ(finals[1]["id"], true);
+  EXPECT_TRUE(finals[2]["id"].is_null());
+  EXPECT_TRUE(finals[3]["id"].is_null());
+  for (const auto& f : finals) EXPECT_EQ(f["ok"], true);
+  if (!got_token) {
+    json ev = read_json(conn);
+    EXPECT_EQ(ev["event"], "token");
+  }
+  json c = call(conn, {{"id", "c"}, {"op", "cancel"}, {"target", "held"}});
+  EXPECT_EQ(c["result"]["cancelled"], true);
+  json held = read_json(conn);
+  EXPECT_EQ(held["id"], "held");
+  EXPECT_EQ(held["result"]["finish_reason"], "cancelled");
+}
+
+TEST_F(DaemonServerTest, StreamingSendsEachTokenThenTheResult) {
+  start();
+  auto conn = connect();
+  std::vector<json> events;
+  json r = call(conn, {{"id", 1}, {"op", "infer"}, {"model", "a"}, {"prompt", "hi"}, {"max_tokens", 5}, {"stream", true}},
+                &events);
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  ASSERT_EQ(events.size(), 5u);
+  std::string joined;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i]["event"], "token");
+    EXPECT_EQ(events[i]["token"], 100 + static_cast<int>(i));
+    joined += events[i]["text"].get<std::string>();
+  }
+  EXPECT_EQ(joined, " w0 w1 w2 w3 w4");
+  EXPECT_EQ(r["result"]["text"], joined);
+  EXPECT_EQ(r["result"]["tokens"], json({100, 101, 102, 103, 104}));
+  EXPECT_EQ(r["result"]["finish_reason"], "length");
+  EXPECT_EQ(r["result"]["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(r["result"]["usage"]["prompt_tokens"], 2);
+  for (const char* t : {"load_ms", "queue_ms", "prompt_ms", "decode_ms"}) EXPECT_TRUE(r["result"]["timings"].contains(t));
+
+  // Without "stream", no events: the next line is the final reply.
+  std::vector<json> none;
+  json r2 = call(conn, {{"id", 2}, {"op", "infer"}, {"model", "a"}, {"prompt", "hi"}, {"max_tokens", 3}}, &none);
+  EXPECT_EQ(r2["result"]["text"], " w0 w1 w2");
+  EXPECT_TRUE(none.empty());
+}
+
+TEST_F(DaemonServerTest, CancelStopsAnInferWithinOneToken) {
+  start();
+  auto conn = connect();
+  ASSERT_TRUE(conn.send_line(json({{"id", 7}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 2},
+                                   {"stream", true}})
+                                 .dump())
+                  .ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");
+  EXPECT_EQ(read_json(conn)["event"], "token");
+  json miss = call(conn, {{"id", 8}, {"op", "cancel"}, {"target", 12345}});
+  EXPECT_EQ(miss["result"]["cancelled"], false);
+  json c = call(conn, {{"id", 9}, {"op", "cancel"}, {"target", 7}});
+  EXPECT_EQ(c["result"]["cancelled"], true);
+  json r = read_json(conn);
+  EXPECT_EQ(r["id"], 7);
+  EXPECT_EQ(r["ok"], true);
+  EXPECT_EQ(r["result"]["finish_reason"], "cancelled");
+  EXPECT_EQ(r["result"]["tokens"].size(), 2u);
+  EXPECT_EQ(script_.cancelled_generations.load(), 1);
+}
+
+TEST_F(DaemonServerTest, DisconnectCancelsInFlightRequests) {
+  start();
+  auto observer = connect();
+  {
+    auto conn = connect();
+    ASSERT_TRUE(conn.send_line(json({{"id", 1}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1},
+                                     {"stream", true}})
+                                   .dump())
+                    .ok());
+    EXPECT_EQ(read_json(conn)["event"], "token");
+    EXPECT_EQ(stats(observer)["requests"]["in_flight"], 1);
+  }  // closes the connection
+  EXPECT_TRUE(wait_until([&] { return script_.cancelled_generations.load() == 1; }));
+  EXPECT_TRUE(wait_until([&] { return stats(observer)["requests"]["in_flight"] == 0; }));
+}
+
+TEST_F(DaemonServerTest, BusyWhenTheQueueIsFull) {
+  options_.workers = 1;
+  options_.queue_capacity = 1;
+  start();
+  auto conn = connect();
+  json hold = {{"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1}, {"stream", true}};
+  hold["id"] = "running";
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");  // the only worker is busy with it
+  hold["id"] = "queued";
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());  // fills the queue
+  json busy = call(conn, {{"id", "third"}, {"op", "load"}, {"model", "b"}});
+  EXPECT_EQ(error_code(busy), "busy");
+  EXPECT_EQ(stats(conn)["requests"]["busy_rejections"], 1);
+  ASSERT_TRUE(conn.send_line(R"({"id": "c1", "op": "cancel", "target": "running"})").ok());
+  ASSERT_TRUE(conn.send_line(R"({"id": "c2", "op": "cancel", "target": "queued"})").ok());
+  std::map<std::string, json> done;
+  while (done.size() < 4) {
+    json j = read_json(conn);
+    ASSERT_FALSE(j.is_null());
+    if (!j.contains("event")) done[j["id"].get<std::string>()] = j;
+  }
+  EXPECT_EQ(done["c1"]["result"]["cancelled"], true);
+  EXPECT_EQ(done["c2"]["result"]["cancelled"], true);
+  EXPECT_EQ(done["running"]["result"]["finish_reason"], "cancelled");
+  // The queued one was cancelled before it ran: an error, not a result.
+  EXPECT_EQ(error_code(done["queued"]), "cancelled");
+}
+
+TEST_F(DaemonServerTest, LoadReportsHitsAndSingleFlight) {
+  start();
+  auto conn = connect();
+  json first = call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}});
+  ASSERT_EQ(first["ok"], true);
+  EXPECT_EQ(first["result"]["cached"], false);
+  EXPECT_EQ(first["result"]["size_bytes"], 1000);
+  EXPECT_EQ(first["result"]["streaming"], false);
+  json second = call(conn, {{"id", 2}, {"op", "load"}, {"model", "a"}});
+  EXPECT_EQ(second["result"]["cached"], true);
+  EXPECT_EQ(script_.loads.load(), 1);
+
+  // Two loads of one model at once run one loader.
+  ASSERT_TRUE(conn.send_line(R"({"id": "g1", "op": "load", "model": "gated"})").ok());
+  ASSERT_TRUE(conn.send_line(R"({"id": "g2", "op": "load", "model": "gated"})").ok());
+  auto observer = connect();
+  EXPECT_TRUE(wait_until([&] { return stats(observer)["cache"]["coalesced"] == 1; }));
+  script_.open_gate();
+  json a = read_json(conn);
+  json b = read_json(conn);
+  EXPECT_EQ(a["ok"], true);
+  EXPECT_EQ(b["ok"], true);
+  EXPECT_NE(a["result"]["waited"], b["result"]["waited"]);
+  EXPECT_EQ(script_.loads.load(), 2);  // a once, gated once
+}
+
+TEST_F(DaemonServerTest, BudgetEvictsTheLeastRecentlyUsedOfThreeModels) {
+  options_.live.cache_budget_bytes = 2500;  // room for two 1000-byte models
+  start();
+  auto conn = connect();
+  for (const char* m : {"a", "b", "c"}) ASSERT_EQ(call(conn, {{"id", m}, {"op", "load"}, {"model", m}})["ok"], true);
+  json s = stats(conn);
+  EXPECT_EQ(s["cache"]["entries"], 2);
+  EXPECT_EQ(s["cache"]["total_bytes"], 2000);
+  EXPECT_EQ(s["cache"]["evictions_by_cause"]["capacity"], 1);
+  auto loaded = [&] {
+    std::map<std::string, bool> out;
+    json reply = call(conn, {{"id", "l"}, {"op", "list"}});  // keep the reply alive over the loop
+    for (const auto& m : reply["result"]["models"]) out[m["model"].get<std::string>()] = m["loaded"].get<bool>();
+    return out;
+  };
+  auto l = loaded();
+  EXPECT_FALSE(l["a"]);
+  EXPECT_TRUE(l["b"]);
+  EXPECT_TRUE(l["c"]);
+  // Touch b, then load a: c is now the least recently used.
+  EXPECT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "b"}})["result"]["cached"], true);
+  EXPECT_EQ(call(conn, {{"id", 2}, {"op", "load"}, {"model", "a"}})["result"]["cached"], false);
+  l = loaded();
+  EXPECT_TRUE(l["a"]);
+  EXPECT_TRUE(l["b"]);
+  EXPECT_FALSE(l["c"]);
+  // Evicted backends were released (nobody holds them).
+  EXPECT_TRUE(wait_until([&] { return script_.live_backends.load() == 2; }));
+}
+
+TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
+  options_.live.idle_ttl = 1s;
+  start();
+  auto conn = connect();
+  // b is in use for the whole test (a held infer); a is loaded and left alone.
+  ASSERT_TRUE(conn.send_line(json({{"id", "hold"}, {"op", "infer"}, {"model", "b"}, {"prompt", "hold"},
+                                   {"max_tokens", 1}, {"stream", true}})
+                                 .dump())
+                  .ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");
+  auto started = std::chrono::steady_clock::now();
+  ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}})["ok"], true);
+  auto observer = connect();
+  EXPECT_TRUE(wait_until([&] { return stats(observer)["cache"]["evictions_by_cause"]["idle"] == 1; }, 5s));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 1s);
+  json s = stats(observer);
+  ASSERT_EQ(s["models"].size(), 1u);
+  EXPECT_EQ(s["models"][0]["model"], "b");
+  EXPECT_EQ(s["models"][0]["in_use"], true);
+  EXPECT_EQ(call(conn, {{"id", 2}, {"op", "cancel"}, {"target", "hold"}})["result"]["cancelled"], true);
+}
+
+TEST_F(DaemonServerTest, InvalidateEvictsAndReportsWhetherCached) {
+  start();
+  auto conn = connect();
+  ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}})["ok"], true);
+  json r = call(conn, {{"id", 2}, {"op", "invalidate"}, {"model", "a"}});
+  EXPECT_EQ(r["result"]["evicted"], true);
+  EXPECT_EQ(call(conn, {{"id", 3}, {"op", "invalidate"}, {"model", "a"}})["result"]["evicted"], false);
+  EXPECT_EQ(stats(conn)["cache"]["evictions_by_cause"]["invalidate"], 1);
+  EXPECT_EQ(call(conn, {{"id", 4}, {"op", "load"}, {"model", "a"}})["result"]["cached"], false);
+  EXPECT_EQ(script_.loads.load(), 2);
+}
+
+TEST_F(DaemonServerTest, ShutdownAnswersShuttingDownThenCancelsAfterTheGrace) {
+  options_.shutdown_grace = 300ms;
+  start();
+  auto conn = connect();
+  ASSERT_EQ(call(conn, {{"id", 0}, {"op", "load"}, {"model", "c"}})["ok"], true);
+  ASSERT_TRUE(conn.send_line(json({{"id", "long"}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"},
+                                   {"max_tokens", 1}, {"stream", true}})
+                                 .dump())
+                  .ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");
+  auto late = connect();
+  ASSERT_EQ(call(late, {{"id", "early"}, {"op", "health"}})["ok"], true);  // accepted before the stop
+  server_->request_stop();
+  // New requests are refused while the held one runs out its grace period.
+  EXPECT_TRUE(wait_until([&] { return error_code(call(late, {{"id", "late"}, {"op", "health"}})) == "shutting_down"; }));
+  json r;
+  do {
+    r = read_json(conn);
+  } while (r.is_object() && r["id"] != "long");
+  EXPECT_EQ(r["result"]["finish_reason"], "cancelled");
+  thread_.join();
+  EXPECT_EQ(exit_code_, 0);
+  EXPECT_FALSE(std::filesystem::exists(options_.socket_path));
+  EXPECT_EQ(script_.saves.load(), 2);  // the shutdown hook saved both cached models
+  EXPECT_EQ(script_.live_backends.load(), 0);
+}
+
+TEST_F(DaemonServerTest, SocketIs0660AndAStaleSocketIsReplaced) {
+  // A stale socket file: bound, then its owner went away.
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, options_.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ::close(fd);
+  start();
+  struct stat st {};
+  ASSERT_EQ(::stat(options_.socket_path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  auto conn = connect();
+  EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true);
+
+  // A second server on the same live socket refuses to start.
+  Script other_script;
+  ScriptedRuntime other_runtime(other_script);
+  Server second(options_, other_runtime);
+  auto opened = second.open();
+  ASSERT_FALSE(opened.ok());
+  EXPECT_NE(opened.error().message.find("already listening"), std::string::npos);
+}
+
+TEST_F(DaemonServerTest, RefusesToReplaceANonSocketFile) {
+  write_file(options_.socket_path, 3);
+  Server server(options_, runtime_);
+  auto opened = server.open();
+  ASSERT_FALSE(opened.ok());
+  EXPECT_NE(opened.error().message.find("not a socket"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(options_.socket_path));
+}
+
+TEST_F(DaemonServerTest, AllowListRejectsOtherPeers) {
+  options_.allowed_uids = {::getuid() + 4242};
+  start();
+  auto conn = connect();
+  ASSERT_TRUE(conn.send_line(R"({"id": 1, "op": "health"})").ok());
+  auto line = conn.read_line(5s);
+  ASSERT_FALSE(line.ok()) << "a peer outside the allow-list got an answer";
+  EXPECT_EQ(line.error().code, "closed");
+}
+
+TEST_F(DaemonServerTest, AllowListAdmitsListedPeers) {
+  options_.allowed_gids = {::getgid()};
+  start();
+  auto conn = connect();
+  EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true);
+}
+
+}  // namespace
+}  // namespace car::daemon
