@@ -1,0 +1,279 @@
+// `car bench FILE.gguf -p 128 -n 64 -r 3`: prompt-processing and generation throughput, like llama.cpp's
+// llama-bench.
+//
+// What is measured (each repetition on a fresh sequence, after one untimed warm-up of each test):
+//   pp<p>  one generate() call on p random token ids (one batch), max_tokens 1: tokens/s = p / prompt_ms.
+//   tg<n>  one generate() call on 1 random id, max_tokens n, greedy, EOS ignored: n forward passes (the
+//          1-token prompt plus n-1 single-token decodes; no pass follows the last sampled token), so
+//          tokens/s = n / (prompt_ms + decode_ms). This is llama-bench's tg: n sequential 1-token evals
+//          starting from an empty context.
+// Reported beside them: model size and parameters (from the GGUF tensor table), the weight bytes read per
+// decoded token (every tensor, except that token_embd contributes one row when a separate output matrix
+// exists, and MoE expert banks count expert_used_count / expert_count of their size), the decode bound
+// bandwidth / bytes-per-token for --bandwidth-gbs, the fraction of it achieved, and the process's RSS.
+// `--json` prints one object with all of it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/engine/engine.h"
+#include "core/gguf/gguf_file.h"
+#include "tools/command_registry.h"
+#include "tools/offline_env.h"
+
+namespace car::tools {
+namespace {
+
+struct BenchFlags {
+  std::string path;
+  int n_prompt = 128;
+  int n_gen = 64;
+  int reps = 3;
+  int threads = 0;
+  double bandwidth_gbs = 38.0;
+  std::string stream_experts = "auto";
+  double expert_ram_gb = 0;
+  uint64_t seed = 1;
+  bool no_warmup = false;
+  bool json = false;
+  CLI::Option* threads_opt = nullptr;
+  CLI::Option* stream_opt = nullptr;
+  CLI::Option* ram_opt = nullptr;
+};
+
+[[noreturn]] void fail(int code, const std::string& message) {
+  std::fprintf(stderr, "car bench: %s\n", message.c_str());
+  throw CommandFailed(code);
+}
+
+/// What the tensor table says about the model.
+struct ModelFigures {
+  std::string arch;
+  uint64_t file_bytes = 0;
+  uint64_t tensor_bytes = 0;
+  uint64_t params = 0;
+  uint64_t bytes_per_token = 0;  // weight bytes read per decoded token
+  int64_t vocab = 0;
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+};
+
+Result<ModelFigures> model_figures(const std::string& path) {
+  auto file = gguf::GgufFile::open(path);
+  if (!file) return file.error();
+  const auto& f = **file;
+  ModelFigures m;
+  m.file_bytes = f.file_size();
+  auto arch = f.get_string("general.architecture");
+  if (!arch) return arch.error();
+  m.arch = *arch;
+  auto n_expert = f.get_uint_or(m.arch + ".expert_count", 0);
+  if (!n_expert) return n_expert.error();
+  auto n_used = f.get_uint_or(m.arch + ".expert_used_count", 0);
+  if (!n_used) return n_used.error();
+  m.n_expert = static_cast<int64_t>(*n_expert);
+  m.n_expert_used = static_cast<int64_t>(*n_used);
+  const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (embd == nullptr) return make_error("load_failed", path + ": no tensor token_embd.weight");
+  m.vocab = static_cast<int64_t>(embd->rows());
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+
+  double read = 0;
+  for (const auto& t : f.tensors()) {
+    m.tensor_bytes += t.n_bytes;
+    m.params += t.n_elements;
+    if (&t == embd && !tied) {
+      read += static_cast<double>(t.n_bytes) / static_cast<double>(std::max<uint64_t>(1, t.rows()));
+    } else if (m.n_expert > 0 && t.name.find("_exps.") != std::string::npos) {
+      read += static_cast<double>(t.n_bytes) * static_cast<double>(m.n_expert_used) /
+              static_cast<double>(m.n_expert);
+    } else {
+      read += static_cast<double>(t.n_bytes);
+    }
+  }
+  m.bytes_per_token = static_cast<uint64_t>(read);
+  return m;
+}
+
+struct Stats {
+  double mean = 0;
+  double stdev = 0;  // sample standard deviation (n - 1), as llama-bench reports
+};
+
+Stats stats_of(const std::vector<double>& v) {
+  Stats s;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= static_cast<double>(v.size());
+  if (v.size() > 1) {
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.stdev = std::sqrt(ss / static_cast<double>(v.size() - 1));
+  }
+  return s;
+}
+
+std::vector<int32_t> random_ids(std::mt19937_64& rng, int64_t vocab, int n) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return ids;
+}
+
+/// One timed generate() call; returns tokens/s by the rules at the top of the file.
+double run_once(engine::LoadedModel& model, std::vector<int32_t> prompt, int max_tokens, bool is_pp) {
+  engine::GenerateRequest req;
+  req.prompt_ids = std::move(prompt);
+  req.add_bos = false;
+  req.max_tokens = max_tokens;
+  req.sampling.temperature = 0;
+  req.sampling.repeat_penalty = 1.0f;
+  req.ignore_eos = true;
+  auto r = engine::generate(model, req, {}, nullptr);
+  if (!r) fail(1, r.error().code + ": " + r.error().message);
+  if (is_pp) {
+    return r->prompt_ms > 0 ? static_cast<double>(r->prompt_tokens.size()) * 1000.0 / r->prompt_ms : 0.0;
+  }
+  if (static_cast<int>(r->tokens.size()) != max_tokens) {
+    fail(1, "generation stopped after " + std::to_string(r->tokens.size()) + " of " + std::to_string(max_tokens) +
+                " tokens (finish_reason " + r->finish_reason + "); the engine must honour ignore_eos");
+  }
+  const double ms = r->prompt_ms + r->decode_ms;
+  return ms > 0 ? static_cast<double>(max_tokens) * 1000.0 / ms : 0.0;
+}
+
+std::string base_name(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void bench(const BenchFlags& f) {
+  if (auto r = apply_isa_from_env(); !r) fail(2, r.error().message);
+  engine::LoadOptions load;
+  load.threads = f.threads;
+  load.stream_experts = f.stream_experts;
+  load.expert_ram_gb = f.expert_ram_gb;
+  load.context_length = std::max(f.n_prompt, f.n_gen) + 16;
+  if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
+                                     f.ram_opt->count() > 0);
+      !r) {
+    fail(2, r.error().message);
+  }
+  auto figures = model_figures(f.path);
+  if (!figures) fail(1, f.path + ": " + figures.error().code + ": " + figures.error().message);
+  const ModelFigures& m = *figures;
+  if (m.vocab <= 0) fail(1, f.path + ": empty vocabulary");
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto loaded = engine::load_model(f.path, load);
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!loaded) fail(1, loaded.error().code + ": " + loaded.error().message);  // the message names the file
+  engine::LoadedModel& model = **loaded;
+
+  std::mt19937_64 rng(f.seed);
+  if (!f.no_warmup) {
+    if (f.n_prompt > 0) run_once(model, random_ids(rng, m.vocab, f.n_prompt), 1, true);
+    if (f.n_gen > 0) run_once(model, random_ids(rng, m.vocab, 1), 1, false);
+  }
+  std::vector<double> pp;
+  std::vector<double> tg;
+  for (int i = 0; i < f.reps && f.n_prompt > 0; ++i) {
+    pp.push_back(run_once(model, random_ids(rng, m.vocab, f.n_prompt), 1, true));
+  }
+  for (int i = 0; i < f.reps && f.n_gen > 0; ++i) {
+    tg.push_back(run_once(model, random_ids(rng, m.vocab, 1), f.n_gen, false));
+  }
+  const Stats pps = stats_of(pp);
+  const Stats tgs = stats_of(tg);
+  const double bound = m.bytes_per_token > 0 ? f.bandwidth_gbs * 1e9 / static_cast<double>(m.bytes_per_token) : 0;
+  const double fraction = bound > 0 && !tg.empty() ? tgs.mean / bound : 0;
+  const uint64_t rss = proc_status_bytes("VmRSS");
+  const uint64_t hwm = proc_status_bytes("VmHWM");
+  const int threads = load.threads > 0 ? load.threads : static_cast<int>(std::thread::hardware_concurrency());
+
+  if (f.json) {
+    nlohmann::json out;
+    out["model"] = f.path;
+    out["arch"] = m.arch;
+    out["file_bytes"] = m.file_bytes;
+    out["tensor_bytes"] = m.tensor_bytes;
+    out["params"] = m.params;
+    out["n_expert"] = m.n_expert;
+    out["n_expert_used"] = m.n_expert_used;
+    out["threads"] = threads;
+    out["isa"] = std::string(tensor::isa_name(tensor::current_isa()));
+    out["streams_experts"] = engine::model_streams_experts(model);
+    out["load_ms"] = load_ms;
+    auto test = [](int n, int reps, const std::vector<double>& samples, const Stats& s) {
+      return nlohmann::json{{"n_tokens", n}, {"reps", reps}, {"samples", samples},
+                            {"tokens_per_s", {{"mean", s.mean}, {"stdev", s.stdev}}}};
+    };
+    if (!pp.empty()) out["pp"] = test(f.n_prompt, f.reps, pp, pps);
+    if (!tg.empty()) out["tg"] = test(f.n_gen, f.reps, tg, tgs);
+    out["weight_bytes_per_token"] = m.bytes_per_token;
+    out["bandwidth_gbs"] = f.bandwidth_gbs;
+    out["decode_bound_tokens_per_s"] = bound;
+    out["decode_fraction_of_bound"] = fraction;
+    out["model_memory_bytes"] = engine::model_memory_bytes(model);
+    out["rss_bytes"] = rss;
+    out["peak_rss_bytes"] = hwm;
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  const std::string name = base_name(f.path);
+  const double mib = static_cast<double>(m.tensor_bytes) / (1024.0 * 1024.0);
+  const bool billions = m.params >= 1000000000ULL;
+  const double params = static_cast<double>(m.params) / (billions ? 1e9 : 1e6);
+  const char* unit = billions ? "B" : "M";
+  std::printf("| model | size | params | threads | test | t/s |\n|---|---:|---:|---:|---|---:|\n");
+  if (!pp.empty()) {
+    std::printf("| %s | %.2f MiB | %.2f %s | %d | pp%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit, threads,
+                f.n_prompt, pps.mean, pps.stdev);
+  }
+  if (!tg.empty()) {
+    std::printf("| %s | %.2f MiB | %.2f %s | %d | tg%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit, threads,
+                f.n_gen, tgs.mean, tgs.stdev);
+  }
+  std::printf("\nweight bytes read per decoded token: %.1f MB; decode bound at %.1f GB/s: %.1f tok/s",
+              static_cast<double>(m.bytes_per_token) / 1e6, f.bandwidth_gbs, bound);
+  if (!tg.empty()) std::printf("; achieved %.0f%%", fraction * 100.0);
+  std::printf("\nisa %s; load %.1f ms; RSS %.1f MiB (peak %.1f MiB); file %.1f MB\n",
+              std::string(tensor::isa_name(tensor::current_isa())).c_str(), load_ms,
+              static_cast<double>(rss) / 1048576.0, static_cast<double>(hwm) / 1048576.0,
+              static_cast<double>(m.file_bytes) / 1e6);
+}
+
+void setup_bench(CLI::App& root) {
+  auto flags = std::make_shared<BenchFlags>();
+  auto* cmd = root.add_subcommand("bench", "Prompt-processing and generation tokens/s (like llama-bench)");
+  cmd->add_option("file", flags->path, "GGUF model file")->required();
+  cmd->add_option("-p,--n-prompt", flags->n_prompt, "Prompt tokens processed in one batch; 0 = skip")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-n,--n-gen", flags->n_gen, "Tokens generated one at a time; 0 = skip")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-r,--repetitions", flags->reps, "Repetitions of each test")->check(CLI::Range(1, 1000));
+  flags->threads_opt = cmd->add_option("--threads,-t", flags->threads, "Compute threads; 0 = all cores")
+                           ->check(CLI::Range(0, 4096));
+  cmd->add_option("--bandwidth-gbs", flags->bandwidth_gbs, "Memory bandwidth for the decode bound, GB/s")
+      ->check(CLI::Range(0.001, 1e6));
+  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
+                          ->check(CLI::IsMember({"on", "off", "auto"}));
+  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
+                       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--seed", flags->seed, "Seed for the random prompt ids");
+  cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up runs");
+  cmd->add_flag("--json", flags->json, "Print one JSON object");
+  cmd->callback([flags] { bench(*flags); });
+}
+
+}  // namespace
+
+CAR_REGISTER_COMMANDS(setup_bench);
+
+}  // namespace car::tools

@@ -1,0 +1,198 @@
+// `car run FILE.gguf --prompt TEXT`: load a model in-process (no daemon) and generate from it.
+//
+// Human mode streams the generated text to stdout as tokens arrive and prints the timings to stderr;
+// `--json` prints the one object CONTRACT.md describes (prompt_tokens, tokens, text, finish_reason,
+// timings, top_logprobs). Exit status: 0 on success, 1 when loading or generation fails, 2 on bad flags.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/engine/engine.h"
+#include "tools/command_registry.h"
+#include "tools/offline_env.h"
+
+namespace car::tools {
+namespace {
+
+struct RunFlags {
+  std::string path;
+  std::string prompt;
+  std::string prompt_ids;
+  int max_tokens = 128;
+  engine::SamplingParams sampling;
+  std::vector<std::string> stop;
+  int top_logprobs = 0;
+  int threads = 0;
+  std::string stream_experts = "auto";
+  double expert_ram_gb = 0;
+  int context = 0;
+  bool no_bos = false;
+  bool parse_special = false;
+  bool json = false;
+  bool no_stream = false;
+  // Which of the settings that also come from the environment were given on the command line.
+  CLI::Option* threads_opt = nullptr;
+  CLI::Option* stream_opt = nullptr;
+  CLI::Option* ram_opt = nullptr;
+};
+
+[[noreturn]] void fail(int code, const std::string& message) {
+  std::fprintf(stderr, "car run: %s\n", message.c_str());
+  throw CommandFailed(code);
+}
+
+/// "1,2,3" -> ids; spaces around entries allowed. nullopt (with a message) on anything malformed.
+std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::string* error) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(pos, comma - pos);
+    const auto first = item.find_first_not_of(" \t");
+    const auto last = item.find_last_not_of(" \t");
+    item = first == std::string::npos ? std::string() : item.substr(first, last - first + 1);
+    const auto v = parse_count(item);
+    if (!v || *v > INT32_MAX) {
+      *error = "--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)";
+      return std::nullopt;
+    }
+    ids.push_back(static_cast<int32_t>(*v));
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+double per_second(size_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0; }
+
+void run(const RunFlags& f) {
+  if (auto r = apply_isa_from_env(); !r) fail(2, r.error().message);
+  engine::LoadOptions load;
+  load.threads = f.threads;
+  load.stream_experts = f.stream_experts;
+  load.expert_ram_gb = f.expert_ram_gb;
+  load.context_length = f.context;
+  if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
+                                     f.ram_opt->count() > 0);
+      !r) {
+    fail(2, r.error().message);
+  }
+
+  engine::GenerateRequest req;
+  req.prompt = f.prompt;
+  if (!f.prompt_ids.empty()) {
+    std::string error;
+    auto ids = parse_ids(f.prompt_ids, &error);
+    if (!ids) fail(2, error);
+    req.prompt_ids = std::move(*ids);
+  } else if (f.prompt.empty()) {
+    fail(2, "give --prompt TEXT or --prompt-ids 1,2,3");
+  }
+  req.add_bos = !f.no_bos;
+  req.parse_special = f.parse_special;
+  req.max_tokens = f.max_tokens;
+  req.sampling = f.sampling;
+  req.stop = f.stop;
+  req.top_logprobs = f.top_logprobs;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = engine::load_model(f.path, load);
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!model) fail(1, model.error().code + ": " + model.error().message);  // the message names the file
+
+  const bool stream = !f.json && !f.no_stream;
+  std::function<void(const engine::TokenEvent&)> on_token;
+  if (stream) {
+    on_token = [](const engine::TokenEvent& ev) {
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  auto result = engine::generate(**model, req, on_token, nullptr);
+  if (!result) fail(1, result.error().code + ": " + result.error().message);
+  const auto& g = *result;
+
+  const double prompt_tps = per_second(g.prompt_tokens.size(), g.prompt_ms);
+  const double decode_tps = per_second(g.tokens.size(), g.decode_ms);
+  if (f.json) {
+    nlohmann::json out;
+    out["prompt_tokens"] = g.prompt_tokens;
+    out["tokens"] = g.tokens;
+    out["text"] = g.text;
+    out["finish_reason"] = g.finish_reason;
+    out["timings"] = {{"load_ms", load_ms},
+                      {"prompt_ms", g.prompt_ms},
+                      {"decode_ms", g.decode_ms},
+                      {"prompt_tokens_per_s", prompt_tps},
+                      {"decode_tokens_per_s", decode_tps}};
+    if (f.top_logprobs > 0) {
+      nlohmann::json positions = nlohmann::json::array();
+      for (const auto& pos : g.top_logprobs) {
+        nlohmann::json entries = nlohmann::json::array();
+        for (const auto& e : pos) entries.push_back({{"token", e.token}, {"logprob", e.logprob}});
+        positions.push_back(std::move(entries));
+      }
+      out["top_logprobs"] = std::move(positions);
+    }
+    // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of an exception.
+    const std::string text = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::printf("%s\n", text.c_str());
+    return;
+  }
+  if (!stream) std::fwrite(g.text.data(), 1, g.text.size(), stdout);
+  std::printf("\n");
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "[load %.1f ms | prompt %zu tokens, %.1f ms, %.1f tok/s | generated %zu tokens, %.1f ms, "
+               "%.1f tok/s | finish: %s]\n",
+               load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms, decode_tps,
+               g.finish_reason.c_str());
+}
+
+void setup_run(CLI::App& root) {
+  auto flags = std::make_shared<RunFlags>();
+  auto* cmd = root.add_subcommand("run", "Load a GGUF model in-process and generate (no daemon)");
+  cmd->add_option("file", flags->path, "GGUF model file")->required();
+  cmd->add_option("--prompt", flags->prompt, "Prompt text (tokenized with the model's tokenizer)");
+  cmd->add_option("--prompt-ids", flags->prompt_ids, "Prompt as comma-separated token ids (used as-is)");
+  cmd->add_option("--max-tokens,-n", flags->max_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--temperature", flags->sampling.temperature, "Temperature; 0 = greedy")
+      ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-k", flags->sampling.top_k, "Keep the k most likely ids; 0 = off")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--top-p", flags->sampling.top_p, "Nucleus threshold; 1 = off")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", flags->sampling.min_p, "Drop ids below min-p x the best's probability; 0 = off")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--repeat-penalty", flags->sampling.repeat_penalty, "Repetition penalty; 1 = off")
+      ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--repeat-last-n", flags->sampling.repeat_last_n,
+                  "How many recent ids the penalty looks at; -1 = all, 0 = off")
+      ->check(CLI::Range(-1, 1 << 30));
+  cmd->add_option("--seed", flags->sampling.seed, "Sampling seed");
+  cmd->add_option("--stop", flags->stop, "Stop string (repeatable; not included in the output)");
+  cmd->add_option("--top-logprobs", flags->top_logprobs, "Report the K most likely ids per position")
+      ->check(CLI::Range(0, 1000));
+  flags->threads_opt = cmd->add_option("--threads,-t", flags->threads, "Compute threads; 0 = all cores")
+                           ->check(CLI::Range(0, 4096));
+  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
+                          ->check(CLI::IsMember({"on", "off", "auto"}));
+  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
+                       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--ctx", flags->context, "KV cache size in tokens; 0 = min(model's, 4096)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_flag("--no-bos", flags->no_bos, "Do not add BOS to a text prompt");
+  cmd->add_flag("--parse-special", flags->parse_special, "Let special-token text in the prompt become special tokens");
+  cmd->add_flag("--json", flags->json, "Print one JSON object (CONTRACT.md) instead of streaming text");
+  cmd->add_flag("--no-stream", flags->no_stream, "Print the text once generation ends");
+  cmd->callback([flags] { run(*flags); });
+}
+
+}  // namespace
+
+CAR_REGISTER_COMMANDS(setup_run);
+
+}  // namespace car::tools
