@@ -6,8 +6,8 @@
 // target exists, CAR_DAEMON_HAVE_ENGINE) and, without it, a runtime whose every load answers load_failed
 // "engine not built" - never made-up text.
 //
-// Thread safety: load() may run concurrently on different files. A Backend's generate() calls are
-// serialized by the caller (the cache entry's mutex); its other methods are safe at any time.
+// Thread safety: load() may run concurrently on different files. Every call on one Backend is serialized
+// by the caller (the cache entry's mutex), so an implementation needs no locking of its own.
 #pragma once
 
 #include <atomic>

@@ -197,10 +197,7 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
                                                         std::string& outcome) {
   const ResolvedModel& m = *req.resolved;
   uint64_t charge = m.file_bytes;
-  {
-    std::lock_guard lock(sizes_mutex_);
-    if (auto it = sizes_.find(m.id); it != sizes_.end()) charge = std::max(charge, it->second);
-  }
+  if (auto f = facts(m.id)) charge = std::max(charge, f->memory_bytes);
   auto lease = cache_.lease_or_load(
       m.id, charge,
       [&]() -> Result<std::shared_ptr<Backend>> {
@@ -214,9 +211,14 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
     return std::nullopt;
   }
   if (info.loaded) {
-    uint64_t held = lease->backend()->memory_bytes();
-    std::lock_guard lock(sizes_mutex_);
-    sizes_[m.id] = held;
+    ModelFacts f;
+    {
+      auto model_lock = lease->lock();
+      f.memory_bytes = lease->backend()->memory_bytes();
+      f.streams_experts = lease->backend()->streams_experts();
+    }
+    std::lock_guard lock(facts_mutex_);
+    facts_[m.id] = f;
   }
   return std::move(*lease);
 }
@@ -231,15 +233,16 @@ std::string Service::run_load(const std::shared_ptr<Session>&, const std::shared
   std::string error;
   auto lease = acquire_model(req, info, error, outcome);
   if (!lease) return error;
-  const auto& backend = lease->backend();
+  const ModelFacts f = facts(req.model).value_or(ModelFacts{});
+  lease->reset();
   json r = {{"model", req.model},
-            {"size_bytes", std::max<uint64_t>(req.resolved->file_bytes, backend->memory_bytes())},
+            {"size_bytes", std::max<uint64_t>(req.resolved->file_bytes, f.memory_bytes)},
             {"file_bytes", req.resolved->file_bytes},
             {"load_ms", ms_of(info.load_time)},
             {"cached", info.hit},
             {"waited", info.waited},
             {"retained", info.cached},
-            {"streaming", backend->streams_experts()}};
+            {"streaming", f.streams_experts}};
   outcome = info.hit ? "ok(hit)" : "ok(loaded)";
   return protocol::ok_line(req.id, r);
 }
@@ -297,6 +300,13 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
               {"decode_ms", out->decode_ms}}}};
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
   return protocol::ok_line(req.id, r);
+}
+
+std::optional<Service::ModelFacts> Service::facts(const std::string& id) const {
+  std::lock_guard lock(facts_mutex_);
+  auto it = facts_.find(id);
+  if (it == facts_.end()) return std::nullopt;
+  return it->second;
 }
 
 void Service::begin_shutdown(std::function<void()> drained) {
@@ -372,9 +382,9 @@ json Service::stats_json() const {
     json m = {{"model", item.key},   {"size_bytes", item.size_bytes}, {"in_use", item.in_use},
               {"leases", item.leases}, {"idle_s", item.idle_seconds},  {"age_s", item.age_seconds},
               {"hits", item.hits}};
-    if (auto h = cache_.peek(item.key)) {
-      m["streaming"] = h->backend()->streams_experts();
-      m["memory_bytes"] = h->backend()->memory_bytes();
+    if (auto f = facts(item.key)) {
+      m["streaming"] = f->streams_experts;
+      m["memory_bytes"] = f->memory_bytes;
     }
     models.push_back(std::move(m));
   }

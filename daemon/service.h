@@ -101,10 +101,16 @@ class Service {
   uint64_t requests_ = 0;
   uint64_t busy_rejections_ = 0;
 
-  // Bytes a model was seen to hold once loaded (engine-reported), so the next load of it charges the
-  // cache max(file size, that). Workers write it.
-  mutable std::mutex sizes_mutex_;
-  std::unordered_map<std::string, uint64_t> sizes_;  ///< GUARDED_BY(sizes_mutex_)
+  // What the engine reported about a model right after loading it (under the model's lock, as generate()
+  // may change what it holds): its bytes, so the next load of it charges the cache max(file size, that),
+  // and whether it streams experts. stats/load read these instead of asking a model that may be busy.
+  struct ModelFacts {
+    uint64_t memory_bytes = 0;
+    bool streams_experts = false;
+  };
+  std::optional<ModelFacts> facts(const std::string& id) const;
+  mutable std::mutex facts_mutex_;
+  std::unordered_map<std::string, ModelFacts> facts_;  ///< GUARDED_BY(facts_mutex_)
 };
 
 }  // namespace car::daemon

@@ -1,0 +1,422 @@
+// The real car-inferenced binary, started on a temporary socket and models directory and driven over the
+// socket: every op and error code, SIGTERM (clean exit, socket removed), socket activation (an inherited
+// listening fd, LISTEN_FDS=1, LISTEN_PID = the child's pid), bad configuration. With the engine built in,
+// also streaming, cancel, disconnect, context overflow, idle and budget eviction and SIGTERM during a long
+// infer, on synthetic models (core/synth); without it those tests skip.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/daemon/daemon_test_support.h"
+#include "tests/test_support.h"
+
+#if CAR_DAEMON_HAVE_ENGINE
+#include "core/synth/synth_model.h"
+#endif
+
+namespace car {
+namespace {
+
+using car::testing::call;
+using car::testing::error_code;
+using car::testing::read_json;
+using car::testing::TempDir;
+using car::testing::wait_until;
+using nlohmann::json;
+using protocol::ClientConnection;
+using namespace std::chrono_literals;
+
+const std::string kBinary = std::string(CAR_BINARY_DIR) + "/daemon/car-inferenced";
+
+/// A listening Unix socket bound at `path` (for socket activation); -1 on failure.
+int listening_socket(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 16) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// One car-inferenced child process. Killed (SIGKILL) if a test leaves it running.
+class DaemonProcess {
+ public:
+  DaemonProcess(std::map<std::string, std::string> env, std::string log_path, int activation_fd = -1)
+      : log_path_(std::move(log_path)) {
+    std::vector<std::string> env_strings;
+    for (const char* keep : {"PATH", "TSAN_OPTIONS", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"}) {
+      if (const char* v = std::getenv(keep)) env_strings.push_back(std::string(keep) + "=" + v);
+    }
+    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (log >= 0) {
+        ::dup2(log, STDERR_FILENO);
+        ::dup2(log, STDOUT_FILENO);
+      }
+      if (activation_fd >= 0) {
+        if (activation_fd != 3) {
+          ::dup2(activation_fd, 3);
+          ::close(activation_fd);
+        }
+        ::fcntl(3, F_SETFD, 0);  // inherited across exec
+        env_strings.push_back("LISTEN_FDS=1");
+        env_strings.push_back("LISTEN_PID=" + std::to_string(::getpid()));
+      }
+      std::vector<char*> envp;
+      for (auto& s : env_strings) envp.push_back(s.data());
+      envp.push_back(nullptr);
+      char* argv[] = {const_cast<char*>(kBinary.c_str()), nullptr};
+      ::execve(kBinary.c_str(), argv, envp.data());
+      ::_exit(127);
+    }
+  }
+  ~DaemonProcess() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  /// The exit status once the process ended within `timeout`; nullopt if it is still running.
+  std::optional<int> wait_exit(std::chrono::milliseconds timeout) {
+    if (exited_) return status_;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      int st = 0;
+      pid_t r = ::waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        exited_ = true;
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return status_;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  /// SIGTERM, then the exit status (nullopt when it did not exit within the timeout).
+  std::optional<int> terminate(std::chrono::milliseconds timeout = 20s) {
+    ::kill(pid_, SIGTERM);
+    return wait_exit(timeout);
+  }
+  std::string log() const {
+    std::ifstream in(log_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string log_path_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = -1;
+};
+
+class DaemonBinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(::access(kBinary.c_str(), X_OK), 0) << kBinary << " is not built";
+    models_ = tmp_ / "models";
+    std::filesystem::create_directories(models_);
+    std::ofstream(models_ / "garbage.gguf") << "this is not a GGUF file";
+    socket_ = (tmp_ / "car.sock").string();
+    env_ = {{"CAR_INFERENCE_SOCKET", socket_},
+            {"CAR_INFERENCE_MODELS_DIR", models_.string()},
+            {"CAR_INFERENCE_STATE_DIR", tmp_.path().string()},
+            {"CAR_INFERENCE_THREADS", "1"},
+            {"CAR_INFERENCE_LOG_LEVEL", "debug"},
+            {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "10"}};
+  }
+
+  /// Start the daemon and wait until it answers on the socket.
+  void start(int activation_fd = -1) {
+    daemon_ = std::make_unique<DaemonProcess>(env_, (tmp_ / "daemon.log").string(), activation_fd);
+    bool up = wait_until(
+        [&] {
+          auto c = ClientConnection::connect(socket_);
+          return c.ok();
+        },
+        20s);
+    ASSERT_TRUE(up) << "car-inferenced did not come up; log:\n" << daemon_->log();
+  }
+
+  ClientConnection connect() {
+    auto c = ClientConnection::connect(socket_);
+    EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+    return std::move(c.value());
+  }
+
+  json stats(ClientConnection& conn) { return call(conn, {{"id", "stats"}, {"op", "stats"}})["result"]; }
+
+  TempDir tmp_;
+  std::filesystem::path models_;
+  std::string socket_;
+  std::map<std::string, std::string> env_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
+  start();
+  auto conn = connect();
+  json h = call(conn, {{"id", 1}, {"op", "health"}});
+  ASSERT_EQ(h["ok"], true);
+  EXPECT_EQ(h["result"]["status"], "ok");
+  EXPECT_EQ(h["result"]["engine"], CAR_DAEMON_HAVE_ENGINE ? "engine" : "none");
+  json l = call(conn, {{"id", 2}, {"op", "list"}});
+  ASSERT_EQ(l["result"]["models"].size(), 1u);
+  EXPECT_EQ(l["result"]["models"][0]["model"], "garbage");
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 0);
+  EXPECT_EQ(call(conn, {{"id", 3}, {"op", "invalidate"}, {"model", "garbage"}})["result"]["evicted"], false);
+  EXPECT_EQ(call(conn, {{"id", 4}, {"op", "cancel"}, {"target", 99}})["result"]["cancelled"], false);
+
+  EXPECT_EQ(error_code(call(conn, {{"id", 5}, {"op", "nope"}})), "unknown_op");
+  EXPECT_EQ(error_code(call(conn, {{"id", 6}, {"op", "load"}})), "bad_request");
+  EXPECT_EQ(error_code(call(conn, {{"id", 7}, {"op", "load"}, {"model", "../etc"}})), "forbidden");
+  EXPECT_EQ(error_code(call(conn, {{"id", 8}, {"op", "load"}, {"model", "absent"}})), "not_found");
+  // A file that is not a model: the engine rejects it, or (built without the engine) nothing can load.
+  json bad = call(conn, {{"id", 9}, {"op", "load"}, {"model", "garbage"}});
+  EXPECT_EQ(error_code(bad), "load_failed") << bad.dump();
+  EXPECT_EQ(error_code(call(conn, {{"id", 10}, {"op", "infer"}, {"model", "garbage"}, {"prompt", "hi"}})),
+            "load_failed");
+  ASSERT_TRUE(conn.send_raw("{{{\n").ok());
+  EXPECT_EQ(error_code(read_json(conn)), "bad_request");
+  ASSERT_TRUE(conn.send_raw(std::string((1u << 20) + 100, ' ') + "\n").ok());
+  EXPECT_EQ(error_code(read_json(conn)), "bad_request");
+  EXPECT_EQ(call(conn, {{"id", 11}, {"op", "health"}})["ok"], true);
+
+  // The log has one info line per request with op and outcome.
+  EXPECT_NE(daemon_->log().find("op=load model=absent outcome=not_found"), std::string::npos) << daemon_->log();
+  EXPECT_NE(daemon_->log().find("accepted peer pid="), std::string::npos);
+  ASSERT_EQ(daemon_->terminate(), 0);
+}
+
+TEST_F(DaemonBinaryTest, SigtermExitsCleanlyAndRemovesTheSocket) {
+  start();
+  struct stat st {};
+  ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  auto conn = connect();
+  EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true);
+  auto code = daemon_->terminate();
+  ASSERT_TRUE(code.has_value()) << "no exit after SIGTERM; log:\n" << daemon_->log();
+  EXPECT_EQ(*code, 0) << daemon_->log();
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}
+
+TEST_F(DaemonBinaryTest, SocketActivationUsesTheInheritedSocketAndLeavesIt) {
+  int fd = listening_socket(socket_);
+  ASSERT_GE(fd, 0);
+  env_["CAR_INFERENCE_SOCKET"] = (tmp_ / "unused.sock").string();  // ignored when activated
+  daemon_ = std::make_unique<DaemonProcess>(env_, (tmp_ / "daemon.log").string(), fd);
+  ::close(fd);  // the child holds it now
+  // The socket is listening already (the kernel queues the connection); the daemon answers once it runs.
+  auto conn = connect();
+  json h = call(conn, {{"id", 1}, {"op", "health"}});
+  EXPECT_EQ(h["ok"], true) << daemon_->log();
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "unused.sock"));
+  EXPECT_NE(daemon_->log().find("socket passed by systemd"), std::string::npos) << daemon_->log();
+  ASSERT_EQ(daemon_->terminate(), 0);
+  EXPECT_TRUE(std::filesystem::exists(socket_));  // systemd owns it: not unlinked
+}
+
+TEST_F(DaemonBinaryTest, BadConfigurationStopsStartUpNamingTheVariable) {
+  env_["CAR_INFERENCE_MODEL_CACHE_MB"] = "lots";
+  DaemonProcess p(env_, (tmp_ / "bad.log").string());
+  auto code = p.wait_exit(20s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(p.log().find("CAR_INFERENCE_MODEL_CACHE_MB"), std::string::npos) << p.log();
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}
+
+// ---- with the engine --------------------------------------------------------------------------------------
+
+#if CAR_DAEMON_HAVE_ENGINE
+constexpr bool kHaveEngine = true;
+// n_layer 0: the model of the streaming/cancel tests - big enough that ~1900 tokens take a good fraction
+// of a second, so a cancel or a disconnect lands while it still generates.
+void write_model(const std::filesystem::path& path, uint64_t seed, uint32_t n_layer = 0) {
+  synth::SynthSpec spec = synth::tiny_spec("llama");
+  spec.seed = seed;
+  if (n_layer == 0) {
+    spec.n_layer = 4;
+    spec.n_embd = 128;
+    spec.n_ff = 384;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.head_dim = 0;
+    spec.n_vocab = 512;
+    spec.weight_type = "f16";
+  } else {
+    spec.n_layer = n_layer;
+  }
+  spec.n_ctx = 2048;
+  auto ok = synth::write_synth_model(spec, path.string());
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+}
+#else
+constexpr bool kHaveEngine = false;
+void write_model(const std::filesystem::path&, uint64_t, uint32_t = 0) {}
+#endif
+
+class DaemonBinaryEngineTest : public DaemonBinaryTest {
+ protected:
+  void SetUp() override {
+    if (!kHaveEngine) GTEST_SKIP() << "car-inferenced was built without the inference engine";
+    DaemonBinaryTest::SetUp();
+    write_model(models_ / "tiny.gguf", 1);
+  }
+  json infer_request(json id, int max_tokens, bool stream) {
+    return {{"id", id},          {"op", "infer"},          {"model", "tiny"},     {"prompt", "Hello world"},
+            {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}, {"stream", stream}};
+  }
+};
+
+TEST_F(DaemonBinaryEngineTest, StreamsTokensThenTheResult) {
+  start();
+  auto conn = connect();
+  json load = call(conn, {{"id", "l"}, {"op", "load"}, {"model", "tiny"}});
+  ASSERT_EQ(load["ok"], true) << load.dump() << daemon_->log();
+  EXPECT_EQ(load["result"]["cached"], false);
+  EXPECT_GT(load["result"]["size_bytes"].get<uint64_t>(), 0u);
+  std::vector<json> events;
+  json r = call(conn, infer_request(1, 12, true), &events);
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  EXPECT_EQ(r["result"]["finish_reason"], "length");
+  EXPECT_EQ(r["result"]["tokens"].size(), 12u);
+  std::string joined;
+  std::size_t real_tokens = 0;
+  for (const auto& e : events) {
+    EXPECT_EQ(e["event"], "token");
+    joined += e["text"].get<std::string>();
+    if (e["token"] != -1) ++real_tokens;  // -1: held-back text flushed at the end
+  }
+  EXPECT_EQ(real_tokens, 12u);
+  EXPECT_EQ(joined, r["result"]["text"].get<std::string>());
+  // Greedy decoding is deterministic: the same request gives the same tokens, from the cache.
+  json again = call(conn, infer_request(2, 12, false));
+  EXPECT_EQ(again["result"]["tokens"], r["result"]["tokens"]);
+  EXPECT_EQ(stats(conn)["cache"]["loads"], 1);
+}
+
+TEST_F(DaemonBinaryEngineTest, CancelAndContextOverflow) {
+  start();
+  auto conn = connect();
+  ASSERT_TRUE(conn.send_line(infer_request("long", 1900, true).dump()).ok());
+  json first = read_json(conn, 60s);
+  ASSERT_EQ(first["event"], "token") << first.dump();
+  json c = call(conn, {{"id", "c"}, {"op", "cancel"}, {"target", "long"}});
+  EXPECT_EQ(c["result"]["cancelled"], true);
+  json r;
+  do {
+    r = read_json(conn, 60s);
+  } while (r.is_object() && r.contains("event"));
+  EXPECT_EQ(r["id"], "long");
+  EXPECT_EQ(r["result"]["finish_reason"], "cancelled") << r.dump();
+  EXPECT_LT(r["result"]["tokens"].size(), 1900u);
+
+  std::string huge;
+  for (int i = 0; i < 2500; ++i) huge += "word ";
+  json over = call(conn, {{"id", "o"}, {"op", "infer"}, {"model", "tiny"}, {"prompt", huge}, {"max_tokens", 8}});
+  EXPECT_EQ(error_code(over), "context_overflow") << over.dump();
+}
+
+TEST_F(DaemonBinaryEngineTest, DisconnectCancelsWithinOneToken) {
+  start();
+  auto observer = connect();
+  {
+    auto conn = connect();
+    ASSERT_TRUE(conn.send_line(infer_request(1, 1900, true).dump()).ok());
+    ASSERT_EQ(read_json(conn, 60s)["event"], "token");
+  }
+  EXPECT_TRUE(wait_until([&] { return stats(observer)["requests"]["in_flight"] == 0; }, 30s));
+  EXPECT_TRUE(wait_until([&] { return daemon_->log().find("ok(cancelled") != std::string::npos; }, 10s))
+      << daemon_->log();
+}
+
+TEST_F(DaemonBinaryEngineTest, SigtermDuringALongInferExitsCleanly) {
+  env_["CAR_INFERENCE_SHUTDOWN_GRACE_SECS"] = "1";
+  start();
+  auto conn = connect();
+  ASSERT_TRUE(conn.send_line(infer_request("long", 1900, true).dump()).ok());
+  ASSERT_EQ(read_json(conn, 60s)["event"], "token");
+  ::kill(daemon_->pid(), SIGTERM);
+  // The request ends (finished or cancelled after the 1 s grace) and is answered before the exit.
+  json r;
+  do {
+    r = read_json(conn, 60s);
+  } while (r.is_object() && r.contains("event"));
+  EXPECT_EQ(r["id"], "long");
+  EXPECT_EQ(r["ok"], true) << r.dump();
+  auto code = daemon_->wait_exit(30s);
+  ASSERT_TRUE(code.has_value()) << daemon_->log();
+  EXPECT_EQ(*code, 0) << daemon_->log();
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}
+
+TEST_F(DaemonBinaryEngineTest, IdleEvictionWithAOneSecondTtl) {
+  env_["CAR_INFERENCE_MODEL_IDLE_SECS"] = "1";
+  start();
+  auto conn = connect();
+  ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "tiny"}})["ok"], true);
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 1);
+  EXPECT_TRUE(wait_until([&] { return stats(conn)["cache"]["entries"] == 0; }, 10s));
+  EXPECT_EQ(stats(conn)["cache"]["evictions_by_cause"]["idle"], 1);
+}
+
+TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
+  for (uint64_t seed : {2, 3, 4}) write_model(models_ / ("m" + std::to_string(seed) + ".gguf"), seed, 1);
+  const uint64_t size = std::filesystem::file_size(models_ / "m2.gguf");
+  // A budget of two and a half models (in MiB, the setting's unit): grow the models' count of MiB.
+  const uint64_t budget_mb = 1;
+  if (!(2 * size <= (budget_mb << 20) && 3 * size > (budget_mb << 20))) {
+    // tiny_spec's size moved: make each model about 400 KiB by adding layers.
+    for (uint32_t layers = 2; layers < 64; ++layers) {
+      for (uint64_t seed : {2, 3, 4}) write_model(models_ / ("m" + std::to_string(seed) + ".gguf"), seed, layers);
+      uint64_t s = std::filesystem::file_size(models_ / "m2.gguf");
+      if (2 * s <= (budget_mb << 20) && 3 * s > (budget_mb << 20)) break;
+      ASSERT_LE(s, budget_mb << 20) << "no layer count makes two models fit in 1 MiB and three not";
+    }
+  }
+  env_["CAR_INFERENCE_MODEL_CACHE_MB"] = std::to_string(budget_mb);
+  start();
+  auto conn = connect();
+  for (const char* m : {"m2", "m3", "m4"}) {
+    json r = call(conn, {{"id", m}, {"op", "load"}, {"model", m}});
+    ASSERT_EQ(r["ok"], true) << r.dump();
+  }
+  json s = stats(conn);
+  EXPECT_EQ(s["cache"]["entries"], 2) << s.dump();
+  EXPECT_GE(s["cache"]["evictions_by_cause"]["capacity"], 1);
+  json l = call(conn, {{"id", "l"}, {"op", "list"}});
+  std::map<std::string, bool> loaded;
+  for (const auto& m : l["result"]["models"]) loaded[m["model"].get<std::string>()] = m["loaded"].get<bool>();
+  EXPECT_FALSE(loaded["m2"]);  // the least recently used went first
+  EXPECT_TRUE(loaded["m4"]);
+}
+
+}  // namespace
+}  // namespace car
