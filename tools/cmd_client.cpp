@@ -1,0 +1,247 @@
+// `car load|infer|stats|invalidate|list|health`: the client of car-inferenced (docs/protocol.md).
+//
+// Each command sends one request over the Unix socket (--socket, else $CAR_INFERENCE_SOCKET, else the
+// daemon's default path) and prints the answer for a person, or with --json the daemon's raw reply line.
+// `infer` prints tokens as they stream; `load` shows elapsed time on a terminal while a load takes long.
+// Exit codes: 0 success, 1 the daemon answered an error (its code and message go to stderr), 3 the daemon
+// could not be reached or broke the protocol.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/settings.h"
+#include "daemon/client.h"
+#include "daemon/protocol.h"
+#include "tools/command_registry.h"
+
+namespace car::tools {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr int kExitDaemonError = 1;
+constexpr int kExitUnreachable = 3;
+
+struct ClientOptions {
+  std::string socket;
+  bool json_output = false;
+  double timeout_s = 0;  // 0 = wait as long as it takes
+};
+
+[[noreturn]] void fail(int code, const std::string& msg) {
+  std::fprintf(stderr, "car: %s\n", msg.c_str());
+  throw CommandFailed(code);
+}
+
+std::string socket_path(const ClientOptions& o) {
+  if (!o.socket.empty()) return o.socket;
+  auto env = config::current_environment();
+  if (auto it = env.find("CAR_INFERENCE_SOCKET"); it != env.end() && !it->second.empty()) return it->second;
+  if (auto p = config::default_socket_path(env, ::geteuid())) return p->string();
+  fail(kExitUnreachable, "no socket path: pass --socket or set CAR_INFERENCE_SOCKET");
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+/// One request/response exchange. `on_event` sees streamed events; `on_wait` is called about every
+/// 200 ms while nothing arrives (elapsed seconds).
+protocol::Reply exchange(const ClientOptions& o, json request, const std::function<void(const protocol::Reply&)>& on_event,
+                         const std::function<void(double)>& on_wait = {}) {
+  auto conn = protocol::ClientConnection::connect(socket_path(o));
+  if (!conn) fail(kExitUnreachable, conn.error().message);
+  request["id"] = 1;
+  if (auto sent = conn->send_line(request.dump()); !sent) fail(kExitUnreachable, sent.error().message);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    auto line = conn->read_line(200ms);
+    if (!line) fail(kExitUnreachable, line.error().message);
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!line->has_value()) {
+      if (o.timeout_s > 0 && elapsed > o.timeout_s) fail(kExitUnreachable, "no answer within the --timeout");
+      if (on_wait) on_wait(elapsed);
+      continue;
+    }
+    auto reply = protocol::parse_reply(**line);
+    if (!reply) fail(kExitUnreachable, reply.error().message);
+    if (reply->is_event) {
+      if (on_event) on_event(*reply);
+      continue;
+    }
+    if (o.json_output) std::printf("%s\n", line->value().c_str());
+    if (!reply->ok) fail(kExitDaemonError, reply->error_code + ": " + reply->error_message);
+    return std::move(*reply);
+  }
+}
+
+void add_common(CLI::App* cmd, ClientOptions& o) {
+  cmd->add_option("--socket", o.socket, "the daemon's socket (default: $CAR_INFERENCE_SOCKET or the daemon's default)");
+  cmd->add_flag("--json", o.json_output, "print the daemon's raw JSON reply");
+  cmd->add_option("--timeout", o.timeout_s, "give up after this many seconds (default: wait)");
+}
+
+void print_stats(const json& r) {
+  const json& c = r["cache"];
+  std::printf("cache: %s of %s in %d model(s); hits %llu, misses %llu, loads %llu (%llu failed), evictions %llu\n",
+              human_bytes(c.value("total_bytes", 0.0)).c_str(), human_bytes(c.value("budget_bytes", 0.0)).c_str(),
+              c.value("entries", 0), c.value("hits", 0ull), c.value("misses", 0ull), c.value("loads", 0ull),
+              c.value("load_failures", 0ull), c.value("evictions", 0ull));
+  for (const auto& m : r["models"]) {
+    std::printf("  %-32s %10s  %s  idle %.0f s, age %.0f s, %llu hit(s)%s\n", m.value("model", "").c_str(),
+                human_bytes(m.value("size_bytes", 0.0)).c_str(), m.value("in_use", false) ? "in use" : "idle  ",
+                m.value("idle_s", 0.0), m.value("age_s", 0.0), m.value("hits", 0ull),
+                m.value("streaming", false) ? ", experts streamed" : "");
+  }
+  const json& q = r["requests"];
+  std::printf("requests: %llu total, %llu in flight, %llu refused busy; uptime %.0f s; engine %s\n",
+              q.value("total", 0ull), q.value("in_flight", 0ull), q.value("busy_rejections", 0ull),
+              r.value("uptime_s", 0.0), r.value("engine", "?").c_str());
+}
+
+void setup_client_commands(CLI::App& root) {
+  // Options live as long as the app (static storage: one command runs per process).
+  static ClientOptions common;
+
+  {
+    static std::string model;
+    auto* cmd = root.add_subcommand("load", "ask the daemon to load MODEL into its cache");
+    cmd->add_option("model", model, "model id (<models dir>/<id>.gguf)")->required();
+    add_common(cmd, common);
+    cmd->callback([] {
+      const bool tty = ::isatty(STDERR_FILENO) != 0 && !common.json_output;
+      bool shown = false;
+      auto reply = exchange(common, {{"op", "load"}, {"model", model}}, nullptr, [&](double elapsed) {
+        if (tty && elapsed >= 1.0) {
+          std::fprintf(stderr, "\rloading %s... %.1f s", model.c_str(), elapsed);
+          std::fflush(stderr);
+          shown = true;
+        }
+      });
+      if (shown) std::fprintf(stderr, "\r\033[K");
+      if (common.json_output) return;
+      const json& r = reply.result;
+      std::printf("%s: %s (%s, %.0f ms%s)\n", model.c_str(), r.value("cached", false) ? "already loaded" : "loaded",
+                  human_bytes(r.value("size_bytes", 0.0)).c_str(), r.value("load_ms", 0.0),
+                  r.value("streaming", false) ? ", experts streamed from disk" : "");
+    });
+  }
+
+  {
+    static std::string model, prompt;
+    static int max_tokens = 128;
+    static std::optional<double> temperature, top_p;
+    static std::optional<int> top_k;
+    static std::optional<uint64_t> seed;
+    static std::vector<std::string> stop;
+    static bool no_stream = false;
+    auto* cmd = root.add_subcommand("infer", "generate from MODEL through the daemon, printing tokens as they come");
+    cmd->add_option("model", model, "model id")->required();
+    cmd->add_option("prompt", prompt, "the prompt")->required();
+    cmd->add_option("--max-tokens,-n", max_tokens, "tokens to generate at most")->capture_default_str();
+    cmd->add_option("--temperature", temperature, "sampling temperature (0 = greedy)");
+    cmd->add_option("--top-k", top_k, "top-k (0 = off)");
+    cmd->add_option("--top-p", top_p, "top-p (1 = off)");
+    cmd->add_option("--seed", seed, "sampling seed");
+    cmd->add_option("--stop", stop, "stop string (repeatable)");
+    cmd->add_flag("--no-stream", no_stream, "print the text only when generation ends");
+    add_common(cmd, common);
+    cmd->callback([] {
+      json req = {{"op", "infer"}, {"model", model}, {"prompt", prompt}, {"max_tokens", max_tokens}};
+      if (temperature) req["temperature"] = *temperature;
+      if (top_k) req["top_k"] = *top_k;
+      if (top_p) req["top_p"] = *top_p;
+      if (seed) req["seed"] = *seed;
+      if (!stop.empty()) req["stop"] = stop;
+      const bool stream = !no_stream && !common.json_output;
+      req["stream"] = stream;
+      auto reply = exchange(common, req, [&](const protocol::Reply& ev) {
+        if (ev.event != "token") return;
+        std::string text = ev.raw.value("text", "");
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      });
+      if (common.json_output) return;
+      const json& r = reply.result;
+      if (!stream) std::fputs(r.value("text", "").c_str(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);  // the text before the summary on stderr
+      const json& t = r["timings"];
+      std::fprintf(stderr, "[%zu token(s), finish: %s; load %.0f ms, queue %.0f ms, prompt %.0f ms, decode %.0f ms]\n",
+                   r["tokens"].size(), r.value("finish_reason", "?").c_str(), t.value("load_ms", 0.0),
+                   t.value("queue_ms", 0.0), t.value("prompt_ms", 0.0), t.value("decode_ms", 0.0));
+    });
+  }
+
+  {
+    auto* cmd = root.add_subcommand("stats", "the daemon's cache, models and request counters");
+    add_common(cmd, common);
+    cmd->callback([] {
+      auto reply = exchange(common, {{"op", "stats"}}, nullptr);
+      if (!common.json_output) print_stats(reply.result);
+    });
+  }
+
+  {
+    static std::string model;
+    auto* cmd = root.add_subcommand("invalidate", "drop MODEL from the daemon's cache");
+    cmd->add_option("model", model, "model id")->required();
+    add_common(cmd, common);
+    cmd->callback([] {
+      auto reply = exchange(common, {{"op", "invalidate"}, {"model", model}}, nullptr);
+      if (!common.json_output) {
+        std::printf("%s: %s\n", model.c_str(), reply.result.value("evicted", false) ? "evicted" : "was not loaded");
+      }
+    });
+  }
+
+  {
+    auto* cmd = root.add_subcommand("list", "the models in the daemon's models directory");
+    add_common(cmd, common);
+    cmd->callback([] {
+      auto reply = exchange(common, {{"op", "list"}}, nullptr);
+      if (common.json_output) return;
+      const json& r = reply.result;
+      std::printf("models in %s:\n", r.value("models_dir", "?").c_str());
+      if (r["models"].empty()) std::printf("  (none)\n");
+      for (const auto& m : r["models"]) {
+        std::printf("  %-32s %10s  %s\n", m.value("model", "").c_str(), human_bytes(m.value("size_bytes", 0.0)).c_str(),
+                    m.value("loaded", false) ? "loaded" : "");
+      }
+    });
+  }
+
+  {
+    auto* cmd = root.add_subcommand("health", "is the daemon up?");
+    add_common(cmd, common);
+    cmd->callback([] {
+      auto reply = exchange(common, {{"op", "health"}}, nullptr);
+      if (common.json_output) return;
+      const json& r = reply.result;
+      std::printf("%s (engine: %s, up %.0f s, %d model(s) loaded, %d request(s) in flight)\n",
+                  r.value("status", "?").c_str(), r.value("engine", "?").c_str(), r.value("uptime_s", 0.0),
+                  r.value("models_loaded", 0), r.value("in_flight", 0));
+    });
+  }
+}
+
+CAR_REGISTER_COMMANDS(setup_client_commands);
+
+}  // namespace
+}  // namespace car::tools
