@@ -133,6 +133,10 @@ void conformance_seeds(const fs::path& out, const fs::path& conf) {
 void synth_seeds(const fs::path& out) {
   for (const char* arch : {"llama", "llama-moe", "qwen3", "qwen3moe"}) {
     synth::SynthSpec s = synth::tiny_spec(arch);
+    s.n_embd = 16;  // keep each seed well under -max_len
+    s.n_vocab = 260;
+    s.tied_embeddings = true;
+    if (s.head_dim == 0 || s.head_dim > 8) s.head_dim = 8;
     const fs::path p = out / (std::string("synth_") + arch + ".gguf");
     auto r = synth::write_synth_model(s, p.string());
     if (!r.ok()) {

@@ -389,7 +389,8 @@ TEST(GgufCorrupt, NoTensorsNeedsNoPadding) {
 TEST(GgufCorrupt, VersionTwoAccepted) {
   Spec s = baseline();
   s.version = 2;
-  auto g = GgufFile::parse(encode(s).bytes);
+  const auto bytes = encode(s).bytes;
+  auto g = GgufFile::parse(bytes);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_EQ((*g)->version(), 2u);
 }

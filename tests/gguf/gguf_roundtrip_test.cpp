@@ -118,7 +118,8 @@ TEST(GgufRoundTrip, SetReplacesInPlace) {
   w.set_u32("a", 1);
   w.set_u32("b", 2);
   w.set_string("a", "x");
-  auto g = GgufFile::parse(w.to_bytes());
+  const auto bytes = w.to_bytes();  // must outlive the parsed view
+  auto g = GgufFile::parse(bytes);
   ASSERT_TRUE(g.ok());
   ASSERT_EQ((*g)->metadata().size(), 2u);
   EXPECT_EQ((*g)->metadata()[0].key, "a");
@@ -172,7 +173,8 @@ TEST(GgufRoundTrip, CustomAlignment) {
     w.set_u32("general.alignment", align);
     ASSERT_TRUE(w.add_tensor("x", GgmlType::I8, {3}, pattern(3, 9)).ok());
     ASSERT_TRUE(w.add_tensor("y", GgmlType::I8, {5}, pattern(5, 10)).ok());
-    auto g = GgufFile::parse(w.to_bytes());
+    const auto bytes = w.to_bytes();  // must outlive the parsed view
+    auto g = GgufFile::parse(bytes);
     ASSERT_TRUE(g.ok()) << g.error().message;
     EXPECT_EQ((*g)->alignment(), align);
     EXPECT_EQ((*g)->data_offset() % align, 0u);
@@ -219,7 +221,8 @@ TEST(GgufAccessors, ReportKeyAndTypes) {
   w.set_u32("u", 7);
   w.set_u64("big", std::numeric_limits<uint64_t>::max());
   w.set_array("arr", array_of(ValueType::INT32, {}));
-  auto g = GgufFile::parse(w.to_bytes());
+  const auto bytes = w.to_bytes();  // must outlive the parsed view
+  auto g = GgufFile::parse(bytes);
   ASSERT_TRUE(g.ok());
   const GgufFile& f = **g;
   auto r = f.get_uint("s");
