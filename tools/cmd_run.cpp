@@ -2,7 +2,8 @@
 //
 // Human mode streams the generated text to stdout as tokens arrive and prints the timings to stderr;
 // `--json` prints the one object CONTRACT.md describes (prompt_tokens, tokens, text, finish_reason,
-// timings, top_logprobs). Exit status: 0 on success, 1 when loading or generation fails, 2 on bad flags.
+// timings, top_logprobs). Exit status: 0 on success, 1 when loading or generation fails, 2 on bad input
+// this file checks (ids, settings from the environment); flags CLI11 rejects exit with its own codes.
 #include <chrono>
 #include <cstdio>
 #include <memory>
