@@ -1,12 +1,13 @@
 // `car tokenize FILE.gguf TEXT [--json] [--no-bos] [--parse-special]`: the model's tokenization of TEXT.
 //
-// Tokenizes as the engine does for a prompt: BOS/EOS added as the vocabulary asks unless --no-bos, special-token
-// text left as plain text unless --parse-special (CONTRACT.md). TEXT "-" reads standard input. Human output is
-// one token per line (`id<TAB>piece`, the piece C-escaped); --json prints {"ids": [...], "pieces": [...]} with
-// pieces as llama_token_to_piece(special = true) gives them (bytes that are not valid UTF-8 become U+FFFD).
+// Tokenizes as the engine does for a prompt: BOS/EOS added as the vocabulary asks unless --no-bos,
+// special-token text left as plain text unless --parse-special (CONTRACT.md). TEXT "-" reads standard input.
+// Human output is one token per line (`id<TAB>piece`, the piece C-escaped); --json prints {"ids": [...],
+// "pieces": [...]} with pieces as llama_token_to_piece(special = true) gives them (bytes that are not valid
+// UTF-8 become U+FFFD).
 #include <cstdio>
 #include <iostream>
-#include <iterator>
+#include <sstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -36,10 +37,18 @@ std::string escape(const std::string& piece) {
   std::string out;
   for (unsigned char c : piece) {
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\\': out += "\\\\"; break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
       default:
         if (c < 0x20 || c == 0x7F) {
           char buf[8];
@@ -59,7 +68,11 @@ void run_tokenize(const TokenizeOptions& o) {
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
   if (!tok) fail(o.file + ": " + tok.error().message);
   std::string text = o.text;
-  if (text == "-") text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  if (text == "-") {
+    std::stringstream in;
+    in << std::cin.rdbuf();
+    text = in.str();
+  }
   const auto ids = (*tok)->encode(text, !o.no_bos, o.parse_special);
   if (o.json) {
     nlohmann::json j;
@@ -74,7 +87,8 @@ void run_tokenize(const TokenizeOptions& o) {
 
 void setup(CLI::App& root) {
   auto o = std::make_shared<TokenizeOptions>();
-  auto* cmd = root.add_subcommand("tokenize", "Print the token ids (and pieces) of TEXT for a model's vocabulary");
+  auto* cmd =
+      root.add_subcommand("tokenize", "Print the token ids (and pieces) of TEXT for a model's vocabulary");
   cmd->add_option("file", o->file, "GGUF file (a model or a vocab-only file)")->required();
   cmd->add_option("text", o->text, "Text to tokenize ('-' reads standard input)")->required();
   cmd->add_flag("--json", o->json, "One JSON object: {\"ids\": [...], \"pieces\": [...]}");

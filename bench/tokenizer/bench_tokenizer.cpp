@@ -62,7 +62,8 @@ std::string mixed_text(const fs::path& inp) {
 const std::string& prose_text() {
   static const std::string text = repeat_to_size(
       "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there "
-      "lived an old fisherman who told stories to anyone who would listen. \"It's not the size of the boat,\" "
+      "lived an old fisherman who told stories to anyone who would listen. \"It's not the size of the "
+      "boat,\" "
       "he'd say, \"but the patience of the sailor.\" The children laughed, and they'd come back every "
       "evening, 7 days a week, for 12 years.\n");
   return text;
@@ -82,28 +83,36 @@ void register_vocab(const std::string& name) {
   if (!tok) return;
   auto l = std::make_shared<Loaded>(Loaded{*file, *tok, mixed_text(base.string() + ".inp")});
 
-  benchmark::RegisterBenchmark(("Encode/" + name + "/mixed").c_str(), [l](benchmark::State& state) {
-    size_t n = 0;
-    for (auto _ : state) {
-      auto ids = l->tok->encode(l->mixed, false, false);
-      n = ids.size();
-      benchmark::DoNotOptimize(ids.data());
-    }
-    state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * l->mixed.size()));
-    state.counters["tokens"] = static_cast<double>(n);
-  })->Unit(benchmark::kMillisecond)->MinTime(1.0);
+  benchmark::RegisterBenchmark(
+      ("Encode/" + name + "/mixed").c_str(),
+      [l](benchmark::State& state) {
+        size_t n = 0;
+        for (auto _ : state) {
+          auto ids = l->tok->encode(l->mixed, false, false);
+          n = ids.size();
+          benchmark::DoNotOptimize(ids.data());
+        }
+        state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * l->mixed.size()));
+        state.counters["tokens"] = static_cast<double>(n);
+      })
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(1.0);
 
-  benchmark::RegisterBenchmark(("Encode/" + name + "/prose").c_str(), [l](benchmark::State& state) {
-    const std::string& text = prose_text();
-    size_t n = 0;
-    for (auto _ : state) {
-      auto ids = l->tok->encode(text, false, false);
-      n = ids.size();
-      benchmark::DoNotOptimize(ids.data());
-    }
-    state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
-    state.counters["tokens"] = static_cast<double>(n);
-  })->Unit(benchmark::kMillisecond)->MinTime(1.0);
+  benchmark::RegisterBenchmark(
+      ("Encode/" + name + "/prose").c_str(),
+      [l](benchmark::State& state) {
+        const std::string& text = prose_text();
+        size_t n = 0;
+        for (auto _ : state) {
+          auto ids = l->tok->encode(text, false, false);
+          n = ids.size();
+          benchmark::DoNotOptimize(ids.data());
+        }
+        state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
+        state.counters["tokens"] = static_cast<double>(n);
+      })
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(1.0);
 
   benchmark::RegisterBenchmark(("Load/" + name).c_str(), [l](benchmark::State& state) {
     for (auto _ : state) {
@@ -117,8 +126,8 @@ void register_vocab(const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (const char* name : {"llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder",
-                           "falcon", "mpt", "starcoder", "refact", "bert-bge"}) {
+  for (const char* name : {"llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "deepseek-llm",
+                           "deepseek-coder", "falcon", "mpt", "starcoder", "refact", "bert-bge"}) {
     register_vocab(name);
   }
   benchmark::Initialize(&argc, argv);

@@ -24,15 +24,42 @@ namespace car::tokenizer {
 
 /// The pre-tokenizer families llama.cpp distinguishes (only those with different regexes or flags).
 enum class PreType {
-  default_pre, llama3, deepseek_llm, deepseek_coder, falcon, mpt, starcoder, gpt2, refact, command_r,
-  qwen2, stablelm2, olmo, dbrx, smaug, poro, bloom, gpt3_finnish, viking, jais, smollm, codeshell, exaone,
-  minerva, chatglm4, tekken, chameleon, gpt4o, trillion, granite_docling,
+  default_pre,
+  llama3,
+  deepseek_llm,
+  deepseek_coder,
+  falcon,
+  mpt,
+  starcoder,
+  gpt2,
+  refact,
+  command_r,
+  qwen2,
+  stablelm2,
+  olmo,
+  dbrx,
+  smaug,
+  poro,
+  bloom,
+  gpt3_finnish,
+  viking,
+  jais,
+  smollm,
+  codeshell,
+  exaone,
+  minerva,
+  chatglm4,
+  tekken,
+  chameleon,
+  gpt4o,
+  trillion,
+  granite_docling,
 };
 
 /// What a `tokenizer.ggml.pre` name selects: the family and the vocabulary flags it implies.
 struct PreTypeInfo {
   PreType type = PreType::default_pre;
-  bool clean_spaces = true;    ///< detokenizer removes spaces before punctuation (clean_up_tokenization_spaces)
+  bool clean_spaces = true;  ///< detokenizer removes spaces before punctuation (clean_up_tokenization_spaces)
   bool ignore_merges = false;  ///< a whole word found in the vocabulary is one token without merging
   bool force_add_bos = false;  ///< the family always adds BOS unless the file says otherwise
 };

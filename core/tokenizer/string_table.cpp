@@ -37,7 +37,9 @@ void StringTable::reserve(size_t n, size_t bytes) {
   }
 }
 
-void StringTable::grow() { reserve(slots_.empty() ? 8 : slots_.size()); }
+void StringTable::grow() {
+  reserve(slots_.empty() ? 8 : slots_.size());
+}
 
 size_t StringTable::probe(std::string_view key, uint64_t hash) const {
   const size_t mask = slots_.size() - 1;
@@ -76,8 +78,12 @@ bool StringTable::put(std::string_view key, int32_t value, bool replace) {
   return true;
 }
 
-bool StringTable::assign(std::string_view key, int32_t value) { return put(key, value, true); }
-bool StringTable::insert_first(std::string_view key, int32_t value) { return put(key, value, false); }
+bool StringTable::assign(std::string_view key, int32_t value) {
+  return put(key, value, true);
+}
+bool StringTable::insert_first(std::string_view key, int32_t value) {
+  return put(key, value, false);
+}
 
 int32_t StringTable::find(std::string_view key) const {
   if (slots_.empty()) return kAbsent;

@@ -3,8 +3,8 @@
 // Vocabularies have up to a few hundred thousand tokens and merges that must be indexed at every model load;
 // node-based maps spend most of that time allocating and chasing pointers. Here keys are copied into one
 // arena (a byte vector addressed by offset, so moving the table keeps everything valid) and indexed by an
-// open-addressing array of 16-byte slots (linear probing, load factor <= 1/2, each slot caching half the key's
-// hash).
+// open-addressing array of 16-byte slots (linear probing, load factor <= 1/2, each slot caching half the
+// key's hash).
 //
 // Not thread-safe while being built; once built, find() is const and safe from many threads.
 #pragma once

@@ -14,7 +14,9 @@ namespace {
 constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
 
 // C isspace() in the "C" locale, which llama.cpp uses for lstrip/rstrip.
-bool is_ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool is_ascii_space(char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r');
+}
 
 // A piece of the input: raw text [offset, offset + length) or one already-decided token.
 struct Fragment {
@@ -183,7 +185,9 @@ std::string Tokenizer::piece(int32_t id, bool special, bool strip_leading_space)
   return out;
 }
 
-std::string Tokenizer::token_to_piece(int32_t id, bool special) const { return piece(id, special, false); }
+std::string Tokenizer::token_to_piece(int32_t id, bool special) const {
+  return piece(id, special, false);
+}
 
 namespace {
 
@@ -205,8 +209,8 @@ void clean_spaces(std::string& t) {
   for (size_t i = 1; i < n; ++i) {
     const char x = t[i];
     if (x == '\'' && i + 1 < n && t[i - 1] == ' ' && t[i + 1] == ' ') {
-      --w;          // the space before
-      t[++i] = 0;   // and the one after
+      --w;         // the space before
+      t[++i] = 0;  // and the one after
     }
     t[w++] = x;
   }
@@ -255,7 +259,8 @@ bool Tokenizer::is_eog(int32_t id) const {
 }
 
 std::string_view Tokenizer::token_text(int32_t id) const {
-  return vocab_.valid(id) ? std::string_view(vocab_.tokens[static_cast<size_t>(id)].text) : std::string_view();
+  return vocab_.valid(id) ? std::string_view(vocab_.tokens[static_cast<size_t>(id)].text)
+                          : std::string_view();
 }
 
 float Tokenizer::token_score(int32_t id) const {
@@ -267,7 +272,9 @@ StreamDecoder::StreamDecoder(std::shared_ptr<const Tokenizer> tokenizer, bool sp
   CAR_CHECK(tokenizer_ != nullptr);
 }
 
-std::string StreamDecoder::push(int32_t id) { return push_bytes(tokenizer_->token_to_piece(id, special_)); }
+std::string StreamDecoder::push(int32_t id) {
+  return push_bytes(tokenizer_->token_to_piece(id, special_));
+}
 
 std::string StreamDecoder::push_bytes(std::string_view bytes) {
   pending_.append(bytes);

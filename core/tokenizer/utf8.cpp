@@ -5,7 +5,9 @@
 namespace car::tokenizer {
 namespace {
 
-bool is_cont(uint8_t b) { return (b & 0xC0) == 0x80; }
+bool is_cont(uint8_t b) {
+  return (b & 0xC0) == 0x80;
+}
 
 // Strict classification of the sequence starting at p[0] (n > 0 bytes available):
 //   > 0: a valid sequence of that length;
@@ -162,7 +164,9 @@ std::string sanitize_utf8(std::string_view bytes) {
   return out;
 }
 
-const std::string& byte_to_unicode(uint8_t b) { return byte_table()[b]; }
+const std::string& byte_to_unicode(uint8_t b) {
+  return byte_table()[b];
+}
 
 int unicode_to_byte(uint32_t cpt) {
   if ((cpt >= 0x21 && cpt <= 0x7E) || (cpt >= 0xA1 && cpt <= 0xAC) || (cpt >= 0xAE && cpt <= 0xFF)) {

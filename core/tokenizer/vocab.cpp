@@ -21,13 +21,20 @@ Error bad_value(const std::string& key, const std::string& what) {
 // llama.cpp's token types (tokenizer.ggml.token_type) -> attributes.
 uint32_t attr_from_type(int64_t type) {
   switch (type) {
-    case 1: return kAttrNormal;
-    case 2: return kAttrUnknown;
-    case 3: return kAttrControl;
-    case 4: return kAttrUserDefined;
-    case 5: return kAttrUnused;
-    case 6: return kAttrByte;
-    default: return kAttrUndefined;
+    case 1:
+      return kAttrNormal;
+    case 2:
+      return kAttrUnknown;
+    case 3:
+      return kAttrControl;
+    case 4:
+      return kAttrUserDefined;
+    case 5:
+      return kAttrUnused;
+    case 6:
+      return kAttrByte;
+    default:
+      return kAttrUndefined;
   }
 }
 
@@ -54,8 +61,8 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
     if (!s) return s.error();
     scores = *s;
     if (scores->items.size() != n) {
-      return bad_value("tokenizer.ggml.scores", std::to_string(scores->items.size()) + " scores for " +
-                                                    std::to_string(n) + " tokens");
+      return bad_value("tokenizer.ggml.scores",
+                       std::to_string(scores->items.size()) + " scores for " + std::to_string(n) + " tokens");
     }
   }
   const gguf::ArrayValue* types = nullptr;
@@ -64,8 +71,8 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
     if (!t) return t.error();
     types = *t;
     if (types->items.size() != n) {
-      return bad_value("tokenizer.ggml.token_type", std::to_string(types->items.size()) + " types for " +
-                                                        std::to_string(n) + " tokens");
+      return bad_value("tokenizer.ggml.token_type",
+                       std::to_string(types->items.size()) + " types for " + std::to_string(n) + " tokens");
     }
   }
 
@@ -78,7 +85,8 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
   for (size_t i = 0; i < n; ++i) {
     TokenData& t = v.tokens[i];
     const std::string* text = items[i].get_if<std::string>();
-    if (text == nullptr) return bad_value("tokenizer.ggml.tokens", "element " + std::to_string(i) + " is not a string");
+    if (text == nullptr)
+      return bad_value("tokenizer.ggml.tokens", "element " + std::to_string(i) + " is not a string");
     t.text = *text;
     if (t.text.empty()) t.text = "[EMPTY_" + std::to_string(i) + "]";
     if (scores != nullptr) {
@@ -88,7 +96,8 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
     }
     if (types != nullptr) {
       auto ty = types->items[i].as_int();
-      if (!ty) return bad_value("tokenizer.ggml.token_type", "element " + std::to_string(i) + " is not an integer");
+      if (!ty)
+        return bad_value("tokenizer.ggml.token_type", "element " + std::to_string(i) + " is not an integer");
       t.attr = attr_from_type(*ty);
     }
     if (!v.token_to_id.assign(t.text, static_cast<int32_t>(i))) {  // duplicates: the last id wins
@@ -106,7 +115,8 @@ Result<void> read_merges(const GgufFile& f, Vocab& v) {
   auto merges = f.get_array("tokenizer.ggml.merges", ValueType::STRING);
   if (!merges) return merges.error();
   const auto& items = (*merges)->items;
-  if (items.size() > static_cast<size_t>(INT32_MAX)) return bad_value("tokenizer.ggml.merges", "too many merges");
+  if (items.size() > static_cast<size_t>(INT32_MAX))
+    return bad_value("tokenizer.ggml.merges", "too many merges");
   size_t total_bytes = 0;
   for (const auto& item : items) {
     if (const auto* str = item.get_if<std::string>()) total_bytes += str->size();
@@ -114,7 +124,8 @@ Result<void> read_merges(const GgufFile& f, Vocab& v) {
   v.merge_rank.reserve(items.size(), total_bytes);
   for (size_t i = 0; i < items.size(); ++i) {
     const std::string* mp = items[i].get_if<std::string>();
-    if (mp == nullptr) return bad_value("tokenizer.ggml.merges", "element " + std::to_string(i) + " is not a string");
+    if (mp == nullptr)
+      return bad_value("tokenizer.ggml.merges", "element " + std::to_string(i) + " is not a string");
     const std::string& m = *mp;
     // "left right", split at the first space after the first byte; a line without one merges nothing.
     if (m.size() < 2 || m.find(' ', 1) == std::string::npos) continue;
@@ -144,7 +155,8 @@ Result<void> read_flag(const GgufFile& f, const char* key, bool& flag) {
 }
 
 void force_control(Vocab& v, int32_t id) {
-  if ((v.tokens[static_cast<size_t>(id)].attr & kAttrControl) == 0) v.tokens[static_cast<size_t>(id)].attr = kAttrControl;
+  if ((v.tokens[static_cast<size_t>(id)].attr & kAttrControl) == 0)
+    v.tokens[static_cast<size_t>(id)].attr = kAttrControl;
 }
 
 // llama.cpp finds some special tokens by their text and makes them CONTROL.
@@ -154,15 +166,19 @@ void detect_special_by_text(Vocab& v) {
     std::initializer_list<std::string_view> texts;
   };
   const Rule rules[] = {
-      {&v.eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-                "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>"}},
+      {&v.eot,
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+        "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>"}},
       {&v.eom, {"<|eom_id|>"}},
-      {&v.fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
-                    "<｜fim▁begin｜>"}},
-      {&v.fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
-                    "<｜fim▁hole｜>"}},
-      {&v.fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<|code_middle|>",
-                    "<｜fim▁end｜>"}},
+      {&v.fim_pre,
+       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
+        "<｜fim▁begin｜>"}},
+      {&v.fim_suf,
+       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
+        "<｜fim▁hole｜>"}},
+      {&v.fim_mid,
+       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<|code_middle|>",
+        "<｜fim▁end｜>"}},
       {&v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"}},
       {&v.fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
       {&v.fim_sep, {"<|file_sep|>", "<|file_separator|>", "<fim-sep>", "<SEP>"}},
@@ -242,8 +258,9 @@ Result<Vocab> Vocab::load(const GgufFile& f) {
     v.bos = 101, v.unk = 100, v.sep = 102, v.pad = 0, v.mask = 103;
     v.add_space_prefix = false, v.clean_spaces = true, v.add_bos = true, v.add_eos = false, v.add_sep = true;
   } else {
-    return make_error("tokenizer_unknown_model", "unknown tokenizer model '" + v.model_name +
-                                                     "' (tokenizer.ggml.model; supported: llama, gpt2, bert)");
+    return make_error("tokenizer_unknown_model",
+                      "unknown tokenizer model '" + v.model_name +
+                          "' (tokenizer.ggml.model; supported: llama, gpt2, bert)");
   }
   if (auto r = read_flag(f, "tokenizer.ggml.add_space_prefix", v.add_space_prefix); !r) return r.error();
 
@@ -257,10 +274,10 @@ Result<Vocab> Vocab::load(const GgufFile& f) {
     if (!v.valid(*id)) *id = kNoToken;
   }
   const std::pair<const char*, int32_t*> ids[] = {
-      {"tokenizer.ggml.bos_token_id", &v.bos},      {"tokenizer.ggml.eos_token_id", &v.eos},
-      {"tokenizer.ggml.eot_token_id", &v.eot},      {"tokenizer.ggml.eom_token_id", &v.eom},
-      {"tokenizer.ggml.unknown_token_id", &v.unk},  {"tokenizer.ggml.seperator_token_id", &v.sep},
-      {"tokenizer.ggml.padding_token_id", &v.pad},  {"tokenizer.ggml.mask_token_id", &v.mask},
+      {"tokenizer.ggml.bos_token_id", &v.bos},         {"tokenizer.ggml.eos_token_id", &v.eos},
+      {"tokenizer.ggml.eot_token_id", &v.eot},         {"tokenizer.ggml.eom_token_id", &v.eom},
+      {"tokenizer.ggml.unknown_token_id", &v.unk},     {"tokenizer.ggml.seperator_token_id", &v.sep},
+      {"tokenizer.ggml.padding_token_id", &v.pad},     {"tokenizer.ggml.mask_token_id", &v.mask},
       {"tokenizer.ggml.fim_pre_token_id", &v.fim_pre}, {"tokenizer.ggml.fim_suf_token_id", &v.fim_suf},
       {"tokenizer.ggml.fim_mid_token_id", &v.fim_mid}, {"tokenizer.ggml.fim_pad_token_id", &v.fim_pad},
       {"tokenizer.ggml.fim_rep_token_id", &v.fim_rep}, {"tokenizer.ggml.fim_sep_token_id", &v.fim_sep},

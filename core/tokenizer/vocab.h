@@ -35,8 +35,8 @@ enum TokenAttr : uint32_t {
   kAttrUserDefined = 1u << 4,
   kAttrByte = 1u << 5,
   kAttrNormalized = 1u << 6,
-  kAttrLstrip = 1u << 7,   ///< matching as special text swallows whitespace on the left
-  kAttrRstrip = 1u << 8,   ///< ... and on the right
+  kAttrLstrip = 1u << 7,  ///< matching as special text swallows whitespace on the left
+  kAttrRstrip = 1u << 8,  ///< ... and on the right
   kAttrSingleWord = 1u << 9,
 };
 
@@ -78,14 +78,17 @@ struct Vocab {
   std::vector<int32_t> special_tokens;
   std::vector<int32_t> eog_ids;  ///< sorted
 
-  /// SPM byte fallback: the id of <0xNN> (or of the single-byte token), kNoToken when the vocabulary has none.
+  /// SPM byte fallback: the id of <0xNN> (or of the single-byte token), kNoToken when the vocabulary has
+  /// none.
   int32_t byte_token[256];
 
   static Result<Vocab> load(const gguf::GgufFile& file);
 
   int32_t find(std::string_view text) const { return token_to_id.find(text); }
   bool valid(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < tokens.size(); }
-  uint32_t attr(int32_t id) const { return valid(id) ? tokens[static_cast<size_t>(id)].attr : kAttrUndefined; }
+  uint32_t attr(int32_t id) const {
+    return valid(id) ? tokens[static_cast<size_t>(id)].attr : kAttrUndefined;
+  }
 };
 
 }  // namespace car::tokenizer

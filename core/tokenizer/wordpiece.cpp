@@ -45,14 +45,15 @@ std::vector<std::string> wordpiece_words(std::string_view text) {
       continue;
     }
     const int8_t cat = u_charType(c);
-    const bool is_control = cat == U_CONTROL_CHAR || cat == U_FORMAT_CHAR || cat == U_PRIVATE_USE_CHAR ||
-                            cat == U_SURROGATE;
+    const bool is_control =
+        cat == U_CONTROL_CHAR || cat == U_FORMAT_CHAR || cat == U_PRIVATE_USE_CHAR || cat == U_SURROGATE;
     if (cpt == 0 || cpt == kReplacementChar || is_control) continue;
-    const bool is_punct = cat == U_DASH_PUNCTUATION || cat == U_START_PUNCTUATION || cat == U_END_PUNCTUATION ||
-                          cat == U_CONNECTOR_PUNCTUATION || cat == U_OTHER_PUNCTUATION ||
-                          cat == U_INITIAL_PUNCTUATION || cat == U_FINAL_PUNCTUATION;
-    const bool is_symbol = cat == U_MATH_SYMBOL || cat == U_CURRENCY_SYMBOL || cat == U_MODIFIER_SYMBOL ||
-                           cat == U_OTHER_SYMBOL;
+    const bool is_punct = cat == U_DASH_PUNCTUATION || cat == U_START_PUNCTUATION ||
+                          cat == U_END_PUNCTUATION || cat == U_CONNECTOR_PUNCTUATION ||
+                          cat == U_OTHER_PUNCTUATION || cat == U_INITIAL_PUNCTUATION ||
+                          cat == U_FINAL_PUNCTUATION;
+    const bool is_symbol =
+        cat == U_MATH_SYMBOL || cat == U_CURRENCY_SYMBOL || cat == U_MODIFIER_SYMBOL || cat == U_OTHER_SYMBOL;
     std::string s;
     append_utf8(s, static_cast<uint32_t>(u_tolower(c)));
     if (is_punct || (cpt < 0x7F && is_symbol) || is_chinese_char(cpt)) {

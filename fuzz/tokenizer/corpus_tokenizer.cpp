@@ -16,15 +16,21 @@ int main(int argc, char** argv) {
   }
   const std::filesystem::path out = argv[1];
   std::filesystem::create_directories(out);
-  std::vector<std::string> texts = {
-      "Hello world", " Hello, y'all! How are you 😁 ?我想在apple工作1314151天～", "   \n\n\t  x  ",
-      "3333 33333 1234567", "<s>hi</s><|im_end|><tool>", "I'M here'll've", "\xC3\x28\xA0\xA1\xE2\x82\xF0\x9F\x98",
-      "\xED\xA0\x80\xC0\x80\xF8\x88\x80\x80\x80", "H\xC3\xA9llo \xE4\xBD\xA0\xE5\xA5\xBD \xD0\xBF\xD1\x80\xD0\xB8",
-      "a . b , c 's d 't 're"};
+  std::vector<std::string> texts = {"Hello world",
+                                    " Hello, y'all! How are you 😁 ?我想在apple工作1314151天～",
+                                    "   \n\n\t  x  ",
+                                    "3333 33333 1234567",
+                                    "<s>hi</s><|im_end|><tool>",
+                                    "I'M here'll've",
+                                    "\xC3\x28\xA0\xA1\xE2\x82\xF0\x9F\x98",
+                                    "\xED\xA0\x80\xC0\x80\xF8\x88\x80\x80\x80",
+                                    "H\xC3\xA9llo \xE4\xBD\xA0\xE5\xA5\xBD \xD0\xBF\xD1\x80\xD0\xB8",
+                                    "a . b , c 's d 't 're"};
   if (argc > 2) {
     const std::string sep = "\n__ggml_vocab_test__\n";
     for (const char* name : {"llama-bpe", "bert-bge", "deepseek-llm"}) {
-      const auto p = std::filesystem::path(argv[2]) / "tokenizer" / (std::string("ggml-vocab-") + name + ".gguf.inp");
+      const auto p =
+          std::filesystem::path(argv[2]) / "tokenizer" / (std::string("ggml-vocab-") + name + ".gguf.inp");
       std::ifstream in(p, std::ios::binary);
       if (!in) continue;
       std::stringstream ss;

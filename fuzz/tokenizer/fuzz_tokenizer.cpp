@@ -36,7 +36,8 @@ using car::tokenizer::Tokenizer;
 struct Entry {
   std::shared_ptr<const Tokenizer> tok;
   bool roundtrip;  // byte-complete synthetic vocabulary: valid UTF-8 must round-trip
-  std::shared_ptr<const car::tokenizer::Vocab> uncut = nullptr;  // SPM: the vocabulary with the cut-at-U+2581 optimisation off
+  std::shared_ptr<const car::tokenizer::Vocab> uncut =
+      nullptr;  // SPM: the vocabulary with the cut-at-U+2581 optimisation off
 };
 
 Entry spm_entry(std::shared_ptr<const Tokenizer> tok, bool roundtrip) {
@@ -70,8 +71,9 @@ void set_tokens(GgufWriter& w, const std::vector<std::string>& texts, const std:
   w.set_array("tokenizer.ggml.scores", std::move(sc));
 }
 
-const std::vector<std::string> kWords = {"a", "b", "c", "ab", "bc", "abc", "he", "ll", "hell", "o", "lo",
-                                         "wor", "ld", "\xC3\xA9", "\xE4\xBD\xA0", "<s>", "</s>"};
+const std::vector<std::string> kWords = {"a",    "b", "c",  "ab",  "bc", "abc",      "he",           "ll",
+                                         "hell", "o", "lo", "wor", "ld", "\xC3\xA9", "\xE4\xBD\xA0", "<s>",
+                                         "</s>"};
 
 std::shared_ptr<const Tokenizer> synthetic_spm() {
   std::vector<std::string> texts = {"<unk>", "<s>", "</s>", "<tool>", "<|im_end|>"};
@@ -176,7 +178,8 @@ std::vector<Entry> make_tokenizers() {
     if (!file) continue;
     auto tok = Tokenizer::from_gguf(**file);
     if (!tok) std::abort();  // the shared vocabularies must load
-    all.push_back((*tok)->type() == car::tokenizer::VocabType::spm ? spm_entry(*tok, false) : Entry{*tok, false});
+    all.push_back((*tok)->type() == car::tokenizer::VocabType::spm ? spm_entry(*tok, false)
+                                                                   : Entry{*tok, false});
   }
   return all;
 }
@@ -207,8 +210,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool has_special = false;
   for (int32_t id : ids) {
     if (id < 0 || id >= tok.n_vocab()) std::abort();
-    if (tok.token_attr(id) & (car::tokenizer::kAttrControl | car::tokenizer::kAttrUserDefined |
-                              car::tokenizer::kAttrUnknown)) {
+    if (tok.token_attr(id) &
+        (car::tokenizer::kAttrControl | car::tokenizer::kAttrUserDefined | car::tokenizer::kAttrUnknown)) {
       has_special = true;
     }
   }

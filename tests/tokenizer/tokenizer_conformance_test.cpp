@@ -159,7 +159,8 @@ TEST(ModelConformance, Stories260KPromptIdsMatchManifest) {
       EXPECT_EQ((*tok)->encode(prompt, true, true), expected) << prompt;
       // The generated ids decode to the recorded hex (pieces with special = true).
       std::string text;
-      for (int32_t id : c.at("generated_ids").get<std::vector<int32_t>>()) text += (*tok)->token_to_piece(id, true);
+      for (int32_t id : c.at("generated_ids").get<std::vector<int32_t>>())
+        text += (*tok)->token_to_piece(id, true);
       std::string hex;
       for (unsigned char ch : text) {
         static constexpr char kHex[] = "0123456789abcdef";
@@ -194,7 +195,8 @@ TEST(SpmSplitOptimisation, GivesTheSameIdsAsOneMerge) {
     uncut.spm_split_at_spaces = false;
     std::string text;
     for (const Case& c : read_cases(base.string() + ".inp", base.string() + ".out")) text += c.text + "\n";
-    text += "a\xE2\x96\x81\xE2\x96\x81 b\xF0\xE2\x96\x81x";  // literal U+2581 runs; one hidden in a bad sequence
+    text +=
+        "a\xE2\x96\x81\xE2\x96\x81 b\xF0\xE2\x96\x81x";  // literal U+2581 runs; one hidden in a bad sequence
     std::string escaped = "\xE2\x96\x81";
     for (char ch : text) escaped += ch == ' ' ? std::string("\xE2\x96\x81") : std::string(1, ch);
     std::vector<int32_t> cut_ids, uncut_ids;

@@ -66,12 +66,12 @@ std::vector<Tok> spm_tokens() {
     t.push_back({buf, 0, kByte});
   }
   // ids 259...
-  for (const Tok& x : std::vector<Tok>{{kSp, -5, kNormal},        // 259
-                                       {"a", -6, kNormal},        // 260
-                                       {"b", -6, kNormal},        // 261
-                                       {"c", -6, kNormal},        // 262
-                                       {kSp + "a", -1, kNormal},  // 263
-                                       {"ab", -2, kNormal},       // 264
+  for (const Tok& x : std::vector<Tok>{{kSp, -5, kNormal},             // 259
+                                       {"a", -6, kNormal},             // 260
+                                       {"b", -6, kNormal},             // 261
+                                       {"c", -6, kNormal},             // 262
+                                       {kSp + "a", -1, kNormal},       // 263
+                                       {"ab", -2, kNormal},            // 264
                                        {kSp + "ab", -0.5f, kNormal},   // 265
                                        {kSp + "abc", -0.1f, kNormal},  // 266
                                        {"bc", -3, kNormal},            // 267
@@ -98,7 +98,9 @@ std::shared_ptr<const Tokenizer> spm() {
 }
 
 using Ids = std::vector<int32_t>;
-int32_t byte_id(uint8_t b) { return 3 + b; }
+int32_t byte_id(uint8_t b) {
+  return 3 + b;
+}
 
 TEST(SpmTokenizer, MergesHighestScoreFirst) {
   auto t = spm();
@@ -166,7 +168,9 @@ TEST(StreamDecoder, HoldsBackSplitCharactersAndReplacesInvalidBytes) {
   EXPECT_EQ(d.push(byte_id(0xAC)), "\xE2\x82\xAC");
   EXPECT_EQ(d.push(byte_id(0xFF)), "\xEF\xBF\xBD");
   EXPECT_EQ(d.push(byte_id(0xC3)), "");
-  EXPECT_EQ(d.push(262), "\xEF\xBF\xBD" "c");  // the held byte can no longer complete
+  EXPECT_EQ(d.push(262),
+            "\xEF\xBF\xBD"
+            "c");  // the held byte can no longer complete
   EXPECT_EQ(d.push(byte_id(0xF0)), "");
   EXPECT_EQ(d.finish(), "\xEF\xBF\xBD");
   EXPECT_EQ(d.pending(), 0u);
@@ -191,7 +195,8 @@ std::shared_ptr<const Tokenizer> bpe(const std::string& pre = "gpt-2", bool with
   w.set_string("tokenizer.ggml.model", "gpt2");
   if (!pre.empty()) w.set_string("tokenizer.ggml.pre", pre);
   set_tokens(w, toks);
-  if (with_merges) w.set_array("tokenizer.ggml.merges", strings({"h e", "l l", "he ll", G + " w", G + "w o"}));
+  if (with_merges)
+    w.set_array("tokenizer.ggml.merges", strings({"h e", "l l", "he ll", G + " w", G + "w o"}));
   w.set_u32("tokenizer.ggml.bos_token_id", 261);
   w.set_u32("tokenizer.ggml.eos_token_id", 261);
   auto t = build(w);
@@ -215,7 +220,11 @@ TEST(BpeTokenizer, MergesByRankWithinWords) {
     EXPECT_EQ(t->decode(t->encode(s, false, false)), s);
   }
   // Invalid UTF-8 is read as llama.cpp reads it: each bad byte is U+FFFD.
-  EXPECT_EQ(t->decode(t->encode("a\xFF" "b", false, false)), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(t->decode(t->encode("a\xFF"
+                                "b",
+                                false, false)),
+            "a\xEF\xBF\xBD"
+            "b");
 }
 
 TEST(BpeTokenizer, SpecialTokensAndCleanUp) {
@@ -325,10 +334,12 @@ TEST(Pretokenizer, DeepseekLlmRegexesApplyInSequence) {
 }
 
 TEST(Pretokenizer, EveryKnownFamilyCompiles) {
-  for (const char* name : {"default", "llama3", "llama-bpe", "deepseek-llm", "deepseek-coder", "falcon", "mpt",
-                           "starcoder", "gpt-2", "gpt-neox", "refact", "qwen2", "command-r", "stablelm2", "olmo",
-                           "dbrx", "smaug-bpe", "poro-chat", "viking", "jais", "tekken", "smollm", "codeshell",
-                           "bloom", "gpt3-finnish", "exaone", "chameleon", "minerva-7b", "gpt-4o", "chatglm-bpe"}) {
+  for (const char* name :
+       {"default",      "llama3",    "llama-bpe", "deepseek-llm", "deepseek-coder", "falcon",
+        "mpt",          "starcoder", "gpt-2",     "gpt-neox",     "refact",         "qwen2",
+        "command-r",    "stablelm2", "olmo",      "dbrx",         "smaug-bpe",      "poro-chat",
+        "viking",       "jais",      "tekken",    "smollm",       "codeshell",      "bloom",
+        "gpt3-finnish", "exaone",    "chameleon", "minerva-7b",   "gpt-4o",         "chatglm-bpe"}) {
     const Words w = split(name, "Hello, World! 123 \xE4\xBD\xA0\xE5\xA5\xBD\n");
     std::string joined;
     for (const auto& s : w) joined += s;
@@ -342,10 +353,18 @@ std::shared_ptr<const Tokenizer> wpm() {
   GgufWriter w;
   w.set_string("tokenizer.ggml.model", "bert");
   w.set_string("tokenizer.ggml.pre", "bert-bge");
-  set_tokens(w, {{"[PAD]", 0, kControl},     {"[UNK]", 0, kUnknown},   {"[CLS]", 0, kControl},
-                 {"[SEP]", 0, kControl},     {kSp + "hello", 0, kNormal}, {kSp + "world", 0, kNormal},
-                 {kSp + "un", 0, kNormal},   {"aff", 0, kNormal},      {"able", 0, kNormal},
-                 {kSp + ",", 0, kNormal},    {kSp + "!", 0, kNormal},  {kSp + "\xE4\xBD\xA0", 0, kNormal}});
+  set_tokens(w, {{"[PAD]", 0, kControl},
+                 {"[UNK]", 0, kUnknown},
+                 {"[CLS]", 0, kControl},
+                 {"[SEP]", 0, kControl},
+                 {kSp + "hello", 0, kNormal},
+                 {kSp + "world", 0, kNormal},
+                 {kSp + "un", 0, kNormal},
+                 {"aff", 0, kNormal},
+                 {"able", 0, kNormal},
+                 {kSp + ",", 0, kNormal},
+                 {kSp + "!", 0, kNormal},
+                 {kSp + "\xE4\xBD\xA0", 0, kNormal}});
   w.set_u32("tokenizer.ggml.bos_token_id", 2);
   w.set_u32("tokenizer.ggml.seperator_token_id", 3);
   w.set_u32("tokenizer.ggml.unknown_token_id", 1);
@@ -365,7 +384,9 @@ TEST(WordPieceTokenizer, NormalisesAndMatchesLongestPieces) {
   EXPECT_EQ(t->encode("xyz hello", false, false), (Ids{1, 4}));
   EXPECT_EQ(t->encode("\xE4\xBD\xA0hello", false, false), (Ids{11, 4}));  // CJK ideographs stand alone
   EXPECT_EQ(t->encode("hello", true, false), (Ids{2, 4, 3}));
-  EXPECT_EQ(wordpiece_words("A\tb\xC2\xA0" "c"), (Words{"a", "b", "c"}));
+  EXPECT_EQ(wordpiece_words("A\tb\xC2\xA0"
+                            "c"),
+            (Words{"a", "b", "c"}));
   EXPECT_EQ(t->decode(Ids{4, 5}), " hello world");
 }
 

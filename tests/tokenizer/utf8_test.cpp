@@ -8,7 +8,9 @@ namespace {
 TEST(Utf8, LenientDecodeMatchesLlamaCpp) {
   EXPECT_EQ(decode_lenient("a\xC3\xA9"), (std::vector<uint32_t>{'a', 0xE9}));
   // A stray continuation byte and a truncated sequence each become one U+FFFD per byte.
-  EXPECT_EQ(decode_lenient("\x80" "b"), (std::vector<uint32_t>{kReplacementChar, 'b'}));
+  EXPECT_EQ(decode_lenient("\x80"
+                           "b"),
+            (std::vector<uint32_t>{kReplacementChar, 'b'}));
   EXPECT_EQ(decode_lenient("\xE2\x82"), (std::vector<uint32_t>{kReplacementChar, kReplacementChar}));
   // Overlong forms and surrogates are accepted, as llama.cpp's decoder does.
   EXPECT_EQ(decode_lenient("\xC0\x80"), (std::vector<uint32_t>{0}));
@@ -28,7 +30,10 @@ TEST(Utf8, EncodeAndStrictChecks) {
   EXPECT_EQ(incomplete_utf8_tail("ab\x80"), 0u);      // can never complete
   EXPECT_EQ(incomplete_utf8_tail("ab\xED\xA0"), 0u);  // would be a surrogate
   EXPECT_EQ(incomplete_utf8_tail("ab"), 0u);
-  EXPECT_EQ(sanitize_utf8("a\x80" "b\xE2\x82"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(sanitize_utf8("a\x80"
+                          "b\xE2\x82"),
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD");
   EXPECT_EQ(sanitize_utf8("\xC0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
