@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -252,6 +253,51 @@ TEST_F(DaemonBinaryTest, BadConfigurationStopsStartUpNamingTheVariable) {
   EXPECT_FALSE(std::filesystem::exists(socket_));
 }
 
+/// Run `car ARGS` (a shell command line); returns {exit code, stdout+stderr}.
+std::pair<int, std::string> run_car(const std::string& args) {
+  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+bool have_car() { return ::access((std::string(CAR_BINARY_DIR) + "/tools/car").c_str(), X_OK) == 0; }
+
+TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
+  if (!have_car()) GTEST_SKIP() << "the car client is not built";
+  start();
+  const std::string sock = " --socket " + socket_;
+  auto [hc, health] = run_car("health" + sock);
+  EXPECT_EQ(hc, 0) << health;
+  EXPECT_EQ(health.rfind("ok (engine: ", 0), 0u) << health;
+  auto [lc, list] = run_car("list --json" + sock);
+  ASSERT_EQ(lc, 0) << list;
+  json l = json::parse(list, nullptr, false);
+  ASSERT_FALSE(l.is_discarded()) << list;
+  EXPECT_EQ(l["result"]["models"][0]["model"], "garbage");
+  auto [sc, stats_out] = run_car("stats" + sock);
+  EXPECT_EQ(sc, 0);
+  EXPECT_NE(stats_out.find("cache: "), std::string::npos) << stats_out;
+  auto [ic, inv] = run_car("invalidate garbage" + sock);
+  EXPECT_EQ(ic, 0);
+  EXPECT_NE(inv.find("was not loaded"), std::string::npos) << inv;
+  // Errors: the daemon's code and message, exit 1; no daemon at all, exit 3.
+  auto [nc, missing] = run_car("load absent" + sock);
+  EXPECT_EQ(nc, 1);
+  EXPECT_NE(missing.find("not_found"), std::string::npos) << missing;
+  auto [fc, forbidden] = run_car("infer ../x hello" + sock);
+  EXPECT_EQ(fc, 1);
+  EXPECT_NE(forbidden.find("forbidden"), std::string::npos) << forbidden;
+  auto [uc, unreachable] = run_car("health --socket " + (tmp_ / "nobody.sock").string());
+  EXPECT_EQ(uc, 3) << unreachable;
+  EXPECT_NE(unreachable.find("cannot connect"), std::string::npos) << unreachable;
+  ASSERT_EQ(daemon_->terminate(), 0);
+}
+
 // ---- with the engine --------------------------------------------------------------------------------------
 
 #if CAR_DAEMON_HAVE_ENGINE
@@ -320,6 +366,24 @@ TEST_F(DaemonBinaryEngineTest, StreamsTokensThenTheResult) {
   json again = call(conn, infer_request(2, 12, false));
   EXPECT_EQ(again["result"]["tokens"], r["result"]["tokens"]);
   EXPECT_EQ(stats(conn)["cache"]["loads"], 1);
+}
+
+TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
+  if (!have_car()) GTEST_SKIP() << "the car client is not built";
+  start();
+  const std::string sock = " --socket " + socket_;
+  auto [lc, load] = run_car("load tiny" + sock);
+  EXPECT_EQ(lc, 0) << load;
+  EXPECT_NE(load.find("tiny: loaded"), std::string::npos) << load;
+  auto [jc, json_out] = run_car("infer tiny Hello -n 6 --temperature 0 --json" + sock);
+  ASSERT_EQ(jc, 0) << json_out;
+  json r = json::parse(json_out, nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << json_out;
+  auto [ic, text] = run_car("infer tiny Hello -n 6 --temperature 0" + sock);
+  EXPECT_EQ(ic, 0) << text;
+  // The streamed text, then a newline, then the summary line (stderr, merged here).
+  EXPECT_EQ(text.rfind(r["result"]["text"].get<std::string>() + "\n[", 0), 0u) << text;
+  EXPECT_NE(text.find("finish: "), std::string::npos);
 }
 
 TEST_F(DaemonBinaryEngineTest, CancelAndContextOverflow) {

@@ -548,7 +548,8 @@ TEST_F(DaemonServerTest, AllowListRejectsOtherPeers) {
   options_.allowed_uids = {::getuid() + 4242};
   start();
   auto conn = connect();
-  ASSERT_TRUE(conn.send_line(R"({"id": 1, "op": "health"})").ok());
+  // The daemon may already have closed the connection: the write can fail (EPIPE) or succeed.
+  (void)conn.send_line(R"({"id": 1, "op": "health"})");
   auto line = conn.read_line(5s);
   ASSERT_FALSE(line.ok()) << "a peer outside the allow-list got an answer";
   EXPECT_EQ(line.error().code, "closed");
