@@ -61,12 +61,6 @@ class KeyReader {
   std::string arch_;
 };
 
-#define CAR_TRY_ASSIGN(lhs, expr)            \
-  do {                                       \
-    auto car_try_r_ = (expr);                \
-    if (!car_try_r_.ok()) return car_try_r_.error(); \
-    lhs = *car_try_r_;                       \
-  } while (0)
 
 }  // namespace
 

@@ -85,12 +85,6 @@ class TensorLoader {
 
 std::string blk(int64_t il, const char* what) { return "blk." + std::to_string(il) + "." + what + ".weight"; }
 
-#define CAR_TRY_ASSIGN(lhs, expr)                     \
-  do {                                                \
-    auto car_try_r_ = (expr);                         \
-    if (!car_try_r_.ok()) return car_try_r_.error();  \
-    lhs = *car_try_r_;                                \
-  } while (0)
 
 }  // namespace
 

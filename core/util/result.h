@@ -63,6 +63,15 @@ inline Error make_error(std::string code, std::string message) {
 
 }  // namespace car
 
+/// Evaluate a Result-returning `expr`; on error return its Error from the enclosing function, else assign
+/// the value to `lhs`.
+#define CAR_TRY_ASSIGN(lhs, expr)                    \
+  do {                                               \
+    auto car_try_r_ = (expr);                        \
+    if (!car_try_r_.ok()) return car_try_r_.error(); \
+    lhs = *car_try_r_;                               \
+  } while (0)
+
 /// Abort with a message when an internal invariant is broken (never for untrusted input).
 #define CAR_CHECK(cond)                                                                       \
   do {                                                                                        \
