@@ -15,7 +15,8 @@ if [ ! -f "$model" ]; then
   ./build/tools/car gguf synth --arch llama --layers 4 --embd 256 --ff 768 --heads 8 --kv-heads 4 \
       --vocab 1024 --type q8_0 --seed 42 -o "$model"
 fi
-./build/tools/car gguf inspect "$model" | head -n 20
+./build/tools/car gguf inspect "$model" > "$dir/inspect.txt"
+head -n 20 "$dir/inspect.txt"
 # The real (tiny, trained) stories260K model writes English; use it too when the shared fixtures are here.
 stories="${CAR_CONFORMANCE_DIR:-../shared/conformance}/models/stories260K.gguf"
 [ -f "$stories" ] && cp "$stories" "$dir/models/stories.gguf"
