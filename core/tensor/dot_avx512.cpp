@@ -342,6 +342,7 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  install_tiles_avx512(k);
   return k;
 }
 

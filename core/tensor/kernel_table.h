@@ -23,11 +23,24 @@ inline constexpr int kTypeSlots = 40;  ///< ggml type ids are < 40
 
 using DotFn = float (*)(const void* w, const void* a, int64_t n);
 using ConvertFn = void (*)(const float* x, void* dst, int64_t n);
+/// Many rows against one activation row (matvec's inner loop): y[r] = dot(row r, act) for r in [0, nrows),
+/// rows `row_bytes` apart. Kernels may interleave rows and prefetch, but each y[r] must equal, bit for bit,
+/// what the table's dot kernel returns for that row.
+using RowsFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* y);
+/// A tile of matmul: y[i * ldy + r] = dot(row r, activation i) for r in [0, nrows), i in [0, nvec); activation
+/// i starts at acts + i * act_bytes. Kernels block rows x vectors in registers so each weight block is loaded
+/// and unpacked once per group of vectors; each result must equal the dot kernel's bit for bit.
+using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                        int64_t nvec, int64_t n, float* y, int64_t ldy);
 
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};           ///< indexed by weight type id; ProductOrder::mul_mat
   DotFn dot_id[kTypeSlots] = {};        ///< the same products in ProductOrder::mul_mat_id summation order
   ConvertFn quantize_act[kTypeSlots] = {};  ///< indexed by *activation* type id (Q8_0, Q8_1, Q8_K, F16, BF16)
+  /// Optional multi-row / tile kernels by weight type (null: matvec / matmul loop over dot). They compute the
+  /// mul_mat order; kernels.cpp uses them for mul_mat_id only where dot_id equals dot (the quantized types).
+  RowsFn rows[kTypeSlots] = {};
+  TileFn tile[kTypeSlots] = {};
 };
 
 /// Block geometry for the types this module knows (block elements, bytes); {0, 0} for others.
@@ -54,6 +67,21 @@ inline DotFn dot_for(const DotKernels& k, GgmlType t, ProductOrder order) {
   const int s = static_cast<int>(t);
   return order == ProductOrder::mul_mat_id ? k.dot_id[s] : k.dot[s];
 }
+
+/// The multi-row / tile kernels for a product, or null when the product must loop over dot_for().
+inline RowsFn rows_for(const DotKernels& k, GgmlType t, ProductOrder order) {
+  const int s = static_cast<int>(t);
+  if (order == ProductOrder::mul_mat_id && k.dot_id[s] != k.dot[s]) return nullptr;
+  return k.rows[s];
+}
+inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
+  const int s = static_cast<int>(t);
+  if (order == ProductOrder::mul_mat_id && k.dot_id[s] != k.dot[s]) return nullptr;
+  return k.tile[s];
+}
+
+/// gemm_avx512.cpp: fills the AVX-512 table's tile kernels (called while dot_avx512.cpp builds that table).
+void install_tiles_avx512(DotKernels& k);
 
 /// The table for an ISA (scalar for Isa::scalar); does not check that the CPU supports it.
 const DotKernels& kernels_for(Isa isa);

@@ -256,7 +256,12 @@ void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
   const int64_t cols = w.cols;
   const uint8_t* base = w.data;
   const size_t stride = w.row_bytes;
+  const detail::RowsFn multi = detail::rows_for(k, w.type, w.order);
   auto rows = [&](int64_t begin, int64_t end) {
+    if (multi != nullptr) {
+      multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, cols, y + begin);
+      return;
+    }
     for (int64_t r = begin; r < end; ++r) y[r] = dot(base + static_cast<size_t>(r) * stride, act, cols);
   };
   const size_t total = static_cast<size_t>(w.rows) * w.row_bytes;
@@ -306,7 +311,12 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
   // from memory once and from cache for the remaining tiles.
   const uint8_t* base = w.data;
   const size_t stride = w.row_bytes;
+  const detail::TileFn tile = at == GgmlType::F32 ? nullptr : detail::tile_for(k, w.type, w.order);
   auto rows = [&](int64_t begin, int64_t end) {
+    if (tile != nullptr) {
+      tile(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols, y + begin, ldy);
+      return;
+    }
     for (int64_t t0 = 0; t0 < n; t0 += kVectorTile) {
       const int64_t t1 = std::min(n, t0 + kVectorTile);
       for (int64_t r = begin; r < end; ++r) {
