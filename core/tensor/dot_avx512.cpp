@@ -196,6 +196,78 @@ float dot_k4(const void* w, const void* a, int64_t n) {
 }
 
 float dot_q4_K(const void* w, const void* a, int64_t n) { return dot_k4<false, block_q4_K>(w, a, n); }
+
+/// matmul tile for Q4_K: one weight row against kV vectors. The row's block is unpacked once (scales, mins,
+/// nibbles, permuted scale vectors) and reused for every vector; per (row, vector) the integer sums and float
+/// operations are dot_k4<false>'s, in its order, so results equal dot_q4_K bit for bit.
+template <int kV>
+void q4_K_row_tile(const block_q4_K* x, const uint8_t* acts, size_t act_bytes, int64_t nb, float* out, int64_t ldy) {
+  const block_q8_K* ys[kV];
+  for (int v = 0; v < kV; ++v) ys[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i pidx[4] = {perm_idx(kK4Perm[0][0]), perm_idx(kK4Perm[0][1]), perm_idx(kK4Perm[1][0]),
+                           perm_idx(kK4Perm[1][1])};
+  __m256 acc[kV];
+  __m128 acc_m[kV];
+  for (int v = 0; v < kV; ++v) {
+    acc[v] = _mm256_setzero_ps();
+    acc_m[v] = _mm_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
+    const float xd = h2f(x[i].d);
+    const float xdmin = h2f(x[i].dmin);
+    const __m512i sc16 =
+        _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+    __m512i q[4], sc[4];
+    for (int jj = 0; jj < 2; ++jj) {
+      const __m512i bits = load64(x[i].qs + 64 * jj);
+      q[2 * jj] = _mm512_and_si512(bits, m4);
+      q[2 * jj + 1] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+      sc[2 * jj] = _mm512_permutexvar_epi16(pidx[2 * jj], sc16);
+      sc[2 * jj + 1] = _mm512_permutexvar_epi16(pidx[2 * jj + 1], sc16);
+    }
+    for (int v = 0; v < kV; ++v) {
+      const block_q8_K& y = ys[v][i];
+      const float d = y.d * xd;
+      const float dmin = -y.d * xdmin;
+      const __m128i mins = mins_dot_bsums(sm + 2, y.bsums);
+      acc_m[v] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[v]);
+      const int8_t* q8 = y.qs;
+      __m512i sumi = _mm512_setzero_si512();
+      for (int jj = 0; jj < 2; ++jj, q8 += 128) {
+        const __m512i ylo = load32x2(q8, q8 + 64);
+        const __m512i yhi = load32x2(q8 + 32, q8 + 96);
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[2 * jj], ylo), sc[2 * jj]);
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[2 * jj + 1], yhi), sc[2 * jj + 1]);
+      }
+      acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold16(sumi)), acc[v]);
+    }
+  }
+  for (int v = 0; v < kV; ++v) out[v * ldy] = hsum8(acc[v]) + hsum4(acc_m[v]);
+}
+
+void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = n / QK_K;
+  constexpr int64_t kGroup = 4;
+  int64_t v0 = 0;
+  for (; v0 + kGroup <= nvec; v0 += kGroup) {
+    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
+      q4_K_row_tile<kGroup>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
+    }
+  }
+  for (; v0 < nvec; ++v0) {
+    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
+      q4_K_row_tile<1>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
+    }
+  }
+}
 float dot_q5_K(const void* w, const void* a, int64_t n) { return dot_k4<true, block_q5_K>(w, a, n); }
 
 float dot_q6_K(const void* w, const void* a, int64_t n) {
@@ -342,6 +414,7 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   install_tiles_avx512(k);
   return k;
 }
