@@ -307,6 +307,74 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
   return hsum8(acc);
 }
 
+/// matmul tile for Q6_K: one weight row against kV vectors; the 6-bit levels and permuted scales are built
+/// once per block and reused; per (row, vector) the operations are dot_q6_K's in its order (bit-identical).
+template <int kV>
+void q6_K_row_tile(const block_q6_K* x, const uint8_t* acts, size_t act_bytes, int64_t nb, float* out, int64_t ldy) {
+  const block_q8_K* ys[kV];
+  for (int v = 0; v < kV; ++v) ys[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
+                              {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
+  const __m512i m32 = _mm512_set1_epi8(32);
+  __m256 acc[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    const __m512i scw = _mm512_castsi256_si512(sc16);
+    const float xd = h2f(x[i].d);
+    __m512i q[4], sc[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i l = load64(x[i].ql + 64 * h);
+      const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
+      q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
+      q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                     _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
+      sc[2 * h] = _mm512_permutexvar_epi16(perm[h][0], scw);
+      sc[2 * h + 1] = _mm512_permutexvar_epi16(perm[h][1], scw);
+    }
+    for (int v = 0; v < kV; ++v) {
+      const block_q8_K& y = ys[v][i];
+      const int8_t* q8 = y.qs;
+      __m512i sumi = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h, q8 += 128) {
+        const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
+        const __m512i p01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q[2 * h], y01), _mm512_maddubs_epi16(m32, y01));
+        const __m512i p23 =
+            _mm512_sub_epi16(_mm512_maddubs_epi16(q[2 * h + 1], y23), _mm512_maddubs_epi16(m32, y23));
+        sumi = _mm512_dpwssd_epi32(sumi, p01, sc[2 * h]);
+        sumi = _mm512_dpwssd_epi32(sumi, p23, sc[2 * h + 1]);
+      }
+      acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * xd), _mm256_cvtepi32_ps(fold16(sumi)), acc[v]);
+    }
+  }
+  for (int v = 0; v < kV; ++v) out[v * ldy] = hsum8(acc[v]);
+}
+
+void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = n / QK_K;
+  constexpr int64_t kGroup = 4;
+  int64_t v0 = 0;
+  for (; v0 + kGroup <= nvec; v0 += kGroup) {
+    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const auto* x = reinterpret_cast<const block_q6_K*>(w + static_cast<size_t>(r) * row_bytes);
+      q6_K_row_tile<kGroup>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
+    }
+  }
+  for (; v0 < nvec; ++v0) {
+    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const auto* x = reinterpret_cast<const block_q6_K*>(w + static_cast<size_t>(r) * row_bytes);
+      q6_K_row_tile<1>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Float formats. Two summation orders, as llama.cpp has two paths:
 //  - mul_mat (dense weights): llamafile's tinyBLAS, one 16-lane accumulator over k (32 bf16 per dpbf16ps),
@@ -415,6 +483,7 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
+  k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
   install_tiles_avx512(k);
   return k;
 }
