@@ -1,8 +1,9 @@
 // AVX-512 dot kernels (F, BW, VL, DQ, VNNI, BF16; compiled with car_simd_source(... AVX512) and only called
 // when CPUID reports all of them). The table starts from the AVX2 one and replaces the kernels that gain from
 // AVX-512: VNNI's dpbusd / dpwssd fuse the u8 x s8 multiply with the int32 accumulation, 512-bit registers
-// halve the instruction count of the K-quant loops, and dpbf16ps multiplies
-// bf16 pairs directly. Q2_K, Q3_K, Q4_1, Q5_0 and Q5_1 keep their AVX2 kernels.
+// halve the instruction count of the K-quant loops, and dpbf16ps multiplies bf16 pairs directly. Q2_K, Q3_K,
+// Q4_1, Q5_0 and Q5_1 keep their AVX2 kernels. The matmul tile kernels (Q8_0, Q4_K, Q6_K: one weight block
+// unpacked once for four activation vectors, each pair's result equal to the dot kernel's) live here too.
 //
 // Integer parts are exact (same identities as the scalar reference: levels <= 63 times |activation| <= 127
 // never saturate maddubs' int16 pairs); float accumulation order differs from the scalar one.
@@ -16,6 +17,7 @@
 #endif
 
 #include <cstring>
+#include <type_traits>
 
 #include "core/tensor/blocks.h"
 #include "core/tensor/k_scales.h"
@@ -24,7 +26,9 @@
 namespace car::tensor::detail {
 namespace {
 
-inline float h2f(ggml_half h) { return _cvtsh_ss(h); }
+inline float h2f(ggml_half h) {
+  return _cvtsh_ss(h);
+}
 
 inline float hsum8(__m256 v) {
   __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
@@ -33,8 +37,12 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(r);
 }
 
-inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
+inline __m256i load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline __m512i load64(const void* p) {
+  return _mm512_loadu_si512(p);
+}
 /// Two 32-byte loads side by side in one register.
 inline __m512i load32x2(const void* lo, const void* hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load32(lo)), load32(hi), 1);
@@ -81,6 +89,56 @@ float dot_q4_0(const void* w, const void* a, int64_t n) {
   return hsum8(acc);
 }
 
+/// The matmul tile driver shared by the formats: vectors in groups of four (their activation blocks stay in
+/// L1 while the rows stream past), each row computed against a group by RowTile<4>::run, leftovers one at a
+/// time.
+template <typename Block, template <int> class RowTile>
+void run_row_tiles(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                   int64_t nvec, int64_t nb, float* y, int64_t ldy) {
+  constexpr int kGroup = 4;
+  int64_t v0 = 0;
+  auto pass = [&]<int kV>(std::integral_constant<int, kV>) {
+    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
+    for (int64_t r = 0; r < nrows; ++r) {
+      RowTile<kV>::run(reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * row_bytes), av, act_bytes,
+                       nb, y + v0 * ldy + r, ldy);
+    }
+  };
+  for (; v0 + kGroup <= nvec; v0 += kGroup) pass(std::integral_constant<int, kGroup>{});
+  for (; v0 < nvec; ++v0) pass(std::integral_constant<int, 1>{});
+}
+
+/// matmul tile for Q8_0: one weight row against kV vectors; the row's block is loaded and made unsigned (|x|)
+/// once, each vector's block signed by it and multiplied with dpbusd, scaled and accumulated as dot_q8_0 does
+/// (bit-identical per pair).
+template <int kV>
+struct q8_0_row_tile {
+  static void run(const block_q8_0* x, const uint8_t* acts, size_t act_bytes, int64_t nb, float* out,
+                  int64_t ldy) {
+    const block_q8_0* a[kV];
+    for (int v = 0; v < kV; ++v)
+      a[v] = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes);
+    __m256 acc[kV];
+    for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m256i xq = load32(x[i].qs);
+      const __m256i ax = _mm256_sign_epi8(xq, xq);
+      const float dx = h2f(x[i].d);
+      for (int v = 0; v < kV; ++v) {
+        const __m256i p =
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, _mm256_sign_epi8(load32(a[v][i].qs), xq));
+        acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(dx * h2f(a[v][i].d)), _mm256_cvtepi32_ps(p), acc[v]);
+      }
+    }
+    for (int v = 0; v < kV; ++v) out[v * ldy] = hsum8(acc[v]);
+  }
+};
+
+void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  run_row_tiles<block_q8_0, q8_0_row_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK8_0, y, ldy);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // K-quants
 
@@ -104,7 +162,9 @@ constexpr Perm2 kK4Perm[2][2] = {{make_perm2(0, 2), make_perm2(1, 3)}, {make_per
 // Q6_K: half h, part p covers scales 8h + 4p .. 8h + 4p + 3.
 constexpr Perm2 kK6Perm[2][2] = {{make_perm4(0), make_perm4(4)}, {make_perm4(8), make_perm4(12)}};
 
-inline __m512i perm_idx(const Perm2& p) { return _mm512_load_si512(p.idx); }
+inline __m512i perm_idx(const Perm2& p) {
+  return _mm512_load_si512(p.idx);
+}
 
 /// The mins term as ggml's AVX2 Q4_K / Q5_K kernels form it: bsums summed in pairs, times the 8 mins, into 4
 /// int32 lanes (lane k: mins 2k and 2k+1).
@@ -175,7 +235,8 @@ float dot_k4(const void* w, const void* a, int64_t n) {
                                                  _mm256_set1_epi16(static_cast<int16_t>(4 * jj + 2)), 1);
         const __m512i hl = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(hbz, sh_lo), 4), bit4);
         const __m512i hh = _mm512_and_si512(
-            _mm512_slli_epi16(_mm512_srlv_epi16(hbz, _mm512_add_epi16(sh_lo, _mm512_set1_epi16(1))), 4), bit4);
+            _mm512_slli_epi16(_mm512_srlv_epi16(hbz, _mm512_add_epi16(sh_lo, _mm512_set1_epi16(1))), 4),
+            bit4);
         lo = _mm512_or_si512(lo, hl);
         hi = _mm512_or_si512(hi, hh);
       }
@@ -195,80 +256,72 @@ float dot_k4(const void* w, const void* a, int64_t n) {
   }
 }
 
-float dot_q4_K(const void* w, const void* a, int64_t n) { return dot_k4<false, block_q4_K>(w, a, n); }
+float dot_q4_K(const void* w, const void* a, int64_t n) {
+  return dot_k4<false, block_q4_K>(w, a, n);
+}
 
 /// matmul tile for Q4_K: one weight row against kV vectors. The row's block is unpacked once (scales, mins,
 /// nibbles, permuted scale vectors) and reused for every vector; per (row, vector) the integer sums and float
 /// operations are dot_k4<false>'s, in its order, so results equal dot_q4_K bit for bit.
 template <int kV>
-void q4_K_row_tile(const block_q4_K* x, const uint8_t* acts, size_t act_bytes, int64_t nb, float* out, int64_t ldy) {
-  const block_q8_K* ys[kV];
-  for (int v = 0; v < kV; ++v) ys[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i pidx[4] = {perm_idx(kK4Perm[0][0]), perm_idx(kK4Perm[0][1]), perm_idx(kK4Perm[1][0]),
-                           perm_idx(kK4Perm[1][1])};
-  __m256 acc[kV];
-  __m128 acc_m[kV];
-  for (int v = 0; v < kV; ++v) {
-    acc[v] = _mm256_setzero_ps();
-    acc_m[v] = _mm_setzero_ps();
-  }
-  for (int64_t i = 0; i < nb; ++i) {
-    uint32_t sm[4];
-    unpack_scale_min_k4_words(x[i].scales, sm);
-    const float xd = h2f(x[i].d);
-    const float xdmin = h2f(x[i].dmin);
-    const __m512i sc16 =
-        _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
-    __m512i q[4], sc[4];
-    for (int jj = 0; jj < 2; ++jj) {
-      const __m512i bits = load64(x[i].qs + 64 * jj);
-      q[2 * jj] = _mm512_and_si512(bits, m4);
-      q[2 * jj + 1] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
-      sc[2 * jj] = _mm512_permutexvar_epi16(pidx[2 * jj], sc16);
-      sc[2 * jj + 1] = _mm512_permutexvar_epi16(pidx[2 * jj + 1], sc16);
-    }
+struct q4_K_row_tile {
+  static void run(const block_q4_K* x, const uint8_t* acts, size_t act_bytes, int64_t nb, float* out,
+                  int64_t ldy) {
+    const block_q8_K* ys[kV];
+    for (int v = 0; v < kV; ++v)
+      ys[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i pidx[4] = {perm_idx(kK4Perm[0][0]), perm_idx(kK4Perm[0][1]), perm_idx(kK4Perm[1][0]),
+                             perm_idx(kK4Perm[1][1])};
+    __m256 acc[kV];
+    __m128 acc_m[kV];
     for (int v = 0; v < kV; ++v) {
-      const block_q8_K& y = ys[v][i];
-      const float d = y.d * xd;
-      const float dmin = -y.d * xdmin;
-      const __m128i mins = mins_dot_bsums(sm + 2, y.bsums);
-      acc_m[v] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[v]);
-      const int8_t* q8 = y.qs;
-      __m512i sumi = _mm512_setzero_si512();
-      for (int jj = 0; jj < 2; ++jj, q8 += 128) {
-        const __m512i ylo = load32x2(q8, q8 + 64);
-        const __m512i yhi = load32x2(q8 + 32, q8 + 96);
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[2 * jj], ylo), sc[2 * jj]);
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[2 * jj + 1], yhi), sc[2 * jj + 1]);
-      }
-      acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold16(sumi)), acc[v]);
+      acc[v] = _mm256_setzero_ps();
+      acc_m[v] = _mm_setzero_ps();
     }
+    for (int64_t i = 0; i < nb; ++i) {
+      uint32_t sm[4];
+      unpack_scale_min_k4_words(x[i].scales, sm);
+      const float xd = h2f(x[i].d);
+      const float xdmin = h2f(x[i].dmin);
+      const __m512i sc16 =
+          _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+      __m512i q[4], sc[4];
+      for (int jj = 0; jj < 2; ++jj) {
+        const __m512i bits = load64(x[i].qs + 64 * jj);
+        q[2 * jj] = _mm512_and_si512(bits, m4);
+        q[2 * jj + 1] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+        sc[2 * jj] = _mm512_permutexvar_epi16(pidx[2 * jj], sc16);
+        sc[2 * jj + 1] = _mm512_permutexvar_epi16(pidx[2 * jj + 1], sc16);
+      }
+      for (int v = 0; v < kV; ++v) {
+        const block_q8_K& y = ys[v][i];
+        const float d = y.d * xd;
+        const float dmin = -y.d * xdmin;
+        const __m128i mins = mins_dot_bsums(sm + 2, y.bsums);
+        acc_m[v] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[v]);
+        const int8_t* q8 = y.qs;
+        __m512i sumi = _mm512_setzero_si512();
+        for (int jj = 0; jj < 2; ++jj, q8 += 128) {
+          const __m512i ylo = load32x2(q8, q8 + 64);
+          const __m512i yhi = load32x2(q8 + 32, q8 + 96);
+          sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[2 * jj], ylo), sc[2 * jj]);
+          sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[2 * jj + 1], yhi), sc[2 * jj + 1]);
+        }
+        acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold16(sumi)), acc[v]);
+      }
+    }
+    for (int v = 0; v < kV; ++v) out[v * ldy] = hsum8(acc[v]) + hsum4(acc_m[v]);
   }
-  for (int v = 0; v < kV; ++v) out[v * ldy] = hsum8(acc[v]) + hsum4(acc_m[v]);
-}
+};
 
 void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
-  const int64_t nb = n / QK_K;
-  constexpr int64_t kGroup = 4;
-  int64_t v0 = 0;
-  for (; v0 + kGroup <= nvec; v0 += kGroup) {
-    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
-    for (int64_t r = 0; r < nrows; ++r) {
-      const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
-      q4_K_row_tile<kGroup>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
-    }
-  }
-  for (; v0 < nvec; ++v0) {
-    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
-    for (int64_t r = 0; r < nrows; ++r) {
-      const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
-      q4_K_row_tile<1>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
-    }
-  }
+  run_row_tiles<block_q4_K, q4_K_row_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
 }
-float dot_q5_K(const void* w, const void* a, int64_t n) { return dot_k4<true, block_q5_K>(w, a, n); }
+float dot_q5_K(const void* w, const void* a, int64_t n) {
+  return dot_k4<true, block_q5_K>(w, a, n);
+}
 
 float dot_q6_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q6_K*>(w);
@@ -292,7 +345,8 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
     for (int h = 0; h < 2; ++h, q8 += 128) {
       const __m512i l = load64(x[i].ql + 64 * h);  // ql bytes 0..31 | 32..63 of this half
       const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
-      const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
+      const __m512i q01 =
+          _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
       const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                           _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
       const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
@@ -310,69 +364,60 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
 /// matmul tile for Q6_K: one weight row against kV vectors; the 6-bit levels and permuted scales are built
 /// once per block and reused; per (row, vector) the operations are dot_q6_K's in its order (bit-identical).
 template <int kV>
-void q6_K_row_tile(const block_q6_K* x, const uint8_t* acts, size_t act_bytes, int64_t nb, float* out, int64_t ldy) {
-  const block_q8_K* ys[kV];
-  for (int v = 0; v < kV; ++v) ys[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i m30 = _mm512_set1_epi8(0x30);
-  const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-  const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-  const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
-                              {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
-  const __m512i m32 = _mm512_set1_epi8(32);
-  __m256 acc[kV];
-  for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    const __m512i scw = _mm512_castsi256_si512(sc16);
-    const float xd = h2f(x[i].d);
-    __m512i q[4], sc[4];
-    for (int h = 0; h < 2; ++h) {
-      const __m512i l = load64(x[i].ql + 64 * h);
-      const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
-      q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
-      q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                     _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
-      sc[2 * h] = _mm512_permutexvar_epi16(perm[h][0], scw);
-      sc[2 * h + 1] = _mm512_permutexvar_epi16(perm[h][1], scw);
-    }
-    for (int v = 0; v < kV; ++v) {
-      const block_q8_K& y = ys[v][i];
-      const int8_t* q8 = y.qs;
-      __m512i sumi = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h, q8 += 128) {
-        const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
-        const __m512i p01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q[2 * h], y01), _mm512_maddubs_epi16(m32, y01));
-        const __m512i p23 =
-            _mm512_sub_epi16(_mm512_maddubs_epi16(q[2 * h + 1], y23), _mm512_maddubs_epi16(m32, y23));
-        sumi = _mm512_dpwssd_epi32(sumi, p01, sc[2 * h]);
-        sumi = _mm512_dpwssd_epi32(sumi, p23, sc[2 * h + 1]);
+struct q6_K_row_tile {
+  static void run(const block_q6_K* x, const uint8_t* acts, size_t act_bytes, int64_t nb, float* out,
+                  int64_t ldy) {
+    const block_q8_K* ys[kV];
+    for (int v = 0; v < kV; ++v)
+      ys[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
+                                {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
+    const __m512i m32 = _mm512_set1_epi8(32);
+    __m256 acc[kV];
+    for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m256i sc16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+      const __m512i scw = _mm512_castsi256_si512(sc16);
+      const float xd = h2f(x[i].d);
+      __m512i q[4], sc[4];
+      for (int h = 0; h < 2; ++h) {
+        const __m512i l = load64(x[i].ql + 64 * h);
+        const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
+        q[2 * h] =
+            _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                       _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
+        sc[2 * h] = _mm512_permutexvar_epi16(perm[h][0], scw);
+        sc[2 * h + 1] = _mm512_permutexvar_epi16(perm[h][1], scw);
       }
-      acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * xd), _mm256_cvtepi32_ps(fold16(sumi)), acc[v]);
+      for (int v = 0; v < kV; ++v) {
+        const block_q8_K& y = ys[v][i];
+        const int8_t* q8 = y.qs;
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 2; ++h, q8 += 128) {
+          const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
+          const __m512i p01 =
+              _mm512_sub_epi16(_mm512_maddubs_epi16(q[2 * h], y01), _mm512_maddubs_epi16(m32, y01));
+          const __m512i p23 =
+              _mm512_sub_epi16(_mm512_maddubs_epi16(q[2 * h + 1], y23), _mm512_maddubs_epi16(m32, y23));
+          sumi = _mm512_dpwssd_epi32(sumi, p01, sc[2 * h]);
+          sumi = _mm512_dpwssd_epi32(sumi, p23, sc[2 * h + 1]);
+        }
+        acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * xd), _mm256_cvtepi32_ps(fold16(sumi)), acc[v]);
+      }
     }
+    for (int v = 0; v < kV; ++v) out[v * ldy] = hsum8(acc[v]);
   }
-  for (int v = 0; v < kV; ++v) out[v * ldy] = hsum8(acc[v]);
-}
+};
 
 void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
-  const int64_t nb = n / QK_K;
-  constexpr int64_t kGroup = 4;
-  int64_t v0 = 0;
-  for (; v0 + kGroup <= nvec; v0 += kGroup) {
-    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
-    for (int64_t r = 0; r < nrows; ++r) {
-      const auto* x = reinterpret_cast<const block_q6_K*>(w + static_cast<size_t>(r) * row_bytes);
-      q6_K_row_tile<kGroup>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
-    }
-  }
-  for (; v0 < nvec; ++v0) {
-    const uint8_t* av = acts + static_cast<size_t>(v0) * act_bytes;
-    for (int64_t r = 0; r < nrows; ++r) {
-      const auto* x = reinterpret_cast<const block_q6_K*>(w + static_cast<size_t>(r) * row_bytes);
-      q6_K_row_tile<1>(x, av, act_bytes, nb, y + v0 * ldy + r, ldy);
-    }
-  }
+  run_row_tiles<block_q6_K, q6_K_row_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -389,7 +434,8 @@ float dot_f32_vec(const void* w, const void* a, int64_t n) {
   const int64_t np = n & ~int64_t{63};
   __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < np; i += 64) {
-    for (int j = 0; j < 4; ++j) sum[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * j), _mm512_loadu_ps(y + i + 16 * j), sum[j]);
+    for (int j = 0; j < 4; ++j)
+      sum[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * j), _mm512_loadu_ps(y + i + 16 * j), sum[j]);
   }
   sum[0] = _mm512_add_ps(sum[0], sum[2]);
   sum[1] = _mm512_add_ps(sum[1], sum[3]);
@@ -404,11 +450,14 @@ float dot_f32(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const float*>(w);
   const auto* y = static_cast<const float*>(a);
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
+  for (int64_t i = 0; i < n; i += 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
   return _mm512_reduce_add_ps(acc);
 }
 
-inline __m512 load_f16x16(const uint16_t* p) { return _mm512_cvtph_ps(load32(p)); }
+inline __m512 load_f16x16(const uint16_t* p) {
+  return _mm512_cvtph_ps(load32(p));
+}
 
 float dot_f16_vec(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const uint16_t*>(w);
@@ -416,7 +465,8 @@ float dot_f16_vec(const void* w, const void* a, int64_t n) {
   const int64_t np = n & ~int64_t{63};
   __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < np; i += 64) {
-    for (int j = 0; j < 4; ++j) sum[j] = _mm512_fmadd_ps(load_f16x16(x + i + 16 * j), load_f16x16(y + i + 16 * j), sum[j]);
+    for (int j = 0; j < 4; ++j)
+      sum[j] = _mm512_fmadd_ps(load_f16x16(x + i + 16 * j), load_f16x16(y + i + 16 * j), sum[j]);
   }
   sum[0] = _mm512_add_ps(sum[0], sum[2]);
   sum[1] = _mm512_add_ps(sum[1], sum[3]);
@@ -463,7 +513,8 @@ float dot_bf16(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const uint16_t*>(w);
   const auto* y = static_cast<const uint16_t*>(a);
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 32) acc = _mm512_dpbf16_ps(acc, (__m512bh)load64(x + i), (__m512bh)load64(y + i));
+  for (int64_t i = 0; i < n; i += 32)
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)load64(x + i), (__m512bh)load64(y + i));
   return _mm512_reduce_add_ps(acc);
 }
 
@@ -484,7 +535,7 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
-  install_tiles_avx512(k);
+  k.tile[slot(GgmlType::Q8_0)] = tile_q8_0;
   return k;
 }
 

@@ -80,9 +80,6 @@ inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
   return k.tile[s];
 }
 
-/// gemm_avx512.cpp: fills the AVX-512 table's tile kernels (called while dot_avx512.cpp builds that table).
-void install_tiles_avx512(DotKernels& k);
-
 /// The table for an ISA (scalar for Isa::scalar); does not check that the CPU supports it.
 const DotKernels& kernels_for(Isa isa);
 
