@@ -378,8 +378,10 @@ TEST_F(DaemonServerTest, BusyWhenTheQueueIsFull) {
   json busy = call(conn, {{"id", "third"}, {"op", "load"}, {"model", "b"}});
   EXPECT_EQ(error_code(busy), "busy");
   EXPECT_EQ(stats(conn)["requests"]["busy_rejections"], 1);
-  ASSERT_TRUE(conn.send_line(R"({"id": "c1", "op": "cancel", "target": "running"})").ok());
+  // Cancel the queued one first: while "running" holds the only worker it cannot have started. (The other
+  // order raced: the freed worker could pick "queued" up before its cancel arrived.)
   ASSERT_TRUE(conn.send_line(R"({"id": "c2", "op": "cancel", "target": "queued"})").ok());
+  ASSERT_TRUE(conn.send_line(R"({"id": "c1", "op": "cancel", "target": "running"})").ok());
   std::map<std::string, json> done;
   while (done.size() < 4) {
     json j = read_json(conn);
