@@ -262,7 +262,13 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
     outcome = protocol::code::kCancelled;
     return protocol::error_line(req.id, outcome, "request cancelled while its model loaded");
   }
-  auto model_lock = lease->lock();  // one request at a time per model
+  // One request at a time per model; a request waiting here for another one can still be cancelled.
+  auto model_lock = lease->lock_unless(pending->cancelled);
+  if (!model_lock.owns_lock()) {
+    lease->reset();
+    outcome = protocol::code::kCancelled;
+    return protocol::error_line(req.id, outcome, "request cancelled while it waited for its model");
+  }
 
   GenerateParams params;
   params.prompt = req.infer.prompt;

@@ -151,9 +151,20 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   T& backend() { return backend_; }
   const T& backend() const { return backend_; }
   /// The backend's own mutex (not the cache's).
-  std::mutex& mutex() { return mutex_; }
+  std::timed_mutex& mutex() { return mutex_; }
   /// Lock the backend for one request: `auto lock = handle->lock();`.
-  [[nodiscard]] std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+  [[nodiscard]] std::unique_lock<std::timed_mutex> lock() { return std::unique_lock<std::timed_mutex>(mutex_); }
+  /// Lock the backend unless `stop` becomes true first (checked every `poll` while another request holds
+  /// it): a request queued behind another on the same model can be cancelled while it waits. The returned
+  /// lock does not own the mutex when `stop` won.
+  [[nodiscard]] std::unique_lock<std::timed_mutex> lock_unless(
+      const std::atomic<bool>& stop, std::chrono::milliseconds poll = std::chrono::milliseconds(10)) {
+    std::unique_lock<std::timed_mutex> lock(mutex_, std::defer_lock);
+    while (!stop.load(std::memory_order_acquire)) {
+      if (lock.try_lock_for(poll)) return lock;
+    }
+    return lock;
+  }
 
   /// Mark the entry in use until the returned lease dies (it is then idle from that moment).
   [[nodiscard]] BackendLease<T> acquire();
@@ -197,7 +208,7 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   const std::shared_ptr<cache_detail::Core> core_;
   const std::string key_;
   const std::uint64_t size_bytes_;
-  std::mutex mutex_;  ///< serializes requests on backend_ (taken by callers, never by the cache)
+  std::timed_mutex mutex_;  ///< serializes requests on backend_ (taken by callers, never by the cache)
   T backend_;
   const std::int64_t loaded_ns_;
   // Leases are taken under core_->mutex (so a sweep holding it sees a consistent count) and released
@@ -238,7 +249,11 @@ class BackendLease {
   const Handle& handle() const { return entry_; }
   CachedBackend<T>* operator->() const { return entry_.get(); }
   T& backend() const { return entry_->backend(); }
-  [[nodiscard]] std::unique_lock<std::mutex> lock() const { return entry_->lock(); }
+  [[nodiscard]] std::unique_lock<std::timed_mutex> lock() const { return entry_->lock(); }
+  [[nodiscard]] std::unique_lock<std::timed_mutex> lock_unless(
+      const std::atomic<bool>& stop, std::chrono::milliseconds poll = std::chrono::milliseconds(10)) const {
+    return entry_->lock_unless(stop, poll);
+  }
 
  private:
   friend class CachedBackend<T>;

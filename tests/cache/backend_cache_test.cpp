@@ -411,6 +411,29 @@ TEST(BackendCacheHandleTest, EntryLockSerializesRequests) {
   EXPECT_FALSE(other.get()) << "a second request cannot take the model while the first holds it";
 }
 
+TEST(BackendCacheHandleTest, LockUnlessGivesUpWhenStoppedAndLocksWhenFree) {
+  BackendCache<int> cache(100);
+  auto h = cache.get_or_load("a", 10, [] { return value(0); });
+  ASSERT_TRUE(h.ok());
+  auto handle = h.value();
+  std::atomic<bool> stop{false};
+  {
+    auto first = handle->lock();
+    auto waiter = std::async(std::launch::async, [&] { return handle->lock_unless(stop, milliseconds(1)); });
+    EXPECT_EQ(waiter.wait_for(milliseconds(30)), std::future_status::timeout) << "waits while the model is held";
+    stop = true;
+    auto gave_up = waiter.get();
+    EXPECT_FALSE(gave_up.owns_lock()) << "a stopped waiter returns without the lock";
+    EXPECT_TRUE(first.owns_lock());
+  }
+  stop = false;
+  auto free_lock = handle->lock_unless(stop);
+  EXPECT_TRUE(free_lock.owns_lock()) << "a free model is locked at once";
+  stop = true;
+  auto again = std::async(std::launch::async, [&] { return handle->mutex().try_lock(); });
+  EXPECT_FALSE(again.get()) << "the returned lock really holds the mutex";
+}
+
 // --- Idle means not in use --------------------------------------------------------------------------
 
 TEST(BackendCacheIdleTest, LeasedEntryIsNeverIdleEvicted) {

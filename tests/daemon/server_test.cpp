@@ -395,6 +395,38 @@ TEST_F(DaemonServerTest, BusyWhenTheQueueIsFull) {
   EXPECT_EQ(error_code(done["queued"]), "cancelled");
 }
 
+TEST_F(DaemonServerTest, CancelReachesARequestWaitingForItsModel) {
+  options_.workers = 2;
+  start();
+  auto conn = connect();
+  json hold = {{"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1}, {"stream", true}};
+  hold["id"] = "first";
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");  // "first" holds model a
+  hold["id"] = "second";
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());  // a free worker takes it; it waits for a's lock
+  auto observer = connect();
+  ASSERT_TRUE(wait_until([&] { return stats(observer)["requests"]["in_flight"] == 2; }));
+  ASSERT_TRUE(conn.send_line(R"({"id": "c2", "op": "cancel", "target": "second"})").ok());
+  std::map<std::string, json> done;
+  while (done.size() < 2) {
+    json j = read_json(conn);
+    ASSERT_FALSE(j.is_null());
+    if (!j.contains("event")) done[j["id"].get<std::string>()] = j;
+  }
+  EXPECT_EQ(done["c2"]["result"]["cancelled"], true);
+  EXPECT_EQ(error_code(done["second"]), "cancelled") << "cancelled while the first request still runs";
+  EXPECT_EQ(stats(observer)["requests"]["in_flight"], 1);
+  ASSERT_TRUE(conn.send_line(R"({"id": "c1", "op": "cancel", "target": "first"})").ok());
+  while (done.size() < 4) {
+    json j = read_json(conn);
+    ASSERT_FALSE(j.is_null());
+    if (!j.contains("event")) done[j["id"].get<std::string>()] = j;
+  }
+  EXPECT_EQ(done["c1"]["result"]["cancelled"], true);
+  EXPECT_EQ(done["first"]["result"]["finish_reason"], "cancelled");
+}
+
 TEST_F(DaemonServerTest, LoadReportsHitsAndSingleFlight) {
   start();
   auto conn = connect();
