@@ -13,6 +13,8 @@ namespace car::engine {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 1024;  // stack scratch per attention task
+constexpr int64_t kMinParallelGlu = 2048;  // SwiGLU elements below which the pool is not used
+constexpr int64_t kGluGrain = 256;
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
@@ -81,6 +83,19 @@ void ForwardPass::parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, i
     return;
   }
   pool_->parallel_for(n, grain, 0, fn);
+}
+
+void ForwardPass::glu(int64_t count) {
+  // Element-wise, so the split cannot change a result: a decode step's few thousand expf calls are worth
+  // sharing with the pool's other threads, which would otherwise wait (a fork-join costs ~0.25 us).
+  float* g = gate_.data();
+  const float* u = up_.data();
+  if (pool_ == nullptr || pool_->size() == 1 || count < kMinParallelGlu) {
+    swiglu(g, u, g, count);
+    return;
+  }
+  pool_->parallel_for_shares(count, kGluGrain, 0,
+                             [&](int64_t b, int64_t e) { swiglu(g + b, u + b, g + b, e - b); });
 }
 
 void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
@@ -219,7 +234,7 @@ void ForwardPass::dense_ffn(int64_t il, int64_t n) {
     mm(L.ffn_gate, xn_.data(), n, gate_.data());
     mm(L.ffn_up, xn_.data(), n, up_.data());
   }
-  swiglu(gate_.data(), up_.data(), gate_.data(), n * ff);
+  glu(n * ff);
   mm(L.ffn_down, gate_.data(), n, proj_.data());
 }
 
@@ -271,7 +286,7 @@ void ForwardPass::moe_ffn(int64_t il, int64_t n) {
     }
     mm(w.gate, xin, m, gate_.data());
     mm(w.up, xin, m, up_.data());
-    swiglu(gate_.data(), up_.data(), gate_.data(), m * ff);
+    glu(m * ff);
     mm(w.down, gate_.data(), m, proj_.data());  // proj_ is free until the slots are summed below
     const float* dout = proj_.data();
     for (int64_t r = 0; r < m; ++r) {
@@ -301,7 +316,7 @@ void ForwardPass::moe_ffn_token(int64_t il) {
     tasks_.push_back({w.up, xn_.data(), up_.data() + j * ff});
   }
   tensor::matvec_fused(tasks_.data(), tasks_.size(), pool_);
-  swiglu(gate_.data(), up_.data(), gate_.data(), K * ff);
+  glu(K * ff);
   tasks_.clear();
   for (int64_t j = 0; j < K; ++j) {
     tasks_.push_back({leases_[sz(j)].weights().down, gate_.data() + j * ff, slot_out_.data() + j * E});

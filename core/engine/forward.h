@@ -65,6 +65,8 @@ class ForwardPass {
   void sum_slots(int64_t n);
   /// y (n x w.rows) = x (n x w.cols) W^T, each input row rounded as the weight type requires.
   void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
+  /// gate_[i] = swiglu(gate_[i], up_[i]) for i in [0, count), on the pool when it is long enough.
+  void glu(int64_t count);
   /// fn(begin, end) over [0, n) on the pool (inline when there is none).
   void parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn);
 
