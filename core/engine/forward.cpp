@@ -13,6 +13,8 @@ namespace car::engine {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 1024;  // stack scratch per attention task
+constexpr int64_t kMinParallelGlu = 2048;  // SwiGLU elements below which the pool is not used
+constexpr int64_t kGluGrain = 256;
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
@@ -40,8 +42,10 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   v_.resize(sz(B * hp_.v_dim()));
   attn_.resize(sz(B * hp_.attn_out_dim()));
   proj_.resize(sz(B * hp_.n_embd));
-  gate_.resize(sz(B * ff));
-  up_.resize(sz(B * ff));
+  // A decoded MoE token holds the gate / up outputs of all its experts at once.
+  const int64_t ff_rows = std::max(B * ff, hp_.is_moe() ? hp_.n_expert_used * hp_.n_ff_exp : 0);
+  gate_.resize(sz(ff_rows));
+  up_.resize(sz(ff_rows));
   rope_cache_.resize(sz(B * hp_.n_rot));
   if (hp_.is_moe()) {
     const int64_t E = hp_.n_expert;
@@ -56,6 +60,8 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
     group_start_.resize(sz(E + 1));
     cursor_.resize(sz(E));
     active_.reserve(sz(E));
+    leases_.reserve(sz(K));
+    tasks_.reserve(sz(2 * K));
   }
 }
 
@@ -79,9 +85,23 @@ void ForwardPass::parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, i
   pool_->parallel_for(n, grain, 0, fn);
 }
 
+void ForwardPass::glu(int64_t count) {
+  // Element-wise, so the split cannot change a result: a decode step's few thousand expf calls are worth
+  // sharing with the pool's other threads, which would otherwise wait (a fork-join costs ~0.25 us).
+  float* g = gate_.data();
+  const float* u = up_.data();
+  if (pool_ == nullptr || pool_->size() == 1 || count < kMinParallelGlu) {
+    swiglu(g, u, g, count);
+    return;
+  }
+  pool_->parallel_for_shares(count, kGluGrain, 0,
+                             [&](int64_t b, int64_t e) { swiglu(g + b, u + b, g + b, e - b); });
+}
+
 void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
   if (n == 1) {
-    tensor::matvec(w, x, y, pool_);
+    const tensor::MatvecTask one{w, x, y};
+    tensor::matvec_fused(&one, 1, pool_);  // the decode products' row split, as the fused groups'
   } else {
     tensor::matmul(w, x, n, w.cols, y, w.rows, pool_);
   }
@@ -157,9 +177,15 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
   const int64_t pos0 = kv.n_past();
 
   for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
-  mm(L.wq, xn_.data(), n, q_.data());
-  mm(L.wk, xn_.data(), n, k_.data());
-  mm(L.wv, xn_.data(), n, v_.data());
+  if (n == 1) {
+    const tensor::MatvecTask qkv[] = {
+        {L.wq, xn_.data(), q_.data()}, {L.wk, xn_.data(), k_.data()}, {L.wv, xn_.data(), v_.data()}};
+    tensor::matvec_fused(qkv, 3, pool_);
+  } else {
+    mm(L.wq, xn_.data(), n, q_.data());
+    mm(L.wk, xn_.data(), n, k_.data());
+    mm(L.wv, xn_.data(), n, v_.data());
+  }
 
   for (int64_t i = 0; i < n; ++i) {
     float* qi = q_.data() + i * hp_.q_dim();
@@ -200,9 +226,15 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
 void ForwardPass::dense_ffn(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t ff = hp_.n_ff;
-  mm(L.ffn_gate, xn_.data(), n, gate_.data());
-  mm(L.ffn_up, xn_.data(), n, up_.data());
-  swiglu(gate_.data(), up_.data(), gate_.data(), n * ff);
+  if (n == 1) {
+    const tensor::MatvecTask gate_up[] = {{L.ffn_gate, xn_.data(), gate_.data()},
+                                          {L.ffn_up, xn_.data(), up_.data()}};
+    tensor::matvec_fused(gate_up, 2, pool_);
+  } else {
+    mm(L.ffn_gate, xn_.data(), n, gate_.data());
+    mm(L.ffn_up, xn_.data(), n, up_.data());
+  }
+  glu(n * ff);
   mm(L.ffn_down, gate_.data(), n, proj_.data());
 }
 
@@ -232,6 +264,10 @@ void ForwardPass::moe_ffn(int64_t il, int64_t n) {
   for (int64_t e = 0; e < NE; ++e) cursor_[sz(e)] = group_start_[sz(e)];
   for (int64_t a = 0; a < n * K; ++a) group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
   experts_->prefetch(static_cast<int>(il), active_);
+  if (n == 1) {
+    moe_ffn_token(il);
+    return;
+  }
 
   for (int32_t e : active_) {
     experts::ExpertLease lease = experts_->acquire(static_cast<int>(il), e);
@@ -250,7 +286,7 @@ void ForwardPass::moe_ffn(int64_t il, int64_t n) {
     }
     mm(w.gate, xin, m, gate_.data());
     mm(w.up, xin, m, up_.data());
-    swiglu(gate_.data(), up_.data(), gate_.data(), m * ff);
+    glu(m * ff);
     mm(w.down, gate_.data(), m, proj_.data());  // proj_ is free until the slots are summed below
     const float* dout = proj_.data();
     for (int64_t r = 0; r < m; ++r) {
@@ -262,6 +298,42 @@ void ForwardPass::moe_ffn(int64_t il, int64_t n) {
     }
   }
 
+  sum_slots(n);
+}
+
+void ForwardPass::moe_ffn_token(int64_t il) {
+  const int64_t E = hp_.n_embd;
+  const int64_t K = hp_.n_expert_used;
+  const int64_t ff = hp_.n_ff_exp;
+  // One token: its K experts are distinct, so every expert has one row. Hold all K leases, run every chosen
+  // expert's gate and up in one parallel region and all downs in a second, each slot into its own scratch.
+  leases_.clear();
+  tasks_.clear();
+  for (int64_t j = 0; j < K; ++j) {
+    leases_.push_back(experts_->acquire(static_cast<int>(il), sel_ids_[sz(j)]));
+    const experts::ExpertWeights& w = leases_.back().weights();
+    tasks_.push_back({w.gate, xn_.data(), gate_.data() + j * ff});
+    tasks_.push_back({w.up, xn_.data(), up_.data() + j * ff});
+  }
+  tensor::matvec_fused(tasks_.data(), tasks_.size(), pool_);
+  glu(K * ff);
+  tasks_.clear();
+  for (int64_t j = 0; j < K; ++j) {
+    tasks_.push_back({leases_[sz(j)].weights().down, gate_.data() + j * ff, slot_out_.data() + j * E});
+  }
+  tensor::matvec_fused(tasks_.data(), tasks_.size(), pool_);
+  leases_.clear();
+  for (int64_t j = 0; j < K; ++j) {
+    const float wgt = sel_w_[sz(j)];
+    float* dst = slot_out_.data() + j * E;
+    for (int64_t d = 0; d < E; ++d) dst[d] = dst[d] * wgt;
+  }
+  sum_slots(1);
+}
+
+void ForwardPass::sum_slots(int64_t n) {
+  const int64_t E = hp_.n_embd;
+  const int64_t K = hp_.n_expert_used;
   // Sum the slots in selection order (largest weight first), as llama.cpp adds the per-slot views.
   for (int64_t i = 0; i < n; ++i) {
     float* out = proj_.data() + i * E;

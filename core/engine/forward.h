@@ -59,8 +59,14 @@ class ForwardPass {
   void attention(int64_t il, int64_t n, KvCache& kv);
   void dense_ffn(int64_t il, int64_t n);
   void moe_ffn(int64_t il, int64_t n);
+  /// moe_ffn for one token (decode): all chosen experts' products in two parallel regions.
+  void moe_ffn_token(int64_t il);
+  /// proj_ rows = the sum of each row's weighted slot outputs, in selection order.
+  void sum_slots(int64_t n);
   /// y (n x w.rows) = x (n x w.cols) W^T, each input row rounded as the weight type requires.
   void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
+  /// gate_[i] = swiglu(gate_[i], up_[i]) for i in [0, count), on the pool when it is long enough.
+  void glu(int64_t count);
   /// fn(begin, end) over [0, n) on the pool (inline when there is none).
   void parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn);
 
@@ -93,6 +99,8 @@ class ForwardPass {
   std::vector<int32_t> group_start_;  // (n_expert + 1) offsets into group_rows_
   std::vector<int32_t> cursor_;       // (n_expert) fill positions while grouping
   std::vector<int32_t> active_;       // experts with at least one row, in id order
+  std::vector<experts::ExpertLease> leases_;  // (n_expert_used) decode: the token's experts, slot order
+  std::vector<tensor::MatvecTask> tasks_;     // (2 * n_expert_used) decode: one fused group of products
 };
 
 }  // namespace car::engine

@@ -88,3 +88,24 @@ float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n,
               ProductOrder order = ProductOrder::mul_mat);
 
 }  // namespace car::tensor
+
+// ---- Fused matrix-vector products (fused.cpp): several matvecs in one parallel region. ----
+
+namespace car::tensor {
+
+/// One product of a fused group: y (w.rows floats) = W round(x) (x: w.cols floats), as matvec(w, x, y)
+/// computes it. `y` must not overlap any task's x or another task's y.
+struct MatvecTask {
+  MatrixView w;
+  const float* x = nullptr;
+  float* y = nullptr;
+};
+
+/// Run `n` matvec products as one fork-join on `pool` (null: the calling thread): every distinct input vector
+/// is rounded once per activation type (tasks sharing x, such as Q/K/V or gate/up, share the rounding), then
+/// the rows of all matrices, in chunks, are split across the threads from one shared cursor. Each y[r]
+/// equals, bit for bit, what matvec(tasks[i].w, tasks[i].x, tasks[i].y, pool) returns: only the scheduling
+/// differs.
+void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool);
+
+}  // namespace car::tensor

@@ -112,4 +112,67 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, int n_threads, FunctionR
   });
 }
 
+namespace {
+
+/// The chunks [front, back) of one thread's share not yet taken, packed in one word (front high, back low),
+/// on a cache line of its own.
+struct alignas(64) Share {
+  std::atomic<uint64_t> span{0};
+
+  void init(uint64_t front, uint64_t back) { span.store(front << 32 | back, std::memory_order_relaxed); }
+  int64_t take_front() {
+    uint64_t s = span.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t f = static_cast<uint32_t>(s >> 32), b = static_cast<uint32_t>(s);
+      if (f >= b) return -1;
+      if (span.compare_exchange_weak(s, s + (uint64_t{1} << 32), std::memory_order_relaxed)) return f;
+    }
+  }
+  int64_t take_back() {
+    uint64_t s = span.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t f = static_cast<uint32_t>(s >> 32), b = static_cast<uint32_t>(s);
+      if (f >= b) return -1;
+      if (span.compare_exchange_weak(s, s - 1, std::memory_order_relaxed)) return b - 1;
+    }
+  }
+};
+
+constexpr int kMaxShares = 64;
+
+}  // namespace
+
+void ThreadPool::parallel_for_shares(int64_t n, int64_t grain, int n_threads,
+                                     FunctionRef<void(int64_t, int64_t)> fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t chunks = (n + grain - 1) / grain;
+  if (chunks >= (int64_t{1} << 32)) {  // the packed spans hold 32-bit chunk indices
+    parallel_for(n, grain, n_threads, fn);
+    return;
+  }
+  int threads = n_threads <= 0 ? size() : std::min(n_threads, size());
+  threads = static_cast<int>(std::min<int64_t>({threads, chunks, kMaxShares}));
+  if (threads <= 1) {
+    fn(0, n);
+    return;
+  }
+  Share shares[kMaxShares];
+  for (int t = 0; t < threads; ++t) {
+    shares[t].init(static_cast<uint64_t>(chunks * t / threads),
+                   static_cast<uint64_t>(chunks * (t + 1) / threads));
+  }
+  auto chunk = [&](int64_t c) {
+    const int64_t begin = c * grain;
+    fn(begin, std::min(n, begin + grain));
+  };
+  run(threads, [&](int t, int total) {
+    for (int64_t c; (c = shares[t].take_front()) >= 0;) chunk(c);
+    for (int k = 1; k < total; ++k) {
+      Share& other = shares[(t + k) % total];
+      for (int64_t c; (c = other.take_back()) >= 0;) chunk(c);
+    }
+  });
+}
+
 }  // namespace car

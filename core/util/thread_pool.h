@@ -65,6 +65,14 @@ class ThreadPool {
   /// on up to `n_threads` threads (<= 0: all), chunks taken in increasing order from a shared cursor.
   void parallel_for(int64_t n, int64_t grain, int n_threads, FunctionRef<void(int64_t, int64_t)> fn);
 
+  /// Like parallel_for (every chunk of `grain` indices passed to fn exactly once), but each of the T threads
+  /// owns the t-th contiguous run of about chunks / T chunks and takes it front to back, so it reads one
+  /// sequential stream; a thread that has finished its own run then takes the chunks left in the others'
+  /// runs from their back ends, one at a time. For memory-bound loops over rows: chunks handed out
+  /// alternately from one cursor interleave the threads' streams, and every jump restarts the hardware
+  /// prefetcher.
+  void parallel_for_shares(int64_t n, int64_t grain, int n_threads, FunctionRef<void(int64_t, int64_t)> fn);
+
  private:
   void worker_main(int index);
 

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -59,6 +61,58 @@ TEST(ThreadPool, ManyShortJobsAndConcurrentCallers) {
   work();
   other.join();
   EXPECT_EQ(total.load(), 2 * 500 * 10);
+}
+
+TEST(ThreadPool, ParallelForSharesCoversRangeExactlyOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 7, 64, 1000}) {
+      for (int64_t grain : {1, 3, 64, 5000}) {
+        for (int n_threads : {0, 2}) {
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+          pool.parallel_for_shares(n, grain, n_threads, [&](int64_t b, int64_t e) {
+            // One thread runs the whole range in one call, as parallel_for does.
+            if (threads > 1 && n > grain) {
+              ASSERT_LE(e - b, grain);
+            }
+            ASSERT_TRUE(b % grain == 0 && e <= n && b < e);
+            for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+          });
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << n << " " << grain;
+        }
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, ParallelForSharesRunsOwnShareFrontToBackThenStealsFromTheBack) {
+  // The caller (participant 0) owns chunks [0, 20) and stalls on its first one until the worker has finished
+  // its own share [20, 40) and starts taking the caller's chunks from the back.
+  ThreadPool pool(2);
+  const int64_t n = 40;
+  std::vector<std::atomic<int>> hits(n);
+  std::vector<int64_t> caller_order, worker_order;
+  std::atomic<bool> release{false};
+  const std::thread::id caller = std::this_thread::get_id();
+  pool.parallel_for_shares(n, 1, 0, [&](int64_t b, int64_t) {
+    if (std::this_thread::get_id() == caller) {
+      caller_order.push_back(b);
+      while (!release.load()) std::this_thread::yield();
+    } else {
+      worker_order.push_back(b);
+      if (b < n / 2) release.store(true);
+    }
+    hits[static_cast<size_t>(b)].fetch_add(1);
+  });
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
+  ASSERT_FALSE(caller_order.empty());
+  EXPECT_EQ(caller_order.front(), 0);
+  EXPECT_TRUE(std::is_sorted(caller_order.begin(), caller_order.end()));
+  ASSERT_GT(worker_order.size(), size_t{20});
+  for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(worker_order[static_cast<size_t>(i)], 20 + i);
+  EXPECT_EQ(worker_order[20], 19);
+  EXPECT_TRUE(std::is_sorted(worker_order.begin() + 20, worker_order.end(), std::greater<>()));
 }
 
 TEST(ThreadPool, SingleThreadPoolRunsInline) {

@@ -1,0 +1,161 @@
+// matvec_fused: several matrix-vector products in one fork-join (see kernels.h).
+//
+// Decode issues one matvec per weight matrix, and the matrices of a 1-2B model are small (MoE experts 1.6 MB,
+// K/V 0.3 MB): each region ends with one thread waiting for the other's last chunk, and each thread restarts
+// its memory stream at every region and chunk it jumps to. Grouping the products that are ready at the same
+// time (Q/K/V; gate/up; every chosen expert's gate/up, then their downs) into one region pays the tail once
+// per group and rounds each shared input once; the contiguous shares (below) keep each thread's stream long.
+// (The fork-join itself is cheap: ~0.25 us for an empty ThreadPool::run on 2 threads.) Rows are computed by
+// the same kernels matvec uses (the table's multi-row kernel, else its dot kernel), so every result equals
+// matvec's bit for bit.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+#include "core/util/result.h"
+#include "core/util/thread_pool.h"
+
+namespace car::tensor {
+namespace {
+
+using detail::DotKernels;
+using detail::slot;
+
+// Chunks of about kChunkBytes of weights, and groups smaller than kMinParallelBytes in total stay on the
+// calling thread. The chunk list (all tasks' chunks in task order) is split into one contiguous share per
+// thread (ThreadPool::parallel_for_shares): each thread streams its share front to back, and only the tail is
+// balanced by taking single chunks from the others' back ends. (Handing out the 64 KiB chunks alternately
+// from one cursor made each thread jump every chunk; on the MoE decode products that ran at 22-26 GB/s
+// against 30-37 GB/s with shares.)
+constexpr size_t kChunkBytes = 64 * 1024;
+constexpr size_t kMinParallelBytes = 96 * 1024;
+constexpr size_t kActAlign = 64;
+
+/// The caller's grow-only scratch: rounded activations and the chunk table (allocates only when it grows).
+struct FusedScratch {
+  struct Free {
+    void operator()(uint8_t* p) const { ::operator delete (p, std::align_val_t{kActAlign}); }
+  };
+  std::unique_ptr<uint8_t, Free> acts;
+  size_t acts_cap = 0;
+  std::vector<const void*> act_of;      // rounded input per task
+  std::vector<size_t> act_offset;       // offset of each task's rounding in `acts` (SIZE_MAX: none or shared)
+  std::vector<int64_t> chunk_end;       // cumulative chunk counts per task
+  std::vector<int64_t> rows_per_chunk;  // per task
+
+  uint8_t* get_acts(size_t bytes) {
+    if (bytes > acts_cap) {
+      acts_cap = std::max(bytes, acts_cap * 2);
+      acts.reset(static_cast<uint8_t*>(::operator new (acts_cap, std::align_val_t{kActAlign})));
+    }
+    return acts.get();
+  }
+};
+
+thread_local FusedScratch tls_fused;
+
+void check_task(const MatvecTask& t, const DotKernels& k) {
+  const MatrixView& w = t.w;
+  CAR_CHECK(static_cast<uint32_t>(w.type) < static_cast<uint32_t>(detail::kTypeSlots));
+  CAR_CHECK(k.dot[slot(w.type)] != nullptr);
+  const detail::BlockGeometry g = detail::geometry(w.type);
+  CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
+  CAR_CHECK(w.row_bytes >= detail::row_bytes(w.type, w.cols));
+  CAR_CHECK(w.rows >= 0 && (w.rows == 0 || w.data != nullptr));
+  CAR_CHECK(t.x != nullptr && (w.rows == 0 || t.y != nullptr));
+}
+
+/// rows [begin, end) of task t against its rounded input.
+void run_rows(const DotKernels& k, const MatvecTask& t, const void* act, int64_t begin, int64_t end) {
+  const MatrixView& w = t.w;
+  const size_t stride = w.row_bytes;
+  const uint8_t* base = w.data;
+  if (const detail::RowsFn multi = detail::rows_for(k, w.type, w.order); multi != nullptr) {
+    multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, t.y + begin);
+    return;
+  }
+  const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
+  for (int64_t r = begin; r < end; ++r) t.y[r] = dot(base + static_cast<size_t>(r) * stride, act, w.cols);
+}
+
+}  // namespace
+
+void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
+  if (n == 0) return;
+  const DotKernels& k = detail::kernels_for(current_isa());
+  FusedScratch& s = tls_fused;
+  s.act_of.assign(n, nullptr);
+  s.act_offset.assign(n, SIZE_MAX);
+
+  // Lay out one rounding per distinct (input, activation type, length); F32 weights read x in place.
+  size_t act_bytes = 0;
+  size_t total_bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const MatvecTask& t = tasks[i];
+    check_task(t, k);
+    total_bytes += static_cast<size_t>(t.w.rows) * t.w.row_bytes;
+    const GgmlType at = detail::act_type(t.w.type);
+    if (at == GgmlType::F32) continue;
+    bool shared = false;
+    for (size_t j = 0; j < i && !shared; ++j) {
+      shared = tasks[j].x == t.x && tasks[j].w.cols == t.w.cols && detail::act_type(tasks[j].w.type) == at;
+    }
+    if (shared) continue;
+    s.act_offset[i] = act_bytes;
+    act_bytes += (detail::row_bytes(at, t.w.cols) + kActAlign - 1) / kActAlign * kActAlign;
+  }
+  uint8_t* acts = s.get_acts(std::max<size_t>(1, act_bytes));
+  for (size_t i = 0; i < n; ++i) {
+    const MatvecTask& t = tasks[i];
+    const GgmlType at = detail::act_type(t.w.type);
+    if (at == GgmlType::F32) {
+      s.act_of[i] = t.x;
+    } else if (s.act_offset[i] != SIZE_MAX) {
+      k.quantize_act[slot(at)](t.x, acts + s.act_offset[i], t.w.cols);
+      s.act_of[i] = acts + s.act_offset[i];
+    } else {
+      for (size_t j = 0; j < i; ++j) {
+        if (tasks[j].x == t.x && tasks[j].w.cols == t.w.cols && detail::act_type(tasks[j].w.type) == at) {
+          s.act_of[i] = s.act_of[j];
+          break;
+        }
+      }
+    }
+  }
+
+  if (pool == nullptr || pool->size() == 1 || total_bytes < kMinParallelBytes) {
+    for (size_t i = 0; i < n; ++i) run_rows(k, tasks[i], s.act_of[i], 0, tasks[i].w.rows);
+    return;
+  }
+
+  // One chunk list over all tasks, in task order.
+  s.chunk_end.resize(n);
+  s.rows_per_chunk.resize(n);
+  int64_t chunks = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const MatrixView& w = tasks[i].w;
+    const int64_t rpc =
+        std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(1, w.row_bytes)));
+    s.rows_per_chunk[i] = rpc;
+    chunks += (w.rows + rpc - 1) / rpc;
+    s.chunk_end[i] = chunks;
+  }
+  const int64_t* chunk_end = s.chunk_end.data();
+  const int64_t* rows_per_chunk = s.rows_per_chunk.data();
+  const void* const* act_of = s.act_of.data();
+  pool->parallel_for_shares(chunks, 1, 0, [&](int64_t begin, int64_t end) {
+    size_t i = 0;
+    for (int64_t c = begin; c < end; ++c) {
+      while (c >= chunk_end[i]) ++i;
+      const int64_t first = i == 0 ? 0 : chunk_end[i - 1];
+      const int64_t r0 = (c - first) * rows_per_chunk[i];
+      run_rows(k, tasks[i], act_of[i], r0, std::min(tasks[i].w.rows, r0 + rows_per_chunk[i]));
+    }
+  });
+}
+
+}  // namespace car::tensor
