@@ -19,6 +19,7 @@
 
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
+#include "core/tensor/row_split.h"
 #include "core/util/thread_pool.h"
 
 namespace {
@@ -113,7 +114,8 @@ __attribute__((target("avx2"))) uint64_t read_range(const uint8_t* p, size_t n) 
   return static_cast<uint64_t>(_mm256_extract_epi64(s, 0) ^ _mm256_extract_epi64(s, 3));
 }
 
-/// The baseline: each thread reads its contiguous share of the buffer (the same split matvec gets).
+/// The baseline: the buffer read in 64 KiB chunks split over the threads by detail::split_rows, as matvec
+/// splits its rows (each thread streams its own contiguous share).
 void BM_StreamRead(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
   const int threads = static_cast<int>(state.range(1));
@@ -128,7 +130,7 @@ void BM_StreamRead(benchmark::State& state) {
   const int64_t chunks = static_cast<int64_t>((bytes + chunk - 1) / chunk);
   std::atomic<uint64_t> sink{0};
   for (auto _ : state) {
-    pool.parallel_for(chunks, 1, threads, [&](int64_t b, int64_t e) {
+    detail::split_rows(pool, chunks, 1, [&](int64_t b, int64_t e) {
       uint64_t v = 0;
       for (int64_t c = b; c < e; ++c) {
         const size_t off = static_cast<size_t>(c) * chunk;

@@ -8,6 +8,7 @@
 
 #include "core/tensor/blocks.h"
 #include "core/tensor/kernel_table.h"
+#include "core/tensor/row_split.h"
 #include "core/util/result.h"
 #include "core/util/thread_pool.h"
 
@@ -157,8 +158,9 @@ const void* round_into(const DotKernels& k, GgmlType w, const float* x, int64_t 
   return dst;
 }
 
-// Work split: chunks of about kChunkBytes of weights per task so both threads stream long sequential runs,
-// and products smaller than kMinParallelBytes stay on the calling thread (fork-join would cost more).
+// Work split (matvec): each thread owns a contiguous share of the rows and walks it in chunks of about
+// kChunkBytes of weights (detail::split_rows; threads that finish early take the others' last chunks), and
+// products smaller than kMinParallelBytes stay on the calling thread (fork-join would cost more).
 constexpr size_t kChunkBytes = 64 * 1024;
 constexpr size_t kMinParallelBytes = 96 * 1024;
 constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
@@ -269,7 +271,7 @@ void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
     rows(0, w.rows);
     return;
   }
-  pool->parallel_for(w.rows, rows_per_chunk(w), 0, rows);
+  detail::split_rows(*pool, w.rows, rows_per_chunk(w), rows);
 }
 
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
