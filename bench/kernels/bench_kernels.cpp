@@ -5,12 +5,17 @@
 //   bench_kernels                      # sizes up to 64 MiB (a short run)
 //   bench_kernels --big                # adds 256 MiB and 1 GiB
 //   bench_kernels --big --benchmark_filter='1024MiB'
+//   bench_kernels --big --benchmark_filter='MatvecVsStream/.*/1024MiB/t2'   # ratio to a read of the same
+//   memory, pass by pass
 //
 // Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
 // set, tiled), so the kernels see valid scales; values do not affect speed.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -30,7 +35,8 @@ using namespace car::tensor;
 constexpr int64_t kCols = 4096;
 
 struct AlignedBuffer {
-  explicit AlignedBuffer(size_t n) : size(n), data(static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
+  explicit AlignedBuffer(size_t n)
+      : size(n), data(static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
   ~AlignedBuffer() { std::free(data); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -71,14 +77,16 @@ Matrix& matrix(GgmlType t, size_t bytes) {
     for (auto& v : x) v = dist(rng);
     quantize_row(t, x.data(), rows_q.data() + rb * r, kCols);
   }
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(m->buf->data + rb * r, rows_q.data() + rb * (r % kDistinct), rb);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(m->buf->data + rb * r, rows_q.data() + rb * (r % kDistinct), rb);
   m->view = MatrixView{t, m->buf->data, kCols, rows, rb};
   cache.emplace_back(std::make_pair(t, bytes), std::move(m));
   return *cache.back().second;
 }
 
 void BM_Matvec(benchmark::State& state, GgmlType t, Isa isa) {
-  if (isa != Isa::scalar && (detect_isa() == Isa::scalar || (isa == Isa::avx512 && detect_isa() != Isa::avx512))) {
+  if (isa != Isa::scalar &&
+      (detect_isa() == Isa::scalar || (isa == Isa::avx512 && detect_isa() != Isa::avx512))) {
     state.SkipWithError("ISA not supported by this CPU");
     return;
   }
@@ -113,7 +121,24 @@ __attribute__((target("avx2"))) uint64_t read_range(const uint8_t* p, size_t n) 
   return static_cast<uint64_t>(_mm256_extract_epi64(s, 0) ^ _mm256_extract_epi64(s, 3));
 }
 
-/// The baseline: each thread reads its contiguous share of the buffer (the same split matvec gets).
+/// One plain read of [p, p + bytes): 64 KiB chunks split over the pool's threads by
+/// ThreadPool::parallel_for_shares, as matvec splits its rows (each thread streams its own contiguous share).
+uint64_t stream_read(const uint8_t* p, size_t bytes, ThreadPool& pool) {
+  const size_t chunk = 64 * 1024;
+  const int64_t chunks = static_cast<int64_t>((bytes + chunk - 1) / chunk);
+  std::atomic<uint64_t> sink{0};
+  pool.parallel_for_shares(chunks, 1, 0, [&](int64_t b, int64_t e) {
+    uint64_t v = 0;
+    for (int64_t c = b; c < e; ++c) {
+      const size_t off = static_cast<size_t>(c) * chunk;
+      v ^= read_range(p + off, std::min(chunk, bytes - off));
+    }
+    sink.fetch_xor(v, std::memory_order_relaxed);
+  });
+  return sink.load();
+}
+
+/// The baseline: the machine's attainable read bandwidth, a plain streaming read of a buffer.
 void BM_StreamRead(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
   const int threads = static_cast<int>(state.range(1));
@@ -124,21 +149,51 @@ void BM_StreamRead(benchmark::State& state) {
     std::memset(buf->data, 1, bytes);
   }
   ThreadPool& pool = pool_of(threads);
-  const size_t chunk = 64 * 1024;
-  const int64_t chunks = static_cast<int64_t>((bytes + chunk - 1) / chunk);
-  std::atomic<uint64_t> sink{0};
-  for (auto _ : state) {
-    pool.parallel_for(chunks, 1, threads, [&](int64_t b, int64_t e) {
-      uint64_t v = 0;
-      for (int64_t c = b; c < e; ++c) {
-        const size_t off = static_cast<size_t>(c) * chunk;
-        v ^= read_range(buf->data + off, std::min(chunk, bytes - off));
-      }
-      sink.fetch_xor(v, std::memory_order_relaxed);
-    });
-  }
-  benchmark::DoNotOptimize(sink.load());
+  uint64_t sink = 0;
+  for (auto _ : state) sink ^= stream_read(buf->data, bytes, pool);
+  benchmark::DoNotOptimize(sink);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+}
+
+/// matvec against a streaming read of the same matrix memory, back to back pass by pass (the shared machine's
+/// bandwidth drifts by tens of percent between seconds, so separate runs compare poorly). Counters: medians
+/// over the passes of the stream's and matvec's GiB/s and of their ratio (matvec / stream, per pair).
+void BM_MatvecVsStream(benchmark::State& state, GgmlType t) {
+  if (detect_isa() != Isa::avx512) {
+    state.SkipWithError("needs avx512");
+    return;
+  }
+  const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
+  const int threads = static_cast<int>(state.range(1));
+  Matrix& m = matrix(t, bytes);
+  set_isa(Isa::avx512);
+  const size_t wbytes = static_cast<size_t>(m.view.rows) * m.view.row_bytes;
+  std::vector<float> x(kCols, 0.5f), y(static_cast<size_t>(m.view.rows));
+  ThreadPool& pool = pool_of(threads);
+  std::vector<double> stream_gibs, matvec_gibs, ratio;
+  uint64_t sink = 0;
+  using Clock = std::chrono::steady_clock;
+  const double gib = static_cast<double>(wbytes) / (1u << 30);
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    sink ^= stream_read(m.buf->data, wbytes, pool);
+    const auto t1 = Clock::now();
+    matvec(m.view, x.data(), y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    const auto t2 = Clock::now();
+    stream_gibs.push_back(gib / std::chrono::duration<double>(t1 - t0).count());
+    matvec_gibs.push_back(gib / std::chrono::duration<double>(t2 - t1).count());
+    ratio.push_back(matvec_gibs.back() / stream_gibs.back());
+  }
+  benchmark::DoNotOptimize(sink);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  state.counters["stream_GiBps"] = median(stream_gibs);
+  state.counters["matvec_GiBps"] = median(matvec_gibs);
+  state.counters["ratio"] = median(ratio);
 }
 
 void register_all(bool big) {
@@ -159,6 +214,19 @@ void register_all(bool big) {
           ->MinTime(big ? 1.0 : 0.2);
     }
   }
+  for (int64_t kib : sizes_kib) {
+    if (kib < (64 << 10)) continue;  // DRAM-sized only: the point is the bandwidth ratio
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+      for (int threads : {1, 2}) {
+        const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) + "/" +
+                                 name_size(kib) + "/t" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_MatvecVsStream(s, t); })
+            ->Args({kib, threads})
+            ->UseRealTime()
+            ->MinTime(big ? 2.0 : 0.5);
+      }
+    }
+  }
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                             GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                             GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
@@ -169,7 +237,8 @@ void register_all(bool big) {
         if (isa == Isa::scalar && kib > (4 << 10)) continue;
         for (int threads : {1, 2}) {
           const std::string name = "Matvec/" + std::string(car::ggml_type_name(t)) + "/" +
-                                   std::string(isa_name(isa)) + "/" + name_size(kib) + "/t" + std::to_string(threads);
+                                   std::string(isa_name(isa)) + "/" + name_size(kib) + "/t" +
+                                   std::to_string(threads);
           benchmark::RegisterBenchmark(name.c_str(), [t, isa](benchmark::State& s) { BM_Matvec(s, t, isa); })
               ->Args({kib, threads})
               ->UseRealTime()

@@ -157,8 +157,9 @@ const void* round_into(const DotKernels& k, GgmlType w, const float* x, int64_t 
   return dst;
 }
 
-// Work split: chunks of about kChunkBytes of weights per task so both threads stream long sequential runs,
-// and products smaller than kMinParallelBytes stay on the calling thread (fork-join would cost more).
+// Work split (matvec): each thread owns a contiguous share of the rows and walks it in chunks of about
+// kChunkBytes of weights (ThreadPool::parallel_for_shares; threads that finish early take the others' last chunks), and
+// products smaller than kMinParallelBytes stay on the calling thread (fork-join would cost more).
 constexpr size_t kChunkBytes = 64 * 1024;
 constexpr size_t kMinParallelBytes = 96 * 1024;
 constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
@@ -269,7 +270,7 @@ void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
     rows(0, w.rows);
     return;
   }
-  pool->parallel_for(w.rows, rows_per_chunk(w), 0, rows);
+  pool->parallel_for_shares(w.rows, rows_per_chunk(w), 0, rows);
 }
 
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -125,6 +126,27 @@ TEST(ThreadPool, SingleThreadPoolRunsInline) {
     ++calls;
   });
   EXPECT_EQ(calls, 1);
+}
+
+TEST(ThreadPool, ParallelForSharesFinishesAStalledThreadsShare) {
+  ThreadPool pool(3);
+  const int64_t n = 300;
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> all_but_one{false};
+  const std::thread::id caller = std::this_thread::get_id();
+  bool caller_stalled = false;
+  pool.parallel_for_shares(n, 1, 0, [&](int64_t b, int64_t e) {
+    if (std::this_thread::get_id() == caller && !caller_stalled) {
+      // The caller (share 0) stalls in its first chunk until every other chunk is done.
+      caller_stalled = true;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (done.load() < n - 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      all_but_one.store(done.load() == n - 1);
+    }
+    done.fetch_add(e - b);
+  });
+  EXPECT_TRUE(all_but_one.load());
+  EXPECT_EQ(done.load(), n);
 }
 
 }  // namespace
