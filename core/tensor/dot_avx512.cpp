@@ -351,10 +351,11 @@ constexpr Perm2 kK4TilePerm[4] = {make_perm2(0, 1), make_perm2(2, 3), make_perm2
 /// lane-wise the same operations as dot_k4's, so each result equals dot_q4_K bit for bit.
 /// pack, per block: y.d spread for acc (kG/2 x 16 floats), -y.d spread for acc_m (kG/4 x 16) and the
 /// pairwise bsums (kG/4 x 32 int16, vector v in int16 lanes [8(v%4), 8(v%4)+8)).
+template <bool kCopy>
 struct q4_K_tile {
   template <int kG>
   static constexpr size_t block_pack_bytes() {
-    return kG / 2 * 64 + kG / 4 * 64 + kG / 4 * 64;
+    return (kCopy ? kG * 256 : 0) + kG / 2 * 64 + kG / 4 * 64 + kG / 4 * 64;
   }
   template <int kG>
   static size_t pack_bytes(int64_t nb) {
@@ -363,7 +364,8 @@ struct q4_K_tile {
   template <int kG>
   static void pack(const uint8_t* const* av, int64_t nb, uint8_t* out) {
     for (int64_t i = 0; i < nb; ++i) {
-      uint8_t* pk = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
+      uint8_t* qs = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
+      uint8_t* pk = qs + (kCopy ? kG * 256 : 0);
       auto* yd = reinterpret_cast<float*>(pk);
       auto* ydm = reinterpret_cast<float*>(pk + kG / 2 * 64);
       auto* pairs = reinterpret_cast<__m128i*>(pk + kG / 2 * 64 + kG / 4 * 64);
@@ -374,6 +376,10 @@ struct q4_K_tile {
         for (int l = 0; l < 8; ++l) yd[16 * (v / 2) + 8 * (v % 2) + l] = y.d;
 #pragma GCC unroll 16
         for (int l = 0; l < 4; ++l) ydm[4 * v + l] = -y.d;
+        if constexpr (kCopy) {
+#pragma GCC unroll 4
+          for (int m = 0; m < 4; ++m) _mm512_store_si512(qs + 256 * v + 64 * m, load64(y.qs + 64 * m));
+        }
         const __m256i b = load32(y.bsums);
         _mm_store_si128(pairs + v, _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
       }
@@ -410,20 +416,26 @@ struct q4_K_tile {
       }
       const __m512 xd = _mm512_set1_ps(h2f(x[i].d));
       const __m512 xdmin = _mm512_set1_ps(h2f(x[i].dmin));
-      const auto* yd = reinterpret_cast<const float*>(pk);
-      const auto* ydm = reinterpret_cast<const float*>(pk + kP * 64);
-      const auto* pairs = pk + kP * 64 + kQ * 64;
+      const uint8_t* qs = pk;
+      const uint8_t* pf = pk + (kCopy ? kG * 256 : 0);
+      const auto* yd = reinterpret_cast<const float*>(pf);
+      const auto* ydm = reinterpret_cast<const float*>(pf + kP * 64);
+      const auto* pairs = pf + kP * 64 + kQ * 64;
 #pragma GCC unroll 16
       for (int p = 0; p < kP; ++p) {
         __m512i s[2];
 #pragma GCC unroll 16
         for (int h = 0; h < 2; ++h) {
-          const int8_t* q8 = ys[2 * p + h][i].qs;
+          const void* q8 = kCopy ? static_cast<const void*>(qs + 256 * (2 * p + h))
+                                 : static_cast<const void*>(ys[2 * p + h][i].qs);
           __m512i t =
               _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q[0], load64(q8)), sc[0]);
-          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(q8 + 64)), sc[1]);
-          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[2], load64(q8 + 128)), sc[2]);
-          s[h] = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[3], load64(q8 + 192)), sc[3]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(static_cast<const uint8_t*>(q8) + 64)),
+                                  sc[1]);
+          t = _mm512_dpwssd_epi32(
+              t, _mm512_maddubs_epi16(q[2], load64(static_cast<const uint8_t*>(q8) + 128)), sc[2]);
+          s[h] = _mm512_dpwssd_epi32(
+              t, _mm512_maddubs_epi16(q[3], load64(static_cast<const uint8_t*>(q8) + 192)), sc[3]);
         }
         // lanes [0,8): fold16 of vector 2p's sums, [8,16): of vector 2p+1's
         const __m512i f =
@@ -444,9 +456,18 @@ struct q4_K_tile {
   }
 };
 
+constexpr int64_t kQ4KCopyMaxBlocks = 12;
+
 void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
-  run_tiles<q4_K_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
+  const int64_t nb = n / QK_K;
+  // Activations copied to aligned rows while a group's copies fit in L1 beside the weights; else loaded in
+  // place.
+  if (nb <= kQ4KCopyMaxBlocks) {
+    run_tiles<q4_K_tile<true>>(w, row_bytes, nrows, acts, act_bytes, nvec, nb, y, ldy);
+  } else {
+    run_tiles<q4_K_tile<false>>(w, row_bytes, nrows, acts, act_bytes, nvec, nb, y, ldy);
+  }
 }
 float dot_q5_K(const void* w, const void* a, int64_t n) {
   return dot_k4<true, block_q5_K>(w, a, n);
