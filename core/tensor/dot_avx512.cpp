@@ -209,7 +209,11 @@ struct q8_0_tile {
         acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread[p], d), _mm512_cvtepi32_ps(s), acc[p]);
       }
     }
-    for (int v = 0; v < nv; ++v) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
+    // unrolled with constant indices so acc stays in registers (a variable index kept a copy on the stack)
+#pragma GCC unroll 16
+    for (int v = 0; v < kG; ++v) {
+      if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
+    }
   }
 };
 
@@ -450,8 +454,12 @@ struct q4_K_tile {
         acc_m[qq] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(m), acc_m[qq]);
       }
     }
-    for (int v = 0; v < nv; ++v) {
-      out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2)) + hsum4(extract_ps128(acc_m[v / 4], v % 4));
+    // unrolled with constant indices so acc, acc_m stay in registers (a variable index kept a copy on the
+    // stack)
+#pragma GCC unroll 16
+    for (int v = 0; v < kG; ++v) {
+      if (v < nv)
+        out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2)) + hsum4(extract_ps128(acc_m[v / 4], v % 4));
     }
   }
 };
@@ -635,7 +643,11 @@ struct q6_K_tile {
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(yd + 16 * p), xd), _mm512_cvtepi32_ps(f), acc[p]);
       }
     }
-    for (int v = 0; v < nv; ++v) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
+    // unrolled with constant indices so acc stays in registers (a variable index kept a copy on the stack)
+#pragma GCC unroll 16
+    for (int v = 0; v < kG; ++v) {
+      if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
+    }
   }
 };
 
