@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <type_traits>
 
@@ -91,36 +92,81 @@ float dot_q4_0(const void* w, const void* a, int64_t n) {
   return hsum8(acc);
 }
 
+/// A tile row's accumulators between slabs of blocks (see run_tiles): `state` holds them (64 bytes per
+/// register) when the row's blocks come in several slabs; `first` / `last`: this call starts / ends the row.
+struct Carry {
+  float* state = nullptr;
+  bool first = true;
+  bool last = true;
+};
+
+/// Accumulators in: zero for the first slab, else as the previous slab left them.
+template <int kN>
+inline void carry_in(const Carry& c, __m512* acc) {
+#pragma GCC unroll 16
+  for (int k = 0; k < kN; ++k) acc[k] = c.first ? _mm512_setzero_ps() : _mm512_load_ps(c.state + 16 * k);
+}
+/// Accumulators out; true when the row is done and its results are to be written.
+template <int kN>
+inline bool carry_out(const Carry& c, const __m512* acc) {
+  if (c.last) return true;
+#pragma GCC unroll 16
+  for (int k = 0; k < kN; ++k) _mm512_store_ps(c.state + 16 * k, acc[k]);
+  return false;
+}
+
+/// Grow-only, 64-byte aligned per-thread scratch.
+struct Scratch {
+  void* p = nullptr;
+  size_t size = 0;
+  ~Scratch() { ::operator delete (p, std::align_val_t{64}); }
+  void* get(size_t need) {
+    if (size < need) {
+      ::operator delete (p, std::align_val_t{64});
+      p = ::operator new (need, std::align_val_t{64});
+      size = need;
+    }
+    return p;
+  }
+};
+
 /// The matmul tile driver shared by the formats. Vectors go in groups of eight (four for a short tail; a
 /// group's missing vectors repeat its last one and are computed but not stored). Per group, Tile::pack
 /// writes the vector-side data every row needs (scales, sums, ...; see each tile) into a per-thread buffer
 /// once, then Tile::row computes each weight row of the chunk against the whole group, its weight blocks
-/// unpacked once for the group.
+/// unpacked once for the group. Long rows go in slabs of Tile::kSlab blocks (the group's activations and
+/// packed data should stay in L1 while the rows stream past), each row's accumulators kept between slabs,
+/// so every (row, vector) still accumulates its blocks in order.
 template <class Tile>
 void run_tiles(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t nb, float* y, int64_t ldy) {
-  struct Buffer {
-    void* p = nullptr;
-    size_t size = 0;
-    ~Buffer() { ::operator delete (p, std::align_val_t{64}); }
-  };
-  thread_local Buffer buf;
-  const size_t need = Tile::template pack_bytes<8>(nb);
-  if (buf.size < need) {
-    ::operator delete (buf.p, std::align_val_t{64});
-    buf.p = ::operator new (need, std::align_val_t{64});
-    buf.size = need;
-  }
-  auto* pack = static_cast<uint8_t*>(buf.p);
+  thread_local Scratch pack_buf, state_buf;
+  const int64_t slab = std::min<int64_t>(nb, Tile::kSlab);
+  auto* pack = static_cast<uint8_t*>(pack_buf.get(Tile::template pack_bytes<8>(slab)));
+  float* state = nb > slab
+                     ? static_cast<float*>(state_buf.get(static_cast<size_t>(nrows) * Tile::kStateBytes))
+                     : nullptr;
   int64_t v0 = 0;
   auto group = [&]<int kG>(std::integral_constant<int, kG>) {
     const int nv = static_cast<int>(std::min<int64_t>(kG, nvec - v0));
-    const uint8_t* av[kG];
+    for (int64_t b0 = 0; b0 < nb; b0 += slab) {
+      const int64_t ns = std::min(slab, nb - b0);
+      const uint8_t* av[kG];
 #pragma GCC unroll 16
-    for (int v = 0; v < kG; ++v) av[v] = acts + static_cast<size_t>(v0 + std::min(v, nv - 1)) * act_bytes;
-    Tile::template pack<kG>(av, nb, pack);
-    for (int64_t r = 0; r < nrows; ++r) {
-      Tile::template row<kG>(w + static_cast<size_t>(r) * row_bytes, av, pack, nb, y + v0 * ldy + r, ldy, nv);
+      for (int v = 0; v < kG; ++v) {
+        av[v] = acts + static_cast<size_t>(v0 + std::min(v, nv - 1)) * act_bytes +
+                static_cast<size_t>(b0) * Tile::kActBlockBytes;
+      }
+      Tile::template pack<kG>(av, ns, pack);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const Carry c = state == nullptr
+                            ? Carry{}
+                            : Carry{state + r * static_cast<int64_t>(Tile::kStateBytes / sizeof(float)),
+                                    b0 == 0, b0 + ns == nb};
+        Tile::template row<kG>(
+            w + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(b0) * Tile::kBlockBytes, av, pack,
+            ns, y + v0 * ldy + r, ldy, nv, c);
+      }
     }
     v0 += nv;
   };
@@ -164,6 +210,10 @@ inline __m128 extract_ps128(__m512 v, int k) {
 /// the float step runs on 16 lanes: lane-wise the same operations as dot_q8_0, so each result is bit-equal.
 /// pack: the group's activation scales dy as floats, kG per block.
 struct q8_0_tile {
+  // no slabs: a group's Q8_0 activations are small, and splitting rows measured slower
+  static constexpr int64_t kSlab = std::numeric_limits<int64_t>::max();
+  static constexpr size_t kBlockBytes = sizeof(block_q8_0), kActBlockBytes = sizeof(block_q8_0);
+  static constexpr size_t kStateBytes = 4 * 64;
   template <int kG>
   static size_t pack_bytes(int64_t nb) {
     return static_cast<size_t>(nb) * kG * sizeof(float);
@@ -178,7 +228,7 @@ struct q8_0_tile {
   }
   template <int kG>
   static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
-                  int64_t ldy, int nv) {
+                  int64_t ldy, int nv, const Carry& carry) {
     const auto* x = reinterpret_cast<const block_q8_0*>(wrow);
     const auto* dy = reinterpret_cast<const float*>(pk);
     const block_q8_0* a[kG];
@@ -189,8 +239,7 @@ struct q8_0_tile {
 #pragma GCC unroll 16
     for (int p = 0; p < kP; ++p) spread[p] = _mm512_load_si512(kSpread[p].idx);
     __m512 acc[kP];
-#pragma GCC unroll 16
-    for (int p = 0; p < kP; ++p) acc[p] = _mm512_setzero_ps();
+    carry_in<kP>(carry, acc);
     for (int64_t i = 0; i < nb; ++i) {
       const __m512i xq = _mm512_broadcast_i64x4(load32(x[i].qs));
       const __m512i ax = _mm512_abs_epi8(xq);
@@ -209,7 +258,8 @@ struct q8_0_tile {
         acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread[p], d), _mm512_cvtepi32_ps(s), acc[p]);
       }
     }
-    // unrolled with constant indices so acc stays in registers (a variable index kept a copy on the stack)
+    if (!carry_out<kP>(carry, acc)) return;
+      // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
 #pragma GCC unroll 16
     for (int v = 0; v < kG; ++v) {
       if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
@@ -355,11 +405,13 @@ constexpr Perm2 kK4TilePerm[4] = {make_perm2(0, 1), make_perm2(2, 3), make_perm2
 /// lane-wise the same operations as dot_k4's, so each result equals dot_q4_K bit for bit.
 /// pack, per block: y.d spread for acc (kG/2 x 16 floats), -y.d spread for acc_m (kG/4 x 16) and the
 /// pairwise bsums (kG/4 x 32 int16, vector v in int16 lanes [8(v%4), 8(v%4)+8)).
-template <bool kCopy>
 struct q4_K_tile {
+  static constexpr int64_t kSlab = 8;  // the group's copies: 16 KiB per slab
+  static constexpr size_t kBlockBytes = sizeof(block_q4_K), kActBlockBytes = sizeof(block_q8_K);
+  static constexpr size_t kStateBytes = 6 * 64;
   template <int kG>
   static constexpr size_t block_pack_bytes() {
-    return (kCopy ? kG * 256 : 0) + kG / 2 * 64 + kG / 4 * 64 + kG / 4 * 64;
+    return kG * 256 + kG / 2 * 64 + kG / 4 * 64 + kG / 4 * 64;
   }
   template <int kG>
   static size_t pack_bytes(int64_t nb) {
@@ -369,7 +421,7 @@ struct q4_K_tile {
   static void pack(const uint8_t* const* av, int64_t nb, uint8_t* out) {
     for (int64_t i = 0; i < nb; ++i) {
       uint8_t* qs = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
-      uint8_t* pk = qs + (kCopy ? kG * 256 : 0);
+      uint8_t* pk = qs + kG * 256;
       auto* yd = reinterpret_cast<float*>(pk);
       auto* ydm = reinterpret_cast<float*>(pk + kG / 2 * 64);
       auto* pairs = reinterpret_cast<__m128i*>(pk + kG / 2 * 64 + kG / 4 * 64);
@@ -380,10 +432,8 @@ struct q4_K_tile {
         for (int l = 0; l < 8; ++l) yd[16 * (v / 2) + 8 * (v % 2) + l] = y.d;
 #pragma GCC unroll 16
         for (int l = 0; l < 4; ++l) ydm[4 * v + l] = -y.d;
-        if constexpr (kCopy) {
 #pragma GCC unroll 4
-          for (int m = 0; m < 4; ++m) _mm512_store_si512(qs + 256 * v + 64 * m, load64(y.qs + 64 * m));
-        }
+        for (int m = 0; m < 4; ++m) _mm512_store_si512(qs + 256 * v + 64 * m, load64(y.qs + 64 * m));
         const __m256i b = load32(y.bsums);
         _mm_store_si128(pairs + v, _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
       }
@@ -391,19 +441,14 @@ struct q4_K_tile {
   }
   template <int kG>
   static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
-                  int64_t ldy, int nv) {
+                  int64_t ldy, int nv, const Carry& carry) {
     const auto* x = reinterpret_cast<const block_q4_K*>(wrow);
-    const block_q8_K* ys[kG];
-#pragma GCC unroll 16
-    for (int v = 0; v < kG; ++v) ys[v] = reinterpret_cast<const block_q8_K*>(av[v]);
     constexpr int kP = kG / 2, kQ = kG / 4;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m512 acc[kP], acc_m[kQ];
-#pragma GCC unroll 16
-    for (int p = 0; p < kP; ++p) acc[p] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int q = 0; q < kQ; ++q) acc_m[q] = _mm512_setzero_ps();
+    __m512 acc[kP + kQ];  // acc: [0, kP), acc_m: [kP, kP + kQ)
+    __m512* acc_m = acc + kP;
+    carry_in<kP + kQ>(carry, acc);
     for (int64_t i = 0; i < nb; ++i, pk += block_pack_bytes<kG>()) {
       uint32_t sm[4];
       unpack_scale_min_k4_words(x[i].scales, sm);
@@ -421,7 +466,7 @@ struct q4_K_tile {
       const __m512 xd = _mm512_set1_ps(h2f(x[i].d));
       const __m512 xdmin = _mm512_set1_ps(h2f(x[i].dmin));
       const uint8_t* qs = pk;
-      const uint8_t* pf = pk + (kCopy ? kG * 256 : 0);
+      const uint8_t* pf = pk + kG * 256;
       const auto* yd = reinterpret_cast<const float*>(pf);
       const auto* ydm = reinterpret_cast<const float*>(pf + kP * 64);
       const auto* pairs = pf + kP * 64 + kQ * 64;
@@ -430,16 +475,12 @@ struct q4_K_tile {
         __m512i s[2];
 #pragma GCC unroll 16
         for (int h = 0; h < 2; ++h) {
-          const void* q8 = kCopy ? static_cast<const void*>(qs + 256 * (2 * p + h))
-                                 : static_cast<const void*>(ys[2 * p + h][i].qs);
+          const uint8_t* q8 = qs + 256 * (2 * p + h);
           __m512i t =
               _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q[0], load64(q8)), sc[0]);
-          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(static_cast<const uint8_t*>(q8) + 64)),
-                                  sc[1]);
-          t = _mm512_dpwssd_epi32(
-              t, _mm512_maddubs_epi16(q[2], load64(static_cast<const uint8_t*>(q8) + 128)), sc[2]);
-          s[h] = _mm512_dpwssd_epi32(
-              t, _mm512_maddubs_epi16(q[3], load64(static_cast<const uint8_t*>(q8) + 192)), sc[3]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(q8 + 64)), sc[1]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[2], load64(q8 + 128)), sc[2]);
+          s[h] = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[3], load64(q8 + 192)), sc[3]);
         }
         // lanes [0,8): fold16 of vector 2p's sums, [8,16): of vector 2p+1's
         const __m512i f =
@@ -454,8 +495,8 @@ struct q4_K_tile {
         acc_m[qq] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(m), acc_m[qq]);
       }
     }
-    // unrolled with constant indices so acc, acc_m stay in registers (a variable index kept a copy on the
-    // stack)
+    if (!carry_out<kP + kQ>(carry, acc)) return;
+      // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
 #pragma GCC unroll 16
     for (int v = 0; v < kG; ++v) {
       if (v < nv)
@@ -464,18 +505,9 @@ struct q4_K_tile {
   }
 };
 
-constexpr int64_t kQ4KCopyMaxBlocks = 12;
-
 void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
-  const int64_t nb = n / QK_K;
-  // Activations copied to aligned rows while a group's copies fit in L1 beside the weights; else loaded in
-  // place.
-  if (nb <= kQ4KCopyMaxBlocks) {
-    run_tiles<q4_K_tile<true>>(w, row_bytes, nrows, acts, act_bytes, nvec, nb, y, ldy);
-  } else {
-    run_tiles<q4_K_tile<false>>(w, row_bytes, nrows, acts, act_bytes, nvec, nb, y, ldy);
-  }
+  run_tiles<q4_K_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
 }
 float dot_q5_K(const void* w, const void* a, int64_t n) {
   return dot_k4<true, block_q5_K>(w, a, n);
@@ -552,6 +584,9 @@ constexpr Perm32 kK6ScalePerm[2] = {make_k6_scale_perm(0), make_k6_scale_perm(4)
 /// group; the float step runs on two vectors per register, lane-wise dot_q6_K's operations (bit-equal).
 /// pack, per block: y.d spread (kG/2 x 16 floats), then per vector the S4 sums as two dpwssd operands.
 struct q6_K_tile {
+  static constexpr int64_t kSlab = 8;
+  static constexpr size_t kBlockBytes = sizeof(block_q6_K), kActBlockBytes = sizeof(block_q8_K);
+  static constexpr size_t kStateBytes = 4 * 64;
   template <int kG>
   static constexpr size_t block_pack_bytes() {
     return kG / 2 * 64 + kG * 128;
@@ -587,7 +622,7 @@ struct q6_K_tile {
   }
   template <int kG>
   static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
-                  int64_t ldy, int nv) {
+                  int64_t ldy, int nv, const Carry& carry) {
     const auto* x = reinterpret_cast<const block_q6_K*>(wrow);
     const block_q8_K* ys[kG];
 #pragma GCC unroll 16
@@ -598,8 +633,7 @@ struct q6_K_tile {
     const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     __m512 acc[kP];
-#pragma GCC unroll 16
-    for (int p = 0; p < kP; ++p) acc[p] = _mm512_setzero_ps();
+    carry_in<kP>(carry, acc);
     for (int64_t i = 0; i < nb; ++i, pk += block_pack_bytes<kG>()) {
       const __m256i sc16 =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
@@ -643,7 +677,8 @@ struct q6_K_tile {
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(yd + 16 * p), xd), _mm512_cvtepi32_ps(f), acc[p]);
       }
     }
-    // unrolled with constant indices so acc stays in registers (a variable index kept a copy on the stack)
+    if (!carry_out<kP>(carry, acc)) return;
+      // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
 #pragma GCC unroll 16
     for (int v = 0; v < kG; ++v) {
       if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));

@@ -98,7 +98,7 @@ TEST(Matmul, TilesEqualRowDotsForEveryVectorCount) {
   for (Isa isa : available_isas()) {
     IsaScope scope(isa);
     for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-      for (int64_t cols : {256, 768}) {
+      for (int64_t cols : {256, 768, 4864}) {  // 4864: several slabs of blocks (19 K-quant, 152 Q8_0 blocks)
         SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)) +
                      " cols=" + std::to_string(cols));
         const int64_t rows = 37;
