@@ -589,7 +589,7 @@ struct q6_K_tile {
   static constexpr size_t kStateBytes = 4 * 64;
   template <int kG>
   static constexpr size_t block_pack_bytes() {
-    return kG / 2 * 64 + kG * 128;
+    return kG * 256 + kG / 2 * 64 + kG * 128;
   }
   template <int kG>
   static size_t pack_bytes(int64_t nb) {
@@ -600,7 +600,8 @@ struct q6_K_tile {
     const __m512i ones = _mm512_set1_epi8(1);
     const __m512i perm = _mm512_load_si512(kK6GroupPerm.idx);
     for (int64_t i = 0; i < nb; ++i) {
-      uint8_t* pk = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
+      uint8_t* qs = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
+      uint8_t* pk = qs + kG * 256;
       auto* yd = reinterpret_cast<float*>(pk);
       auto* s4 = reinterpret_cast<__m512i*>(pk + kG / 2 * 64);
 #pragma GCC unroll 16
@@ -611,8 +612,9 @@ struct q6_K_tile {
         __m256i t[4];
 #pragma GCC unroll 16
         for (int m = 0; m < 4; ++m) {
-          t[m] =
-              _mm512_cvtepi32_epi16(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, load64(y.qs + 64 * m)));
+          const __m512i q8 = load64(y.qs + 64 * m);
+          _mm512_store_si512(qs + 256 * v + 64 * m, q8);
+          t[m] = _mm512_cvtepi32_epi16(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, q8));
         }
         s4[2 * v] = _mm512_permutexvar_epi16(perm, _mm512_inserti64x4(_mm512_castsi256_si512(t[0]), t[1], 1));
         s4[2 * v + 1] =
@@ -624,9 +626,6 @@ struct q6_K_tile {
   static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
                   int64_t ldy, int nv, const Carry& carry) {
     const auto* x = reinterpret_cast<const block_q6_K*>(wrow);
-    const block_q8_K* ys[kG];
-#pragma GCC unroll 16
-    for (int v = 0; v < kG; ++v) ys[v] = reinterpret_cast<const block_q8_K*>(av[v]);
     constexpr int kP = kG / 2;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i m30 = _mm512_set1_epi8(0x30);
@@ -654,15 +653,16 @@ struct q6_K_tile {
       const __m512i cs0 = _mm512_permutexvar_epi16(_mm512_load_si512(kK6ScalePerm[0].idx), scm);
       const __m512i cs1 = _mm512_permutexvar_epi16(_mm512_load_si512(kK6ScalePerm[1].idx), scm);
       const __m512 xd = _mm512_set1_ps(h2f(x[i].d));
-      const auto* yd = reinterpret_cast<const float*>(pk);
-      const auto* s4 = reinterpret_cast<const __m512i*>(pk + kP * 64);
+      const uint8_t* qs = pk;
+      const auto* yd = reinterpret_cast<const float*>(pk + kG * 256);
+      const auto* s4 = reinterpret_cast<const __m512i*>(pk + kG * 256 + kP * 64);
 #pragma GCC unroll 16
       for (int p = 0; p < kP; ++p) {
         __m512i s[2];
 #pragma GCC unroll 16
         for (int h = 0; h < 2; ++h) {
           const int v = 2 * p + h;
-          const int8_t* q8 = ys[v][i].qs;
+          const uint8_t* q8 = qs + 256 * v;
           __m512i t =
               _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q[0], load64(q8)), sc[0]);
           t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(q8 + 64)), sc[1]);
