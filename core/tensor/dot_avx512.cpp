@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <new>
 #include <type_traits>
 
@@ -208,32 +207,33 @@ inline __m128 extract_ps128(__m512 v, int k) {
 /// broadcast to both halves once per group, each pair of vectors' blocks is signed by it (a masked negate,
 /// AVX-512 having no vpsignb; x == 0 lanes multiply |x| = 0 either way) and multiplied by one dpbusd, and
 /// the float step runs on 16 lanes: lane-wise the same operations as dot_q8_0, so each result is bit-equal.
-/// pack: the group's activation scales dy as floats, kG per block.
+/// pack: the group's activation quants, 64-byte aligned (vectors 2p, 2p+1 of a block side by side), then
+/// their scales dy as floats, kG per block.
 struct q8_0_tile {
-  // no slabs: a group's Q8_0 activations are small, and splitting rows measured slower
-  static constexpr int64_t kSlab = std::numeric_limits<int64_t>::max();
+  static constexpr int64_t kSlab = 64;  // the group's copies: 16 KiB per slab
   static constexpr size_t kBlockBytes = sizeof(block_q8_0), kActBlockBytes = sizeof(block_q8_0);
   static constexpr size_t kStateBytes = 4 * 64;
   template <int kG>
   static size_t pack_bytes(int64_t nb) {
-    return static_cast<size_t>(nb) * kG * sizeof(float);
+    return static_cast<size_t>(nb) * (kG * 32 + kG * sizeof(float));
   }
   template <int kG>
   static void pack(const uint8_t* const* av, int64_t nb, uint8_t* out) {
-    auto* dy = reinterpret_cast<float*>(out);
+    auto* dy = reinterpret_cast<float*>(out + static_cast<size_t>(nb) * kG * 32);
     for (int64_t i = 0; i < nb; ++i) {
 #pragma GCC unroll 16
-      for (int v = 0; v < kG; ++v) dy[i * kG + v] = h2f(reinterpret_cast<const block_q8_0*>(av[v])[i].d);
+      for (int v = 0; v < kG; ++v) {
+        const block_q8_0& y = reinterpret_cast<const block_q8_0*>(av[v])[i];
+        dy[i * kG + v] = h2f(y.d);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out + (i * kG + v) * 32), load32(y.qs));
+      }
     }
   }
   template <int kG>
   static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
                   int64_t ldy, int nv, const Carry& carry) {
     const auto* x = reinterpret_cast<const block_q8_0*>(wrow);
-    const auto* dy = reinterpret_cast<const float*>(pk);
-    const block_q8_0* a[kG];
-#pragma GCC unroll 16
-    for (int v = 0; v < kG; ++v) a[v] = reinterpret_cast<const block_q8_0*>(av[v]);
+    const auto* dy = reinterpret_cast<const float*>(pk + static_cast<size_t>(nb) * kG * 32);
     constexpr int kP = kG / 2;
     __m512i spread[kP];
 #pragma GCC unroll 16
@@ -252,14 +252,14 @@ struct q8_0_tile {
       }
 #pragma GCC unroll 16
       for (int p = 0; p < kP; ++p) {
-        const __m512i yq = load32x2(a[2 * p][i].qs, a[2 * p + 1][i].qs);
+        const __m512i yq = _mm512_load_si512(pk + (i * kG + 2 * p) * 32);
         const __m512i ys = _mm512_mask_sub_epi8(yq, neg, _mm512_setzero_si512(), yq);
         const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, ys);
         acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread[p], d), _mm512_cvtepi32_ps(s), acc[p]);
       }
     }
+    // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
     if (!carry_out<kP>(carry, acc)) return;
-      // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
 #pragma GCC unroll 16
     for (int v = 0; v < kG; ++v) {
       if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
@@ -495,8 +495,8 @@ struct q4_K_tile {
         acc_m[qq] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(m), acc_m[qq]);
       }
     }
+    // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
     if (!carry_out<kP + kQ>(carry, acc)) return;
-      // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
 #pragma GCC unroll 16
     for (int v = 0; v < kG; ++v) {
       if (v < nv)
@@ -677,8 +677,8 @@ struct q6_K_tile {
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(yd + 16 * p), xd), _mm512_cvtepi32_ps(f), acc[p]);
       }
     }
+    // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
     if (!carry_out<kP>(carry, acc)) return;
-      // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
 #pragma GCC unroll 16
     for (int v = 0; v < kG; ++v) {
       if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
