@@ -273,6 +273,11 @@ void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
   pool->parallel_for_shares(w.rows, rows_per_chunk(w), 0, rows);
 }
 
+namespace {
+constexpr size_t kMatmulChunkBytes = 64 * 1024;  // matmul: weight bytes per task (at most)
+constexpr int64_t kMinMatmulChunks = 16;         // matmul: tasks per product (at least, rows permitting)
+}  // namespace
+
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
   if (n <= 0) return;
   if (n == 1) {
@@ -330,8 +335,10 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
     rows(0, w.rows);
     return;
   }
-  // Smaller chunks than matvec's: the chunk is re-read once per vector tile and should stay in L2.
-  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(16384 / std::max<size_t>(1, stride)));
+  // A chunk is re-read once per group of vectors and should stay in L2; it is also the span over which a
+  // tile kernel's per-group setup is shared, so not too small, and at least kMinMatmulChunks per product.
+  const int64_t grain = std::max<int64_t>(
+      1, std::min(static_cast<int64_t>(kMatmulChunkBytes / std::max<size_t>(1, stride)), w.rows / kMinMatmulChunks));
   pool->parallel_for(w.rows, grain, 0, rows);
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/tensor/kernel_table.h"
@@ -88,6 +89,53 @@ TEST(Matmul, EqualsMatvecPerVectorWithStrides) {
   }
 }
 
+// The tile kernels group vectors by eight (a tail by four, padded), so every vector count from 1 to 17 and a
+// few beyond cover full, padded and mixed groups; odd row counts and several block counts per row, in both
+// product orders, each result equal to the dot kernel's bit for bit.
+TEST(Matmul, TilesEqualRowDotsForEveryVectorCount) {
+  std::mt19937 rng(25);
+  ThreadPool pool(2);
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+      for (int64_t cols : {256, 768, 4864}) {  // 4864: several slabs of blocks (19 K-quant, 152 Q8_0 blocks)
+        SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)) +
+                     " cols=" + std::to_string(cols));
+        const int64_t rows = 37;
+        const auto wf = random_floats(rng, cols * rows);
+        const auto w = testing::quantize_rows(t, wf, rows, cols);
+        MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};
+        const int64_t max_n = 33, ldx = cols + 1, ldy = rows + 2;
+        // one vector 100x larger, one all zero: extreme activation scales in the same tile
+        auto x = random_floats(rng, max_n * ldx);
+        for (int64_t c = 0; c < cols; ++c) {
+          x[static_cast<size_t>(3 * ldx + c)] *= 100.0f;
+          x[static_cast<size_t>(5 * ldx + c)] = 0.0f;
+        }
+        std::vector<std::vector<uint8_t>> acts(max_n, std::vector<uint8_t>(activation_row_bytes(t, cols)));
+        for (int64_t i = 0; i < max_n; ++i) quantize_activation(t, x.data() + i * ldx, acts[i].data(), cols);
+        for (ProductOrder order : {ProductOrder::mul_mat, ProductOrder::mul_mat_id}) {
+          view.order = order;
+          for (int64_t n = 1; n <= max_n; n = n < 17 ? n + 1 : n + 8) {
+            std::vector<float> y(static_cast<size_t>(n * ldy), -1.0f),
+                y1(static_cast<size_t>(n * ldy), -1.0f);
+            matmul(view, x.data(), n, ldx, y.data(), ldy, nullptr);
+            matmul(view, x.data(), n, ldx, y1.data(), ldy, &pool);
+            for (int64_t i = 0; i < n; ++i) {
+              for (int64_t r = 0; r < rows; ++r) {
+                const float want = dot_row(t, w.data() + r * view.row_bytes, acts[i].data(), cols, order);
+                ASSERT_EQ(y[i * ldy + r], want) << "n=" << n << " i=" << i << " r=" << r;
+                ASSERT_EQ(y1[i * ldy + r], want) << "n=" << n << " i=" << i << " r=" << r;
+              }
+              for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -1.0f) << "wrote past the row";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Matvec, MulMatIdOrderUsesTheSecondKernel) {
   std::mt19937 rng(24);
   ThreadPool pool(2);
@@ -105,7 +153,8 @@ TEST(Matvec, MulMatIdOrderUsesTheSecondKernel) {
     std::vector<float> y(rows);
     matvec(view, x.data(), y.data(), &pool);
     for (int64_t r = 0; r < rows; ++r) {
-      ASSERT_EQ(y[r], dot_row(t, w.data() + r * view.row_bytes, act.data(), c, ProductOrder::mul_mat_id)) << r;
+      ASSERT_EQ(y[r], dot_row(t, w.data() + r * view.row_bytes, act.data(), c, ProductOrder::mul_mat_id))
+          << r;
     }
   }
 }
