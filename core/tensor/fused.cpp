@@ -59,14 +59,8 @@ struct FusedScratch {
 thread_local FusedScratch tls_fused;
 
 void check_task(const MatvecTask& t, const DotKernels& k) {
-  const MatrixView& w = t.w;
-  CAR_CHECK(static_cast<uint32_t>(w.type) < static_cast<uint32_t>(detail::kTypeSlots));
-  CAR_CHECK(k.dot[slot(w.type)] != nullptr);
-  const detail::BlockGeometry g = detail::geometry(w.type);
-  CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
-  CAR_CHECK(w.row_bytes >= detail::row_bytes(w.type, w.cols));
-  CAR_CHECK(w.rows >= 0 && (w.rows == 0 || w.data != nullptr));
-  CAR_CHECK(t.x != nullptr && (w.rows == 0 || t.y != nullptr));
+  detail::check_view(t.w, k);
+  CAR_CHECK(t.x != nullptr && (t.w.rows == 0 || t.y != nullptr));
 }
 
 /// rows [begin, end) of task t against its rounded input.

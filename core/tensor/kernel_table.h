@@ -80,6 +80,10 @@ inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
   return k.tile[s];
 }
 
+/// Abort (CAR_CHECK) unless `w` is a product k can compute: a known type with a dot kernel, whole blocks per
+/// row, row_bytes large enough, data present.
+void check_view(const MatrixView& w, const DotKernels& k);
+
 /// The table for an ISA (scalar for Isa::scalar); does not check that the CPU supports it.
 const DotKernels& kernels_for(Isa isa);
 

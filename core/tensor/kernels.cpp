@@ -53,6 +53,15 @@ GgmlType act_type(GgmlType w) {
   }
 }
 
+void check_view(const MatrixView& w, const DotKernels& k) {
+  CAR_CHECK(static_cast<uint32_t>(w.type) < static_cast<uint32_t>(kTypeSlots));
+  CAR_CHECK(k.dot[slot(w.type)] != nullptr);
+  const BlockGeometry g = geometry(w.type);
+  CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
+  CAR_CHECK(w.row_bytes >= row_bytes(w.type, w.cols));
+  CAR_CHECK(w.rows >= 0 && (w.rows == 0 || w.data != nullptr));
+}
+
 namespace {
 DotKernels make_scalar_table() {
   DotKernels k;
@@ -164,15 +173,6 @@ constexpr size_t kChunkBytes = 64 * 1024;
 constexpr size_t kMinParallelBytes = 96 * 1024;
 constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
 
-void check_view(const MatrixView& w, const DotKernels& k) {
-  CAR_CHECK(static_cast<uint32_t>(w.type) < static_cast<uint32_t>(detail::kTypeSlots));
-  CAR_CHECK(k.dot[slot(w.type)] != nullptr);
-  const detail::BlockGeometry g = detail::geometry(w.type);
-  CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
-  CAR_CHECK(w.row_bytes >= detail::row_bytes(w.type, w.cols));
-  CAR_CHECK(w.rows >= 0 && (w.rows == 0 || w.data != nullptr));
-}
-
 int64_t rows_per_chunk(const MatrixView& w) {
   return std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(1, w.row_bytes)));
 }
@@ -251,7 +251,7 @@ float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n, Product
 
 void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
   const DotKernels& k = *active().table;
-  check_view(w, k);
+  detail::check_view(w, k);
   const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
   const void* act = round_into(k, w.type, x, w.cols, tls_act_scratch.get(activation_row_bytes(w.type, w.cols)));
   const int64_t cols = w.cols;
@@ -285,7 +285,7 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
     return;
   }
   const DotKernels& k = *active().table;
-  check_view(w, k);
+  detail::check_view(w, k);
   CAR_CHECK(ldx >= w.cols && ldy >= w.rows);
   const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
   const GgmlType at = detail::act_type(w.type);

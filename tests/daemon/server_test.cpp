@@ -163,6 +163,17 @@ class DaemonServerTest : public ::testing::Test {
 
   json stats(ClientConnection& conn) { return call(conn, {{"id", "stats"}, {"op", "stats"}})["result"]; }
 
+  /// Read lines until `done` holds `n` final replies (token events skipped), keyed by id; false when the
+  /// connection ends or times out first.
+  static bool collect_replies(ClientConnection& conn, std::map<std::string, json>& done, std::size_t n) {
+    while (done.size() < n) {
+      json j = read_json(conn);
+      if (j.is_null()) return false;
+      if (!j.contains("event")) done[j["id"].get<std::string>()] = j;
+    }
+    return true;
+  }
+
   TempDir tmp_;
   std::filesystem::path models_;
   ServerOptions options_;
@@ -383,11 +394,7 @@ TEST_F(DaemonServerTest, BusyWhenTheQueueIsFull) {
   ASSERT_TRUE(conn.send_line(R"({"id": "c2", "op": "cancel", "target": "queued"})").ok());
   ASSERT_TRUE(conn.send_line(R"({"id": "c1", "op": "cancel", "target": "running"})").ok());
   std::map<std::string, json> done;
-  while (done.size() < 4) {
-    json j = read_json(conn);
-    ASSERT_FALSE(j.is_null());
-    if (!j.contains("event")) done[j["id"].get<std::string>()] = j;
-  }
+  ASSERT_TRUE(collect_replies(conn, done, 4));
   EXPECT_EQ(done["c1"]["result"]["cancelled"], true);
   EXPECT_EQ(done["c2"]["result"]["cancelled"], true);
   EXPECT_EQ(done["running"]["result"]["finish_reason"], "cancelled");
@@ -409,20 +416,12 @@ TEST_F(DaemonServerTest, CancelReachesARequestWaitingForItsModel) {
   ASSERT_TRUE(wait_until([&] { return stats(observer)["requests"]["in_flight"] == 2; }));
   ASSERT_TRUE(conn.send_line(R"({"id": "c2", "op": "cancel", "target": "second"})").ok());
   std::map<std::string, json> done;
-  while (done.size() < 2) {
-    json j = read_json(conn);
-    ASSERT_FALSE(j.is_null());
-    if (!j.contains("event")) done[j["id"].get<std::string>()] = j;
-  }
+  ASSERT_TRUE(collect_replies(conn, done, 2));
   EXPECT_EQ(done["c2"]["result"]["cancelled"], true);
   EXPECT_EQ(error_code(done["second"]), "cancelled") << "cancelled while the first request still runs";
   EXPECT_EQ(stats(observer)["requests"]["in_flight"], 1);
   ASSERT_TRUE(conn.send_line(R"({"id": "c1", "op": "cancel", "target": "first"})").ok());
-  while (done.size() < 4) {
-    json j = read_json(conn);
-    ASSERT_FALSE(j.is_null());
-    if (!j.contains("event")) done[j["id"].get<std::string>()] = j;
-  }
+  ASSERT_TRUE(collect_replies(conn, done, 4));
   EXPECT_EQ(done["c1"]["result"]["cancelled"], true);
   EXPECT_EQ(done["first"]["result"]["finish_reason"], "cancelled");
 }

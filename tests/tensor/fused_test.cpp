@@ -15,26 +15,10 @@
 namespace car::tensor {
 namespace {
 
+using testing::available_isas;
 using testing::computable_types;
+using testing::IsaScope;
 using testing::random_floats;
-
-class IsaScope {
- public:
-  explicit IsaScope(Isa isa) : saved_(current_isa()) { set_isa(isa); }
-  ~IsaScope() { set_isa(saved_); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-
- private:
-  Isa saved_;
-};
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out = {Isa::scalar};
-  if (detect_isa() != Isa::scalar) out.push_back(Isa::avx2);
-  if (detect_isa() == Isa::avx512) out.push_back(Isa::avx512);
-  return out;
-}
 
 /// A quantized random matrix that owns its bytes.
 struct Matrix {

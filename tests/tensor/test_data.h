@@ -12,6 +12,26 @@
 
 namespace car::tensor::testing {
 
+/// Selects an ISA's kernels for the scope's lifetime, then restores the previous choice.
+class IsaScope {
+ public:
+  explicit IsaScope(Isa isa) : saved_(current_isa()) { set_isa(isa); }
+  ~IsaScope() { set_isa(saved_); }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+
+ private:
+  Isa saved_;
+};
+
+/// Every ISA this CPU can run, scalar first.
+inline std::vector<Isa> available_isas() {
+  std::vector<Isa> out = {Isa::scalar};
+  if (detect_isa() != Isa::scalar) out.push_back(Isa::avx2);
+  if (detect_isa() == Isa::avx512) out.push_back(Isa::avx512);
+  return out;
+}
+
 /// Every type with a dot product, and the block size of each.
 inline const std::vector<GgmlType>& computable_types() {
   static const std::vector<GgmlType> types = {
