@@ -216,7 +216,8 @@ void register_all(bool big) {
   }
   for (int64_t kib : sizes_kib) {
     if (kib < (64 << 10)) continue;  // DRAM-sized only: the point is the bandwidth ratio
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                       GgmlType::Q4_K, GgmlType::Q6_K}) {
       for (int threads : {1, 2}) {
         const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) + "/" +
                                  name_size(kib) + "/t" + std::to_string(threads);
