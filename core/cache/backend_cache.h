@@ -47,6 +47,44 @@
 
 namespace car {
 
+/// The per-model request lock: a TimedLockable (lock, try_lock, try_lock_for, unlock) built from std::mutex
+/// and a condition variable. std::timed_mutex would do the same, but libstdc++ 12 implements its timed waits
+/// with pthread_mutex_clocklock, which ThreadSanitizer does not intercept, so TSan then reports every unlock
+/// as the unlock of an unlocked mutex. Not recursive; waiters are not queued in order.
+class ModelMutex {
+ public:
+  void lock() {
+    std::unique_lock<std::mutex> guard(m_);
+    cv_.wait(guard, [&] { return !held_; });
+    held_ = true;
+  }
+  bool try_lock() {
+    std::lock_guard<std::mutex> guard(m_);
+    if (held_) return false;
+    held_ = true;
+    return true;
+  }
+  template <typename Rep, typename Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
+    std::unique_lock<std::mutex> guard(m_);
+    if (!cv_.wait_for(guard, timeout, [&] { return !held_; })) return false;
+    held_ = true;
+    return true;
+  }
+  void unlock() {
+    {
+      std::lock_guard<std::mutex> guard(m_);
+      held_ = false;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool held_ = false;
+};
+
 /// The cache's notion of "now". Defaults to std::chrono::steady_clock::now.
 using CacheClock = std::function<std::chrono::steady_clock::time_point()>;
 
@@ -151,15 +189,15 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   T& backend() { return backend_; }
   const T& backend() const { return backend_; }
   /// The backend's own mutex (not the cache's).
-  std::timed_mutex& mutex() { return mutex_; }
+  ModelMutex& mutex() { return mutex_; }
   /// Lock the backend for one request: `auto lock = handle->lock();`.
-  [[nodiscard]] std::unique_lock<std::timed_mutex> lock() { return std::unique_lock<std::timed_mutex>(mutex_); }
+  [[nodiscard]] std::unique_lock<ModelMutex> lock() { return std::unique_lock<ModelMutex>(mutex_); }
   /// Lock the backend unless `stop` becomes true first (checked every `poll` while another request holds
   /// it): a request queued behind another on the same model can be cancelled while it waits. The returned
   /// lock does not own the mutex when `stop` won.
-  [[nodiscard]] std::unique_lock<std::timed_mutex> lock_unless(
+  [[nodiscard]] std::unique_lock<ModelMutex> lock_unless(
       const std::atomic<bool>& stop, std::chrono::milliseconds poll = std::chrono::milliseconds(10)) {
-    std::unique_lock<std::timed_mutex> lock(mutex_, std::defer_lock);
+    std::unique_lock<ModelMutex> lock(mutex_, std::defer_lock);
     while (!stop.load(std::memory_order_acquire)) {
       if (lock.try_lock_for(poll)) return lock;
     }
@@ -208,7 +246,7 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   const std::shared_ptr<cache_detail::Core> core_;
   const std::string key_;
   const std::uint64_t size_bytes_;
-  std::timed_mutex mutex_;  ///< serializes requests on backend_ (taken by callers, never by the cache)
+  ModelMutex mutex_;  ///< serializes requests on backend_ (taken by callers, never by the cache)
   T backend_;
   const std::int64_t loaded_ns_;
   // Leases are taken under core_->mutex (so a sweep holding it sees a consistent count) and released
@@ -249,8 +287,8 @@ class BackendLease {
   const Handle& handle() const { return entry_; }
   CachedBackend<T>* operator->() const { return entry_.get(); }
   T& backend() const { return entry_->backend(); }
-  [[nodiscard]] std::unique_lock<std::timed_mutex> lock() const { return entry_->lock(); }
-  [[nodiscard]] std::unique_lock<std::timed_mutex> lock_unless(
+  [[nodiscard]] std::unique_lock<ModelMutex> lock() const { return entry_->lock(); }
+  [[nodiscard]] std::unique_lock<ModelMutex> lock_unless(
       const std::atomic<bool>& stop, std::chrono::milliseconds poll = std::chrono::milliseconds(10)) const {
     return entry_->lock_unless(stop, poll);
   }
