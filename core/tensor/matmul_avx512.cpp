@@ -1,0 +1,461 @@
+// AVX-512 matmul tile kernels (DotKernels::tile) for prompt batches: Q8_0, Q4_K and Q6_K, vectors in groups
+// of eight, each weight block unpacked once per group (run_tiles is the driver they share). Each (row,
+// vector) result equals the table's dot kernel bit for bit: the float operations of every pair are the dot
+// kernel's, in its order, run on several vectors per 512-bit register; only the exact integer lanes are
+// formed differently. tests/tensor/matmul_test.cpp checks that for every vector count.
+#include <algorithm>
+#include <new>
+#include <type_traits>
+
+#include "core/tensor/simd_avx512.h"
+
+namespace car::tensor::detail::avx512 {
+namespace {
+
+/// A tile row's accumulators between slabs of blocks (see run_tiles): `state` holds them (64 bytes per
+/// register) when the row's blocks come in several slabs; `first` / `last`: this call starts / ends the row.
+struct Carry {
+  float* state = nullptr;
+  bool first = true;
+  bool last = true;
+};
+
+/// Accumulators in: zero for the first slab, else as the previous slab left them.
+template <int kN>
+inline void carry_in(const Carry& c, __m512* acc) {
+#pragma GCC unroll 16
+  for (int k = 0; k < kN; ++k) acc[k] = c.first ? _mm512_setzero_ps() : _mm512_load_ps(c.state + 16 * k);
+}
+/// Accumulators out; true when the row is done and its results are to be written.
+template <int kN>
+inline bool carry_out(const Carry& c, const __m512* acc) {
+  if (c.last) return true;
+#pragma GCC unroll 16
+  for (int k = 0; k < kN; ++k) _mm512_store_ps(c.state + 16 * k, acc[k]);
+  return false;
+}
+
+/// Grow-only, 64-byte aligned per-thread scratch.
+struct Scratch {
+  void* p = nullptr;
+  size_t size = 0;
+  ~Scratch() { ::operator delete (p, std::align_val_t{64}); }
+  void* get(size_t need) {
+    if (size < need) {
+      ::operator delete (p, std::align_val_t{64});
+      p = ::operator new (need, std::align_val_t{64});
+      size = need;
+    }
+    return p;
+  }
+};
+
+/// The matmul tile driver shared by the formats. Vectors go in groups of eight (four for a short tail; a
+/// group's missing vectors repeat its last one and are computed but not stored). Per group, Tile::pack
+/// writes the vector-side data every row needs (scales, sums, ...; see each tile) into a per-thread buffer
+/// once, then Tile::row computes each weight row of the chunk against the whole group, its weight blocks
+/// unpacked once for the group. Long rows go in slabs of Tile::kSlab blocks (the group's activations and
+/// packed data should stay in L1 while the rows stream past), each row's accumulators kept between slabs,
+/// so every (row, vector) still accumulates its blocks in order.
+template <class Tile>
+void run_tiles(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t nb, float* y, int64_t ldy) {
+  thread_local Scratch pack_buf, state_buf;
+  const int64_t slab = std::min<int64_t>(nb, Tile::kSlab);
+  auto* pack = static_cast<uint8_t*>(pack_buf.get(Tile::template pack_bytes<8>(slab)));
+  float* state = nb > slab
+                     ? static_cast<float*>(state_buf.get(static_cast<size_t>(nrows) * Tile::kStateBytes))
+                     : nullptr;
+  int64_t v0 = 0;
+  auto group = [&]<int kG>(std::integral_constant<int, kG>) {
+    const int nv = static_cast<int>(std::min<int64_t>(kG, nvec - v0));
+    for (int64_t b0 = 0; b0 < nb; b0 += slab) {
+      const int64_t ns = std::min(slab, nb - b0);
+      const uint8_t* av[kG];
+#pragma GCC unroll 16
+      for (int v = 0; v < kG; ++v) {
+        av[v] = acts + static_cast<size_t>(v0 + std::min(v, nv - 1)) * act_bytes +
+                static_cast<size_t>(b0) * Tile::kActBlockBytes;
+      }
+      Tile::template pack<kG>(av, ns, pack);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const Carry c = state == nullptr
+                            ? Carry{}
+                            : Carry{state + r * static_cast<int64_t>(Tile::kStateBytes / sizeof(float)),
+                                    b0 == 0, b0 + ns == nb};
+        Tile::template row<kG>(
+            w + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(b0) * Tile::kBlockBytes, av, pack,
+            ns, y + v0 * ldy + r, ldy, nv, c);
+      }
+    }
+    v0 += nv;
+  };
+  while (nvec - v0 > 4) group(std::integral_constant<int, 8>{});
+  if (v0 < nvec) group(std::integral_constant<int, 4>{});
+}
+
+/// permutexvar indices spreading a vector of kG floats: lanes [0,8) get element 2p, [8,16) element 2p+1.
+struct Spread {
+  alignas(64) int32_t idx[16];
+};
+constexpr Spread make_spread(int p) {
+  Spread s{};
+  for (int l = 0; l < 16; ++l) s.idx[l] = 2 * p + l / 8;
+  return s;
+}
+constexpr Spread kSpread[4] = {make_spread(0), make_spread(1), make_spread(2), make_spread(3)};
+
+/// The 8 float lanes of vector 2p + h from a register holding vectors 2p, 2p+1.
+inline __m256 half_ps(__m512 v, int h) {
+  return h == 0 ? _mm512_castps512_ps256(v) : _mm512_extractf32x8_ps(v, 1);
+}
+/// The 4 float lanes [4k, 4k+4) of v.
+inline __m128 extract_ps128(__m512 v, int k) {
+  switch (k) {
+    case 0:
+      return _mm512_castps512_ps128(v);
+    case 1:
+      return _mm512_extractf32x4_ps(v, 1);
+    case 2:
+      return _mm512_extractf32x4_ps(v, 2);
+    default:
+      return _mm512_extractf32x4_ps(v, 3);
+  }
+}
+
+/// matmul tile for Q8_0. Per block, dot_q8_0 computes p = dpbusd(|x|, sign(y, x)) in 8 int32 lanes and
+/// acc = fma(dx * dy, float(p), acc). Here two vectors share a 512-bit register: the row's block is
+/// broadcast to both halves once per group, each pair of vectors' blocks is signed by it (a masked negate,
+/// AVX-512 having no vpsignb; x == 0 lanes multiply |x| = 0 either way) and multiplied by one dpbusd, and
+/// the float step runs on 16 lanes: lane-wise the same operations as dot_q8_0, so each result is bit-equal.
+/// pack: the group's activation quants, 64-byte aligned (vectors 2p, 2p+1 of a block side by side), then
+/// their scales dy as floats, kG per block.
+struct q8_0_tile {
+  static constexpr int64_t kSlab = 64;  // the group's copies: 16 KiB per slab
+  static constexpr size_t kBlockBytes = sizeof(block_q8_0), kActBlockBytes = sizeof(block_q8_0);
+  static constexpr size_t kStateBytes = 4 * 64;
+  template <int kG>
+  static size_t pack_bytes(int64_t nb) {
+    return static_cast<size_t>(nb) * (kG * 32 + kG * sizeof(float));
+  }
+  template <int kG>
+  static void pack(const uint8_t* const* av, int64_t nb, uint8_t* out) {
+    auto* dy = reinterpret_cast<float*>(out + static_cast<size_t>(nb) * kG * 32);
+    for (int64_t i = 0; i < nb; ++i) {
+#pragma GCC unroll 16
+      for (int v = 0; v < kG; ++v) {
+        const block_q8_0& y = reinterpret_cast<const block_q8_0*>(av[v])[i];
+        dy[i * kG + v] = h2f(y.d);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out + (i * kG + v) * 32), load32(y.qs));
+      }
+    }
+  }
+  template <int kG>
+  static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
+                  int64_t ldy, int nv, const Carry& carry) {
+    const auto* x = reinterpret_cast<const block_q8_0*>(wrow);
+    const auto* dy = reinterpret_cast<const float*>(pk + static_cast<size_t>(nb) * kG * 32);
+    constexpr int kP = kG / 2;
+    __m512i spread[kP];
+#pragma GCC unroll 16
+    for (int p = 0; p < kP; ++p) spread[p] = _mm512_load_si512(kSpread[p].idx);
+    __m512 acc[kP];
+    carry_in<kP>(carry, acc);
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m512i xq = _mm512_broadcast_i64x4(load32(x[i].qs));
+      const __m512i ax = _mm512_abs_epi8(xq);
+      const __mmask64 neg = _mm512_movepi8_mask(xq);
+      __m512 d;
+      if constexpr (kG == 8) {
+        d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(dy + i * kG), _mm256_set1_ps(h2f(x[i].d))));
+      } else {
+        d = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(dy + i * kG), _mm_set1_ps(h2f(x[i].d))));
+      }
+#pragma GCC unroll 16
+      for (int p = 0; p < kP; ++p) {
+        const __m512i yq = _mm512_load_si512(pk + (i * kG + 2 * p) * 32);
+        const __m512i ys = _mm512_mask_sub_epi8(yq, neg, _mm512_setzero_si512(), yq);
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, ys);
+        acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread[p], d), _mm512_cvtepi32_ps(s), acc[p]);
+      }
+    }
+    // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
+    if (!carry_out<kP>(carry, acc)) return;
+#pragma GCC unroll 16
+    for (int v = 0; v < kG; ++v) {
+      if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
+    }
+  }
+};
+
+void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  run_tiles<q8_0_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK8_0, y, ldy);
+}
+
+/// vpermw indices for the Q4_K tile: lanes [0,16) get scale 2j, [16,32) scale 2j+1.
+constexpr Perm2 kK4TilePerm[4] = {make_perm2(0, 1), make_perm2(2, 3), make_perm2(4, 5), make_perm2(6, 7)};
+
+/// matmul tile for Q4_K. Per (row, vector) and block, dot_k4<false> computes 8 int32 lanes (lane k: bytes
+/// 4k..4k+3 of every 32-element chunk, times the chunk's scale), acc = fma(y.d * xd, float(lanes), acc) and
+/// acc_m = fma(-y.d * xdmin, float(mins . bsum pairs), acc_m). The integer lanes are exact, so they may be
+/// formed in any order: here register j holds elements 64j..64j+63 in order (low nibbles of qs[32j..32j+32)
+/// then the high ones), so activations load straight from their blocks, and the nibbles and scales are
+/// unpacked once per group. The float steps run on two vectors per 512-bit register (acc) and four (acc_m),
+/// lane-wise the same operations as dot_k4's, so each result equals dot_q4_K bit for bit.
+/// pack, per block: y.d spread for acc (kG/2 x 16 floats), -y.d spread for acc_m (kG/4 x 16) and the
+/// pairwise bsums (kG/4 x 32 int16, vector v in int16 lanes [8(v%4), 8(v%4)+8)).
+struct q4_K_tile {
+  static constexpr int64_t kSlab = 8;  // the group's copies: 16 KiB per slab
+  static constexpr size_t kBlockBytes = sizeof(block_q4_K), kActBlockBytes = sizeof(block_q8_K);
+  static constexpr size_t kStateBytes = 6 * 64;
+  template <int kG>
+  static constexpr size_t block_pack_bytes() {
+    return kG * 256 + kG / 2 * 64 + kG / 4 * 64 + kG / 4 * 64;
+  }
+  template <int kG>
+  static size_t pack_bytes(int64_t nb) {
+    return static_cast<size_t>(nb) * block_pack_bytes<kG>();
+  }
+  template <int kG>
+  static void pack(const uint8_t* const* av, int64_t nb, uint8_t* out) {
+    for (int64_t i = 0; i < nb; ++i) {
+      uint8_t* qs = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
+      uint8_t* pk = qs + kG * 256;
+      auto* yd = reinterpret_cast<float*>(pk);
+      auto* ydm = reinterpret_cast<float*>(pk + kG / 2 * 64);
+      auto* pairs = reinterpret_cast<__m128i*>(pk + kG / 2 * 64 + kG / 4 * 64);
+#pragma GCC unroll 16
+      for (int v = 0; v < kG; ++v) {
+        const block_q8_K& y = reinterpret_cast<const block_q8_K*>(av[v])[i];
+#pragma GCC unroll 16
+        for (int l = 0; l < 8; ++l) yd[16 * (v / 2) + 8 * (v % 2) + l] = y.d;
+#pragma GCC unroll 16
+        for (int l = 0; l < 4; ++l) ydm[4 * v + l] = -y.d;
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; ++m) _mm512_store_si512(qs + 256 * v + 64 * m, load64(y.qs + 64 * m));
+        const __m256i b = load32(y.bsums);
+        _mm_store_si128(pairs + v, _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+      }
+    }
+  }
+  template <int kG>
+  static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
+                  int64_t ldy, int nv, const Carry& carry) {
+    const auto* x = reinterpret_cast<const block_q4_K*>(wrow);
+    constexpr int kP = kG / 2, kQ = kG / 4;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512 acc[kP + kQ];  // acc: [0, kP), acc_m: [kP, kP + kQ)
+    __m512* acc_m = acc + kP;
+    carry_in<kP + kQ>(carry, acc);
+    for (int64_t i = 0; i < nb; ++i, pk += block_pack_bytes<kG>()) {
+      uint32_t sm[4];
+      unpack_scale_min_k4_words(x[i].scales, sm);
+      const __m512i sc16 =
+          _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+      const __m512i mins = _mm512_broadcast_i32x4(
+          _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 2))));
+      __m512i q[4], sc[4];
+#pragma GCC unroll 16
+      for (int j = 0; j < 4; ++j) {
+        q[j] = _mm512_and_si512(
+            _mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(x[i].qs + 32 * j)), nibble_shift), m4);
+        sc[j] = _mm512_permutexvar_epi16(perm_idx(kK4TilePerm[j]), sc16);
+      }
+      const __m512 xd = _mm512_set1_ps(h2f(x[i].d));
+      const __m512 xdmin = _mm512_set1_ps(h2f(x[i].dmin));
+      const uint8_t* qs = pk;
+      const uint8_t* pf = pk + kG * 256;
+      const auto* yd = reinterpret_cast<const float*>(pf);
+      const auto* ydm = reinterpret_cast<const float*>(pf + kP * 64);
+      const auto* pairs = pf + kP * 64 + kQ * 64;
+#pragma GCC unroll 16
+      for (int p = 0; p < kP; ++p) {
+        __m512i s[2];
+#pragma GCC unroll 16
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* q8 = qs + 256 * (2 * p + h);
+          __m512i t =
+              _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q[0], load64(q8)), sc[0]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(q8 + 64)), sc[1]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[2], load64(q8 + 128)), sc[2]);
+          s[h] = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[3], load64(q8 + 192)), sc[3]);
+        }
+        // lanes [0,8): fold16 of vector 2p's sums, [8,16): of vector 2p+1's
+        const __m512i f =
+            _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xee));
+        const __m512 d = _mm512_mul_ps(_mm512_load_ps(yd + 16 * p), xd);
+        acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(f), acc[p]);
+      }
+#pragma GCC unroll 16
+      for (int qq = 0; qq < kQ; ++qq) {
+        const __m512i m = _mm512_madd_epi16(mins, _mm512_load_si512(pairs + 64 * qq));
+        const __m512 dmin = _mm512_mul_ps(_mm512_load_ps(ydm + 16 * qq), xdmin);
+        acc_m[qq] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(m), acc_m[qq]);
+      }
+    }
+    // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
+    if (!carry_out<kP + kQ>(carry, acc)) return;
+#pragma GCC unroll 16
+    for (int v = 0; v < kG; ++v) {
+      if (v < nv)
+        out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2)) + hsum4(extract_ps128(acc_m[v / 4], v % 4));
+    }
+  }
+};
+
+void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  run_tiles<q4_K_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
+}
+
+/// Q6_K tile: vpermw indices arranging per-lane chunk terms as dpwssd pairs. Lane l (of 16) of the product
+/// pairs chunks 2(l/8) and 2(l/8)+1 (+4 for the second register) at 4-byte group k = l % 8, so after fold16
+/// lane k holds all eight chunks' terms of group k, as the main sums do.
+struct Perm32 {
+  alignas(64) int16_t idx[32];
+};
+/// From int16 values at position 8 * chunk + k (chunks 0..3 of a register).
+constexpr Perm32 make_k6_group_perm() {
+  Perm32 p{};
+  for (int l = 0; l < 16; ++l) {
+    for (int e = 0; e < 2; ++e) p.idx[2 * l + e] = static_cast<int16_t>(8 * (2 * (l / 8) + e) + l % 8);
+  }
+  return p;
+}
+/// From the 16 scales (one per 16 elements: chunk c, group k uses scale 2c + (k >= 4)), chunks from `c0`.
+constexpr Perm32 make_k6_scale_perm(int c0) {
+  Perm32 p{};
+  for (int l = 0; l < 16; ++l) {
+    for (int e = 0; e < 2; ++e)
+      p.idx[2 * l + e] = static_cast<int16_t>(2 * (c0 + 2 * (l / 8) + e) + (l % 8 >= 4));
+  }
+  return p;
+}
+constexpr Perm32 kK6GroupPerm = make_k6_group_perm();
+constexpr Perm32 kK6ScalePerm[2] = {make_k6_scale_perm(0), make_k6_scale_perm(4)};
+
+/// matmul tile for Q6_K. Per (row, vector) and block, dot_q6_K forms 8 int32 lanes (lane k: bytes 4k..4k+3 of
+/// every 32-element chunk c, sum of scale * (level - 32) * y) and acc = fma(y.d * xd, float(lanes), acc). The
+/// integer lanes are exact, so here they are formed as sum(scale * level * y) (levels and scales unpacked
+/// once per group) plus sum_c (-32 scale) * S4(c, k), S4 being the sums of four activations, packed once per
+/// group; the float step runs on two vectors per register, lane-wise dot_q6_K's operations (bit-equal).
+/// pack, per block: y.d spread (kG/2 x 16 floats), then per vector the S4 sums as two dpwssd operands.
+struct q6_K_tile {
+  static constexpr int64_t kSlab = 8;
+  static constexpr size_t kBlockBytes = sizeof(block_q6_K), kActBlockBytes = sizeof(block_q8_K);
+  static constexpr size_t kStateBytes = 4 * 64;
+  template <int kG>
+  static constexpr size_t block_pack_bytes() {
+    return kG * 256 + kG / 2 * 64 + kG * 128;
+  }
+  template <int kG>
+  static size_t pack_bytes(int64_t nb) {
+    return static_cast<size_t>(nb) * block_pack_bytes<kG>();
+  }
+  template <int kG>
+  static void pack(const uint8_t* const* av, int64_t nb, uint8_t* out) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i perm = _mm512_load_si512(kK6GroupPerm.idx);
+    for (int64_t i = 0; i < nb; ++i) {
+      uint8_t* qs = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
+      uint8_t* pk = qs + kG * 256;
+      auto* yd = reinterpret_cast<float*>(pk);
+      auto* s4 = reinterpret_cast<__m512i*>(pk + kG / 2 * 64);
+#pragma GCC unroll 16
+      for (int v = 0; v < kG; ++v) {
+        const block_q8_K& y = reinterpret_cast<const block_q8_K*>(av[v])[i];
+#pragma GCC unroll 16
+        for (int l = 0; l < 8; ++l) yd[16 * (v / 2) + 8 * (v % 2) + l] = y.d;
+        __m256i t[4];
+#pragma GCC unroll 16
+        for (int m = 0; m < 4; ++m) {
+          const __m512i q8 = load64(y.qs + 64 * m);
+          _mm512_store_si512(qs + 256 * v + 64 * m, q8);
+          t[m] = _mm512_cvtepi32_epi16(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, q8));
+        }
+        s4[2 * v] = _mm512_permutexvar_epi16(perm, _mm512_inserti64x4(_mm512_castsi256_si512(t[0]), t[1], 1));
+        s4[2 * v + 1] =
+            _mm512_permutexvar_epi16(perm, _mm512_inserti64x4(_mm512_castsi256_si512(t[2]), t[3], 1));
+      }
+    }
+  }
+  template <int kG>
+  static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
+                  int64_t ldy, int nv, const Carry& carry) {
+    const auto* x = reinterpret_cast<const block_q6_K*>(wrow);
+    constexpr int kP = kG / 2;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    __m512 acc[kP];
+    carry_in<kP>(carry, acc);
+    for (int64_t i = 0; i < nb; ++i, pk += block_pack_bytes<kG>()) {
+      const __m256i sc16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+      const __m512i scw = _mm512_castsi256_si512(sc16);
+      const __m512i scm = _mm512_castsi256_si512(_mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+      __m512i q[4], sc[4];
+#pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) {
+        const __m512i l = load64(x[i].ql + 64 * h);
+        const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
+        q[2 * h] =
+            _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                       _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
+        sc[2 * h] = _mm512_permutexvar_epi16(perm_idx(kK6Perm[h][0]), scw);
+        sc[2 * h + 1] = _mm512_permutexvar_epi16(perm_idx(kK6Perm[h][1]), scw);
+      }
+      const __m512i cs0 = _mm512_permutexvar_epi16(_mm512_load_si512(kK6ScalePerm[0].idx), scm);
+      const __m512i cs1 = _mm512_permutexvar_epi16(_mm512_load_si512(kK6ScalePerm[1].idx), scm);
+      const __m512 xd = _mm512_set1_ps(h2f(x[i].d));
+      const uint8_t* qs = pk;
+      const auto* yd = reinterpret_cast<const float*>(pk + kG * 256);
+      const auto* s4 = reinterpret_cast<const __m512i*>(pk + kG * 256 + kP * 64);
+#pragma GCC unroll 16
+      for (int p = 0; p < kP; ++p) {
+        __m512i s[2];
+#pragma GCC unroll 16
+        for (int h = 0; h < 2; ++h) {
+          const int v = 2 * p + h;
+          const uint8_t* q8 = qs + 256 * v;
+          __m512i t =
+              _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q[0], load64(q8)), sc[0]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(q8 + 64)), sc[1]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[2], load64(q8 + 128)), sc[2]);
+          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[3], load64(q8 + 192)), sc[3]);
+          t = _mm512_dpwssd_epi32(t, _mm512_load_si512(s4 + 2 * v), cs0);
+          s[h] = _mm512_dpwssd_epi32(t, _mm512_load_si512(s4 + 2 * v + 1), cs1);
+        }
+        const __m512i f =
+            _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xee));
+        acc[p] =
+            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(yd + 16 * p), xd), _mm512_cvtepi32_ps(f), acc[p]);
+      }
+    }
+    // constant indices (unrolled) keep acc in registers; a variable index kept a copy on the stack
+    if (!carry_out<kP>(carry, acc)) return;
+#pragma GCC unroll 16
+    for (int v = 0; v < kG; ++v) {
+      if (v < nv) out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2));
+    }
+  }
+};
+
+void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  run_tiles<q6_K_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
+}
+
+}  // namespace
+
+void add_matmul_kernels(DotKernels& k) {
+  k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
+  k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
+  k.tile[slot(GgmlType::Q8_0)] = tile_q8_0;
+}
+
+}  // namespace car::tensor::detail::avx512
