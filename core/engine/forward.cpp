@@ -100,8 +100,7 @@ void ForwardPass::glu(int64_t count) {
 
 void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
   if (n == 1) {
-    const tensor::MatvecTask one{w, x, y};
-    tensor::matvec_fused(&one, 1, pool_);  // the decode products' row split, as the fused groups'
+    tensor::matvec(w, x, y, pool_);
   } else {
     tensor::matmul(w, x, n, w.cols, y, w.rows, pool_);
   }

@@ -25,38 +25,24 @@ namespace {
 using detail::DotKernels;
 using detail::slot;
 
-// Chunks of about kChunkBytes of weights, and groups smaller than kMinParallelBytes in total stay on the
-// calling thread. The chunk list (all tasks' chunks in task order) is split into one contiguous share per
-// thread (ThreadPool::parallel_for_shares): each thread streams its share front to back, and only the tail is
-// balanced by taking single chunks from the others' back ends. (Handing out the 64 KiB chunks alternately
-// from one cursor made each thread jump every chunk; on the MoE decode products that ran at 22-26 GB/s
-// against 30-37 GB/s with shares.)
-constexpr size_t kChunkBytes = 64 * 1024;
-constexpr size_t kMinParallelBytes = 96 * 1024;
+// Chunks of about detail::kMatvecChunkBytes of weights, and groups smaller than detail::kMinParallelBytes in
+// total stay on the calling thread. The chunk list (all tasks' chunks in task order) is split into one
+// contiguous share per thread (ThreadPool::parallel_for_shares): each thread streams its share front to back,
+// and only the tail is balanced by taking single chunks from the others' back ends. (Handing out the 64 KiB
+// chunks alternately from one cursor made each thread jump every chunk; on the MoE decode products that ran
+// at 22-26 GB/s against 30-37 GB/s with shares.)
 constexpr size_t kActAlign = 64;
 
-/// The caller's grow-only scratch: rounded activations and the chunk table (allocates only when it grows).
-struct FusedScratch {
-  struct Free {
-    void operator()(uint8_t* p) const { ::operator delete (p, std::align_val_t{kActAlign}); }
-  };
-  std::unique_ptr<uint8_t, Free> acts;
-  size_t acts_cap = 0;
+/// Per-thread bookkeeping of one call (grow-only; the rounded inputs live in detail::act_scratch).
+struct FusedState {
   std::vector<const void*> act_of;      // rounded input per task
-  std::vector<size_t> act_offset;       // offset of each task's rounding in `acts` (SIZE_MAX: none or shared)
+  std::vector<size_t> act_offset;       // offset of each task's rounding in the scratch
+  std::vector<uint8_t> rounds;          // whether the task rounds its input (else it is F32 or shares one)
   std::vector<int64_t> chunk_end;       // cumulative chunk counts per task
   std::vector<int64_t> rows_per_chunk;  // per task
-
-  uint8_t* get_acts(size_t bytes) {
-    if (bytes > acts_cap) {
-      acts_cap = std::max(bytes, acts_cap * 2);
-      acts.reset(static_cast<uint8_t*>(::operator new (acts_cap, std::align_val_t{kActAlign})));
-    }
-    return acts.get();
-  }
 };
 
-thread_local FusedScratch tls_fused;
+thread_local FusedState tls_fused;
 
 void check_task(const MatvecTask& t, const DotKernels& k) {
   detail::check_view(t.w, k);
@@ -81,11 +67,12 @@ void run_rows(const DotKernels& k, const MatvecTask& t, const void* act, int64_t
 void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
   if (n == 0) return;
   const DotKernels& k = detail::kernels_for(current_isa());
-  FusedScratch& s = tls_fused;
+  FusedState& s = tls_fused;
   s.act_of.assign(n, nullptr);
-  s.act_offset.assign(n, SIZE_MAX);
+  s.act_offset.assign(n, 0);
+  s.rounds.assign(n, 0);
 
-  // Lay out one rounding per distinct (input, activation type, length); F32 weights read x in place.
+  // One rounding per distinct (input, activation type, length); F32 weights read x in place.
   size_t act_bytes = 0;
   size_t total_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -94,34 +81,32 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
     total_bytes += static_cast<size_t>(t.w.rows) * t.w.row_bytes;
     const GgmlType at = detail::act_type(t.w.type);
     if (at == GgmlType::F32) continue;
-    bool shared = false;
-    for (size_t j = 0; j < i && !shared; ++j) {
-      shared = tasks[j].x == t.x && tasks[j].w.cols == t.w.cols && detail::act_type(tasks[j].w.type) == at;
+    size_t j = 0;
+    while (j < i &&
+           !(tasks[j].x == t.x && tasks[j].w.cols == t.w.cols && detail::act_type(tasks[j].w.type) == at)) {
+      ++j;
     }
-    if (shared) continue;
+    if (j < i) {
+      s.act_offset[i] = s.act_offset[j];
+      continue;
+    }
+    s.rounds[i] = 1;
     s.act_offset[i] = act_bytes;
     act_bytes += (detail::row_bytes(at, t.w.cols) + kActAlign - 1) / kActAlign * kActAlign;
   }
-  uint8_t* acts = s.get_acts(std::max<size_t>(1, act_bytes));
+  uint8_t* acts = detail::act_scratch(std::max<size_t>(1, act_bytes));
   for (size_t i = 0; i < n; ++i) {
     const MatvecTask& t = tasks[i];
     const GgmlType at = detail::act_type(t.w.type);
     if (at == GgmlType::F32) {
       s.act_of[i] = t.x;
-    } else if (s.act_offset[i] != SIZE_MAX) {
-      k.quantize_act[slot(at)](t.x, acts + s.act_offset[i], t.w.cols);
-      s.act_of[i] = acts + s.act_offset[i];
-    } else {
-      for (size_t j = 0; j < i; ++j) {
-        if (tasks[j].x == t.x && tasks[j].w.cols == t.w.cols && detail::act_type(tasks[j].w.type) == at) {
-          s.act_of[i] = s.act_of[j];
-          break;
-        }
-      }
+      continue;
     }
+    if (s.rounds[i]) k.quantize_act[slot(at)](t.x, acts + s.act_offset[i], t.w.cols);
+    s.act_of[i] = acts + s.act_offset[i];
   }
 
-  if (pool == nullptr || pool->size() == 1 || total_bytes < kMinParallelBytes) {
+  if (pool == nullptr || pool->size() == 1 || total_bytes < detail::kMinParallelBytes) {
     for (size_t i = 0; i < n; ++i) run_rows(k, tasks[i], s.act_of[i], 0, tasks[i].w.rows);
     return;
   }
@@ -132,8 +117,8 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
   int64_t chunks = 0;
   for (size_t i = 0; i < n; ++i) {
     const MatrixView& w = tasks[i].w;
-    const int64_t rpc =
-        std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(1, w.row_bytes)));
+    const int64_t rpc = std::max<int64_t>(
+        1, static_cast<int64_t>(detail::kMatvecChunkBytes / std::max<size_t>(1, w.row_bytes)));
     s.rows_per_chunk[i] = rpc;
     chunks += (w.rows + rpc - 1) / rpc;
     s.chunk_end[i] = chunks;

@@ -1,9 +1,9 @@
 // Internal to core/tensor: the per-ISA function tables behind kernels.h, and the scalar reference kernels.
 //
 // One DotKernels table per instruction set (scalar, AVX2+FMA, AVX-512). kernels.cpp picks one at start-up
-// (set_isa) and every product goes through it, so ISA choice is a pointer, not #ifdefs. The AVX-512 table starts
-// as a copy of the AVX2 one and overrides the entries it has its own kernels for; a null entry means the type
-// has no dot product at all (can_compute() is false).
+// (set_isa) and every product goes through it, so ISA choice is a pointer, not #ifdefs. The AVX-512 table
+// starts as a copy of the AVX2 one and overrides the entries it has its own kernels for; a null entry means
+// the type has no dot product at all (can_compute() is false).
 //
 // A dot kernel computes dot(weight row, activation row) for `n` elements (a multiple of the weight block
 // size), where the activation row was already rounded to the weight type's partner (act_type()). The scalar
@@ -26,16 +26,18 @@ using ConvertFn = void (*)(const float* x, void* dst, int64_t n);
 /// Many rows against one activation row (matvec's inner loop): y[r] = dot(row r, act) for r in [0, nrows),
 /// rows `row_bytes` apart. Kernels may interleave rows and prefetch, but each y[r] must equal, bit for bit,
 /// what the table's dot kernel returns for that row.
-using RowsFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* y);
-/// A tile of matmul: y[i * ldy + r] = dot(row r, activation i) for r in [0, nrows), i in [0, nvec); activation
-/// i starts at acts + i * act_bytes. Kernels block rows x vectors in registers so each weight block is loaded
-/// and unpacked once per group of vectors; each result must equal the dot kernel's bit for bit.
-using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
-                        int64_t nvec, int64_t n, float* y, int64_t ldy);
+using RowsFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
+                        float* y);
+/// A tile of matmul: y[i * ldy + r] = dot(row r, activation i) for r in [0, nrows), i in [0, nvec);
+/// activation i starts at acts + i * act_bytes. Kernels block rows x vectors in registers so each weight
+/// block is loaded and unpacked once per group of vectors; each result must equal the dot kernel's bit for
+/// bit.
+using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                        size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy);
 
 struct DotKernels {
-  DotFn dot[kTypeSlots] = {};           ///< indexed by weight type id; ProductOrder::mul_mat
-  DotFn dot_id[kTypeSlots] = {};        ///< the same products in ProductOrder::mul_mat_id summation order
+  DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
+  DotFn dot_id[kTypeSlots] = {};            ///< the same products in ProductOrder::mul_mat_id summation order
   ConvertFn quantize_act[kTypeSlots] = {};  ///< indexed by *activation* type id (Q8_0, Q8_1, Q8_K, F16, BF16)
   /// Optional multi-row / tile kernels by weight type (null: matvec / matmul loop over dot). They compute the
   /// mul_mat order; kernels.cpp uses them for mul_mat_id only where dot_id equals dot (the quantized types).
@@ -80,6 +82,17 @@ inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
   return k.tile[s];
 }
 
+/// Products with fewer weight bytes than this (all vectors counted) run on the calling thread: a fork-join
+/// would cost more than it saves.
+inline constexpr size_t kMinParallelBytes = 96 * 1024;
+/// matvec's unit of work: rows of about this many weight bytes (ThreadPool::parallel_for_shares hands each
+/// thread a contiguous share of such chunks).
+inline constexpr size_t kMatvecChunkBytes = 64 * 1024;
+
+/// The calling thread's grow-only, 64-byte aligned scratch for rounded activations (matvec_fused, matmul;
+/// never both at once on one thread). Allocates only when it grows; valid until the next call.
+uint8_t* act_scratch(size_t bytes);
+
 /// Abort (CAR_CHECK) unless `w` is a product k can compute: a known type with a dot kernel, whole blocks per
 /// row, row_bytes large enough, data present.
 void check_view(const MatrixView& w, const DotKernels& k);
@@ -115,6 +128,8 @@ float dot_q4_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n);
 
-inline int slot(GgmlType t) { return static_cast<int>(t); }
+inline int slot(GgmlType t) {
+  return static_cast<int>(t);
+}
 
 }  // namespace car::tensor::detail

@@ -158,26 +158,13 @@ class Scratch {
 
 thread_local Scratch tls_act_scratch;
 
-/// Round x into dst for weight type w with table k (F32: copy-free, returns x itself).
-const void* round_into(const DotKernels& k, GgmlType w, const float* x, int64_t n, uint8_t* dst) {
-  const GgmlType a = detail::act_type(w);
-  if (a == GgmlType::F32) return x;
-  k.quantize_act[slot(a)](x, dst, n);
-  return dst;
-}
-
-// Work split (matvec): each thread owns a contiguous share of the rows and walks it in chunks of about
-// kChunkBytes of weights (ThreadPool::parallel_for_shares; threads that finish early take the others' last chunks), and
-// products smaller than kMinParallelBytes stay on the calling thread (fork-join would cost more).
-constexpr size_t kChunkBytes = 64 * 1024;
-constexpr size_t kMinParallelBytes = 96 * 1024;
 constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
 
-int64_t rows_per_chunk(const MatrixView& w) {
-  return std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(1, w.row_bytes)));
-}
-
 }  // namespace
+
+uint8_t* detail::act_scratch(size_t bytes) {
+  return tls_act_scratch.get(bytes);
+}
 
 Isa detect_isa() {
   if (cpu_has(Isa::avx512) && detail::avx512_kernels() != nullptr) return Isa::avx512;
@@ -250,27 +237,8 @@ float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n, Product
 }
 
 void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
-  const DotKernels& k = *active().table;
-  detail::check_view(w, k);
-  const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
-  const void* act = round_into(k, w.type, x, w.cols, tls_act_scratch.get(activation_row_bytes(w.type, w.cols)));
-  const int64_t cols = w.cols;
-  const uint8_t* base = w.data;
-  const size_t stride = w.row_bytes;
-  const detail::RowsFn multi = detail::rows_for(k, w.type, w.order);
-  auto rows = [&](int64_t begin, int64_t end) {
-    if (multi != nullptr) {
-      multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, cols, y + begin);
-      return;
-    }
-    for (int64_t r = begin; r < end; ++r) y[r] = dot(base + static_cast<size_t>(r) * stride, act, cols);
-  };
-  const size_t total = static_cast<size_t>(w.rows) * w.row_bytes;
-  if (pool == nullptr || pool->size() == 1 || total < kMinParallelBytes) {
-    rows(0, w.rows);
-    return;
-  }
-  pool->parallel_for_shares(w.rows, rows_per_chunk(w), 0, rows);
+  const MatvecTask one{w, x, y};
+  matvec_fused(&one, 1, pool);
 }
 
 namespace {
@@ -293,13 +261,13 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
 
   // Round every input vector once; F32 weights read X in place.
   const size_t act_bytes = at == GgmlType::F32 ? 0 : activation_row_bytes(w.type, cols);
-  uint8_t* acts = tls_act_scratch.get(std::max<size_t>(1, act_bytes * static_cast<size_t>(n)));
+  uint8_t* acts = detail::act_scratch(std::max<size_t>(1, act_bytes * static_cast<size_t>(n)));
   auto act_of = [&](int64_t i) -> const void* {
     return at == GgmlType::F32 ? static_cast<const void*>(x + i * ldx)
                                : static_cast<const void*>(acts + static_cast<size_t>(i) * act_bytes);
   };
   const bool threaded = pool != nullptr && pool->size() > 1 &&
-                        static_cast<size_t>(w.rows) * w.row_bytes * static_cast<size_t>(n) >= kMinParallelBytes;
+                        static_cast<size_t>(w.rows) * w.row_bytes * static_cast<size_t>(n) >= detail::kMinParallelBytes;
   if (at != GgmlType::F32) {
     auto quantize = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {

@@ -58,8 +58,8 @@ enum class ProductOrder { mul_mat, mul_mat_id };
 struct MatrixView {
   GgmlType type = GgmlType::F32;
   const uint8_t* data = nullptr;
-  int64_t cols = 0;       ///< row length (ne[0])
-  int64_t rows = 0;       ///< ne[1]
+  int64_t cols = 0;  ///< row length (ne[0])
+  int64_t rows = 0;  ///< ne[1]
   size_t row_bytes = 0;
   ProductOrder order = ProductOrder::mul_mat;  ///< mul_mat_id for MoE expert matrices (see ProductOrder)
 };
@@ -68,10 +68,26 @@ struct MatrixView {
 /// `pool` may be null (run on the calling thread).
 void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool);
 
-/// Batched product for prompt processing: for each of n vectors i, Y[i*ldy + r] = dot(W[r,:], round(X[i*ldx + :])).
-/// Each weight block is read once per tile of vectors. X is n x w.cols (row stride ldx), Y is n x w.rows
-/// (row stride ldy).
-void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool);
+/// One product of a fused group: y (w.rows floats) = W round(x) (x: w.cols floats), as matvec(w, x, y)
+/// computes it. `y` must not overlap any task's x or another task's y.
+struct MatvecTask {
+  MatrixView w;
+  const float* x = nullptr;
+  float* y = nullptr;
+};
+
+/// Run `n` matvec products as one fork-join on `pool` (null: the calling thread): every distinct input vector
+/// is rounded once per activation type (tasks sharing x, such as Q/K/V or gate/up, share the rounding), then
+/// the rows of all matrices, in chunks, are split across the threads in contiguous shares
+/// (ThreadPool::parallel_for_shares). matvec is this with one task; each y[r] equals the table's dot kernel
+/// on row r bit for bit, whatever the grouping: only the scheduling differs.
+void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool);
+
+/// Batched product for prompt processing: for each of n vectors i, Y[i*ldy + r] = dot(W[r,:], round(X[i*ldx +
+/// :])). Each weight block is read once per tile of vectors. X is n x w.cols (row stride ldx), Y is n x
+/// w.rows (row stride ldy).
+void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
+            ThreadPool* pool);
 
 // ---- Lower-level entry points (the pieces matvec is made of), for callers that reuse a rounded vector. ----
 
@@ -86,26 +102,5 @@ void quantize_activation(GgmlType w, const float* x, void* dst, int64_t n);
 /// dot(weight row, rounded activation row) of `n` elements with the current ISA's kernel.
 float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n,
               ProductOrder order = ProductOrder::mul_mat);
-
-}  // namespace car::tensor
-
-// ---- Fused matrix-vector products (fused.cpp): several matvecs in one parallel region. ----
-
-namespace car::tensor {
-
-/// One product of a fused group: y (w.rows floats) = W round(x) (x: w.cols floats), as matvec(w, x, y)
-/// computes it. `y` must not overlap any task's x or another task's y.
-struct MatvecTask {
-  MatrixView w;
-  const float* x = nullptr;
-  float* y = nullptr;
-};
-
-/// Run `n` matvec products as one fork-join on `pool` (null: the calling thread): every distinct input vector
-/// is rounded once per activation type (tasks sharing x, such as Q/K/V or gate/up, share the rounding), then
-/// the rows of all matrices, in chunks, are split across the threads from one shared cursor. Each y[r]
-/// equals, bit for bit, what matvec(tasks[i].w, tasks[i].x, tasks[i].y, pool) returns: only the scheduling
-/// differs.
-void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool);
 
 }  // namespace car::tensor
