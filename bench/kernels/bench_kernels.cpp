@@ -5,8 +5,8 @@
 //   bench_kernels                      # sizes up to 64 MiB (a short run)
 //   bench_kernels --big                # adds 256 MiB and 1 GiB
 //   bench_kernels --big --benchmark_filter='1024MiB'
-//   bench_kernels --big --benchmark_filter='MatvecVsStream/.*/1024MiB/t2'   # ratio to a read of the same
-//   memory, pass by pass
+//   bench_kernels --big --benchmark_filter='MatvecVsStream/.*/1024MiB/t2'
+//                                      # matvec's ratio to a read of the same memory, pass by pass
 //
 // Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
 // set, tiled), so the kernels see valid scales; values do not affect speed.
@@ -124,7 +124,7 @@ __attribute__((target("avx2"))) uint64_t read_range(const uint8_t* p, size_t n) 
 /// One plain read of [p, p + bytes): 64 KiB chunks split over the pool's threads by
 /// ThreadPool::parallel_for_shares, as matvec splits its rows (each thread streams its own contiguous share).
 uint64_t stream_read(const uint8_t* p, size_t bytes, ThreadPool& pool) {
-  const size_t chunk = 64 * 1024;
+  const size_t chunk = detail::kMatvecChunkBytes;
   const int64_t chunks = static_cast<int64_t>((bytes + chunk - 1) / chunk);
   std::atomic<uint64_t> sink{0};
   pool.parallel_for_shares(chunks, 1, 0, [&](int64_t b, int64_t e) {
