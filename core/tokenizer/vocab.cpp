@@ -154,12 +154,14 @@ Result<void> read_flag(const GgufFile& f, const char* key, bool& flag) {
   return {};
 }
 
+// llama.cpp adds CONTROL to a control-looking token stored as another type (a user-defined "</s>" keeps its
+// user-defined bit too, but with parse_special off its text is then ordinary text).
 void force_control(Vocab& v, int32_t id) {
-  if ((v.tokens[static_cast<size_t>(id)].attr & kAttrControl) == 0)
-    v.tokens[static_cast<size_t>(id)].attr = kAttrControl;
+  v.tokens[static_cast<size_t>(id)].attr |= kAttrControl;
 }
 
-// llama.cpp finds some special tokens by their text and makes them CONTROL.
+// llama.cpp finds some special tokens by their text and makes them CONTROL; it also keeps the list of
+// end-of-generation tokens, found by text too, with two model-family exceptions.
 void detect_special_by_text(Vocab& v) {
   struct Rule {
     int32_t* slot;
@@ -168,20 +170,20 @@ void detect_special_by_text(Vocab& v) {
   const Rule rules[] = {
       {&v.eot,
        {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-        "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>"}},
+        "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"}},
       {&v.eom, {"<|eom_id|>"}},
       {&v.fim_pre,
-       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
-        "<｜fim▁begin｜>"}},
+       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+        "<|code_prefix|>", "<|prefix|>"}},
       {&v.fim_suf,
-       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
-        "<｜fim▁hole｜>"}},
+       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+        "<|code_suffix|>", "<|suffix|>"}},
       {&v.fim_mid,
-       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<|code_middle|>",
-        "<｜fim▁end｜>"}},
-      {&v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"}},
+       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+        "<|code_middle|>", "<|middle|>"}},
+      {&v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
       {&v.fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
-      {&v.fim_sep, {"<|file_sep|>", "<|file_separator|>", "<fim-sep>", "<SEP>"}},
+      {&v.fim_sep, {"<|file_sep|>"}},
   };
   for (const Rule& r : rules) {
     if (*r.slot != kNoToken) continue;
@@ -200,19 +202,67 @@ void detect_special_by_text(Vocab& v) {
   }
   for (size_t id = 0; id < v.tokens.size(); ++id) {
     const auto& text = v.tokens[id].text;
-    if (is_one_of(text, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-                         "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
-                         "<end_of_utterance>"}) &&
+    if (is_one_of(text, {"<|eot_id|>",
+                         "<|im_end|>",
+                         "<|end|>",
+                         "<|return|>",
+                         "<|call|>",
+                         "<|flush|>",
+                         "<|calls|>",
+                         "<end_of_turn>",
+                         "<|endoftext|>",
+                         "</s>",
+                         "<|eom_id|>",
+                         "<EOT>",
+                         "_<EOT>",
+                         "[EOT]",
+                         "[EOS]",
+                         "<|end_of_text|>",
+                         "<end_of_utterance>",
+                         "<eos>",
+                         "<turn|>",
+                         "<|tool_response>",
+                         "<｜end▁of▁sentence｜>",
+                         "[e~["}) &&
         v.find(text) == static_cast<int32_t>(id)) {
       eog.push_back(static_cast<int32_t>(id));
       force_control(v, static_cast<int32_t>(id));
     }
+  }
+  // gpt-oss: these are always rendered and matched, whatever the file says.
+  for (std::string_view text : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
+    const int32_t id = v.find(text);
+    if (id != kNoToken) v.tokens[static_cast<size_t>(id)].attr = kAttrUserDefined;
   }
   for (int32_t id : {v.eos, v.eot, v.eom}) {
     if (id != kNoToken) eog.push_back(id);
   }
   std::sort(eog.begin(), eog.end());
   eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+
+  auto eog_with_text = [&](std::string_view text) {
+    for (int32_t id : eog) {
+      if (v.tokens[static_cast<size_t>(id)].text == text) return id;
+    }
+    return kNoToken;
+  };
+  auto drop_eog = [&](int32_t id, uint32_t attr) {
+    eog.erase(std::find(eog.begin(), eog.end(), id));
+    v.tokens[static_cast<size_t>(id)].attr = attr;
+  };
+  // o200k_harmony (<|return|> + <|call|>) and solar-open (<|calls|> + <|flush|>): <|end|> ends a message,
+  // not the generation, and is user-defined.
+  const bool has_call = eog_with_text("<|call|>") != kNoToken || eog_with_text("<|calls|>") != kNoToken;
+  if (const int32_t end = eog_with_text("<|end|>");
+      end != kNoToken && has_call &&
+      (eog_with_text("<|return|>") != kNoToken || eog_with_text("<|flush|>") != kNoToken)) {
+    drop_eog(end, kAttrUserDefined);
+  }
+  // gemma4: "</s>" is ordinary text when the vocabulary has <|tool_response>.
+  if (const int32_t s = eog_with_text("</s>");
+      s != kNoToken && eog_with_text("<|tool_response>") != kNoToken) {
+    drop_eog(s, kAttrNormal);
+  }
   v.eog_ids = std::move(eog);
 }
 
@@ -290,6 +340,10 @@ Result<Vocab> Vocab::load(const GgufFile& f) {
   if (auto r = read_flag(f, "tokenizer.ggml.add_bos_token", v.add_bos); !r) return r.error();
   if (auto r = read_flag(f, "tokenizer.ggml.add_eos_token", v.add_eos); !r) return r.error();
   if (auto r = read_flag(f, "tokenizer.ggml.add_sep_token", v.add_sep); !r) return r.error();
+  if (auto r = read_flag(f, "tokenizer.ggml.normalizer.lowercase", v.wpm.lowercase); !r) return r.error();
+  v.wpm.strip_accents = v.wpm.lowercase;
+  if (auto r = read_flag(f, "tokenizer.ggml.normalizer.strip_accents", v.wpm.strip_accents); !r)
+    return r.error();
 
   detect_special_by_text(v);
 

@@ -48,6 +48,14 @@ struct TokenData {
   uint32_t attr = kAttrNormal;
 };
 
+/// WordPiece (BERT) normaliser options: tokenizer.ggml.normalizer.lowercase and .strip_accents, both true
+/// when absent; strip_accents follows lowercase when only lowercase is given (as Hugging Face's
+/// BertNormalizer and llama.cpp do).
+struct WordPieceOptions {
+  bool lowercase = true;
+  bool strip_accents = true;
+};
+
 struct Vocab {
   VocabType type = VocabType::spm;
   std::string model_name;  ///< tokenizer.ggml.model
@@ -69,6 +77,7 @@ struct Vocab {
   bool add_space_prefix = false;  ///< SPM: prefix raw text with a space (and strip it when decoding)
   bool clean_spaces = false;      ///< detokenizer clean-up of " ." " ," " 's" ...
   bool ignore_merges = false;
+  WordPieceOptions wpm;  ///< meaningful for WordPiece only
   /// SPM: no token contains U+2581 right after another character, so text may be merged in pieces cut
   /// before each U+2581 that follows a non-U+2581 character (spm.cpp); an optimisation, same result.
   bool spm_split_at_spaces = false;

@@ -35,10 +35,10 @@ bool is_chinese_char(uint32_t c) {
 
 }  // namespace
 
-std::vector<std::string> wordpiece_words(std::string_view text) {
+std::vector<std::string> wordpiece_words(std::string_view text, const WordPieceOptions& options) {
   std::vector<std::string> words(1);
   for (uint32_t raw : decode_lenient(text)) {
-    const uint32_t cpt = nfd_first(raw);
+    const uint32_t cpt = options.strip_accents ? nfd_first(raw) : raw;
     const auto c = static_cast<UChar32>(cpt);
     if (u_isUWhiteSpace(c)) {
       if (!words.back().empty()) words.emplace_back();
@@ -48,6 +48,11 @@ std::vector<std::string> wordpiece_words(std::string_view text) {
     const bool is_control =
         cat == U_CONTROL_CHAR || cat == U_FORMAT_CHAR || cat == U_PRIVATE_USE_CHAR || cat == U_SURROGATE;
     if (cpt == 0 || cpt == kReplacementChar || is_control) continue;
+    // A decomposed accent ("e" + U+0301) goes the way of a precomposed one's: llama.cpp drops every mark
+    // (\p{M}: Mn, Mc, Me) when stripping accents.
+    const bool is_mark =
+        cat == U_NON_SPACING_MARK || cat == U_COMBINING_SPACING_MARK || cat == U_ENCLOSING_MARK;
+    if (options.strip_accents && is_mark) continue;
     const bool is_punct = cat == U_DASH_PUNCTUATION || cat == U_START_PUNCTUATION ||
                           cat == U_END_PUNCTUATION || cat == U_CONNECTOR_PUNCTUATION ||
                           cat == U_OTHER_PUNCTUATION || cat == U_INITIAL_PUNCTUATION ||
@@ -55,7 +60,7 @@ std::vector<std::string> wordpiece_words(std::string_view text) {
     const bool is_symbol =
         cat == U_MATH_SYMBOL || cat == U_CURRENCY_SYMBOL || cat == U_MODIFIER_SYMBOL || cat == U_OTHER_SYMBOL;
     std::string s;
-    append_utf8(s, static_cast<uint32_t>(u_tolower(c)));
+    append_utf8(s, options.lowercase ? static_cast<uint32_t>(u_tolower(c)) : cpt);
     if (is_punct || (cpt < 0x7F && is_symbol) || is_chinese_char(cpt)) {
       if (!words.back().empty()) words.emplace_back();
       words.back() = std::move(s);
@@ -69,7 +74,7 @@ std::vector<std::string> wordpiece_words(std::string_view text) {
 }
 
 void wordpiece_encode(const Vocab& vocab, std::string_view text, std::vector<int32_t>& out) {
-  for (const std::string& w : wordpiece_words(text)) {
+  for (const std::string& w : wordpiece_words(text, vocab.wpm)) {
     if (w.empty()) continue;
     const std::string word = "\xE2\x96\x81" + w;
     const std::string_view wv = word;

@@ -3,6 +3,7 @@
 // merges by rank and pre-tokenizer splits; WordPiece normalisation; decoding and streaming; load errors.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -83,11 +84,11 @@ std::vector<Tok> spm_tokens() {
   return t;
 }
 
-std::shared_ptr<const Tokenizer> spm() {
+std::shared_ptr<const Tokenizer> spm(const std::vector<Tok>& tokens = spm_tokens()) {
   GgufWriter w;
   w.set_string("general.architecture", "llama");
   w.set_string("tokenizer.ggml.model", "llama");
-  set_tokens(w, spm_tokens());
+  set_tokens(w, tokens);
   w.set_u32("tokenizer.ggml.bos_token_id", 1);
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
@@ -136,6 +137,55 @@ TEST(SpmTokenizer, ByteFallbackAndSpecialTokens) {
   EXPECT_EQ(t->encode("<|im_end|>", false, true), (Ids{269}));
   EXPECT_NE(t->encode("<|im_end|>", false, false), (Ids{269}));
   EXPECT_EQ(t->pad(), kNoToken);  // 0xFFFFFFFF means unset
+}
+
+// phi-3 stores "</s>" as USER_DEFINED; llama.cpp adds CONTROL to it (its text is on the end-of-generation
+// list), so without parse_special the text is ordinary text, not the token.
+TEST(SpmTokenizer, ControlLookingUserDefinedTokenIsTextWithoutParseSpecial) {
+  std::vector<Tok> toks = spm_tokens();
+  toks[2].type = kUserDefined;  // "</s>"
+  auto t = spm(toks);
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(t->is_control(2));
+  EXPECT_TRUE(t->is_eog(2));
+  EXPECT_NE(t->token_attr(2) & kAttrUserDefined, 0u);
+  const Ids as_text{259, byte_id('<'), byte_id('/'), byte_id('s'), byte_id('>')};
+  EXPECT_EQ(t->encode("</s>", false, false), as_text);
+  EXPECT_EQ(t->encode("a</s>", false, false),
+            (Ids{263, byte_id('<'), byte_id('/'), byte_id('s'), byte_id('>')}));
+  EXPECT_EQ(t->encode("</s>", false, true), (Ids{2}));
+  EXPECT_EQ(t->encode("a</s>a", false, true), (Ids{263, 2, 263}));
+  EXPECT_EQ(t->token_to_piece(2, false), "");
+  EXPECT_EQ(t->token_to_piece(2, true), "</s>");
+  // A user-defined token that looks like nothing special is still matched without parse_special.
+  EXPECT_EQ(t->encode("a<tool>a", false, false), (Ids{263, 268, 263}));
+}
+
+// The two exceptions llama.cpp makes to its end-of-generation list, by the vocabulary's other tokens.
+TEST(SpmTokenizer, EndOfGenerationExceptions) {
+  std::vector<Tok> toks = spm_tokens();
+  toks[2].type = kUserDefined;                        // "</s>"
+  toks.push_back({"<|tool_response>", 0, kControl});  // 271: gemma4: "</s>" is ordinary text
+  toks.push_back({"<|return|>", 0, kControl});        // 272: o200k_harmony: <|end|> is no EOG
+  toks.push_back({"<|call|>", 0, kControl});          // 273
+  toks.push_back({"<|end|>", 0, kControl});           // 274
+  auto t = spm(toks);
+  ASSERT_TRUE(t);
+  EXPECT_FALSE(t->is_eog(2));
+  EXPECT_EQ(t->token_attr(2), kAttrNormal);
+  EXPECT_TRUE(t->is_eog(271));
+  EXPECT_TRUE(t->is_eog(272));
+  EXPECT_TRUE(t->is_eog(273));
+  EXPECT_FALSE(t->is_eog(274));
+  EXPECT_EQ(t->token_attr(274), kAttrUserDefined);
+  EXPECT_EQ(t->encode("a<|end|>", false, false), (Ids{263, 274}));  // user-defined: always matched
+  // Without <|tool_response>, "</s>" stays end-of-generation even if the file calls it NORMAL.
+  std::vector<Tok> plain = spm_tokens();
+  plain[2].type = kNormal;
+  auto u = spm(plain);
+  ASSERT_TRUE(u);
+  EXPECT_TRUE(u->is_eog(2));
+  EXPECT_EQ(u->token_attr(2), kAttrNormal | kAttrControl);
 }
 
 TEST(SpmTokenizer, DecodeRemovesTheSpacePrefix) {
@@ -349,7 +399,7 @@ TEST(Pretokenizer, EveryKnownFamilyCompiles) {
 
 // ---- WordPiece -----------------------------------------------------------------------------------------
 
-std::shared_ptr<const Tokenizer> wpm() {
+std::shared_ptr<const Tokenizer> wpm(const std::function<void(GgufWriter&)>& extra = {}) {
   GgufWriter w;
   w.set_string("tokenizer.ggml.model", "bert");
   w.set_string("tokenizer.ggml.pre", "bert-bge");
@@ -369,6 +419,7 @@ std::shared_ptr<const Tokenizer> wpm() {
   w.set_u32("tokenizer.ggml.seperator_token_id", 3);
   w.set_u32("tokenizer.ggml.unknown_token_id", 1);
   w.set_u32("tokenizer.ggml.padding_token_id", 0);
+  if (extra) extra(w);
   auto t = build(w);
   EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().message);
   return t.ok() ? *t : nullptr;
@@ -388,6 +439,56 @@ TEST(WordPieceTokenizer, NormalisesAndMatchesLongestPieces) {
                             "c"),
             (Words{"a", "b", "c"}));
   EXPECT_EQ(t->decode(Ids{4, 5}), " hello world");
+}
+
+// Combining marks typed after the letter ("e" + U+0301, "u" + U+0308) are stripped as the precomposed
+// letter's accent is: both spellings give the same tokens, not [UNK].
+TEST(WordPieceTokenizer, DecomposedAccentsEqualPrecomposed) {
+  auto t = wpm();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("He\xCC\x81llo", false, false), (Ids{4}));  // e + COMBINING ACUTE
+  EXPECT_EQ(t->encode("W\xC3\xB6rld", false, false), (Ids{5}));   // precomposed o-umlaut
+  EXPECT_EQ(t->encode("Wo\xCC\x88rld", false, false), (Ids{5}));  // o + COMBINING DIAERESIS
+  EXPECT_EQ(t->encode("he\xCC\x81\xCC\x88llo wo\xCC\xA3rld", false, false), (Ids{4, 5}));  // stacked marks
+  EXPECT_EQ(t->encode("\xCC\x81hello", false, false), (Ids{4}));      // a mark with no base letter
+  EXPECT_EQ(t->encode("hello\xE2\x83\x9D", false, false), (Ids{4}));  // enclosing mark (Me)
+  EXPECT_EQ(wordpiece_words("Cafe\xCC\x81 U\xCC\x88"
+                            "ber na\xC3\xAFve"),
+            (Words{"cafe", "uber", "naive"}));
+  EXPECT_EQ(wordpiece_words("Caf\xC3\xA9"), wordpiece_words("Cafe\xCC\x81"));
+  // Without accent stripping nothing is decomposed or dropped; without lower-casing the case stays.
+  EXPECT_EQ(wordpiece_words("Caf\xC3\xA9 Cafe\xCC\x81", {.lowercase = true, .strip_accents = false}),
+            (Words{"caf\xC3\xA9", "cafe\xCC\x81"}));
+  EXPECT_EQ(wordpiece_words("Cafe\xCC\x81", {.lowercase = false, .strip_accents = true}), (Words{"Cafe"}));
+  EXPECT_EQ(wordpiece_words("Caf\xC3\xA9", {.lowercase = false, .strip_accents = false}),
+            (Words{"Caf\xC3\xA9"}));
+}
+
+TEST(WordPieceTokenizer, NormalizerOptionsComeFromTheVocabulary) {
+  auto t = wpm();
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(t->vocab().wpm.lowercase);
+  EXPECT_TRUE(t->vocab().wpm.strip_accents);
+  // lowercase = false alone turns accent stripping off too (Hugging Face's BertNormalizer default).
+  auto cased = wpm([](GgufWriter& w) { w.set_bool("tokenizer.ggml.normalizer.lowercase", false); });
+  ASSERT_TRUE(cased);
+  EXPECT_FALSE(cased->vocab().wpm.lowercase);
+  EXPECT_FALSE(cased->vocab().wpm.strip_accents);
+  EXPECT_EQ(cased->encode("hello Hello h\xC3\xA9llo", false, false), (Ids{4, 1, 1}));
+  auto strip = wpm([](GgufWriter& w) {
+    w.set_bool("tokenizer.ggml.normalizer.lowercase", false);
+    w.set_bool("tokenizer.ggml.normalizer.strip_accents", true);
+  });
+  ASSERT_TRUE(strip);
+  EXPECT_EQ(strip->encode("he\xCC\x81llo Hello", false, false), (Ids{4, 1}));
+  auto bad = [] {
+    GgufWriter w;
+    w.set_string("tokenizer.ggml.model", "bert");
+    set_tokens(w, {{"[UNK]", 0, kUnknown}});
+    w.set_u32("tokenizer.ggml.normalizer.lowercase", 1);
+    return build(w);
+  }();
+  EXPECT_FALSE(bad.ok());
 }
 
 }  // namespace
