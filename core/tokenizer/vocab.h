@@ -2,10 +2,11 @@
 //
 // Read from the `tokenizer.ggml.*` keys: model (llama = SentencePiece, gpt2 = byte-level BPE, bert =
 // WordPiece), pre, tokens, scores, token_type, merges, the special-token ids, add_bos_token / add_eos_token /
-// add_sep_token and add_space_prefix. Defaults and overrides follow llama.cpp's llama_vocab::load so that
-// tokenization matches it: per-model default special ids, per-pre-tokenizer flags, ids out of range ignored
-// (0xFFFFFFFF means unset), control-looking tokens (<|eot_id|>, <|im_end|>, ...) forced to CONTROL and
-// collected as end-of-generation tokens, duplicate token texts resolved to the last id.
+// add_sep_token, add_space_prefix and normalizer.lowercase / normalizer.strip_accents. Defaults and
+// overrides follow llama.cpp's llama_vocab::load so that tokenization matches it: per-model default special
+// ids, per-pre-tokenizer flags, ids out of range ignored (0xFFFFFFFF means unset), control-looking tokens
+// (<|eot_id|>, <|im_end|>, </s>, ...) given the CONTROL bit and collected as end-of-generation tokens,
+// duplicate token texts resolved to the last id.
 //
 // The file is untrusted: wrong types, length mismatches between arrays and unknown models or pre-tokenizers
 // are errors (code "tokenizer_*", naming the key). Immutable after load(); safe to share across threads.
