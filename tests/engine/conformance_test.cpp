@@ -1,4 +1,5 @@
-// Conformance against llama.cpp's goldens (../shared/conformance/models/manifest.json; skipped when absent):
+// Conformance against llama.cpp's goldens (../shared/conformance/models/manifest.json; skipped only when no
+// conformance folder is configured, failed when one is but the manifest or a model is missing):
 // for every file and case,
 //   - teacher-forced on prompt_ids + generated_ids in one batch, the log-probability (full-vocabulary
 //     log-softmax in double) of each golden top-5 id at each generated position is within the file's
@@ -12,7 +13,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/engine/forward.h"
@@ -117,11 +117,11 @@ FileResult run_file(const std::filesystem::path& dir, const json& entry, ThreadP
 }
 
 TEST(Conformance, LlamaCppGoldens) {
-  auto dir = testing::conformance_dir();
-  if (!dir) GTEST_SKIP() << "conformance fixtures not found";
-  std::ifstream in(*dir / "models" / "manifest.json");
-  ASSERT_TRUE(in.good());
-  const json manifest = json::parse(in);
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto text = testing::read_fixture(dir / "models" / "manifest.json");
+  ASSERT_TRUE(text) << "conformance fixture missing or unreadable: " << dir / "models" / "manifest.json";
+  const json manifest = json::parse(*text);
+  ASSERT_FALSE(manifest.at("files").empty());
   // The kernels under test: CAR_INFERENCE_ISA (scalar | avx2 | avx512) when set, else the best this CPU has.
   tensor::Isa isa = tensor::detect_isa();
   if (const char* env = std::getenv("CAR_INFERENCE_ISA"); env != nullptr && *env != '\0') {
@@ -133,7 +133,7 @@ TEST(Conformance, LlamaCppGoldens) {
   double worst = 0;
   for (const json& entry : manifest.at("files")) {
     const std::string name = entry.at("file").get<std::string>();
-    FileResult r = run_file(*dir / "models", entry, &pool);
+    FileResult r = run_file(dir / "models", entry, &pool);
     std::printf("conformance %-28s max |dlogprob| %.3g (tolerance %.4g, llama.cpp vs f64 %.4g), greedy %d/%d\n",
                 name.c_str(), r.max_dev, entry.at("tolerance").get<double>(),
                 entry.at("ref_max_abs_dev").get<double>(), r.greedy_checked, r.greedy_total);

@@ -119,13 +119,14 @@ TEST_F(GgufCli, ErrorsGoToStderrWithNonZeroExit) {
 
 // `inspect --json` on every shared fixture reports what llama.cpp's manifest says.
 TEST_F(GgufCli, InspectsEveryFixture) {
-  auto dir = car::testing::conformance_dir();
-  if (!dir || !fs::exists(*dir / "models" / "manifest.json")) GTEST_SKIP() << "no conformance fixtures";
-  std::ifstream in(*dir / "models" / "manifest.json");
-  const json manifest = json::parse(in);
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto text = car::testing::read_fixture(dir / "models" / "manifest.json");
+  ASSERT_TRUE(text) << "conformance fixture missing or unreadable: " << dir / "models" / "manifest.json";
+  const json manifest = json::parse(*text);
+  ASSERT_FALSE(manifest["files"].empty());
   for (const auto& e : manifest["files"]) {
     SCOPED_TRACE(e["file"].get<std::string>());
-    CliRun r = run("gguf inspect --json " + (*dir / "models" / e["file"].get<std::string>()).string(), tmp_);
+    CliRun r = run("gguf inspect --json " + (dir / "models" / e["file"].get<std::string>()).string(), tmp_);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const json j = json::parse(r.out);
     EXPECT_EQ(j["version"], e["gguf_version"]);

@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/gguf/gguf_file.h"
@@ -13,20 +12,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The manifest, or a null value after a test failure when it is missing or unreadable.
 nlohmann::json load_manifest(const fs::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
+  const auto text = car::testing::read_fixture(p);
+  if (!text) {
+    ADD_FAILURE() << "conformance fixture missing or unreadable: " << p;
+    return nullptr;
+  }
+  return nlohmann::json::parse(*text);
 }
 
 TEST(GgufConformance, EveryModelFixtureMatchesManifest) {
-  auto dir = car::testing::conformance_dir();
-  if (!dir || !fs::exists(*dir / "models" / "manifest.json")) GTEST_SKIP() << "no conformance fixtures";
-  const auto manifest = load_manifest(*dir / "models" / "manifest.json");
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto manifest = load_manifest(dir / "models" / "manifest.json");
+  ASSERT_TRUE(manifest.is_object());
   ASSERT_FALSE(manifest["files"].empty());
   for (const auto& entry : manifest["files"]) {
     const std::string file = entry["file"];
     SCOPED_TRACE(file);
-    auto g = GgufFile::open((*dir / "models" / file).string());
+    auto g = GgufFile::open((dir / "models" / file).string());
     ASSERT_TRUE(g.ok()) << g.error().code << ": " << g.error().message;
     const GgufFile& f = **g;
     EXPECT_EQ(f.file_size(), entry["size"].get<uint64_t>());
@@ -78,14 +82,14 @@ TEST(GgufConformance, EveryModelFixtureMatchesManifest) {
 }
 
 TEST(GgufConformance, EveryTokenizerFixtureParses) {
-  auto dir = car::testing::conformance_dir();
-  if (!dir || !fs::exists(*dir / "tokenizer" / "manifest.json")) GTEST_SKIP() << "no conformance fixtures";
-  const auto manifest = load_manifest(*dir / "tokenizer" / "manifest.json");
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto manifest = load_manifest(dir / "tokenizer" / "manifest.json");
+  ASSERT_TRUE(manifest.is_object());
   ASSERT_FALSE(manifest["vocabs"].empty());
   for (const auto& entry : manifest["vocabs"]) {
     const std::string file = entry["file"];
     SCOPED_TRACE(file);
-    auto g = GgufFile::open((*dir / "tokenizer" / file).string());
+    auto g = GgufFile::open((dir / "tokenizer" / file).string());
     ASSERT_TRUE(g.ok()) << g.error().code << ": " << g.error().message;
     EXPECT_EQ((*g)->file_size(), entry["size"].get<uint64_t>());
     EXPECT_EQ((*g)->get_string("tokenizer.ggml.model").value(), entry["tokenizer_model"].get<std::string>());

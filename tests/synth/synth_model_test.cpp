@@ -1,12 +1,11 @@
 // Synthetic models: every architecture writes a file the reader accepts, with llama.cpp's key names,
 // tensor names, shapes and (for quantized schemes) per-tensor types - checked against the conformance
-// fixtures made by llama.cpp when they are present.
+// fixtures made by llama.cpp (skipped only when no conformance folder is configured).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -34,14 +33,24 @@ std::shared_ptr<const GgufFile> build_and_parse(const SynthSpec& spec, std::vect
 
 std::vector<uint64_t> shape_of(const gguf::TensorInfo& t) { return {t.ne.begin(), t.ne.begin() + t.n_dims}; }
 
-std::optional<nlohmann::json> fixture_entry(const std::string& file) {
-  auto dir = car::testing::conformance_dir();
-  if (!dir || !fs::exists(*dir / "models" / "manifest.json")) return std::nullopt;
-  std::ifstream in(*dir / "models" / "manifest.json");
-  auto m = nlohmann::json::parse(in);
-  for (const auto& e : m["files"]) {
-    if (e["file"] == file) return e;
+// The conformance models' manifest; null after a test failure when it is missing or unreadable.
+nlohmann::json fixture_manifest(const fs::path& dir) {
+  const auto text = car::testing::read_fixture(dir / "models" / "manifest.json");
+  if (!text) {
+    ADD_FAILURE() << "conformance fixture missing or unreadable: " << dir / "models" / "manifest.json";
+    return nullptr;
   }
+  return nlohmann::json::parse(*text);
+}
+
+// The manifest's entry for `file`; fails the test when the manifest lacks it.
+std::optional<nlohmann::json> fixture_entry(const nlohmann::json& manifest, const std::string& file) {
+  if (manifest.is_object()) {
+    for (const auto& e : manifest["files"]) {
+      if (e["file"] == file) return e;
+    }
+  }
+  ADD_FAILURE() << "no entry for " << file << " in the conformance manifest";
   return std::nullopt;
 }
 
@@ -147,10 +156,13 @@ TEST(Synth, MatchesLlamaCppFixtureLayouts) {
     s.n_expert_used = 2;
     pairs.push_back({"moe-qwen3-small-f32.gguf", s});
   }
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const nlohmann::json manifest = fixture_manifest(dir);
+  ASSERT_TRUE(manifest.is_object());
   size_t compared = 0;
   for (const auto& [file, spec] : pairs) {
     SCOPED_TRACE(file);
-    auto entry = fixture_entry(file);
+    auto entry = fixture_entry(manifest, file);
     if (!entry) continue;
     std::vector<uint8_t> bytes;
     auto f = build_and_parse(spec, bytes);
@@ -189,7 +201,7 @@ TEST(Synth, MatchesLlamaCppFixtureLayouts) {
     EXPECT_TRUE(f->get_array("tokenizer.ggml.token_type", ValueType::INT32).ok());
     ++compared;
   }
-  if (compared == 0) GTEST_SKIP() << "no conformance fixtures";
+  EXPECT_EQ(compared, pairs.size());
 }
 
 TensorRole role_of(const std::string& name) {
@@ -217,10 +229,13 @@ TEST(Synth, TypeRulesMatchLlamaQuantize) {
       {"moe-stories-q8_0.gguf", "q8_0"},   {"moe-stories-q4_k_m.gguf", "q4_k_m"},
       {"moe-stories-f16.gguf", "f16"},     {"moe-llama-bf16.gguf", "bf16"},
   };
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const nlohmann::json manifest = fixture_manifest(dir);
+  ASSERT_TRUE(manifest.is_object());
   size_t compared = 0;
   for (const auto& [file, scheme] : files) {
     SCOPED_TRACE(file);
-    auto entry = fixture_entry(file);
+    auto entry = fixture_entry(manifest, file);
     if (!entry) continue;
     SynthSpec s;
     s.weight_type = scheme;
@@ -236,7 +251,7 @@ TEST(Synth, TypeRulesMatchLlamaQuantize) {
     }
     ++compared;
   }
-  if (compared == 0) GTEST_SKIP() << "no conformance fixtures";
+  EXPECT_EQ(compared, std::size(files));
 }
 
 TEST(Synth, SameSeedSameBytesOtherSeedOtherWeights) {

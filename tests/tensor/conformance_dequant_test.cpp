@@ -1,7 +1,7 @@
 // Dequantization of the conformance fixtures: every tensor of moe-llama-{q8_0,q4_0,q4_k_m,q5_k_m,q6_k,bf16}
 // against the same tensor of moe-llama-f16.gguf (the same weights, stored as fp16), within the bound of the
 // tensor's format. This checks the block layouts against files written by llama.cpp's own llama-quantize.
-// Skipped when the shared fixtures are absent.
+// Skipped only when no conformance folder is configured; a missing fixture fails.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,9 +48,8 @@ std::vector<float> dequantize_tensor(const gguf::GgufFile& f, const gguf::Tensor
 class FixtureDequant : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FixtureDequant, MatchesF16Weights) {
-  const auto dir = car::testing::conformance_dir();
-  if (!dir) GTEST_SKIP() << "conformance fixtures not present";
-  const auto models = *dir / "models";
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto models = dir / "models";
   auto ref = gguf::GgufFile::open((models / "moe-llama-f16.gguf").string());
   ASSERT_TRUE(ref.ok()) << ref.error().message;
   auto file = gguf::GgufFile::open((models / GetParam()).string());

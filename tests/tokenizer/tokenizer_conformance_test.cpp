@@ -1,10 +1,9 @@
 // llama.cpp's tokenizer test vocabularies (../shared/conformance/tokenizer): every .inp case must encode to
 // the ids in .out (add_special = false, parse_special = false), decoding must give the text back where
-// llama.cpp's does, and stories260K's prompts must tokenize as in models/manifest.json. Skipped when the
-// conformance folder is absent.
+// llama.cpp's does, and stories260K's prompts must tokenize as in models/manifest.json. Skipped only when no
+// conformance folder is configured; a missing or unreadable fixture fails (tests/test_support.h).
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -18,11 +17,14 @@
 namespace car::tokenizer {
 namespace {
 
+// A fixture's bytes; a missing or unreadable file fails the test (and reads as "").
 std::string read_all(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto text = car::testing::read_fixture(p);
+  if (!text) {
+    ADD_FAILURE() << "conformance fixture missing or unreadable: " << p;
+    return {};
+  }
+  return std::move(*text);
 }
 
 struct Case {
@@ -41,7 +43,7 @@ std::vector<Case> read_cases(const std::filesystem::path& inp, const std::filesy
     cases.push_back(Case{text.substr(pos, end - pos), {}});
     pos = end + sep.size();
   }
-  std::ifstream in(out);
+  std::istringstream in(read_all(out));
   std::string line;
   for (size_t i = 0; std::getline(in, line); ++i) {
     if (i >= cases.size()) {
@@ -76,9 +78,8 @@ bool expect_roundtrip(const Tokenizer& tok, const std::string& text) {
 class VocabConformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(VocabConformance, EncodesEveryCaseExactlyAndRoundTrips) {
-  const auto dir = car::testing::conformance_dir();
-  if (!dir) GTEST_SKIP() << "no conformance dir";
-  const auto base = *dir / "tokenizer" / ("ggml-vocab-" + GetParam() + ".gguf");
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto base = dir / "tokenizer" / ("ggml-vocab-" + GetParam() + ".gguf");
   auto file = gguf::GgufFile::open(base.string());
   ASSERT_TRUE(file.ok()) << file.error().message;
   auto tok = Tokenizer::from_gguf(**file);
@@ -119,11 +120,11 @@ INSTANTIATE_TEST_SUITE_P(Vocabs, VocabConformance,
                          });
 
 TEST(VocabConformance, ManifestMetadataMatches) {
-  const auto dir = car::testing::conformance_dir();
-  if (!dir) GTEST_SKIP() << "no conformance dir";
-  const auto manifest = nlohmann::json::parse(read_all(*dir / "tokenizer" / "manifest.json"));
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto manifest = nlohmann::json::parse(read_all(dir / "tokenizer" / "manifest.json"));
+  ASSERT_FALSE(manifest.at("vocabs").empty());
   for (const auto& v : manifest.at("vocabs")) {
-    auto file = gguf::GgufFile::open((*dir / "tokenizer" / v.at("file").get<std::string>()).string());
+    auto file = gguf::GgufFile::open((dir / "tokenizer" / v.at("file").get<std::string>()).string());
     ASSERT_TRUE(file.ok());
     auto tok = Tokenizer::from_gguf(**file);
     ASSERT_TRUE(tok.ok()) << tok.error().message;
@@ -142,13 +143,12 @@ TEST(VocabConformance, ManifestMetadataMatches) {
 }
 
 TEST(ModelConformance, Stories260KPromptIdsMatchManifest) {
-  const auto dir = car::testing::conformance_dir();
-  if (!dir) GTEST_SKIP() << "no conformance dir";
-  const auto manifest = nlohmann::json::parse(read_all(*dir / "models" / "manifest.json"));
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  const auto manifest = nlohmann::json::parse(read_all(dir / "models" / "manifest.json"));
   int checked = 0;
   for (const auto& f : manifest.at("files")) {
     if (f.at("file") != "stories260K.gguf") continue;
-    auto file = gguf::GgufFile::open((*dir / "models" / "stories260K.gguf").string());
+    auto file = gguf::GgufFile::open((dir / "models" / "stories260K.gguf").string());
     ASSERT_TRUE(file.ok()) << file.error().message;
     auto tok = Tokenizer::from_gguf(**file);
     ASSERT_TRUE(tok.ok()) << tok.error().message;
@@ -182,10 +182,9 @@ namespace {
 
 // spm.cpp cuts text before U+2581 when the vocabulary allows it; the ids must equal an uncut merge.
 TEST(SpmSplitOptimisation, GivesTheSameIdsAsOneMerge) {
-  const auto dir = car::testing::conformance_dir();
-  if (!dir) GTEST_SKIP() << "no conformance dir";
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
   for (const char* name : {"llama-spm", "phi-3"}) {
-    const auto base = *dir / "tokenizer" / (std::string("ggml-vocab-") + name + ".gguf");
+    const auto base = dir / "tokenizer" / (std::string("ggml-vocab-") + name + ".gguf");
     auto file = gguf::GgufFile::open(base.string());
     ASSERT_TRUE(file.ok());
     auto tok = Tokenizer::from_gguf(**file);
