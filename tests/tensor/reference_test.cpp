@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/gguf/ggml_type.h"
 #include "core/tensor/blocks.h"
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernel_table.h"
@@ -20,21 +21,35 @@ using testing::computable_types;
 using testing::dequantized;
 using testing::random_floats;
 
-TEST(Blocks, SizesMatchGgufTable) {
-  // Sizes independently stated by the GGUF type table in core/gguf.
+// The kernels' block geometry (QK constants and sizeof of the block structs, through detail::geometry) and
+// their row size against the GGUF type table in core/gguf, which states every type's block size and bytes
+// on its own: a wrong field in a block struct, a wrong constant or a wrong row formula fails here.
+TEST(Blocks, GeometryAndRowBytesMatchGgufTypeTable) {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                      GgmlType::Q8_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
                      GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
-    SCOPED_TRACE(static_cast<int>(t));
+    SCOPED_TRACE(ggml_type_name(t));
+    const GgmlTypeTraits& table = ggml_traits(t);
     const auto g = detail::geometry(t);
-    ASSERT_GT(g.block_size, 0);
-    EXPECT_EQ(detail::row_bytes(t, 4096), static_cast<size_t>(4096 / g.block_size * g.block_bytes));
+    EXPECT_EQ(g.block_size, static_cast<int64_t>(table.block_size));
+    EXPECT_EQ(g.block_bytes, static_cast<int64_t>(table.bytes_per_block));
+    for (int64_t blocks : {1, 3, 16}) {
+      const int64_t n = blocks * static_cast<int64_t>(table.block_size);
+      EXPECT_EQ(detail::row_bytes(t, n), ggml_row_bytes(t, static_cast<uint64_t>(n)).value()) << n;
+    }
   }
-  EXPECT_EQ(sizeof(block_q4_K), 144u);
-  EXPECT_EQ(sizeof(block_q6_K), 210u);
-  EXPECT_EQ(sizeof(block_q8_K), 292u);
-  EXPECT_EQ(sizeof(block_q3_K), 110u);
-  EXPECT_EQ(sizeof(block_q2_K), 84u);
+  EXPECT_EQ(sizeof(block_q4_0), ggml_traits(GgmlType::Q4_0).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q4_1), ggml_traits(GgmlType::Q4_1).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q5_0), ggml_traits(GgmlType::Q5_0).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q5_1), ggml_traits(GgmlType::Q5_1).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q8_0), ggml_traits(GgmlType::Q8_0).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q8_1), ggml_traits(GgmlType::Q8_1).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q2_K), ggml_traits(GgmlType::Q2_K).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q3_K), ggml_traits(GgmlType::Q3_K).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q4_K), ggml_traits(GgmlType::Q4_K).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q5_K), ggml_traits(GgmlType::Q5_K).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q6_K), ggml_traits(GgmlType::Q6_K).bytes_per_block);
+  EXPECT_EQ(sizeof(block_q8_K), ggml_traits(GgmlType::Q8_K).bytes_per_block);
 }
 
 TEST(Dequantize, HandBuiltBlocks) {
