@@ -9,7 +9,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -83,6 +85,34 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+/// What a shell command printed and how it ended.
+struct CommandResult {
+  int exit_code = -1;  ///< -1 when it did not exit normally (a signal)
+  std::string out;
+  std::string err;
+};
+
+/// Runs `cmd` with /bin/sh (so it may redirect its own standard input), capturing standard output and,
+/// through a file in `tmp`, standard error.
+inline CommandResult run_shell(const std::string& cmd, const TempDir& tmp) {
+  const std::filesystem::path err_file = tmp / "stderr.txt";
+  CommandResult r;
+  FILE* p = ::popen(("(" + cmd + ") 2>'" + err_file.string() + "'").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_fixture(err_file).value_or("");
+  return r;
+}
+
+/// The `car` binary of this build tree (tests that run it skip when it is not built).
+inline std::filesystem::path car_binary() {
+  return std::filesystem::path(CAR_BINARY_DIR) / "tools" / "car";
+}
 
 }  // namespace car::testing
 

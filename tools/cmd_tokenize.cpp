@@ -1,13 +1,17 @@
 // `car tokenize FILE.gguf TEXT [--json] [--no-bos] [--parse-special]`: the model's tokenization of TEXT.
 //
 // Tokenizes as the engine does for a prompt: BOS/EOS added as the vocabulary asks unless --no-bos,
-// special-token text left as plain text unless --parse-special (CONTRACT.md). TEXT "-" reads standard input.
+// special-token text left as plain text unless --parse-special (CONTRACT.md). TEXT "-" reads standard input,
+// whole, before the model is opened (a closed descriptor 0 must not become the model file's); a closed
+// standard input, a directory or a read error fails the command.
 // Human output is one token per line (`id<TAB>piece`, the piece C-escaped); --json prints {"ids": [...],
 // "pieces": [...]} with pieces as llama_token_to_piece(special = true) gives them (bytes that are not valid
 // UTF-8 become U+FFFD).
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
-#include <iostream>
-#include <sstream>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -62,17 +66,30 @@ std::string escape(const std::string& piece) {
   return out;
 }
 
+// All of standard input. read(2) itself, so that a closed descriptor (EBADF) or a directory (EISDIR) is an
+// error rather than the empty text iostreams would report.
+std::string read_stdin() {
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+    if (n > 0) {
+      text.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      return text;
+    } else if (errno != EINTR) {
+      fail(std::string("cannot read standard input: ") + std::strerror(errno));
+    }
+  }
+}
+
 void run_tokenize(const TokenizeOptions& o) {
+  // Before opening the model: with descriptor 0 closed, the model file would be opened as descriptor 0.
+  const std::string text = o.text == "-" ? read_stdin() : o.text;
   auto file = gguf::GgufFile::open(o.file);
   if (!file) fail(o.file + ": " + file.error().message);
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
   if (!tok) fail(o.file + ": " + tok.error().message);
-  std::string text = o.text;
-  if (text == "-") {
-    std::stringstream in;
-    in << std::cin.rdbuf();
-    text = in.str();
-  }
   const auto ids = (*tok)->encode(text, !o.no_bos, o.parse_special);
   if (o.json) {
     nlohmann::json j;

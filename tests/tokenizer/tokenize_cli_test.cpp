@@ -1,0 +1,110 @@
+// `car tokenize FILE -` end to end through the built binary (skipped when it is absent): standard input is
+// read whole and exactly, and a closed standard input or a directory fails instead of tokenizing something
+// else (with descriptor 0 closed, the model file used to be opened as descriptor 0 and read as the text).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/gguf/gguf_file.h"
+#include "core/gguf/gguf_writer.h"
+#include "core/tokenizer/tokenizer.h"
+#include "tests/test_support.h"
+
+namespace car::tokenizer {
+namespace {
+
+namespace fs = std::filesystem;
+using car::testing::run_shell;
+
+class TokenizeCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(car::testing::car_binary())) GTEST_SKIP() << "car binary not built";
+    // A small SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then a few pieces.
+    gguf::GgufWriter w;
+    gguf::ArrayValue texts{gguf::ValueType::STRING, {}}, scores{gguf::ValueType::FLOAT32, {}},
+        types{gguf::ValueType::INT32, {}};
+    auto add = [&](const std::string& t, float score, int32_t type) {
+      texts.items.push_back(gguf::Value{t});
+      scores.items.push_back(gguf::Value{score});
+      types.items.push_back(gguf::Value{type});
+    };
+    add("<unk>", 0, 2);
+    add("<s>", 0, 3);
+    add("</s>", 0, 3);
+    for (int b = 0; b < 256; ++b) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+      add(buf, 0, 6);
+    }
+    const std::string sp = "\xE2\x96\x81";
+    for (const std::string& t :
+         {sp, std::string("a"), std::string("b"), sp + "a", sp + "ab", std::string("ab")}) {
+      add(t, -1, 1);
+    }
+    w.set_string("general.architecture", "llama");
+    w.set_string("tokenizer.ggml.model", "llama");
+    w.set_array("tokenizer.ggml.tokens", std::move(texts));
+    w.set_array("tokenizer.ggml.scores", std::move(scores));
+    w.set_array("tokenizer.ggml.token_type", std::move(types));
+    w.set_u32("tokenizer.ggml.bos_token_id", 1);
+    w.set_u32("tokenizer.ggml.eos_token_id", 2);
+    model_ = (tmp_ / "vocab.gguf").string();
+    ASSERT_TRUE(w.write(model_).ok());
+    auto f = gguf::GgufFile::open(model_);
+    ASSERT_TRUE(f.ok());
+    auto t = Tokenizer::from_gguf(**f);
+    ASSERT_TRUE(t.ok());
+    tok_ = *t;
+  }
+
+  std::string car_cmd(const std::string& args) const {
+    return ::car::testing::car_binary().string() + " " + args;
+  }
+  std::vector<int32_t> ids_of(const std::string& json_out) const {
+    return nlohmann::json::parse(json_out).at("ids").get<std::vector<int32_t>>();
+  }
+
+  car::testing::TempDir tmp_;
+  std::string model_;
+  std::shared_ptr<const Tokenizer> tok_;
+};
+
+TEST_F(TokenizeCli, ReadsAllOfStandardInput) {
+  // More than one read() worth, with bytes that are not UTF-8 and a NUL.
+  std::string text;
+  for (int i = 0; i < 30000; ++i) text += i % 7 == 0 ? std::string("ab\n", 3) : std::string("a b\xFF", 4);
+  text += std::string("\0a", 2);
+  std::ofstream(tmp_ / "in.txt", std::ios::binary) << text;
+  const auto r = run_shell(car_cmd("tokenize --json " + model_ + " - < " + (tmp_ / "in.txt").string()), tmp_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ids_of(r.out), tok_->encode(text, true, false));
+  const auto empty = run_shell(car_cmd("tokenize --json " + model_ + " - < /dev/null"), tmp_);
+  ASSERT_EQ(empty.exit_code, 0) << empty.err;
+  EXPECT_EQ(ids_of(empty.out), (std::vector<int32_t>{1}));
+  const auto piped =
+      run_shell("printf 'ab a' | " + car_cmd("tokenize --json --no-bos " + model_ + " -"), tmp_);
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  EXPECT_EQ(ids_of(piped.out), tok_->encode("ab a", false, false));
+}
+
+TEST_F(TokenizeCli, ClosedStandardInputFails) {
+  const auto r = run_shell(car_cmd("tokenize --json " + model_ + " - <&-"), tmp_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("standard input"), std::string::npos) << r.err;
+}
+
+TEST_F(TokenizeCli, DirectoryAsStandardInputFails) {
+  const auto r = run_shell(car_cmd("tokenize --json " + model_ + " - < " + tmp_.path().string()), tmp_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("standard input"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("directory"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace car::tokenizer
