@@ -4,6 +4,8 @@
 // kArrayPreview items summarized as their element type, count and first items unless --full), tensors
 // (name, type, shape in GGUF order, offset relative to the data section, bytes), totals per type, and for
 // MoE models the expert banks per layer (blk.N.ffn_{gate,up,down}_exps.weight: experts, bytes per expert).
+// Keys, strings and tensor names come from the file: control characters and bytes that are not UTF-8 are
+// printed as escapes (terminal_text).
 // --json prints one object: {"version", "alignment", "data_offset", "file_size", "metadata": {...},
 // "tensors": [{"name", "type", "shape", "offset", "bytes"}], "totals": {...}, "expert_banks": [...]}; a
 // summarized array is {"array": elem type, "count": n, "first": [...]}.
@@ -16,6 +18,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <string_view>
 
 #include "core/gguf/gguf_file.h"
 #include "core/synth/synth_model.h"
@@ -67,33 +70,75 @@ json value_json(const Value& v, bool full) {
   return nullptr;
 }
 
-std::string quoted(const std::string& s, size_t max_len) {
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i == max_len) {
+// Length of the well-formed UTF-8 sequence at s[i] (1..4), or 0 when the byte there does not start one.
+size_t utf8_len_at(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const auto cont = [&](size_t k, unsigned char lo = 0x80, unsigned char hi = 0xBF) {
+    return i + k < s.size() && b(k) >= lo && b(k) <= hi;
+  };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    const unsigned char lo = c == 0xE0 ? 0xA0 : 0x80,
+                        hi = c == 0xED ? 0x9F : 0xBF;  // no overlongs, surrogates
+    return cont(1, lo, hi) && cont(2) ? 3 : 0;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    const unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    return cont(1, lo, hi) && cont(2) && cont(3) ? 4 : 0;
+  }
+  return 0;
+}
+
+// Text from the file, safe to print on a terminal: C0 controls, DEL, C1 controls (U+0080..U+009F) and bytes
+// that are not UTF-8 become escapes (\n, \t, \r, \xNN, \u0085), so a crafted key, string or tensor name
+// cannot move the cursor, clear the screen or retitle the window. Backslashes are doubled (and with `quote`,
+// quotes escaped and the result quoted) so the escapes stay unambiguous. At most max_len bytes of `s`.
+std::string terminal_text(std::string_view s, bool quote, size_t max_len = std::string::npos) {
+  std::string out = quote ? "\"" : "";
+  for (size_t i = 0; i < s.size();) {
+    if (i >= max_len) {
       out += "...";
       break;
     }
+    const size_t len = utf8_len_at(s, i);
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
+    char buf[16];
+    if (len == 0) {
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);  // not UTF-8
+      out += buf;
+      i += 1;
+      continue;
+    }
+    if (len == 2 && c == 0xC2 && static_cast<unsigned char>(s[i + 1]) <= 0x9F) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(s[i + 1]));  // C1 control
+      out += buf;
+    } else if (c == '\\' || (quote && c == '"')) {
       out += '\\';
       out += static_cast<char>(c);
     } else if (c == '\n') {
       out += "\\n";
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7F) {
       std::snprintf(buf, sizeof buf, "\\x%02x", c);
       out += buf;
     } else {
-      out += static_cast<char>(c);
+      out.append(s, i, len);
     }
+    i += len;
   }
-  return out + "\"";
+  if (quote) out += '"';
+  return out;
 }
 
 std::string value_text(const Value& v, bool full) {
   switch (v.type()) {
-    case ValueType::STRING: return quoted(*v.get_if<std::string>(), full ? std::string::npos : 200);
+    case ValueType::STRING:
+      return terminal_text(*v.get_if<std::string>(), true, full ? std::string::npos : 200);
     case ValueType::BOOL: return *v.get_if<bool>() ? "true" : "false";
     case ValueType::FLOAT32: {
       char buf[32];
@@ -161,7 +206,7 @@ std::vector<ExpertBank> expert_banks(const GgufFile& f) {
 
 void inspect(const std::string& path, bool as_json, bool full) {
   auto opened = GgufFile::open(path);
-  if (!opened) fail(opened.error().message + " [" + opened.error().code + "]");
+  if (!opened) fail(terminal_text(opened.error().message, false) + " [" + opened.error().code + "]");
   const GgufFile& f = **opened;
 
   uint64_t total_bytes = 0;
@@ -210,23 +255,25 @@ void inspect(const std::string& path, bool as_json, bool full) {
     return;
   }
 
+  // Human output: every string that comes from the file (or the command line) goes through terminal_text.
   std::printf("%s: GGUF version %u, alignment %" PRIu64 ", data offset %" PRIu64 ", file size %" PRIu64 "\n",
-              path.c_str(), f.version(), f.alignment(), f.data_offset(), f.file_size());
+              terminal_text(path, false).c_str(), f.version(), f.alignment(), f.data_offset(), f.file_size());
   std::printf("\nmetadata (%zu keys):\n", f.metadata().size());
   size_t key_width = 0;
-  for (const auto& kv : f.metadata()) key_width = std::max(key_width, kv.key.size());
+  for (const auto& kv : f.metadata()) key_width = std::max(key_width, terminal_text(kv.key, false).size());
   for (const auto& kv : f.metadata()) {
-    std::printf("  %-*s %-20s %s\n", static_cast<int>(key_width), kv.key.c_str(), type_label(kv.value).c_str(),
-                value_text(kv.value, full).c_str());
+    std::printf("  %-*s %-20s %s\n", static_cast<int>(key_width), terminal_text(kv.key, false).c_str(),
+                type_label(kv.value).c_str(), value_text(kv.value, full).c_str());
   }
   std::printf("\ntensors (%zu):\n", f.tensors().size());
   size_t name_width = 4;
-  for (const auto& t : f.tensors()) name_width = std::max(name_width, t.name.size());
+  for (const auto& t : f.tensors()) name_width = std::max(name_width, terminal_text(t.name, false).size());
   std::printf("  %-*s %-7s %-20s %12s %12s\n", static_cast<int>(name_width), "name", "type", "shape", "offset",
               "bytes");
   for (const auto& t : f.tensors()) {
-    std::printf("  %-*s %-7s %-20s %12" PRIu64 " %12" PRIu64 "\n", static_cast<int>(name_width), t.name.c_str(),
-                std::string(ggml_type_name(t.type)).c_str(), shape_text(t).c_str(), t.offset, t.n_bytes);
+    std::printf("  %-*s %-7s %-20s %12" PRIu64 " %12" PRIu64 "\n", static_cast<int>(name_width),
+                terminal_text(t.name, false).c_str(), std::string(ggml_type_name(t.type)).c_str(),
+                shape_text(t).c_str(), t.offset, t.n_bytes);
   }
   std::printf("\ntotals: %zu tensors, %" PRIu64 " elements, %" PRIu64 " bytes of tensor data (%.2f MiB)\n",
               f.tensors().size(), total_elements, total_bytes, static_cast<double>(total_bytes) / (1 << 20));

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/gguf/gguf_writer.h"
 #include "tests/test_support.h"
 
 namespace {
@@ -145,6 +146,53 @@ TEST_F(GgufCli, InspectsEveryFixture) {
       }
     }
   }
+}
+
+// Keys, strings and tensor names are the file's bytes: human output escapes control characters (C0, DEL, C1)
+// and bytes that are not UTF-8 so a crafted file cannot drive the terminal; --json stays valid JSON with the
+// values intact (invalid UTF-8 replaced by U+FFFD).
+TEST_F(GgufCli, InspectEscapesControlBytes) {
+  const std::string key = "evil.\x1b]0;title\x07";
+  const std::string value = "a\x1b[2Jb\xc2\x9b\xff\"\\c\nd\xe2\x82\xac";  // ESC, C1 CSI, a stray byte, a euro
+  const std::string tensor = "t.\x1b[31mred";
+  car::gguf::GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  w.set_u32(key, 1);
+  w.set_string("str", value);
+  ASSERT_TRUE(w.add_tensor(tensor, car::GgmlType::F32, {4}, std::vector<uint8_t>(16, 0)).ok());
+  const std::string file = (tmp_ / "evil.gguf").string();
+  ASSERT_TRUE(w.write(file).ok());
+
+  CliRun r = run("gguf inspect " + file, tmp_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (size_t i = 0; i < r.out.size(); ++i) {
+    const auto c = static_cast<unsigned char>(r.out[i]);
+    ASSERT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f) || c >= 0x80) << "raw byte " << int(c) << " at " << i;
+    if (c == 0xc2 && i + 1 < r.out.size()) {
+      ASSERT_GT(static_cast<unsigned char>(r.out[i + 1]), 0x9f) << "raw C1 control at " << i;
+    }
+  }
+  EXPECT_EQ(r.out.find('\xff'), std::string::npos);
+  EXPECT_NE(r.out.find(R"(evil.\x1b]0;title\x07)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("a\x1b[2Jb\u009b\xff\"\\c\nd)"
+                       "\xe2\x82\xac\""),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"(t.\x1b[31mred)"), std::string::npos) << r.out;
+
+  CliRun j = run("gguf inspect --json " + file, tmp_);
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  EXPECT_EQ(j.out.find('\x1b'), std::string::npos);
+  const json parsed = json::parse(j.out);
+  EXPECT_EQ(parsed["metadata"][key], 1);
+  EXPECT_EQ(parsed["metadata"]["str"], "a\x1b[2Jb\xc2\x9b\xef\xbf\xbd\"\\c\nd\xe2\x82\xac");
+  EXPECT_EQ(parsed["tensors"][0]["name"], tensor);
+
+  // An error naming a path with control characters is escaped too.
+  CliRun e = run("gguf inspect \"$(printf 'miss\\033[2Jing.gguf')\"", tmp_);
+  EXPECT_NE(e.exit_code, 0);
+  EXPECT_EQ(e.err.find('\x1b'), std::string::npos) << e.err;
+  EXPECT_NE(e.err.find(R"(miss\x1b[2Jing.gguf)"), std::string::npos) << e.err;
 }
 
 }  // namespace
