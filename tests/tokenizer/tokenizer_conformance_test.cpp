@@ -206,5 +206,60 @@ TEST(SpmSplitOptimisation, GivesTheSameIdsAsOneMerge) {
   }
 }
 
+// Held-out classes on the real vocabularies (the .inp files have no such case): BERT input with combining
+// marks tokenizes as its precomposed spelling, and a control token's text is ordinary text in phi-3 and
+// llama-spm when special-token parsing is off.
+std::shared_ptr<const Tokenizer> shared_vocab(const std::filesystem::path& dir, const std::string& name) {
+  auto file = gguf::GgufFile::open((dir / "tokenizer" / ("ggml-vocab-" + name + ".gguf")).string());
+  EXPECT_TRUE(file.ok()) << name << ": " << (file.ok() ? "" : file.error().message);
+  if (!file.ok()) return nullptr;
+  auto tok = Tokenizer::from_gguf(**file);
+  EXPECT_TRUE(tok.ok()) << name;
+  return tok.ok() ? *tok : nullptr;
+}
+
+TEST(HeldOutConformance, BertDecomposedAccentsEqualPrecomposed) {
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  auto tok = shared_vocab(dir, "bert-bge");
+  ASSERT_TRUE(tok);
+  const std::pair<const char*, const char*> pairs[] = {
+      {"caf\xC3\xA9", "cafe\xCC\x81"},  // e + COMBINING ACUTE
+      {"\xC3\x9C"
+       "ber",
+       "U\xCC\x88"
+       "ber"},  // U + COMBINING DIAERESIS
+      {"na\xC3\xAFve r\xC3\xA9sum\xC3\xA9", "nai\xCC\x88ve re\xCC\x81sume\xCC\x81"},
+      {"cr\xC3\xA8me br\xC3\xBBl\xC3\xA9"
+       "e",
+       "cre\xCC\x80me bru\xCC\x82le\xCC\x81"
+       "e"},
+      {"\xC3\x85ngstr\xC3\xB6m", "A\xCC\x8Angstro\xCC\x88m"},
+  };
+  for (const auto& [pre, dec] : pairs) {
+    SCOPED_TRACE(pre);
+    const auto want = tok->encode(pre, false, false);
+    EXPECT_EQ(tok->encode(dec, false, false), want);
+    for (int32_t id : want) EXPECT_NE(id, tok->unk());
+  }
+}
+
+TEST(HeldOutConformance, SpmControlTextIsTextWithoutParseSpecial) {
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
+  for (const char* name : {"phi-3", "llama-spm"}) {
+    SCOPED_TRACE(name);
+    auto tok = shared_vocab(dir, name);
+    ASSERT_TRUE(tok);
+    const int32_t eos_text = tok->find_token("</s>");
+    ASSERT_NE(eos_text, kNoToken);
+    EXPECT_TRUE(tok->is_control(eos_text));
+    for (const char* text : {"</s>", "a</s>b", "Hello </s> world", "<s>x</s>"}) {
+      SCOPED_TRACE(text);
+      for (int32_t id : tok->encode(text, false, false)) EXPECT_FALSE(tok->is_control(id)) << id;
+      EXPECT_EQ(tok->decode(tok->encode(text, false, false)), text);
+    }
+    EXPECT_EQ(tok->encode("</s>", false, true), (std::vector<int32_t>{eos_text}));
+  }
+}
+
 }  // namespace
 }  // namespace car::tokenizer
