@@ -35,6 +35,11 @@ using RowsFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const
 using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                         size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy);
 
+/// A tile of a repacked product (see repacked()): as TileFn, every vector in the gemm order (`gemm`) or all
+/// in the gemv order; each result equals dot_gemm / dot_gemv bit for bit.
+using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm);
+
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
   DotFn dot_id[kTypeSlots] = {};            ///< the same products in ProductOrder::mul_mat_id summation order
@@ -51,6 +56,8 @@ struct DotKernels {
   DotFn dot_gemm[kTypeSlots] = {};
   /// Multi-row kernel in the gemv order (null: loop over dot_gemv).
   RowsFn rows_gemv[kTypeSlots] = {};
+  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv).
+  RepackedTileFn tile_repacked[kTypeSlots] = {};
 };
 
 /// Does llama.cpp's CPU backend (x86, AVX2 or better) hold this matrix repacked (ggml-cpu repack.cpp,

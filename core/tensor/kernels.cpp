@@ -296,7 +296,17 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
   const int64_t n_gemm = repacked && w.order == ProductOrder::mul_mat ? detail::gemm_vectors(n) : 0;
   const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
   const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
+  const detail::RepackedTileFn tile_rp = repacked ? k.tile_repacked[slot(w.type)] : nullptr;
   auto rows = [&](int64_t begin, int64_t end) {
+    if (tile_rp != nullptr) {
+      const uint8_t* wb = base + static_cast<size_t>(begin) * stride;
+      if (n_gemm > 0) tile_rp(wb, stride, end - begin, acts, act_bytes, n_gemm, cols, y + begin, ldy, true);
+      if (n_gemm < n) {
+        tile_rp(wb, stride, end - begin, acts + static_cast<size_t>(n_gemm) * act_bytes, act_bytes,
+                n - n_gemm, cols, y + n_gemm * ldy + begin, ldy, false);
+      }
+      return;
+    }
     if (repacked) {
       for (int64_t t0 = 0; t0 < n; t0 += kVectorTile) {
         const int64_t t1 = std::min(n, t0 + kVectorTile);
