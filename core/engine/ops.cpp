@@ -49,8 +49,8 @@ void rope_apply(const RopeParams& p, const float* cache, float* x, int64_t n_hea
       const int64_t b = p.type == model::RopeType::norm ? i0 + 1 : i0 / 2 + half;
       const float x0 = xh[a];
       const float x1 = xh[b];
-      xh[a] = x0 * c - x1 * s;
-      xh[b] = x0 * s + x1 * c;
+      xh[a] = std::fma(x0, c, -(x1 * s));
+      xh[b] = std::fma(x0, s, x1 * c);
     }
   }
 }

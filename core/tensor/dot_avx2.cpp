@@ -8,6 +8,7 @@
 // the block's scale product into 8-lane float accumulators, summed horizontally at the end.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "core/tensor/blocks.h"
@@ -69,7 +70,8 @@ inline __m256i scale_pair(const int16_t* s) {
 // 32-element blocks
 
 // Q8_0 / Q4_0 / Q5_0: one 8-lane accumulator over the blocks in order, as ggml's AVX2 ggml_vec_dot_q*_q8_0
-// and llamafile's tinyBLAS_Q0_AVX (llama.cpp's two paths for these types) do, so results match them bit for bit.
+// and llamafile's tinyBLAS_Q0_AVX (llama.cpp's two paths for these types) do, so results match them bit for
+// bit.
 float dot_q8_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q8_0*>(w);
   const auto* y = static_cast<const block_q8_0*>(a);
@@ -189,6 +191,10 @@ inline int hsum_i32x4(__m128i v) {
   return _mm_cvtsi128_si32(v);
 }
 
+inline int hsum_i32x8(__m256i v) {
+  return hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
 // Q4_K / Q5_K / Q6_K follow ggml's AVX2 kernels' arithmetic exactly (the same 8 int32 lanes per super-block,
 // the same scale products, the same mins accumulation and final reductions); llama.cpp uses those kernels on
 // AVX-512 machines too, so these results equal its results bit for bit.
@@ -221,6 +227,52 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
   return hsum8(acc) + hsum4(acc_m);
+}
+
+/// Q4_K in llama.cpp's repacked orders (kernel_table.h repacked(); dot_q4_K_q8_K_gemv_ref / _gemm_ref): the
+/// integer sums of dot_q4_K, reduced exactly to one int per super-block (kGemm false) or per 64 elements
+/// (true), then the same FMA chains as the references.
+template <bool kGemm>
+float dot_q4_K_repacked(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
+    const float d = h2f(x[i].d) * y[i].d;
+    const float dmin = h2f(x[i].dmin) * y[i].d;
+    const __m128i mins = mins_dot_bsums(sm + 2, y[i].bsums);  // lane g: the mins term of elements 64g..64g+63
+    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
+      const __m256i bits = load32(q4);
+      const __m256i lo = _mm256_and_si256(bits, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
+      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pl, spread1(sc16, 2 * j)),
+                                         _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
+      if constexpr (kGemm) {
+        acc = std::fma(static_cast<float>(hsum_i32x8(s)), d, acc);
+      } else {
+        sumi = _mm256_add_epi32(sumi, s);
+      }
+    }
+    if constexpr (kGemm) {
+      alignas(16) int32_t m[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(m), mins);
+      for (int g = 0; g < 4; ++g) acc_m = std::fma(static_cast<float>(m[g]), dmin, acc_m);
+    } else {
+      acc = std::fma(static_cast<float>(hsum_i32x8(sumi)), d, acc);
+      acc_m = std::fma(static_cast<float>(hsum_i32x4(mins)), dmin, acc_m);
+    }
+  }
+  return acc - acc_m;
 }
 
 float dot_q5_K(const void* w, const void* a, int64_t n) {
@@ -552,6 +604,8 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // one order for every AVX2 kernel
+  k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_repacked<false>;
+  k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_repacked<true>;
   return k;
 }
 

@@ -54,6 +54,15 @@ void run_rows(const DotKernels& k, const MatvecTask& t, const void* act, int64_t
   const MatrixView& w = t.w;
   const size_t stride = w.row_bytes;
   const uint8_t* base = w.data;
+  if (detail::repacked(w)) {  // a single vector: llama.cpp's repacked gemv order
+    if (const detail::RowsFn multi = k.rows_gemv[slot(w.type)]; multi != nullptr) {
+      multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, t.y + begin);
+      return;
+    }
+    const detail::DotFn dot = k.dot_gemv[slot(w.type)];
+    for (int64_t r = begin; r < end; ++r) t.y[r] = dot(base + static_cast<size_t>(r) * stride, act, w.cols);
+    return;
+  }
   if (const detail::RowsFn multi = detail::rows_for(k, w.type, w.order); multi != nullptr) {
     multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, t.y + begin);
     return;

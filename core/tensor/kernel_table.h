@@ -35,6 +35,11 @@ using RowsFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const
 using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                         size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy);
 
+/// A tile of a repacked product (see repacked()): as TileFn, every vector in the gemm order (`gemm`) or all
+/// in the gemv order; each result equals dot_gemm / dot_gemv bit for bit.
+using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm);
+
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
   DotFn dot_id[kTypeSlots] = {};            ///< the same products in ProductOrder::mul_mat_id summation order
@@ -43,7 +48,33 @@ struct DotKernels {
   /// mul_mat order; kernels.cpp uses them for mul_mat_id only where dot_id equals dot (the quantized types).
   RowsFn rows[kTypeSlots] = {};
   TileFn tile[kTypeSlots] = {};
+  /// The products of matrices llama.cpp's x86 CPU backend repacks (see repacked()), in the order of its
+  /// repacked kernels (ggml-cpu repack.cpp): `gemv` for a single vector (decode, every MoE expert row) and
+  /// for the vectors of a batch past its last whole group of 4, `gemm` for those groups. Null for other
+  /// types.
+  DotFn dot_gemv[kTypeSlots] = {};
+  DotFn dot_gemm[kTypeSlots] = {};
+  /// Multi-row kernel in the gemv order (null: loop over dot_gemv).
+  RowsFn rows_gemv[kTypeSlots] = {};
+  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv).
+  RepackedTileFn tile_repacked[kTypeSlots] = {};
 };
+
+/// Does llama.cpp's CPU backend (x86, AVX2 or better) hold this matrix repacked (ggml-cpu repack.cpp,
+/// ggml_repack_get_optimal_repack_type)? Q4_K weights whose row count is a multiple of 8 become
+/// block_q4_Kx8 and are multiplied by ggml_gemv / ggml_gemm_q4_K_8x8_q8_K, which sum each output in another
+/// order than ggml_vec_dot_q4_K_q8_K: one exact integer per super-block (gemv) or per 64 elements (gemm),
+/// each times the scale product and added by FMA, the mins likewise, subtracted at the end. (Q4_0 and, with
+/// AVX-512, Q2_K are repacked too; their orders are not mirrored yet.) It is a property of the product, not
+/// of our ISA: every table computes these products in the same order.
+inline bool repacked(const MatrixView& w) {
+  return w.type == GgmlType::Q4_K && w.rows % 8 == 0;
+}
+/// Vectors [0, gemm_vectors(n)) of an n-vector batch of a repacked mul_mat product use the gemm order, the
+/// rest the gemv order (llama.cpp runs gemm on whole groups of 4 rows of src1 and gemv on the remainder).
+inline int64_t gemm_vectors(int64_t n) {
+  return n - n % 4;
+}
 
 /// Block geometry for the types this module knows (block elements, bytes); {0, 0} for others.
 struct BlockGeometry {
@@ -125,6 +156,11 @@ float dot_q8_0_q8_0_ref(const void* w, const void* a, int64_t n);
 float dot_q2_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q3_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q4_K_q8_K_ref(const void* w, const void* a, int64_t n);
+/// Q4_K in llama.cpp's repacked orders (see repacked()): per super-block acc = fma(float(isum), d * y.d,
+/// acc), acc_m = fma(float(imin), dmin * y.d, acc_m), result acc - acc_m (gemv); the same per 64-element
+/// group of the super-block (gemm).
+float dot_q4_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n);
+float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n);
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n);
 

@@ -56,6 +56,7 @@ GgmlType act_type(GgmlType w) {
 void check_view(const MatrixView& w, const DotKernels& k) {
   CAR_CHECK(static_cast<uint32_t>(w.type) < static_cast<uint32_t>(kTypeSlots));
   CAR_CHECK(k.dot[slot(w.type)] != nullptr);
+  CAR_CHECK(!repacked(w) || (k.dot_gemv[slot(w.type)] != nullptr && k.dot_gemm[slot(w.type)] != nullptr));
   const BlockGeometry g = geometry(w.type);
   CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
   CAR_CHECK(w.row_bytes >= row_bytes(w.type, w.cols));
@@ -79,6 +80,8 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K_q8_K_ref;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K_q8_K_ref;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
+  k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
+  k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemm_ref;
   k.quantize_act[slot(GgmlType::Q8_0)] = quantize_act_q8_0;
   k.quantize_act[slot(GgmlType::Q8_1)] = quantize_act_q8_1;
   k.quantize_act[slot(GgmlType::Q8_K)] = quantize_act_q8_K;
@@ -285,8 +288,37 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
   // from memory once and from cache for the remaining tiles.
   const uint8_t* base = w.data;
   const size_t stride = w.row_bytes;
-  const detail::TileFn tile = at == GgmlType::F32 ? nullptr : detail::tile_for(k, w.type, w.order);
+  const bool repacked = detail::repacked(w);
+  const detail::TileFn tile =
+      at == GgmlType::F32 || repacked ? nullptr : detail::tile_for(k, w.type, w.order);
+  // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole groups
+  // of 4 vectors and its gemv over the rest; its mul_mat_id runs gemv on every row.
+  const int64_t n_gemm = repacked && w.order == ProductOrder::mul_mat ? detail::gemm_vectors(n) : 0;
+  const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
+  const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
+  const detail::RepackedTileFn tile_rp = repacked ? k.tile_repacked[slot(w.type)] : nullptr;
   auto rows = [&](int64_t begin, int64_t end) {
+    if (tile_rp != nullptr) {
+      const uint8_t* wb = base + static_cast<size_t>(begin) * stride;
+      if (n_gemm > 0) tile_rp(wb, stride, end - begin, acts, act_bytes, n_gemm, cols, y + begin, ldy, true);
+      if (n_gemm < n) {
+        tile_rp(wb, stride, end - begin, acts + static_cast<size_t>(n_gemm) * act_bytes, act_bytes,
+                n - n_gemm, cols, y + n_gemm * ldy + begin, ldy, false);
+      }
+      return;
+    }
+    if (repacked) {
+      for (int64_t t0 = 0; t0 < n; t0 += kVectorTile) {
+        const int64_t t1 = std::min(n, t0 + kVectorTile);
+        for (int64_t r = begin; r < end; ++r) {
+          const uint8_t* row = base + static_cast<size_t>(r) * stride;
+          for (int64_t i = t0; i < t1; ++i) {
+            y[i * ldy + r] = (i < n_gemm ? dot_gemm : dot_gemv)(row, act_of(i), cols);
+          }
+        }
+      }
+      return;
+    }
     if (tile != nullptr) {
       tile(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols, y + begin, ldy);
       return;

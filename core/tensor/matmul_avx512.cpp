@@ -4,6 +4,7 @@
 // kernel's, in its order, run on several vectors per 512-bit register; only the exact integer lanes are
 // formed differently. tests/tensor/matmul_test.cpp checks that for every vector count.
 #include <algorithm>
+#include <cmath>
 #include <new>
 #include <type_traits>
 
@@ -450,9 +451,119 @@ void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
   run_tiles<q6_K_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
 }
 
+/// matmul tile for repacked Q4_K (kernel_table.h repacked()) in llama.cpp's gemm or gemv order. Per row and
+/// block the nibbles and scales are unpacked once for up to kV vectors; per vector, register j holds the
+/// products of elements 64j..64j+63 (low nibbles of qs[32j..32j+32) in int16 lanes 0..15 with scale 2j, the
+/// high ones with scale 2j+1) as the Q4_K tile forms them, reduced exactly to the four group sums (gemm) or
+/// their total (gemv); the mins are the four lanes of mins . bsum pairs. The float steps are
+/// dot_q4_K_q8_K_gemm_ref's / _gemv_ref's FMA chains, so each result equals those bit for bit.
+template <bool kGemm>
+void tile_q4_K_repacked_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  constexpr int kV = 8;
+  const int64_t nb = n / QK_K;
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  for (int64_t v0 = 0; v0 < nvec; v0 += kV) {
+    const int nv = static_cast<int>(std::min<int64_t>(kV, nvec - v0));
+    for (int64_t r = 0; r < nrows; ++r) {
+      const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
+      float acc[kV] = {}, acc_m[kV] = {};
+      // gemm: the vectors' FMA chains run side by side in 8 lanes (lane v: vector v)
+      __m256 acc8 = _mm256_setzero_ps(), acc8_m = _mm256_setzero_ps();
+      alignas(64) int32_t is[kV][4] = {}, im[kV][4] = {};
+      alignas(32) float dv[kV] = {}, dmv[kV] = {};
+      for (int64_t i = 0; i < nb; ++i) {
+        uint32_t sm[4];
+        unpack_scale_min_k4_words(x[i].scales, sm);
+        const __m512i sc16 = _mm512_cvtepu8_epi16(
+            _mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm))));
+        const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 2)));
+        __m512i q[4], sc[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          q[j] = _mm512_and_si512(
+              _mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(x[i].qs + 32 * j)), nibble_shift), m4);
+          sc[j] = _mm512_permutexvar_epi16(perm_idx(kK4TilePerm[j]), sc16);
+        }
+        const float xd = h2f(x[i].d), xdmin = h2f(x[i].dmin);
+        for (int v = 0; v < nv; ++v) {
+          const block_q8_K& yb =
+              reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v0 + v) * act_bytes)[i];
+          __m512i u[4];
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; ++j) {
+            u[j] = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_maddubs_epi16(q[j], load64(yb.qs + 64 * j)), sc[j]);
+          }
+          const __m256i b = load32(yb.bsums);
+          const __m128i mins = _mm_madd_epi16(
+              mins16, _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+          const float d = xd * yb.d, dmin = xdmin * yb.d;
+          if constexpr (kGemm) {
+            __m256i a[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) a[j] = fold16(u[j]);
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+            _mm_store_si128(reinterpret_cast<__m128i*>(is[v]),
+                            _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+            _mm_store_si128(reinterpret_cast<__m128i*>(im[v]), mins);
+            dv[v] = d;
+            dmv[v] = dmin;
+          } else {
+            const __m512i t = _mm512_add_epi32(_mm512_add_epi32(u[0], u[1]), _mm512_add_epi32(u[2], u[3]));
+            acc[v] = std::fma(static_cast<float>(_mm512_reduce_add_epi32(t)), d, acc[v]);
+            acc_m[v] = std::fma(static_cast<float>(hsum_i32x4(mins)), dmin, acc_m[v]);
+          }
+        }
+        if constexpr (kGemm) {
+          // [vector][group] -> [group][vector], then group by group one FMA per lane
+          const __m512i t_idx0 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+          const __m512i t_idx1 =
+              _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+          const __m512i s0 = _mm512_load_si512(is[0]), s1 = _mm512_load_si512(is[4]);
+          const __m512i m0 = _mm512_load_si512(im[0]), m1 = _mm512_load_si512(im[4]);
+          const __m512 sg01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(s0, t_idx0, s1));
+          const __m512 sg23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(s0, t_idx1, s1));
+          const __m512 mg01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(m0, t_idx0, m1));
+          const __m512 mg23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(m0, t_idx1, m1));
+          const __m256 d8 = _mm256_load_ps(dv), dm8 = _mm256_load_ps(dmv);
+          acc8 = _mm256_fmadd_ps(_mm512_castps512_ps256(sg01), d8, acc8);
+          acc8 =
+              _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sg01), 1)), d8, acc8);
+          acc8 = _mm256_fmadd_ps(_mm512_castps512_ps256(sg23), d8, acc8);
+          acc8 =
+              _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sg23), 1)), d8, acc8);
+          acc8_m = _mm256_fmadd_ps(_mm512_castps512_ps256(mg01), dm8, acc8_m);
+          acc8_m = _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(mg01), 1)), dm8,
+                                   acc8_m);
+          acc8_m = _mm256_fmadd_ps(_mm512_castps512_ps256(mg23), dm8, acc8_m);
+          acc8_m = _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(mg23), 1)), dm8,
+                                   acc8_m);
+        }
+      }
+      if constexpr (kGemm) {
+        _mm256_storeu_ps(acc, acc8);
+        _mm256_storeu_ps(acc_m, acc8_m);
+      }
+      for (int v = 0; v < nv; ++v) y[(v0 + v) * ldy + r] = acc[v] - acc_m[v];
+    }
+  }
+}
+
+void tile_q4_K_repacked(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                        size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm) {
+  if (gemm) {
+    tile_q4_K_repacked_impl<true>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
+  } else {
+    tile_q4_K_repacked_impl<false>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
+  }
+}
+
 }  // namespace
 
 void add_matmul_kernels(DotKernels& k) {
+  k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked;
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
   k.tile[slot(GgmlType::Q8_0)] = tile_q8_0;

@@ -3,6 +3,7 @@
 // call. Each result equals the table's dot kernel for that row bit for bit (the same float operations in the
 // same order; integer sums, being exact, may be formed differently); tests/tensor/rows_kernel_test.cpp checks
 // that. Reading rows side by side defeats the hardware prefetcher, so these kernels prefetch in software.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -220,7 +221,9 @@ constexpr int64_t kQ4KPrefetchBytes = 8192;
 /// the same (only their association changes, which integers do not see) and the float operations are
 /// dot_k4's in its order, so each result equals dot_q4_K bit for bit. (Two rows side by side, sharing the
 /// activation loads, were slower.)
-void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* out) {
+template <bool kRepacked>
+void rows_q4_K_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
+                    float* out) {
   const auto* y = static_cast<const block_q8_K*>(act);
   const int64_t nb = n / QK_K;
   std::vector<Q8KPrepared>& prep = tls_q8k_prepared;
@@ -243,6 +246,7 @@ void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
     const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
+    float acc_s = 0.0f, acc_ms = 0.0f;  // kRepacked
     for (int64_t i = 0; i < nb; ++i) {
       const block_q4_K& xb = x[i];
       const Q8KPrepared& yp = prep[i];
@@ -257,7 +261,7 @@ void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
       const __m128 dmin = _mm_xor_ps(_mm_permute_ps(dd, 0x55), sign);
       const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(scale_min_k4_vec(xb.scales)));
       const __m128i mins = _mm_madd_epi16(_mm512_extracti32x4_epi32(sc16, 1), yp.bsum_pairs);
-      acc_m = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m);
+      if constexpr (!kRepacked) acc_m = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m);
       const __m512i bits0 = load64(xb.qs), bits1 = load64(xb.qs + 64);
       const __m512i s0 = _mm512_dpwssd_epi32(
           _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits0, m4), yp.y[0]),
@@ -269,11 +273,33 @@ void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
                             _mm512_permutexvar_epi16(p10, sc16)),
           _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits1, 4), m4), yp.y[3]),
           _mm512_permutexvar_epi16(p11, sc16));
-      acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(fold16(_mm512_add_epi32(s0, s1))),
-                            acc);
+      if constexpr (kRepacked) {
+        // llama.cpp's repacked gemv: one exact integer per super-block for the scales and one for the mins.
+        acc_s = std::fma(static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1))),
+                         _mm_cvtss_f32(dd), acc_s);
+        acc_ms =
+            std::fma(static_cast<float>(hsum_i32x4(mins)), _mm_cvtss_f32(_mm_permute_ps(dd, 0x55)), acc_ms);
+      } else {
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(fold16(_mm512_add_epi32(s0, s1))),
+                              acc);
+      }
     }
-    out[r] = hsum8(acc) + hsum4(acc_m);
+    if constexpr (kRepacked) {
+      out[r] = acc_s - acc_ms;
+    } else {
+      out[r] = hsum8(acc) + hsum4(acc_m);
+    }
   }
+}
+
+void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* out) {
+  rows_q4_K_impl<false>(w, row_bytes, nrows, act, n, out);
+}
+
+/// rows_q4_K in llama.cpp's repacked gemv order (kernel_table.h repacked()): equals dot_q4_K_q8_K_gemv_ref.
+void rows_q4_K_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
+                    float* out) {
+  rows_q4_K_impl<true>(w, row_bytes, nrows, act, n, out);
 }
 
 }  // namespace
@@ -285,6 +311,7 @@ void add_matvec_kernels(DotKernels& k) {
   k.rows[slot(GgmlType::Q5_1)] = rows_nibbles<block_q5_1, block_q8_1, 0, true, true>;
   k.rows[slot(GgmlType::Q8_0)] = rows_q8_0;
   k.rows[slot(GgmlType::Q4_K)] = rows_q4_K;
+  k.rows_gemv[slot(GgmlType::Q4_K)] = rows_q4_K_gemv;
 }
 
 }  // namespace car::tensor::detail::avx512

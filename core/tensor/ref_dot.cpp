@@ -5,6 +5,7 @@
 // two scales in the same order, accumulated in float; the 16/32-bit float formats accumulate float products
 // in double.
 #include <cassert>
+#include <cmath>
 #include <cstring>
 
 #include "core/tensor/blocks.h"
@@ -239,6 +240,63 @@ float dot_q4_K_q8_K_ref(const void* w, const void* a, int64_t n) {
   }
   for (int l = 0; l < 8; ++l) sumf += sums[l];
   return sumf;
+}
+
+namespace {
+
+/// One Q4_K block's exact integer sums over its 64-element groups g (sub-blocks 2g, 2g+1):
+/// isum[g] = sum of scale * level * q8, imin[g] = sum of min * bsum.
+void q4_K_group_sums(const block_q4_K& x, const block_q8_K& y, int32_t* isum, int32_t* imin) {
+  uint8_t sm[16];
+  unpack_scale_min_k4(x.scales, sm);
+  for (int g = 0; g < QK_K / 64; ++g) {
+    const uint8_t* q4 = x.qs + 32 * g;
+    const int8_t* q8 = y.qs + 64 * g;
+    int32_t lo = 0, hi = 0;
+    for (int l = 0; l < 32; ++l) {
+      lo += (q4[l] & 0x0f) * q8[l];
+      hi += (q4[l] >> 4) * q8[l + 32];
+    }
+    isum[g] = sm[2 * g] * lo + sm[2 * g + 1] * hi;
+    imin[g] = sm[8 + 2 * g] * (y.bsums[4 * g] + y.bsums[4 * g + 1]) +
+              sm[8 + 2 * g + 1] * (y.bsums[4 * g + 2] + y.bsums[4 * g + 3]);
+  }
+}
+
+}  // namespace
+
+float dot_q4_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n) {
+  assert(n % QK_K == 0);
+  const auto* x = static_cast<const block_q4_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t isum[4], imin[4];
+    q4_K_group_sums(x[i], y[i], isum, imin);
+    const int32_t s = isum[0] + isum[1] + isum[2] + isum[3];
+    const int32_t m = imin[0] + imin[1] + imin[2] + imin[3];
+    acc = std::fma(static_cast<float>(s), fp16_to_fp32(x[i].d) * y[i].d, acc);
+    acc_m = std::fma(static_cast<float>(m), fp16_to_fp32(x[i].dmin) * y[i].d, acc_m);
+  }
+  return acc - acc_m;
+}
+
+float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n) {
+  assert(n % QK_K == 0);
+  const auto* x = static_cast<const block_q4_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t isum[4], imin[4];
+    q4_K_group_sums(x[i], y[i], isum, imin);
+    const float d = fp16_to_fp32(x[i].d) * y[i].d;
+    const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
+    for (int g = 0; g < QK_K / 64; ++g) {
+      acc = std::fma(static_cast<float>(isum[g]), d, acc);
+      acc_m = std::fma(static_cast<float>(imin[g]), dmin, acc_m);
+    }
+  }
+  return acc - acc_m;
 }
 
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n) {

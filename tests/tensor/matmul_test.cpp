@@ -1,5 +1,7 @@
 // matvec / matmul: every output equals the single-row dot product of the same kernel (threads and tiling
-// change only which thread computes a row, never its arithmetic), for every type and ISA.
+// change only which thread computes a row, never its arithmetic), for every type and ISA; for the matrices
+// llama.cpp repacks (Q4_K with rows % 8 == 0) that kernel is its gemv order, or its gemm order for the whole
+// groups of 4 vectors of a mul_mat batch (testing::product_dot).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -37,7 +39,7 @@ TEST(Matvec, EqualsRowDotsForEveryTypeThreadCountAndIsa) {
       matvec(view, x.data(), y1.data(), nullptr);
       matvec(view, x.data(), y2.data(), &pool);
       for (int64_t r = 0; r < rows; ++r) {
-        const float want = dot_row(t, w.data() + r * view.row_bytes, act.data(), cols);
+        const float want = testing::product_dot(view, r, act.data(), 0, 1);
         ASSERT_EQ(y1[r], want) << r;
         ASSERT_EQ(y2[r], want) << r;
       }
@@ -61,11 +63,16 @@ TEST(Matmul, EqualsMatvecPerVectorWithStrides) {
       matmul(view, x.data(), n, ldx, y.data(), ldy, &pool);
       matmul(view, x.data(), n, ldx, y1.data(), ldy, nullptr);
       std::vector<float> col(rows);
+      std::vector<uint8_t> act(activation_row_bytes(t, cols));
       for (int64_t i = 0; i < n; ++i) {
         matvec(view, x.data() + i * ldx, col.data(), nullptr);
+        quantize_activation(t, x.data() + i * ldx, act.data(), cols);
+        // A repacked matrix's whole groups of 4 vectors take llama.cpp's gemm order, the rest matvec's.
+        const bool gemm = detail::repacked(view) && i < detail::gemm_vectors(n);
         for (int64_t r = 0; r < rows; ++r) {
-          ASSERT_EQ(y[i * ldy + r], col[r]) << "n=" << n << " i=" << i << " r=" << r;
-          ASSERT_EQ(y1[i * ldy + r], col[r]);
+          const float want = gemm ? testing::product_dot(view, r, act.data(), i, n) : col[r];
+          ASSERT_EQ(y[i * ldy + r], want) << "n=" << n << " i=" << i << " r=" << r;
+          ASSERT_EQ(y1[i * ldy + r], want);
         }
         for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -1.0f) << "wrote past the row";
       }
@@ -85,7 +92,7 @@ TEST(Matmul, TilesEqualRowDotsForEveryVectorCount) {
       for (int64_t cols : {256, 768, 4864}) {  // 4864: several slabs of blocks (19 K-quant, 152 Q8_0 blocks)
         SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)) +
                      " cols=" + std::to_string(cols));
-        const int64_t rows = 37;
+        const int64_t rows = t == GgmlType::Q4_K ? 40 : 37;  // Q4_K: a multiple of 8, repacked by llama.cpp
         const auto wf = random_floats(rng, cols * rows);
         const auto w = testing::quantize_rows(t, wf, rows, cols);
         MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};
@@ -107,7 +114,7 @@ TEST(Matmul, TilesEqualRowDotsForEveryVectorCount) {
             matmul(view, x.data(), n, ldx, y1.data(), ldy, &pool);
             for (int64_t i = 0; i < n; ++i) {
               for (int64_t r = 0; r < rows; ++r) {
-                const float want = dot_row(t, w.data() + r * view.row_bytes, acts[i].data(), cols, order);
+                const float want = testing::product_dot(view, r, acts[i].data(), i, n);
                 ASSERT_EQ(y[i * ldy + r], want) << "n=" << n << " i=" << i << " r=" << r;
                 ASSERT_EQ(y1[i * ldy + r], want) << "n=" << n << " i=" << i << " r=" << r;
               }
@@ -136,10 +143,7 @@ TEST(Matvec, MulMatIdOrderUsesTheSecondKernel) {
     quantize_activation(t, x.data(), act.data(), c);
     std::vector<float> y(rows);
     matvec(view, x.data(), y.data(), &pool);
-    for (int64_t r = 0; r < rows; ++r) {
-      ASSERT_EQ(y[r], dot_row(t, w.data() + r * view.row_bytes, act.data(), c, ProductOrder::mul_mat_id))
-          << r;
-    }
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(y[r], testing::product_dot(view, r, act.data(), 0, 1)) << r;
   }
 }
 
@@ -157,7 +161,7 @@ TEST(Matvec, RowStrideLargerThanRow) {
   matvec(view, x.data(), y.data(), nullptr);
   std::vector<uint8_t> act(activation_row_bytes(t, cols));
   quantize_activation(t, x.data(), act.data(), cols);
-  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(y[r], dot_row(t, w.data() + r * stride, act.data(), cols));
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(y[r], testing::product_dot(view, r, act.data(), 0, 1));
 }
 
 }  // namespace

@@ -50,6 +50,20 @@ inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scal
   return v;
 }
 
+/// What a product computes for row r of `w` against the rounded vector i of an n-vector product (matvec: i 0,
+/// n 1), with the current ISA's kernels: llama.cpp's repacked gemm / gemv order for the matrices it repacks
+/// (detail::repacked: gemm for the whole groups of 4 vectors of a mul_mat batch), else the dot kernel of
+/// w.order.
+inline float product_dot(const MatrixView& w, int64_t r, const void* act, int64_t i, int64_t n) {
+  const uint8_t* row = w.data + static_cast<size_t>(r) * w.row_bytes;
+  if (detail::repacked(w)) {
+    const detail::DotKernels& k = detail::kernels_for(current_isa());
+    const bool gemm = w.order == ProductOrder::mul_mat && i < detail::gemm_vectors(n);
+    return (gemm ? k.dot_gemm : k.dot_gemv)[detail::slot(w.type)](row, act, w.cols);
+  }
+  return dot_row(w.type, row, act, w.cols, w.order);
+}
+
 /// `rows` rows of n elements quantized to t (row-major, row_bytes each).
 inline std::vector<uint8_t> quantize_rows(GgmlType t, const std::vector<float>& x, int64_t rows, int64_t n) {
   const size_t rb = detail::row_bytes(t, n);
