@@ -269,7 +269,9 @@ void ForwardPass::moe_ffn(int64_t il, int64_t n) {
   }
 
   for (int32_t e : active_) {
-    experts::ExpertLease lease = experts_->acquire(static_cast<int>(il), e);
+    Result<experts::ExpertLease> acquired = experts_->acquire(static_cast<int>(il), e);
+    CAR_CHECK(acquired.ok());  // resident only for now; io_error propagation comes with the streamed source
+    experts::ExpertLease lease = std::move(acquired).value();
     const experts::ExpertWeights& w = lease.weights();
     const int32_t g0 = group_start_[sz(e)];
     const int64_t m = group_start_[sz(e) + 1] - g0;
@@ -309,7 +311,9 @@ void ForwardPass::moe_ffn_token(int64_t il) {
   leases_.clear();
   tasks_.clear();
   for (int64_t j = 0; j < K; ++j) {
-    leases_.push_back(experts_->acquire(static_cast<int>(il), sel_ids_[sz(j)]));
+    Result<experts::ExpertLease> acquired = experts_->acquire(static_cast<int>(il), sel_ids_[sz(j)]);
+    CAR_CHECK(acquired.ok());  // resident only for now; io_error propagation comes with the streamed source
+    leases_.push_back(std::move(acquired).value());
     const experts::ExpertWeights& w = leases_.back().weights();
     tasks_.push_back({w.gate, xn_.data(), gate_.data() + j * ff});
     tasks_.push_back({w.up, xn_.data(), up_.data() + j * ff});
