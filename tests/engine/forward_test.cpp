@@ -193,7 +193,9 @@ TEST(ResidentExperts, SlicesAreTheBanksRowsAndCountsUses) {
   testing::TempDir dir;
   Loaded l = load_tiny(dir, s);
   const auto& bank = l.model->expert_banks()[1];
-  auto lease = l.experts->acquire(1, 3);
+  auto acquired = l.experts->acquire(1, 3);
+  ASSERT_TRUE(acquired.ok());
+  const experts::ExpertLease& lease = *acquired;
   EXPECT_EQ(lease.weights().gate.rows, s.n_ff);
   EXPECT_EQ(lease.weights().gate.cols, s.n_embd);
   EXPECT_EQ(lease.weights().down.rows, s.n_embd);
