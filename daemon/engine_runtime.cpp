@@ -98,9 +98,12 @@ class EngineRuntime final : public ModelRuntime {
     options_.state_dir = options.state_dir;
   }
 
-  Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) override { return load_with(path, {}); }
+  Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) override {
+    return load_with(path, {});
+  }
 
-  Result<std::shared_ptr<Backend>> load_with(const std::filesystem::path& path, const LoadRequest& request) override {
+  Result<std::shared_ptr<Backend>> load_with(const std::filesystem::path& path,
+                                             const LoadRequest& request) override {
     engine::LoadOptions options = options_;
     if (request.stream_experts) options.stream_experts = *request.stream_experts;
     if (options.stream_experts != "off") options.expert_pool = pool();
@@ -114,8 +117,8 @@ class EngineRuntime final : public ModelRuntime {
     const std::string name = path.stem().string();
     const std::string& reason = engine::model_stream_reason(**model);
     if (!reason.empty()) {
-      spdlog::info("model {}: experts {} ({})", name, engine::model_streams_experts(**model) ? "streamed" : "resident",
-                   reason);
+      spdlog::info("model {}: experts {} ({})", name,
+                   engine::model_streams_experts(**model) ? "streamed" : "resident", reason);
     }
     for (const auto& w : engine::model_take_warnings(**model)) spdlog::warn("model {}: {}", name, w);
     return std::shared_ptr<Backend>(std::make_shared<EngineBackend>(std::move(*model), name));

@@ -40,12 +40,15 @@ struct BenchFlags {
   double bandwidth_gbs = 38.0;
   std::string stream_experts = "auto";
   double expert_ram_gb = 0;
+  std::string state_dir;
+  bool no_prefetch = false;
   uint64_t seed = 1;
   bool no_warmup = false;
   bool json = false;
   CLI::Option* threads_opt = nullptr;
   CLI::Option* stream_opt = nullptr;
   CLI::Option* ram_opt = nullptr;
+  CLI::Option* state_dir_opt = nullptr;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -141,8 +144,9 @@ double run_once(engine::LoadedModel& model, std::vector<int32_t> prompt, int max
     return r->prompt_ms > 0 ? static_cast<double>(r->prompt_tokens.size()) * 1000.0 / r->prompt_ms : 0.0;
   }
   if (static_cast<int>(r->tokens.size()) != max_tokens) {
-    fail(1, "generation stopped after " + std::to_string(r->tokens.size()) + " of " + std::to_string(max_tokens) +
-                " tokens (finish_reason " + r->finish_reason + "); the engine must honour ignore_eos");
+    fail(1, "generation stopped after " + std::to_string(r->tokens.size()) + " of " +
+                std::to_string(max_tokens) + " tokens (finish_reason " + r->finish_reason +
+                "); the engine must honour ignore_eos");
   }
   const double ms = r->prompt_ms + r->decode_ms;
   return ms > 0 ? static_cast<double>(max_tokens) * 1000.0 / ms : 0.0;
@@ -159,9 +163,11 @@ void bench(const BenchFlags& f) {
   load.threads = f.threads;
   load.stream_experts = f.stream_experts;
   load.expert_ram_gb = f.expert_ram_gb;
+  load.state_dir = f.state_dir;
+  load.prefetch = !f.no_prefetch;
   load.context_length = std::max(f.n_prompt, f.n_gen) + 16;
   if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
-                                     f.ram_opt->count() > 0);
+                                     f.ram_opt->count() > 0, f.state_dir_opt->count() > 0);
       !r) {
     fail(2, r.error().message);
   }
@@ -172,7 +178,8 @@ void bench(const BenchFlags& f) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto loaded = engine::load_model(f.path, load);
-  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!loaded) fail(1, loaded.error().code + ": " + loaded.error().message);  // the message names the file
   engine::LoadedModel& model = **loaded;
 
@@ -189,9 +196,11 @@ void bench(const BenchFlags& f) {
   for (int i = 0; i < f.reps && f.n_gen > 0; ++i) {
     tg.push_back(run_once(model, random_ids(rng, m.vocab, 1), f.n_gen, false));
   }
+  save_expert_usage(model, "car bench");
   const Stats pps = stats_of(pp);
   const Stats tgs = stats_of(tg);
-  const double bound = m.bytes_per_token > 0 ? f.bandwidth_gbs * 1e9 / static_cast<double>(m.bytes_per_token) : 0;
+  const double bound =
+      m.bytes_per_token > 0 ? f.bandwidth_gbs * 1e9 / static_cast<double>(m.bytes_per_token) : 0;
   const double fraction = bound > 0 && !tg.empty() ? tgs.mean / bound : 0;
   const uint64_t rss = proc_status_bytes("VmRSS");
   const uint64_t hwm = proc_status_bytes("VmHWM");
@@ -211,7 +220,9 @@ void bench(const BenchFlags& f) {
     out["streams_experts"] = engine::model_streams_experts(model);
     out["load_ms"] = load_ms;
     auto test = [](int n, int reps, const std::vector<double>& samples, const Stats& s) {
-      return nlohmann::json{{"n_tokens", n}, {"reps", reps}, {"samples", samples},
+      return nlohmann::json{{"n_tokens", n},
+                            {"reps", reps},
+                            {"samples", samples},
                             {"tokens_per_s", {{"mean", s.mean}, {"stdev", s.stdev}}}};
     };
     if (!pp.empty()) out["pp"] = test(f.n_prompt, f.reps, pp, pps);
@@ -223,6 +234,7 @@ void bench(const BenchFlags& f) {
     out["model_memory_bytes"] = engine::model_memory_bytes(model);
     out["rss_bytes"] = rss;
     out["peak_rss_bytes"] = hwm;
+    out["experts"] = experts_json(model);
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
@@ -233,16 +245,23 @@ void bench(const BenchFlags& f) {
   const char* unit = billions ? "B" : "M";
   std::printf("| model | size | params | threads | test | t/s |\n|---|---:|---:|---:|---|---:|\n");
   if (!pp.empty()) {
-    std::printf("| %s | %.2f MiB | %.2f %s | %d | pp%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit, threads,
-                f.n_prompt, pps.mean, pps.stdev);
+    std::printf("| %s | %.2f MiB | %.2f %s | %d | pp%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit,
+                threads, f.n_prompt, pps.mean, pps.stdev);
   }
   if (!tg.empty()) {
-    std::printf("| %s | %.2f MiB | %.2f %s | %d | tg%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit, threads,
-                f.n_gen, tgs.mean, tgs.stdev);
+    std::printf("| %s | %.2f MiB | %.2f %s | %d | tg%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit,
+                threads, f.n_gen, tgs.mean, tgs.stdev);
   }
   std::printf("\nweight bytes read per decoded token: %.1f MB; decode bound at %.1f GB/s: %.1f tok/s",
               static_cast<double>(m.bytes_per_token) / 1e6, f.bandwidth_gbs, bound);
   if (!tg.empty()) std::printf("; achieved %.0f%%", fraction * 100.0);
+  if (auto e = engine::model_expert_stats(model); e && engine::model_streams_experts(model)) {
+    std::printf(
+        "\nexperts streamed (%s): cap %d/bank, pinned %d, hit rate %.1f%%, %.1f MB read, read p50 %.0f us "
+        "p99 %.0f us, prefetch recall %.1f%%",
+        engine::model_stream_reason(model).c_str(), e->cap, e->pinned, e->hit_rate * 100.0,
+        static_cast<double>(e->bytes_read) / 1e6, e->read_p50_us, e->read_p99_us, e->prefetch_recall * 100.0);
+  }
   std::printf("\nisa %s; load %.1f ms; RSS %.1f MiB (peak %.1f MiB); file %.1f MB\n",
               std::string(tensor::isa_name(tensor::current_isa())).c_str(), load_ms,
               static_cast<double>(rss) / 1048576.0, static_cast<double>(hwm) / 1048576.0,
@@ -262,10 +281,16 @@ void setup_bench(CLI::App& root) {
                            ->check(CLI::Range(0, 4096));
   cmd->add_option("--bandwidth-gbs", flags->bandwidth_gbs, "Memory bandwidth for the decode bound, GB/s")
       ->check(CLI::Range(0.001, 1e6));
-  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
-                          ->check(CLI::IsMember({"on", "off", "auto"}));
-  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
-                       ->check(CLI::Range(0.0, 1e6));
+  flags->stream_opt =
+      cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
+          ->check(CLI::IsMember({"on", "off", "auto"}));
+  flags->ram_opt =
+      cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
+          ->check(CLI::Range(0.0, 1e6));
+  flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
+                                         "Where the expert usage sidecar lives (streamed MoE models)");
+  cmd->add_flag("--no-prefetch", flags->no_prefetch,
+                "Do not prefetch the next MoE layer's experts when streaming");
   cmd->add_option("--seed", flags->seed, "Seed for the random prompt ids");
   cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up runs");
   cmd->add_flag("--json", flags->json, "Print one JSON object");

@@ -2,8 +2,10 @@
 //
 // Human mode streams the generated text to stdout as tokens arrive and prints the timings to stderr;
 // `--json` prints the one object CONTRACT.md describes (prompt_tokens, tokens, text, finish_reason,
-// timings, top_logprobs). Exit status: 0 on success, 1 when loading or generation fails, 2 on bad input
-// this file checks (ids, settings from the environment); flags CLI11 rejects exit with its own codes.
+// timings, top_logprobs, experts). A streamed model's expert usage sidecar (in --state-dir or
+// CAR_INFERENCE_STATE_DIR) is saved before the command exits. Exit status: 0 on success, 1 when loading or
+// generation fails, 2 on bad input this file checks (ids, settings from the environment); flags CLI11 rejects
+// exit with its own codes.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -30,6 +32,8 @@ struct RunFlags {
   int threads = 0;
   std::string stream_experts = "auto";
   double expert_ram_gb = 0;
+  std::string state_dir;
+  bool no_prefetch = false;
   int context = 0;
   bool no_bos = false;
   bool parse_special = false;
@@ -39,6 +43,7 @@ struct RunFlags {
   CLI::Option* threads_opt = nullptr;
   CLI::Option* stream_opt = nullptr;
   CLI::Option* ram_opt = nullptr;
+  CLI::Option* state_dir_opt = nullptr;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -59,7 +64,8 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::stri
     item = first == std::string::npos ? std::string() : item.substr(first, last - first + 1);
     const auto v = parse_count(item);
     if (!v || *v > INT32_MAX) {
-      *error = "--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)";
+      *error =
+          "--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)";
       return std::nullopt;
     }
     ids.push_back(static_cast<int32_t>(*v));
@@ -68,7 +74,9 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::stri
   return ids;
 }
 
-double per_second(size_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0; }
+double per_second(size_t n, double ms) {
+  return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0;
+}
 
 void run(const RunFlags& f) {
   if (auto r = apply_isa_from_env(); !r) fail(2, r.error().message);
@@ -76,9 +84,11 @@ void run(const RunFlags& f) {
   load.threads = f.threads;
   load.stream_experts = f.stream_experts;
   load.expert_ram_gb = f.expert_ram_gb;
+  load.state_dir = f.state_dir;
+  load.prefetch = !f.no_prefetch;
   load.context_length = f.context;
   if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
-                                     f.ram_opt->count() > 0);
+                                     f.ram_opt->count() > 0, f.state_dir_opt->count() > 0);
       !r) {
     fail(2, r.error().message);
   }
@@ -102,7 +112,8 @@ void run(const RunFlags& f) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto model = engine::load_model(f.path, load);
-  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!model) fail(1, model.error().code + ": " + model.error().message);  // the message names the file
 
   const bool stream = !f.json && !f.no_stream;
@@ -113,7 +124,11 @@ void run(const RunFlags& f) {
       std::fflush(stdout);
     };
   }
+  if (!f.json && engine::model_streams_experts(**model)) {
+    std::fprintf(stderr, "[experts streamed: %s]\n", engine::model_stream_reason(**model).c_str());
+  }
   auto result = engine::generate(**model, req, on_token, nullptr);
+  save_expert_usage(**model, "car run");
   if (!result) fail(1, result.error().code + ": " + result.error().message);
   const auto& g = *result;
 
@@ -139,6 +154,7 @@ void run(const RunFlags& f) {
       }
       out["top_logprobs"] = std::move(positions);
     }
+    out["experts"] = experts_json(**model);
     // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of an exception.
     const std::string text = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", text.c_str());
@@ -150,8 +166,8 @@ void run(const RunFlags& f) {
   std::fprintf(stderr,
                "[load %.1f ms | prompt %zu tokens, %.1f ms, %.1f tok/s | generated %zu tokens, %.1f ms, "
                "%.1f tok/s | finish: %s]\n",
-               load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms, decode_tps,
-               g.finish_reason.c_str());
+               load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms,
+               decode_tps, g.finish_reason.c_str());
 }
 
 void setup_run(CLI::App& root) {
@@ -165,7 +181,8 @@ void setup_run(CLI::App& root) {
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-k", flags->sampling.top_k, "Keep the k most likely ids; 0 = off")
       ->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--top-p", flags->sampling.top_p, "Nucleus threshold; 1 = off")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-p", flags->sampling.top_p, "Nucleus threshold; 1 = off")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-p", flags->sampling.min_p, "Drop ids below min-p x the best's probability; 0 = off")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--repeat-penalty", flags->sampling.repeat_penalty, "Repetition penalty; 1 = off")
@@ -179,14 +196,21 @@ void setup_run(CLI::App& root) {
       ->check(CLI::Range(0, 1000));
   flags->threads_opt = cmd->add_option("--threads,-t", flags->threads, "Compute threads; 0 = all cores")
                            ->check(CLI::Range(0, 4096));
-  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
+  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts,
+                                      "Stream MoE experts from disk: on, off, auto")
                           ->check(CLI::IsMember({"on", "off", "auto"}));
-  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
-                       ->check(CLI::Range(0.0, 1e6));
+  flags->ram_opt =
+      cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
+          ->check(CLI::Range(0.0, 1e6));
+  flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
+                                         "Where the expert usage sidecar lives (streamed MoE models)");
+  cmd->add_flag("--no-prefetch", flags->no_prefetch,
+                "Do not prefetch the next MoE layer's experts when streaming");
   cmd->add_option("--ctx", flags->context, "KV cache size in tokens; 0 = min(model's, 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--no-bos", flags->no_bos, "Do not add BOS to a text prompt");
-  cmd->add_flag("--parse-special", flags->parse_special, "Let special-token text in the prompt become special tokens");
+  cmd->add_flag("--parse-special", flags->parse_special,
+                "Let special-token text in the prompt become special tokens");
   cmd->add_flag("--json", flags->json, "Print one JSON object (CONTRACT.md) instead of streaming text");
   cmd->add_flag("--no-stream", flags->no_stream, "Print the text once generation ends");
   cmd->callback([flags] { run(*flags); });

@@ -18,9 +18,9 @@
 namespace car::engine {
 
 namespace {
-constexpr int64_t kMaxHeadDim = 1024;    // ForwardPass's per-task stack scratch
+constexpr int64_t kMaxHeadDim = 1024;  // ForwardPass's per-task stack scratch
 constexpr int64_t kDefaultMaxContext = 4096;
-constexpr int64_t kMaxBatch = 256;       // rows per prompt-processing batch
+constexpr int64_t kMaxBatch = 256;  // rows per prompt-processing batch
 
 std::string gb(uint64_t bytes) {
   char buf[32];
@@ -49,7 +49,8 @@ StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint6
                           ? "available (memory cgroup " + memory.cgroup_version + " limit)"
                           : "available (MemAvailable)";
   if (avail == 0) return {false, "auto: available memory unknown, experts resident"};
-  if (file_bytes > avail) return {true, "auto: model file " + gb(file_bytes) + " > " + gb(avail) + " " + where};
+  if (file_bytes > avail)
+    return {true, "auto: model file " + gb(file_bytes) + " > " + gb(avail) + " " + where};
   return {false, "auto: model file " + gb(file_bytes) + " fits in " + gb(avail) + " " + where};
 }
 
@@ -62,21 +63,23 @@ class LoadedModel {
   std::shared_ptr<const tokenizer::Tokenizer> tok;
   std::unique_ptr<experts::ExpertSource> experts;
   experts::StreamedExpertSource* streamed = nullptr;  // == experts when it streams; non-owning
-  std::string stream_reason;          // decide_streaming's reason (+ the pool's sizing); empty when dense
-  uint64_t expert_bank_bytes = 0;     // the file's routed-expert banks
+  std::string stream_reason;       // decide_streaming's reason (+ the pool's sizing); empty when dense
+  uint64_t expert_bank_bytes = 0;  // the file's routed-expert banks
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ForwardPass> forward;
   std::unique_ptr<KvCache> kv;
-  std::vector<float> logits;          // n_vocab
-  std::vector<int32_t> cached;        // the ids whose K/V are in kv (a prefix the next prompt may reuse)
+  std::vector<float> logits;    // n_vocab
+  std::vector<int32_t> cached;  // the ids whose K/V are in kv (a prefix the next prompt may reuse)
 };
 
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options) {
   if (options.stream_experts != "auto" && options.stream_experts != "on" && options.stream_experts != "off") {
-    return make_error("load_failed", "stream_experts must be on, off or auto (got '" + options.stream_experts + "')");
+    return make_error("load_failed",
+                      "stream_experts must be on, off or auto (got '" + options.stream_experts + "')");
   }
   if (options.context_length < 0) {
-    return make_error("load_failed", "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
+    return make_error("load_failed",
+                      "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
   }
   auto file = gguf::GgufFile::open(path);
   if (!file.ok()) {
@@ -87,14 +90,16 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   if (!m.ok()) return make_error("load_failed", path + ": " + m.error().message);
   const model::Hparams& hp = (*m)->hparams();
   if (hp.head_dim_k > kMaxHeadDim || hp.head_dim_v > kMaxHeadDim) {
-    return make_error("load_failed", path + ": head dimension " + std::to_string(std::max(hp.head_dim_k, hp.head_dim_v)) +
+    return make_error("load_failed", path + ": head dimension " +
+                                         std::to_string(std::max(hp.head_dim_k, hp.head_dim_v)) +
                                          " larger than the supported " + std::to_string(kMaxHeadDim));
   }
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
   if (!tok.ok()) return make_error("load_failed", path + ": tokenizer: " + tok.error().message);
   if ((*tok)->n_vocab() > hp.n_vocab) {
     return make_error("load_failed", path + ": tokenizer has " + std::to_string((*tok)->n_vocab()) +
-                                         " tokens but token_embd.weight only " + std::to_string(hp.n_vocab) + " rows");
+                                         " tokens but token_embd.weight only " + std::to_string(hp.n_vocab) +
+                                         " rows");
   }
   auto lm = std::make_shared<LoadedModel>();
   lm->file = *file;
@@ -114,7 +119,8 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
       so.reader = options.expert_reader;
       if (!options.state_dir.empty()) {
         auto sidecar = experts::sidecar_path(options.state_dir, path);
-        if (!sidecar.ok()) return make_error("load_failed", path + ": usage sidecar: " + sidecar.error().message);
+        if (!sidecar.ok())
+          return make_error("load_failed", path + ": usage sidecar: " + sidecar.error().message);
         so.sidecar_path = *sidecar;
       }
       auto src = experts::StreamedExpertSource::open(path, lm->model->expert_banks(), std::move(so));
@@ -133,7 +139,8 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   lm->pool = std::make_unique<ThreadPool>(std::max(1, threads));
   const int64_t n_ctx = options.context_length > 0 ? options.context_length
                                                    : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
-  lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
+  lm->forward =
+      std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
   lm->forward->set_prefetch(options.prefetch);
   lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
@@ -172,7 +179,8 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   // Reuse the cached prefix; at least the last prompt token is evaluated again for its logits.
   int64_t common = 0;
   const int64_t max_common = std::min<int64_t>(static_cast<int64_t>(lm.cached.size()), n_prompt - 1);
-  while (common < max_common && lm.cached[static_cast<size_t>(common)] == res.prompt_tokens[static_cast<size_t>(common)]) {
+  while (common < max_common &&
+         lm.cached[static_cast<size_t>(common)] == res.prompt_tokens[static_cast<size_t>(common)]) {
     ++common;
   }
   lm.kv->truncate(std::min(common, lm.kv->n_past()));
@@ -226,7 +234,9 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
       break;
     }
     if (i + 1 < req.max_tokens) {
-      if (Result<void> r = lm.forward->eval(std::span<const int32_t>(&id, 1), *lm.kv, lm.logits.data(), false); !r) {
+      if (Result<void> r =
+              lm.forward->eval(std::span<const int32_t>(&id, 1), *lm.kv, lm.logits.data(), false);
+          !r) {
         return failed(r.error());
       }
       lm.cached.push_back(id);
@@ -264,9 +274,13 @@ uint64_t model_memory_bytes(const LoadedModel& lm) {
          lm.logits.size() * sizeof(float) + expert_cache_bytes(lm);
 }
 
-bool model_streams_experts(const LoadedModel& lm) { return lm.streamed != nullptr; }
+bool model_streams_experts(const LoadedModel& lm) {
+  return lm.streamed != nullptr;
+}
 
-const std::string& model_stream_reason(const LoadedModel& lm) { return lm.stream_reason; }
+const std::string& model_stream_reason(const LoadedModel& lm) {
+  return lm.stream_reason;
+}
 
 std::optional<experts::ExpertStats> model_expert_stats(const LoadedModel& lm) {
   if (lm.experts == nullptr) return std::nullopt;

@@ -20,28 +20,30 @@
 namespace car::engine {
 
 struct LoadOptions {
-  int threads = 0;                       ///< compute threads; 0 = hardware concurrency
+  int threads = 0;  ///< compute threads; 0 = hardware concurrency
   /// MoE experts: "on" streams them from disk into a bounded cache (StreamedExpertSource), "off" serves
   /// them from the mapping, "auto" streams when the model file is larger than the memory the process may
-  /// use (MemAvailable and the memory cgroup's remaining limit; see decide_streaming). Dense models ignore it.
+  /// use (MemAvailable and the memory cgroup's remaining limit; see decide_streaming). Dense models ignore
+  /// it.
   std::string stream_experts = "auto";
   /// Forced expert cache budget in GB (1e9 bytes) for a private pool; 0 = from the memory limits. Ignored
   /// when expert_pool is set (the pool has its own budget).
   double expert_ram_gb = 0;
-  std::string state_dir;                 ///< usage sidecars live in <state_dir>/experts/; empty = none
-  int context_length = 0;                ///< KV cache size in tokens; 0 = min(model's, 4096)
+  std::string state_dir;   ///< usage sidecars live in <state_dir>/experts/; empty = none
+  int context_length = 0;  ///< KV cache size in tokens; 0 = min(model's, 4096)
   /// The budget and readers shared by every streamed model of the process (the daemon's); null = a
   /// private pool for this model.
   std::shared_ptr<experts::ExpertPool> expert_pool;
-  bool prefetch = true;                  ///< prefetch the next MoE layer's guessed experts when streaming
-  bool direct_io = true;                 ///< O_DIRECT expert reads where the filesystem allows them
-  experts::PreadFn expert_reader;        ///< test seam: the streamed source's positional reads; null = pread
+  bool prefetch = true;            ///< prefetch the next MoE layer's guessed experts when streaming
+  bool direct_io = true;           ///< O_DIRECT expert reads where the filesystem allows them
+  experts::PreadFn expert_reader;  ///< test seam: the streamed source's positional reads; null = pread
 };
 
 /// Whether to stream a model's experts, and why (for the caller's log).
 struct StreamDecision {
   bool stream = false;
-  std::string reason;  ///< "stream_experts=on", "auto: model file 80.0 GB > 31.2 GB available (cgroup v2)", ...
+  std::string
+      reason;  ///< "stream_experts=on", "auto: model file 80.0 GB > 31.2 GB available (cgroup v2)", ...
 };
 /// The stream_experts rule: "on"/"off" as asked; "auto" streams when `file_bytes` exceeds
 /// memory.effective_available (resident when that is unknown, i.e. 0). A model without routed experts is
@@ -60,14 +62,14 @@ struct SamplingParams {
 };
 
 struct GenerateRequest {
-  std::string prompt;                 ///< tokenized with the model's tokenizer unless prompt_ids is set
-  std::vector<int32_t> prompt_ids;    ///< used as-is when non-empty
-  bool add_bos = true;                ///< add BOS (when the model's vocabulary asks for it)
-  bool parse_special = false;         ///< let special-token text in the prompt become special tokens
+  std::string prompt;               ///< tokenized with the model's tokenizer unless prompt_ids is set
+  std::vector<int32_t> prompt_ids;  ///< used as-is when non-empty
+  bool add_bos = true;              ///< add BOS (when the model's vocabulary asks for it)
+  bool parse_special = false;       ///< let special-token text in the prompt become special tokens
   int max_tokens = 128;
   SamplingParams sampling;
-  std::vector<std::string> stop;      ///< stop strings (not included in the output)
-  int top_logprobs = 0;               ///< K most likely ids per generated position
+  std::vector<std::string> stop;  ///< stop strings (not included in the output)
+  int top_logprobs = 0;           ///< K most likely ids per generated position
   /// Keep generating past EOS until max_tokens (finish_reason "length"). Added for `car bench`, which
   /// prefills random ids and must decode exactly max_tokens tokens; generate() should skip its EOS check
   /// when set. Sampling and stop strings: core/engine/sampler.h (Sampler, StopMatcher).

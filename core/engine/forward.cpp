@@ -12,17 +12,23 @@
 namespace car::engine {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 1024;  // stack scratch per attention task
+constexpr int64_t kMaxHeadDim = 1024;      // stack scratch per attention task
 constexpr int64_t kMinParallelGlu = 2048;  // SwiGLU elements below which the pool is not used
 constexpr int64_t kGluGrain = 256;
 
-size_t sz(int64_t v) { return static_cast<size_t>(v); }
+size_t sz(int64_t v) {
+  return static_cast<size_t>(v);
+}
 
 }  // namespace
 
-ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::ExpertSource* experts, ThreadPool* pool,
-                         int64_t max_batch)
-    : model_(std::move(model)), hp_(model_->hparams()), experts_(experts), pool_(pool), max_batch_(max_batch) {
+ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::ExpertSource* experts,
+                         ThreadPool* pool, int64_t max_batch)
+    : model_(std::move(model)),
+      hp_(model_->hparams()),
+      experts_(experts),
+      pool_(pool),
+      max_batch_(max_batch) {
   CAR_CHECK(max_batch_ >= 1);
   CAR_CHECK(hp_.head_dim_k <= kMaxHeadDim && hp_.head_dim_v <= kMaxHeadDim);
   CAR_CHECK(!hp_.is_moe() || experts_ != nullptr);
@@ -73,9 +79,10 @@ KvCache ForwardPass::make_cache(int64_t n_ctx) const {
 
 uint64_t ForwardPass::scratch_bytes() const {
   uint64_t f = x_.size() + xn_.size() + q_.size() + k_.size() + v_.size() + attn_.size() + proj_.size() +
-               gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() + sel_w_.size() +
-               slot_out_.size() + xe_.size();
-  uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
+               gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() +
+               sel_w_.size() + slot_out_.size() + xe_.size();
+  uint64_t i =
+      sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   return f * sizeof(float) + i * sizeof(int32_t);
 }
 
@@ -115,8 +122,9 @@ Result<void> ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, flo
   for (int64_t begin = 0; begin < n_total; begin += max_batch_) {
     const int64_t n = std::min(max_batch_, n_total - begin);
     const bool last_chunk = begin + n == n_total;
-    Result<void> r = all_rows ? eval_batch(tokens.data() + begin, n, kv, logits + begin * hp_.n_vocab, true)
-                              : eval_batch(tokens.data() + begin, n, kv, last_chunk ? logits : nullptr, false);
+    Result<void> r = all_rows
+                         ? eval_batch(tokens.data() + begin, n, kv, logits + begin * hp_.n_vocab, true)
+                         : eval_batch(tokens.data() + begin, n, kv, last_chunk ? logits : nullptr, false);
     if (!r) return r;
   }
   return {};
@@ -131,7 +139,8 @@ void ForwardPass::embed(const int32_t* tokens, int64_t n) {
   }
 }
 
-Result<void> ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows) {
+Result<void> ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits,
+                                     bool all_rows) {
   const int64_t E = hp_.n_embd;
   embed(tokens, n);
   const int64_t pos0 = kv.n_past();
@@ -204,7 +213,8 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
   const int64_t n_kv_head = hp_.n_head_kv;
   const int64_t pos0 = kv.n_past();
 
-  for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  for (int64_t i = 0; i < n; ++i)
+    rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
   if (n == 1) {
     const tensor::MatvecTask qkv[] = {
         {L.wq, xn_.data(), q_.data()}, {L.wk, xn_.data(), k_.data()}, {L.wv, xn_.data(), v_.data()}};
@@ -243,8 +253,8 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
       const int64_t i = t / n_head;
       const int64_t h = t % n_head;
       const int64_t g = h / group;
-      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), pos0 + i + 1, dk, dv, scale,
-                  attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
+      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), pos0 + i + 1, dk, dv,
+                  scale, attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
     }
   };
   parallel(n * n_head, 1, task);
@@ -288,7 +298,8 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
     if (group_start_[sz(e + 1)] > group_start_[sz(e)]) active_.push_back(static_cast<int32_t>(e));
   }
   for (int64_t e = 0; e < NE; ++e) cursor_[sz(e)] = group_start_[sz(e)];
-  for (int64_t a = 0; a < n * K; ++a) group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
+  for (int64_t a = 0; a < n * K; ++a)
+    group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
   if (n == 1) return moe_ffn_token(il);
 
   // Each distinct expert is leased once per batch, in waves no larger than the source's free slots; the
@@ -296,8 +307,8 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   const size_t wave = static_cast<size_t>(std::max(1, experts_->slots(static_cast<int>(il))));
   for (size_t first = 0; first < active_.size(); first += wave) {
     const size_t count = std::min(wave, active_.size() - first);
-    Result<void> r = experts_->acquire_many(static_cast<int>(il), std::span<const int32_t>(active_.data() + first, count),
-                                            leases_);
+    Result<void> r = experts_->acquire_many(static_cast<int>(il),
+                                            std::span<const int32_t>(active_.data() + first, count), leases_);
     if (!r) return r;
     CAR_CHECK(leases_.size() == count);
     run_experts(first, count);
@@ -344,8 +355,8 @@ Result<void> ForwardPass::moe_ffn_token(int64_t il) {
   // One token: its K experts are distinct, so every expert has one row. Lease all K at once (one
   // acquire_many: a streaming source reads the misses together), run every chosen expert's gate and up in
   // one parallel region and all downs in a second, each slot into its own scratch.
-  Result<void> r = experts_->acquire_many(static_cast<int>(il), std::span<const int32_t>(sel_ids_.data(), sz(K)),
-                                          leases_);
+  Result<void> r =
+      experts_->acquire_many(static_cast<int>(il), std::span<const int32_t>(sel_ids_.data(), sz(K)), leases_);
   if (!r) return r;
   CAR_CHECK(static_cast<int64_t>(leases_.size()) == K);
   tasks_.clear();
