@@ -144,9 +144,8 @@ double run_once(engine::LoadedModel& model, std::vector<int32_t> prompt, int max
     return r->prompt_ms > 0 ? static_cast<double>(r->prompt_tokens.size()) * 1000.0 / r->prompt_ms : 0.0;
   }
   if (static_cast<int>(r->tokens.size()) != max_tokens) {
-    fail(1, "generation stopped after " + std::to_string(r->tokens.size()) + " of " +
-                std::to_string(max_tokens) + " tokens (finish_reason " + r->finish_reason +
-                "); the engine must honour ignore_eos");
+    fail(1, "generation stopped after " + std::to_string(r->tokens.size()) + " of " + std::to_string(max_tokens) +
+                " tokens (finish_reason " + r->finish_reason + "); the engine must honour ignore_eos");
   }
   const double ms = r->prompt_ms + r->decode_ms;
   return ms > 0 ? static_cast<double>(max_tokens) * 1000.0 / ms : 0.0;
@@ -178,8 +177,7 @@ void bench(const BenchFlags& f) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto loaded = engine::load_model(f.path, load);
-  const double load_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!loaded) fail(1, loaded.error().code + ": " + loaded.error().message);  // the message names the file
   engine::LoadedModel& model = **loaded;
 
@@ -199,8 +197,7 @@ void bench(const BenchFlags& f) {
   save_expert_usage(model, "car bench");
   const Stats pps = stats_of(pp);
   const Stats tgs = stats_of(tg);
-  const double bound =
-      m.bytes_per_token > 0 ? f.bandwidth_gbs * 1e9 / static_cast<double>(m.bytes_per_token) : 0;
+  const double bound = m.bytes_per_token > 0 ? f.bandwidth_gbs * 1e9 / static_cast<double>(m.bytes_per_token) : 0;
   const double fraction = bound > 0 && !tg.empty() ? tgs.mean / bound : 0;
   const uint64_t rss = proc_status_bytes("VmRSS");
   const uint64_t hwm = proc_status_bytes("VmHWM");
@@ -220,9 +217,7 @@ void bench(const BenchFlags& f) {
     out["streams_experts"] = engine::model_streams_experts(model);
     out["load_ms"] = load_ms;
     auto test = [](int n, int reps, const std::vector<double>& samples, const Stats& s) {
-      return nlohmann::json{{"n_tokens", n},
-                            {"reps", reps},
-                            {"samples", samples},
+      return nlohmann::json{{"n_tokens", n}, {"reps", reps}, {"samples", samples},
                             {"tokens_per_s", {{"mean", s.mean}, {"stdev", s.stdev}}}};
     };
     if (!pp.empty()) out["pp"] = test(f.n_prompt, f.reps, pp, pps);
@@ -245,12 +240,12 @@ void bench(const BenchFlags& f) {
   const char* unit = billions ? "B" : "M";
   std::printf("| model | size | params | threads | test | t/s |\n|---|---:|---:|---:|---|---:|\n");
   if (!pp.empty()) {
-    std::printf("| %s | %.2f MiB | %.2f %s | %d | pp%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit,
-                threads, f.n_prompt, pps.mean, pps.stdev);
+    std::printf("| %s | %.2f MiB | %.2f %s | %d | pp%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit, threads,
+                f.n_prompt, pps.mean, pps.stdev);
   }
   if (!tg.empty()) {
-    std::printf("| %s | %.2f MiB | %.2f %s | %d | tg%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit,
-                threads, f.n_gen, tgs.mean, tgs.stdev);
+    std::printf("| %s | %.2f MiB | %.2f %s | %d | tg%d | %.2f ± %.2f |\n", name.c_str(), mib, params, unit, threads,
+                f.n_gen, tgs.mean, tgs.stdev);
   }
   std::printf("\nweight bytes read per decoded token: %.1f MB; decode bound at %.1f GB/s: %.1f tok/s",
               static_cast<double>(m.bytes_per_token) / 1e6, f.bandwidth_gbs, bound);
@@ -281,12 +276,10 @@ void setup_bench(CLI::App& root) {
                            ->check(CLI::Range(0, 4096));
   cmd->add_option("--bandwidth-gbs", flags->bandwidth_gbs, "Memory bandwidth for the decode bound, GB/s")
       ->check(CLI::Range(0.001, 1e6));
-  flags->stream_opt =
-      cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
-          ->check(CLI::IsMember({"on", "off", "auto"}));
-  flags->ram_opt =
-      cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
-          ->check(CLI::Range(0.0, 1e6));
+  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
+                          ->check(CLI::IsMember({"on", "off", "auto"}));
+  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
+                       ->check(CLI::Range(0.0, 1e6));
   flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
                                          "Where the expert usage sidecar lives (streamed MoE models)");
   cmd->add_flag("--no-prefetch", flags->no_prefetch,

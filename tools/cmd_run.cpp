@@ -64,8 +64,7 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::stri
     item = first == std::string::npos ? std::string() : item.substr(first, last - first + 1);
     const auto v = parse_count(item);
     if (!v || *v > INT32_MAX) {
-      *error =
-          "--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)";
+      *error = "--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)";
       return std::nullopt;
     }
     ids.push_back(static_cast<int32_t>(*v));
@@ -74,9 +73,7 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::stri
   return ids;
 }
 
-double per_second(size_t n, double ms) {
-  return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0;
-}
+double per_second(size_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0; }
 
 void run(const RunFlags& f) {
   if (auto r = apply_isa_from_env(); !r) fail(2, r.error().message);
@@ -112,8 +109,7 @@ void run(const RunFlags& f) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto model = engine::load_model(f.path, load);
-  const double load_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!model) fail(1, model.error().code + ": " + model.error().message);  // the message names the file
 
   const bool stream = !f.json && !f.no_stream;
@@ -166,8 +162,8 @@ void run(const RunFlags& f) {
   std::fprintf(stderr,
                "[load %.1f ms | prompt %zu tokens, %.1f ms, %.1f tok/s | generated %zu tokens, %.1f ms, "
                "%.1f tok/s | finish: %s]\n",
-               load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms,
-               decode_tps, g.finish_reason.c_str());
+               load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms, decode_tps,
+               g.finish_reason.c_str());
 }
 
 void setup_run(CLI::App& root) {
@@ -181,8 +177,7 @@ void setup_run(CLI::App& root) {
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-k", flags->sampling.top_k, "Keep the k most likely ids; 0 = off")
       ->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--top-p", flags->sampling.top_p, "Nucleus threshold; 1 = off")
-      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-p", flags->sampling.top_p, "Nucleus threshold; 1 = off")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-p", flags->sampling.min_p, "Drop ids below min-p x the best's probability; 0 = off")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--repeat-penalty", flags->sampling.repeat_penalty, "Repetition penalty; 1 = off")
@@ -196,12 +191,10 @@ void setup_run(CLI::App& root) {
       ->check(CLI::Range(0, 1000));
   flags->threads_opt = cmd->add_option("--threads,-t", flags->threads, "Compute threads; 0 = all cores")
                            ->check(CLI::Range(0, 4096));
-  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts,
-                                      "Stream MoE experts from disk: on, off, auto")
+  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
                           ->check(CLI::IsMember({"on", "off", "auto"}));
-  flags->ram_opt =
-      cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
-          ->check(CLI::Range(0.0, 1e6));
+  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
+                       ->check(CLI::Range(0.0, 1e6));
   flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
                                          "Where the expert usage sidecar lives (streamed MoE models)");
   cmd->add_flag("--no-prefetch", flags->no_prefetch,
@@ -209,8 +202,7 @@ void setup_run(CLI::App& root) {
   cmd->add_option("--ctx", flags->context, "KV cache size in tokens; 0 = min(model's, 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--no-bos", flags->no_bos, "Do not add BOS to a text prompt");
-  cmd->add_flag("--parse-special", flags->parse_special,
-                "Let special-token text in the prompt become special tokens");
+  cmd->add_flag("--parse-special", flags->parse_special, "Let special-token text in the prompt become special tokens");
   cmd->add_flag("--json", flags->json, "Print one JSON object (CONTRACT.md) instead of streaming text");
   cmd->add_flag("--no-stream", flags->no_stream, "Print the text once generation ends");
   cmd->callback([flags] { run(*flags); });

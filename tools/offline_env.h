@@ -75,8 +75,7 @@ inline Result<void> load_options_from_env(engine::LoadOptions& options, bool fla
     if (const auto v = env_value("CAR_INFERENCE_THREADS")) {
       const auto n = parse_count(*v);
       if (!n || *n > 4096) {
-        return make_error("bad_setting",
-                          "CAR_INFERENCE_THREADS=" + *v + ": expected a thread count (0 = all cores)");
+        return make_error("bad_setting", "CAR_INFERENCE_THREADS=" + *v + ": expected a thread count (0 = all cores)");
       }
       options.threads = static_cast<int>(*n);
     }
@@ -105,7 +104,7 @@ inline Result<void> load_options_from_env(engine::LoadOptions& options, bool fla
   return {};
 }
 
-/// The `--json` `experts` object: the expert source's counters, or null for a dense model.
+/// The `--json` `experts` object: the expert source's counters and why it streams, or null (dense model).
 inline nlohmann::json experts_json(const engine::LoadedModel& model) {
   auto s = engine::model_expert_stats(model);
   if (!s) return nullptr;
@@ -128,8 +127,7 @@ inline uint64_t proc_status_bytes(std::string_view field) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 &&
-        line[field.size()] == ':') {
+    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 && line[field.size()] == ':') {
       return std::strtoull(line.c_str() + field.size() + 1, nullptr, 10) * 1024;  // reported in kB
     }
   }

@@ -18,9 +18,9 @@
 namespace car::engine {
 
 namespace {
-constexpr int64_t kMaxHeadDim = 1024;  // ForwardPass's per-task stack scratch
+constexpr int64_t kMaxHeadDim = 1024;    // ForwardPass's per-task stack scratch
 constexpr int64_t kDefaultMaxContext = 4096;
-constexpr int64_t kMaxBatch = 256;  // rows per prompt-processing batch
+constexpr int64_t kMaxBatch = 256;       // rows per prompt-processing batch
 
 std::string gb(uint64_t bytes) {
   char buf[32];
@@ -68,18 +68,16 @@ class LoadedModel {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ForwardPass> forward;
   std::unique_ptr<KvCache> kv;
-  std::vector<float> logits;    // n_vocab
-  std::vector<int32_t> cached;  // the ids whose K/V are in kv (a prefix the next prompt may reuse)
+  std::vector<float> logits;          // n_vocab
+  std::vector<int32_t> cached;        // the ids whose K/V are in kv (a prefix the next prompt may reuse)
 };
 
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options) {
   if (options.stream_experts != "auto" && options.stream_experts != "on" && options.stream_experts != "off") {
-    return make_error("load_failed",
-                      "stream_experts must be on, off or auto (got '" + options.stream_experts + "')");
+    return make_error("load_failed", "stream_experts must be on, off or auto (got '" + options.stream_experts + "')");
   }
   if (options.context_length < 0) {
-    return make_error("load_failed",
-                      "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
+    return make_error("load_failed", "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
   }
   auto file = gguf::GgufFile::open(path);
   if (!file.ok()) {
@@ -90,16 +88,14 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   if (!m.ok()) return make_error("load_failed", path + ": " + m.error().message);
   const model::Hparams& hp = (*m)->hparams();
   if (hp.head_dim_k > kMaxHeadDim || hp.head_dim_v > kMaxHeadDim) {
-    return make_error("load_failed", path + ": head dimension " +
-                                         std::to_string(std::max(hp.head_dim_k, hp.head_dim_v)) +
+    return make_error("load_failed", path + ": head dimension " + std::to_string(std::max(hp.head_dim_k, hp.head_dim_v)) +
                                          " larger than the supported " + std::to_string(kMaxHeadDim));
   }
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
   if (!tok.ok()) return make_error("load_failed", path + ": tokenizer: " + tok.error().message);
   if ((*tok)->n_vocab() > hp.n_vocab) {
     return make_error("load_failed", path + ": tokenizer has " + std::to_string((*tok)->n_vocab()) +
-                                         " tokens but token_embd.weight only " + std::to_string(hp.n_vocab) +
-                                         " rows");
+                                         " tokens but token_embd.weight only " + std::to_string(hp.n_vocab) + " rows");
   }
   auto lm = std::make_shared<LoadedModel>();
   lm->file = *file;
@@ -139,8 +135,7 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   lm->pool = std::make_unique<ThreadPool>(std::max(1, threads));
   const int64_t n_ctx = options.context_length > 0 ? options.context_length
                                                    : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
-  lm->forward =
-      std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
+  lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
   lm->forward->set_prefetch(options.prefetch);
   lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
@@ -179,8 +174,7 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   // Reuse the cached prefix; at least the last prompt token is evaluated again for its logits.
   int64_t common = 0;
   const int64_t max_common = std::min<int64_t>(static_cast<int64_t>(lm.cached.size()), n_prompt - 1);
-  while (common < max_common &&
-         lm.cached[static_cast<size_t>(common)] == res.prompt_tokens[static_cast<size_t>(common)]) {
+  while (common < max_common && lm.cached[static_cast<size_t>(common)] == res.prompt_tokens[static_cast<size_t>(common)]) {
     ++common;
   }
   lm.kv->truncate(std::min(common, lm.kv->n_past()));

@@ -20,7 +20,7 @@
 namespace car::engine {
 
 struct LoadOptions {
-  int threads = 0;  ///< compute threads; 0 = hardware concurrency
+  int threads = 0;                       ///< compute threads; 0 = hardware concurrency
   /// MoE experts: "on" streams them from disk into a bounded cache (StreamedExpertSource), "off" serves
   /// them from the mapping, "auto" streams when the model file is larger than the memory the process may
   /// use (MemAvailable and the memory cgroup's remaining limit; see decide_streaming). Dense models ignore
@@ -29,8 +29,8 @@ struct LoadOptions {
   /// Forced expert cache budget in GB (1e9 bytes) for a private pool; 0 = from the memory limits. Ignored
   /// when expert_pool is set (the pool has its own budget).
   double expert_ram_gb = 0;
-  std::string state_dir;   ///< usage sidecars live in <state_dir>/experts/; empty = none
-  int context_length = 0;  ///< KV cache size in tokens; 0 = min(model's, 4096)
+  std::string state_dir;                 ///< usage sidecars live in <state_dir>/experts/; empty = none
+  int context_length = 0;                ///< KV cache size in tokens; 0 = min(model's, 4096)
   /// The budget and readers shared by every streamed model of the process (the daemon's); null = a
   /// private pool for this model.
   std::shared_ptr<experts::ExpertPool> expert_pool;
@@ -62,14 +62,14 @@ struct SamplingParams {
 };
 
 struct GenerateRequest {
-  std::string prompt;               ///< tokenized with the model's tokenizer unless prompt_ids is set
-  std::vector<int32_t> prompt_ids;  ///< used as-is when non-empty
-  bool add_bos = true;              ///< add BOS (when the model's vocabulary asks for it)
-  bool parse_special = false;       ///< let special-token text in the prompt become special tokens
+  std::string prompt;                 ///< tokenized with the model's tokenizer unless prompt_ids is set
+  std::vector<int32_t> prompt_ids;    ///< used as-is when non-empty
+  bool add_bos = true;                ///< add BOS (when the model's vocabulary asks for it)
+  bool parse_special = false;         ///< let special-token text in the prompt become special tokens
   int max_tokens = 128;
   SamplingParams sampling;
-  std::vector<std::string> stop;  ///< stop strings (not included in the output)
-  int top_logprobs = 0;           ///< K most likely ids per generated position
+  std::vector<std::string> stop;      ///< stop strings (not included in the output)
+  int top_logprobs = 0;               ///< K most likely ids per generated position
   /// Keep generating past EOS until max_tokens (finish_reason "length"). Added for `car bench`, which
   /// prefills random ids and must decode exactly max_tokens tokens; generate() should skip its EOS check
   /// when set. Sampling and stop strings: core/engine/sampler.h (Sampler, StopMatcher).

@@ -12,23 +12,17 @@
 namespace car::engine {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 1024;      // stack scratch per attention task
+constexpr int64_t kMaxHeadDim = 1024;  // stack scratch per attention task
 constexpr int64_t kMinParallelGlu = 2048;  // SwiGLU elements below which the pool is not used
 constexpr int64_t kGluGrain = 256;
 
-size_t sz(int64_t v) {
-  return static_cast<size_t>(v);
-}
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
 }  // namespace
 
-ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::ExpertSource* experts,
-                         ThreadPool* pool, int64_t max_batch)
-    : model_(std::move(model)),
-      hp_(model_->hparams()),
-      experts_(experts),
-      pool_(pool),
-      max_batch_(max_batch) {
+ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::ExpertSource* experts, ThreadPool* pool,
+                         int64_t max_batch)
+    : model_(std::move(model)), hp_(model_->hparams()), experts_(experts), pool_(pool), max_batch_(max_batch) {
   CAR_CHECK(max_batch_ >= 1);
   CAR_CHECK(hp_.head_dim_k <= kMaxHeadDim && hp_.head_dim_v <= kMaxHeadDim);
   CAR_CHECK(!hp_.is_moe() || experts_ != nullptr);
@@ -79,10 +73,9 @@ KvCache ForwardPass::make_cache(int64_t n_ctx) const {
 
 uint64_t ForwardPass::scratch_bytes() const {
   uint64_t f = x_.size() + xn_.size() + q_.size() + k_.size() + v_.size() + attn_.size() + proj_.size() +
-               gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() +
-               sel_w_.size() + slot_out_.size() + xe_.size();
-  uint64_t i =
-      sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
+               gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() + sel_w_.size() +
+               slot_out_.size() + xe_.size();
+  uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   return f * sizeof(float) + i * sizeof(int32_t);
 }
 
@@ -213,8 +206,7 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
   const int64_t n_kv_head = hp_.n_head_kv;
   const int64_t pos0 = kv.n_past();
 
-  for (int64_t i = 0; i < n; ++i)
-    rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
   if (n == 1) {
     const tensor::MatvecTask qkv[] = {
         {L.wq, xn_.data(), q_.data()}, {L.wk, xn_.data(), k_.data()}, {L.wv, xn_.data(), v_.data()}};
@@ -253,8 +245,8 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
       const int64_t i = t / n_head;
       const int64_t h = t % n_head;
       const int64_t g = h / group;
-      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), pos0 + i + 1, dk, dv,
-                  scale, attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
+      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), pos0 + i + 1, dk, dv, scale,
+                  attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
     }
   };
   parallel(n * n_head, 1, task);
@@ -298,8 +290,7 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
     if (group_start_[sz(e + 1)] > group_start_[sz(e)]) active_.push_back(static_cast<int32_t>(e));
   }
   for (int64_t e = 0; e < NE; ++e) cursor_[sz(e)] = group_start_[sz(e)];
-  for (int64_t a = 0; a < n * K; ++a)
-    group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
+  for (int64_t a = 0; a < n * K; ++a) group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
   if (n == 1) return moe_ffn_token(il);
 
   // Each distinct expert is leased once per batch, in waves no larger than the source's free slots; the

@@ -6,8 +6,9 @@
 //     h = rms_norm(x) * attn_norm
 //     q, k, v = h Wq, h Wk, h Wv                            (qk_norm archs: per-head rms_norm of q, k)
 //     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16
-//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h /
-//     (n_head / n_head_kv) h = rms_norm(x) * ffn_norm x += dense: (silu(h Wgate) * (h Wup)) Wdown
+//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv)
+//     h = rms_norm(x) * ffn_norm
+//     x += dense: (silu(h Wgate) * (h Wup)) Wdown
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)
 //   logits = (rms_norm(x) * output_norm) Wout
 //
@@ -98,23 +99,23 @@ class ForwardPass {
   bool prefetch_ = true;
 
   // Scratch, max_batch_ rows each (widths in the comments).
-  std::vector<float> x_;           // residual stream (n_embd)
-  std::vector<float> xn_;          // normed input of a sub-block (n_embd)
-  std::vector<float> q_;           // (n_head * head_dim_k)
-  std::vector<float> k_;           // (n_head_kv * head_dim_k)
-  std::vector<float> v_;           // (n_head_kv * head_dim_v)
-  std::vector<float> attn_;        // attention output (n_head * head_dim_v)
-  std::vector<float> proj_;        // a projection back to n_embd (n_embd)
-  std::vector<float> gate_;        // (max(n_ff, n_ff_exp))
-  std::vector<float> up_;          // (max(n_ff, n_ff_exp))
+  std::vector<float> x_;        // residual stream (n_embd)
+  std::vector<float> xn_;       // normed input of a sub-block (n_embd)
+  std::vector<float> q_;        // (n_head * head_dim_k)
+  std::vector<float> k_;        // (n_head_kv * head_dim_k)
+  std::vector<float> v_;        // (n_head_kv * head_dim_v)
+  std::vector<float> attn_;     // attention output (n_head * head_dim_v)
+  std::vector<float> proj_;     // a projection back to n_embd (n_embd)
+  std::vector<float> gate_;     // (max(n_ff, n_ff_exp))
+  std::vector<float> up_;       // (max(n_ff, n_ff_exp))
   std::vector<float> rope_cache_;  // (n_rot) per row
   // MoE scratch
-  std::vector<float> router_;         // router logits (n_expert) per row
-  std::vector<float> probs_;          // (n_expert) per row
-  std::vector<int32_t> sel_ids_;      // (n_expert_used) per row
-  std::vector<float> sel_w_;          // (n_expert_used) per row
-  std::vector<float> slot_out_;       // weighted expert outputs (n_expert_used x n_embd) per row
-  std::vector<float> xe_;             // gathered rows for one expert (n_embd)
+  std::vector<float> router_;      // router logits (n_expert) per row
+  std::vector<float> probs_;       // (n_expert) per row
+  std::vector<int32_t> sel_ids_;   // (n_expert_used) per row
+  std::vector<float> sel_w_;       // (n_expert_used) per row
+  std::vector<float> slot_out_;    // weighted expert outputs (n_expert_used x n_embd) per row
+  std::vector<float> xe_;          // gathered rows for one expert (n_embd)
   std::vector<int32_t> group_rows_;   // (token * n_expert_used + slot) per assignment, grouped by expert
   std::vector<int32_t> group_start_;  // (n_expert + 1) offsets into group_rows_
   std::vector<int32_t> cursor_;       // (n_expert) fill positions while grouping
