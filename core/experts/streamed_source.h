@@ -153,6 +153,7 @@ class ExpertPool {
   std::vector<const void*> running_;  // GUARDED_BY(queue_mutex_); owner of each job being run
   int prefetch_running_ = 0;          // GUARDED_BY(queue_mutex_)
   bool stop_ = false;                 // GUARDED_BY(queue_mutex_)
+  int max_prefetch_ = 1;  // readers that may serve prefetches at once (half); set before they start
   std::vector<std::thread> readers_;
 };
 
