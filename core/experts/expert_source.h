@@ -54,7 +54,7 @@ struct ExpertStats {
   int cached = 0;                           ///< experts loaded and not pinned, all banks
   uint64_t hits = 0, misses = 0;            ///< demand requests served without / with a new disk read
   double hit_rate = 0;                      ///< hits / (hits + misses)
-  double read_p50_us = 0, read_p99_us = 0;  ///< latency of one expert's load (gate + up + down reads)
+  double read_p50_us = 0, read_p99_us = 0;  ///< one expert's load (gate + up + down), log histogram (+-10%)
   uint64_t prefetch_issued = 0;             ///< prefetch reads started
   uint64_t prefetch_used = 0;               ///< of those, demanded before eviction
   double prefetch_recall =

@@ -100,10 +100,6 @@ class LatencyHistogram {
   uint64_t total_ = 0;
 };
 
-uint64_t sat_add(uint64_t a, uint64_t b) {
-  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
 // One cached expert. Lifecycle: created `loading` (in its bank's index, counted in `held`), a reader fills
 // `memory` outside the lock, then `ready` (views set) or `failed` (removed from the index at once; waiters
 // see the error). A ready slot is on its bank's LRU exactly when it is not pinned and has no lease; only
@@ -703,11 +699,10 @@ Result<void> StreamedExpertSource::save_usage() {
     }
   }
   if (delta.empty()) return {};  // nothing new: periodic saves cost a lock and a scan
-  SidecarContents merged = read_sidecar(I.sidecar, I.n_expert);
-  for (const auto& [key, d] : delta) merged.counts[key] = sat_add(merged.counts[key], d);
-  Result<void> r = write_file_atomic(I.sidecar, format_sidecar(merged.counts));
+  std::vector<std::string> warnings;
+  Result<void> r = merge_into_sidecar(I.sidecar, I.n_expert, delta, warnings);
   std::lock_guard<std::mutex> lock(I.mutex);
-  for (std::string& w : merged.warnings) I.warn_locked(std::move(w));
+  for (std::string& w : warnings) I.warn_locked(std::move(w));
   if (r.ok()) I.saved = std::move(snapshot);
   return r;
 }

@@ -3,12 +3,13 @@
 //
 // Contract. Per MoE layer the source keeps one bank: a cache of slots, each slot holding one expert's gate,
 // up and down matrices (the same file bytes as the resident slices, so output is bit-identical). acquire()
-// serves an expert from the bank's pinned set, else from its LRU, else reads it (three positional reads,
-// issued together). A leased slot is never evicted. acquire_many() issues all of a layer's misses at once
-// to the pool's reader threads (queue depth = StreamOptions::io_threads, default 8) and waits for them.
+// serves an expert from the bank's pinned set, else from its LRU, else reads it (gate, up and down by one
+// reader job, back to back). A leased slot is never evicted. acquire_many() issues all of a layer's misses at
+// once to the pool's reader threads (queue depth = StreamOptions::io_threads, default 8) and waits for them.
 // prefetch() queues reads on a low-priority queue: a reader takes a prefetch job only when no demand job is
 // queued, and at most half the readers serve prefetches at once, so demand reads always find free readers;
-// a demand for an expert whose prefetch is queued promotes it, one being read is waited for.
+// a demand for an expert whose prefetch is queued promotes it, one being read is waited for. A prefetch
+// only takes a free or evictable slot (it never over-commits) and is dropped when there is none.
 //
 // Capacity. The pool's budget sets a cap per bank (slots, pinned ones included). slots(layer) is the cap
 // minus the bank's pin set. A request for more unpinned experts than the free slots is served by
@@ -28,8 +29,10 @@
 // tensor `blk.N.ffn_{gate,up,down}_exps.weight` (the seed's format; the three names carry the same
 // count). At open the counts pick each bank's pin set - its hottest experts, up to 25% of its cap - and
 // those experts are read at once. save_usage() merges this run's new counts into the file crash-safely
-// (temp file in the same directory, fsync, rename); malformed, torn (no final newline) or foreign lines
-// are skipped with a warning (take_warnings()), never fatal.
+// (temp file in the same directory, fsync, rename, under an advisory lock file so concurrent savers add
+// up); malformed, torn (no final newline) or foreign lines are skipped with a warning (take_warnings()),
+// never fatal. When the pool re-sizes a bank its pin set follows the new cap (pins dropped to the LRU, or
+// added and read at their next use).
 //
 // Ownership. The source owns its file descriptors and slot memory; it holds the pool by shared_ptr and
 // leaves it (its banks' share returns to the other models) when destroyed. Leases point into slots and

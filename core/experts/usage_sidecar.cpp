@@ -1,6 +1,7 @@
 #include "core/experts/usage_sidecar.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -224,6 +225,36 @@ Result<void> write_file_atomic(const std::string& path, std::string_view text) {
   }
   sync_directory(dir);
   return {};
+}
+
+Result<void> merge_into_sidecar(const std::string& path, std::span<const int> n_expert,
+                                const UsageCounts& delta, std::vector<std::string>& warnings) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) {
+    fs::create_directories(dir, ec);
+    if (ec) return make_error("io_error", "creating " + dir.string() + ": " + ec.message());
+  }
+  const std::string lock_path = path + ".lock";
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) return make_error("io_error", "opening " + lock_path + ": " + errno_text(errno));
+  while (::flock(lock_fd, LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      const int err = errno;
+      ::close(lock_fd);
+      return make_error("io_error", "locking " + lock_path + ": " + errno_text(err));
+    }
+  }
+  SidecarContents merged = read_sidecar(path, n_expert);
+  for (const auto& [key, d] : delta) {
+    uint64_t& c = merged.counts[key];
+    c = c > UINT64_MAX - d ? UINT64_MAX : c + d;
+  }
+  Result<void> r = write_file_atomic(path, format_sidecar(merged.counts));
+  ::close(lock_fd);  // releases the lock
+  for (std::string& w : merged.warnings) warnings.push_back(std::move(w));
+  return r;
 }
 
 Result<std::string> sidecar_path(const std::string& state_dir, const std::string& model_path) {

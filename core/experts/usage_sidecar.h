@@ -8,7 +8,8 @@
 // file whose banks disagree still gives one count per (layer, expert). Lines starting with '#' are comments.
 // A line that is not a well-formed record of this model (bad name, layer or expert out of range, a count
 // that is not a decimal u64, extra fields) or that has no final newline (a torn write) is skipped with a
-// warning. Writing is crash-safe: a temp file in the same directory, fsync, rename, fsync of the directory.
+// warning. Writing is crash-safe: a temp file in the same directory, fsync, rename, fsync of the directory;
+// a merge holds an advisory lock file so concurrent writers (a daemon and a `car run`) add up.
 //
 // Pure functions apart from the file I/O; thread-safe.
 #pragma once
@@ -48,6 +49,13 @@ SidecarContents read_sidecar(const std::string& path, std::span<const int> n_exp
 
 /// The file text for `counts` (three records per (layer, expert), sorted), after a comment header.
 std::string format_sidecar(const UsageCounts& counts);
+
+/// Add `delta` to the counts in the sidecar at `path` and write it back crash-safely, holding an advisory
+/// lock (flock on `<path>.lock`) across the read-merge-write so two processes saving the same model's
+/// sidecar do not lose each other's counts. Lines skipped while reading are appended to `warnings`.
+/// Errors: "io_error".
+Result<void> merge_into_sidecar(const std::string& path, std::span<const int> n_expert,
+                                const UsageCounts& delta, std::vector<std::string>& warnings);
 
 /// Write `text` to `path` crash-safely (temp file beside it + fsync + rename + fsync of the directory),
 /// creating the directory if needed. Errors: "io_error" naming the path and errno text.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/experts/streamed_source.h"
 #include "tests/experts/bank_file.h"
@@ -85,12 +86,33 @@ TEST(SidecarWrite, AtomicWriteCreatesTheDirectoryAndLeavesNoTempFile) {
   ASSERT_TRUE(write_file_atomic(p.string(), "two\n").ok());
   EXPECT_EQ(slurp(p), "two\n");
   int files = 0;
-  for (const auto& e : fs::directory_iterator(p.parent_path())) files += e.is_regular_file() ? 1 : 0;
+  for (const auto& e : fs::directory_iterator(p.parent_path()))
+    files += e.is_regular_file() ? 1 : 0;  // no temp left
   EXPECT_EQ(files, 1);
   std::ofstream(dir / "file-not-dir") << "x";
   auto bad = write_file_atomic((dir / "file-not-dir" / "x").string(), "z");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, "io_error");
+}
+
+TEST(SidecarMerge, ConcurrentMergesAddUp) {
+  testing::TempDir dir;
+  const std::string p = (dir / "experts" / "m.usage").string();
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 4; ++t) {
+    writers.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        std::vector<std::string> warnings;
+        const UsageCounts delta = {{{1, t}, 1}, {{2, 0}, 2}};
+        EXPECT_TRUE(merge_into_sidecar(p, kExperts, delta, warnings).ok());
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  const SidecarContents c = read_sidecar(p, kExperts);
+  EXPECT_TRUE(c.warnings.empty());
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(c.counts.at({1, t}), 10u);
+  EXPECT_EQ(c.counts.at({2, 0}), 80u);
 }
 
 TEST(SidecarPath, PerModelAndChangesWithPathOrSize) {
