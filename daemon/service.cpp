@@ -136,7 +136,15 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
   req.model = *model;
   if (op == "invalidate") {
     if (auto ok = check_model_id(req.model); !ok) return fail(protocol::code::kForbidden, ok.error().message);
+    // The model saves its state (expert usage sidecar) and is freed on a worker, not on the io thread.
+    auto handle = cache_.peek(req.model);
     bool evicted = cache_.invalidate(req.model);
+    if (handle) {
+      (void)pool_.try_submit([handle]() mutable {
+        save_unless_busy(handle->key(), *handle);
+        handle.reset();  // the last reference, unless a request still holds the model
+      });
+    }
     return reply_now(session, req, protocol::ok_line(req.id, {{"model", req.model}, {"evicted", evicted}}), "ok");
   }
   if (op == "infer") {
@@ -383,19 +391,24 @@ std::size_t Service::evict_idle() {
 
 void Service::save_states_if_due() {
   const auto now = Clock::now();
-  if (now - last_state_save_ < kStateSavePeriod) return;
+  if (now - last_state_save_ < kStateSavePeriod || shutting_down_) return;
   last_state_save_ = now;
-  for (const auto& item : cache_.list()) {
-    auto handle = cache_.peek(item.key);
-    if (!handle) continue;
-    // A model serving a request is skipped (it saves next period, or when it is evicted).
-    std::unique_lock<ModelMutex> lock(handle->mutex(), std::try_to_lock);
-    if (!lock.owns_lock()) continue;
-    try {
-      handle->backend()->save_state();
-    } catch (const std::exception& e) {
-      spdlog::warn("saving state of model {} failed: {}", item.key, e.what());
+  // On a worker: a save writes and syncs a file. Skipped this period when the queue is full.
+  (void)pool_.try_submit([this] {
+    for (const auto& item : cache_.list()) {
+      if (auto handle = cache_.peek(item.key)) save_unless_busy(item.key, *handle);
     }
+  });
+}
+
+void Service::save_unless_busy(const std::string& key, CachedBackend<std::shared_ptr<Backend>>& entry) {
+  // A model serving a request is skipped: it saves next period, or when it is destroyed.
+  std::unique_lock<ModelMutex> lock(entry.mutex(), std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  try {
+    entry.backend()->save_state();
+  } catch (const std::exception& e) {
+    spdlog::warn("saving state of model {} failed: {}", key, e.what());
   }
 }
 

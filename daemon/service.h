@@ -84,8 +84,10 @@ class Service {
   void job_done();
   nlohmann::json stats_json() const;
   /// Every kStateSavePeriod (checked by evict_idle, which the idle timer calls): save each cached model's
-  /// state (the expert usage sidecar) unless a request holds the model. io thread.
+  /// state (the expert usage sidecar) on a worker, skipping models serving a request. io thread.
   void save_states_if_due();
+  /// Save one model's state unless a request holds it. Any thread.
+  static void save_unless_busy(const std::string& key, CachedBackend<std::shared_ptr<Backend>>& entry);
   static constexpr std::chrono::seconds kStateSavePeriod{60};
   nlohmann::json list_json(std::string& error) const;
 
