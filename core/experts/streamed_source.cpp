@@ -483,31 +483,37 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
   raw->joined = true;
   source->join_layout_ = raw->pool->layout();
 
-  // Read the pin sets now, all at once.
+  // Read every bank's pin set now, all at once (the readers work through them at full queue depth).
+  std::vector<std::vector<std::shared_ptr<Slot>>> pins(raw->banks.size());
   std::unique_lock<std::mutex> lock(raw->mutex);
   for (size_t l = 0; l < raw->banks.size(); ++l) {
     Impl::Bank& b = raw->banks[l];
-    std::vector<std::shared_ptr<Slot>> pins;
     for (int i = 0; i < b.pin_count; ++i) {
       const int e = b.pin_rank[static_cast<size_t>(i)];
       if (b.index[static_cast<size_t>(e)]) continue;
       std::shared_ptr<Slot> s = raw->new_slot_locked(b, e, true);
       s->leases = 1;
       s->demand_queued = true;
-      pins.push_back(s);
+      pins[l].push_back(std::move(s));
     }
-    if (pins.empty()) continue;
-    lock.unlock();
-    for (const auto& s : pins) raw->submit(static_cast<int>(l), s, true);
-    lock.lock();
-    Result<void> r = raw->wait_locked(lock, static_cast<int>(l), pins);
-    if (!r.ok()) {
-      lock.unlock();
-      return r.error();  // the source's destructor leaves the pool
-    }
-    for (const auto& s : pins) raw->drop_lease_locked(b, s.get());
   }
   lock.unlock();
+  for (size_t l = 0; l < pins.size(); ++l) {
+    for (const auto& s : pins[l]) raw->submit(static_cast<int>(l), s, true);
+  }
+  lock.lock();
+  std::optional<Error> failed;
+  for (size_t l = 0; l < pins.size(); ++l) {
+    if (pins[l].empty()) continue;
+    Result<void> r = raw->wait_locked(lock, static_cast<int>(l), pins[l]);  // on error it drops the leases
+    if (!r.ok()) {
+      if (!failed) failed = r.error();
+      continue;
+    }
+    for (const auto& s : pins[l]) raw->drop_lease_locked(raw->banks[l], s.get());
+  }
+  lock.unlock();
+  if (failed) return *failed;  // the source's destructor leaves the pool
   return source;
 }
 

@@ -158,8 +158,16 @@ TEST(Pool, ASecondSourceSharesTheBudgetAndCapsAreResized) {
   for (int e = 0; e < 8; ++e) ASSERT_TRUE(A->acquire(1, e).ok());
   EXPECT_EQ(A->stats().cached, 8);
   {
+    std::vector<ExpertLease> held;  // six of A's experts leased while the budget shrinks under them
+    const std::vector<int> six = {0, 1, 2, 3, 4, 5};
+    ASSERT_TRUE(A->acquire_many(1, six, held).ok());
     auto second = StreamedExpertSource::open(b.path, b.banks, o);
     ASSERT_TRUE(second.ok());
+    EXPECT_EQ(A->stats().cap, 4);
+    EXPECT_EQ(A->resident_bytes(), 6 * slot);  // leased slots stay (the 2 unleased went), until released
+    for (size_t i = 0; i < held.size(); ++i)
+      EXPECT_TRUE(testing::same_expert(held[i].weights(), a.banks[1], six[i]));
+    held.clear();
     const PoolLayout L = pool->layout();
     EXPECT_EQ(L.sources, 2);
     EXPECT_EQ(L.banks, 4);

@@ -219,6 +219,28 @@ TEST_F(SidecarSourceTest, HottestExpertsArePinnedAtTheNextOpenAndNeverEvicted) {
   EXPECT_EQ(s->stats().pinned, 3);
 }
 
+TEST_F(SidecarSourceTest, APinThatCannotBeReadFailsTheOpenCleanly) {
+  ASSERT_TRUE(
+      write_file_atomic(sidecar_.string(), format_sidecar({{{1, 5}, 100}, {{2, 0}, 9}, {{2, 1}, 8}})).ok());
+  testing::FakeReader reader;
+  reader.fail_at(file_.banks[1].down_offset + 5 * file_.expert_bytes(2) + file_.expert_bytes(2) / 2, EIO);
+  StreamOptions o;
+  o.ram_gb = 1;
+  o.io_threads = 2;
+  o.sidecar_path = sidecar_.string();
+  o.reader = reader.fn();
+  o.pool = std::make_shared<ExpertPool>(o);
+  auto s = StreamedExpertSource::open(file_.path, file_.banks, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code, "io_error");
+  EXPECT_NE(s.error().message.find("blk.1.ffn_down_exps.weight"), std::string::npos) << s.error().message;
+  EXPECT_EQ(o.pool->layout().sources, 0);  // it left the pool
+  reader.clear_failures();
+  auto again = StreamedExpertSource::open(file_.path, file_.banks, o);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ((*again)->stats().pinned, 3);
+}
+
 TEST_F(SidecarSourceTest, PinsAreCountedInsideASmallCap) {
   ASSERT_TRUE(write_file_atomic(sidecar_.string(), format_sidecar({{{1, 5}, 100}, {{1, 3}, 50}})).ok());
   // A budget of 4 slots per bank: 25% -> one pin per bank, and only layer 1 has counts.
