@@ -92,7 +92,9 @@ std::pair<uint64_t, uint64_t> write_moe_experts_last(const std::filesystem::path
 }
 #else
 constexpr bool kHaveEngine = false;
-std::pair<uint64_t, uint64_t> write_moe_experts_last(const std::filesystem::path&, uint64_t) { return {0, 0}; }
+std::pair<uint64_t, uint64_t> write_moe_experts_last(const std::filesystem::path&, uint64_t) {
+  return {0, 0};
+}
 #endif
 
 /// One car-inferenced child (killed if the test leaves it running).
@@ -185,7 +187,7 @@ class DaemonStreamingTest : public ::testing::Test {
     return std::move(c.value());
   }
   static json infer(const std::string& model, const std::string& prompt, json stream_experts = nullptr) {
-    json r = {{"id", "i"},       {"op", "infer"},    {"model", model},       {"prompt", prompt},
+    json r = {{"id", "i"},       {"op", "infer"},    {"model", model},    {"prompt", prompt},
               {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
     if (!stream_experts.is_null()) r["stream_experts"] = stream_experts;
     return r;
@@ -243,8 +245,8 @@ TEST_F(DaemonStreamingTest, PerRequestModeLoadReplyAndStatsExperts) {
   EXPECT_EQ(ea["banks"].get<int>(), 2);
   EXPECT_GT(ea["misses"].get<uint64_t>(), 0u);
   EXPECT_GT(ea["bytes_read"].get<uint64_t>(), 0u);
-  for (const char* k : {"hits", "hit_rate", "pinned", "cached", "read_p50_us", "read_p99_us", "prefetch_recall",
-                        "resident_bytes", "cache_bytes"}) {
+  for (const char* k : {"hits", "hit_rate", "pinned", "cached", "read_p50_us", "read_p99_us",
+                        "prefetch_recall", "resident_bytes", "cache_bytes"}) {
     EXPECT_TRUE(ea[k].is_number()) << k;
   }
   EXPECT_EQ(s["experts"]["b"]["mode"], "resident");
@@ -258,7 +260,8 @@ TEST_F(DaemonStreamingTest, ReadErrorFailsTheRequestAndTheDaemonKeepsServing) {
   env_["CAR_INFERENCE_STREAM_EXPERTS"] = "on";
   start();
   auto conn = connect();
-  const std::string prompt = "Every expert of every layer: 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOP";
+  const std::string prompt =
+      "Every expert of every layer: 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOP";
   json first = call(conn, infer("m", prompt));
   ASSERT_TRUE(first.value("ok", false)) << first.dump();
 

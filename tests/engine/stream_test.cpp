@@ -143,8 +143,8 @@ TEST(StreamedExperts, ConformanceFixturesBitIdenticalToResident) {
 TEST(StreamedExperts, SyntheticModelsOfEveryTypeBitIdenticalToResident) {
   testing::TempDir dir;
   int i = 0;
-  for (const char* type : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m",
-                           "q6_k"}) {
+  for (const char* type :
+       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k"}) {
     synth::SynthSpec spec = synth::tiny_spec(i % 2 == 0 ? "llama-moe" : "qwen3moe");
     spec.n_layer = 2;
     spec.n_embd = 256;  // K-quants need rows of 256
@@ -208,7 +208,8 @@ TEST(StreamedExperts, EngineStreamsOnRequestAndAccountsTheCacheNotTheBanks) {
   EXPECT_FALSE(model_streams_experts(**resident));
   EXPECT_TRUE(model_streams_experts(**streamed));
   EXPECT_EQ(model_stream_reason(**resident), "stream_experts=off");
-  EXPECT_EQ(model_stream_reason(**streamed).rfind("stream_experts=on", 0), 0u) << model_stream_reason(**streamed);
+  EXPECT_EQ(model_stream_reason(**streamed).rfind("stream_experts=on", 0), 0u)
+      << model_stream_reason(**streamed);
 
   // Memory: the same but for the banks (left out) and the cache share (counted).
   auto file = gguf::GgufFile::open(path);

@@ -73,11 +73,12 @@ TEST(RunStream, PeakRssStaysWithinDensePlusBudgetPlusMargin) {
   car::testing::TempDir dir;
   const std::string model = (dir / "big-moe.gguf").string();
   // 4 layers x 32 experts x 0.84 MB (q8_0, 256 x 1024 gate/up/down) = 108 MB of experts; dense ~3.6 MB.
-  Child synth = run_car({"gguf", "synth", "--arch", "llama", "--layers", "4", "--embd", "256", "--heads", "4",
-                         "--kv-heads", "2", "--ff", "512", "--ff-expert", "1024", "--experts", "32",
-                         "--experts-used", "2", "--vocab", "300", "--ctx", "256", "--type", "q8_0", "--seed", "5",
-                         "-o", model},
-                        dir / "synth.out");
+  Child synth =
+      run_car({"gguf",      "synth", "--arch",         "llama", "--layers", "4",   "--embd",      "256",
+               "--heads",   "4",     "--kv-heads",     "2",     "--ff",     "512", "--ff-expert", "1024",
+               "--experts", "32",    "--experts-used", "2",     "--vocab",  "300", "--ctx",       "256",
+               "--type",    "q8_0",  "--seed",         "5",     "-o",       model},
+              dir / "synth.out");
   ASSERT_EQ(synth.status, 0) << synth.out;
   Child inspect = run_car({"gguf", "inspect", model, "--json"}, dir / "inspect.json");
   ASSERT_EQ(inspect.status, 0);
@@ -86,16 +87,21 @@ TEST(RunStream, PeakRssStaysWithinDensePlusBudgetPlusMargin) {
   uint64_t tensor_bytes = 0;
   for (const auto& t : info.at("tensors")) {
     tensor_bytes += t.at("bytes").get<uint64_t>();
-    if (t.at("name").get<std::string>().find("_exps.") != std::string::npos) expert_bytes += t.at("bytes").get<uint64_t>();
+    if (t.at("name").get<std::string>().find("_exps.") != std::string::npos)
+      expert_bytes += t.at("bytes").get<uint64_t>();
   }
   const uint64_t dense = tensor_bytes - expert_bytes;
   const uint64_t budget = 10'000'000;  // --expert-ram-gb 0.01
   ASSERT_GT(expert_bytes, 10 * budget) << "the experts must dwarf the budget";
 
-  const std::vector<std::string> common = {"run", model, "--prompt",
-                                           "The quick brown fox jumps over the lazy dog, then every expert runs",
-                                           "--max-tokens", "16", "--temperature", "0", "--threads", "2", "--json",
-                                           "--expert-ram-gb", "0.01"};
+  const std::vector<std::string> common = {
+      "run",           model,
+      "--prompt",      "The quick brown fox jumps over the lazy dog, then every expert runs",
+      "--max-tokens",  "16",
+      "--temperature", "0",
+      "--threads",     "2",
+      "--json",        "--expert-ram-gb",
+      "0.01"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = common;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -117,8 +123,8 @@ TEST(RunStream, PeakRssStaysWithinDensePlusBudgetPlusMargin) {
   EXPECT_GE(e.at("cap").get<int>(), 1);
   EXPECT_GT(e.at("misses").get<uint64_t>(), 0u);
   EXPECT_GT(e.at("bytes_read").get<uint64_t>(), 0u);
-  for (const char* k : {"hit_rate", "read_p50_us", "read_p99_us", "prefetch_recall", "hits", "pinned", "cached",
-                        "banks", "resident_bytes", "prefetch_issued", "prefetch_used"}) {
+  for (const char* k : {"hit_rate", "read_p50_us", "read_p99_us", "prefetch_recall", "hits", "pinned",
+                        "cached", "banks", "resident_bytes", "prefetch_issued", "prefetch_used"}) {
     EXPECT_TRUE(e.at(k).is_number()) << k;
   }
   EXPECT_EQ(r.at("experts").at("mode"), "resident");
