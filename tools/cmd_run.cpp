@@ -120,8 +120,9 @@ void run(const RunFlags& f) {
       std::fflush(stdout);
     };
   }
-  if (!f.json && engine::model_streams_experts(**model)) {
-    std::fprintf(stderr, "[experts streamed: %s]\n", engine::model_stream_reason(**model).c_str());
+  if (!f.json && !engine::model_stream_reason(**model).empty()) {
+    std::fprintf(stderr, "[experts %s: %s]\n", engine::model_streams_experts(**model) ? "streamed" : "resident",
+                 engine::model_stream_reason(**model).c_str());
   }
   auto result = engine::generate(**model, req, on_token, nullptr);
   save_expert_usage(**model, "car run");
