@@ -19,6 +19,12 @@ namespace {
 constexpr int64_t kMaxHeadDim = 1024;    // ForwardPass's per-task stack scratch
 constexpr int64_t kDefaultMaxContext = 4096;
 constexpr int64_t kMaxBatch = 256;       // rows per prompt-processing batch
+
+/// The KV cache length a load with `options` gives a model of `hp`.
+int64_t context_tokens(const model::Hparams& hp, const LoadOptions& options) {
+  return options.context_length > 0 ? options.context_length : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
+}
+int64_t max_batch(int64_t n_ctx) { return std::min(kMaxBatch, n_ctx); }
 }  // namespace
 
 /// Everything one loaded model holds. The forward pass scratch, KV cache and logits are reused by every
@@ -73,9 +79,8 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   if (hp.is_moe()) lm->experts = std::make_unique<experts::ResidentExpertSource>(lm->model->expert_banks());
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   lm->pool = std::make_unique<ThreadPool>(std::max(1, threads));
-  const int64_t n_ctx = options.context_length > 0 ? options.context_length
-                                                   : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
-  lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
+  const int64_t n_ctx = context_tokens(hp, options);
+  lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), max_batch(n_ctx));
   lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
   return lm;
@@ -177,10 +182,45 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   return res;
 }
 
-uint64_t model_memory_bytes(const LoadedModel& lm) {
-  return lm.file->file_size() + lm.kv->size_bytes() + lm.forward->scratch_bytes() +
-         lm.logits.size() * sizeof(float) + (lm.experts ? lm.experts->resident_bytes() : 0);
+Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options) {
+  if (options.context_length < 0) {
+    return make_error("load_failed", "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
+  }
+  auto file = gguf::GgufFile::open(path);
+  if (!file.ok()) {
+    if (file.error().code == "not_found") return make_error("not_found", path + ": " + file.error().message);
+    return make_error("load_failed", path + ": " + file.error().message);
+  }
+  auto hp = model::read_hparams(**file);
+  if (!hp.ok()) return make_error("load_failed", path + ": " + hp.error().message);
+  // n_vocab is token_embd's row count, as Model::load takes it.
+  const gguf::TensorInfo* embd = (*file)->find_tensor("token_embd.weight");
+  if (embd == nullptr || embd->n_dims != 2) {
+    return make_error("load_failed", path + ": tensor token_embd.weight missing or not 2-D");
+  }
+  hp->n_vocab = static_cast<int64_t>(embd->ne[1]);
+  const int64_t n_ctx = context_tokens(*hp, options);
+  MemoryBreakdown m;
+  // A streamed model maps its expert banks but reads them through the expert cache: the streamer's term
+  // (its share of the expert budget) goes in `experts`, and its banks come off `weights`.
+  m.weights = (*file)->file_size();
+  m.kv_cache = ForwardPass::kv_cache_bytes_for(*hp, n_ctx);
+  m.scratch = ForwardPass::scratch_bytes_for(*hp, max_batch(n_ctx));
+  m.logits = static_cast<uint64_t>(hp->n_vocab) * sizeof(float);
+  return m;
 }
+
+MemoryBreakdown model_memory(const LoadedModel& lm) {
+  MemoryBreakdown m;
+  m.weights = lm.file->file_size();
+  m.kv_cache = lm.kv->size_bytes();
+  m.scratch = lm.forward->scratch_bytes();
+  m.logits = lm.logits.size() * sizeof(float);
+  m.experts = lm.experts ? lm.experts->resident_bytes() : 0;
+  return m;
+}
+
+uint64_t model_memory_bytes(const LoadedModel& lm) { return model_memory(lm).total(); }
 
 bool model_streams_experts(const LoadedModel& lm) { return lm.experts != nullptr && lm.experts->streams(); }
 
