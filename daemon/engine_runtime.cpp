@@ -64,6 +64,15 @@ class EngineRuntime final : public ModelRuntime {
     }
     return std::shared_ptr<Backend>(std::make_shared<EngineBackend>(std::move(*model)));
   }
+  Result<uint64_t> estimate_bytes(const std::filesystem::path& path) override {
+    auto m = engine::estimate_memory(path.string(), options_);
+    if (!m) {
+      const auto& e = m.error();
+      if (e.code == "not_found") return e;
+      return make_error("load_failed", e.message.empty() ? e.code : e.code + ": " + e.message);
+    }
+    return m->total();
+  }
   bool available() const override { return true; }
   std::string name() const override { return "engine"; }
 

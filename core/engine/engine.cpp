@@ -22,9 +22,12 @@ constexpr int64_t kMaxBatch = 256;       // rows per prompt-processing batch
 
 /// The KV cache length a load with `options` gives a model of `hp`.
 int64_t context_tokens(const model::Hparams& hp, const LoadOptions& options) {
-  return options.context_length > 0 ? options.context_length : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
+  return options.context_length > 0 ? options.context_length
+                                    : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
 }
-int64_t max_batch(int64_t n_ctx) { return std::min(kMaxBatch, n_ctx); }
+int64_t max_batch(int64_t n_ctx) {
+  return std::min(kMaxBatch, n_ctx);
+}
 }  // namespace
 
 /// Everything one loaded model holds. The forward pass scratch, KV cache and logits are reused by every
@@ -184,7 +187,8 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
 
 Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options) {
   if (options.context_length < 0) {
-    return make_error("load_failed", "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
+    return make_error("load_failed",
+                      "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
   }
   auto file = gguf::GgufFile::open(path);
   if (!file.ok()) {
@@ -220,7 +224,9 @@ MemoryBreakdown model_memory(const LoadedModel& lm) {
   return m;
 }
 
-uint64_t model_memory_bytes(const LoadedModel& lm) { return model_memory(lm).total(); }
+uint64_t model_memory_bytes(const LoadedModel& lm) {
+  return model_memory(lm).total();
+}
 
 bool model_streams_experts(const LoadedModel& lm) { return lm.experts != nullptr && lm.experts->streams(); }
 
