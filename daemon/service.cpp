@@ -107,7 +107,7 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
     json r = {{"status", "ok"},
               {"engine", runtime_.name()},
               {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
-              {"models_loaded", cache_.stats().entries},
+              {"models_loaded", cache_.entries()},
               {"in_flight", in_flight_}};
     return reply_now(session, req, protocol::ok_line(req.id, r), "ok");
   }

@@ -512,6 +512,12 @@ class BackendCache {
   }
   bool is_disabled() const { return budget_bytes() == 0; }
 
+  /// How many entries are cached (O(1); stats() lists them all).
+  std::size_t entries() const {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    return map_.size();
+  }
+
   /// The cached entries, most recently used first. Refreshes nothing.
   std::vector<CacheEntryInfo> list() const {
     std::lock_guard<std::mutex> guard(core_->mutex);

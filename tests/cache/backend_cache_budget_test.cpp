@@ -43,6 +43,7 @@ TEST(BackendCacheBudgetTest, EstimateRunsOnlyOnAMissAndChargesWhenTheLoaderDoesN
   ASSERT_TRUE(cache.get_or_load("a", estimate, [] { return value(1); }).ok());
   ASSERT_TRUE(cache.get_or_load("a", estimate, [] { return value(2); }).ok());
   EXPECT_EQ(estimates, 1) << "a hit does not estimate";
+  EXPECT_EQ(cache.entries(), 1u);
   EXPECT_EQ(cache.stats().total_bytes, 300u);
   EXPECT_EQ(cache.peek("a")->size_bytes(), 300u);
 }
