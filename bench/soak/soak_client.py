@@ -244,7 +244,8 @@ async def main():
         print(f"{op:<14}{stats.count.get(op, 0):>7}{stats.busy.get(op, 0):>6}{errs:>7}"
               f"{pct(lat, 50):>10.2f}{pct(lat, 99):>10.2f}")
         summary["ops"][op] = {"count": stats.count.get(op, 0), "busy": stats.busy.get(op, 0), "errors": errs,
-                              "p50_ms": round(pct(lat, 50), 3), "p99_ms": round(pct(lat, 99), 3)}
+                              "p50_ms": round(pct(lat, 50), 3) if lat else None,
+                              "p99_ms": round(pct(lat, 99), 3) if lat else None}
     print(f"cache: max total_bytes seen {stats.max_total} of budget {stats.budget}; "
           f"over_budget (models in use) in {stats.over_budget_seen} stats replies")
     for op, code, msg in stats.errors[:20]:
