@@ -181,8 +181,9 @@ struct Core {
   std::atomic<std::size_t> evicted_held_entries{0};
   std::atomic<std::uint64_t> evicted_held_bytes{0};
   /// Set (under `mutex`) while the cached bytes exceed the budget because entries in use could not be
-  /// evicted; a lease ending then calls trim(). Sequentially consistent with the lease counts, so a lease
-  /// ending while the cache decides it cannot evict that entry either sees the flag or is seen as ended.
+  /// evicted; a lease ending then calls trim(). The cache raises it before reading lease counts and a lease
+  /// drops its count before reading it (all seq_cst), so a lease ending while the cache decides it cannot
+  /// evict that entry either sees the flag or is seen as ended.
   std::atomic<bool> over_budget{false};
   /// Evicts entries not in use until within budget, appending the dropped references; set by the cache,
   /// emptied by its destructor. GUARDED_BY(mutex).
@@ -773,6 +774,13 @@ class BackendCache {
   void trim_locked(std::int64_t now, std::vector<Handle>& dropped, const CachedBackend<T>* keep = nullptr) {
     if (budget_bytes_ == 0) return;
     auto over = [&] { return total_bytes_ + reserved_bytes_ > budget_bytes_; };
+    if (!over()) {
+      core_->over_budget.store(false);
+      return;
+    }
+    // Raise the flag BEFORE reading any lease count: a lease that ends after we read it as held then sees
+    // the flag and trims again (store-then-load on both sides, all seq_cst), so no excess outlives it.
+    core_->over_budget.store(true);
     for (auto pos = lru_.end(); over() && pos != lru_.begin();) {
       --pos;
       const Handle& e = *pos;

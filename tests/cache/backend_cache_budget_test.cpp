@@ -267,5 +267,28 @@ TEST(BackendCacheBudgetTest, ConcurrentLoadsNeverLeaveTheCacheOverBudgetWithoutL
   EXPECT_EQ(sum, s.total_bytes);
 }
 
+TEST(BackendCacheBudgetTest, LeasesEndingWhileOthersLoadLeaveNoExcessBehind) {
+  // Threads hold leases across other threads' loads, so loads go over budget and leases ending must trim;
+  // once every lease has ended the cache is within budget, whatever the interleaving.
+  BackendCache<int> cache(500);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) {
+        const int k = (i * 5 + t) % 9;
+        auto lease =
+            cache.lease_or_load("k" + std::to_string(k), 200, [&] { return sized(k, 150 + 10 * (k % 3)); });
+        ASSERT_TRUE(lease.ok()) << lease.error().message;
+        std::this_thread::yield();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CacheStats s = cache.stats();
+  EXPECT_LE(s.total_bytes, 500u);
+  EXPECT_FALSE(s.over_budget);
+  for (const auto& item : s.items) EXPECT_FALSE(item.in_use);
+}
+
 }  // namespace
 }  // namespace car
