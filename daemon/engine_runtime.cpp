@@ -104,10 +104,7 @@ class EngineRuntime final : public ModelRuntime {
 
   Result<std::shared_ptr<Backend>> load_with(const std::filesystem::path& path,
                                              const LoadRequest& request) override {
-    engine::LoadOptions options = options_;
-    if (request.stream_experts) options.stream_experts = *request.stream_experts;
-    if (options.stream_experts != "off") options.expert_pool = pool();
-    auto model = engine::load_model(path.string(), options);
+    auto model = engine::load_model(path.string(), options_for(request));
     if (!model) {
       const auto& e = model.error();
       // The engine's own codes (gguf_truncated, ...) are details; the wire codes are load_failed, io_error.
@@ -123,10 +120,26 @@ class EngineRuntime final : public ModelRuntime {
     for (const auto& w : engine::model_take_warnings(**model)) spdlog::warn("model {}: {}", name, w);
     return std::shared_ptr<Backend>(std::make_shared<EngineBackend>(std::move(*model), name));
   }
+  Result<uint64_t> estimate_bytes(const std::filesystem::path& path, const LoadRequest& request) override {
+    auto m = engine::estimate_memory(path.string(), options_for(request));
+    if (!m) {
+      const auto& e = m.error();
+      if (e.code == "not_found") return e;
+      return make_error("load_failed", e.message.empty() ? e.code : e.code + ": " + e.message);
+    }
+    return m->total();
+  }
   bool available() const override { return true; }
   std::string name() const override { return "engine"; }
 
  private:
+  /// The settings with the request's choices applied, and the daemon's pool when the model may stream.
+  engine::LoadOptions options_for(const LoadRequest& request) {
+    engine::LoadOptions options = options_;
+    if (request.stream_experts) options.stream_experts = *request.stream_experts;
+    if (options.stream_experts != "off") options.expert_pool = pool();
+    return options;
+  }
   /// The daemon's one expert pool, made by the first load that may stream (its reader threads are not
   /// started for a daemon that never streams).
   std::shared_ptr<experts::ExpertPool> pool() {

@@ -56,7 +56,8 @@ class Backend {
   /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, internal.
   virtual Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                           const std::atomic<bool>& cancelled) = 0;
-  /// Bytes the model holds now (weights, KV cache, scratch).
+  /// Bytes the model holds (weights, KV cache, scratch, expert cache): what the cache charges it, and the
+  /// `size_bytes` that `load` and `stats` report. Fixed once loaded.
   virtual uint64_t memory_bytes() const = 0;
   /// Whether MoE experts are streamed from disk.
   virtual bool streams_experts() const = 0;
@@ -92,6 +93,10 @@ class ModelRuntime {
     (void)request;
     return load(path);
   }
+  /// The memory_bytes() a load_with(path, request) will report, without loading it (read from the file's
+  /// header): the cache makes room for it, or refuses a model larger than the whole budget, before loading.
+  /// Errors: not_found, load_failed.
+  virtual Result<uint64_t> estimate_bytes(const std::filesystem::path& path, const LoadRequest& request) = 0;
   /// True when this runtime can actually run models (false: built without the engine).
   virtual bool available() const = 0;
   /// One word for logs and `health`: "engine" or "none".

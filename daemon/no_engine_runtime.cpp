@@ -13,6 +13,13 @@ class NoEngineRuntime final : public ModelRuntime {
                                          ": this car-inferenced was built without the inference engine "
                                          "(car_engine), so it cannot run models");
   }
+  /// The file's size: nothing will be loaded (load() refuses), so the figure only orders the refusal.
+  Result<uint64_t> estimate_bytes(const std::filesystem::path& path, const LoadRequest&) override {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    if (ec) return make_error("not_found", path.string() + ": " + ec.message());
+    return static_cast<uint64_t>(bytes);
+  }
   bool available() const override { return false; }
   std::string name() const override { return "none"; }
 };

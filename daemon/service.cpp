@@ -109,7 +109,7 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
     json r = {{"status", "ok"},
               {"engine", runtime_.name()},
               {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
-              {"models_loaded", cache_.stats().entries},
+              {"models_loaded", cache_.entries()},
               {"in_flight", in_flight_}};
     return reply_now(session, req, protocol::ok_line(req.id, r), "ok");
   }
@@ -211,13 +211,17 @@ void Service::job_done() {
 std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, LoadInfo& info, std::string& error_line,
                                                         std::string& outcome) {
   const ResolvedModel& m = *req.resolved;
-  uint64_t charge = m.file_bytes;
-  if (auto f = facts(m.id)) charge = std::max(charge, f->memory_bytes);
+  // On a miss the cache makes room for the runtime's estimate (or refuses a model larger than the whole
+  // budget) before loading, then charges what the loaded model reports: one size for the cache, `load`
+  // and `stats`.
   auto lease = cache_.lease_or_load(
-      m.id, charge,
-      [&]() -> Result<std::shared_ptr<Backend>> {
+      m.id, [&] { return runtime_.estimate_bytes(m.path, LoadRequest{req.stream_experts}); },
+      [&]() -> Result<Sized<std::shared_ptr<Backend>>> {
         spdlog::debug("loading model {} from {}", m.id, m.path.string());
-        return runtime_.load_with(m.path, LoadRequest{req.stream_experts});
+        auto backend = runtime_.load_with(m.path, LoadRequest{req.stream_experts});
+        if (!backend) return backend.error();
+        const uint64_t bytes = (*backend)->memory_bytes();  // no one else has it yet
+        return Sized<std::shared_ptr<Backend>>{std::move(*backend), bytes};
       },
       &info);
   if (!lease) {
@@ -229,7 +233,6 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
     ModelFacts f;
     {
       auto model_lock = lease->lock();
-      f.memory_bytes = lease->backend()->memory_bytes();
       f.streams_experts = lease->backend()->streams_experts();
     }
     std::lock_guard lock(facts_mutex_);
@@ -249,9 +252,10 @@ std::string Service::run_load(const std::shared_ptr<Session>&, const std::shared
   auto lease = acquire_model(req, info, error, outcome);
   if (!lease) return error;
   const ModelFacts f = facts(req.model).value_or(ModelFacts{});
+  const uint64_t size_bytes = (*lease)->size_bytes();  // the cache's charge, as `stats` reports it
   lease->reset();
   json r = {{"model", req.model},
-            {"size_bytes", std::max<uint64_t>(req.resolved->file_bytes, f.memory_bytes)},
+            {"size_bytes", size_bytes},
             {"file_bytes", req.resolved->file_bytes},
             {"load_ms", ms_of(info.load_time)},
             {"cached", info.hit},
@@ -271,8 +275,10 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
   }
   LoadInfo info;
   std::string error;
+  const Clock::time_point acquire_start = Clock::now();
   auto lease = acquire_model(req, info, error, outcome);
   if (!lease) return error;
+  const double load_ms = ms_since(acquire_start);  // a warm model: the cache lookup alone
   if (pending->cancelled.load()) {
     outcome = protocol::code::kCancelled;
     return protocol::error_line(req.id, outcome, "request cancelled while its model loaded");
@@ -315,7 +321,7 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
             {"finish_reason", out->finish_reason},
             {"usage", {{"prompt_tokens", out->prompt_tokens}, {"completion_tokens", out->tokens.size()}}},
             {"timings",
-             {{"load_ms", info.hit ? 0.0 : ms_of(info.load_time)},
+             {{"load_ms", load_ms},
               {"queue_ms", queue_ms},
               {"prompt_ms", out->prompt_ms},
               {"decode_ms", out->decode_ms}}}};
@@ -427,10 +433,7 @@ json Service::stats_json() const {
     json m = {{"model", item.key},   {"size_bytes", item.size_bytes}, {"in_use", item.in_use},
               {"leases", item.leases}, {"idle_s", item.idle_seconds},  {"age_s", item.age_seconds},
               {"hits", item.hits}};
-    if (auto f = facts(item.key)) {
-      m["streaming"] = f->streams_experts;
-      m["memory_bytes"] = f->memory_bytes;
-    }
+    if (auto f = facts(item.key)) m["streaming"] = f->streams_experts;
     if (auto handle = cache_.peek(item.key)) {
       json e = handle->backend()->expert_stats();
       if (!e.is_null()) experts[item.key] = std::move(e);
@@ -447,6 +450,9 @@ json Service::stats_json() const {
                 {"loads", s.loads},
                 {"load_failures", s.load_failures},
                 {"loading", s.loading},
+                {"reserved_bytes", s.reserved_bytes},
+                {"refused", s.refused},
+                {"over_budget", s.over_budget},
                 {"evictions", s.evictions_total()},
                 {"evictions_by_cause",
                  {{"capacity", s.evictions_capacity},

@@ -108,11 +108,9 @@ class Service {
   uint64_t busy_rejections_ = 0;
   std::chrono::steady_clock::time_point last_state_save_ = std::chrono::steady_clock::now();
 
-  // What the engine reported about a model right after loading it (under the model's lock, as generate()
-  // may change what it holds): its bytes, so the next load of it charges the cache max(file size, that),
-  // and whether it streams experts. stats/load read these instead of asking a model that may be busy.
+  // What the engine reported about a model right after loading it: whether it streams experts (its bytes
+  // are the cache entry's charge). stats/load read this instead of asking a model that may be busy.
   struct ModelFacts {
-    uint64_t memory_bytes = 0;
     bool streams_experts = false;
   };
   std::optional<ModelFacts> facts(const std::string& id) const;

@@ -1,13 +1,26 @@
 // BackendCache<T>: a byte-budgeted LRU cache of loaded backends (models), with single-flight loading,
 // idle eviction that respects models in use, and accounting for `stats`.
 //
-// Contract. `get_or_load(key, size_bytes, loader)` returns a Handle (std::shared_ptr<CachedBackend<T>>)
-// for `key`; on a miss the loader runs OUTSIDE the cache's lock, and concurrent misses on one key run ONE
-// loader while the others wait for its outcome (single-flight). A failed load - the loader returns an
-// Error, or throws (the exception is caught and becomes Error{"load_failed", what()}) - is reported to
-// every waiter and nothing is cached. After an insert, least-recently-used entries are evicted until the
-// total is within the budget, never the entry just inserted (one entry larger than the budget stays
-// alone). A budget of 0 disables caching: every call loads and nothing is retained.
+// Contract. `lease_or_load(key, estimate, loader)` / `get_or_load(...)` return the backend for `key`; on a
+// miss the loader runs OUTSIDE the cache's lock, and concurrent misses on one key run ONE loader while the
+// others wait for its outcome (single-flight). A failed load - the loader returns an Error, or throws (the
+// exception is caught and becomes Error{"load_failed", what()}) - is reported to every waiter and nothing
+// is cached.
+//
+// Charging. The budget caps the bytes the cache retains. `estimate` is a byte count, or a callable run
+// only on a miss (outside the lock, before the loader) returning the bytes the backend will hold. Before
+// the loader runs:
+//   - an estimate larger than the whole budget is refused (Error{"load_failed", "... needs N bytes ...
+//     budget is M bytes"}); nothing is evicted and the loader does not run;
+//   - least-recently-used entries NOT in use (no live lease) are evicted until the cached bytes, the
+//     estimates of other loads in flight (`reserved_bytes`) and this estimate fit the budget, so their
+//     memory is released before the new backend allocates its own.
+// An entry in use is never evicted for capacity: evicting it would not free its memory (the request holds
+// it) and the next request for it would load a second copy. When the entries in use leave no room the load
+// goes ahead over budget, and the excess is evicted as soon as enough of those leases end (`over_budget`).
+// After the load the entry is charged what the loader reports (a loader returning Sized<T>), else the
+// estimate; a backend that turns out larger than the whole budget is refused like an oversized estimate.
+// A budget of 0 disables caching: every call loads, nothing is retained, nothing is refused.
 //
 // Ownership. The cache holds one shared_ptr per entry; eviction (capacity, idle, invalidate, clear) only
 // drops that reference. A handle keeps working after eviction, and the backend is destroyed when the last
@@ -15,14 +28,15 @@
 // handles still hold.
 //
 // Use. A request takes a Lease (`handle->acquire()` or `cache.lease_or_load(...)`), which marks the entry
-// in use: an entry with a live lease is never idle-evicted, and its idle time counts from the END of its
-// last use. To serialize with other requests on the same backend, lock it: `auto lock = lease.lock();`
-// (or `handle->lock()`). `stats()`, `list()`, `peek()` and `contains()` never refresh recency or idle time.
+// in use: an entry with a live lease is never evicted for capacity or idleness, and its idle time counts
+// from the END of its last use. To serialize with other requests on the same backend, lock it:
+// `auto lock = lease.lock();` (or `handle->lock()`). `stats()`, `list()`, `peek()` and `contains()` never
+// refresh recency or idle time.
 //
 // Thread safety. Every member function is safe to call from any thread. One mutex (Core::mutex) guards the
-// map, the LRU list, the in-flight loads and the counters; it is never held while a loader runs or a
-// backend is destroyed. Each entry has its own mutex for the backend itself. The clock is injectable so
-// idle eviction is tested without sleeping; it must be callable from any thread.
+// map, the LRU list, the in-flight loads and the counters; it is never held while an estimate or a loader
+// runs or a backend is destroyed. Each entry has its own mutex for the backend itself. The clock is
+// injectable so idle eviction is tested without sleeping; it must be callable from any thread.
 #pragma once
 
 #include <atomic>
@@ -30,6 +44,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <list>
@@ -100,6 +115,14 @@ struct LoadInfo {
   std::chrono::nanoseconds load_time{0};  ///< time spent loading or waiting for the load (0 on a hit)
 };
 
+/// A loaded backend and the bytes it really holds: what a loader returns to correct the charge its
+/// estimate made (the cache charges `size_bytes` from then on).
+template <typename T>
+struct Sized {
+  T backend;
+  std::uint64_t size_bytes = 0;
+};
+
 /// Entries and bytes removed by one eviction call.
 struct Evicted {
   std::size_t entries = 0;
@@ -125,11 +148,14 @@ struct CacheStats {
   std::uint64_t budget_bytes = 0;
   std::optional<std::chrono::milliseconds> idle_ttl;  ///< nullopt: idle eviction disabled
   std::uint64_t hits = 0;                             ///< calls served from the cache
-  std::uint64_t misses = 0;         ///< calls that did not find the key cached (incl. waiters)
-  std::uint64_t coalesced = 0;      ///< misses that waited for another caller's load
-  std::uint64_t loads = 0;          ///< loader invocations
-  std::uint64_t load_failures = 0;  ///< loader invocations that failed (error or exception)
-  std::size_t loading = 0;          ///< loads in flight right now
+  std::uint64_t misses = 0;          ///< calls that did not find the key cached (incl. waiters)
+  std::uint64_t coalesced = 0;       ///< misses that waited for another caller's load
+  std::uint64_t loads = 0;           ///< loader invocations
+  std::uint64_t load_failures = 0;   ///< loader invocations that failed (error or exception)
+  std::size_t loading = 0;           ///< loads in flight right now
+  std::uint64_t reserved_bytes = 0;  ///< the estimates of the loads in flight (room kept for them)
+  std::uint64_t refused = 0;         ///< misses refused because the backend is larger than the budget
+  bool over_budget = false;  ///< entries in use hold more than the budget; trimmed as their leases end
   std::uint64_t evictions_capacity = 0;
   std::uint64_t evictions_idle = 0;
   std::uint64_t evictions_invalidate = 0;
@@ -154,6 +180,21 @@ struct Core {
   const CacheClock clock;
   std::atomic<std::size_t> evicted_held_entries{0};
   std::atomic<std::uint64_t> evicted_held_bytes{0};
+  /// Set (under `mutex`) while the cached bytes exceed the budget because entries in use could not be
+  /// evicted; a lease ending then calls trim(). The cache raises it before reading lease counts and a lease
+  /// drops its count before reading it (all seq_cst), so a lease ending while the cache decides it cannot
+  /// evict that entry either sees the flag or is seen as ended.
+  std::atomic<bool> over_budget{false};
+  /// Evicts entries not in use until within budget, appending the dropped references; set by the cache,
+  /// emptied by its destructor. GUARDED_BY(mutex).
+  std::function<void(std::vector<std::shared_ptr<void>>&)> trim_locked;
+
+  /// Trim now (a lease ended while over budget). The dropped backends are released after unlocking.
+  void trim() {
+    std::vector<std::shared_ptr<void>> dropped;  // destroyed after `guard`
+    std::lock_guard<std::mutex> guard(mutex);
+    if (trim_locked) trim_locked(dropped);
+  }
 };
 
 inline std::int64_t to_ns(std::chrono::steady_clock::time_point t) {
@@ -233,7 +274,8 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   void release_lease() {
     // Record the end of use before the count drops, so a sweep that sees 0 leases sees the new time.
     last_used_ns_.store(cache_detail::to_ns(core_->clock()), std::memory_order_release);
-    leases_.fetch_sub(1, std::memory_order_acq_rel);
+    leases_.fetch_sub(1);  // seq_cst: pairs with Core::over_budget (see there)
+    if (core_->over_budget.load()) core_->trim();
   }
   void touch(std::int64_t now_ns) { last_used_ns_.store(now_ns, std::memory_order_release); }
   // Called with core_->mutex held, exactly once.
@@ -322,28 +364,41 @@ class BackendCache {
       CacheClock clock = [] { return std::chrono::steady_clock::now(); })
       : core_(std::make_shared<cache_detail::Core>(std::move(clock))),
         budget_bytes_(budget_bytes),
-        idle_ttl_(normalize_ttl(idle_ttl)) {}
+        idle_ttl_(normalize_ttl(idle_ttl)) {
+    core_->trim_locked = [this](std::vector<std::shared_ptr<void>>& dropped) {
+      std::vector<Handle> handles;
+      trim_locked(now_ns(), handles);
+      dropped.insert(dropped.end(), handles.begin(), handles.end());
+    };
+  }
 
   BackendCache(const BackendCache&) = delete;
   BackendCache& operator=(const BackendCache&) = delete;
   /// Handles and leases outlive the cache safely; in-flight loads must have finished.
-  ~BackendCache() = default;
+  ~BackendCache() {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    core_->trim_locked = nullptr;
+    core_->over_budget.store(false);
+  }
 
-  /// The handle for `key`, loading it on a miss. `loader` is a callable returning car::Result<T> (or T);
-  /// it runs outside the lock, at most once per key at a time. Errors are the loader's own Error, or
-  /// Error{"load_failed", what()} when it throws.
-  template <typename Loader>
-  Result<Handle> get_or_load(std::string_view key, std::uint64_t size_bytes, Loader&& loader,
+  /// The handle for `key`, loading it on a miss. `estimate` is the bytes the backend will hold: a number,
+  /// or a callable returning car::Result<std::uint64_t> (or an integer) that runs only on a miss, outside
+  /// the lock (its error is the call's error). `loader` returns car::Result<T>, T, car::Result<Sized<T>> or
+  /// Sized<T> (the last two correct the charge to what was really loaded); it runs outside the lock, at most
+  /// once per key at a time. Errors: the estimate's or loader's own Error; Error{"load_failed", what()} when
+  /// either throws; load_failed when the backend is larger than the whole budget (see the contract above).
+  template <typename Estimate, typename Loader>
+  Result<Handle> get_or_load(std::string_view key, Estimate&& estimate, Loader&& loader,
                              LoadInfo* info = nullptr) {
-    return lookup(key, size_bytes, std::forward<Loader>(loader), info, /*take_lease=*/false);
+    return lookup(key, estimate, loader, info, /*take_lease=*/false);
   }
 
   /// Like get_or_load, but the returned lease is taken atomically with the lookup, so the entry cannot
-  /// be idle-evicted between the two. The way a request should get its backend.
-  template <typename Loader>
-  Result<Lease> lease_or_load(std::string_view key, std::uint64_t size_bytes, Loader&& loader,
+  /// be evicted between the two. The way a request should get its backend.
+  template <typename Estimate, typename Loader>
+  Result<Lease> lease_or_load(std::string_view key, Estimate&& estimate, Loader&& loader,
                               LoadInfo* info = nullptr) {
-    Result<Handle> h = lookup(key, size_bytes, std::forward<Loader>(loader), info, /*take_lease=*/true);
+    Result<Handle> h = lookup(key, estimate, loader, info, /*take_lease=*/true);
     if (!h.ok()) return h.error();
     return Lease(std::move(h.value()));
   }
@@ -416,21 +471,27 @@ class BackendCache {
     return out;
   }
 
-  /// Change the budget at runtime (SIGHUP). Shrinking evicts LRU entries (cause: capacity) until within
-  /// the new budget; 0 evicts everything and disables caching.
+  /// Change the budget at runtime (SIGHUP). Shrinking evicts LRU entries not in use (cause: capacity)
+  /// until within the new budget, and the entries in use as their leases end; 0 disables caching and
+  /// evicts every entry, in use or not (a request in flight keeps its backend through its lease).
   Evicted set_budget(std::uint64_t budget_bytes) {
     std::vector<Handle> dropped;
-    Evicted out;
     {
       std::lock_guard<std::mutex> guard(core_->mutex);
       budget_bytes_ = budget_bytes;
       const std::int64_t now = now_ns();
-      while (!lru_.empty() && (budget_bytes_ == 0 || total_bytes_ > budget_bytes_)) {
-        auto it = map_.find(lru_.back()->key());
-        out.entries += 1;
-        out.bytes += (*it->second)->size_bytes();
-        dropped.push_back(evict_locked(it, EvictionCause::capacity, now));
+      if (budget_bytes_ == 0) {
+        while (!lru_.empty())
+          dropped.push_back(evict_locked(map_.find(lru_.back()->key()), EvictionCause::capacity, now));
+        core_->over_budget.store(false);
+      } else {
+        trim_locked(now, dropped);
       }
+    }
+    Evicted out;
+    for (const Handle& h : dropped) {
+      out.entries += 1;
+      out.bytes += h->size_bytes();
     }
     return out;
   }
@@ -452,6 +513,12 @@ class BackendCache {
   }
   bool is_disabled() const { return budget_bytes() == 0; }
 
+  /// How many entries are cached (O(1); stats() lists them all).
+  std::size_t entries() const {
+    std::lock_guard<std::mutex> guard(core_->mutex);
+    return map_.size();
+  }
+
   /// The cached entries, most recently used first. Refreshes nothing.
   std::vector<CacheEntryInfo> list() const {
     std::lock_guard<std::mutex> guard(core_->mutex);
@@ -472,6 +539,9 @@ class BackendCache {
     s.loads = loads_;
     s.load_failures = load_failures_;
     s.loading = flights_.size();
+    s.reserved_bytes = reserved_bytes_;
+    s.refused = refused_;
+    s.over_budget = total_bytes_ > budget_bytes_ && budget_bytes_ != 0;
     s.evictions_capacity = evictions_[0];
     s.evictions_idle = evictions_[1];
     s.evictions_invalidate = evictions_[2];
@@ -494,6 +564,7 @@ class BackendCache {
     bool done = false;           ///< GUARDED_BY(core_->mutex)
     bool invalidated = false;    ///< GUARDED_BY(core_->mutex): do not cache the result
     std::optional<Error> error;  ///< GUARDED_BY(core_->mutex): set when the load failed
+    std::uint64_t reserved = 0;  ///< GUARDED_BY(core_->mutex): this load's estimate, in reserved_bytes_
     Handle handle;               ///< GUARDED_BY(core_->mutex): set when it succeeded
     std::chrono::steady_clock::time_point started;
   };
@@ -505,13 +576,31 @@ class BackendCache {
 
   std::int64_t now_ns() const { return cache_detail::to_ns(core_->clock()); }
 
+  template <typename X>
+  struct is_sized : std::false_type {};
+  template <typename X>
+  struct is_sized<Sized<X>> : std::true_type {};
+
+  // The loader's outcome as a Sized<T>; `size_bytes` is nullopt when the loader did not measure it.
+  struct Loaded {
+    T backend;
+    std::optional<std::uint64_t> size_bytes;
+  };
+
   template <typename Loader>
-  static Result<T> run_loader(Loader& loader) {
+  static Result<Loaded> run_loader(Loader& loader) {
+    using R = std::invoke_result_t<Loader&>;
     try {
-      if constexpr (std::is_convertible_v<std::invoke_result_t<Loader&>, Result<T>>) {
-        return Result<T>(loader());
+      if constexpr (std::is_convertible_v<R, Result<Sized<T>>> && !std::is_convertible_v<R, Result<T>>) {
+        Result<Sized<T>> r(loader());
+        if (!r.ok()) return r.error();
+        return Loaded{std::move(r.value().backend), r.value().size_bytes};
+      } else if constexpr (std::is_convertible_v<R, Result<T>>) {
+        Result<T> r(loader());
+        if (!r.ok()) return r.error();
+        return Loaded{std::move(r.value()), std::nullopt};
       } else {
-        return Result<T>(T(loader()));
+        return Loaded{T(loader()), std::nullopt};
       }
     } catch (const std::exception& e) {
       return make_error("load_failed", e.what());
@@ -520,8 +609,43 @@ class BackendCache {
     }
   }
 
-  template <typename Loader>
-  Result<Handle> lookup(std::string_view key_view, std::uint64_t size_bytes, Loader&& loader, LoadInfo* info,
+  template <typename Estimate>
+  static Result<std::uint64_t> run_estimate(Estimate& estimate) {
+    using E = std::remove_cvref_t<Estimate>;
+    if constexpr (std::is_integral_v<E>) {
+      if constexpr (std::is_signed_v<E>) CAR_CHECK(estimate >= 0);
+      return static_cast<std::uint64_t>(estimate);
+    } else {
+      try {
+        using R = std::invoke_result_t<Estimate&>;
+        if constexpr (std::is_integral_v<R>) {
+          return static_cast<std::uint64_t>(estimate());
+        } else {
+          return Result<std::uint64_t>(estimate());
+        }
+      } catch (const std::exception& e) {
+        return make_error("load_failed", e.what());
+      } catch (...) {
+        return make_error("load_failed", "the size estimate threw a non-standard exception");
+      }
+    }
+  }
+
+  static std::string too_large(const std::string& key, std::uint64_t bytes, std::uint64_t budget,
+                               bool measured) {
+    auto mib = [](std::uint64_t b) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+      return std::string(buf);
+    };
+    return "'" + key + "' " + (measured ? "holds " : "needs ") + std::to_string(bytes) + " bytes (" +
+           mib(bytes) + (measured ? ", measured after loading" : ", estimated") +
+           ") but the whole cache budget is " + std::to_string(budget) + " bytes (" + mib(budget) +
+           "); raise the budget or use a smaller model";
+  }
+
+  template <typename Estimate, typename Loader>
+  Result<Handle> lookup(std::string_view key_view, Estimate& estimate, Loader& loader, LoadInfo* info,
                         bool take_lease) {
     LoadInfo local;
     LoadInfo& out = info != nullptr ? *info : local;
@@ -560,25 +684,73 @@ class BackendCache {
         flight->started = core_->clock();
         flights_.emplace(key, flight);
       }
+    }
+    const auto started = core_->clock();
+
+    // Caching on: estimate (outside the lock), refuse what cannot fit, make room, reserve the estimate.
+    std::optional<std::uint64_t> estimated;
+    if (flight) {
+      Result<std::uint64_t> e = run_estimate(estimate);
+      std::vector<Handle> dropped;  // released after the lock, before the loader allocates
+      std::lock_guard<std::mutex> guard(core_->mutex);
+      if (!e.ok()) {
+        load_failures_ += 1;
+        finish_flight(key, flight, e.error(), nullptr);
+        out.load_time = core_->clock() - started;
+        return e.error();
+      }
+      estimated = *e;
+      if (budget_bytes_ != 0 && *estimated > budget_bytes_) {
+        refused_ += 1;
+        Error err = make_error("load_failed", too_large(key, *estimated, budget_bytes_, false));
+        finish_flight(key, flight, err, nullptr);
+        return err;
+      }
+      flight->reserved = *estimated;
+      reserved_bytes_ += flight->reserved;
+      trim_locked(now_ns(), dropped);
+      loads_ += 1;
+    } else {
+      std::lock_guard<std::mutex> guard(core_->mutex);
       loads_ += 1;
     }
 
     // Load outside the lock.
-    const auto started = core_->clock();
-    Result<T> loaded = run_loader(loader);
+    Result<Loaded> loaded = run_loader(loader);
     out.loaded = true;
+    std::uint64_t size_bytes = 0;
+    if (loaded.ok()) {
+      if (loaded.value().size_bytes) {
+        size_bytes = *loaded.value().size_bytes;
+      } else if (estimated) {
+        size_bytes = *estimated;
+      } else if (Result<std::uint64_t> e = run_estimate(estimate); e.ok()) {
+        size_bytes = *e;  // caching off: the estimate only labels the handle
+      }
+    }
 
     std::vector<Handle> dropped;  // released after the lock
     std::unique_lock<std::mutex> guard(core_->mutex);
     const std::int64_t now = now_ns();
     out.load_time = core_->clock() - started;
+    if (flight) {
+      reserved_bytes_ -= flight->reserved;
+      flight->reserved = 0;
+    }
     if (!loaded.ok()) {
       load_failures_ += 1;
       if (flight) finish_flight(key, flight, loaded.error(), nullptr);
       return loaded.error();
     }
+    if (flight && budget_bytes_ != 0 && size_bytes > budget_bytes_) {
+      refused_ += 1;
+      Error err = make_error("load_failed", too_large(key, size_bytes, budget_bytes_, true));
+      finish_flight(key, flight, err, nullptr);
+      guard.unlock();
+      return err;  // `loaded` is destroyed outside the lock
+    }
     Handle h = std::make_shared<CachedBackend<T>>(typename CachedBackend<T>::Private{}, core_, key,
-                                                  size_bytes, std::move(loaded.value()), now);
+                                                  size_bytes, std::move(loaded.value().backend), now);
     if (take_lease) h->leases_.fetch_add(1, std::memory_order_acq_rel);
     if (flight == nullptr || budget_bytes_ == 0 || flight->invalidated) {
       // Caching disabled (now or when we started), or invalidated while loading: hand it out uncached.
@@ -589,13 +761,35 @@ class BackendCache {
     map_.emplace(key, lru_.begin());
     total_bytes_ += size_bytes;
     out.cached = true;
-    // Evict from the LRU end until within budget, never the entry just inserted (it is at the front).
-    while (total_bytes_ > budget_bytes_ && lru_.size() > 1) {
-      dropped.push_back(evict_locked(map_.find(lru_.back()->key()), EvictionCause::capacity, now));
-    }
+    // The estimate may have been low, or entries in use kept the room: evict LRU entries not in use,
+    // never the one just inserted (it is at the front and may be leased; an unleased one is kept too).
+    trim_locked(now, dropped, h.get());
     finish_flight(key, flight, std::nullopt, h);
     guard.unlock();
     return h;
+  }
+
+  // Requires core_->mutex. Evicts least-recently-used entries without a lease (never `keep`) until the
+  // cached bytes plus the loads in flight fit the budget; sets or clears core_->over_budget (see Core).
+  void trim_locked(std::int64_t now, std::vector<Handle>& dropped, const CachedBackend<T>* keep = nullptr) {
+    if (budget_bytes_ == 0) return;
+    auto over = [&] { return total_bytes_ + reserved_bytes_ > budget_bytes_; };
+    if (!over()) {
+      core_->over_budget.store(false);
+      return;
+    }
+    // Raise the flag BEFORE reading any lease count: a lease that ends after we read it as held then sees
+    // the flag and trims again (store-then-load on both sides, all seq_cst), so no excess outlives it.
+    core_->over_budget.store(true);
+    for (auto pos = lru_.end(); over() && pos != lru_.begin();) {
+      --pos;
+      const Handle& e = *pos;
+      if (e.get() == keep || e->leases_.load() > 0) continue;  // seq_cst: pairs with Core::over_budget
+      auto victim = pos;
+      ++pos;  // evict_locked erases `victim`; `pos` stays valid
+      dropped.push_back(evict_locked(map_.find((*victim)->key()), EvictionCause::capacity, now));
+    }
+    core_->over_budget.store(total_bytes_ > budget_bytes_);
   }
 
   // Requires core_->mutex. Publishes a load's outcome to its waiters and forgets the flight.
@@ -645,14 +839,17 @@ class BackendCache {
 
   const std::shared_ptr<cache_detail::Core> core_;  ///< core_->mutex guards everything below
   // Invariant: an entry is in map_ iff it is in lru_; map_ points at its list node; total_bytes_ is the
-  // sum of their sizes. A key is in flights_ while exactly one caller runs its loader (and never when
-  // caching is disabled).
+  // sum of their sizes. A key is in flights_ while exactly one caller estimates and loads it (never when
+  // caching is disabled). total_bytes_ <= budget_bytes_ unless entries in use hold more (then
+  // core_->over_budget is set and the next lease to end trims).
   std::unordered_map<std::string, typename LruList::iterator> map_;   ///< GUARDED_BY(core_->mutex)
   LruList lru_;                                                       ///< GUARDED_BY(core_->mutex)
   std::unordered_map<std::string, std::shared_ptr<Flight>> flights_;  ///< GUARDED_BY(core_->mutex)
   std::uint64_t total_bytes_ = 0;                                     ///< GUARDED_BY(core_->mutex)
-  std::uint64_t budget_bytes_;                                        ///< GUARDED_BY(core_->mutex)
-  std::optional<std::chrono::milliseconds> idle_ttl_;                 ///< GUARDED_BY(core_->mutex)
+  std::uint64_t reserved_bytes_ = 0;  ///< GUARDED_BY(core_->mutex): sum of the flights' `reserved`
+  std::uint64_t refused_ = 0;         ///< GUARDED_BY(core_->mutex)
+  std::uint64_t budget_bytes_;        ///< GUARDED_BY(core_->mutex)
+  std::optional<std::chrono::milliseconds> idle_ttl_;  ///< GUARDED_BY(core_->mutex)
   std::uint64_t hits_ = 0, misses_ = 0, coalesced_ = 0, loads_ = 0, load_failures_ = 0;  ///< GUARDED_BY
   std::uint64_t evictions_[4] = {0, 0, 0, 0};  ///< GUARDED_BY(core_->mutex), indexed by EvictionCause
   double last_eviction_age_s_ = 0;             ///< GUARDED_BY(core_->mutex)

@@ -37,6 +37,15 @@ uint64_t expert_bank_bytes(const std::vector<experts::ExpertBankInfo>& banks) {
   }
   return total;
 }
+
+/// The KV cache length a load with `options` gives a model of `hp`.
+int64_t context_tokens(const model::Hparams& hp, const LoadOptions& options) {
+  return options.context_length > 0 ? options.context_length
+                                    : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
+}
+int64_t max_batch(int64_t n_ctx) {
+  return std::min(kMaxBatch, n_ctx);
+}
 }  // namespace
 
 StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint64_t file_bytes,
@@ -133,9 +142,8 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   }
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   lm->pool = std::make_unique<ThreadPool>(std::max(1, threads));
-  const int64_t n_ctx = options.context_length > 0 ? options.context_length
-                                                   : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
-  lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
+  const int64_t n_ctx = context_tokens(hp, options);
+  lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), max_batch(n_ctx));
   lm->forward->set_prefetch(options.prefetch);
   lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
@@ -261,11 +269,73 @@ uint64_t expert_cache_bytes(const LoadedModel& lm) {
   if (lm.streamed == nullptr) return 0;
   return std::max(lm.streamed->stats().cache_bytes, lm.streamed->resident_bytes());
 }
+/// Bytes of the routed-expert banks named in the file's tensor table.
+uint64_t expert_bank_bytes(const gguf::GgufFile& file) {
+  uint64_t total = 0;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    const std::string_view name = t.name;
+    if (name.ends_with("_exps.weight")) total += t.n_bytes;
+  }
+  return total;
+}
 }  // namespace
 
+Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options) {
+  if (options.context_length < 0) {
+    return make_error("load_failed",
+                      "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
+  }
+  auto file = gguf::GgufFile::open(path);
+  if (!file.ok()) {
+    if (file.error().code == "not_found") return make_error("not_found", path + ": " + file.error().message);
+    return make_error("load_failed", path + ": " + file.error().message);
+  }
+  auto hp = model::read_hparams(**file);
+  if (!hp.ok()) return make_error("load_failed", path + ": " + hp.error().message);
+  // n_vocab is token_embd's row count, as Model::load takes it.
+  const gguf::TensorInfo* embd = (*file)->find_tensor("token_embd.weight");
+  if (embd == nullptr || embd->n_dims != 2) {
+    return make_error("load_failed", path + ": tensor token_embd.weight missing or not 2-D");
+  }
+  hp->n_vocab = static_cast<int64_t>(embd->ne[1]);
+  const int64_t n_ctx = context_tokens(*hp, options);
+  MemoryBreakdown m;
+  // A streamed model maps its expert banks but reads them through the expert cache: the streamer's term
+  // (its share of the expert budget) goes in `experts`, and its banks come off `weights`.
+  m.weights = (*file)->file_size();
+  if (hp->is_moe()) {
+    // The same decision load_model makes; a streamed model holds at most its banks or the pool's budget.
+    experts::MemoryProbe memory;
+    if (options.stream_experts == "auto") memory = experts::probe_memory("/proc", "/sys/fs/cgroup");
+    if (decide_streaming(options.stream_experts, true, (*file)->file_size(), memory).stream) {
+      const uint64_t banks = expert_bank_bytes(**file);
+      const uint64_t budget = options.expert_pool != nullptr ? options.expert_pool->budget_bytes()
+                              : options.expert_ram_gb > 0
+                                  ? static_cast<uint64_t>(options.expert_ram_gb * 1e9)
+                                  : experts::budget_from_available(
+                                        experts::probe_memory("/proc", "/sys/fs/cgroup").effective_available);
+      m.weights -= std::min(m.weights, banks);
+      m.experts = std::min(banks, budget);
+    }
+  }
+  m.kv_cache = ForwardPass::kv_cache_bytes_for(*hp, n_ctx);
+  m.scratch = ForwardPass::scratch_bytes_for(*hp, max_batch(n_ctx));
+  m.logits = static_cast<uint64_t>(hp->n_vocab) * sizeof(float);
+  return m;
+}
+
+MemoryBreakdown model_memory(const LoadedModel& lm) {
+  MemoryBreakdown m;
+  m.weights = mapped_weight_bytes(lm);
+  m.kv_cache = lm.kv->size_bytes();
+  m.scratch = lm.forward->scratch_bytes();
+  m.logits = lm.logits.size() * sizeof(float);
+  m.experts = expert_cache_bytes(lm);
+  return m;
+}
+
 uint64_t model_memory_bytes(const LoadedModel& lm) {
-  return mapped_weight_bytes(lm) + lm.kv->size_bytes() + lm.forward->scratch_bytes() +
-         lm.logits.size() * sizeof(float) + expert_cache_bytes(lm);
+  return model_memory(lm).total();
 }
 
 bool model_streams_experts(const LoadedModel& lm) {

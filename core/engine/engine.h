@@ -118,9 +118,25 @@ Result<GenerateResult> generate(LoadedModel& model, const GenerateRequest& reque
                                 const std::function<void(const TokenEvent&)>& on_token,
                                 const std::atomic<bool>* cancelled);
 
-/// Bytes the model holds (weights mapped + KV cache + scratch), for the cache budget and reporting. A
-/// streamed model's expert banks are not counted (never touched through the mapping); its expert cache
-/// share is.
+/// What a model holds, by part: the same terms for the estimate made before loading and the figure read
+/// after it, so the two can be compared term by term.
+struct MemoryBreakdown {
+  uint64_t weights = 0;   ///< the mapped file: header (read at load) and the tensors the forward pass reads
+  uint64_t kv_cache = 0;  ///< fp16 K and V for the context the model is loaded with
+  uint64_t scratch = 0;   ///< the forward pass's activation buffers
+  uint64_t logits = 0;    ///< one row of n_vocab floats
+  uint64_t experts = 0;   ///< bytes an expert source keeps beyond the mapping (0 for resident experts)
+  uint64_t total() const { return weights + kv_cache + scratch + logits + experts; }
+};
+
+/// The memory load_model(path, options) will report in model_memory(), from the GGUF header alone (the
+/// file is mapped and its header parsed; no tensor data is read and no buffer allocated). Equal to the
+/// loaded figure for a model whose experts are resident. Errors: not_found, load_failed.
+Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options);
+/// What a loaded model holds now.
+MemoryBreakdown model_memory(const LoadedModel& model);
+/// model_memory(model).total(): the bytes the daemon charges the model against its cache budget. A streamed
+/// model's expert banks are not counted (never touched through the mapping); its expert cache share is.
 uint64_t model_memory_bytes(const LoadedModel& model);
 /// True when the model's experts are streamed from disk.
 bool model_streams_experts(const LoadedModel& model);

@@ -79,6 +79,32 @@ uint64_t ForwardPass::scratch_bytes() const {
   return f * sizeof(float) + i * sizeof(int32_t);
 }
 
+uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_batch) {
+  // The sizes the constructor gives its buffers, in its order.
+  const uint64_t B = static_cast<uint64_t>(max_batch);
+  const uint64_t ff = static_cast<uint64_t>(std::max(hp.n_ff, hp.n_ff_exp));
+  const uint64_t embd = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t ff_rows =
+      std::max<uint64_t>(B * ff, hp.is_moe() ? static_cast<uint64_t>(hp.n_expert_used * hp.n_ff_exp) : 0);
+  uint64_t f =
+      B * (2 * embd + static_cast<uint64_t>(hp.q_dim() + hp.k_dim() + hp.v_dim() + hp.attn_out_dim()) + embd +
+           static_cast<uint64_t>(hp.n_rot)) +
+      2 * ff_rows;
+  uint64_t i = 0;
+  if (hp.is_moe()) {
+    const uint64_t E = static_cast<uint64_t>(hp.n_expert);
+    const uint64_t K = static_cast<uint64_t>(hp.n_expert_used);
+    f += 2 * B * E + B * K + B * K * embd + B * embd;  // router_, probs_, sel_w_, slot_out_, xe_
+    i += B * K + B * K + (E + 1) + E + E;  // sel_ids_, group_rows_, group_start_, cursor_, active_
+  }
+  return f * sizeof(float) + i * sizeof(int32_t);
+}
+
+uint64_t ForwardPass::kv_cache_bytes_for(const model::Hparams& hp, int64_t n_ctx) {
+  return static_cast<uint64_t>(hp.n_layer * hp.n_head_kv * n_ctx * (hp.head_dim_k + hp.head_dim_v)) *
+         sizeof(uint16_t);
+}
+
 void ForwardPass::parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn) {
   if (pool_ == nullptr || pool_->size() == 1 || n <= grain) {
     fn(0, n);

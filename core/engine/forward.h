@@ -68,6 +68,11 @@ class ForwardPass {
   int64_t max_batch() const { return max_batch_; }
   /// Bytes of scratch this object holds.
   uint64_t scratch_bytes() const;
+  /// What scratch_bytes() will be for a model of `hp` and `max_batch`, without building one (the memory
+  /// estimate made before loading; tests/engine/memory_estimate_test.cpp keeps the two equal).
+  static uint64_t scratch_bytes_for(const model::Hparams& hp, int64_t max_batch);
+  /// Bytes of the KV cache make_cache(n_ctx) allocates for `hp`.
+  static uint64_t kv_cache_bytes_for(const model::Hparams& hp, int64_t n_ctx);
 
  private:
   Result<void> eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows);

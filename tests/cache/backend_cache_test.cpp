@@ -289,21 +289,19 @@ TEST(BackendCacheLruTest, EvictsInLruOrderAcrossManyEntries) {
   EXPECT_EQ(s.evictions_capacity, 50u);
 }
 
-TEST(BackendCacheLruTest, OversizedEntryStaysAloneNeverEvictingItself) {
+TEST(BackendCacheLruTest, OversizedEntryIsRefusedAndEvictsNothing) {
   BackendCache<int> cache(100);
   ASSERT_TRUE(cache.get_or_load("a", 40, [] { return value(1); }).ok());
   ASSERT_TRUE(cache.get_or_load("b", 40, [] { return value(2); }).ok());
-  auto big = cache.get_or_load("big", 500, [] { return value(3); });
-  ASSERT_TRUE(big.ok());
+  auto big = cache.get_or_load("big", 500, never_called);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().code, "load_failed");
   CacheStats s = cache.stats();
-  EXPECT_EQ(s.entries, 1u);
-  EXPECT_TRUE(cache.contains("big"));
-  EXPECT_EQ(s.total_bytes, 500u);
-  EXPECT_EQ(s.evictions_capacity, 2u);
-  // The next insert evicts it in turn.
-  ASSERT_TRUE(cache.get_or_load("c", 10, [] { return value(4); }).ok());
-  EXPECT_FALSE(cache.contains("big"));
-  EXPECT_EQ(cache.stats().total_bytes, 10u);
+  EXPECT_EQ(s.entries, 2u) << "a refusal evicts nothing";
+  EXPECT_EQ(s.total_bytes, 80u);
+  EXPECT_EQ(s.evictions_capacity, 0u);
+  EXPECT_EQ(s.refused, 1u);
+  EXPECT_EQ(s.loads, 2u) << "big's loader never ran";
 }
 
 // --- Handles, leases, and release -------------------------------------------------------------------
@@ -420,7 +418,8 @@ TEST(BackendCacheHandleTest, LockUnlessGivesUpWhenStoppedAndLocksWhenFree) {
   {
     auto first = handle->lock();
     auto waiter = std::async(std::launch::async, [&] { return handle->lock_unless(stop, milliseconds(1)); });
-    EXPECT_EQ(waiter.wait_for(milliseconds(30)), std::future_status::timeout) << "waits while the model is held";
+    EXPECT_EQ(waiter.wait_for(milliseconds(30)), std::future_status::timeout)
+        << "waits while the model is held";
     stop = true;
     auto gave_up = waiter.get();
     EXPECT_FALSE(gave_up.owns_lock()) << "a stopped waiter returns without the lock";

@@ -26,6 +26,7 @@
 #include "tests/test_support.h"
 
 #if CAR_DAEMON_HAVE_ENGINE
+#include "core/engine/engine.h"
 #include "core/synth/synth_model.h"
 #endif
 
@@ -452,26 +453,46 @@ TEST_F(DaemonBinaryEngineTest, IdleEvictionWithAOneSecondTtl) {
 }
 
 TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
-  for (uint64_t seed : {2, 3, 4}) write_model(models_ / ("m" + std::to_string(seed) + ".gguf"), seed, 1);
-  const uint64_t size = std::filesystem::file_size(models_ / "m2.gguf");
-  // A budget of two and a half models (in MiB, the setting's unit): grow the models' count of MiB.
-  const uint64_t budget_mb = 1;
-  if (!(2 * size <= (budget_mb << 20) && 3 * size > (budget_mb << 20))) {
-    // tiny_spec's size moved: make each model about 400 KiB by adding layers.
-    for (uint32_t layers = 2; layers < 64; ++layers) {
-      for (uint64_t seed : {2, 3, 4}) write_model(models_ / ("m" + std::to_string(seed) + ".gguf"), seed, layers);
-      uint64_t s = std::filesystem::file_size(models_ / "m2.gguf");
-      if (2 * s <= (budget_mb << 20) && 3 * s > (budget_mb << 20)) break;
-      ASSERT_LE(s, budget_mb << 20) << "no layer count makes two models fit in 1 MiB and three not";
-    }
+  // What the daemon charges a model: the engine's estimate, which equals what the loaded model holds
+  // (weights + KV cache for the context + scratch + logits), not the file size.
+  auto charge = [](const std::filesystem::path& p) {
+    auto e = engine::estimate_memory(p.string(), engine::LoadOptions{});
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return e.ok() ? e->total() : 0;
+  };
+  // A budget of two and a half models (in MiB, the setting's unit): add layers until two fit and three not.
+  const uint64_t budget_mb = 2;
+  for (uint32_t layers = 1; layers < 64; ++layers) {
+    for (uint64_t seed : {2, 3, 4})
+      write_model(models_ / ("m" + std::to_string(seed) + ".gguf"), seed, layers);
+    uint64_t s = charge(models_ / "m2.gguf");
+    if (2 * s <= (budget_mb << 20) && 3 * s > (budget_mb << 20)) break;
+    ASSERT_LE(2 * s, budget_mb << 20) << "no layer count makes two models fit in the budget and three not";
   }
+  write_model(models_ / "big.gguf", 5, 12);  // more than the whole budget
+  ASSERT_GT(charge(models_ / "big.gguf"), budget_mb << 20);
   env_["CAR_INFERENCE_MODEL_CACHE_MB"] = std::to_string(budget_mb);
   start();
   auto conn = connect();
   for (const char* m : {"m2", "m3", "m4"}) {
     json r = call(conn, {{"id", m}, {"op", "load"}, {"model", m}});
     ASSERT_EQ(r["ok"], true) << r.dump();
+    EXPECT_EQ(r["result"]["size_bytes"].get<uint64_t>(), charge(models_ / (std::string(m) + ".gguf")));
+    json st = stats(conn);
+    EXPECT_LE(st["cache"]["total_bytes"].get<uint64_t>(), budget_mb << 20) << st.dump();
+    for (const auto& e : st["models"]) {
+      if (e["model"] == m) {
+        EXPECT_EQ(e["size_bytes"], r["result"]["size_bytes"]) << st.dump();
+      }
+    }
   }
+  json big = call(conn, {{"id", "big"}, {"op", "load"}, {"model", "big"}});
+  EXPECT_EQ(big["ok"], false) << big.dump();
+  EXPECT_EQ(big["error"]["code"], "load_failed");
+  EXPECT_NE(big["error"]["message"].get<std::string>().find("cache budget is " +
+                                                            std::to_string(budget_mb << 20) + " bytes"),
+            std::string::npos)
+      << big.dump();
   json s = stats(conn);
   EXPECT_EQ(s["cache"]["entries"], 2) << s.dump();
   EXPECT_GE(s["cache"]["evictions_by_cause"]["capacity"], 1);

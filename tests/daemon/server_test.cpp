@@ -39,6 +39,7 @@ using namespace std::chrono_literals;
 
 struct Script {
   std::atomic<int> loads{0};
+  std::atomic<int> estimates{0};
   std::atomic<int> saves{0};
   std::atomic<int> cancelled_generations{0};
   std::atomic<int> live_backends{0};
@@ -107,7 +108,16 @@ class ScriptedRuntime final : public ModelRuntime {
       std::unique_lock lock(script_.gate_mutex);
       script_.gate_cv.wait_for(lock, 30s, [&] { return script_.gate_open; });
     }
-    return std::shared_ptr<Backend>(std::make_shared<ScriptedBackend>(script_, std::filesystem::file_size(path)));
+    // "grows" holds twice what its estimate said (the cache corrects the charge after loading).
+    const uint64_t bytes = std::filesystem::file_size(path) * (stem == "grows" ? 2 : 1);
+    return std::shared_ptr<Backend>(std::make_shared<ScriptedBackend>(script_, bytes));
+  }
+  Result<uint64_t> estimate_bytes(const std::filesystem::path& path, const LoadRequest&) override {
+    ++script_.estimates;
+    std::error_code ec;
+    const uint64_t bytes = std::filesystem::file_size(path, ec);
+    if (ec) return make_error("not_found", path.string() + ": " + ec.message());
+    return bytes;
   }
   bool available() const override { return true; }
   std::string name() const override { return "scripted"; }
@@ -480,6 +490,64 @@ TEST_F(DaemonServerTest, BudgetEvictsTheLeastRecentlyUsedOfThreeModels) {
   EXPECT_FALSE(l["c"]);
   // Evicted backends were released (nobody holds them).
   EXPECT_TRUE(wait_until([&] { return script_.live_backends.load() == 2; }));
+}
+
+TEST_F(DaemonServerTest, BudgetIsACapAndLoadAndStatsReportOneSize) {
+  options_.live.cache_budget_bytes = 2500;
+  write_file(models_ / "huge.gguf", 4000);   // larger than the whole budget
+  write_file(models_ / "grows.gguf", 1000);  // estimated at 1000, holds 2000
+  start();
+  auto conn = connect();
+  auto check = [&](const json& reply) {
+    json s = stats(conn);
+    EXPECT_LE(s["cache"]["total_bytes"].get<uint64_t>(), 2500u) << s.dump();
+    uint64_t sum = 0;
+    for (const auto& m : s["models"]) {
+      sum += m["size_bytes"].get<uint64_t>();
+      if (m["model"] == reply["result"]["model"]) {
+        EXPECT_EQ(m["size_bytes"], reply["result"]["size_bytes"]) << s.dump();
+      }
+    }
+    EXPECT_EQ(sum, s["cache"]["total_bytes"].get<uint64_t>());
+  };
+  for (const char* m : {"a", "b", "grows", "c", "a", "grows", "b"}) {
+    json r = call(conn, {{"id", m}, {"op", "load"}, {"model", m}});
+    ASSERT_EQ(r["ok"], true) << r.dump();
+    EXPECT_EQ(r["result"]["size_bytes"], std::string(m) == "grows" ? 2000 : 1000);
+    check(r);
+    json i = call(conn, {{"id", "i"}, {"op", "infer"}, {"model", m}, {"prompt", "x"}, {"max_tokens", 2}});
+    ASSERT_EQ(i["ok"], true) << i.dump();
+  }
+  const int loads = script_.loads.load();
+  const int estimates = script_.estimates.load();
+  EXPECT_EQ(estimates, loads) << "one estimate per load, none on a hit";
+  json refused = call(conn, {{"id", "h"}, {"op", "load"}, {"model", "huge"}});
+  EXPECT_EQ(error_code(refused), "load_failed");
+  const std::string message = refused["error"]["message"].get<std::string>();
+  EXPECT_NE(message.find("4000 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("2500 bytes"), std::string::npos) << message;
+  EXPECT_EQ(script_.loads.load(), loads) << "refused before loading";
+  json s = stats(conn);
+  EXPECT_EQ(s["cache"]["refused"], 1);
+  EXPECT_LE(s["cache"]["total_bytes"].get<uint64_t>(), 2500u);
+  EXPECT_GE(s["cache"]["entries"].get<int>(), 1) << "the refusal evicted nothing it did not have to";
+}
+
+TEST_F(DaemonServerTest, ZeroBudgetLoadsEveryRequestAndRefusesNothing) {
+  options_.live.cache_budget_bytes = 0;
+  write_file(models_ / "huge.gguf", 4000);
+  start();
+  auto conn = connect();
+  for (int i = 0; i < 2; ++i) {
+    json r = call(conn, {{"id", i}, {"op", "load"}, {"model", "huge"}});
+    ASSERT_EQ(r["ok"], true) << r.dump();
+    EXPECT_EQ(r["result"]["cached"], false);
+    EXPECT_EQ(r["result"]["retained"], false);
+    EXPECT_EQ(r["result"]["size_bytes"], 4000);
+  }
+  EXPECT_EQ(script_.loads.load(), 2);
+  EXPECT_EQ(script_.estimates.load(), 0) << "nothing to make room in";
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 0);
 }
 
 TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
