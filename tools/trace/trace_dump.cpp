@@ -1,12 +1,9 @@
-// Debug tool for issue #15 (not built by CMake): a forward pass written against the engine's public ops and
+// Debug tool (built as car-trace-dump, not installed): a forward pass written against the engine's public ops and
 // kernels, mirroring core/engine/forward.cpp for one prompt batch (products by tensor::matmul / matvec as the
 // engine calls them), that writes every node llama.cpp's traces name ("NODE name ne0 ne1 ne2" + values).
-// Compare with cmp.py. Build from the worktree root after building the libraries:
-//   g++ -O2 -std=c++20 -I. tools/trace/trace_dump.cpp -o /tmp/trace_dump build/core/engine/libcar_engine.a \
-//     build/core/experts/libcar_experts.a build/core/model/libcar_model.a build/core/tensor/libcar_tensor.a \
-//     build/core/gguf/libcar_gguf.a build/core/util/libcar_util.a -lpthread
+// Compare with cmp.py:
 //   T=../shared/conformance/traces/moe-llama-q6_k.txt
-//   /tmp/trace_dump ../shared/conformance/models/moe-llama-q6_k.gguf /tmp/ours.txt $(python3 tools/trace/cmp.py $T)
+//   build/tools/car-trace-dump ../shared/conformance/models/moe-llama-q6_k.gguf /tmp/ours.txt $(python3 tools/trace/cmp.py $T)
 //   python3 tools/trace/cmp.py $T /tmp/ours.txt
 // ISA=scalar|avx2|avx512 selects the kernels. The MoE path computes each (token, slot) product separately
 // (equal to the engine's grouped products bit for bit).
@@ -121,7 +118,7 @@ int main(int argc, char** argv) {
       dump("ffn_moe_weights_norm" + s, w.data(), K, n);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < K; ++j) {
-          experts::ExpertLease lease = src->acquire((int)il, sel[i * K + j]);
+          experts::ExpertLease lease = std::move(src->acquire((int)il, sel[i * K + j]).value());
           const auto& ew = lease.weights();
           const int64_t a = i * K + j;
           tensor::matvec(ew.gate, xn.data() + i * E, g.data() + a * ff, nullptr);
@@ -133,7 +130,7 @@ int main(int argc, char** argv) {
       dump("ffn_moe_swiglu" + s, g.data(), ff, K, n);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < K; ++j) {
-          experts::ExpertLease lease = src->acquire((int)il, sel[i * K + j]);
+          experts::ExpertLease lease = std::move(src->acquire((int)il, sel[i * K + j]).value());
           const int64_t a = i * K + j;
           tensor::matvec(lease.weights().down, g.data() + a * ff, d.data() + a * E, nullptr);
         }
