@@ -209,7 +209,7 @@ TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
   EXPECT_EQ(call(conn, {{"id", 11}, {"op", "health"}})["ok"], true);
 
   // The log has one info line per request with op and outcome.
-  EXPECT_NE(daemon_->log().find("op=load model=absent outcome=not_found"), std::string::npos) << daemon_->log();
+  EXPECT_NE(daemon_->log().find(R"(op="load" model="absent" outcome=not_found)"), std::string::npos) << daemon_->log();
   EXPECT_NE(daemon_->log().find("accepted peer pid="), std::string::npos);
   ASSERT_EQ(daemon_->terminate(), 0);
 }
@@ -480,6 +480,42 @@ TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   for (const auto& m : l["result"]["models"]) loaded[m["model"].get<std::string>()] = m["loaded"].get<bool>();
   EXPECT_FALSE(loaded["m2"]);  // the least recently used went first
   EXPECT_TRUE(loaded["m4"]);
+}
+
+// --- Connection limits and start-up failures (issue #15) --------------------------------------------
+
+TEST_F(DaemonBinaryTest, ABadSocketGroupFailsStartUpWithoutLeavingTheSocketFile) {
+  env_["CAR_INFERENCE_SOCKET_GROUP"] = "nosuchgroup";
+  DaemonProcess daemon(env_, (tmp_ / "daemon.log").string());
+  auto code = daemon.wait_exit(20s);
+  ASSERT_TRUE(code.has_value()) << "still running; log:\n" << daemon.log();
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(daemon.log().find("nosuchgroup"), std::string::npos) << daemon.log();
+  EXPECT_FALSE(std::filesystem::exists(socket_)) << "the socket file was left behind";
+}
+
+TEST_F(DaemonBinaryTest, ConnectionSettingsReachTheServer) {
+  env_["CAR_INFERENCE_MAX_CONNECTIONS_PER_UID"] = "1";
+  env_["CAR_INFERENCE_LINE_TIMEOUT_SECS"] = "1";
+  start();  // its probe connections come and go
+  std::optional<ClientConnection> first;
+  ASSERT_TRUE(wait_until([&] {  // refused (with one error line) until the daemon saw the probes close
+    first.emplace(connect());
+    if (!first->send_line(R"({"id": 1, "op": "health"})").ok()) return false;
+    auto line = first->read_line(5s);
+    if (!line.ok() || !line.value()) return false;
+    return json::parse(**line, nullptr, false).value("ok", false);
+  }));
+  json s = stats(*first);
+  EXPECT_EQ(s["connections"]["max_per_uid"], 1);
+  EXPECT_EQ(s["connections"]["max"], 256);
+  auto second = connect();
+  json refused = read_json(second, 5s);
+  EXPECT_EQ(error_code(refused), "too_many_connections") << refused.dump();
+  // The half-sent line of the admitted connection times out after a second.
+  ASSERT_TRUE(first->send_raw(R"({"id": 2, "op")").ok());
+  EXPECT_EQ(error_code(read_json(*first, 10s)), "line_timeout");
+  EXPECT_EQ(daemon_->terminate(), 0);
 }
 
 }  // namespace
