@@ -5,6 +5,7 @@
 // infer, on synthetic models (core/synth); without it those tests skip.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -516,6 +517,74 @@ TEST_F(DaemonBinaryTest, ConnectionSettingsReachTheServer) {
   ASSERT_TRUE(first->send_raw(R"({"id": 2, "op")").ok());
   EXPECT_EQ(error_code(read_json(*first, 10s)), "line_timeout");
   EXPECT_EQ(daemon_->terminate(), 0);
+}
+
+TEST_F(DaemonBinaryTest, AConnectionFloodAtALowFileLimitLeavesDescriptorsForOthers) {
+  // The daemon runs with an open-file limit of 256 (soft and hard, set in its own child process), so its
+  // connection cap becomes 256 - 128 whatever MAX_CONNECTIONS says.
+  env_["CAR_INFERENCE_MAX_CONNECTIONS"] = "100000";
+  env_["CAR_INFERENCE_MAX_CONNECTIONS_PER_UID"] = "100000";
+  const std::string log_path = (tmp_ / "daemon.log").string();
+  std::vector<std::string> env_strings = {"PATH=/usr/bin:/bin"};
+  for (const auto& [k, v] : env_) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    rlimit low{256, 256};
+    ::setrlimit(RLIMIT_NOFILE, &low);
+    int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(log, STDERR_FILENO);
+    char* argv[] = {const_cast<char*>(kBinary.c_str()), nullptr};
+    ::execve(kBinary.c_str(), argv, envp.data());
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{pid};
+  auto log = [&] {
+    std::ifstream in(log_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  ASSERT_TRUE(wait_until([&] { return ClientConnection::connect(socket_).ok(); }, 20s)) << log();
+  std::optional<ClientConnection> control;
+  ASSERT_TRUE(wait_until([&] {
+    control.emplace(connect());
+    if (!control->send_line(R"({"id": 0, "op": "health"})").ok()) return false;
+    auto line = control->read_line(5s);
+    return line.ok() && line.value() && json::parse(**line, nullptr, false).value("ok", false);
+  }));
+  EXPECT_EQ(stats(*control)["connections"]["max"], 128);
+  EXPECT_NE(log().find("max connections lowered from 100000 to 128"), std::string::npos) << log();
+  // A flood of 300 connections, more than the daemon has descriptors: the ones past the cap are refused
+  // with one line; none is left hanging.
+  std::vector<ClientConnection> flood;
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    flood.push_back(connect());
+    (void)flood.back().send_line(R"({"id": 1, "op": "health"})");  // a refused one may be closed already
+  }
+  for (auto& c : flood) {
+    json r = read_json(c, 10s);
+    if (error_code(r) == "too_many_connections") ++refused;
+  }
+  EXPECT_EQ(refused, 300 - 127) << "128 admitted, the control connection one of them";
+  // The daemon still has descriptors for its own work: `list` reads the models directory, `load` opens
+  // the file (and fails only because it is not a model).
+  json l = call(*control, {{"id", 2}, {"op", "list"}});
+  EXPECT_EQ(l["ok"], true) << l.dump();
+  json load = call(*control, {{"id", 3}, {"op", "load"}, {"model", "garbage"}});
+  EXPECT_EQ(error_code(load), "load_failed");
+  EXPECT_EQ(load["error"]["message"].get<std::string>().find("Too many open files"), std::string::npos) << load.dump();
+  flood.clear();
 }
 
 }  // namespace
