@@ -41,6 +41,10 @@ constexpr std::string_view kAllowGids = "CAR_INFERENCE_ALLOW_GIDS";
 constexpr std::string_view kWorkers = "CAR_INFERENCE_WORKERS";
 constexpr std::string_view kQueueDepth = "CAR_INFERENCE_QUEUE_DEPTH";
 constexpr std::string_view kShutdownGrace = "CAR_INFERENCE_SHUTDOWN_GRACE_SECS";
+constexpr std::string_view kMaxConnections = "CAR_INFERENCE_MAX_CONNECTIONS";
+constexpr std::string_view kMaxConnectionsPerUid = "CAR_INFERENCE_MAX_CONNECTIONS_PER_UID";
+constexpr std::string_view kLineTimeout = "CAR_INFERENCE_LINE_TIMEOUT_SECS";
+constexpr std::string_view kMaxPendingOutput = "CAR_INFERENCE_MAX_PENDING_OUTPUT_MB";
 /// Names the config file; read from flags/environment only, never from the file itself.
 constexpr std::string_view kConfig = "CAR_INFERENCE_CONFIG";
 constexpr std::string_view kPrefix = "CAR_INFERENCE_";
@@ -369,6 +373,26 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
     if (!n.ok()) return n.error();
     out.shutdown_grace_secs = n.value();
   }
+  if (const RawValue* v = get(kMaxConnections)) {
+    auto n = get_u64(kMaxConnections, *v, 1, 1'000'000);
+    if (!n.ok()) return n.error();
+    out.max_connections = static_cast<std::size_t>(n.value());
+  }
+  if (const RawValue* v = get(kMaxConnectionsPerUid)) {
+    auto n = get_u64(kMaxConnectionsPerUid, *v, 1, 1'000'000);
+    if (!n.ok()) return n.error();
+    out.max_connections_per_uid = static_cast<std::size_t>(n.value());
+  }
+  if (const RawValue* v = get(kLineTimeout)) {
+    auto n = get_u64(kLineTimeout, *v, 0, 86400);
+    if (!n.ok()) return n.error();
+    out.line_timeout_secs = n.value();
+  }
+  if (const RawValue* v = get(kMaxPendingOutput)) {
+    auto n = get_u64(kMaxPendingOutput, *v, 1, 4096);
+    if (!n.ok()) return n.error();
+    out.max_pending_output_mb = n.value();
+  }
   if (in.config_path) out.config_file = *in.config_path;
   // The baseline stays the start-up file across reloads: the environment mirrors that one, not the last.
   out.file_values = previous_file_values != nullptr ? *previous_file_values : std::move(in.file_values);
@@ -457,7 +481,11 @@ std::string Settings::describe() const {
     << kAllowGids << '=' << join(allow_gids) << '\n'
     << kWorkers << '=' << workers << '\n'
     << kQueueDepth << '=' << queue_depth << '\n'
-    << kShutdownGrace << '=' << shutdown_grace_secs << '\n';
+    << kShutdownGrace << '=' << shutdown_grace_secs << '\n'
+    << kMaxConnections << '=' << max_connections << '\n'
+    << kMaxConnectionsPerUid << '=' << max_connections_per_uid << '\n'
+    << kLineTimeout << '=' << line_timeout_secs << '\n'
+    << kMaxPendingOutput << '=' << max_pending_output_mb << '\n';
   return o.str();
 }
 
@@ -490,6 +518,18 @@ const std::vector<SettingInfo>& setting_table() {
       {kQueueDepth, "", "--queue-depth", "64", "jobs waiting for a worker before requests get `busy`", false},
       {kShutdownGrace, "", "--shutdown-grace-secs", "10",
        "on SIGTERM, how long in-flight requests may finish before they are cancelled (0-86400)", false},
+      {kMaxConnections, "", "--max-connections", "256",
+       "open client connections at most (1-1000000); more are refused with `too_many_connections`, and the "
+       "cap is lowered to fit the open-file limit",
+       true},
+      {kMaxConnectionsPerUid, "", "--max-connections-per-uid", "64",
+       "open client connections at most per peer uid (1-1000000)", true},
+      {kLineTimeout, "", "--line-timeout-secs", "30",
+       "close a connection whose request line stays incomplete this long (0-86400; 0: never)", true},
+      {kMaxPendingOutput, "", "--max-pending-output-mb", "1",
+       "unread replies per connection (MiB, 1-4096) past which its requests are no longer read; past twice "
+       "this its streamed requests are cancelled",
+       true},
   };
   return table;
 }
@@ -543,6 +583,10 @@ ReloadPlan plan_reload(const Settings& current, const Settings& next) {
   p.budget_changed = current.cache_mb != next.cache_mb;
   p.idle_ttl_changed = current.idle_secs != next.idle_secs;
   p.log_level_changed = current.log_level != next.log_level;
+  p.connection_limits_changed = current.max_connections != next.max_connections ||
+                                current.max_connections_per_uid != next.max_connections_per_uid ||
+                                current.line_timeout_secs != next.line_timeout_secs ||
+                                current.max_pending_output_mb != next.max_pending_output_mb;
   auto check = [&](bool changed, std::string_view var) {
     if (changed) p.needs_restart.emplace_back(var);
   };

@@ -13,8 +13,9 @@
 // Unknown CAR_INFERENCE_* keys in the file are errors (typos); other keys are ignored (they are for other
 // programs). Unknown CAR_INFERENCE_* variables in the environment become warnings in Settings::warnings.
 //
-// Live reload (SIGHUP): only the budget, the idle TTL and the log level change in a running daemon
-// (live_reloadable_settings()); reload_settings() + plan_reload() compute the new values and what changed.
+// Live reload (SIGHUP): only the budget, the idle TTL, the log level and the connection limits change in a
+// running daemon (live_reloadable_settings()); reload_settings() + plan_reload() compute the new values and
+// what changed.
 //
 // Thread safety: all functions are reentrant; Settings is a plain value.
 #pragma once
@@ -77,6 +78,10 @@ struct Settings {
   unsigned workers = 2;           ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
   std::size_t queue_depth = 64;   ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
   std::uint64_t shutdown_grace_secs = 10;  ///< CAR_INFERENCE_SHUTDOWN_GRACE_SECS
+  std::size_t max_connections = 256;       ///< CAR_INFERENCE_MAX_CONNECTIONS (live)
+  std::size_t max_connections_per_uid = 64;  ///< CAR_INFERENCE_MAX_CONNECTIONS_PER_UID (live)
+  std::uint64_t line_timeout_secs = 30;      ///< CAR_INFERENCE_LINE_TIMEOUT_SECS; 0: never (live)
+  std::uint64_t max_pending_output_mb = 1;   ///< CAR_INFERENCE_MAX_PENDING_OUTPUT_MB (live)
 
   std::optional<std::filesystem::path> config_file;  ///< the file that was read, if any
   std::vector<std::string> warnings;  ///< non-fatal findings (unknown CAR_INFERENCE_* variables ...)
@@ -108,7 +113,9 @@ struct SettingInfo {
 };
 const std::vector<SettingInfo>& setting_table();
 
-/// The variables that SIGHUP changes live: CAR_INFERENCE_MODEL_CACHE_MB, _MODEL_IDLE_SECS, _LOG_LEVEL.
+/// The variables that SIGHUP changes live: CAR_INFERENCE_MODEL_CACHE_MB, _MODEL_IDLE_SECS, _LOG_LEVEL and the
+/// connection limits (_MAX_CONNECTIONS, _MAX_CONNECTIONS_PER_UID, _LINE_TIMEOUT_SECS,
+/// _MAX_PENDING_OUTPUT_MB).
 std::vector<std::string_view> live_reloadable_settings();
 
 /// Resolve from argv (argv[0] is the program), an environment, and system facts. Reads the config file.
@@ -138,9 +145,13 @@ struct ReloadPlan {
   bool budget_changed = false;
   bool idle_ttl_changed = false;
   bool log_level_changed = false;
+  /// MAX_CONNECTIONS(_PER_UID), LINE_TIMEOUT_SECS or MAX_PENDING_OUTPUT_MB changed.
+  bool connection_limits_changed = false;
   std::vector<std::string>
       needs_restart;  ///< variables that changed but are not live (ignored until restart)
-  bool any_live_change() const { return budget_changed || idle_ttl_changed || log_level_changed; }
+  bool any_live_change() const {
+    return budget_changed || idle_ttl_changed || log_level_changed || connection_limits_changed;
+  }
 };
 ReloadPlan plan_reload(const Settings& current, const Settings& next);
 

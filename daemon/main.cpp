@@ -2,11 +2,15 @@
 // logging to stderr (journald keeps it under systemd), adopts a socket-activation fd if systemd passed
 // one, and runs the Server until SIGTERM/SIGINT. Exit codes: 0 clean shutdown, 1 runtime failure,
 // 2 bad configuration.
+#include <sys/resource.h>
+
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "config/settings.h"
 #include "daemon/model_runtime.h"
@@ -22,6 +26,11 @@ LiveSettings live_of(const car::config::Settings& s) {
   live.cache_budget_bytes = s.cache_budget_bytes();
   live.idle_ttl = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(s.idle_secs));
   live.log_level = std::string(car::config::to_string(s.log_level));
+  live.max_connections = s.max_connections;
+  live.max_connections_per_uid = s.max_connections_per_uid;
+  live.line_timeout = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(s.line_timeout_secs));
+  live.max_pending_output_bytes =
+      static_cast<std::size_t>(s.max_pending_output_mb * car::config::Settings::kMiB);
   return live;
 }
 
@@ -33,6 +42,20 @@ void setup_logging(const car::config::Settings& s) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(std::string(car::config::to_string(s.log_level))));
   spdlog::flush_on(spdlog::level::info);
+}
+
+/// Raise the soft open-file limit to the hard one (systemd's default soft limit is 1024; LimitNOFILE= in the
+/// unit sets both). The connection cap is then fitted below it (ConnectionLimits).
+void raise_fd_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  const rlim_t before = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    spdlog::warn("cannot raise the open-file limit from {}: {}", before, std::strerror(errno));
+  } else {
+    spdlog::debug("open-file limit raised from {} to {}", before, rl.rlim_cur);
+  }
 }
 
 }  // namespace
@@ -49,6 +72,7 @@ int main(int argc, char** argv) {
   }
   setup_logging(*settings);
   for (const auto& w : settings->warnings) spdlog::warn("{}", w);
+  raise_fd_limit();
   spdlog::debug("settings:\n{}", settings->describe());
 
   auto listen_fd = car::daemon::systemd::take_listen_fd();

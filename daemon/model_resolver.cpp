@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <system_error>
 
+#include "daemon/safe_text.h"
+
 namespace car::daemon {
 
 namespace fs = std::filesystem;
@@ -27,10 +29,12 @@ Result<void> check_model_id(const std::string& id) {
   if (id.size() > kMaxIdBytes) {
     return make_error("forbidden", "model id is " + std::to_string(id.size()) + " bytes, the limit is 255");
   }
+  // The id is echoed in the messages below only once it is known to hold no unsafe character.
+  if (auto why = unsafe_text_reason(id)) return make_error("forbidden", "model id rejected: " + *why);
   if (id.front() == '.') return make_error("forbidden", "model id '" + id + "' starts with '.'");
   for (unsigned char c : id) {
-    if (c == '/' || c == '\\') return make_error("forbidden", "model id '" + id + "' contains a path separator");
-    if (c < 0x20 || c == 0x7f) return make_error("forbidden", "model id contains a control character or NUL");
+    if (c == '/' || c == '\\')
+      return make_error("forbidden", "model id '" + id + "' contains a path separator");
   }
   if (id.find("..") != std::string::npos) return make_error("forbidden", "model id '" + id + "' contains '..'");
   return {};

@@ -1,10 +1,11 @@
 // Model ids -> files: an id names `<models_dir>/<id>.gguf` and nothing else. Model ids come from the socket
 // (untrusted), so resolution refuses anything that could name a file outside the models directory.
 //
-// Rules: an id that is empty, longer than 255 bytes, contains '/', '\\', NUL or control characters, or is
-// "." / ".." / starts with '.' is `forbidden`; so is an id whose file resolves (symlinks followed,
-// weakly_canonical) to a path outside the canonical models directory. A well-formed id whose file does not
-// exist (or is not a regular file) is `not_found`. Pure functions over the file system; thread-safe.
+// Rules: an id that is empty, longer than 255 bytes, not valid UTF-8, contains '/', '\\', NUL, a control
+// character (C0, DEL, C1) or another unsafe character (safe_text.h: U+2028/U+2029, bidi controls, zero-width
+// characters), or is "." / ".." / starts with '.' is `forbidden`; so is an id whose file resolves (symlinks
+// followed, weakly_canonical) to a path outside the canonical models directory. A well-formed id whose file
+// does not exist (or is not a regular file) is `not_found`. Pure functions over the file system; thread-safe.
 #pragma once
 
 #include <cstdint>

@@ -54,6 +54,73 @@ Result<std::optional<double>> number_field(const json& body, const char* name, d
   return std::optional<double>{v};
 }
 
+/// Index just past the JSON string starting at `i` (a '"'); the text is known to be valid JSON.
+std::size_t skip_string(std::string_view s, std::size_t i) {
+  for (++i; i < s.size(); ++i) {
+    if (s[i] == '\\') {
+      ++i;
+    } else if (s[i] == '"') {
+      return i + 1;
+    }
+  }
+  return s.size();
+}
+
+std::size_t skip_space(std::string_view s, std::size_t i) {
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  return i;
+}
+
+/// Index just past the JSON value starting at `i`.
+std::size_t skip_value(std::string_view s, std::size_t i) {
+  if (i >= s.size()) return i;
+  if (s[i] == '"') return skip_string(s, i);
+  if (s[i] == '{' || s[i] == '[') {
+    int depth = 0;
+    while (i < s.size()) {
+      const char c = s[i];
+      if (c == '"') {
+        i = skip_string(s, i);
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if ((c == '}' || c == ']') && --depth == 0) return i + 1;
+      ++i;
+    }
+    return i;
+  }
+  while (i < s.size() && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' &&
+         s[i] != '\n' && s[i] != '\r') {
+    ++i;
+  }
+  return i;
+}
+
+/// The text of the top-level member `key` of the JSON object `line` (already parsed successfully, so it is
+/// valid), as it was written; the last one when the key repeats (as the parser keeps the last).
+std::string_view raw_member(std::string_view line, std::string_view key) {
+  std::string_view found;
+  std::size_t i = skip_space(line, 0);
+  if (i >= line.size() || line[i] != '{') return found;
+  i = skip_space(line, i + 1);
+  while (i < line.size() && line[i] == '"') {
+    const std::size_t key_end = skip_string(line, i);
+    const std::string_view raw_key = line.substr(i, key_end - i);
+    i = skip_space(line, key_end);
+    i = skip_space(line, i + 1);  // the ':'
+    const std::size_t value_end = skip_value(line, i);
+    bool match = raw_key.size() == key.size() + 2 && raw_key.substr(1, key.size()) == key;
+    if (!match && raw_key.find('\\') != std::string_view::npos) {  // an escaped spelling of the key
+      json k = json::parse(raw_key, nullptr, false);
+      match = k.is_string() && k.get_ref<const std::string&>() == key;
+    }
+    if (match) found = line.substr(i, value_end - i);
+    i = skip_space(line, value_end);
+    if (i < line.size() && line[i] == ',') i = skip_space(line, i + 1);
+  }
+  return found;
+}
+
 }  // namespace
 
 std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -66,6 +133,15 @@ Result<Request> parse_request(std::string_view line, json* id_out) {
   Request req;
   if (auto it = doc.find("id"); it != doc.end()) {
     if (!is_scalar(*it)) return bad("field 'id' must be a JSON scalar (string, number, boolean or null)");
+    // Every reply echoes the id exactly as sent, which the parsed value can do for integers alone: a
+    // fraction or exponent (2.5, 1e3), an integer beyond int64/uint64 (parsed as a double) and -0 (parsed
+    // as 0) would come back spelled differently.
+    if (it->is_number_float() ||
+        (it->is_number_integer() && it->get<int64_t>() == 0 && raw_member(line, "id").substr(0, 1) == "-")) {
+      return bad(
+          "field 'id': a numeric id must be an integer from -9223372036854775808 to "
+          "18446744073709551615 without fraction, exponent or '-0'; use a string for anything else");
+    }
     req.id = *it;
     if (id_out != nullptr) *id_out = *it;
   }

@@ -36,6 +36,9 @@ inline constexpr const char* kShuttingDown = "shutting_down";
 inline constexpr const char* kInternal = "internal";
 inline constexpr const char* kBusy = "busy";
 inline constexpr const char* kIoError = "io_error";  ///< a streamed MoE expert could not be read from disk
+inline constexpr const char* kTooManyConnections = "too_many_connections";  ///< then the connection closes
+inline constexpr const char* kLineTimeout = "line_timeout";                 ///< then the connection closes
+inline constexpr const char* kOutputOverflow = "output_overflow";  ///< a stream the client did not read
 }  // namespace code
 
 /// A request line after framing and JSON parsing. `id` is null when the request carried none.
@@ -45,9 +48,10 @@ struct Request {
   nlohmann::json body;        ///< the whole object, for op-specific fields
 };
 
-/// Parse one line into a Request. Errors (code bad_request): not JSON, not an object, `id` not a scalar,
-/// `op` missing or not a string. The id is recovered whenever the line is an object, so even a rejected
-/// request's error reply carries it (`id_out`).
+/// Parse one line into a Request. Errors (code bad_request): not JSON, not an object, `id` not a scalar or
+/// a number other than an integer in int64/uint64 range (2.5, 1e3, 2^64 and -0 could not be echoed as
+/// sent), `op` missing or not a string. The id is recovered whenever the line is an object, so even a
+/// rejected request's error reply carries it (`id_out`).
 Result<Request> parse_request(std::string_view line, nlohmann::json* id_out);
 
 /// Sampling and limits of an `infer` request, validated.
@@ -118,6 +122,8 @@ class LineFramer {
   void feed(std::string_view bytes, std::vector<Item>& out);
   /// Bytes of the current unfinished line held (0 while discarding).
   std::size_t buffered() const { return partial_.size(); }
+  /// Is a line started and not yet ended (bytes held, or an over-long line being discarded)?
+  bool in_line() const { return !partial_.empty() || discarding_; }
 
  private:
   std::size_t max_line_;

@@ -1,6 +1,7 @@
 #include "daemon/server.h"
 
 #include <grp.h>
+#include <malloc.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "daemon/peer_credentials.h"
+#include "daemon/protocol.h"
 #include "daemon/session.h"
 #include "daemon/systemd_notify.h"
 
@@ -97,26 +99,35 @@ Result<void> Server::open() {
     spdlog::info("removing stale socket {}", path);
     ::unlink(path.c_str());
   }
+  // Resolve the group before the socket file exists, so a bad group leaves nothing behind.
+  std::optional<gid_t> gid;
+  if (!options_.socket_group.empty()) {
+    auto g = group_id(options_.socket_group);
+    if (!g) return g.error();
+    gid = *g;
+  }
   acceptor_.open(stream_protocol(), ec);
   if (ec) return make_error("listen_failed", "socket(): " + ec.message());
+  // From bind on, a failure removes the file it made.
+  auto fail = [&](std::string message) -> Result<void> {
+    boost::system::error_code close_ec;
+    acceptor_.close(close_ec);
+    if (created_socket_file_) ::unlink(path.c_str());
+    created_socket_file_ = false;
+    return make_error("listen_failed", std::move(message));
+  };
   // Bind with a umask that leaves the file 0660 from its first moment, then chmod to be explicit.
   mode_t old_mask = ::umask(0117);
   acceptor_.bind(stream_protocol::endpoint(path), ec);
   ::umask(old_mask);
-  if (ec) return make_error("listen_failed", "cannot bind " + path + ": " + ec.message());
+  if (ec) return fail("cannot bind " + path + ": " + ec.message());
   created_socket_file_ = true;
-  if (::chmod(path.c_str(), 0660) != 0) {
-    return make_error("listen_failed", "chmod 0660 " + path + ": " + errno_text());
-  }
-  if (!options_.socket_group.empty()) {
-    auto gid = group_id(options_.socket_group);
-    if (!gid) return gid.error();
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
-      return make_error("listen_failed", "chown " + path + " to group " + options_.socket_group + ": " + errno_text());
-    }
+  if (::chmod(path.c_str(), 0660) != 0) return fail("chmod 0660 " + path + ": " + errno_text());
+  if (gid && ::chown(path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
+    return fail("chown " + path + " to group " + options_.socket_group + ": " + errno_text());
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return make_error("listen_failed", "listen on " + path + ": " + ec.message());
+  if (ec) return fail("listen on " + path + ": " + ec.message());
   spdlog::info("listening on {} (mode 0660{}{})", path, options_.socket_group.empty() ? "" : ", group ",
                options_.socket_group);
   return {};
@@ -181,6 +192,19 @@ asio::awaitable<void> Server::accept_loop() {
       spdlog::warn("conn {}: rejected peer {} (not in the allow-list)", number, creds->to_string());
       continue;
     }
+    auto& limits = service_->connections();
+    if (std::string why = limits.refusal(creds->uid); !why.empty()) {
+      // One error line, then close. The socket is new, so its send buffer has room: no blocking.
+      limits.count_refusal();
+      const std::string line = protocol::error_line(nullptr, protocol::code::kTooManyConnections, why) + "\n";
+      (void)::send(socket.native_handle(), line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_refusal_log_ >= 1s) {  // a flood of refusals logs once a second
+        last_refusal_log_ = now;
+        spdlog::warn("conn {}: refused peer {}: {}", number, creds->to_string(), why);
+      }
+      continue;  // `socket` closes here
+    }
     spdlog::info("conn {}: accepted peer {}", number, creds->to_string());
     auto session = std::make_shared<Session>(std::move(socket), *service_, *creds, number, options_.max_line_bytes);
     service_->session_opened(session);
@@ -199,6 +223,7 @@ void Server::arm_idle_timer() {
   idle_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
     if (service_->evict_idle() > 0) spdlog::debug("after idle sweep: {}", service_->status_line());
+    trim_after_closes();
     update_status();
     arm_idle_timer();
   });
@@ -269,6 +294,12 @@ void Server::finish_shutdown() {
     if (!ec) service_->close_sessions(/*graceful=*/false, nullptr);
   });
   service_->close_sessions(/*graceful=*/true, [this] { grace_timer_.cancel(); });
+}
+
+void Server::trim_after_closes() {
+  // glibc keeps freed heap memory in its arenas. Connections that closed since the last sweep freed their
+  // sessions, coroutine frames and reply queues: give that memory back to the system.
+  if (service_->connections().take_closed() > 0) ::malloc_trim(0);
 }
 
 void Server::update_status() { systemd::notify_status(service_->status_line()); }

@@ -5,7 +5,12 @@
 // Life: open() binds the socket (0660, optional group) or adopts the socket-activation fd; run() serves
 // until SIGTERM/SIGINT (or request_stop()), then stops accepting, lets in-flight work finish for the
 // grace period, cancels what is left, closes sessions, runs the shutdown hooks and removes the socket
-// file it created. SIGHUP re-reads the live settings. run() returns 0 on a clean shutdown.
+// file it created (open() removes it too when it fails after binding). SIGHUP re-reads the live settings.
+// run() returns 0 on a clean shutdown.
+//
+// Connections: a peer outside the allow-list is dropped; one past CAR_INFERENCE_MAX_CONNECTIONS (or its
+// uid's share) gets one `too_many_connections` line and is closed (ConnectionLimits). The idle sweep gives
+// freed heap memory back to the system after connections closed (malloc_trim).
 //
 // Thread safety: open() and run() from one thread; request_stop() from any thread.
 #pragma once
@@ -46,6 +51,7 @@ class Server {
   void begin_shutdown(const char* why);
   void finish_shutdown();
   void update_status();
+  void trim_after_closes();
 
   ServerOptions options_;
   ModelRuntime& runtime_;
@@ -60,6 +66,7 @@ class Server {
   bool stopping_ = false;
   bool finished_ = false;
   uint64_t next_session_ = 1;
+  std::chrono::steady_clock::time_point last_refusal_log_{};
 };
 
 }  // namespace car::daemon

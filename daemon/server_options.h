@@ -22,6 +22,11 @@ struct LiveSettings {
   uint64_t cache_budget_bytes = 24576ull << 20;
   std::chrono::seconds idle_ttl{300};  ///< 0 disables idle eviction
   std::string log_level = "info";
+  // Connection limits (connection_limits.h).
+  std::size_t max_connections = 256;         ///< open connections at most (lowered to fit RLIMIT_NOFILE)
+  std::size_t max_connections_per_uid = 64;  ///< open connections at most per peer uid
+  std::chrono::seconds line_timeout{30};     ///< an incomplete request line may take this long; 0: never
+  std::size_t max_pending_output_bytes = 1u << 20;  ///< unread replies per connection before reading pauses
 };
 
 struct ServerOptions {

@@ -8,6 +8,7 @@
 
 #include "daemon/model_resolver.h"
 #include "daemon/protocol.h"
+#include "daemon/safe_text.h"
 
 namespace car::daemon {
 
@@ -36,7 +37,9 @@ std::optional<std::chrono::milliseconds> ttl_of(const LiveSettings& live) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(live.idle_ttl);
 }
 
-std::string id_text(const json& id) { return id.is_null() ? "-" : protocol::dump(id); }
+// Client-supplied strings go into log lines only through these (safe_text.h): quoted and escaped.
+std::string id_text(const json& id) { return log_id(id); }
+std::string text(const std::string& s) { return s.empty() ? "-" : log_quote(s); }
 
 }  // namespace
 
@@ -56,14 +59,20 @@ Service::Service(asio::io_context& io, const ServerOptions& options, ModelRuntim
       options_(options),
       runtime_(runtime),
       cache_(options.live.cache_budget_bytes, ttl_of(options.live)),
-      pool_(std::max<std::size_t>(1, options.workers), std::max<std::size_t>(1, options.queue_capacity)) {}
+      pool_(std::max<std::size_t>(1, options.workers), std::max<std::size_t>(1, options.queue_capacity)),
+      connections_(options.live, current_fd_limit()) {}
 
 Service::~Service() { pool_.stop(); }
 
-void Service::session_opened(const std::shared_ptr<Session>& session) { sessions_.insert(session); }
+void Service::session_opened(const std::shared_ptr<Session>& session) {
+  if (sessions_.insert(session).second) connections_.opened(session->peer().uid);
+}
 
 void Service::session_closed(const std::shared_ptr<Session>& session) {
-  if (sessions_.erase(session) != 0) spdlog::debug("conn {}: closed", session->number());
+  if (sessions_.erase(session) != 0) {
+    connections_.closed(session->peer().uid);
+    spdlog::debug("conn {}: closed", session->number());
+  }
   if (sessions_.empty() && all_closed_) std::exchange(all_closed_, nullptr)();
 }
 
@@ -81,7 +90,7 @@ void Service::handle_line(const std::shared_ptr<Session>& session, std::string_v
   try {
     dispatch(session, req);
   } catch (const std::exception& e) {
-    spdlog::error("conn {}: op {} threw: {}", session->number(), req.op, e.what());
+    spdlog::error("conn {}: op {} threw: {}", session->number(), text(req.op), e.what());
     reply_now(session, req, protocol::error_line(req.id, protocol::code::kInternal, e.what()), "internal");
   }
 }
@@ -90,7 +99,7 @@ void Service::reply_now(const std::shared_ptr<Session>& session, Request& req, c
                         const std::string& outcome) {
   session->send(line);
   spdlog::info("conn={} id={} op={} model={} outcome={} ms={:.2f}", session->number(), id_text(req.id),
-               req.op.empty() ? "-" : req.op, req.model.empty() ? "-" : req.model, outcome, ms_since(req.received));
+               text(req.op), text(req.model), outcome, ms_since(req.received));
 }
 
 void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
@@ -104,6 +113,14 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
                 "unknown op '" + op + "' (known: load, infer, stats, invalidate, list, health, cancel)");
   }
   if (shutting_down_) return fail(protocol::code::kShuttingDown, "car-inferenced is shutting down");
+  // An id shared by two requests in flight would make their replies and `cancel` ambiguous.
+  if (!req.id.is_null() && session->id_in_flight(req.id)) {
+    return fail(protocol::code::kBadRequest,
+                "id " + protocol::dump(req.id) +
+                    " is already used by a request in flight on this connection; "
+                    "ids must be unique among requests in flight (that request "
+                    "carries on)");
+  }
 
   if (op == "health") {
     json r = {{"status", "ok"},
@@ -181,8 +198,9 @@ void Service::start_job(const std::shared_ptr<Session>& session, Request& req) {
     asio::post(io_, [this, session = std::move(session), pending = std::move(pending),
                      shared_req = std::move(shared_req), line = std::move(line), outcome]() mutable {
       session->finish(pending, std::move(line));
-      spdlog::info("conn={} id={} op={} model={} outcome={} ms={:.2f}", session->number(), id_text(shared_req->id),
-                   shared_req->op, shared_req->model, outcome, ms_since(shared_req->received));
+      spdlog::info("conn={} id={} op={} model={} outcome={} ms={:.2f}", session->number(),
+                   id_text(shared_req->id), text(shared_req->op), text(shared_req->model), outcome,
+                   ms_since(shared_req->received));
       job_done();
     });
   });
@@ -192,8 +210,9 @@ void Service::start_job(const std::shared_ptr<Session>& session, Request& req) {
                                                   "car-inferenced is busy: " +
                                                       std::to_string(options_.queue_capacity) +
                                                       " requests are already queued; retry later"));
-    spdlog::info("conn={} id={} op={} model={} outcome=busy ms={:.2f}", session->number(), id_text(shared_req->id),
-                 shared_req->op, shared_req->model, ms_since(shared_req->received));
+    spdlog::info("conn={} id={} op={} model={} outcome=busy ms={:.2f}", session->number(),
+                 id_text(shared_req->id), text(shared_req->op), text(shared_req->model),
+                 ms_since(shared_req->received));
     return;
   }
   ++in_flight_;
@@ -302,9 +321,9 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
   params.ignore_eos = req.infer.ignore_eos;
   TokenSink sink;
   if (req.infer.stream) {
-    sink = [this, session, id = req.id](int32_t token, const std::string& text) {
-      asio::post(io_, [session, line = protocol::token_line(id, text, token)]() mutable {
-        session->send(std::move(line));
+    sink = [this, session, pending, id = req.id](int32_t token, const std::string& text) {
+      asio::post(io_, [session, pending, line = protocol::token_line(id, text, token)]() mutable {
+        session->send_token(pending, std::move(line));
       });
     };
   }
@@ -384,6 +403,7 @@ void Service::apply_live(const LiveSettings& live) {
   Evicted e = cache_.set_budget(live.cache_budget_bytes);
   cache_.set_idle_ttl(ttl_of(live));
   spdlog::set_level(spdlog::level::from_str(live.log_level));
+  connections_.apply(live);
   spdlog::info("settings reloaded: cache budget {} bytes, idle TTL {} s, log level {} ({} model(s) evicted)",
                live.cache_budget_bytes, live.idle_ttl.count(), live.log_level, e.entries);
 }
@@ -463,6 +483,7 @@ json Service::stats_json() const {
                 {"evicted_held_bytes", s.evicted_held_bytes},
                 {"mean_eviction_age_s", s.mean_eviction_age_seconds}};
   return {{"cache", cache},
+          {"connections", connections_.stats()},
           {"models", models},
           {"experts", experts},  // per MoE model: its expert source's counters (Backend::expert_stats)
           {"requests", {{"total", requests_}, {"in_flight", in_flight_}, {"busy_rejections", busy_rejections_}}},

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cache/backend_cache.h"
+#include "daemon/connection_limits.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server_options.h"
 #include "daemon/session.h"
@@ -66,6 +67,7 @@ class Service {
   std::size_t in_flight() const { return in_flight_; }
   bool shutting_down() const { return shutting_down_; }
   ModelCache& cache() { return cache_; }
+  ConnectionLimits& connections() { return connections_; }
 
  private:
   struct Request;
@@ -99,6 +101,7 @@ class Service {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
   // io thread only:
+  ConnectionLimits connections_;  // before sessions_: sessions report to it until they are destroyed
   std::unordered_set<std::shared_ptr<Session>> sessions_;
   std::size_t in_flight_ = 0;        // jobs submitted and not yet reported
   bool shutting_down_ = false;

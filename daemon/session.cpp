@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <memory>
 
 #include "daemon/protocol.h"
+#include "daemon/safe_text.h"
 #include "daemon/service.h"
 
 namespace car::daemon {
@@ -13,21 +15,34 @@ namespace asio = boost::asio;
 using asio::awaitable;
 using asio::use_awaitable;
 using nlohmann::json;
+using namespace std::chrono_literals;
 
 namespace {
 constexpr auto kTuple = asio::as_tuple(use_awaitable);
 constexpr std::size_t kWriteBatchBytes = 64 * 1024;
+/// After a line timeout, how long the error line may take to reach a client that does not read.
+constexpr auto kTimeoutCloseDelay = 2s;
+
+/// The io thread's read buffer, shared by every session on it: a reader fills it and frames its bytes with
+/// no co_await in between, so an idle connection holds no buffer of its own.
+std::array<char, 64 * 1024>& read_buffer() {
+  thread_local auto buf = std::make_unique<std::array<char, 64 * 1024>>();  // allocated on the io thread only
+  return *buf;
+}
 }  // namespace
 
 Session::Session(asio::local::stream_protocol::socket socket, Service& service, PeerCredentials peer,
                  uint64_t number, std::size_t max_line_bytes)
     : socket_(std::move(socket)),
       write_signal_(socket_.get_executor()),
+      drain_signal_(socket_.get_executor()),
+      line_timer_(socket_.get_executor()),
       service_(service),
       peer_(peer),
       number_(number),
       max_line_bytes_(max_line_bytes) {
   write_signal_.expires_at(asio::steady_timer::time_point::max());
+  drain_signal_.expires_at(asio::steady_timer::time_point::max());
 }
 
 void Session::start() {
@@ -36,11 +51,31 @@ void Session::start() {
   asio::co_spawn(socket_.get_executor(), [self]() { return self->writer(); }, asio::detached);
 }
 
+void Session::account(std::ptrdiff_t delta) {
+  queued_bytes_ = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(queued_bytes_) + delta);
+  service_.connections().add_queued(delta);
+}
+
 void Session::send(std::string line) {
   if (closed_) return;
   line.push_back('\n');
+  account(static_cast<std::ptrdiff_t>(line.size()));
   queue_.push_back(std::move(line));
   write_signal_.cancel_one();
+}
+
+void Session::send_token(const std::shared_ptr<Pending>& pending, std::string line) {
+  if (closed_ || pending->overflowed) return;
+  const std::size_t bound = service_.connections().max_pending_output();
+  if (queued_bytes_ >= 2 * bound) {
+    pending->overflowed = true;
+    pending->cancelled.store(true);
+    service_.connections().count_output_overflow();
+    spdlog::info("conn {}: {} bytes of replies unread (bound {}): cancelling streamed request id={}", number_,
+                 queued_bytes_, bound, log_id(pending->id));
+    return;
+  }
+  send(std::move(line));
 }
 
 std::shared_ptr<Pending> Session::begin(json id, std::string op, std::string model) {
@@ -54,8 +89,23 @@ std::shared_ptr<Pending> Session::begin(json id, std::string op, std::string mod
 
 void Session::finish(const std::shared_ptr<Pending>& pending, std::string final_line) {
   pending_.remove(pending);
+  if (pending->overflowed) {
+    final_line = protocol::error_line(
+        pending->id, protocol::code::kOutputOverflow,
+        "cancelled: the client left more than " +
+            std::to_string(2 * service_.connections().max_pending_output()) +
+            " bytes of replies unread on this connection (twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB); read "
+            "replies as they arrive");
+  }
   send(std::move(final_line));
   maybe_close();
+}
+
+bool Session::id_in_flight(const json& id) const {
+  for (const auto& p : pending_) {
+    if (p->id == id) return true;
+  }
+  return false;
 }
 
 std::size_t Session::cancel(const json& target) {
@@ -72,6 +122,7 @@ void Session::cancel_all() {
 
 void Session::close_when_idle() {
   reading_done_ = true;
+  drain_signal_.cancel();
   maybe_close();
 }
 
@@ -81,10 +132,13 @@ void Session::close_now() {
   reading_done_ = true;
   cancel_all();
   queue_.clear();
+  account(-static_cast<std::ptrdiff_t>(queued_bytes_));
   boost::system::error_code ec;
   socket_.shutdown(asio::socket_base::shutdown_both, ec);
   socket_.close(ec);
   write_signal_.cancel();
+  drain_signal_.cancel();
+  line_timer_.cancel();
   service_.session_closed(shared_from_this());
 }
 
@@ -93,22 +147,82 @@ void Session::maybe_close() {
   if (reading_done_ && pending_.empty()) write_signal_.cancel_one();
 }
 
+void Session::update_line_timer(bool in_line) {
+  const auto timeout = service_.connections().line_timeout();
+  if (!in_line || timeout.count() <= 0 || reading_done_) {
+    if (line_timer_armed_) line_timer_.cancel();
+    line_timer_armed_ = false;
+    return;
+  }
+  if (line_timer_armed_) return;  // counted from the line's first byte, not its latest
+  line_timer_armed_ = true;
+  line_timer_.expires_after(timeout);
+  line_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (ec || !self->line_timer_armed_) return;
+    self->line_timed_out();
+  });
+}
+
+void Session::line_timed_out() {
+  line_timer_armed_ = false;
+  if (closed_ || reading_done_) return;
+  const auto timeout = service_.connections().line_timeout();
+  service_.connections().count_line_timeout();
+  spdlog::info("conn {}: request line incomplete after {} s: closing the connection", number_,
+               timeout.count());
+  send(protocol::error_line(nullptr, protocol::code::kLineTimeout,
+                            "request line incomplete after " + std::to_string(timeout.count()) +
+                                " s (CAR_INFERENCE_LINE_TIMEOUT_SECS); closing the connection"));
+  // Like a disconnect: nothing more is read, what is in flight is cancelled, the writer closes once the
+  // error line is out - or the timer below does, when the client does not read it either.
+  reading_done_ = true;
+  cancel_all();
+  boost::system::error_code ec;
+  socket_.shutdown(asio::socket_base::shutdown_receive, ec);  // wakes the reader's wait
+  maybe_close();
+  line_timer_.expires_after(kTimeoutCloseDelay);
+  line_timer_.async_wait([self = shared_from_this()](boost::system::error_code wait_ec) {
+    if (!wait_ec) self->close_now();
+  });
+}
+
 awaitable<void> Session::reader() {
   protocol::LineFramer framer(max_line_bytes_);
   std::vector<protocol::LineFramer::Item> items;
-  std::array<char, 64 * 1024> buf{};
+  boost::system::error_code ec;
+  socket_.non_blocking(true, ec);
   while (!reading_done_) {
-    auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf), kTuple);
-    if (ec || reading_done_) {
-      if (ec && ec != asio::error::eof && ec != asio::error::operation_aborted) {
-        spdlog::debug("conn {}: read error: {}", number_, ec.message());
+    auto [wait_ec] = co_await socket_.async_wait(asio::socket_base::wait_read, kTuple);
+    if (wait_ec || reading_done_) {
+      if (wait_ec && wait_ec != asio::error::operation_aborted) {
+        spdlog::debug("conn {}: read error: {}", number_, wait_ec.message());
       }
+      break;
+    }
+    auto& buf = read_buffer();
+    std::size_t n = socket_.read_some(asio::buffer(buf), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
+    if (ec) {
+      if (ec != asio::error::eof) spdlog::debug("conn {}: read error: {}", number_, ec.message());
       break;
     }
     items.clear();
     framer.feed(std::string_view(buf.data(), n), items);
     for (auto& item : items) {
-      if (closed_) co_return;
+      if (closed_ || reading_done_) co_return;
+      // Backpressure: take no new request while the client leaves this much of our output unread.
+      if (queued_bytes_ >= service_.connections().max_pending_output()) {
+        paused_ = true;
+        update_line_timer(false);
+        spdlog::debug("conn {}: {} bytes of replies unread: reading paused", number_, queued_bytes_);
+        while (!closed_ && !reading_done_ &&
+               queued_bytes_ >= service_.connections().max_pending_output() / 2) {
+          co_await drain_signal_.async_wait(kTuple);
+          drain_signal_.expires_at(asio::steady_timer::time_point::max());
+        }
+        paused_ = false;
+        if (closed_ || reading_done_) co_return;
+      }
       if (item.kind == protocol::LineFramer::Item::Kind::kOversized) {
         spdlog::info("conn {}: request line over {} bytes rejected", number_, max_line_bytes_);
         send(protocol::error_line(nullptr, protocol::code::kBadRequest,
@@ -119,8 +233,14 @@ awaitable<void> Session::reader() {
       std::string_view line = item.line;
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
       service_.handle_line(shared_from_this(), line);
+      // Let the replies, tokens and other connections that became ready run before the next request of
+      // this chunk, so a batch of requests sees the backpressure its own answers build up.
+      co_await asio::post(socket_.get_executor(), use_awaitable);
     }
+    items = {};  // an idle connection keeps no item storage either
+    update_line_timer(framer.in_line());
   }
+  update_line_timer(false);
   if (closed_) co_return;
   // The client is gone (or half-closed): nothing more will be asked, and nobody may be reading the
   // answers of what is in flight - cancel it; the writer closes once the cancelled requests reported.
@@ -136,6 +256,7 @@ awaitable<void> Session::writer() {
   std::string batch;
   while (!closed_) {
     if (queue_.empty()) {
+      batch = std::string();  // give a large batch's memory back while idle
       if (reading_done_ && pending_.empty()) break;
       co_await write_signal_.async_wait(kTuple);
       continue;
@@ -146,6 +267,9 @@ awaitable<void> Session::writer() {
       queue_.pop_front();
     }
     auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(batch), kTuple);
+    if (closed_) break;
+    account(-static_cast<std::ptrdiff_t>(batch.size()));
+    if (paused_ && queued_bytes_ < service_.connections().max_pending_output() / 2) drain_signal_.cancel();
     if (ec) {
       spdlog::debug("conn {}: write error: {} - cancelling its requests", number_, ec.message());
       break;

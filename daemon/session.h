@@ -6,6 +6,16 @@
 // A request in flight is a Pending with a cancellation flag the worker checks between tokens. When the
 // client goes away (end of file, read or write error) every Pending is cancelled; once they have all
 // reported and the queue is flushed, the socket is closed.
+//
+// Limits (ConnectionLimits, read at each use so SIGHUP changes them):
+// - An idle connection holds no read buffer: the reader waits for readability, then reads into the io
+//   thread's one buffer and frames what it got before it waits again.
+// - Backpressure: while the replies queued and not yet written reach max_pending_output, the reader stops
+//   taking requests (the kernel's buffers then fill and the client's writes block); it resumes when the
+//   client has read the queue down to half. A streamed request whose token arrives while the queue holds
+//   twice the bound is cancelled; its final reply becomes error `output_overflow`.
+// - A request line left incomplete for line_timeout is answered with `line_timeout` and the connection
+//   closed. A connection without a partial line is never timed out.
 #pragma once
 
 #include <atomic>
@@ -32,6 +42,7 @@ struct Pending {
   std::string model;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<bool> cancelled{false};
+  bool overflowed = false;  ///< io thread: cancelled because the client did not read its stream
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -43,10 +54,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void start();
   /// Queue one line (the newline is added). Dropped when the connection is already broken.
   void send(std::string line);
+  /// Queue a streamed token event of `pending`; past twice the pending-output bound the request is
+  /// cancelled instead (and its later events dropped).
+  void send_token(const std::shared_ptr<Pending>& pending, std::string line);
   /// Register a request that will finish later (load/infer).
   std::shared_ptr<Pending> begin(nlohmann::json id, std::string op, std::string model);
   /// Forget a finished request and queue its final line.
   void finish(const std::shared_ptr<Pending>& pending, std::string final_line);
+  /// Is a request with this id in flight?
+  bool id_in_flight(const nlohmann::json& id) const;
   /// Cancel the in-flight requests whose id equals `target`. Returns how many.
   std::size_t cancel(const nlohmann::json& target);
   /// Cancel every in-flight request (disconnect, shutdown past the grace period).
@@ -59,22 +75,33 @@ class Session : public std::enable_shared_from_this<Session> {
   const PeerCredentials& peer() const { return peer_; }
   uint64_t number() const { return number_; }
   std::size_t in_flight() const { return pending_.size(); }
+  /// Reply bytes queued and not yet written to the socket.
+  std::size_t queued_bytes() const { return queued_bytes_; }
 
  private:
   boost::asio::awaitable<void> reader();
   boost::asio::awaitable<void> writer();
   void maybe_close();
+  void account(std::ptrdiff_t delta);
+  void update_line_timer(bool in_line);
+  void line_timed_out();
 
   boost::asio::local::stream_protocol::socket socket_;
   boost::asio::steady_timer write_signal_;  // expires at max; cancelled to wake the writer
+  boost::asio::steady_timer
+      drain_signal_;                      // expires at max; cancelled to wake a reader paused by backpressure
+  boost::asio::steady_timer line_timer_;  // armed while a request line is incomplete; then the forced close
   Service& service_;
   const PeerCredentials peer_;
   const uint64_t number_;
   const std::size_t max_line_bytes_;
   std::deque<std::string> queue_;                  // lines waiting for the writer
+  std::size_t queued_bytes_ = 0;                   // bytes of queue_ plus the batch being written
   std::list<std::shared_ptr<Pending>> pending_;    // requests in flight
   bool reading_done_ = false;  // no more requests will be read (EOF, error, shutdown)
   bool closed_ = false;        // the socket is closed; sends are dropped
+  bool paused_ = false;        // the reader waits for the queue to drain (backpressure)
+  bool line_timer_armed_ = false;
 };
 
 }  // namespace car::daemon

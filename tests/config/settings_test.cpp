@@ -75,6 +75,10 @@ TEST(SettingsDefaultsTest, MatchTheContract) {
   EXPECT_EQ(s.workers, 2u);
   EXPECT_EQ(s.queue_depth, 64u);
   EXPECT_EQ(s.shutdown_grace_secs, 10u);
+  EXPECT_EQ(s.max_connections, 256u);
+  EXPECT_EQ(s.max_connections_per_uid, 64u);
+  EXPECT_EQ(s.line_timeout_secs, 30u);
+  EXPECT_EQ(s.max_pending_output_mb, 1u);
   EXPECT_EQ(Settings::max_line_bytes, 1024u * 1024u);
   EXPECT_FALSE(s.config_file.has_value());
   EXPECT_TRUE(s.warnings.empty());
@@ -135,7 +139,11 @@ TEST_F(SettingsFileTest, EveryFlagOverridesItsVariable) {
                       {"CAR_INFERENCE_ALLOW_GIDS", "1"},
                       {"CAR_INFERENCE_WORKERS", "1"},
                       {"CAR_INFERENCE_QUEUE_DEPTH", "1"},
-                      {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "1"}};
+                      {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "1"},
+                      {"CAR_INFERENCE_MAX_CONNECTIONS", "1"},
+                      {"CAR_INFERENCE_MAX_CONNECTIONS_PER_UID", "1"},
+                      {"CAR_INFERENCE_LINE_TIMEOUT_SECS", "1"},
+                      {"CAR_INFERENCE_MAX_PENDING_OUTPUT_MB", "1"}};
   Settings e = load_ok({}, env);
   EXPECT_EQ(e.cache_mb, 1u);
   EXPECT_EQ(e.stream_experts, StreamExperts::on);
@@ -170,7 +178,15 @@ TEST_F(SettingsFileTest, EveryFlagOverridesItsVariable) {
                         "--queue-depth",
                         "9",
                         "--shutdown-grace-secs",
-                        "4"},
+                        "4",
+                        "--max-connections",
+                        "100",
+                        "--max-connections-per-uid",
+                        "10",
+                        "--line-timeout-secs",
+                        "0",
+                        "--max-pending-output-mb",
+                        "8"},
                        env);
   EXPECT_EQ(s.cache_mb, 2u);
   EXPECT_EQ(s.idle_secs, 2u);
@@ -187,6 +203,13 @@ TEST_F(SettingsFileTest, EveryFlagOverridesItsVariable) {
   EXPECT_EQ(s.workers, 3u);
   EXPECT_EQ(s.queue_depth, 9u);
   EXPECT_EQ(s.shutdown_grace_secs, 4u);
+  EXPECT_EQ(s.max_connections, 100u);
+  EXPECT_EQ(s.max_connections_per_uid, 10u);
+  EXPECT_EQ(s.line_timeout_secs, 0u);
+  EXPECT_EQ(s.max_pending_output_mb, 8u);
+  EXPECT_EQ(e.max_connections, 1u);
+  EXPECT_EQ(e.max_connections_per_uid, 1u);
+  EXPECT_EQ(e.line_timeout_secs, 1u);
 }
 
 TEST_F(SettingsFileTest, ConfigFileFromEnvironmentAndFlagBeatsIt) {
@@ -320,6 +343,14 @@ TEST(SettingsValidationTest, EveryBadValueNamesTheVariableAndTheValue) {
       {"CAR_INFERENCE_QUEUE_DEPTH", "deep", "not a positive integer"},
       {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "86401", "out of range (0 to 86400)"},
       {"CAR_INFERENCE_SHUTDOWN_GRACE_SECS", "soon", "not a non-negative integer"},
+      {"CAR_INFERENCE_MAX_CONNECTIONS", "0", "out of range (1 to 1000000)"},
+      {"CAR_INFERENCE_MAX_CONNECTIONS", "lots", "not a positive integer"},
+      {"CAR_INFERENCE_MAX_CONNECTIONS_PER_UID", "0", "out of range (1 to 1000000)"},
+      {"CAR_INFERENCE_MAX_CONNECTIONS_PER_UID", "1000001", "out of range (1 to 1000000)"},
+      {"CAR_INFERENCE_LINE_TIMEOUT_SECS", "30s", "not a non-negative integer"},
+      {"CAR_INFERENCE_LINE_TIMEOUT_SECS", "86401", "out of range (0 to 86400)"},
+      {"CAR_INFERENCE_MAX_PENDING_OUTPUT_MB", "0", "out of range (1 to 4096)"},
+      {"CAR_INFERENCE_MAX_PENDING_OUTPUT_MB", "4097", "out of range (1 to 4096)"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(env_error(c.var, c.value),
@@ -373,11 +404,13 @@ TEST(SettingsHelpTest, HelpListsEveryFlagAndVariable) {
   EXPECT_EQ(load({"-h"}).error().code, "help");
 }
 
-TEST(SettingsReloadTest, LiveSettingsAreBudgetTtlAndLogLevel) {
+TEST(SettingsReloadTest, LiveSettingsAreBudgetTtlLogLevelAndConnectionLimits) {
   auto live = live_reloadable_settings();
   EXPECT_EQ(live,
-            (std::vector<std::string_view>{"CAR_INFERENCE_MODEL_CACHE_MB", "CAR_INFERENCE_MODEL_IDLE_SECS",
-                                           "CAR_INFERENCE_LOG_LEVEL"}));
+            (std::vector<std::string_view>{
+                "CAR_INFERENCE_MODEL_CACHE_MB", "CAR_INFERENCE_MODEL_IDLE_SECS", "CAR_INFERENCE_LOG_LEVEL",
+                "CAR_INFERENCE_MAX_CONNECTIONS", "CAR_INFERENCE_MAX_CONNECTIONS_PER_UID",
+                "CAR_INFERENCE_LINE_TIMEOUT_SECS", "CAR_INFERENCE_MAX_PENDING_OUTPUT_MB"}));
 }
 
 TEST(SettingsReloadTest, PlanReloadSeparatesLiveFromRestartOnly) {
@@ -394,6 +427,17 @@ TEST(SettingsReloadTest, PlanReloadSeparatesLiveFromRestartOnly) {
   EXPECT_FALSE(p.idle_ttl_changed);
   EXPECT_TRUE(p.log_level_changed);
   EXPECT_EQ(p.needs_restart, (std::vector<std::string>{"CAR_INFERENCE_MODELS_DIR", "CAR_INFERENCE_WORKERS"}));
+  EXPECT_FALSE(p.connection_limits_changed);
+  for (auto change :
+       {+[](Settings& s) { s.max_connections = 1; }, +[](Settings& s) { s.max_connections_per_uid = 1; },
+        +[](Settings& s) { s.line_timeout_secs = 1; }, +[](Settings& s) { s.max_pending_output_mb = 2; }}) {
+    Settings c = a;
+    change(c);
+    ReloadPlan q = plan_reload(a, c);
+    EXPECT_TRUE(q.connection_limits_changed);
+    EXPECT_TRUE(q.any_live_change());
+    EXPECT_TRUE(q.needs_restart.empty());
+  }
 }
 
 TEST_F(SettingsFileTest, ReloadPicksUpEditedLiveSettingsOverStaleEnvironment) {

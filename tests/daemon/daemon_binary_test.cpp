@@ -5,6 +5,7 @@
 // infer, on synthetic models (core/synth); without it those tests skip.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -210,7 +211,7 @@ TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
   EXPECT_EQ(call(conn, {{"id", 11}, {"op", "health"}})["ok"], true);
 
   // The log has one info line per request with op and outcome.
-  EXPECT_NE(daemon_->log().find("op=load model=absent outcome=not_found"), std::string::npos) << daemon_->log();
+  EXPECT_NE(daemon_->log().find(R"(op="load" model="absent" outcome=not_found)"), std::string::npos) << daemon_->log();
   EXPECT_NE(daemon_->log().find("accepted peer pid="), std::string::npos);
   ASSERT_EQ(daemon_->terminate(), 0);
 }
@@ -501,6 +502,110 @@ TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   for (const auto& m : l["result"]["models"]) loaded[m["model"].get<std::string>()] = m["loaded"].get<bool>();
   EXPECT_FALSE(loaded["m2"]);  // the least recently used went first
   EXPECT_TRUE(loaded["m4"]);
+}
+
+// --- Connection limits and start-up failures (issue #15) --------------------------------------------
+
+TEST_F(DaemonBinaryTest, ABadSocketGroupFailsStartUpWithoutLeavingTheSocketFile) {
+  env_["CAR_INFERENCE_SOCKET_GROUP"] = "nosuchgroup";
+  DaemonProcess daemon(env_, (tmp_ / "daemon.log").string());
+  auto code = daemon.wait_exit(20s);
+  ASSERT_TRUE(code.has_value()) << "still running; log:\n" << daemon.log();
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(daemon.log().find("nosuchgroup"), std::string::npos) << daemon.log();
+  EXPECT_FALSE(std::filesystem::exists(socket_)) << "the socket file was left behind";
+}
+
+TEST_F(DaemonBinaryTest, ConnectionSettingsReachTheServer) {
+  env_["CAR_INFERENCE_MAX_CONNECTIONS_PER_UID"] = "1";
+  env_["CAR_INFERENCE_LINE_TIMEOUT_SECS"] = "1";
+  start();  // its probe connections come and go
+  std::optional<ClientConnection> first;
+  ASSERT_TRUE(wait_until([&] {  // refused (with one error line) until the daemon saw the probes close
+    first.emplace(connect());
+    if (!first->send_line(R"({"id": 1, "op": "health"})").ok()) return false;
+    auto line = first->read_line(5s);
+    if (!line.ok() || !line.value()) return false;
+    return json::parse(**line, nullptr, false).value("ok", false);
+  }));
+  json s = stats(*first);
+  EXPECT_EQ(s["connections"]["max_per_uid"], 1);
+  EXPECT_EQ(s["connections"]["max"], 256);
+  auto second = connect();
+  json refused = read_json(second, 5s);
+  EXPECT_EQ(error_code(refused), "too_many_connections") << refused.dump();
+  // The half-sent line of the admitted connection times out after a second.
+  ASSERT_TRUE(first->send_raw(R"({"id": 2, "op")").ok());
+  EXPECT_EQ(error_code(read_json(*first, 10s)), "line_timeout");
+  EXPECT_EQ(daemon_->terminate(), 0);
+}
+
+TEST_F(DaemonBinaryTest, AConnectionFloodAtALowFileLimitLeavesDescriptorsForOthers) {
+  // The daemon runs with an open-file limit of 256 (soft and hard, set in its own child process), so its
+  // connection cap becomes 256 - 128 whatever MAX_CONNECTIONS says.
+  env_["CAR_INFERENCE_MAX_CONNECTIONS"] = "100000";
+  env_["CAR_INFERENCE_MAX_CONNECTIONS_PER_UID"] = "100000";
+  const std::string log_path = (tmp_ / "daemon.log").string();
+  std::vector<std::string> env_strings = {"PATH=/usr/bin:/bin"};
+  for (const auto& [k, v] : env_) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    rlimit low{256, 256};
+    ::setrlimit(RLIMIT_NOFILE, &low);
+    int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(log, STDERR_FILENO);
+    char* argv[] = {const_cast<char*>(kBinary.c_str()), nullptr};
+    ::execve(kBinary.c_str(), argv, envp.data());
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{pid};
+  auto log = [&] {
+    std::ifstream in(log_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  ASSERT_TRUE(wait_until([&] { return ClientConnection::connect(socket_).ok(); }, 20s)) << log();
+  std::optional<ClientConnection> control;
+  ASSERT_TRUE(wait_until([&] {
+    control.emplace(connect());
+    if (!control->send_line(R"({"id": 0, "op": "health"})").ok()) return false;
+    auto line = control->read_line(5s);
+    return line.ok() && line.value() && json::parse(**line, nullptr, false).value("ok", false);
+  }));
+  EXPECT_EQ(stats(*control)["connections"]["max"], 128);
+  EXPECT_NE(log().find("max connections lowered from 100000 to 128"), std::string::npos) << log();
+  // A flood of 300 connections, more than the daemon has descriptors: the ones past the cap are refused
+  // with one line; none is left hanging.
+  std::vector<ClientConnection> flood;
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    flood.push_back(connect());
+    (void)flood.back().send_line(R"({"id": 1, "op": "health"})");  // a refused one may be closed already
+  }
+  for (auto& c : flood) {
+    json r = read_json(c, 10s);
+    if (error_code(r) == "too_many_connections") ++refused;
+  }
+  EXPECT_EQ(refused, 300 - 127) << "128 admitted, the control connection one of them";
+  // The daemon still has descriptors for its own work: `list` reads the models directory, `load` opens
+  // the file (and fails only because it is not a model).
+  json l = call(*control, {{"id", 2}, {"op", "list"}});
+  EXPECT_EQ(l["ok"], true) << l.dump();
+  json load = call(*control, {{"id", 3}, {"op", "load"}, {"model", "garbage"}});
+  EXPECT_EQ(error_code(load), "load_failed");
+  EXPECT_EQ(load["error"]["message"].get<std::string>().find("Too many open files"), std::string::npos) << load.dump();
+  flood.clear();
 }
 
 }  // namespace

@@ -9,8 +9,10 @@
 #include <fstream>
 #include <mutex>
 
+#include "daemon/connection_limits.h"
 #include "daemon/model_resolver.h"
 #include "daemon/protocol.h"
+#include "daemon/safe_text.h"
 #include "daemon/worker_pool.h"
 #include "tests/test_support.h"
 
@@ -26,10 +28,43 @@ TEST(DaemonProtocol, ParsesRequestsAndKeepsScalarIds) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->op, "health");
   EXPECT_EQ(r->id, "x-1");
-  for (const char* line : {R"({"id": 7, "op": "list"})", R"({"id": 2.5, "op": "list"})", R"({"id": false, "op": "list"})",
-                           R"({"id": null, "op": "list"})", R"({"op": "list"})"}) {
+  for (const char* line :
+       {R"({"id": 7, "op": "list"})", R"({"id": -7, "op": "list"})", R"({"id": false, "op": "list"})",
+        R"({"id": null, "op": "list"})", R"({"op": "list"})", R"({"id": 0, "op": "list"})"}) {
     EXPECT_TRUE(protocol::parse_request(line, nullptr).ok()) << line;
   }
+}
+
+TEST(DaemonProtocol, NumericIdsAreIntegersEchoedAsSentOrRejected) {
+  // The extremes of int64 and uint64 come back spelled as they were sent.
+  for (const char* raw : {"-9223372036854775808", "18446744073709551615", "0", "42", "-1"}) {
+    json id;
+    const std::string line = std::string(R"({"op": "health", "id": )") + raw + "}";
+    auto r = protocol::parse_request(line, &id);
+    ASSERT_TRUE(r.ok()) << line;
+    EXPECT_EQ(protocol::dump(r->id), raw);
+    EXPECT_NE(protocol::ok_line(r->id, {}).find(std::string("\"id\":") + raw + ","), std::string::npos);
+  }
+  // What the parsed value would spell differently is rejected, with a null id in the error reply.
+  for (const char* raw : {"-0", "-0.0", "2.5", "1.0", "1e3", "1E+2", "18446744073709551616",
+                          "-9223372036854775809", "123456789012345678901234567890"}) {
+    json id = "before";
+    for (const std::string& line : {std::string(R"({"op": "health", "id": )") + raw + "}",
+                                    std::string(R"({ "id" : )") + raw + R"( , "op": "health"})",
+                                    std::string(R"({"id": 1, "op": "health", "\u0069d": )") + raw + "}"}) {
+      auto r = protocol::parse_request(line, &id);
+      ASSERT_FALSE(r.ok()) << line;
+      EXPECT_EQ(r.error().code, "bad_request");
+      EXPECT_NE(r.error().message.find("integer"), std::string::npos) << r.error().message;
+      EXPECT_TRUE(id.is_null()) << line;
+    }
+  }
+  // A key that merely contains "id", or an id inside another member, does not count.
+  EXPECT_TRUE(protocol::parse_request(R"({"idx": -0, "op": "health", "id": 0})", nullptr).ok());
+  EXPECT_TRUE(protocol::parse_request(R"({"x": {"id": -0}, "op": "health", "id": 0})", nullptr).ok());
+  EXPECT_TRUE(protocol::parse_request(R"({"x": "\"id\": -0", "id": 0, "op": "health"})", nullptr).ok());
+  EXPECT_FALSE(protocol::parse_request(R"({"id": 0, "op": "health", "id": -0})", nullptr).ok())
+      << "the last wins";
 }
 
 TEST(DaemonProtocol, RejectsMalformedRequestsWithTheirId) {
@@ -106,6 +141,76 @@ TEST(DaemonProtocol, BuildsAndParsesReplies) {
   EXPECT_FALSE(protocol::parse_reply("garbage").ok());
 }
 
+TEST(DaemonProtocol, FramerSaysWhetherALineIsOpen) {
+  LineFramer f(4);
+  std::vector<LineFramer::Item> out;
+  EXPECT_FALSE(f.in_line());
+  f.feed("ab", out);
+  EXPECT_TRUE(f.in_line());
+  f.feed("\n", out);
+  EXPECT_FALSE(f.in_line());
+  f.feed("123456", out);  // over-long, being discarded: still an open line
+  EXPECT_EQ(f.buffered(), 0u);
+  EXPECT_TRUE(f.in_line());
+  f.feed("\n", out);
+  EXPECT_FALSE(f.in_line());
+}
+
+TEST(DaemonSafeText, LogQuoteEscapesEverythingThatCouldForgeOrHideAField) {
+  using daemon::log_quote;
+  EXPECT_EQ(log_quote("tiny"), "\"tiny\"");
+  EXPECT_EQ(log_quote(""), "\"\"");
+  EXPECT_EQ(log_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(log_quote("x\nconn=1 outcome=ok"), "\"x\\u000Aconn=1 outcome=ok\"");
+  EXPECT_EQ(log_quote("\r\t\x1b[31m\x7f"), "\"\\u000D\\u0009\\u001B[31m\\u007F\"");
+  EXPECT_EQ(log_quote("\xc2\x85"), "\"\\u0085\"");      // C1 NEL
+  EXPECT_EQ(log_quote("\xe2\x80\xa8"), "\"\\u2028\"");  // line separator
+  EXPECT_EQ(log_quote("a\xe2\x80\xae"
+                      "b"),
+            "\"a\\u202Eb\"");                           // right-to-left override
+  EXPECT_EQ(log_quote("\xe2\x81\xa6"), "\"\\u2066\"");  // left-to-right isolate
+  EXPECT_EQ(log_quote("\xef\xbb\xbf"), "\"\\uFEFF\"");
+  EXPECT_EQ(log_quote("caf\xc3\xa9 \xe6\xa8\xa1\xe5\x9e\x8b"), "\"caf\xc3\xa9 \xe6\xa8\xa1\xe5\x9e\x8b\"")
+      << "text stays";
+  EXPECT_EQ(log_quote("\xff\xc3"), "\"\\xFF\\xC3\"");           // not UTF-8
+  EXPECT_EQ(log_quote("\xc0\xaf"), "\"\\xC0\\xAF\"");           // overlong '/'
+  EXPECT_EQ(log_quote("\xed\xa0\x80"), "\"\\xED\\xA0\\x80\"");  // a surrogate
+  EXPECT_EQ(daemon::log_id(nullptr), "-");
+  EXPECT_EQ(daemon::log_id(7), "7");
+  EXPECT_EQ(daemon::log_id(true), "true");
+  EXPECT_EQ(daemon::log_id("a b\n"), "\"a b\\u000A\"");
+}
+
+TEST(DaemonConnectionLimits, TheCapFitsTheOpenFileLimit) {
+  EXPECT_EQ(daemon::fit_connection_cap(256, 8192), 256u);
+  EXPECT_EQ(daemon::fit_connection_cap(100000, 8192), 8192u - 1024u) << "an eighth is kept back";
+  EXPECT_EQ(daemon::fit_connection_cap(256, 1024), 256u);
+  EXPECT_EQ(daemon::fit_connection_cap(2000, 1024), 1024u - 128u) << "at least 128 are kept back";
+  EXPECT_EQ(daemon::fit_connection_cap(256, 100), 1u);
+  EXPECT_EQ(daemon::fit_connection_cap(256, UINT64_MAX), 256u);
+
+  daemon::LiveSettings live;
+  live.max_connections = 3;
+  live.max_connections_per_uid = 2;
+  daemon::ConnectionLimits limits(live, 1024);
+  EXPECT_EQ(limits.refusal(1000), "");
+  limits.opened(1000);
+  limits.opened(1000);
+  EXPECT_NE(limits.refusal(1000).find("MAX_CONNECTIONS_PER_UID=2"), std::string::npos);
+  EXPECT_EQ(limits.refusal(1001), "");
+  limits.opened(1001);
+  EXPECT_NE(limits.refusal(1002).find("MAX_CONNECTIONS=3"), std::string::npos);
+  limits.closed(1000);
+  EXPECT_EQ(limits.refusal(1000), "");
+  EXPECT_EQ(limits.stats()["open"], 2);
+  EXPECT_EQ(limits.stats()["uids"], 2);
+  EXPECT_EQ(limits.take_closed(), 1u);
+  EXPECT_EQ(limits.take_closed(), 0u);
+  live.max_connections = 5000;
+  limits.apply(live);
+  EXPECT_EQ(limits.max_connections(), 1024u - 128u) << "a reload is fitted too";
+}
+
 TEST(DaemonProtocol, FramerSplitsLinesAcrossChunks) {
   LineFramer f(16);
   std::vector<LineFramer::Item> out;
@@ -171,12 +276,47 @@ TEST_F(DaemonResolver, ResolvesIdsInsideTheModelsDirectory) {
 }
 
 TEST_F(DaemonResolver, ForbidsIdsThatCouldEscape) {
-  for (const std::string& id : std::vector<std::string>{"", "../secret", "a/b", "/etc/passwd", "..", ".", ".hidden", std::string("ti\0ny", 5),
-                         "a\\b", "tab\there", std::string(256, 'a'), "leak"}) {
+  for (const std::string& id : std::vector<std::string>{"",
+                                                        "../secret",
+                                                        "a/b",
+                                                        "/etc/passwd",
+                                                        "..",
+                                                        ".",
+                                                        ".hidden",
+                                                        std::string("ti\0ny", 5),
+                                                        "a\\b",
+                                                        "tab\there",
+                                                        std::string(256, 'a'),
+                                                        "leak",
+                                                        "del\x7f",
+                                                        "nel\xc2\x85",
+                                                        "csi\xc2\x9b",
+                                                        "line\xe2\x80\xa8sep",
+                                                        "para\xe2\x80\xa9",
+                                                        "rlo\xe2\x80\xae",
+                                                        "lre\xe2\x80\xaa",
+                                                        "lri\xe2\x81\xa6",
+                                                        "pdi\xe2\x81\xa9",
+                                                        "rlm\xe2\x80\x8f",
+                                                        "zw\xe2\x80\x8bsp",
+                                                        "bom\xef\xbb\xbf",
+                                                        "bad\xff",
+                                                        "overlong\xc0\xaf",
+                                                        "cut\xe2\x80"}) {
     auto r = daemon::resolve_model(dir_, id);
     ASSERT_FALSE(r.ok()) << id;
     EXPECT_EQ(r.error().code, "forbidden") << id << ": " << r.error().message;
   }
+}
+
+TEST_F(DaemonResolver, AcceptsNonAsciiTextIds) {
+  std::ofstream(dir_ / "mod\xc3\xa8le-\xe6\xa8\xa1\xe5\x9e\x8b.gguf") << "x";
+  auto r = daemon::resolve_model(dir_, "mod\xc3\xa8le-\xe6\xa8\xa1\xe5\x9e\x8b");
+  EXPECT_TRUE(r.ok()) << r.error().message;
+  auto c1 = daemon::check_model_id("x\xc2\x85y");
+  ASSERT_FALSE(c1.ok());
+  EXPECT_EQ(c1.error().message,
+            "model id rejected: U+0085 at offset 1 is a control or invisible formatting character");
 }
 
 TEST_F(DaemonResolver, MissingFilesAreNotFound) {

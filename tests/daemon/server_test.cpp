@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -15,9 +16,10 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "daemon/protocol.h"
@@ -284,11 +286,16 @@ TEST_F(DaemonServerTest, PipelinedRequestsEchoTheirIds) {
   start();
   auto conn = connect();
   // A held infer, then quick ops with every kind of scalar id, in one write.
-  std::string batch = json({{"id", "held"}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1},
+  std::string batch = json({{"id", "held"},
+                            {"op", "infer"},
+                            {"model", "a"},
+                            {"prompt", "hold"},
+                            {"max_tokens", 1},
                             {"stream", true}})
                           .dump() +
-                      "\n" + R"({"id": 2.5, "op": "health"})" + "\n" + R"({"id": true, "op": "list"})" + "\n" +
-                      R"({"op": "health"})" + "\n" + R"({"id": null, "op": "health"})" + "\n";
+                      "\n" + R"({"id": -9223372036854775808, "op": "health"})" + "\n" +
+                      R"({"id": true, "op": "list"})" + "\n" + R"({"op": "health"})" + "\n" +
+                      R"({"id": null, "op": "health"})" + "\n";
   ASSERT_TRUE(conn.send_raw(batch).ok());
   std::vector<json> finals;
   bool got_token = false;
@@ -303,7 +310,7 @@ TEST_F(DaemonServerTest, PipelinedRequestsEchoTheirIds) {
     finals.push_back(j);
   }
   // The quick ops answered while the infer is still running, each with its own id.
-  EXPECT_EQ(finals[0]["id"], 2.5);
+  EXPECT_EQ(finals[0]["id"], INT64_MIN);
   EXPECT_EQ(finals[1]["id"], true);
   EXPECT_TRUE(finals[2]["id"].is_null());
   EXPECT_TRUE(finals[3]["id"].is_null());
@@ -661,6 +668,326 @@ TEST_F(DaemonServerTest, AllowListAdmitsListedPeers) {
   start();
   auto conn = connect();
   EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true);
+}
+
+// --- Hardening against slow and greedy clients (issue #15) -------------------------------------------
+
+/// Resident memory of this process (the server runs in it), from /proc/self/statm.
+std::size_t rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0;
+  std::size_t resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+/// The one line a refused connection gets, then end of file.
+json refusal_of(ClientConnection& conn) {
+  json r = read_json(conn, 5s);
+  auto after = conn.read_line(5s);
+  EXPECT_FALSE(after.ok()) << "the refused connection stays open";
+  if (!after.ok()) {
+    EXPECT_EQ(after.error().code, "closed");
+  }
+  return r;
+}
+
+TEST_F(DaemonServerTest, ConnectionsPastTheCapsGetOneErrorLineAndAreClosed) {
+  options_.live.max_connections = 3;
+  options_.live.max_connections_per_uid = 2;
+  start();
+  auto a = connect();
+  auto b = connect();
+  ASSERT_EQ(call(a, {{"id", 1}, {"op", "health"}})["ok"], true);
+  ASSERT_EQ(call(b, {{"id", 1}, {"op", "health"}})["ok"], true);
+  // Every test connection has this process's uid: the third is past the per-uid share.
+  auto c = connect();
+  json r = refusal_of(c);
+  EXPECT_EQ(error_code(r), "too_many_connections");
+  EXPECT_TRUE(r["id"].is_null());
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("CAR_INFERENCE_MAX_CONNECTIONS_PER_UID=2"),
+            std::string::npos);
+  json s = stats(a);
+  EXPECT_EQ(s["connections"]["open"], 2);
+  EXPECT_EQ(s["connections"]["refused"], 1);
+  // Closing one makes room again (the server sees the close asynchronously).
+  b.close();
+  ASSERT_TRUE(wait_until([&] { return stats(a)["connections"]["open"] == 1; }));
+  auto d = connect();
+  EXPECT_EQ(call(d, {{"id", 2}, {"op", "health"}})["ok"], true);
+}
+
+TEST_F(DaemonServerTest, TheTotalCapRefusesWhateverTheUid) {
+  options_.live.max_connections = 2;
+  options_.live.max_connections_per_uid = 100;
+  start();
+  auto a = connect();
+  auto b = connect();
+  ASSERT_EQ(call(b, {{"id", 1}, {"op", "health"}})["ok"], true);
+  auto c = connect();
+  json r = refusal_of(c);
+  EXPECT_EQ(error_code(r), "too_many_connections");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("CAR_INFERENCE_MAX_CONNECTIONS=2"),
+            std::string::npos);
+  EXPECT_EQ(call(a, {{"id", 2}, {"op", "health"}})["ok"], true) << "the admitted ones are unaffected";
+}
+
+TEST_F(DaemonServerTest, AnIncompleteLineTimesOutAnIdleConnectionDoesNot) {
+  options_.live.line_timeout = 1s;
+  start();
+  auto idle = connect();
+  auto slow = connect();
+  auto dribble = connect();
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_TRUE(slow.send_raw(R"({"id": 1, "op": "hea)").ok());
+  // Dribbling bytes does not extend the time: it counts from the line's first byte.
+  ASSERT_TRUE(dribble.send_raw(R"({"id": 2,)").ok());
+  std::this_thread::sleep_for(500ms);
+  ASSERT_TRUE(dribble.send_raw(R"( "op":)").ok());
+  json r = read_json(slow, 10s);
+  EXPECT_EQ(error_code(r), "line_timeout");
+  EXPECT_TRUE(r["id"].is_null());
+  EXPECT_GE(std::chrono::steady_clock::now() - sent, 1s);
+  auto closed = slow.read_line(5s);
+  ASSERT_FALSE(closed.ok());
+  EXPECT_EQ(closed.error().code, "closed");
+  EXPECT_EQ(error_code(read_json(dribble, 10s)), "line_timeout");
+  // The idle connection (no partial line) outlived the timeout and still works; so does a line completed
+  // within it.
+  EXPECT_EQ(call(idle, {{"id", 3}, {"op", "health"}})["ok"], true);
+  ASSERT_TRUE(idle.send_raw(R"({"id": 4, "op")").ok());
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(idle.send_raw(R"(: "health"})"
+                            "\n")
+                  .ok());
+  EXPECT_EQ(read_json(idle)["ok"], true);
+  EXPECT_EQ(stats(idle)["connections"]["line_timeouts"], 2);
+}
+
+TEST_F(DaemonServerTest, AClientThatNeverReadsHoldsBoundedOutput) {
+  // The issue's measurement: streamed requests pipelined without reading. The daemon stops reading the
+  // connection's requests past the bound and cancels streams past twice the bound.
+  constexpr std::size_t kBound = 64 * 1024;
+  constexpr int kRequests = 480;
+  options_.live.max_pending_output_bytes = kBound;
+  options_.queue_capacity = 1000;
+  start();
+  auto greedy = connect();
+  auto observer = connect();
+  std::string batch;
+  for (int i = 0; i < kRequests; ++i) {
+    // Long prompts: the requests span several of the daemon's reads, as a real batch would.
+    batch += json({{"id", "r" + std::to_string(i)},
+                   {"op", "infer"},
+                   {"model", "a"},
+                   {"prompt", std::string(1000, 'p')},
+                   {"max_tokens", 200},
+                   {"stream", true}})
+                 .dump() +
+             "\n";
+  }
+  std::thread writer([&] { (void)greedy.send_raw(batch); });  // blocks once the daemon stops reading
+  struct Joiner {
+    std::thread& thread;
+    int fd;
+    ~Joiner() {
+      if (!thread.joinable()) return;
+      ::shutdown(fd, SHUT_RDWR);  // a failed test: unblock the writer
+      thread.join();
+    }
+  } joiner{writer, greedy.fd()};
+  // Wait until the daemon has nothing left to do for it: no request in flight and the queue not moving.
+  std::size_t queued = 0;
+  int observer_calls = 0;  // `requests.total` counts the observer's own stats requests too
+  ASSERT_TRUE(wait_until(
+      [&] {
+        json s = stats(observer);
+        ++observer_calls;
+        if (s["requests"]["in_flight"] != 0) return false;
+        std::size_t now = s["connections"]["queued_bytes"];
+        bool settled = now == queued && now > 0;
+        queued = now;
+        return settled;
+      },
+      20s));
+  EXPECT_LE(queued, 2 * kBound + 64 * 1024) << "unread output beyond twice the bound (plus final lines)";
+  json s = stats(observer);
+  ++observer_calls;
+  EXPECT_GT(s["connections"]["output_overflows"].get<int>(), 0);
+  EXPECT_LT(s["requests"]["total"].get<int>() - observer_calls, kRequests)
+      << "the daemon kept reading requests";
+  // Now the client reads: every request gets exactly one final reply - a result, or output_overflow for
+  // the streams it let pile up - and the daemon reads the rest of its requests as the queue drains.
+  std::map<std::string, json> done;
+  ASSERT_TRUE(collect_replies(greedy, done, kRequests));
+  writer.join();
+  int overflowed = 0;
+  for (const auto& [id, reply] : done) {
+    if (error_code(reply) == "output_overflow") {
+      ++overflowed;
+      EXPECT_NE(reply["error"]["message"].get<std::string>().find("unread"), std::string::npos);
+    } else {
+      EXPECT_EQ(reply["ok"], true) << reply.dump();
+    }
+  }
+  EXPECT_GT(overflowed, 0);
+  EXPECT_LT(overflowed, kRequests) << "a client that reads gets its results";
+  EXPECT_TRUE(wait_until([&] { return stats(observer)["connections"]["queued_bytes"] == 0; }));
+}
+
+TEST_F(DaemonServerTest, MemoryOfAThousandConnectionsIsSmallAndReturnedAfterClose) {
+  constexpr int kConnections = 1000;
+  options_.live.max_connections = 5000;
+  options_.live.max_connections_per_uid = 5000;
+  options_.live.idle_ttl = 1s;  // the idle sweep (every 250 ms) gives freed memory back
+  start();
+  auto observer = connect();
+  ASSERT_EQ(call(observer, {{"id", 0}, {"op", "health"}})["ok"], true);
+  const std::size_t before = rss_bytes();
+  // Two rounds of 1000: what the first leaves behind (a page a connection at most, see
+  // bench/e2e/connection_memory.py) must be reused by the second, not added to.
+  std::size_t during = 0;
+  std::size_t after[2] = {0, 0};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<ClientConnection> conns;
+    conns.reserve(kConnections);
+    for (int i = 0; i < kConnections; ++i) conns.push_back(connect());
+    // Each one asked something once, so its reader ran.
+    for (auto& c : conns) ASSERT_TRUE(c.send_line(R"({"id": 1, "op": "health"})").ok());
+    for (auto& c : conns) ASSERT_EQ(read_json(c)["ok"], true);
+    ASSERT_EQ(stats(observer)["connections"]["open"], kConnections + 1);
+    if (round == 0) during = rss_bytes();
+    conns.clear();
+    ASSERT_TRUE(wait_until([&] { return stats(observer)["connections"]["open"] == 1; }));
+    std::this_thread::sleep_for(600ms);  // the idle sweep (every 250 ms here) trims the heap after closes
+    after[round] = rss_bytes();
+    std::printf(
+        "round %d: RSS before %zu KiB, with %d connections %zu KiB (%zu bytes each), after closing %zu KiB\n",
+        round, before >> 10, kConnections, during >> 10, (during - std::min(during, before)) / kConnections,
+        after[round] >> 10);
+  }
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (Sanitizers add their own memory per allocation and hold freed memory back: no figures there.)
+  // Before the fix each idle connection held a 64 KiB read buffer (64 MB for 1000) that stayed after close.
+  EXPECT_LT(during, before + kConnections * 16 * 1024) << "per-connection memory";
+  EXPECT_LT(after[0], before + kConnections * 8 * 1024) << "memory kept after the connections closed";
+  EXPECT_LT(after[1], after[0] + 1024 * 1024) << "a second round grew memory instead of reusing it";
+#endif
+}
+
+TEST_F(DaemonServerTest, ADuplicateIdInFlightIsABadRequest) {
+  start();
+  auto conn = connect();
+  json hold = {{"id", "h"},        {"op", "infer"},   {"model", "a"},
+               {"prompt", "hold"}, {"max_tokens", 1}, {"stream", true}};
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");
+  json dup = call(conn, hold);
+  EXPECT_EQ(error_code(dup), "bad_request");
+  EXPECT_NE(dup["error"]["message"].get<std::string>().find("already used by a request in flight"),
+            std::string::npos);
+  json quick = call(conn, {{"id", "h"}, {"op", "health"}});
+  EXPECT_EQ(error_code(quick), "bad_request") << "a quick op may not reuse an id in flight either";
+  EXPECT_EQ(stats(conn)["requests"]["in_flight"], 1) << "the duplicate did not start";
+  // Cancel reaches the one request; after it finished, the id is free again.
+  EXPECT_EQ(call(conn, {{"id", "c"}, {"op", "cancel"}, {"target", "h"}})["result"]["cancelled"], true);
+  json held = read_json(conn);
+  EXPECT_EQ(held["id"], "h");
+  EXPECT_EQ(held["result"]["finish_reason"], "cancelled");
+  EXPECT_EQ(call(conn, {{"id", "h"}, {"op", "health"}})["ok"], true);
+  // Null ids cannot be cancelled and are never duplicates.
+  ASSERT_TRUE(conn.send_line(R"({"op": "infer", "model": "a", "prompt": "hi", "max_tokens": 1})").ok());
+  ASSERT_TRUE(conn.send_line(R"({"op": "infer", "model": "b", "prompt": "hi", "max_tokens": 1})").ok());
+  EXPECT_EQ(read_json(conn)["ok"], true);
+  EXPECT_EQ(read_json(conn)["ok"], true);
+}
+
+TEST_F(DaemonServerTest, NumericIdsOutsideTheIntegerRangesAreRejectedNotChanged) {
+  start();
+  auto conn = connect();
+  for (const char* raw : {"18446744073709551615", "-9223372036854775808", "0"}) {
+    ASSERT_TRUE(conn.send_line(std::string(R"({"op": "health", "id": )") + raw + "}").ok());
+    auto line = conn.read_line(5s);
+    ASSERT_TRUE(line.ok() && line.value());
+    EXPECT_NE(line.value()->find(std::string("\"id\":") + raw + ","), std::string::npos) << **line;
+  }
+  for (const char* raw : {"-0", "18446744073709551616", "-9223372036854775809", "2.5", "1e2"}) {
+    ASSERT_TRUE(conn.send_line(std::string(R"({"op": "health", "id": )") + raw + "}").ok());
+    json r = read_json(conn);
+    EXPECT_EQ(error_code(r), "bad_request") << raw;
+    EXPECT_TRUE(r["id"].is_null()) << raw;
+  }
+}
+
+TEST_F(DaemonServerTest, ClientStringsInTheLogAreQuotedAndEscaped) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto logger = std::make_shared<spdlog::logger>("capture", sink);
+  logger->set_pattern("%v");
+  logger->set_level(spdlog::level::info);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  start();
+  auto conn = connect();
+  // An id, op and model crafted to forge a second log line and to reorder what a terminal shows.
+  const std::string forged = "x\nconn=1 id=1 op=load model=tiny outcome=ok ms=1";
+  EXPECT_EQ(error_code(call(conn, {{"id", forged}, {"op", "health\n" + forged}})), "unknown_op");
+  EXPECT_EQ(error_code(call(conn, {{"id",
+                                    "\xe2\x80\xae"
+                                    "rlo"},
+                                   {"op", "load"},
+                                   {"model",
+                                    "a\xe2\x80\xa8"
+                                    "b"}})),
+            "forbidden");
+  EXPECT_EQ(error_code(call(conn, {{"id", 5},
+                                   {"op", "load"},
+                                   {"model",
+                                    "bidi\xe2\x81\xa6"
+                                    "x"}})),
+            "forbidden");
+  EXPECT_EQ(error_code(call(conn, {{"id", 6},
+                                   {"op", "load"},
+                                   {"model",
+                                    "c1\xc2\x9b"
+                                    "x"}})),
+            "forbidden");
+  stop();
+  spdlog::set_default_logger(previous);
+  const std::string text = log.str();
+  EXPECT_EQ(text.find("\nconn=1 id=1"), std::string::npos) << "a forged line:\n" << text;
+  EXPECT_NE(
+      text.find(
+          R"(id="x\u000Aconn=1 id=1 op=load model=tiny outcome=ok ms=1" op="health\u000Ax\u000Aconn=1)"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(id="\u202Erlo" op="load" model="a\u2028b" outcome=forbidden)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(model="bidi\u2066x")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"(model="c1\u009Bx")"), std::string::npos) << text;
+  for (const char* raw : {"\xe2\x80\xae", "\xe2\x80\xa8", "\xe2\x81\xa6", "\xc2\x9b"}) {
+    EXPECT_EQ(text.find(raw), std::string::npos) << "a raw control/bidi character in the log";
+  }
+}
+
+TEST_F(DaemonServerTest, AFailedStartUpAfterBindingLeavesNoSocketFile) {
+  options_.socket_group = "no-such-group-car";
+  {
+    Server server(options_, runtime_);
+    auto opened = server.open();
+    ASSERT_FALSE(opened.ok());
+    EXPECT_NE(opened.error().message.find("no-such-group-car"), std::string::npos);
+  }
+  EXPECT_FALSE(std::filesystem::exists(options_.socket_path)) << "left behind by a failed start-up";
+  // A group that exists but that a non-root daemon may not chown to fails after binding: also cleaned up.
+  if (::geteuid() != 0) {
+    options_.socket_group = "0";
+    Server server(options_, runtime_);
+    auto opened = server.open();
+    ASSERT_FALSE(opened.ok());
+    EXPECT_NE(opened.error().message.find("chown"), std::string::npos) << opened.error().message;
+    EXPECT_FALSE(std::filesystem::exists(options_.socket_path));
+  }
 }
 
 }  // namespace
