@@ -1,7 +1,17 @@
 // The ModelRuntime backed by car::engine (compiled only when the car_engine target exists).
+//
+// One ExpertPool per runtime (so per daemon): every model whose experts are streamed joins it and shares
+// its budget (CAR_INFERENCE_EXPERT_RAM_GB, else the memory limits) and its reader threads. Each backend
+// saves its expert usage sidecar when asked (shutdown, the periodic save) and when it is destroyed
+// (eviction, invalidate), if it served a request since its last save.
+#include <spdlog/spdlog.h>
+
+#include <atomic>
 #include <chrono>
+#include <mutex>
 
 #include "core/engine/engine.h"
+#include "core/engine/expert_stats_json.h"
 #include "daemon/model_runtime.h"
 
 namespace car::daemon {
@@ -10,7 +20,17 @@ namespace {
 
 class EngineBackend final : public Backend {
  public:
-  explicit EngineBackend(std::shared_ptr<engine::LoadedModel> model) : model_(std::move(model)) {}
+  EngineBackend(std::shared_ptr<engine::LoadedModel> model, std::string name)
+      : model_(std::move(model)), name_(std::move(name)) {}
+  ~EngineBackend() override {
+    try {
+      save_state();
+    } catch (const std::exception& e) {
+      spdlog::warn("model {}: saving expert usage failed: {}", name_, e.what());
+    }
+  }
+  EngineBackend(const EngineBackend&) = delete;
+  EngineBackend& operator=(const EngineBackend&) = delete;
 
   Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                   const std::atomic<bool>& cancelled) override {
@@ -25,8 +45,12 @@ class EngineBackend final : public Backend {
     req.ignore_eos = params.ignore_eos;
     std::function<void(const engine::TokenEvent&)> sink;
     if (on_token) sink = [&](const engine::TokenEvent& ev) { on_token(ev.token, ev.text); };
+    if (engine::model_streams_experts(*model_)) dirty_.store(true, std::memory_order_relaxed);
     auto res = engine::generate(*model_, req, sink, &cancelled);
-    if (!res) return res.error();
+    if (!res) {
+      if (res.error().code == "io_error") spdlog::error("model {}: {}", name_, res.error().message);
+      return res.error();
+    }
     GenerateOutput out;
     out.text = std::move(res->text);
     out.tokens = std::move(res->tokens);
@@ -39,10 +63,30 @@ class EngineBackend final : public Backend {
 
   uint64_t memory_bytes() const override { return engine::model_memory_bytes(*model_); }
   bool streams_experts() const override { return engine::model_streams_experts(*model_); }
-  void save_state() override { engine::model_save_state(*model_); }
+
+  void save_state() override {
+    // Only a streamed model has a sidecar, and only requests change its counts.
+    if (!dirty_.exchange(false, std::memory_order_relaxed)) return;
+    auto saved = engine::model_save_state(*model_);
+    if (!saved) {
+      dirty_.store(true, std::memory_order_relaxed);
+      spdlog::warn("model {}: saving expert usage failed: {}", name_, saved.error().message);
+    } else {
+      spdlog::debug("model {}: expert usage saved", name_);
+    }
+    for (const auto& w : engine::model_take_warnings(*model_)) spdlog::warn("model {}: {}", name_, w);
+  }
+
+  nlohmann::json expert_stats() const override {
+    auto s = engine::model_expert_stats(*model_);
+    if (!s) return nullptr;
+    return engine::expert_stats_json(*s);
+  }
 
  private:
   std::shared_ptr<engine::LoadedModel> model_;
+  std::string name_;
+  std::atomic<bool> dirty_{false};  // served a request on streamed experts since the last save
 };
 
 class EngineRuntime final : public ModelRuntime {
@@ -55,20 +99,49 @@ class EngineRuntime final : public ModelRuntime {
   }
 
   Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) override {
-    auto model = engine::load_model(path.string(), options_);
+    return load_with(path, {});
+  }
+
+  Result<std::shared_ptr<Backend>> load_with(const std::filesystem::path& path,
+                                             const LoadRequest& request) override {
+    engine::LoadOptions options = options_;
+    if (request.stream_experts) options.stream_experts = *request.stream_experts;
+    if (options.stream_experts != "off") options.expert_pool = pool();
+    auto model = engine::load_model(path.string(), options);
     if (!model) {
       const auto& e = model.error();
-      // The engine's own codes (gguf_truncated, ...) are details; the wire code is load_failed.
-      if (e.code == "not_found") return e;
+      // The engine's own codes (gguf_truncated, ...) are details; the wire codes are load_failed, io_error.
+      if (e.code == "not_found" || e.code == "io_error") return e;
       return make_error("load_failed", e.message.empty() ? e.code : e.code + ": " + e.message);
     }
-    return std::shared_ptr<Backend>(std::make_shared<EngineBackend>(std::move(*model)));
+    const std::string name = path.stem().string();
+    const std::string& reason = engine::model_stream_reason(**model);
+    if (!reason.empty()) {
+      spdlog::info("model {}: experts {} ({})", name,
+                   engine::model_streams_experts(**model) ? "streamed" : "resident", reason);
+    }
+    for (const auto& w : engine::model_take_warnings(**model)) spdlog::warn("model {}: {}", name, w);
+    return std::shared_ptr<Backend>(std::make_shared<EngineBackend>(std::move(*model), name));
   }
   bool available() const override { return true; }
   std::string name() const override { return "engine"; }
 
  private:
+  /// The daemon's one expert pool, made by the first load that may stream (its reader threads are not
+  /// started for a daemon that never streams).
+  std::shared_ptr<experts::ExpertPool> pool() {
+    std::lock_guard lock(pool_mutex_);
+    if (!pool_) {
+      experts::StreamOptions so;
+      so.ram_gb = options_.expert_ram_gb;
+      pool_ = std::make_shared<experts::ExpertPool>(so);
+    }
+    return pool_;
+  }
+
   engine::LoadOptions options_;
+  std::mutex pool_mutex_;
+  std::shared_ptr<experts::ExpertPool> pool_;  // GUARDED_BY(pool_mutex_)
 };
 
 }  // namespace

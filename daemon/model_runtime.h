@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/util/result.h"
 
 namespace car::daemon {
@@ -58,8 +60,18 @@ class Backend {
   virtual uint64_t memory_bytes() const = 0;
   /// Whether MoE experts are streamed from disk.
   virtual bool streams_experts() const = 0;
-  /// Persist state worth keeping across runs (the expert usage sidecar). Called at shutdown.
+  /// Persist state worth keeping across runs (the expert usage sidecar). Called at shutdown and
+  /// periodically (under the model's lock); an implementation may also save when it is destroyed (eviction,
+  /// invalidate). Cheap when nothing changed since the last save.
   virtual void save_state() = 0;
+  /// The expert streamer's counters for `stats.experts` (docs/protocol.md), or null for a model without
+  /// routed experts. Safe to call while another thread generates (no model lock needed).
+  virtual nlohmann::json expert_stats() const { return nullptr; }
+};
+
+/// What one request may choose about the load it triggers; unset fields take the runtime's settings.
+struct LoadRequest {
+  std::optional<std::string> stream_experts;  ///< "on" | "off" | "auto"
 };
 
 /// Settings the runtime passes to the engine when loading.
@@ -75,6 +87,11 @@ class ModelRuntime {
   virtual ~ModelRuntime() = default;
   /// Load `path`. Errors: not_found, load_failed (message for a person).
   virtual Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) = 0;
+  /// Load `path` with per-request choices. Default: ignore them (a runtime without expert streaming).
+  virtual Result<std::shared_ptr<Backend>> load_with(const std::filesystem::path& path, const LoadRequest& request) {
+    (void)request;
+    return load(path);
+  }
   /// True when this runtime can actually run models (false: built without the engine).
   virtual bool available() const = 0;
   /// One word for logs and `health`: "engine" or "none".

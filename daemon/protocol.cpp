@@ -84,6 +84,16 @@ Result<std::string> model_field(const json& body) {
   return it->get<std::string>();
 }
 
+Result<std::optional<std::string>> stream_experts_field(const json& body) {
+  auto it = body.find("stream_experts");
+  if (it == body.end() || it->is_null()) return std::optional<std::string>{};
+  if (it->is_string()) {
+    const auto& v = it->get_ref<const std::string&>();
+    if (v == "on" || v == "off" || v == "auto") return std::optional<std::string>{v};
+  }
+  return bad("field 'stream_experts' must be \"on\", \"off\" or \"auto\", got " + dump(*it));
+}
+
 Result<InferParams> parse_infer(const json& body) {
   InferParams p;
   auto model = model_field(body);
@@ -140,6 +150,9 @@ Result<InferParams> parse_infer(const json& body) {
       *field = it->get<bool>();
     }
   }
+  auto stream_experts = stream_experts_field(body);
+  if (!stream_experts) return stream_experts.error();
+  p.stream_experts = std::move(*stream_experts);
   return p;
 }
 

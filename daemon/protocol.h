@@ -35,6 +35,7 @@ inline constexpr const char* kCancelled = "cancelled";
 inline constexpr const char* kShuttingDown = "shutting_down";
 inline constexpr const char* kInternal = "internal";
 inline constexpr const char* kBusy = "busy";
+inline constexpr const char* kIoError = "io_error";  ///< a streamed MoE expert could not be read from disk
 }  // namespace code
 
 /// A request line after framing and JSON parsing. `id` is null when the request carried none.
@@ -61,6 +62,7 @@ struct InferParams {
   std::vector<std::string> stop;
   bool ignore_eos = false;  ///< keep generating past end-of-sequence (benchmarks, tests)
   bool stream = false;
+  std::optional<std::string> stream_experts;  ///< "on" | "off" | "auto" when the request loads the model
 };
 
 /// Upper bound on `max_tokens` (a typo such as 1e9 is a bad request, not a day of decoding).
@@ -68,6 +70,9 @@ inline constexpr int kMaxTokensLimit = 1 << 16;
 
 /// Read `model` (required string). Error bad_request naming the field.
 Result<std::string> model_field(const nlohmann::json& body);
+/// Read the optional `stream_experts` field of load / infer: "on", "off" or "auto"; nullopt when absent or
+/// null. Error bad_request for anything else.
+Result<std::optional<std::string>> stream_experts_field(const nlohmann::json& body);
 /// Read and validate every infer field (types and ranges). Error bad_request naming the field.
 Result<InferParams> parse_infer(const nlohmann::json& body);
 

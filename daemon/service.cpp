@@ -23,7 +23,8 @@ double ms_of(std::chrono::nanoseconds d) { return std::chrono::duration<double, 
 /// Map an engine/runtime error code onto the wire's codes; anything unknown is `internal`.
 std::string wire_code(const std::string& code) {
   static const char* known[] = {"bad_request",      "not_found", "forbidden",     "load_failed",
-                                "context_overflow", "cancelled", "shutting_down", "busy"};
+                                "context_overflow", "cancelled", "shutting_down", "busy",
+                                "io_error"};
   for (const char* k : known) {
     if (code == k) return code;
   }
@@ -46,6 +47,7 @@ struct Service::Request {
   std::string model;
   std::optional<ResolvedModel> resolved;
   protocol::InferParams infer;
+  std::optional<std::string> stream_experts;  // the request's choice for a load it triggers
   Clock::time_point received = Clock::now();
 };
 
@@ -141,6 +143,11 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
     auto params = protocol::parse_infer(req.body);
     if (!params) return fail(protocol::code::kBadRequest, params.error().message);
     req.infer = std::move(*params);
+    req.stream_experts = req.infer.stream_experts;
+  } else {
+    auto stream_experts = protocol::stream_experts_field(req.body);
+    if (!stream_experts) return fail(protocol::code::kBadRequest, stream_experts.error().message);
+    req.stream_experts = std::move(*stream_experts);
   }
   auto resolved = resolve_model(options_.models_dir, req.model);
   if (!resolved) return fail(wire_code(resolved.error().code).c_str(), resolved.error().message);
@@ -202,7 +209,7 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
       m.id, charge,
       [&]() -> Result<std::shared_ptr<Backend>> {
         spdlog::debug("loading model {} from {}", m.id, m.path.string());
-        return runtime_.load(m.path);
+        return runtime_.load_with(m.path, LoadRequest{req.stream_experts});
       },
       &info);
   if (!lease) {
@@ -368,9 +375,28 @@ void Service::apply_live(const LiveSettings& live) {
 }
 
 std::size_t Service::evict_idle() {
+  save_states_if_due();
   Evicted e = cache_.evict_idle();
   if (e.entries > 0) spdlog::info("idle eviction: {} model(s), {} bytes released", e.entries, e.bytes);
   return e.entries;
+}
+
+void Service::save_states_if_due() {
+  const auto now = Clock::now();
+  if (now - last_state_save_ < kStateSavePeriod) return;
+  last_state_save_ = now;
+  for (const auto& item : cache_.list()) {
+    auto handle = cache_.peek(item.key);
+    if (!handle) continue;
+    // A model serving a request is skipped (it saves next period, or when it is evicted).
+    std::unique_lock<ModelMutex> lock(handle->mutex(), std::try_to_lock);
+    if (!lock.owns_lock()) continue;
+    try {
+      handle->backend()->save_state();
+    } catch (const std::exception& e) {
+      spdlog::warn("saving state of model {} failed: {}", item.key, e.what());
+    }
+  }
 }
 
 std::string Service::status_line() const {
@@ -391,6 +417,10 @@ json Service::stats_json() const {
     if (auto f = facts(item.key)) {
       m["streaming"] = f->streams_experts;
       m["memory_bytes"] = f->memory_bytes;
+    }
+    if (auto handle = cache_.peek(item.key)) {
+      json e = handle->backend()->expert_stats();
+      if (!e.is_null()) experts[item.key] = std::move(e);
     }
     models.push_back(std::move(m));
   }
@@ -415,7 +445,7 @@ json Service::stats_json() const {
                 {"mean_eviction_age_s", s.mean_eviction_age_seconds}};
   return {{"cache", cache},
           {"models", models},
-          {"experts", experts},  // per-model expert-cache counters: the engine does not report them yet
+          {"experts", experts},  // per MoE model: its expert source's counters (Backend::expert_stats)
           {"requests", {{"total", requests_}, {"in_flight", in_flight_}, {"busy_rejections", busy_rejections_}}},
           {"workers", {{"threads", pool_.threads()}, {"queued", pool_.queued()}, {"running", pool_.running()}}},
           {"engine", runtime_.name()},

@@ -83,6 +83,10 @@ class Service {
                                                  std::string& outcome);
   void job_done();
   nlohmann::json stats_json() const;
+  /// Every kStateSavePeriod (checked by evict_idle, which the idle timer calls): save each cached model's
+  /// state (the expert usage sidecar) unless a request holds the model. io thread.
+  void save_states_if_due();
+  static constexpr std::chrono::seconds kStateSavePeriod{60};
   nlohmann::json list_json(std::string& error) const;
 
   boost::asio::io_context& io_;
@@ -100,6 +104,7 @@ class Service {
   std::function<void()> all_closed_;
   uint64_t requests_ = 0;
   uint64_t busy_rejections_ = 0;
+  std::chrono::steady_clock::time_point last_state_save_ = std::chrono::steady_clock::now();
 
   // What the engine reported about a model right after loading it (under the model's lock, as generate()
   // may change what it holds): its bytes, so the next load of it charges the cache max(file size, that),

@@ -40,12 +40,15 @@ struct BenchFlags {
   double bandwidth_gbs = 38.0;
   std::string stream_experts = "auto";
   double expert_ram_gb = 0;
+  std::string state_dir;
+  bool no_prefetch = false;
   uint64_t seed = 1;
   bool no_warmup = false;
   bool json = false;
   CLI::Option* threads_opt = nullptr;
   CLI::Option* stream_opt = nullptr;
   CLI::Option* ram_opt = nullptr;
+  CLI::Option* state_dir_opt = nullptr;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -159,9 +162,11 @@ void bench(const BenchFlags& f) {
   load.threads = f.threads;
   load.stream_experts = f.stream_experts;
   load.expert_ram_gb = f.expert_ram_gb;
+  load.state_dir = f.state_dir;
+  load.prefetch = !f.no_prefetch;
   load.context_length = std::max(f.n_prompt, f.n_gen) + 16;
   if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
-                                     f.ram_opt->count() > 0);
+                                     f.ram_opt->count() > 0, f.state_dir_opt->count() > 0);
       !r) {
     fail(2, r.error().message);
   }
@@ -189,6 +194,7 @@ void bench(const BenchFlags& f) {
   for (int i = 0; i < f.reps && f.n_gen > 0; ++i) {
     tg.push_back(run_once(model, random_ids(rng, m.vocab, 1), f.n_gen, false));
   }
+  save_expert_usage(model, "car bench");
   const Stats pps = stats_of(pp);
   const Stats tgs = stats_of(tg);
   const double bound = m.bytes_per_token > 0 ? f.bandwidth_gbs * 1e9 / static_cast<double>(m.bytes_per_token) : 0;
@@ -223,6 +229,7 @@ void bench(const BenchFlags& f) {
     out["model_memory_bytes"] = engine::model_memory_bytes(model);
     out["rss_bytes"] = rss;
     out["peak_rss_bytes"] = hwm;
+    out["experts"] = experts_json(model);
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
@@ -243,6 +250,13 @@ void bench(const BenchFlags& f) {
   std::printf("\nweight bytes read per decoded token: %.1f MB; decode bound at %.1f GB/s: %.1f tok/s",
               static_cast<double>(m.bytes_per_token) / 1e6, f.bandwidth_gbs, bound);
   if (!tg.empty()) std::printf("; achieved %.0f%%", fraction * 100.0);
+  if (auto e = engine::model_expert_stats(model); e && engine::model_streams_experts(model)) {
+    std::printf(
+        "\nexperts streamed (%s): cap %d/bank, pinned %d, hit rate %.1f%%, %.1f MB read, read p50 %.0f us "
+        "p99 %.0f us, prefetch recall %.1f%%",
+        engine::model_stream_reason(model).c_str(), e->cap, e->pinned, e->hit_rate * 100.0,
+        static_cast<double>(e->bytes_read) / 1e6, e->read_p50_us, e->read_p99_us, e->prefetch_recall * 100.0);
+  }
   std::printf("\nisa %s; load %.1f ms; RSS %.1f MiB (peak %.1f MiB); file %.1f MB\n",
               std::string(tensor::isa_name(tensor::current_isa())).c_str(), load_ms,
               static_cast<double>(rss) / 1048576.0, static_cast<double>(hwm) / 1048576.0,
@@ -266,6 +280,10 @@ void setup_bench(CLI::App& root) {
                           ->check(CLI::IsMember({"on", "off", "auto"}));
   flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
                        ->check(CLI::Range(0.0, 1e6));
+  flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
+                                         "Where the expert usage sidecar lives (streamed MoE models)");
+  cmd->add_flag("--no-prefetch", flags->no_prefetch,
+                "Do not prefetch the next MoE layer's experts when streaming");
   cmd->add_option("--seed", flags->seed, "Seed for the random prompt ids");
   cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up runs");
   cmd->add_flag("--json", flags->json, "Print one JSON object");

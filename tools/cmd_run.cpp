@@ -2,8 +2,10 @@
 //
 // Human mode streams the generated text to stdout as tokens arrive and prints the timings to stderr;
 // `--json` prints the one object CONTRACT.md describes (prompt_tokens, tokens, text, finish_reason,
-// timings, top_logprobs). Exit status: 0 on success, 1 when loading or generation fails, 2 on bad input
-// this file checks (ids, settings from the environment); flags CLI11 rejects exit with its own codes.
+// timings, top_logprobs, experts). A streamed model's expert usage sidecar (in --state-dir or
+// CAR_INFERENCE_STATE_DIR) is saved before the command exits. Exit status: 0 on success, 1 when loading or
+// generation fails, 2 on bad input this file checks (ids, settings from the environment); flags CLI11 rejects
+// exit with its own codes.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -30,6 +32,8 @@ struct RunFlags {
   int threads = 0;
   std::string stream_experts = "auto";
   double expert_ram_gb = 0;
+  std::string state_dir;
+  bool no_prefetch = false;
   int context = 0;
   bool no_bos = false;
   bool parse_special = false;
@@ -39,6 +43,7 @@ struct RunFlags {
   CLI::Option* threads_opt = nullptr;
   CLI::Option* stream_opt = nullptr;
   CLI::Option* ram_opt = nullptr;
+  CLI::Option* state_dir_opt = nullptr;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -76,9 +81,11 @@ void run(const RunFlags& f) {
   load.threads = f.threads;
   load.stream_experts = f.stream_experts;
   load.expert_ram_gb = f.expert_ram_gb;
+  load.state_dir = f.state_dir;
+  load.prefetch = !f.no_prefetch;
   load.context_length = f.context;
   if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
-                                     f.ram_opt->count() > 0);
+                                     f.ram_opt->count() > 0, f.state_dir_opt->count() > 0);
       !r) {
     fail(2, r.error().message);
   }
@@ -113,7 +120,11 @@ void run(const RunFlags& f) {
       std::fflush(stdout);
     };
   }
+  if (!f.json && engine::model_streams_experts(**model)) {
+    std::fprintf(stderr, "[experts streamed: %s]\n", engine::model_stream_reason(**model).c_str());
+  }
   auto result = engine::generate(**model, req, on_token, nullptr);
+  save_expert_usage(**model, "car run");
   if (!result) fail(1, result.error().code + ": " + result.error().message);
   const auto& g = *result;
 
@@ -139,6 +150,7 @@ void run(const RunFlags& f) {
       }
       out["top_logprobs"] = std::move(positions);
     }
+    out["experts"] = experts_json(**model);
     // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of an exception.
     const std::string text = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", text.c_str());
@@ -183,6 +195,10 @@ void setup_run(CLI::App& root) {
                           ->check(CLI::IsMember({"on", "off", "auto"}));
   flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
                        ->check(CLI::Range(0.0, 1e6));
+  flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
+                                         "Where the expert usage sidecar lives (streamed MoE models)");
+  cmd->add_flag("--no-prefetch", flags->no_prefetch,
+                "Do not prefetch the next MoE layer's experts when streaming");
   cmd->add_option("--ctx", flags->context, "KV cache size in tokens; 0 = min(model's, 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--no-bos", flags->no_bos, "Do not add BOS to a text prompt");

@@ -14,7 +14,11 @@
 #include <string>
 #include <string_view>
 
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
 #include "core/engine/engine.h"
+#include "core/engine/expert_stats_json.h"
 #include "core/tensor/kernels.h"
 #include "core/util/result.h"
 
@@ -60,9 +64,13 @@ inline Result<void> apply_isa_from_env() {
 
 /// Fill LoadOptions from the environment where the command line left a field unset (flag_* = was the flag
 /// given?): CAR_INFERENCE_THREADS, CAR_INFERENCE_STREAM_EXPERTS, CAR_INFERENCE_EXPERT_RAM_GB (alias
-/// STREAM_EXPERTS_RAM_GB). A malformed value is an error naming the variable.
+/// STREAM_EXPERTS_RAM_GB), CAR_INFERENCE_STATE_DIR (where the expert usage sidecar lives; unset: none). A
+/// malformed value is an error naming the variable.
 inline Result<void> load_options_from_env(engine::LoadOptions& options, bool flag_threads, bool flag_stream,
-                                          bool flag_ram) {
+                                          bool flag_ram, bool flag_state_dir = true) {
+  if (!flag_state_dir) {
+    if (const auto v = env_value("CAR_INFERENCE_STATE_DIR")) options.state_dir = *v;
+  }
   if (!flag_threads) {
     if (const auto v = env_value("CAR_INFERENCE_THREADS")) {
       const auto n = parse_count(*v);
@@ -94,6 +102,24 @@ inline Result<void> load_options_from_env(engine::LoadOptions& options, bool fla
     }
   }
   return {};
+}
+
+/// The `--json` `experts` object: the expert source's counters and why it streams, or null (dense model).
+inline nlohmann::json experts_json(const engine::LoadedModel& model) {
+  auto s = engine::model_expert_stats(model);
+  if (!s) return nullptr;
+  nlohmann::json j = engine::expert_stats_json(*s);
+  j["reason"] = engine::model_stream_reason(model);
+  return j;
+}
+
+/// Save the expert usage sidecar (streamed models with a state dir); a failure is a warning on stderr.
+inline void save_expert_usage(engine::LoadedModel& model, const char* command) {
+  if (auto r = engine::model_save_state(model); !r) {
+    std::fprintf(stderr, "%s: warning: saving expert usage: %s\n", command, r.error().message.c_str());
+  }
+  for (const auto& w : engine::model_take_warnings(model))
+    std::fprintf(stderr, "%s: warning: %s\n", command, w.c_str());
 }
 
 /// A "VmRSS"-style field of /proc/self/status in bytes; 0 when unavailable.

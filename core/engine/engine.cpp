@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "core/engine/forward.h"
 #include "core/engine/sampler.h"
 #include "core/experts/resident_source.h"
+#include "core/experts/streamed_source.h"
 #include "core/gguf/gguf_file.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
@@ -19,7 +21,38 @@ namespace {
 constexpr int64_t kMaxHeadDim = 1024;    // ForwardPass's per-task stack scratch
 constexpr int64_t kDefaultMaxContext = 4096;
 constexpr int64_t kMaxBatch = 256;       // rows per prompt-processing batch
+
+std::string gb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+
+/// Bytes of the routed-expert banks in the file (what streaming keeps out of the mapping's resident set).
+uint64_t expert_bank_bytes(const std::vector<experts::ExpertBankInfo>& banks) {
+  auto bytes = [](const tensor::MatrixView& v) { return static_cast<uint64_t>(v.rows) * v.row_bytes; };
+  uint64_t total = 0;
+  for (const auto& b : banks) {
+    if (b.n_expert > 0) total += bytes(b.gate_bank) + bytes(b.up_bank) + bytes(b.down_bank);
+  }
+  return total;
+}
 }  // namespace
+
+StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint64_t file_bytes,
+                                const experts::MemoryProbe& memory) {
+  if (!has_experts) return {false, "no routed experts"};
+  if (mode == "on") return {true, "stream_experts=on"};
+  if (mode == "off") return {false, "stream_experts=off"};
+  const uint64_t avail = memory.effective_available;
+  std::string where = memory.cgroup_remaining && *memory.cgroup_remaining <= memory.mem_available
+                          ? "available (memory cgroup " + memory.cgroup_version + " limit)"
+                          : "available (MemAvailable)";
+  if (avail == 0) return {false, "auto: available memory unknown, experts resident"};
+  if (file_bytes > avail)
+    return {true, "auto: model file " + gb(file_bytes) + " > " + gb(avail) + " " + where};
+  return {false, "auto: model file " + gb(file_bytes) + " fits in " + gb(avail) + " " + where};
+}
 
 /// Everything one loaded model holds. The forward pass scratch, KV cache and logits are reused by every
 /// generate() call (callers serialize them, see engine.h).
@@ -29,6 +62,9 @@ class LoadedModel {
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tok;
   std::unique_ptr<experts::ExpertSource> experts;
+  experts::StreamedExpertSource* streamed = nullptr;  // == experts when it streams; non-owning
+  std::string stream_reason;       // decide_streaming's reason (+ the pool's sizing); empty when dense
+  uint64_t expert_bank_bytes = 0;  // the file's routed-expert banks
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ForwardPass> forward;
   std::unique_ptr<KvCache> kv;
@@ -61,21 +97,46 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
     return make_error("load_failed", path + ": tokenizer has " + std::to_string((*tok)->n_vocab()) +
                                          " tokens but token_embd.weight only " + std::to_string(hp.n_vocab) + " rows");
   }
-  if (hp.is_moe() && options.stream_experts == "on") {
-    return make_error("load_failed", path + ": stream_experts=on: the streamed expert source is not available in this "
-                                            "build (use off or auto)");
-  }
-
   auto lm = std::make_shared<LoadedModel>();
   lm->file = *file;
   lm->model = *m;
   lm->tok = *tok;
-  if (hp.is_moe()) lm->experts = std::make_unique<experts::ResidentExpertSource>(lm->model->expert_banks());
+  if (hp.is_moe()) {
+    lm->expert_bank_bytes = expert_bank_bytes(lm->model->expert_banks());
+    experts::MemoryProbe memory;
+    if (options.stream_experts == "auto") memory = experts::probe_memory("/proc", "/sys/fs/cgroup");
+    StreamDecision d = decide_streaming(options.stream_experts, true, lm->file->file_size(), memory);
+    lm->stream_reason = d.reason;
+    if (d.stream) {
+      experts::StreamOptions so;
+      so.ram_gb = options.expert_ram_gb;
+      so.pool = options.expert_pool;
+      so.direct_io = options.direct_io;
+      so.reader = options.expert_reader;
+      if (!options.state_dir.empty()) {
+        auto sidecar = experts::sidecar_path(options.state_dir, path);
+        if (!sidecar.ok())
+          return make_error("load_failed", path + ": usage sidecar: " + sidecar.error().message);
+        so.sidecar_path = *sidecar;
+      }
+      auto src = experts::StreamedExpertSource::open(path, lm->model->expert_banks(), std::move(so));
+      if (!src.ok()) {
+        const std::string code = src.error().code == "io_error" ? "io_error" : "load_failed";
+        return make_error(code, path + ": streamed experts: " + src.error().message);
+      }
+      lm->streamed = src->get();
+      lm->stream_reason += "; " + lm->streamed->join_layout().line();
+      lm->experts = std::move(*src);
+    } else {
+      lm->experts = std::make_unique<experts::ResidentExpertSource>(lm->model->expert_banks());
+    }
+  }
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   lm->pool = std::make_unique<ThreadPool>(std::max(1, threads));
   const int64_t n_ctx = options.context_length > 0 ? options.context_length
                                                    : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
   lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
+  lm->forward->set_prefetch(options.prefetch);
   lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
   return lm;
@@ -124,9 +185,16 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
     res.finish_reason = "cancelled";
     return res;
   }
+  // A failed eval (io_error) may leave the cache past lm.cached: forget those positions, so the model
+  // serves the next request from a consistent prefix.
+  auto failed = [&lm](const Error& e) -> Error {
+    lm.kv->truncate(std::min(static_cast<int64_t>(lm.cached.size()), lm.kv->n_past()));
+    lm.cached.resize(static_cast<size_t>(lm.kv->n_past()));
+    return e;
+  };
   const auto t0 = clock::now();
   std::span<const int32_t> rest(res.prompt_tokens.data() + common, static_cast<size_t>(n_prompt - common));
-  lm.forward->eval(rest, *lm.kv, lm.logits.data(), false);
+  if (Result<void> r = lm.forward->eval(rest, *lm.kv, lm.logits.data(), false); !r) return failed(r.error());
   lm.cached.insert(lm.cached.end(), rest.begin(), rest.end());
   const auto t1 = clock::now();
   res.prompt_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
@@ -160,7 +228,11 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
       break;
     }
     if (i + 1 < req.max_tokens) {
-      lm.forward->eval(std::span<const int32_t>(&id, 1), *lm.kv, lm.logits.data(), false);
+      if (Result<void> r =
+              lm.forward->eval(std::span<const int32_t>(&id, 1), *lm.kv, lm.logits.data(), false);
+          !r) {
+        return failed(r.error());
+      }
       lm.cached.push_back(id);
     }
   }
@@ -177,17 +249,46 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   return res;
 }
 
+namespace {
+/// Bytes of the file the mapping may bring in: all of it, less the expert banks a streamed model never
+/// reads through the mapping.
+uint64_t mapped_weight_bytes(const LoadedModel& lm) {
+  return lm.file->file_size() - (lm.streamed != nullptr ? lm.expert_bank_bytes : 0);
+}
+/// A streamed model's expert cache: its share of the pool's budget (or the slots it holds, when leases
+/// briefly over-commit). 0 for resident experts.
+uint64_t expert_cache_bytes(const LoadedModel& lm) {
+  if (lm.streamed == nullptr) return 0;
+  return std::max(lm.streamed->stats().cache_bytes, lm.streamed->resident_bytes());
+}
+}  // namespace
+
 uint64_t model_memory_bytes(const LoadedModel& lm) {
-  return lm.file->file_size() + lm.kv->size_bytes() + lm.forward->scratch_bytes() +
-         lm.logits.size() * sizeof(float) + (lm.experts ? lm.experts->resident_bytes() : 0);
+  return mapped_weight_bytes(lm) + lm.kv->size_bytes() + lm.forward->scratch_bytes() +
+         lm.logits.size() * sizeof(float) + expert_cache_bytes(lm);
 }
 
-bool model_streams_experts(const LoadedModel& lm) { return lm.experts != nullptr && lm.experts->streams(); }
+bool model_streams_experts(const LoadedModel& lm) {
+  return lm.streamed != nullptr;
+}
 
-void model_save_state(LoadedModel& lm) {
-  // The resident expert source keeps no state worth saving; the streamed source (a later issue) writes its
-  // usage sidecar here.
-  (void)lm;
+const std::string& model_stream_reason(const LoadedModel& lm) {
+  return lm.stream_reason;
+}
+
+std::optional<experts::ExpertStats> model_expert_stats(const LoadedModel& lm) {
+  if (lm.experts == nullptr) return std::nullopt;
+  return lm.experts->stats();
+}
+
+std::vector<std::string> model_take_warnings(LoadedModel& lm) {
+  if (lm.streamed == nullptr) return {};
+  return lm.streamed->take_warnings();
+}
+
+Result<void> model_save_state(LoadedModel& lm) {
+  if (lm.experts == nullptr) return {};
+  return lm.experts->save_usage();
 }
 
 }  // namespace car::engine

@@ -10,20 +10,46 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/experts/streamed_source.h"
 #include "core/util/result.h"
 
 namespace car::engine {
 
 struct LoadOptions {
   int threads = 0;                       ///< compute threads; 0 = hardware concurrency
-  std::string stream_experts = "auto";   ///< "on" | "off" | "auto"
-  double expert_ram_gb = 0;              ///< expert cache budget when streaming; 0 = from MemAvailable
-  std::string state_dir;                 ///< where usage sidecars live; empty = none
+  /// MoE experts: "on" streams them from disk into a bounded cache (StreamedExpertSource), "off" serves
+  /// them from the mapping, "auto" streams when the model file is larger than the memory the process may
+  /// use (MemAvailable and the memory cgroup's remaining limit; see decide_streaming). Dense models ignore
+  /// it.
+  std::string stream_experts = "auto";
+  /// Forced expert cache budget in GB (1e9 bytes) for a private pool; 0 = from the memory limits. Ignored
+  /// when expert_pool is set (the pool has its own budget).
+  double expert_ram_gb = 0;
+  std::string state_dir;                 ///< usage sidecars live in <state_dir>/experts/; empty = none
   int context_length = 0;                ///< KV cache size in tokens; 0 = min(model's, 4096)
+  /// The budget and readers shared by every streamed model of the process (the daemon's); null = a
+  /// private pool for this model.
+  std::shared_ptr<experts::ExpertPool> expert_pool;
+  bool prefetch = true;            ///< prefetch the next MoE layer's guessed experts when streaming
+  bool direct_io = true;           ///< O_DIRECT expert reads where the filesystem allows them
+  experts::PreadFn expert_reader;  ///< test seam: the streamed source's positional reads; null = pread
 };
+
+/// Whether to stream a model's experts, and why (for the caller's log).
+struct StreamDecision {
+  bool stream = false;
+  std::string
+      reason;  ///< "stream_experts=on", "auto: model file 80.0 GB > 31.2 GB available (cgroup v2)", ...
+};
+/// The stream_experts rule: "on"/"off" as asked; "auto" streams when `file_bytes` exceeds
+/// memory.effective_available (resident when that is unknown, i.e. 0). A model without routed experts is
+/// never streamed.
+StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint64_t file_bytes,
+                                const experts::MemoryProbe& memory);
 
 struct SamplingParams {
   float temperature = 0.8f;  ///< 0 = greedy
@@ -72,11 +98,15 @@ struct GenerateResult {
 
 class LoadedModel;
 
-/// Load a model. Errors: not_found, load_failed (message names the key/tensor/field).
+/// Load a model. Errors: not_found, load_failed (message names the key/tensor/field), io_error (streamed
+/// experts: the file could not be opened for reading or a pinned expert could not be read).
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options);
 
 /// Generate. `on_token` (may be empty) is called for each generated token on the calling thread;
 /// `cancelled` (may be null) is checked before each token. Errors: context_overflow, bad_request.
+///
+/// Errors also: io_error when a streamed expert cannot be read; the model stays usable (the KV cache
+/// keeps only what was computed before the failure) and the next call retries the read.
 ///
 /// Details (engine.cpp): context_overflow when prompt tokens + max_tokens exceed the context; bad_request for
 /// a prompt that tokenizes to nothing or an id outside the vocabulary. An end-of-generation token (unless
@@ -88,11 +118,20 @@ Result<GenerateResult> generate(LoadedModel& model, const GenerateRequest& reque
                                 const std::function<void(const TokenEvent&)>& on_token,
                                 const std::atomic<bool>* cancelled);
 
-/// Bytes the model holds (weights mapped + KV cache + scratch), for the cache budget and reporting.
+/// Bytes the model holds (weights mapped + KV cache + scratch), for the cache budget and reporting. A
+/// streamed model's expert banks are not counted (never touched through the mapping); its expert cache
+/// share is.
 uint64_t model_memory_bytes(const LoadedModel& model);
 /// True when the model's experts are streamed from disk.
 bool model_streams_experts(const LoadedModel& model);
-/// Save persistent state (expert usage sidecar) - the daemon calls it at shutdown.
-void model_save_state(LoadedModel& model);
+/// Why the experts are (or are not) streamed, and the pool's sizing when they are; empty for a dense model.
+const std::string& model_stream_reason(const LoadedModel& model);
+/// The expert source's counters; nullopt for a dense model. Thread-safe (may run beside generate()).
+std::optional<experts::ExpertStats> model_expert_stats(const LoadedModel& model);
+/// Warnings of the expert source since the last call (sidecar lines skipped, O_DIRECT fallback).
+std::vector<std::string> model_take_warnings(LoadedModel& model);
+/// Save persistent state (the expert usage sidecar; nothing for a resident or dense model). Thread-safe.
+/// Errors: io_error (the sidecar could not be written).
+Result<void> model_save_state(LoadedModel& model);
 
 }  // namespace car::engine

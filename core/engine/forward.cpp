@@ -60,8 +60,10 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
     group_start_.resize(sz(E + 1));
     cursor_.resize(sz(E));
     active_.reserve(sz(E));
-    leases_.reserve(sz(K));
+    leases_.reserve(sz(std::max(E, K)));
     tasks_.reserve(sz(2 * K));
+    guessed_.resize(sz(E));
+    guess_.reserve(sz(E));
   }
 }
 
@@ -106,19 +108,19 @@ void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, flo
   }
 }
 
-void ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows) {
+Result<void> ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows) {
   const int64_t n_total = static_cast<int64_t>(tokens.size());
   CAR_CHECK(n_total > 0);
   CAR_CHECK(kv.n_past() + n_total <= kv.n_ctx());
   for (int64_t begin = 0; begin < n_total; begin += max_batch_) {
     const int64_t n = std::min(max_batch_, n_total - begin);
     const bool last_chunk = begin + n == n_total;
-    if (all_rows) {
-      eval_batch(tokens.data() + begin, n, kv, logits + begin * hp_.n_vocab, true);
-    } else {
-      eval_batch(tokens.data() + begin, n, kv, last_chunk ? logits : nullptr, false);
-    }
+    Result<void> r = all_rows
+                         ? eval_batch(tokens.data() + begin, n, kv, logits + begin * hp_.n_vocab, true)
+                         : eval_batch(tokens.data() + begin, n, kv, last_chunk ? logits : nullptr, false);
+    if (!r) return r;
   }
+  return {};
 }
 
 void ForwardPass::embed(const int32_t* tokens, int64_t n) {
@@ -130,15 +132,18 @@ void ForwardPass::embed(const int32_t* tokens, int64_t n) {
   }
 }
 
-void ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows) {
+Result<void> ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits,
+                                     bool all_rows) {
   const int64_t E = hp_.n_embd;
   embed(tokens, n);
   const int64_t pos0 = kv.n_past();
   for (int64_t i = 0; i < n; ++i) rope_cache(rope_, pos0 + i, rope_cache_.data() + i * hp_.n_rot);
 
   int64_t rows = n;  // rows still carried through the layers
+  const bool prefetch = prefetch_ && experts_ != nullptr && experts_->streams();
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const model::LayerWeights& L = model_->layers()[sz(il)];
+    if (prefetch && L.is_moe) prefetch_layer(il, rows);
     attention(il, rows, kv);
     // Last layer without per-row logits: only the final row's FFN matters (llama.cpp's inp_out_ids).
     if (il == hp_.n_layer - 1 && !all_rows && rows > 1) {
@@ -151,7 +156,7 @@ void ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, floa
       rms_norm(x_.data() + i * E, L.ffn_norm, xn_.data() + i * E, E, hp_.rms_eps);
     }
     if (L.is_moe) {
-      moe_ffn(il, rows);
+      if (Result<void> r = moe_ffn(il, rows); !r) return r;
     } else {
       dense_ffn(il, rows);
     }
@@ -159,11 +164,37 @@ void ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, floa
   }
   kv.advance(n);
 
-  if (logits == nullptr) return;
+  if (logits == nullptr) return {};
   for (int64_t i = 0; i < rows; ++i) {
     rms_norm(x_.data() + i * E, model_->output_norm(), xn_.data() + i * E, E, hp_.rms_eps);
   }
   mm(model_->output(), xn_.data(), rows, logits);
+  return {};
+}
+
+void ForwardPass::prefetch_layer(int64_t il, int64_t n) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  const int64_t E = hp_.n_embd;
+  const int64_t NE = hp_.n_expert;
+  const int64_t K = hp_.n_expert_used;
+  // The router's input will be rms_norm(x + attention(x)) * ffn_norm; x itself is a cheap, usually close,
+  // stand-in available before the attention runs. xn_ and the router scratch are recomputed before use.
+  for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.ffn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  mm(L.ffn_gate_inp, xn_.data(), n, router_.data());
+  std::fill(guessed_.begin(), guessed_.end(), uint8_t{0});
+  guess_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    select_experts(router_.data() + i * NE, NE, K, hp_.traits->moe_norm_weights, probs_.data() + i * NE,
+                   sel_ids_.data() + i * K, sel_w_.data() + i * K);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = sel_ids_[sz(i * K + j)];
+      if (guessed_[sz(e)] == 0) {
+        guessed_[sz(e)] = 1;
+        guess_.push_back(e);
+      }
+    }
+  }
+  experts_->prefetch(static_cast<int>(il), guess_);
 }
 
 void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
@@ -237,12 +268,10 @@ void ForwardPass::dense_ffn(int64_t il, int64_t n) {
   mm(L.ffn_down, gate_.data(), n, proj_.data());
 }
 
-void ForwardPass::moe_ffn(int64_t il, int64_t n) {
+Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
-  const int64_t E = hp_.n_embd;
   const int64_t NE = hp_.n_expert;
   const int64_t K = hp_.n_expert_used;
-  const int64_t ff = hp_.n_ff_exp;
   const bool normalize = hp_.traits->moe_norm_weights;
 
   // Router (F32 weights: the input is not rounded) and top-k per row.
@@ -262,27 +291,39 @@ void ForwardPass::moe_ffn(int64_t il, int64_t n) {
   }
   for (int64_t e = 0; e < NE; ++e) cursor_[sz(e)] = group_start_[sz(e)];
   for (int64_t a = 0; a < n * K; ++a) group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
-  experts_->prefetch(static_cast<int>(il), active_);
-  if (n == 1) {
-    moe_ffn_token(il);
-    return;
+  if (n == 1) return moe_ffn_token(il);
+
+  // Each distinct expert is leased once per batch, in waves no larger than the source's free slots; the
+  // products per expert and the slot sum below do not depend on the waves.
+  const size_t wave = static_cast<size_t>(std::max(1, experts_->slots(static_cast<int>(il))));
+  for (size_t first = 0; first < active_.size(); first += wave) {
+    const size_t count = std::min(wave, active_.size() - first);
+    Result<void> r = experts_->acquire_many(static_cast<int>(il),
+                                            std::span<const int32_t>(active_.data() + first, count), leases_);
+    if (!r) return r;
+    CAR_CHECK(leases_.size() == count);
+    run_experts(first, count);
+    leases_.clear();
   }
 
-  for (int32_t e : active_) {
-    experts::ExpertLease lease = experts_->acquire(static_cast<int>(il), e);
-    const experts::ExpertWeights& w = lease.weights();
+  sum_slots(n);
+  return {};
+}
+
+void ForwardPass::run_experts(size_t first, size_t count) {
+  const int64_t E = hp_.n_embd;
+  const int64_t K = hp_.n_expert_used;
+  const int64_t ff = hp_.n_ff_exp;
+  for (size_t j = 0; j < count; ++j) {
+    const int32_t e = active_[first + j];
+    const experts::ExpertWeights& w = leases_[j].weights();
     const int32_t g0 = group_start_[sz(e)];
     const int64_t m = group_start_[sz(e) + 1] - g0;
-    const float* xin = nullptr;
-    if (n == 1) {
-      xin = xn_.data();
-    } else {
-      for (int64_t r = 0; r < m; ++r) {
-        const int64_t row = group_rows_[sz(g0 + r)] / K;
-        std::memcpy(xe_.data() + r * E, xn_.data() + row * E, sz(E) * sizeof(float));
-      }
-      xin = xe_.data();
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t row = group_rows_[sz(g0 + r)] / K;
+      std::memcpy(xe_.data() + r * E, xn_.data() + row * E, sz(E) * sizeof(float));
     }
+    const float* xin = xe_.data();
     mm(w.gate, xin, m, gate_.data());
     mm(w.up, xin, m, up_.data());
     glu(m * ff);
@@ -296,21 +337,22 @@ void ForwardPass::moe_ffn(int64_t il, int64_t n) {
       for (int64_t d = 0; d < E; ++d) dst[d] = src[d] * wgt;
     }
   }
-
-  sum_slots(n);
 }
 
-void ForwardPass::moe_ffn_token(int64_t il) {
+Result<void> ForwardPass::moe_ffn_token(int64_t il) {
   const int64_t E = hp_.n_embd;
   const int64_t K = hp_.n_expert_used;
   const int64_t ff = hp_.n_ff_exp;
-  // One token: its K experts are distinct, so every expert has one row. Hold all K leases, run every chosen
-  // expert's gate and up in one parallel region and all downs in a second, each slot into its own scratch.
-  leases_.clear();
+  // One token: its K experts are distinct, so every expert has one row. Lease all K at once (one
+  // acquire_many: a streaming source reads the misses together), run every chosen expert's gate and up in
+  // one parallel region and all downs in a second, each slot into its own scratch.
+  Result<void> r =
+      experts_->acquire_many(static_cast<int>(il), std::span<const int32_t>(sel_ids_.data(), sz(K)), leases_);
+  if (!r) return r;
+  CAR_CHECK(static_cast<int64_t>(leases_.size()) == K);
   tasks_.clear();
   for (int64_t j = 0; j < K; ++j) {
-    leases_.push_back(experts_->acquire(static_cast<int>(il), sel_ids_[sz(j)]));
-    const experts::ExpertWeights& w = leases_.back().weights();
+    const experts::ExpertWeights& w = leases_[sz(j)].weights();
     tasks_.push_back({w.gate, xn_.data(), gate_.data() + j * ff});
     tasks_.push_back({w.up, xn_.data(), up_.data() + j * ff});
   }
@@ -328,6 +370,7 @@ void ForwardPass::moe_ffn_token(int64_t il) {
     for (int64_t d = 0; d < E; ++d) dst[d] = dst[d] * wgt;
   }
   sum_slots(1);
+  return {};
 }
 
 void ForwardPass::sum_slots(int64_t n) {

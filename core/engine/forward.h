@@ -17,6 +17,16 @@
 // (decode) uses matrix-vector products. Batches longer than max_batch() are split. All scratch is allocated
 // in the constructor: eval() allocates nothing.
 //
+// Experts come from the ExpertSource as leases. Decode leases the token's K experts with one acquire_many;
+// a batch leases its distinct experts with acquire_many in waves of at most slots(layer) experts, so a
+// streamed source's cache never has to hold more than its budget. With prefetch on (and a streaming
+// source), before layer L's attention the router of layer L is applied to the residual stream as it left
+// layer L-1 (normed with L's ffn_norm) and the top-k guesses are passed to prefetch(L), so their reads
+// overlap the attention; this reads scratch only and never changes a result. Which experts are leased,
+// and in what waves, never changes a product or the summation order: output is bit-identical to the
+// resident source's. A failed read (io_error) ends eval() with that error; the cache is not advanced for
+// the failing batch and the ForwardPass stays usable.
+//
 // Thread safety: a ForwardPass is mutable scratch; one eval() at a time. The Model and ExpertSource it uses
 // are shared and must outlive it; the ThreadPool (may be null = single-threaded) too.
 #pragma once
@@ -30,6 +40,7 @@
 #include "core/engine/ops.h"
 #include "core/experts/expert_source.h"
 #include "core/model/model.h"
+#include "core/util/result.h"
 #include "core/util/thread_pool.h"
 
 namespace car::engine {
@@ -42,8 +53,13 @@ class ForwardPass {
 
   /// Evaluate `tokens` (each in [0, n_vocab)) at positions kv.n_past() ... and advance the cache.
   /// Precondition: kv.n_past() + tokens.size() <= kv.n_ctx(). `logits` receives n_vocab floats per token
-  /// when `all_rows`, else only the last token's n_vocab floats.
-  void eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows);
+  /// when `all_rows`, else only the last token's n_vocab floats. Errors: the expert source's (io_error);
+  /// batches before the failing one stay in the cache (kv.n_past() says how far it got).
+  Result<void> eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows);
+
+  /// Prefetch the next MoE layer's guessed experts (streaming sources only). On by default.
+  void set_prefetch(bool on) { prefetch_ = on; }
+  bool prefetch() const { return prefetch_; }
 
   /// A cache sized for this model.
   KvCache make_cache(int64_t n_ctx) const;
@@ -54,13 +70,17 @@ class ForwardPass {
   uint64_t scratch_bytes() const;
 
  private:
-  void eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows);
+  Result<void> eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows);
   void embed(const int32_t* tokens, int64_t n);
   void attention(int64_t il, int64_t n, KvCache& kv);
   void dense_ffn(int64_t il, int64_t n);
-  void moe_ffn(int64_t il, int64_t n);
+  Result<void> moe_ffn(int64_t il, int64_t n);
   /// moe_ffn for one token (decode): all chosen experts' products in two parallel regions.
-  void moe_ffn_token(int64_t il);
+  Result<void> moe_ffn_token(int64_t il);
+  /// The products of the experts active_[first, first + count), whose leases are leases_[0, count).
+  void run_experts(size_t first, size_t count);
+  /// Guess MoE layer il's experts from x_'s n rows and prefetch them (uses router/selection scratch and xn_).
+  void prefetch_layer(int64_t il, int64_t n);
   /// proj_ rows = the sum of each row's weighted slot outputs, in selection order.
   void sum_slots(int64_t n);
   /// y (n x w.rows) = x (n x w.cols) W^T, each input row rounded as the weight type requires.
@@ -76,6 +96,7 @@ class ForwardPass {
   ThreadPool* pool_;                // non-owning; may be null
   int64_t max_batch_;
   RopeParams rope_;
+  bool prefetch_ = true;
 
   // Scratch, max_batch_ rows each (widths in the comments).
   std::vector<float> x_;        // residual stream (n_embd)
@@ -99,7 +120,9 @@ class ForwardPass {
   std::vector<int32_t> group_start_;  // (n_expert + 1) offsets into group_rows_
   std::vector<int32_t> cursor_;       // (n_expert) fill positions while grouping
   std::vector<int32_t> active_;       // experts with at least one row, in id order
-  std::vector<experts::ExpertLease> leases_;  // (n_expert_used) decode: the token's experts, slot order
+  std::vector<experts::ExpertLease> leases_;  // decode: the token's K experts in slot order; batch: one wave
+  std::vector<uint8_t> guessed_;              // (n_expert) prefetch: expert already in guess_
+  std::vector<int32_t> guess_;                // (<= n_expert) prefetch: the guessed experts of one layer
   std::vector<tensor::MatvecTask> tasks_;     // (2 * n_expert_used) decode: one fused group of products
 };
 

@@ -27,6 +27,21 @@ void ExpertLease::reset() {
   weights_ = {};
 }
 
+Result<void> ExpertSource::acquire_many(int layer, std::span<const int> experts,
+                                        std::vector<ExpertLease>& out) {
+  out.clear();
+  out.reserve(experts.size());
+  for (int e : experts) {
+    Result<ExpertLease> r = acquire(layer, e);
+    if (!r.ok()) {
+      out.clear();
+      return r.error();
+    }
+    out.push_back(std::move(r).value());
+  }
+  return {};
+}
+
 tensor::MatrixView expert_slice(const tensor::MatrixView& bank, int n_expert, int e) {
   CAR_CHECK(n_expert > 0 && e >= 0 && e < n_expert);
   CAR_CHECK(bank.rows % n_expert == 0);

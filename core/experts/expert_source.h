@@ -14,9 +14,11 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/tensor/kernels.h"
+#include "core/util/result.h"
 
 namespace car::experts {
 
@@ -33,9 +35,30 @@ struct ExpertBankInfo {
   tensor::MatrixView up_bank;    ///< rows = n_ff * n_expert, cols = n_embd
   tensor::MatrixView down_bank;  ///< rows = n_embd * n_expert, cols = n_ff
   int n_expert = 0;
-  uint64_t gate_offset = 0;      ///< absolute file offsets of the banks (for positional reads)
+  uint64_t gate_offset = 0;  ///< absolute file offsets of the banks (for positional reads)
   uint64_t up_offset = 0;
   uint64_t down_offset = 0;
+};
+
+/// Telemetry of one source (one model). All zero for the resident source. A streamed source's budget is
+/// the shared pool's; its cap, cache and counters are its own.
+struct ExpertStats {
+  std::string mode = "resident";            ///< "resident" | "streamed"
+  uint64_t budget_bytes = 0;                ///< the pool's budget (shared by every streamed model)
+  uint64_t cache_bytes = 0;                 ///< this source's share: sum over its banks of cap x slot bytes
+  uint64_t resident_bytes = 0;              ///< slot memory held now (pinned + cached + in flight)
+  uint64_t bytes_read = 0;                  ///< from disk, demand and prefetch
+  int banks = 0;                            ///< MoE layers
+  int cap = 0;                              ///< slots per bank (the smallest bank's, if they differ)
+  int pinned = 0;                           ///< experts pinned and loaded, all banks
+  int cached = 0;                           ///< experts loaded and not pinned, all banks
+  uint64_t hits = 0, misses = 0;            ///< demand requests served without / with a new disk read
+  double hit_rate = 0;                      ///< hits / (hits + misses)
+  double read_p50_us = 0, read_p99_us = 0;  ///< latency of one expert's load (gate + up + down reads)
+  uint64_t prefetch_issued = 0;             ///< prefetch reads started
+  uint64_t prefetch_used = 0;               ///< of those, demanded before eviction
+  double prefetch_recall =
+      0;  ///< prefetch_used / (prefetch_used + misses): share of needed reads prefetch had started
 };
 
 class ExpertSource;
@@ -62,7 +85,7 @@ class ExpertLease {
   ExpertSource* source_ = nullptr;  // non-owning; null for an empty lease or a source that needs no release
   int layer_ = -1;
   int expert_ = -1;
-  uint64_t token_ = 0;              // the source's own bookkeeping (e.g. a cache slot)
+  uint64_t token_ = 0;  // the source's own bookkeeping (e.g. a cache slot)
   ExpertWeights weights_;
 };
 
@@ -72,9 +95,23 @@ class ExpertSource {
 
   /// Pin expert `expert` of MoE layer `layer` and return its weights. Both indices must be in range
   /// (the forward pass only asks for experts its router chose). Streaming sources may block on I/O.
-  virtual ExpertLease acquire(int layer, int expert) = 0;
-  /// Hint: these experts of `layer` will be acquired soon (a streaming source may start reads). Default: none.
+  /// Errors: "io_error" (a streamed expert could not be read; the source stays usable).
+  virtual Result<ExpertLease> acquire(int layer, int expert) = 0;
+  /// All of one layer's experts at once: a streaming source issues every miss together, reads outside its
+  /// lock and reads an expert wanted twice once. `out` is cleared and receives one lease per entry of
+  /// `experts`, in the same order (duplicates get one lease each). Callers should ask for at most
+  /// slots(layer) distinct experts at once. On error `out` is left empty (no lease held). Default: loop
+  /// over acquire().
+  virtual Result<void> acquire_many(int layer, std::span<const int> experts, std::vector<ExpertLease>& out);
+  /// Hint: these experts of `layer` will be acquired soon (a streaming source may start reads on a
+  /// low-priority queue that never delays a demand read). Default: none.
   virtual void prefetch(int layer, std::span<const int> experts) {}
+  /// Distinct experts of `layer` that can be leased at once within the memory budget (resident: n_expert).
+  virtual int slots(int layer) const { return n_expert(layer); }
+  /// Telemetry. Default: mode "resident", all zero.
+  virtual ExpertStats stats() const { return {}; }
+  /// Persist the usage sidecar (streamed source; the resident source has none). Thread-safe.
+  virtual Result<void> save_usage() { return {}; }
   /// Bytes this source keeps in memory beyond the mapped file (0 for the resident source).
   virtual uint64_t resident_bytes() const { return 0; }
   /// True when experts come from disk reads rather than the mapping.

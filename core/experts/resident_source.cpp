@@ -4,7 +4,8 @@
 
 namespace car::experts {
 
-ResidentExpertSource::ResidentExpertSource(std::vector<ExpertBankInfo> banks) : ExpertSource(std::move(banks)) {
+ResidentExpertSource::ResidentExpertSource(std::vector<ExpertBankInfo> banks)
+    : ExpertSource(std::move(banks)) {
   size_t total = 0;
   layer_base_.reserve(static_cast<size_t>(n_layers()));
   for (int l = 0; l < n_layers(); ++l) {
@@ -15,11 +16,12 @@ ResidentExpertSource::ResidentExpertSource(std::vector<ExpertBankInfo> banks) : 
   for (size_t i = 0; i < total; ++i) uses_[i].store(0, std::memory_order_relaxed);
 }
 
-ExpertLease ResidentExpertSource::acquire(int layer, int expert) {
+Result<ExpertLease> ResidentExpertSource::acquire(int layer, int expert) {
   CAR_CHECK(layer >= 0 && layer < n_layers());
   const ExpertBankInfo& b = bank(layer);
   CAR_CHECK(expert >= 0 && expert < b.n_expert);
-  uses_[layer_base_[static_cast<size_t>(layer)] + static_cast<size_t>(expert)].fetch_add(1, std::memory_order_relaxed);
+  uses_[layer_base_[static_cast<size_t>(layer)] + static_cast<size_t>(expert)].fetch_add(
+      1, std::memory_order_relaxed);
   ExpertWeights w;
   w.gate = expert_slice(b.gate_bank, b.n_expert, expert);
   w.up = expert_slice(b.up_bank, b.n_expert, expert);
@@ -30,7 +32,8 @@ ExpertLease ResidentExpertSource::acquire(int layer, int expert) {
 
 uint64_t ResidentExpertSource::use_count(int layer, int expert) const {
   CAR_CHECK(layer >= 0 && layer < n_layers() && expert >= 0 && expert < n_expert(layer));
-  return uses_[layer_base_[static_cast<size_t>(layer)] + static_cast<size_t>(expert)].load(std::memory_order_relaxed);
+  return uses_[layer_base_[static_cast<size_t>(layer)] + static_cast<size_t>(expert)].load(
+      std::memory_order_relaxed);
 }
 
 }  // namespace car::experts

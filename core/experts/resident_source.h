@@ -20,14 +20,14 @@ class ResidentExpertSource final : public ExpertSource {
   /// `banks` must outlive the source's leases (they point into the caller's mapping).
   explicit ResidentExpertSource(std::vector<ExpertBankInfo> banks);
 
-  ExpertLease acquire(int layer, int expert) override;
+  Result<ExpertLease> acquire(int layer, int expert) override;
 
   /// How many times expert `expert` of `layer` was acquired.
   uint64_t use_count(int layer, int expert) const;
 
  private:
-  std::vector<size_t> layer_base_;                  // index of (layer, 0) in uses_
-  std::unique_ptr<std::atomic<uint64_t>[]> uses_;   // per (layer, expert) acquire counts
+  std::vector<size_t> layer_base_;                 // index of (layer, 0) in uses_
+  std::unique_ptr<std::atomic<uint64_t>[]> uses_;  // per (layer, expert) acquire counts
 };
 
 }  // namespace car::experts

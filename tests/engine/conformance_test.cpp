@@ -78,7 +78,7 @@ FileResult run_file(const std::filesystem::path& dir, const json& entry, ThreadP
     // Teacher-forced, one batch.
     KvCache kv = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
     std::vector<float> logits(all.size() * static_cast<size_t>(V));
-    fp.eval(all, kv, logits.data(), true);
+    EXPECT_TRUE(fp.eval(all, kv, logits.data(), true).ok());
     for (size_t j = 0; j < gen.size(); ++j) {
       const size_t row = prompt.size() - 1 + j;
       const auto lp = log_softmax(logits.data() + row * static_cast<size_t>(V), V);
@@ -103,13 +103,13 @@ FileResult run_file(const std::filesystem::path& dir, const json& entry, ThreadP
     }
     KvCache kv2 = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
     std::vector<float> last(static_cast<size_t>(V));
-    fp.eval(prompt, kv2, last.data(), false);
+    EXPECT_TRUE(fp.eval(prompt, kv2, last.data(), false).ok());
     for (size_t j = 0; j < limit; ++j) {
       const int32_t tok = argmax(last.data(), V);
       EXPECT_EQ(tok, gen[j]) << name << " greedy position " << j;
       if (tok != gen[j]) break;
       ++res.greedy_checked;
-      fp.eval(std::span<const int32_t>(&tok, 1), kv2, last.data(), false);
+      EXPECT_TRUE(fp.eval(std::span<const int32_t>(&tok, 1), kv2, last.data(), false).ok());
     }
     res.greedy_total += static_cast<int>(gen.size());
   }

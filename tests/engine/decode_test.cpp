@@ -43,7 +43,7 @@ std::vector<float> decode(const Loaded& l, const std::vector<int32_t>& toks, Thr
   const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
   std::vector<float> out(toks.size() * V);
   for (size_t i = 0; i < toks.size(); ++i)
-    fp.eval(std::span<const int32_t>(&toks[i], 1), kv, out.data() + i * V, false);
+    EXPECT_TRUE(fp.eval(std::span<const int32_t>(&toks[i], 1), kv, out.data() + i * V, false).ok());
   return out;
 }
 
@@ -51,7 +51,7 @@ std::vector<float> batch(const Loaded& l, const std::vector<int32_t>& toks) {
   ForwardPass fp(l.model, l.experts.get(), nullptr, 64);
   KvCache kv = fp.make_cache(64);
   std::vector<float> out(toks.size() * static_cast<size_t>(l.model->hparams().n_vocab));
-  fp.eval(toks, kv, out.data(), true);
+  EXPECT_TRUE(fp.eval(toks, kv, out.data(), true).ok());
   return out;
 }
 

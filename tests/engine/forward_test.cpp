@@ -45,7 +45,7 @@ std::vector<float> eval_all(const Loaded& l, const std::vector<int32_t>& toks, T
   ForwardPass fp(l.model, l.experts.get(), pool, max_batch);
   KvCache kv = fp.make_cache(64);
   std::vector<float> logits(toks.size() * static_cast<size_t>(l.model->hparams().n_vocab));
-  fp.eval(toks, kv, logits.data(), true);
+  EXPECT_TRUE(fp.eval(toks, kv, logits.data(), true).ok());
   EXPECT_EQ(kv.n_past(), static_cast<int64_t>(toks.size()));
   return logits;
 }
@@ -148,7 +148,7 @@ TEST(ForwardConsistency, BatchEqualsTokenByToken) {
     std::vector<float> one(static_cast<size_t>(s.n_vocab));
     double dev = 0;
     for (size_t i = 0; i < toks.size(); ++i) {
-      fp.eval(std::span<const int32_t>(&toks[i], 1), kv, one.data(), false);
+      EXPECT_TRUE(fp.eval(std::span<const int32_t>(&toks[i], 1), kv, one.data(), false).ok());
       for (int64_t v = 0; v < s.n_vocab; ++v) {
         dev = std::max(dev, std::fabs(double(one[static_cast<size_t>(v)]) - batch[i * static_cast<size_t>(s.n_vocab) + static_cast<size_t>(v)]));
       }
@@ -182,7 +182,7 @@ TEST(ForwardConsistency, LastRowOnlyEqualsLastOfAllRows) {
   ForwardPass fp(l.model, nullptr, nullptr, 64);
   KvCache kv = fp.make_cache(16);
   std::vector<float> last(static_cast<size_t>(s.n_vocab));
-  fp.eval(toks, kv, last.data(), false);
+  EXPECT_TRUE(fp.eval(toks, kv, last.data(), false).ok());
   for (int64_t v = 0; v < s.n_vocab; ++v) EXPECT_NEAR(last[static_cast<size_t>(v)], all[8 * static_cast<size_t>(s.n_vocab) + static_cast<size_t>(v)], 1e-5);
 }
 
@@ -193,7 +193,9 @@ TEST(ResidentExperts, SlicesAreTheBanksRowsAndCountsUses) {
   testing::TempDir dir;
   Loaded l = load_tiny(dir, s);
   const auto& bank = l.model->expert_banks()[1];
-  auto lease = l.experts->acquire(1, 3);
+  auto acquired = l.experts->acquire(1, 3);
+  ASSERT_TRUE(acquired.ok());
+  const experts::ExpertLease& lease = *acquired;
   EXPECT_EQ(lease.weights().gate.rows, s.n_ff);
   EXPECT_EQ(lease.weights().gate.cols, s.n_embd);
   EXPECT_EQ(lease.weights().down.rows, s.n_embd);

@@ -103,11 +103,11 @@ TEST_F(GenerateTest, GreedyIsDeterministicAndMatchesForwardArgmax) {
   ForwardPass fp(*mod, &src, nullptr, 16);
   KvCache kv = fp.make_cache(32);
   std::vector<float> logits(static_cast<size_t>(s.n_vocab));
-  fp.eval(prompt, kv, logits.data(), false);
+  EXPECT_TRUE(fp.eval(prompt, kv, logits.data(), false).ok());
   for (int32_t want : a->tokens) {
     const int32_t got = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     EXPECT_EQ(got, want);
-    fp.eval(std::span<const int32_t>(&got, 1), kv, logits.data(), false);
+    EXPECT_TRUE(fp.eval(std::span<const int32_t>(&got, 1), kv, logits.data(), false).ok());
   }
 }
 

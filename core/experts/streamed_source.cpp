@@ -1,0 +1,758 @@
+#include "core/experts/streamed_source.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <list>
+
+#include "core/experts/usage_sidecar.h"
+
+namespace car::experts {
+namespace {
+
+constexpr uint64_t kAlign =
+    4096;  // O_DIRECT alignment of offsets, lengths and buffers (covers 512-byte devices)
+constexpr double kPinFraction = 0.25;  // of a bank's cap, pinned from the sidecar (the seed's PIN_FRACTION)
+constexpr size_t kMaxWarnings = 32;
+
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+/// Anonymous page-aligned memory for one slot (RAII, move-only). mmap'd so memory given back on eviction
+/// returns to the system rather than to a fragmented heap.
+class SlotMemory {
+ public:
+  SlotMemory() = default;
+  static Result<SlotMemory> allocate(size_t bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return make_error("io_error", "cannot allocate " + std::to_string(bytes) +
+                                        " bytes for an expert slot: " + std::strerror(errno));
+    }
+    SlotMemory m;
+    m.data_ = static_cast<uint8_t*>(p);
+    m.size_ = bytes;
+    return m;
+  }
+  SlotMemory(SlotMemory&& o) noexcept { *this = std::move(o); }
+  SlotMemory& operator=(SlotMemory&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = o.data_;
+      size_ = o.size_;
+      o.data_ = nullptr;
+      o.size_ = 0;
+    }
+    return *this;
+  }
+  SlotMemory(const SlotMemory&) = delete;
+  SlotMemory& operator=(const SlotMemory&) = delete;
+  ~SlotMemory() { reset(); }
+
+  uint8_t* data() const { return data_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void reset() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+/// Load latencies: bucket i holds [2^(i/4), 2^((i+1)/4)) microseconds (19% wide), up to ~2^28 us.
+class LatencyHistogram {
+ public:
+  void add(double us) {
+    int i = us <= 1.0 ? 0 : static_cast<int>(std::floor(std::log2(us) * 4.0));
+    i = std::clamp(i, 0, kBuckets - 1);
+    ++counts_[static_cast<size_t>(i)];
+    ++total_;
+  }
+  /// The q-quantile (0..1) as its bucket's geometric middle; 0 when empty.
+  double percentile(double q) const {
+    if (total_ == 0) return 0;
+    const uint64_t rank =
+        std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(q * static_cast<double>(total_))));
+    uint64_t seen = 0;
+    for (int i = 0; i < kBuckets; ++i) {
+      seen += counts_[static_cast<size_t>(i)];
+      if (seen >= rank) return std::exp2((i + 0.5) / 4.0);
+    }
+    return std::exp2(kBuckets / 4.0);
+  }
+
+ private:
+  static constexpr int kBuckets = 112;
+  std::array<uint64_t, kBuckets> counts_{};
+  uint64_t total_ = 0;
+};
+
+uint64_t sat_add(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+// One cached expert. Lifecycle: created `loading` (in its bank's index, counted in `held`), a reader fills
+// `memory` outside the lock, then `ready` (views set) or `failed` (removed from the index at once; waiters
+// see the error). A ready slot is on its bank's LRU exactly when it is not pinned and has no lease; only
+// LRU slots are evicted.
+struct Slot {
+  enum class State { loading, ready, failed };
+  int expert = -1;
+  State state = State::loading;
+  bool started = false;        // a reader took its job; a queued duplicate (a promoted prefetch) skips
+  bool demand_queued = false;  // a demand job was submitted for it
+  bool pinned = false;         // in the pin set: never on the LRU, never evicted
+  bool prefetched = false;     // loaded by prefetch() and not demanded since (recall bookkeeping)
+  int leases = 0;              // leases handed out + acquire calls waiting for it
+  bool on_lru = false;
+  std::list<Slot*>::iterator lru_pos;  // valid while on_lru
+  SlotMemory memory;                   // written only by the reader while loading, read-only once ready
+  ExpertWeights weights;               // views into memory once ready
+  Error error;                         // once failed
+};
+
+/// One expert matrix (gate, up or down) of a bank.
+struct Projection {
+  tensor::MatrixView view;   // one expert's matrix; data set per slot
+  uint64_t base = 0;         // file offset of expert 0
+  uint64_t bytes = 0;        // per expert
+  uint64_t window = 0;       // bytes reserved in a slot for its aligned read window
+  uint64_t slot_offset = 0;  // where that window starts in the slot
+};
+
+}  // namespace
+
+// All bank state below `mutex` except the geometry (n_expert, proj, slot_bytes), fixed at open.
+struct StreamedExpertSource::Impl {
+  struct Bank {
+    int n_expert = 0;  // 0: dense layer, no bank
+    std::array<Projection, 3> proj;
+    uint64_t slot_bytes = 0;
+    int cap = 1;                               // slots, pinned included; may be exceeded by leased slots
+    int held = 0;                              // slots in `index` (loading or ready)
+    std::vector<std::shared_ptr<Slot>> index;  // per expert; null = not held
+    std::list<Slot*> lru;                      // ready, unpinned, unleased; front = least recently used
+    std::vector<int> pin_rank;                 // experts with sidecar counts, hottest first
+    std::vector<char> in_pin_set;              // per expert: among the first pin_count of pin_rank
+    int pin_count = 0;
+  };
+
+  StreamedExpertSource* owner = nullptr;
+  std::string path;
+  int fd_buffered = -1;
+  int fd_direct = -1;  // -1: O_DIRECT off or refused at open
+  std::atomic<bool> direct{false};
+  PreadFn reader;
+  std::shared_ptr<ExpertPool> pool;
+  bool joined = false;
+  std::string sidecar;
+  std::vector<int> n_expert;  // per layer, for the sidecar
+
+  mutable std::mutex mutex;
+  std::condition_variable loaded;            // some slot left the loading state
+  std::vector<Bank> banks;                   // per layer
+  std::vector<std::vector<uint64_t>> usage;  // GUARDED_BY(mutex): acquires this run, per (layer, expert)
+  std::vector<std::vector<uint64_t>> saved;  // GUARDED_BY(mutex): the part of usage already in the sidecar
+  uint64_t hits = 0, misses = 0, bytes_read = 0, prefetch_issued = 0, prefetch_used = 0;  // GUARDED_BY(mutex)
+  LatencyHistogram latency;                                                               // GUARDED_BY(mutex)
+  std::vector<std::string> warnings;                                                      // GUARDED_BY(mutex)
+  size_t warnings_dropped = 0;                                                            // GUARDED_BY(mutex)
+  std::mutex save_mutex;  // serializes save_usage()
+
+  ~Impl() {
+    if (fd_direct >= 0) ::close(fd_direct);
+    if (fd_buffered >= 0) ::close(fd_buffered);
+  }
+
+  void warn_locked(std::string msg) {
+    if (warnings.size() < kMaxWarnings) {
+      warnings.push_back(std::move(msg));
+    } else {
+      ++warnings_dropped;
+    }
+  }
+
+  ssize_t do_pread(int fd, void* buf, size_t count, off_t offset) const {
+    return reader ? reader(fd, buf, count, offset) : ::pread(fd, buf, count, offset);
+  }
+
+  // --- bank bookkeeping (mutex held) ---
+
+  void evict_locked(Bank& b, Slot* s) {
+    CAR_CHECK(s->leases == 0 && s->state != Slot::State::loading);
+    if (s->on_lru) b.lru.erase(s->lru_pos);
+    s->on_lru = false;
+    CAR_CHECK(b.index[static_cast<size_t>(s->expert)].get() == s);
+    --b.held;
+    b.index[static_cast<size_t>(s->expert)].reset();  // may destroy s
+  }
+
+  /// A ready slot just lost its last lease (or finished loading with none): LRU, or given back when over cap.
+  void settle_locked(Bank& b, Slot* s) {
+    if (s->pinned || s->on_lru) return;
+    if (b.held > b.cap) {
+      evict_locked(b, s);
+      return;
+    }
+    b.lru.push_back(s);
+    s->on_lru = true;
+    s->lru_pos = std::prev(b.lru.end());
+  }
+
+  void take_lease_locked(Bank& b, Slot* s) {
+    if (s->on_lru) {
+      b.lru.erase(s->lru_pos);
+      s->on_lru = false;
+    }
+    ++s->leases;
+  }
+
+  void drop_lease_locked(Bank& b, Slot* s) {
+    CAR_CHECK(s->leases > 0);
+    if (--s->leases == 0 && s->state == Slot::State::ready) settle_locked(b, s);
+  }
+
+  /// A new loading slot for `expert`, reusing the least recently used slot's memory when the bank is at its
+  /// cap. A demand over-commits when nothing is evictable; a prefetch gets null instead.
+  std::shared_ptr<Slot> new_slot_locked(Bank& b, int expert, bool demand) {
+    auto s = std::make_shared<Slot>();
+    s->expert = expert;
+    s->pinned = b.in_pin_set[static_cast<size_t>(expert)] != 0;
+    if (b.held >= b.cap) {
+      if (!b.lru.empty()) {
+        Slot* victim = b.lru.front();
+        s->memory = std::move(victim->memory);
+        evict_locked(b, victim);
+      } else if (!demand) {
+        return nullptr;
+      }
+    }
+    b.index[static_cast<size_t>(expert)] = s;
+    ++b.held;
+    return s;
+  }
+
+  void submit(int layer, const std::shared_ptr<Slot>& s, bool demand) {
+    pool->submit(this, demand, [this, layer, s] { load(layer, s); });
+  }
+
+  // --- reading (no lock held) ---
+
+  Error read_error(int layer, int p, int expert, const std::string& what) const {
+    return make_error("io_error", "reading expert " + std::to_string(expert) + " of layer " +
+                                      std::to_string(layer) + " (" + bank_tensor_name(layer, p) + ") from " +
+                                      path + ": " + what);
+  }
+
+  /// Read projection p of `expert` into its window of the slot at `slot_mem`.
+  Result<void> read_projection(int layer, int p, int expert, uint8_t* slot_mem, uint64_t& nread) {
+    const Projection& pj = banks[static_cast<size_t>(layer)].proj[static_cast<size_t>(p)];
+    const uint64_t off = pj.base + static_cast<uint64_t>(expert) * pj.bytes;
+    const uint64_t start = off / kAlign * kAlign;
+    const uint64_t lead = off - start;
+    uint8_t* window = slot_mem + pj.slot_offset;
+    for (;;) {
+      const bool use_direct = direct.load(std::memory_order_acquire);
+      const int fd = use_direct ? fd_direct : fd_buffered;
+      // O_DIRECT reads the aligned window around the matrix; buffered reads exactly the matrix, at the same
+      // place in the window, so the views are the same either way.
+      uint8_t* dst = use_direct ? window : window + lead;
+      const uint64_t at = use_direct ? start : off;
+      const uint64_t want = use_direct ? round_up(lead + pj.bytes, kAlign) : pj.bytes;
+      const uint64_t need = use_direct ? lead + pj.bytes : pj.bytes;
+      uint64_t got = 0;
+      int err = 0;
+      while (got < want) {
+        const ssize_t n = do_pread(fd, dst + got, want - got, static_cast<off_t>(at + got));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          err = errno;
+          break;
+        }
+        if (n == 0) break;
+        got += static_cast<uint64_t>(n);
+        nread += static_cast<uint64_t>(n);
+        if (use_direct && static_cast<uint64_t>(n) % kAlign != 0) break;  // a partial block: end of file
+      }
+      if (err == EINVAL && use_direct) {
+        fall_back_to_buffered(std::strerror(err));
+        continue;
+      }
+      if (err != 0) {
+        return read_error(layer, p, expert,
+                          "pread of " + std::to_string(want - got) + " bytes at offset " +
+                              std::to_string(at + got) + " failed: " + std::strerror(err));
+      }
+      if (got < need) {
+        return read_error(layer, p, expert,
+                          "the file ends " + std::to_string(need - std::min(need, got)) +
+                              " bytes short of the " + std::to_string(pj.bytes) + " bytes at offset " +
+                              std::to_string(off) + " (truncated after load?)");
+      }
+      if (!use_direct)
+        (void)::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(pj.bytes), POSIX_FADV_DONTNEED);
+      return {};
+    }
+  }
+
+  void fall_back_to_buffered(const char* why) {
+    bool expected = true;
+    if (!direct.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) return;
+    std::lock_guard<std::mutex> lock(mutex);
+    warn_locked(path + ": O_DIRECT read refused (" + why + "); falling back to buffered reads + DONTNEED");
+  }
+
+  /// A reader job: fill the slot, then publish it.
+  void load(int layer, const std::shared_ptr<Slot>& s) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (s->started) return;
+      s->started = true;
+    }
+    Bank& b = banks[static_cast<size_t>(layer)];
+    Result<void> r;
+    uint64_t nread = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (s->memory.empty()) {
+      Result<SlotMemory> m = SlotMemory::allocate(b.slot_bytes);
+      if (m.ok()) {
+        s->memory = std::move(m).value();
+      } else {
+        r = m.error();
+      }
+    }
+    for (int p = 0; p < 3 && r.ok(); ++p) r = read_projection(layer, p, s->expert, s->memory.data(), nread);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+
+    std::lock_guard<std::mutex> lock(mutex);
+    bytes_read += nread;
+    if (r.ok()) {
+      latency.add(us);
+      ExpertWeights w;
+      tensor::MatrixView* views[3] = {&w.gate, &w.up, &w.down};
+      for (size_t p = 0; p < 3; ++p) {
+        const Projection& pj = b.proj[p];
+        const uint64_t off = pj.base + static_cast<uint64_t>(s->expert) * pj.bytes;
+        *views[p] = pj.view;
+        views[p]->data = s->memory.data() + pj.slot_offset + (off % kAlign);
+      }
+      s->weights = w;
+      s->state = Slot::State::ready;
+      if (s->leases == 0) settle_locked(b, s.get());
+    } else {
+      s->state = Slot::State::failed;
+      s->error = r.error();
+      if (b.index[static_cast<size_t>(s->expert)] == s) {
+        --b.held;
+        b.index[static_cast<size_t>(s->expert)].reset();
+      }
+      if (s->leases == 0) warn_locked("prefetch: " + r.error().message);
+    }
+    loaded.notify_all();
+  }
+
+  /// Wait until none of `slots` is loading; then drop every lease of a failed one and return its error.
+  Result<void> wait_locked(std::unique_lock<std::mutex>& lock, int layer,
+                           const std::vector<std::shared_ptr<Slot>>& slots) {
+    loaded.wait(lock, [&] {
+      for (const auto& s : slots) {
+        if (s->state == Slot::State::loading) return false;
+      }
+      return true;
+    });
+    std::optional<Error> first;
+    for (const auto& s : slots) {
+      if (s->state == Slot::State::failed && !first) first = s->error;
+    }
+    if (!first) return {};
+    Bank& b = banks[static_cast<size_t>(layer)];
+    for (const auto& s : slots) {
+      if (s->state == Slot::State::failed) {
+        --s->leases;
+      } else {
+        drop_lease_locked(b, s.get());
+      }
+    }
+    return *first;
+  }
+};
+
+// --- StreamedExpertSource ---
+
+StreamedExpertSource::StreamedExpertSource(std::vector<ExpertBankInfo> banks, std::unique_ptr<Impl> impl)
+    : ExpertSource(std::move(banks)), impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const std::string& path,
+                                                                         std::vector<ExpertBankInfo> banks,
+                                                                         StreamOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->reader = options.reader;
+  impl->sidecar = options.sidecar_path;
+  impl->fd_buffered = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (impl->fd_buffered < 0) {
+    return make_error("io_error", path + ": cannot open for expert streaming: " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(impl->fd_buffered, &st) != 0) {
+    return make_error("io_error", path + ": fstat: " + std::strerror(errno));
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (options.direct_io) {
+    impl->fd_direct = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (impl->fd_direct < 0) {
+      impl->warn_locked(path + ": O_DIRECT refused by the filesystem (" + std::strerror(errno) +
+                        "); buffered reads + DONTNEED");
+    }
+  }
+  impl->direct.store(impl->fd_direct >= 0);
+
+  impl->banks.resize(banks.size());
+  impl->n_expert.resize(banks.size());
+  impl->usage.resize(banks.size());
+  impl->saved.resize(banks.size());
+  for (size_t l = 0; l < banks.size(); ++l) {
+    const ExpertBankInfo& info = banks[l];
+    const int n = info.n_expert;
+    impl->n_expert[l] = std::max(n, 0);
+    if (n <= 0) continue;
+    Impl::Bank& b = impl->banks[l];
+    b.n_expert = n;
+    const tensor::MatrixView* views[3] = {&info.gate_bank, &info.up_bank, &info.down_bank};
+    const uint64_t bases[3] = {info.gate_offset, info.up_offset, info.down_offset};
+    for (int p = 0; p < 3; ++p) {
+      const tensor::MatrixView& v = *views[p];
+      const std::string name = bank_tensor_name(static_cast<int>(l), p);
+      if (v.rows <= 0 || v.rows % n != 0 || v.row_bytes == 0) {
+        return make_error("load_failed", path + ": " + name + ": " + std::to_string(v.rows) +
+                                             " rows do not split into " + std::to_string(n) + " experts");
+      }
+      const uint64_t total = static_cast<uint64_t>(v.rows) * v.row_bytes;
+      if (bases[p] > file_size || total > file_size - bases[p]) {
+        return make_error("load_failed", path + ": " + name + ": data [" + std::to_string(bases[p]) + ", " +
+                                             std::to_string(bases[p] + total) + ") past end of file (size " +
+                                             std::to_string(file_size) + ")");
+      }
+      Projection& pj = b.proj[static_cast<size_t>(p)];
+      pj.view = v;
+      pj.view.rows = v.rows / n;
+      pj.view.data = nullptr;
+      pj.base = bases[p];
+      pj.bytes = total / static_cast<uint64_t>(n);
+      pj.window = round_up(pj.bytes, kAlign) + kAlign;  // any alignment of the start fits
+      pj.slot_offset = b.slot_bytes;
+      b.slot_bytes += pj.window;
+    }
+    b.index.resize(static_cast<size_t>(n));
+    b.in_pin_set.assign(static_cast<size_t>(n), 0);
+    impl->usage[l].assign(static_cast<size_t>(n), 0);
+    impl->saved[l].assign(static_cast<size_t>(n), 0);
+  }
+
+  if (!impl->sidecar.empty()) {
+    SidecarContents sc = read_sidecar(impl->sidecar, impl->n_expert);
+    for (std::string& w : sc.warnings) impl->warn_locked(std::move(w));
+    std::vector<std::vector<std::pair<uint64_t, int>>> ranked(banks.size());
+    for (const auto& [key, count] : sc.counts) {
+      if (count > 0) ranked[static_cast<size_t>(key.first)].push_back({count, key.second});
+    }
+    for (size_t l = 0; l < ranked.size(); ++l) {
+      auto& r = ranked[l];
+      std::sort(r.begin(), r.end(), [](const auto& a, const auto& c) {
+        return a.first != c.first ? a.first > c.first : a.second < c.second;
+      });
+      for (const auto& [count, e] : r) impl->banks[l].pin_rank.push_back(e);
+    }
+  }
+
+  impl->pool = options.pool ? options.pool : std::make_shared<ExpertPool>(options);
+  Impl* raw = impl.get();
+  std::unique_ptr<StreamedExpertSource> source(new StreamedExpertSource(std::move(banks), std::move(impl)));
+  raw->owner = source.get();
+  raw->pool->join(source.get());
+  raw->joined = true;
+  source->join_layout_ = raw->pool->layout();
+
+  // Read the pin sets now, all at once.
+  std::unique_lock<std::mutex> lock(raw->mutex);
+  for (size_t l = 0; l < raw->banks.size(); ++l) {
+    Impl::Bank& b = raw->banks[l];
+    std::vector<std::shared_ptr<Slot>> pins;
+    for (int i = 0; i < b.pin_count; ++i) {
+      const int e = b.pin_rank[static_cast<size_t>(i)];
+      if (b.index[static_cast<size_t>(e)]) continue;
+      std::shared_ptr<Slot> s = raw->new_slot_locked(b, e, true);
+      s->leases = 1;
+      s->demand_queued = true;
+      pins.push_back(s);
+    }
+    if (pins.empty()) continue;
+    lock.unlock();
+    for (const auto& s : pins) raw->submit(static_cast<int>(l), s, true);
+    lock.lock();
+    Result<void> r = raw->wait_locked(lock, static_cast<int>(l), pins);
+    if (!r.ok()) {
+      lock.unlock();
+      return r.error();  // the source's destructor leaves the pool
+    }
+    for (const auto& s : pins) raw->drop_lease_locked(b, s.get());
+  }
+  lock.unlock();
+  return source;
+}
+
+StreamedExpertSource::~StreamedExpertSource() {
+  if (!impl_) return;
+  impl_->pool->cancel(impl_.get());
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    for (Impl::Bank& b : impl_->banks) {
+      for (const auto& s : b.index) CAR_CHECK(s == nullptr || s->leases == 0);  // leases must end first
+      b.lru.clear();
+      for (auto& s : b.index) s.reset();
+      b.held = 0;
+    }
+  }
+  if (impl_->joined) impl_->pool->leave(this);
+}
+
+Result<ExpertLease> StreamedExpertSource::acquire(int layer, int expert) {
+  std::vector<ExpertLease> out;
+  const int one[1] = {expert};
+  Result<void> r = acquire_many(layer, one, out);
+  if (!r.ok()) return r.error();
+  return std::move(out.front());
+}
+
+Result<void> StreamedExpertSource::acquire_many(int layer, std::span<const int> experts,
+                                                std::vector<ExpertLease>& out) {
+  out.clear();
+  CAR_CHECK(layer >= 0 && layer < n_layers() && n_expert(layer) > 0);
+  Impl& I = *impl_;
+  Impl::Bank& b = I.banks[static_cast<size_t>(layer)];
+  std::vector<std::shared_ptr<Slot>> held;
+  std::vector<std::shared_ptr<Slot>> to_read;
+  held.reserve(experts.size());
+  std::unique_lock<std::mutex> lock(I.mutex);
+  for (int e : experts) {
+    CAR_CHECK(e >= 0 && e < b.n_expert);
+    ++I.usage[static_cast<size_t>(layer)][static_cast<size_t>(e)];
+    std::shared_ptr<Slot> s = b.index[static_cast<size_t>(e)];
+    if (s) {
+      ++I.hits;
+      if (s->prefetched) {
+        ++I.prefetch_used;
+        s->prefetched = false;
+      }
+      // A prefetch still queued is promoted: a demand job joins the demand queue; whichever runs first reads.
+      if (s->state == Slot::State::loading && !s->started && !s->demand_queued) {
+        s->demand_queued = true;
+        to_read.push_back(s);
+      }
+    } else {
+      ++I.misses;
+      s = I.new_slot_locked(b, e, true);
+      s->demand_queued = true;
+      to_read.push_back(s);
+    }
+    I.take_lease_locked(b, s.get());
+    held.push_back(std::move(s));
+  }
+  if (!to_read.empty()) {
+    lock.unlock();
+    for (const auto& s : to_read) I.submit(layer, s, true);
+    lock.lock();
+  }
+  Result<void> r = I.wait_locked(lock, layer, held);
+  if (!r.ok()) return r;
+  lock.unlock();
+  out.reserve(held.size());
+  for (const auto& s : held) {
+    out.emplace_back(this, layer, s->expert, s->weights, reinterpret_cast<uint64_t>(s.get()));
+  }
+  return {};
+}
+
+void StreamedExpertSource::prefetch(int layer, std::span<const int> experts) {
+  if (layer < 0 || layer >= n_layers() || n_expert(layer) <= 0) return;
+  Impl& I = *impl_;
+  Impl::Bank& b = I.banks[static_cast<size_t>(layer)];
+  std::vector<std::shared_ptr<Slot>> to_read;
+  {
+    std::lock_guard<std::mutex> lock(I.mutex);
+    for (int e : experts) {
+      if (e < 0 || e >= b.n_expert || b.index[static_cast<size_t>(e)]) continue;
+      std::shared_ptr<Slot> s = I.new_slot_locked(b, e, false);
+      if (!s) break;  // no slot free without over-committing: prefetch never does
+      s->prefetched = true;
+      ++I.prefetch_issued;
+      to_read.push_back(std::move(s));
+    }
+  }
+  for (const auto& s : to_read) I.submit(layer, s, false);
+}
+
+void StreamedExpertSource::release(int layer, int expert, uint64_t token) {
+  Impl& I = *impl_;
+  std::lock_guard<std::mutex> lock(I.mutex);
+  Impl::Bank& b = I.banks[static_cast<size_t>(layer)];
+  Slot* s = reinterpret_cast<Slot*>(token);
+  CAR_CHECK(b.index[static_cast<size_t>(expert)].get() == s);  // a leased slot is never evicted
+  I.drop_lease_locked(b, s);
+}
+
+int StreamedExpertSource::slots(int layer) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl::Bank& b = impl_->banks[static_cast<size_t>(layer)];
+  if (b.n_expert <= 0) return 0;
+  return std::max(1, b.cap - b.pin_count);
+}
+
+ExpertStats StreamedExpertSource::stats() const {
+  ExpertStats s;
+  s.mode = "streamed";
+  s.budget_bytes = impl_->pool->budget_bytes();  // before our lock: the pool's mutex comes first
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& I = *impl_;
+  for (const Impl::Bank& b : I.banks) {
+    if (b.n_expert <= 0) continue;
+    ++s.banks;
+    s.cap = s.banks == 1 ? b.cap : std::min(s.cap, b.cap);
+    s.cache_bytes += static_cast<uint64_t>(b.cap) * b.slot_bytes;
+    s.resident_bytes += static_cast<uint64_t>(b.held) * b.slot_bytes;
+    for (const auto& slot : b.index) {
+      if (!slot || slot->state != Slot::State::ready) continue;
+      if (slot->pinned) {
+        ++s.pinned;
+      } else {
+        ++s.cached;
+      }
+    }
+  }
+  s.hits = I.hits;
+  s.misses = I.misses;
+  s.hit_rate =
+      I.hits + I.misses > 0 ? static_cast<double>(I.hits) / static_cast<double>(I.hits + I.misses) : 0;
+  s.bytes_read = I.bytes_read;
+  s.read_p50_us = I.latency.percentile(0.50);
+  s.read_p99_us = I.latency.percentile(0.99);
+  s.prefetch_issued = I.prefetch_issued;
+  s.prefetch_used = I.prefetch_used;
+  s.prefetch_recall = I.prefetch_used + I.misses > 0 ? static_cast<double>(I.prefetch_used) /
+                                                           static_cast<double>(I.prefetch_used + I.misses)
+                                                     : 0;
+  return s;
+}
+
+uint64_t StreamedExpertSource::resident_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  uint64_t total = 0;
+  for (const Impl::Bank& b : impl_->banks) total += static_cast<uint64_t>(b.held) * b.slot_bytes;
+  return total;
+}
+
+bool StreamedExpertSource::direct_io() const {
+  return impl_->direct.load(std::memory_order_acquire);
+}
+
+uint64_t StreamedExpertSource::use_count(int layer, int expert) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  CAR_CHECK(layer >= 0 && layer < n_layers() && expert >= 0 && expert < n_expert(layer));
+  return impl_->usage[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
+}
+
+std::vector<std::string> StreamedExpertSource::take_warnings() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::vector<std::string> out;
+  out.swap(impl_->warnings);
+  if (impl_->warnings_dropped > 0) {
+    out.push_back(std::to_string(impl_->warnings_dropped) + " more warnings dropped");
+    impl_->warnings_dropped = 0;
+  }
+  return out;
+}
+
+Result<void> StreamedExpertSource::save_usage() {
+  Impl& I = *impl_;
+  if (I.sidecar.empty()) return {};
+  std::lock_guard<std::mutex> save_lock(I.save_mutex);
+  UsageCounts delta;
+  std::vector<std::vector<uint64_t>> snapshot;
+  {
+    std::lock_guard<std::mutex> lock(I.mutex);
+    snapshot = I.usage;
+    for (size_t l = 0; l < snapshot.size(); ++l) {
+      for (size_t e = 0; e < snapshot[l].size(); ++e) {
+        const uint64_t d = snapshot[l][e] - I.saved[l][e];
+        if (d > 0) delta[{static_cast<int>(l), static_cast<int>(e)}] = d;
+      }
+    }
+  }
+  if (delta.empty()) return {};  // nothing new: periodic saves cost a lock and a scan
+  SidecarContents merged = read_sidecar(I.sidecar, I.n_expert);
+  for (const auto& [key, d] : delta) merged.counts[key] = sat_add(merged.counts[key], d);
+  Result<void> r = write_file_atomic(I.sidecar, format_sidecar(merged.counts));
+  std::lock_guard<std::mutex> lock(I.mutex);
+  for (std::string& w : merged.warnings) I.warn_locked(std::move(w));
+  if (r.ok()) I.saved = std::move(snapshot);
+  return r;
+}
+
+std::vector<StreamedExpertSource::BankShape> StreamedExpertSource::bank_shapes() const {
+  std::vector<BankShape> out;
+  for (const Impl::Bank& b : impl_->banks) {  // geometry: fixed at open, no lock needed
+    if (b.n_expert > 0) out.push_back({b.slot_bytes, b.n_expert});
+  }
+  return out;
+}
+
+int StreamedExpertSource::apply_cap(int cap) {
+  Impl& I = *impl_;
+  std::lock_guard<std::mutex> lock(I.mutex);
+  int pinned = 0;
+  for (Impl::Bank& b : I.banks) {
+    if (b.n_expert <= 0) continue;
+    b.cap = std::clamp(cap, 1, b.n_expert);
+    b.pin_count = std::min(static_cast<int>(b.pin_rank.size()),
+                           static_cast<int>(std::floor(static_cast<double>(b.cap) * kPinFraction)));
+    std::fill(b.in_pin_set.begin(), b.in_pin_set.end(), 0);
+    for (int i = 0; i < b.pin_count; ++i)
+      b.in_pin_set[static_cast<size_t>(b.pin_rank[static_cast<size_t>(i)])] = 1;
+    for (size_t e = 0; e < b.index.size(); ++e) {
+      Slot* s = b.index[e].get();
+      if (s == nullptr) continue;
+      const bool want = b.in_pin_set[e] != 0;
+      if (s->pinned == want) continue;
+      s->pinned = want;
+      if (s->state != Slot::State::ready || s->leases > 0)
+        continue;  // settles when it loads / its lease ends
+      if (want && s->on_lru) {
+        b.lru.erase(s->lru_pos);
+        s->on_lru = false;
+      } else if (!want) {
+        b.lru.push_back(s);
+        s->on_lru = true;
+        s->lru_pos = std::prev(b.lru.end());
+      }
+    }
+    while (b.held > b.cap && !b.lru.empty()) I.evict_locked(b, b.lru.front());
+    pinned += b.pin_count;
+  }
+  return pinned;
+}
+
+}  // namespace car::experts

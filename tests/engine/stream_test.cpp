@@ -1,0 +1,323 @@
+// The expert streamer wired through the forward pass and the engine.
+//
+// Bit-identity: logits (exact float equality) of a StreamedExpertSource equal the resident source's, for
+// every MoE conformance fixture (../shared/conformance/models/moe-*.gguf, skipped when absent) and for
+// synthetic MoE models of every weight type the project writes (core/synth), with the cache capped at 1
+// expert per bank (every acquire of a new expert evicts), at n_expert / 2 and at n_expert, prefetch on and
+// off, for token-by-token decode and for one batched prefill (which leases its experts in waves of
+// slots(layer)). The cap is forced through the pool's budget (ram_gb) and checked in stats().
+//
+// Engine: stream_experts=on loads a streamed model whose memory accounting leaves the banks out and counts
+// the cache; a read error fails generate() with io_error and the next generate() works and matches; the
+// `auto` rule (decide_streaming).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/engine/engine.h"
+#include "core/engine/forward.h"
+#include "core/experts/resident_source.h"
+#include "core/experts/streamed_source.h"
+#include "core/synth/synth_model.h"
+#include "tests/test_support.h"
+
+namespace car::engine {
+namespace {
+
+struct Logits {
+  std::vector<float> decode;  // one row per token, one eval per token
+  std::vector<float> batch;   // every row of one eval over all tokens
+};
+
+std::vector<int32_t> test_tokens(int64_t n_vocab, int n) {
+  std::vector<int32_t> toks;
+  for (int i = 0; i < n; ++i) toks.push_back(static_cast<int32_t>(1 + (7 + i * 131) % (n_vocab - 1)));
+  return toks;
+}
+
+Logits run(const std::shared_ptr<const model::Model>& model, experts::ExpertSource* src, bool prefetch,
+           const std::vector<int32_t>& toks, ThreadPool* pool) {
+  Logits out;
+  const size_t V = static_cast<size_t>(model->hparams().n_vocab);
+  ForwardPass fp(model, src, pool, 64);
+  fp.set_prefetch(prefetch);
+  KvCache kv = fp.make_cache(64);
+  out.batch.resize(toks.size() * V);
+  EXPECT_TRUE(fp.eval(toks, kv, out.batch.data(), true).ok());
+  KvCache kv2 = fp.make_cache(64);
+  out.decode.resize(toks.size() * V);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    EXPECT_TRUE(fp.eval(std::span<const int32_t>(&toks[i], 1), kv2, out.decode.data() + i * V, false).ok());
+  }
+  return out;
+}
+
+/// Index of the first float that differs (bit-exact comparison of the values), or -1.
+int64_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(a[i] == b[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+experts::StreamOptions stream_options(double ram_gb) {
+  experts::StreamOptions so;
+  so.ram_gb = ram_gb;
+  so.io_threads = 2;
+  return so;
+}
+
+/// The budget (GB) that gives `cap` slots per bank: the pool sizes caps from its bytes per expert.
+double ram_gb_for_cap(const std::string& path, const model::Model& m, int cap) {
+  auto probe = experts::StreamedExpertSource::open(path, m.expert_banks(), stream_options(1000));
+  EXPECT_TRUE(probe.ok()) << (probe.ok() ? "" : probe.error().message);
+  if (!probe.ok()) return 0;
+  const experts::PoolLayout& l = (*probe)->join_layout();
+  EXPECT_GT(l.bytes_per_expert, 0u);
+  const double bytes = (static_cast<double>(cap) * l.banks + 0.5) * static_cast<double>(l.bytes_per_expert);
+  return bytes / 1e9;
+}
+
+/// Streamed == resident, bit for bit, at caps 1, n_expert / 2 and n_expert, prefetch on and off.
+void check_streamed_equals_resident(const std::string& path, int n_tokens) {
+  auto f = gguf::GgufFile::open(path);
+  ASSERT_TRUE(f.ok()) << path << ": " << (f.ok() ? "" : f.error().message);
+  auto m = model::Model::load(*f);
+  ASSERT_TRUE(m.ok()) << path << ": " << (m.ok() ? "" : m.error().message);
+  const auto& model = *m;
+  ASSERT_TRUE(model->hparams().is_moe()) << path;
+  const int n_expert = static_cast<int>(model->hparams().n_expert);
+  const auto toks = test_tokens(model->hparams().n_vocab, n_tokens);
+  ThreadPool pool(2);
+
+  experts::ResidentExpertSource resident(model->expert_banks());
+  const Logits want = run(model, &resident, true, toks, &pool);
+
+  for (int cap : {1, std::max(1, n_expert / 2), n_expert}) {
+    const double ram_gb = ram_gb_for_cap(path, *model, cap);
+    for (bool prefetch : {false, true}) {
+      SCOPED_TRACE("cap " + std::to_string(cap) + (prefetch ? ", prefetch" : ", no prefetch"));
+      auto src = experts::StreamedExpertSource::open(path, model->expert_banks(), stream_options(ram_gb));
+      ASSERT_TRUE(src.ok()) << src.error().message;
+      ASSERT_EQ((*src)->stats().cap, cap) << (*src)->join_layout().line();
+      ASSERT_EQ((*src)->slots(static_cast<int>(model->hparams().n_layer) - 1), cap);
+      const Logits got = run(model, src->get(), prefetch, toks, &pool);
+      EXPECT_EQ(first_difference(got.decode, want.decode), -1) << "decode";
+      EXPECT_EQ(first_difference(got.batch, want.batch), -1) << "batched prefill";
+      const experts::ExpertStats s = (*src)->stats();
+      EXPECT_EQ(s.mode, "streamed");
+      EXPECT_GT(s.misses + s.prefetch_used, 0u) << "every expert came from disk once";
+      EXPECT_GT(s.bytes_read, 0u);
+      if (cap == 1) {
+        EXPECT_GE(s.misses, static_cast<uint64_t>(n_tokens)) << "cap 1 must thrash";
+      }
+      if (!prefetch) {
+        EXPECT_EQ(s.prefetch_issued, 0u);
+      } else if (cap == n_expert) {
+        EXPECT_GT(s.prefetch_issued, 0u) << "room for every expert: the guesses are read ahead";
+      }
+    }
+  }
+}
+
+TEST(StreamedExperts, ConformanceFixturesBitIdenticalToResident) {
+  auto dir = testing::conformance_dir();
+  if (!dir) GTEST_SKIP() << "conformance fixtures not found";
+  int checked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(*dir / "models")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("moe-", 0) != 0 || e.path().extension() != ".gguf") continue;
+    SCOPED_TRACE(name);
+    check_streamed_equals_resident(e.path().string(), 12);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "no moe-*.gguf in " << (*dir / "models");
+}
+
+TEST(StreamedExperts, SyntheticModelsOfEveryTypeBitIdenticalToResident) {
+  testing::TempDir dir;
+  int i = 0;
+  for (const char* type : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m",
+                           "q6_k"}) {
+    synth::SynthSpec spec = synth::tiny_spec(i % 2 == 0 ? "llama-moe" : "qwen3moe");
+    spec.n_layer = 2;
+    spec.n_embd = 256;  // K-quants need rows of 256
+    spec.n_ff = 256;
+    spec.n_ff_expert = 256;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.head_dim = 64;
+    spec.n_expert = 8;
+    spec.n_expert_used = 2;
+    spec.weight_type = type;
+    spec.seed = static_cast<uint64_t>(11 + i++);
+    const std::string path = (dir / (std::string("moe-") + type + ".gguf")).string();
+    auto ok = synth::write_synth_model(spec, path);
+    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
+    SCOPED_TRACE(std::string(type) + " " + spec.arch);
+    check_streamed_equals_resident(path, 16);
+  }
+}
+
+// ---- the engine ------------------------------------------------------------------------------------------
+
+std::string write_moe(const testing::TempDir& dir, const std::string& name) {
+  synth::SynthSpec spec = synth::tiny_spec("llama-moe");
+  spec.n_layer = 2;
+  spec.n_embd = 64;
+  spec.n_ff = 128;
+  spec.n_ff_expert = 128;
+  spec.n_expert = 8;
+  spec.n_expert_used = 2;
+  spec.n_vocab = 300;
+  spec.weight_type = "q8_0";
+  const std::string path = (dir / name).string();
+  auto ok = synth::write_synth_model(spec, path);
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+  return path;
+}
+
+GenerateRequest greedy(int n) {
+  GenerateRequest req;
+  req.prompt = "The quick brown fox jumps over the lazy dog";
+  req.max_tokens = n;
+  req.sampling.temperature = 0;
+  req.ignore_eos = true;
+  return req;
+}
+
+TEST(StreamedExperts, EngineStreamsOnRequestAndAccountsTheCacheNotTheBanks) {
+  testing::TempDir dir;
+  const std::string path = write_moe(dir, "m.gguf");
+  LoadOptions off;
+  off.threads = 1;
+  off.stream_experts = "off";
+  LoadOptions on = off;
+  on.stream_experts = "on";
+  on.expert_ram_gb = 0.0001;  // 100 kB: a few experts per bank
+  auto resident = load_model(path, off);
+  ASSERT_TRUE(resident.ok()) << resident.error().message;
+  auto streamed = load_model(path, on);
+  ASSERT_TRUE(streamed.ok()) << streamed.error().message;
+  EXPECT_FALSE(model_streams_experts(**resident));
+  EXPECT_TRUE(model_streams_experts(**streamed));
+  EXPECT_EQ(model_stream_reason(**resident), "stream_experts=off");
+  EXPECT_EQ(model_stream_reason(**streamed).rfind("stream_experts=on", 0), 0u) << model_stream_reason(**streamed);
+
+  // Memory: the same but for the banks (left out) and the cache share (counted).
+  auto file = gguf::GgufFile::open(path);
+  ASSERT_TRUE(file.ok());
+  uint64_t banks = 0;
+  for (const auto& t : (*file)->tensors()) {
+    if (t.name.find("_exps.") != std::string::npos) banks += t.n_bytes;
+  }
+  ASSERT_GT(banks, 0u);
+  auto stats = model_expert_stats(**streamed);
+  ASSERT_TRUE(stats.has_value());
+  EXPECT_EQ(stats->mode, "streamed");
+  EXPECT_GT(stats->cache_bytes, 0u);
+  EXPECT_LT(stats->cache_bytes, banks);
+  EXPECT_EQ(model_memory_bytes(**streamed) + banks, model_memory_bytes(**resident) + stats->cache_bytes);
+  EXPECT_EQ(model_expert_stats(**resident)->mode, "resident");
+
+  // Same greedy text.
+  auto a = generate(**resident, greedy(12), {}, nullptr);
+  auto b = generate(**streamed, greedy(12), {}, nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_GT(model_expert_stats(**streamed)->misses, 0u);
+}
+
+TEST(StreamedExperts, ReadErrorFailsTheRequestAndTheModelStaysUsable) {
+  testing::TempDir dir;
+  const std::string path = write_moe(dir, "m.gguf");
+  auto failing = std::make_shared<std::atomic<bool>>(false);
+  LoadOptions on;
+  on.threads = 1;
+  on.stream_experts = "on";
+  on.expert_ram_gb = 0.0001;
+  on.direct_io = false;
+  on.expert_reader = [failing](int fd, void* buf, size_t count, off_t offset) -> ssize_t {
+    if (failing->load()) {
+      errno = EIO;
+      return -1;
+    }
+    return ::pread(fd, buf, count, offset);
+  };
+  auto m = load_model(path, on);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto first = generate(**m, greedy(16), {}, nullptr);
+  ASSERT_TRUE(first.ok()) << first.error().message;
+
+  failing->store(true);
+  GenerateRequest other = greedy(16);
+  other.prompt = "Every expert must be read again 0123456789 abcdefghijklmnopqrstuvwxyz";
+  auto broken = generate(**m, other, {}, nullptr);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_EQ(broken.error().code, "io_error") << broken.error().message;
+
+  failing->store(false);
+  auto again = generate(**m, greedy(16), {}, nullptr);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->tokens, first->tokens);
+  auto other_again = generate(**m, other, {}, nullptr);
+  ASSERT_TRUE(other_again.ok()) << other_again.error().message;
+}
+
+TEST(StreamedExperts, SavesTheUsageSidecarInTheStateDir) {
+  testing::TempDir dir;
+  const std::string path = write_moe(dir, "m.gguf");
+  LoadOptions on;
+  on.threads = 1;
+  on.stream_experts = "on";
+  on.expert_ram_gb = 0.0001;
+  on.state_dir = (dir / "state").string();
+  auto m = load_model(path, on);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_TRUE(generate(**m, greedy(4), {}, nullptr).ok());
+  auto saved = model_save_state(**m);
+  ASSERT_TRUE(saved.ok()) << saved.error().message;
+  auto sidecar = experts::sidecar_path(on.state_dir, path);
+  ASSERT_TRUE(sidecar.ok());
+  EXPECT_TRUE(std::filesystem::exists(*sidecar)) << *sidecar;
+  EXPECT_GT(std::filesystem::file_size(*sidecar), 0u);
+}
+
+TEST(StreamedExperts, AutoStreamsOnlyWhatDoesNotFit) {
+  experts::MemoryProbe mem;
+  mem.mem_available = 16'000'000'000;
+  mem.effective_available = 16'000'000'000;
+  EXPECT_FALSE(decide_streaming("auto", true, 8'000'000'000, mem).stream);
+  EXPECT_TRUE(decide_streaming("auto", true, 20'000'000'000, mem).stream);
+  EXPECT_FALSE(decide_streaming("auto", false, 20'000'000'000, mem).stream) << "dense models never stream";
+  EXPECT_TRUE(decide_streaming("on", true, 1, mem).stream);
+  EXPECT_FALSE(decide_streaming("off", true, 20'000'000'000, mem).stream);
+  // A memory cgroup tighter than MemAvailable decides, and the reason says so.
+  mem.cgroup_remaining = 4'000'000'000;
+  mem.cgroup_version = "v2";
+  mem.effective_available = 4'000'000'000;
+  const StreamDecision d = decide_streaming("auto", true, 8'000'000'000, mem);
+  EXPECT_TRUE(d.stream);
+  EXPECT_NE(d.reason.find("cgroup v2"), std::string::npos) << d.reason;
+  // Unknown memory: resident.
+  EXPECT_FALSE(decide_streaming("auto", true, 8'000'000'000, experts::MemoryProbe{}).stream);
+}
+
+TEST(StreamedExperts, BadModeIsALoadError) {
+  testing::TempDir dir;
+  const std::string path = write_moe(dir, "m.gguf");
+  LoadOptions o;
+  o.stream_experts = "sometimes";
+  auto m = load_model(path, o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code, "load_failed");
+}
+
+}  // namespace
+}  // namespace car::engine
