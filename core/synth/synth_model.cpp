@@ -160,8 +160,10 @@ void encode_rows(GgmlType type, const std::vector<float>& src, uint64_t cols, st
     std::memcpy(out.data(), src.data(), out.size());
     return;
   }
+  // Small chunks run on this thread alone: a fork-join costs more than they do (much more on a busy machine).
   const int64_t grain = static_cast<int64_t>(std::max<uint64_t>(1, 16384 / cols));
-  pool.parallel_for(static_cast<int64_t>(rows), grain, 0, [&](int64_t begin, int64_t end) {
+  const int threads = src.size() < 32768 ? 1 : 0;
+  pool.parallel_for(static_cast<int64_t>(rows), grain, threads, [&](int64_t begin, int64_t end) {
     for (auto r = static_cast<uint64_t>(begin); r < static_cast<uint64_t>(end); ++r) {
       const float* in = src.data() + r * cols;
       uint8_t* dst = out.data() + r * row_bytes;
