@@ -10,7 +10,9 @@
 // "tensors": [{"name", "type", "shape", "offset", "bytes"}], "totals": {...}, "expert_banks": [...]}; a
 // summarized array is {"array": elem type, "count": n, "first": [...]}.
 //
-// synth writes a synthetic model (core/synth) with seeded random weights.
+// synth writes a synthetic model (core/synth) with seeded random weights, tensor by tensor (bounded memory,
+// whatever the model's size), and prints the file, its size and the write rate.
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -298,13 +300,17 @@ struct SynthOptions {
 };
 
 void run_synth(const SynthOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
   auto w = synth::build_synth_model(o.spec);
   if (!w) fail(w.error().message + " [" + w.error().code + "]");
   if (auto r = w->write(o.out); !r) fail(r.error().message);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto f = GgufFile::open(o.out);
   if (!f) fail("wrote " + o.out + " but cannot read it back: " + f.error().message);
-  std::printf("wrote %s: %s, %zu tensors, %" PRIu64 " bytes\n", o.out.c_str(),
-              (*f)->get_string("general.name").value().c_str(), (*f)->tensors().size(), (*f)->file_size());
+  const uint64_t size = (*f)->file_size();
+  std::printf("wrote %s: %s, %zu tensors, %" PRIu64 " bytes in %.1f s (%.1f MB/s)\n", o.out.c_str(),
+              (*f)->get_string("general.name").value().c_str(), (*f)->tensors().size(), size, seconds,
+              seconds > 0 ? static_cast<double>(size) / seconds / 1e6 : 0.0);
 }
 
 void setup(CLI::App& root) {
@@ -341,6 +347,8 @@ void setup(CLI::App& root) {
   syn->add_option("--rope-base", s.rope_freq_base, "RoPE base (0 = arch default)")->capture_default_str();
   syn->add_option("--seed", s.seed, "Random seed")->capture_default_str();
   syn->add_option("--type", s.weight_type, "f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q6_k | q4_k_m | q5_k_m | ...")
+      ->capture_default_str();
+  syn->add_option("--threads", s.threads, "Threads quantizing rows (0 = all cores; same bytes for any)")
       ->capture_default_str();
   syn->add_flag("--tied", s.tied_embeddings, "No output.weight (tied to token_embd)");
   syn->add_option("--name", s.name, "general.name (default: derived from the shape)");

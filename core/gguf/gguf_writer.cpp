@@ -88,8 +88,8 @@ void GgufWriter::set(std::string key, Value value) {
   kv_.push_back(KeyValue{std::move(key), std::move(value)});
 }
 
-Result<void> GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<uint64_t> shape,
-                                    std::vector<uint8_t> data) {
+Result<uint64_t> GgufWriter::check_tensor(const std::string& name, GgmlType type,
+                                          const std::vector<uint64_t>& shape) const {
   if (shape.empty() || shape.size() > static_cast<size_t>(kMaxDims)) {
     return make_error(errc::bad_dims, "tensor " + name + ": " + std::to_string(shape.size()) +
                                           " dims, expected 1.." + std::to_string(kMaxDims));
@@ -110,15 +110,32 @@ Result<void> GgufWriter::add_tensor(std::string name, GgmlType type, std::vector
                                            "'s block size " + std::to_string(ggml_traits(type).block_size));
   }
   auto want = checked_mul(*row, n / shape[0]);
-  if (!want || *want != data.size()) {
-    return make_error(errc::bad_shape, "tensor " + name + ": " + std::to_string(data.size()) + " bytes of data, " +
-                                           std::string(ggml_type_name(type)) + " of this shape needs " +
-                                           (want ? std::to_string(*want) : std::string("> 2^64")));
-  }
+  if (!want) return make_error(errc::bad_dims, "tensor " + name + ": byte size overflows");
   for (const auto& t : tensors_) {
     if (t.name == name) return make_error(errc::duplicate_tensor, "duplicate tensor name '" + name + "'");
   }
-  tensors_.push_back(PendingTensor{std::move(name), type, std::move(shape), std::move(data)});
+  return *want;
+}
+
+Result<void> GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<uint64_t> shape,
+                                    std::vector<uint8_t> data) {
+  auto want = check_tensor(name, type, shape);
+  if (!want) return want.error();
+  if (*want != data.size()) {
+    return make_error(errc::bad_shape, "tensor " + name + ": " + std::to_string(data.size()) +
+                                           " bytes of data, " + std::string(ggml_type_name(type)) +
+                                           " of this shape needs " + std::to_string(*want));
+  }
+  tensors_.push_back(PendingTensor{std::move(name), type, std::move(shape), *want, std::move(data), {}});
+  return {};
+}
+
+Result<void> GgufWriter::add_tensor_streamed(std::string name, GgmlType type, std::vector<uint64_t> shape,
+                                             TensorProducer produce) {
+  CAR_CHECK(produce != nullptr);
+  auto want = check_tensor(name, type, shape);
+  if (!want) return want.error();
+  tensors_.push_back(PendingTensor{std::move(name), type, std::move(shape), *want, {}, std::move(produce)});
   return {};
 }
 
@@ -157,17 +174,31 @@ static void serialize(const std::vector<KeyValue>& kv, const auto& tensors, cons
     for (uint64_t d : t.shape) e.put<uint64_t>(d);
     e.put<uint32_t>(static_cast<uint32_t>(t.type));
     e.put<uint64_t>(offset);
-    offset = *checked_align_up(offset + t.data.size(), align);
+    offset = *checked_align_up(offset + t.n_bytes, align);
   }
   e.pad_to(align);
   for (const auto& t : tensors) {
-    e.put_bytes(t.data.data(), t.data.size());
+    if (t.produce) {
+      uint64_t produced = 0;
+      const GgufWriter::ByteSink out = [&](const void* data, size_t n) {
+        produced += n;
+        CAR_CHECK(produced <= t.n_bytes);  // a producer must not write past its tensor
+        e.put_bytes(data, n);
+      };
+      t.produce(out);
+      CAR_CHECK(produced == t.n_bytes);  // ... nor stop short of it
+    } else {
+      e.put_bytes(t.data.data(), t.data.size());
+    }
     e.pad_to(align);
   }
 }
 
 std::vector<uint8_t> GgufWriter::to_bytes() const {
   std::vector<uint8_t> out;
+  uint64_t total = 0;
+  for (const auto& t : tensors_) total += t.n_bytes;
+  out.reserve(total + (size_t{1} << 16));
   Sink sink = [&out](const void* data, size_t n) {
     const auto* p = static_cast<const uint8_t*>(data);
     out.insert(out.end(), p, p + n);
@@ -184,25 +215,35 @@ Result<void> GgufWriter::write(const std::string& path) const {
     return make_error("io_error", "create temporary file for " + path + ": " + std::strerror(err));
   }
   int write_errno = 0;
-  std::vector<uint8_t> buffer;
-  buffer.reserve(1 << 20);
-  auto flush = [&] {
-    size_t done = 0;
-    while (write_errno == 0 && done < buffer.size()) {
-      ssize_t w = ::write(fd, buffer.data() + done, buffer.size() - done);
+  auto write_all = [&](const uint8_t* p, size_t n) {
+    while (write_errno == 0 && n > 0) {
+      ssize_t w = ::write(fd, p, n);
       if (w < 0) {
         if (errno == EINTR) continue;
         write_errno = errno;
         break;
       }
-      done += static_cast<size_t>(w);
+      p += w;
+      n -= static_cast<size_t>(w);
     }
+  };
+  // Small pieces (header fields, padding, producers' short runs) are gathered into one large write;
+  // pieces of a buffer's size or more go out directly after what is pending.
+  std::vector<uint8_t> buffer;
+  buffer.reserve(kWriteBuffer);
+  auto flush = [&] {
+    write_all(buffer.data(), buffer.size());
     buffer.clear();
   };
   Sink sink = [&](const void* data, size_t n) {
     const auto* p = static_cast<const uint8_t*>(data);
+    if (n >= kWriteBuffer) {
+      flush();
+      write_all(p, n);
+      return;
+    }
+    if (buffer.size() + n > kWriteBuffer) flush();
     buffer.insert(buffer.end(), p, p + n);
-    if (buffer.size() >= (1 << 20)) flush();
   };
   serialize(kv_, tensors_, sink);
   flush();

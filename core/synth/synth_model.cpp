@@ -2,10 +2,14 @@
 
 #include <cctype>
 #include <cmath>
-#include <numbers>
 #include <cstring>
+#include <memory>
+#include <numbers>
 #include <random>
+#include <thread>
 #include <utility>
+
+#include "core/util/thread_pool.h"
 
 #ifdef CAR_SYNTH_HAVE_TENSOR
 #include "core/tensor/kernels.h"
@@ -146,43 +150,70 @@ bool quantizable(GgmlType t) {
 #endif
 }
 
-// Encode `rows` rows of `cols` floats as `type`.
-std::vector<uint8_t> encode_rows(GgmlType type, const std::vector<float>& src, uint64_t cols) {
+// Encode `src` (whole rows of `cols` floats) as `type` into `out` (sized to match), rows split over `pool`.
+void encode_rows(GgmlType type, const std::vector<float>& src, uint64_t cols, std::vector<uint8_t>& out,
+                 ThreadPool& pool) {
   const uint64_t rows = src.size() / cols;
   const uint64_t row_bytes = *ggml_row_bytes(type, cols);
-  std::vector<uint8_t> out(row_bytes * rows);
+  CAR_CHECK(out.size() == rows * row_bytes);
   if (type == GgmlType::F32) {
     std::memcpy(out.data(), src.data(), out.size());
-  } else if (type == GgmlType::F16 || type == GgmlType::BF16) {
-    for (size_t i = 0; i < src.size(); ++i) {
-      const uint16_t h = type == GgmlType::F16 ? float_to_half(src[i]) : float_to_bf16(src[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  } else {
-#ifdef CAR_SYNTH_HAVE_TENSOR
-    for (uint64_t r = 0; r < rows; ++r) {
-      tensor::quantize_row(type, src.data() + r * cols, out.data() + r * row_bytes, static_cast<int64_t>(cols));
-    }
-#else
-    CAR_CHECK(false);  // quantizable() said no; callers check it first
-#endif
+    return;
   }
-  return out;
+  // Small chunks run on this thread alone: a fork-join costs more than they do (much more on a busy machine).
+  const int64_t grain = static_cast<int64_t>(std::max<uint64_t>(1, 16384 / cols));
+  const int threads = src.size() < 32768 ? 1 : 0;
+  pool.parallel_for(static_cast<int64_t>(rows), grain, threads, [&](int64_t begin, int64_t end) {
+    for (auto r = static_cast<uint64_t>(begin); r < static_cast<uint64_t>(end); ++r) {
+      const float* in = src.data() + r * cols;
+      uint8_t* dst = out.data() + r * row_bytes;
+      if (type == GgmlType::F16 || type == GgmlType::BF16) {
+        for (uint64_t i = 0; i < cols; ++i) {
+          const uint16_t h = type == GgmlType::F16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
+          std::memcpy(dst + 2 * i, &h, 2);
+        }
+      } else {
+#ifdef CAR_SYNTH_HAVE_TENSOR
+        tensor::quantize_row(type, in, dst, static_cast<int64_t>(cols));
+#else
+        CAR_CHECK(false);  // quantizable() said no; callers check it first
+#endif
+      }
+    }
+  });
 }
 
 // ---- Model assembly -----------------------------------------------------------------------------------
 
+// The generator the tensors' producers share: one random sequence drawn through the tensors in file order
+// (so the bytes are those of drawing each whole tensor in turn), restarted when the first tensor is
+// produced again (a second to_bytes / write gives the same file). Chunk buffers are reused across tensors.
+struct WeightStream {
+  WeightStream(uint64_t seed_, uint32_t threads_, uint64_t chunk_values_)
+      : seed(seed_), rng(seed_), threads(threads_), chunk_values(chunk_values_) {}
+  uint64_t seed;
+  Rng rng;
+  size_t next = 0;  // index of the tensor whose turn it is
+  uint32_t threads;
+  uint64_t chunk_values;
+  std::unique_ptr<ThreadPool> pool;  // made on first use
+  std::vector<float> values;
+  std::vector<uint8_t> bytes;
+};
+
 class ModelBuilder {
  public:
-  ModelBuilder(const SynthSpec& spec, GgufWriter& w) : spec_(spec), w_(w), rng_(spec.seed) {}
+  ModelBuilder(const SynthSpec& spec, GgufWriter& w)
+      : spec_(spec),
+        w_(w),
+        stream_(std::make_shared<WeightStream>(
+            spec.seed, spec.threads, spec.chunk_values != 0 ? spec.chunk_values : uint64_t{1} << 20)) {}
 
-  // A weight tensor of `role` with ggml shape `shape`, values N(mean, stddev).
+  // A weight tensor of `role` with ggml shape `shape`, values N(mean, stddev), generated at write time.
   Result<void> add(const std::string& name, TensorRole role, uint32_t layer, std::vector<uint64_t> shape,
                    float mean, float stddev) {
     uint64_t n = 1;
     for (uint64_t d : shape) n *= d;
-    std::vector<float> values(n);
-    for (float& v : values) v = mean + stddev * rng_.normal();
     auto type = resolve_tensor_type(spec_, role, layer, shape[0]);
     if (!type) return type.error();
     if (!quantizable(*type)) {
@@ -197,7 +228,32 @@ class ModelBuilder {
     }
     any_quantized_ = any_quantized_ || !is_float_type(*type);
     const uint64_t cols = shape[0];
-    return w_.add_tensor(name, *type, std::move(shape), encode_rows(*type, values, cols));
+    const size_t index = count_++;
+    auto produce = [st = stream_, index, t = *type, cols, rows = n / cols, mean,
+                    stddev](const GgufWriter::ByteSink& out) {
+      if (index == 0) {
+        st->rng = Rng(st->seed);
+        st->next = 0;
+      }
+      CAR_CHECK(st->next == index);  // the writer produces tensors in order
+      if (!st->pool) {
+        const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+        st->pool = std::make_unique<ThreadPool>(static_cast<int>(st->threads != 0 ? st->threads : hw));
+      }
+      const uint64_t row_bytes = *ggml_row_bytes(t, cols);
+      const uint64_t chunk_rows = std::max<uint64_t>(1, st->chunk_values / cols);
+      for (uint64_t r0 = 0; r0 < rows;) {
+        const uint64_t nr = std::min(chunk_rows, rows - r0);
+        st->values.resize(nr * cols);
+        for (float& v : st->values) v = mean + stddev * st->rng.normal();
+        st->bytes.resize(nr * row_bytes);
+        encode_rows(t, st->values, cols, st->bytes, *st->pool);
+        out(st->bytes.data(), st->bytes.size());
+        r0 += nr;
+      }
+      st->next = index + 1;
+    };
+    return w_.add_tensor_streamed(name, *type, std::move(shape), std::move(produce));
   }
 
   bool any_quantized() const { return any_quantized_; }
@@ -205,7 +261,8 @@ class ModelBuilder {
  private:
   const SynthSpec& spec_;
   GgufWriter& w_;
-  Rng rng_;
+  std::shared_ptr<WeightStream> stream_;
+  size_t count_ = 0;
   bool any_quantized_ = false;
 };
 

@@ -16,7 +16,11 @@
 // 256 byte-fallback tokens <0x00>..<0xFF> (BYTE), then common English pieces with descending scores,
 // padded with generated pieces to `n_vocab`, so any text tokenizes.
 //
-// Pure functions of the spec; no global state; thread-safe.
+// Weights are generated when the file is written, tensor by tensor in chunks of rows (each chunk's rows
+// quantized on `threads` threads), so writing a model of any size holds about one chunk in memory; the
+// bytes do not depend on the chunk size or thread count.
+//
+// Pure functions of the spec; no global state; thread-safe (a built writer is not: see GgufWriter).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +56,8 @@ struct SynthSpec {
   std::string weight_type = "f32";
   std::string name;             ///< general.name; empty = derived from the shape
   uint32_t alignment = 0;       ///< 0 = no general.alignment key (GGUF default 32)
+  uint32_t threads = 0;         ///< threads converting / quantizing rows (0 = all cores); same bytes for any
+  uint64_t chunk_values = 0;    ///< weights generated per step, rounded to whole rows (0 = 1 Mi); same bytes
 };
 
 /// What a tensor is, for choosing its type in a mix.
@@ -68,9 +74,10 @@ Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uin
 /// Check a spec (arch known, sizes non-zero and consistent, vocab large enough, weight type known).
 Result<void> validate(const SynthSpec& spec);
 
-/// Build the model in a writer (metadata, tokenizer, every tensor).
+/// Build the model in a writer (metadata, tokenizer, every tensor). The weights are produced when the
+/// writer serializes (to_bytes / write), each time the same.
 Result<gguf::GgufWriter> build_synth_model(const SynthSpec& spec);
-/// Build and write to `path` (atomically).
+/// Build and write to `path` (atomically), in bounded memory.
 Result<void> write_synth_model(const SynthSpec& spec, const std::string& path);
 
 /// A very small valid spec per flavour ("llama", "llama-moe", "qwen3", "qwen3moe"): one or two layers,

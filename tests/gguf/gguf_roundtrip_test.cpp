@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "core/gguf/gguf_file.h"
@@ -212,6 +214,97 @@ TEST(GgufWriter, RejectsBadTensors) {
   EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {2}, pattern(4, 0)).error().code, errc::bad_shape);
   ASSERT_TRUE(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).ok());
   EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).error().code, errc::duplicate_tensor);
+}
+
+// Streamed tensors: the producer's pieces (of any size) land in order, at the offsets the header
+// announced, and the file is the same as with the data given up front; producers run once per
+// serialization, in tensor order.
+TEST(GgufWriter, StreamedTensorsEqualTensorsGivenUpFront) {
+  car::testing::TempDir dir;
+  const auto a = pattern(4 * 7, 1);        // F32 [7]
+  const auto b = pattern(144 * 2 * 3, 2);  // Q4_K [256, 2, 3]
+  const auto c = pattern(5, 3);            // I8 [5]
+  GgufWriter up_front;
+  GgufWriter streamed;
+  for (GgufWriter* w : {&up_front, &streamed}) {
+    w->set_string("general.name", "s");
+    w->set_u32("general.alignment", 64);
+  }
+  ASSERT_TRUE(up_front.add_tensor("a", GgmlType::F32, {7}, a).ok());
+  ASSERT_TRUE(up_front.add_tensor("b", GgmlType::Q4_K, {256, 2, 3}, b).ok());
+  ASSERT_TRUE(up_front.add_tensor("c", GgmlType::I8, {5}, c).ok());
+  std::vector<std::string> calls;
+  // Pieces of 1, 2, 3, ... bytes, then whatever is left.
+  auto piecewise = [&calls](std::string name, std::vector<uint8_t> data) {
+    return [&calls, name, data](const GgufWriter::ByteSink& out) {
+      calls.push_back(name);
+      size_t at = 0;
+      for (size_t n = 1; at < data.size(); ++n) {
+        const size_t k = std::min(n, data.size() - at);
+        out(data.data() + at, k);
+        at += k;
+      }
+    };
+  };
+  ASSERT_TRUE(streamed.add_tensor_streamed("a", GgmlType::F32, {7}, piecewise("a", a)).ok());
+  ASSERT_TRUE(streamed.add_tensor_streamed("b", GgmlType::Q4_K, {256, 2, 3}, piecewise("b", b)).ok());
+  ASSERT_TRUE(streamed.add_tensor("c", GgmlType::I8, {5}, c).ok());  // the two kinds mix
+  EXPECT_TRUE(calls.empty());  // nothing is produced before serialization
+  const auto want = up_front.to_bytes();
+  EXPECT_EQ(streamed.to_bytes(), want);
+  EXPECT_EQ(calls, (std::vector<std::string>{"a", "b"}));
+  const auto path = (dir / "s.gguf").string();
+  ASSERT_TRUE(streamed.write(path).ok());
+  EXPECT_EQ(calls, (std::vector<std::string>{"a", "b", "a", "b"}));
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(file, want);
+  auto g = GgufFile::parse(want);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  auto view = (*g)->tensor_data(*(*g)->find_tensor("b"));
+  ASSERT_EQ(view.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(view.data(), b.data(), b.size()));
+}
+
+// write() with pieces larger and smaller than its buffer, crossing it: the file is the bytes in order.
+TEST(GgufWriter, StreamedPiecesAroundTheWriteBuffer) {
+  car::testing::TempDir dir;
+  const size_t big = GgufWriter::kWriteBuffer + 4096 + 3;
+  const auto data = pattern(3 * big, 7);
+  GgufWriter w;
+  ASSERT_TRUE(w.add_tensor_streamed("x", GgmlType::I8, {data.size()}, [&](const GgufWriter::ByteSink& out) {
+                 out(data.data(), 100);        // small: buffered
+                 out(data.data() + 100, big);  // large: direct, after the pending
+                 out(data.data() + 100 + big, GgufWriter::kWriteBuffer - 1);  // fills the buffer up
+                 const size_t at = 100 + big + GgufWriter::kWriteBuffer - 1;
+                 out(data.data() + at, data.size() - at);
+               }).ok());
+  const auto path = (dir / "big.gguf").string();
+  ASSERT_TRUE(w.write(path).ok());
+  auto g = GgufFile::open(path);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  auto view = (*g)->tensor_data(*(*g)->find_tensor("x"));
+  ASSERT_EQ(view.size(), data.size());
+  EXPECT_EQ(0, std::memcmp(view.data(), data.data(), data.size()));
+}
+
+TEST(GgufWriter, StreamedTensorChecks) {
+  GgufWriter w;
+  auto nothing = [](const GgufWriter::ByteSink&) {};
+  EXPECT_EQ(w.add_tensor_streamed("a", GgmlType::F32, {}, nothing).error().code, errc::bad_dims);
+  EXPECT_EQ(w.add_tensor_streamed("a", GgmlType::Q4_K, {100}, nothing).error().code, errc::bad_shape);
+  ASSERT_TRUE(w.add_tensor_streamed("a", GgmlType::F32, {2}, nothing).ok());
+  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).error().code, errc::duplicate_tensor);
+  // A producer that writes too little (or too much) is a programming error: serialization aborts.
+  EXPECT_DEATH((void)w.to_bytes(), "");
+  GgufWriter over;
+  ASSERT_TRUE(over.add_tensor_streamed("o", GgmlType::I8, {2},
+                                       [](const GgufWriter::ByteSink& out) {
+                                         const uint8_t three[3] = {1, 2, 3};
+                                         out(three, 3);
+                                       })
+                  .ok());
+  EXPECT_DEATH((void)over.to_bytes(), "");
 }
 
 TEST(GgufAccessors, ReportKeyAndTypes) {

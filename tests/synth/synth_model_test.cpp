@@ -3,9 +3,15 @@
 // fixtures made by llama.cpp (skipped only when no conformance folder is configured).
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -416,6 +422,156 @@ TEST(Synth, RejectsBadSpecs) {
   bad.n_embd = 250;  // not a multiple of 4 heads... 250 / 4
   EXPECT_EQ(code(bad), "bad_spec");
   EXPECT_FALSE(build_synth_model(bad).ok());
+}
+
+// The bytes of the tiny flavours in several weight types, as the writer made them when every tensor was
+// generated whole in memory (FNV-1a 64 of the file; mt19937_64 and IEEE arithmetic fix them; a libm whose
+// log/sin/cos round differently would change them). Streaming the weights in chunks of rows, on any
+// number of threads, must give exactly these files.
+struct Golden {
+  const char* flavour;
+  const char* type;
+  size_t size;
+  uint64_t fnv;
+};
+constexpr Golden kGolden[] = {
+    {"llama", "f32", 159776, 0xba2a3d68f54aad8aull},
+    {"llama", "f16", 84512, 0x3af03ac5c5dc8b63ull},
+    {"llama", "bf16", 84512, 0x843db635d7c8247dull},
+    {"llama", "q8_0", 49280, 0x428c5c8c1cda309full},
+    {"llama", "q4_k_m", 825792, 0x570c6f19cf940775ull},
+    {"llama", "q5_k_m", 962368, 0xcfacb435155a3e6aull},
+    {"llama-moe", "f32", 210240, 0x4214fc4bbcc6a304ull},
+    {"llama-moe", "f16", 110400, 0xece48a49e8a5a349ull},
+    {"llama-moe", "bf16", 110400, 0x0ff9eec9c21bdc87ull},
+    {"llama-moe", "q8_0", 63648, 0x60f1e5d7502695a7ull},
+    {"llama-moe", "q4_k_m", 1310400, 0x8ed631ff3fff52bdull},
+    {"llama-moe", "q5_k_m", 1528896, 0xbf09b5d8c183289eull},
+    {"qwen3", "f32", 184928, 0xc0ed27a93267b022ull},
+    {"qwen3", "f16", 97376, 0x631e360f1d0745fcull},
+    {"qwen3", "bf16", 97376, 0xea3e06f0a72e500bull},
+    {"qwen3", "q8_0", 56384, 0xeb0a915a5a35c475ull},
+    {"qwen3", "q4_k_m", 827104, 0xe593d763cceaa50eull},
+    {"qwen3", "q5_k_m", 963680, 0x9d9b2205f4dc0004ull},
+    {"qwen3moe", "f32", 210784, 0x74b94914cbcf84baull},
+    {"qwen3moe", "f16", 110944, 0xfafcc8dabdc4f504ull},
+    {"qwen3moe", "bf16", 110944, 0xc3df6b5409b8e2d3ull},
+    {"qwen3moe", "q8_0", 64192, 0x79ce57b1a2da62ddull},
+    {"qwen3moe", "q4_k_m", 1311840, 0x90a37720adf700e3ull},
+    {"qwen3moe", "q5_k_m", 1530336, 0x03010cfe11e8168cull},
+    // Odd-sized tensors (n_embd 33, n_ff 65): the Box-Muller pair's second value crosses tensors and, with
+    // one-row chunks, chunks. `car gguf synth --arch qwen3 --embd 33 --head-dim 8 --ff 65 --vocab 301
+    // --ctx 128 --seed 5 --type f32|f16`.
+    {"qwen3-odd", "f32", 166336, 0x26ade937a993aa66ull},
+    {"qwen3-odd", "f16", 88192, 0x89c4ab57afbbede2ull},
+};
+
+SynthSpec golden_spec(const Golden& g) {
+  SynthSpec s = tiny_spec(g.flavour);
+  if (std::string(g.flavour) == "qwen3-odd") {
+    s = SynthSpec{};  // the CLI's defaults, then its flags
+    s.arch = "qwen3";
+    s.n_embd = 33;
+    s.head_dim = 8;
+    s.n_ff = 65;
+    s.n_vocab = 301;
+    s.n_ctx = 128;
+    s.seed = 5;
+  }
+  s.weight_type = g.type;
+  const std::string t = g.type;
+  if (t == "q4_k_m" || t == "q5_k_m") {  // K-quant rows need 256 columns
+    s.n_embd = 256;
+    s.head_dim = s.arch == "llama" ? 0 : 64;
+    if (s.n_expert != 0) s.n_ff_expert = 256;
+    s.n_ff = 512;
+  }
+  return s;
+}
+
+uint64_t fnv1a(const std::vector<uint8_t>& b) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t c : b) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+TEST(Synth, StreamedBytesEqualTheWholeTensorWriter) {
+  struct Plan {
+    uint64_t chunk_values;
+    uint32_t threads;
+  };
+  // One row per chunk, a few rows (chunks end mid-tensor), chunks of 64 Ki values split over two threads,
+  // and the default (whole tiny tensors).
+  const Plan plans[] = {{1, 1}, {700, 1}, {65536, 2}, {0, 1}};
+  bool quantized = false;
+  for (const Golden& g : kGolden) {
+    const bool k_mix = std::string(g.type).ends_with("_k_m");
+    for (const Plan& p : plans) {
+      // The K-quant mixes are the slow ones to quantize: two plans (one row, and threaded chunks) do.
+      if (k_mix && p.chunk_values != 1 && p.chunk_values != 65536) continue;
+      SCOPED_TRACE(std::string(g.flavour) + " " + g.type + " chunk " + std::to_string(p.chunk_values) +
+                   " threads " + std::to_string(p.threads));
+      SynthSpec s = golden_spec(g);
+      s.chunk_values = p.chunk_values;
+      s.threads = p.threads;
+      auto w = build_synth_model(s);
+      if (!w.ok() && w.error().code == "unsupported_type") continue;  // no quantizers in this build
+      ASSERT_TRUE(w.ok()) << w.error().message;
+      quantized = quantized || std::string(g.type).starts_with("q");
+      const auto bytes = w->to_bytes();
+      EXPECT_EQ(bytes.size(), g.size);
+      EXPECT_EQ(fnv1a(bytes), g.fnv);
+      EXPECT_EQ(w->to_bytes(), bytes);  // a second serialization restarts the weights
+    }
+  }
+  if (!quantized) GTEST_SKIP() << "float types only (no quantizers in this build)";
+}
+
+TEST(Synth, FileEqualsBytes) {
+  car::testing::TempDir dir;
+  SynthSpec s = tiny_spec("llama-moe");
+  s.chunk_values = 100;
+  auto w = build_synth_model(s);
+  ASSERT_TRUE(w.ok());
+  const auto path = (dir / "m.gguf").string();
+  ASSERT_TRUE(write_synth_model(s, path).ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(file, w->to_bytes());
+}
+
+// Writing a model much larger than the chunk keeps the writer's memory bounded: a ~200 MB model written in
+// a child process peaks (ru_maxrss: the child's high-water RSS, including what it shares with this
+// process) far below the model's size. The old writer held the whole model, and peaked above it.
+TEST(Synth, WritingALargeModelUsesBoundedMemory) {
+  car::testing::TempDir dir;
+  const auto path = (dir / "large.gguf").string();
+  SynthSpec s;
+  s.n_layer = 4;
+  s.n_embd = 512;
+  s.n_head = 8;
+  s.n_head_kv = 4;
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.n_ff_expert = 1024;
+  s.n_vocab = 1000;
+  s.weight_type = "f32";  // the quickest to generate: the test is about memory, not quantizers
+  s.threads = 2;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(write_synth_model(s, path).ok() ? 0 : 1);
+  int status = 0;
+  struct rusage ru {};
+  ASSERT_EQ(::wait4(pid, &status, 0, &ru), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const auto size = fs::file_size(path);
+  EXPECT_GT(size, uint64_t{200} << 20);
+  const uint64_t peak = static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // ru_maxrss is in KiB
+  EXPECT_LT(peak, uint64_t{64} << 20)
+      << "peak RSS " << (peak >> 20) << " MiB writing " << (size >> 20) << " MiB";
 }
 
 TEST(Synth, WritesAFile) {
