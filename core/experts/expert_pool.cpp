@@ -15,6 +15,11 @@ namespace {
 constexpr double kBudgetFraction = 0.88;  // of the memory available
 constexpr uint64_t kPageCacheReserve = 2'500'000'000;
 constexpr uint64_t kActivationReserve = 1'200'000'000;
+// Where the seed's fixed 3.7 GB of reserves would swallow all of a small limit (a 2.5 GB memory cgroup:
+// MemAvailable is the host's, the cgroup is what the process may use), the reserves shrink to this share
+// of what is available. Expert reads are O_DIRECT by default, so they add no page cache; the share is
+// left for the mapped dense weights, activations and the KV cache.
+constexpr double kMaxReserveFraction = 0.3;
 // A limit at or above this is "no limit" (cgroup v1 reports unlimited as ~2^63 rounded to pages).
 constexpr uint64_t kNoLimit = uint64_t{1} << 60;
 
@@ -123,8 +128,9 @@ MemoryProbe probe_memory(const std::string& proc_root, const std::string& cgroup
 }
 
 uint64_t budget_from_available(uint64_t available) {
-  const double budget = static_cast<double>(available) * kBudgetFraction -
-                        static_cast<double>(kPageCacheReserve + kActivationReserve);
+  const double reserve = std::min(static_cast<double>(kPageCacheReserve + kActivationReserve),
+                                  static_cast<double>(available) * kMaxReserveFraction);
+  const double budget = static_cast<double>(available) * kBudgetFraction - reserve;
   return budget > 0 ? static_cast<uint64_t>(budget) : 0;
 }
 

@@ -92,7 +92,9 @@ struct MemoryProbe {
 /// memory.max - memory.current; "max" or a huge value = no limit) of /proc/self/cgroup, below the roots.
 MemoryProbe probe_memory(const std::string& proc_root, const std::string& cgroup_root);
 
-/// Budget for `available` bytes: available x 0.88 - (2.5 GB page-cache + 1.2 GB activation reserve), >= 0.
+/// Budget for `available` bytes: available x 0.88 - reserves, where the reserves are the seed's 2.5 GB
+/// page cache + 1.2 GB activations, or 30 % of `available` when that is less (small hosts and memory
+/// cgroups, where the fixed reserves would leave no budget at all).
 uint64_t budget_from_available(uint64_t available);
 
 /// The pool's sizing as of the last join or leave, for the one log line the caller writes.

@@ -127,17 +127,16 @@ void check_streamed_equals_resident(const std::string& path, int n_tokens) {
 }
 
 TEST(StreamedExperts, ConformanceFixturesBitIdenticalToResident) {
-  auto dir = testing::conformance_dir();
-  if (!dir) GTEST_SKIP() << "conformance fixtures not found";
+  CAR_CONFORMANCE_DIR_OR_SKIP(dir);
   int checked = 0;
-  for (const auto& e : std::filesystem::directory_iterator(*dir / "models")) {
+  for (const auto& e : std::filesystem::directory_iterator(dir / "models")) {
     const std::string name = e.path().filename().string();
     if (name.rfind("moe-", 0) != 0 || e.path().extension() != ".gguf") continue;
     SCOPED_TRACE(name);
     check_streamed_equals_resident(e.path().string(), 12);
     ++checked;
   }
-  EXPECT_GT(checked, 0) << "no moe-*.gguf in " << (*dir / "models");
+  EXPECT_GT(checked, 0) << "no moe-*.gguf in " << (dir / "models");
 }
 
 TEST(StreamedExperts, SyntheticModelsOfEveryTypeBitIdenticalToResident) {

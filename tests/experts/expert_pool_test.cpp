@@ -96,9 +96,19 @@ TEST_F(ProbeTest, UsageAboveTheLimitLeavesNothing) {
 }
 
 TEST(Budget, SeedFormula) {
-  EXPECT_EQ(budget_from_available(10'000'000'000), 5'100'000'000u);  // 10 GB x 0.88 - 3.7 GB
-  EXPECT_EQ(budget_from_available(4'000'000'000), 0u);               // below the reserves
+  auto gb = [](uint64_t avail) { return static_cast<double>(budget_from_available(avail)) / 1e9; };
+  EXPECT_NEAR(gb(64'000'000'000), 52.62, 1e-9);  // 64 GB x 0.88 - 3.7 GB
+  EXPECT_NEAR(gb(20'000'000'000), 13.90, 1e-9);  // 20 GB x 0.88 - 3.7 GB
   EXPECT_EQ(budget_from_available(0), 0u);
+}
+
+TEST(Budget, ReservesShrinkToAShareOfASmallLimit) {
+  // 2.5 GB (a memory cgroup's limit): the fixed 3.7 GB would leave nothing; 30 % of 2.5 GB is reserved.
+  auto gb = [](uint64_t avail) { return static_cast<double>(budget_from_available(avail)) / 1e9; };
+  EXPECT_NEAR(gb(2'500'000'000), 1.45, 1e-9);   // 2.5 x 0.88 - 0.75
+  EXPECT_NEAR(gb(10'000'000'000), 5.80, 1e-9);  // 10 x 0.88 - 3.0
+  // The two rules meet at 3.7 / 0.3 = 12.33 GB; the budget grows with the memory on both sides.
+  EXPECT_LT(budget_from_available(12'000'000'000), budget_from_available(12'400'000'000));
 }
 
 TEST_F(ProbeTest, PoolBudgetComesFromTheProbeUnlessForced) {
@@ -116,9 +126,9 @@ TEST_F(ProbeTest, PoolBudgetComesFromTheProbeUnlessForced) {
   o.pool = pool;
   auto src = StreamedExpertSource::open(f.path, f.banks, o);
   ASSERT_TRUE(src.ok()) << src.error().message;
-  EXPECT_EQ(pool->budget_bytes(), 5'100'000'000u);
+  EXPECT_EQ(pool->budget_bytes(), budget_from_available(10'000'000'000));  // 10 GB x 0.88 - 3.0 GB
   EXPECT_FALSE(pool->layout().forced);
-  EXPECT_EQ((*src)->stats().budget_bytes, 5'100'000'000u);
+  EXPECT_EQ((*src)->stats().budget_bytes, budget_from_available(10'000'000'000));
   EXPECT_EQ((*src)->stats().cap, g.n_expert);  // 5 GB holds every expert of this small file
 
   StreamOptions forced = o;
