@@ -36,6 +36,21 @@ class LoadedModel {
   std::vector<int32_t> cached;        // the ids whose K/V are in kv (a prefix the next prompt may reuse)
 };
 
+namespace {
+/// The weights under the last evaluation are those the model was loaded from: no read of the mapping
+/// faulted (the file shrank) and the file was not rewritten in place. Otherwise the logits were computed
+/// from zeros or a mix of two files; the KV cache is dropped and the request fails with io_error.
+Result<void> check_weights(LoadedModel& lm) {
+  auto intact = lm.file->check_intact();
+  if (intact) return {};
+  lm.kv->truncate(0);
+  lm.cached.clear();
+  static const std::string what =
+      "model file changed or was truncated while in use (replace model files by atomic rename): ";
+  return make_error("io_error", what + intact.error().message);
+}
+}  // namespace
+
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options) {
   if (options.stream_experts != "auto" && options.stream_experts != "on" && options.stream_experts != "off") {
     return make_error("load_failed", "stream_experts must be on, off or auto (got '" + options.stream_experts + "')");
@@ -78,6 +93,10 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), std::min(kMaxBatch, n_ctx));
   lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
+  // The tokenizer and model read the mapping; a file cut or rewritten meanwhile gave them zeros.
+  if (auto intact = lm->file->check_intact(); !intact) {
+    return make_error("load_failed", path + ": changed while loading: " + intact.error().message);
+  }
   return lm;
 }
 
@@ -127,6 +146,7 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   const auto t0 = clock::now();
   std::span<const int32_t> rest(res.prompt_tokens.data() + common, static_cast<size_t>(n_prompt - common));
   lm.forward->eval(rest, *lm.kv, lm.logits.data(), false);
+  if (auto ok = check_weights(lm); !ok) return ok.error();
   lm.cached.insert(lm.cached.end(), rest.begin(), rest.end());
   const auto t1 = clock::now();
   res.prompt_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
@@ -161,6 +181,7 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
     }
     if (i + 1 < req.max_tokens) {
       lm.forward->eval(std::span<const int32_t>(&id, 1), *lm.kv, lm.logits.data(), false);
+      if (auto ok = check_weights(lm); !ok) return ok.error();
       lm.cached.push_back(id);
     }
   }
@@ -180,6 +201,10 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
 uint64_t model_memory_bytes(const LoadedModel& lm) {
   return lm.file->file_size() + lm.kv->size_bytes() + lm.forward->scratch_bytes() +
          lm.logits.size() * sizeof(float) + (lm.experts ? lm.experts->resident_bytes() : 0);
+}
+
+Result<void> model_check_file(const LoadedModel& lm, const std::string& path) {
+  return lm.file->check_current(path);
 }
 
 bool model_streams_experts(const LoadedModel& lm) { return lm.experts != nullptr && lm.experts->streams(); }

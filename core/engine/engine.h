@@ -76,7 +76,9 @@ class LoadedModel;
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options);
 
 /// Generate. `on_token` (may be empty) is called for each generated token on the calling thread;
-/// `cancelled` (may be null) is checked before each token. Errors: context_overflow, bad_request.
+/// `cancelled` (may be null) is checked before each token. Errors: context_overflow, bad_request, io_error
+/// (the model's file was truncated or rewritten in place while it computed: the results would come from
+/// zeros or a mix of two files; checked after every forward evaluation - the caller should drop the model).
 ///
 /// Details (engine.cpp): context_overflow when prompt tokens + max_tokens exceed the context; bad_request for
 /// a prompt that tokenizes to nothing or an id outside the vocabulary. An end-of-generation token (unless
@@ -87,6 +89,10 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
 Result<GenerateResult> generate(LoadedModel& model, const GenerateRequest& request,
                                 const std::function<void(const TokenEvent&)>& on_token,
                                 const std::atomic<bool>* cancelled);
+
+/// OK when `path` still names, unchanged, the file the model was loaded from and no read of it faulted.
+/// Safe to call while another thread generates. Errors: not_found, io_error (the message says what changed).
+Result<void> model_check_file(const LoadedModel& model, const std::string& path);
 
 /// Bytes the model holds (weights mapped + KV cache + scratch), for the cache budget and reporting.
 uint64_t model_memory_bytes(const LoadedModel& model);
