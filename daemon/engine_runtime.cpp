@@ -40,6 +40,9 @@ class EngineBackend final : public Backend {
   uint64_t memory_bytes() const override { return engine::model_memory_bytes(*model_); }
   bool streams_experts() const override { return engine::model_streams_experts(*model_); }
   void save_state() override { engine::model_save_state(*model_); }
+  Result<void> check_file(const std::filesystem::path& path) const override {
+    return engine::model_check_file(*model_, path.string());
+  }
 
  private:
   std::shared_ptr<engine::LoadedModel> model_;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "config/settings.h"
+#include "core/util/fault_guard.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
 #include "daemon/systemd_notify.h"
@@ -48,6 +49,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   setup_logging(*settings);
+  // Process-wide, so the owner of main installs it: a model file truncated or rewritten in place while
+  // mapped fails the requests using it (io_error) instead of killing the daemon with SIGBUS.
+  if (auto guard = car::fault_guard::install(); !guard) {
+    spdlog::warn("{}: a model file truncated while in use will crash the daemon", guard.error().message);
+  }
   for (const auto& w : settings->warnings) spdlog::warn("{}", w);
   spdlog::debug("settings:\n{}", settings->describe());
 

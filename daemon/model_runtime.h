@@ -51,7 +51,8 @@ using TokenSink = std::function<void(int32_t token, const std::string& text)>;
 class Backend {
  public:
   virtual ~Backend() = default;
-  /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, internal.
+  /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, io_error (the
+  /// model file changed or was truncated under it; the caller drops the backend), internal.
   virtual Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                           const std::atomic<bool>& cancelled) = 0;
   /// Bytes the model holds now (weights, KV cache, scratch).
@@ -60,6 +61,10 @@ class Backend {
   virtual bool streams_experts() const = 0;
   /// Persist state worth keeping across runs (the expert usage sidecar). Called at shutdown.
   virtual void save_state() = 0;
+  /// OK when `path` still names, unchanged, the file this backend was loaded from and no read of it
+  /// faulted; an error (message: what changed) tells the daemon to drop the backend and load the file
+  /// again. Called WITHOUT the model lock, possibly while another request generates. Default: always OK.
+  virtual Result<void> check_file(const std::filesystem::path& path) const { return {}; }
 };
 
 /// Settings the runtime passes to the engine when loading.

@@ -23,7 +23,8 @@ double ms_of(std::chrono::nanoseconds d) { return std::chrono::duration<double, 
 /// Map an engine/runtime error code onto the wire's codes; anything unknown is `internal`.
 std::string wire_code(const std::string& code) {
   static const char* known[] = {"bad_request",      "not_found", "forbidden",     "load_failed",
-                                "context_overflow", "cancelled", "shutting_down", "busy"};
+                                "context_overflow", "cancelled", "shutting_down", "busy",
+                                "io_error"};
   for (const char* k : known) {
     if (code == k) return code;
   }
@@ -198,13 +199,22 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
   const ResolvedModel& m = *req.resolved;
   uint64_t charge = m.file_bytes;
   if (auto f = facts(m.id)) charge = std::max(charge, f->memory_bytes);
-  auto lease = cache_.lease_or_load(
-      m.id, charge,
-      [&]() -> Result<std::shared_ptr<Backend>> {
-        spdlog::debug("loading model {} from {}", m.id, m.path.string());
-        return runtime_.load(m.path);
-      },
-      &info);
+  auto load = [&]() -> Result<std::shared_ptr<Backend>> {
+    spdlog::debug("loading model {} from {}", m.id, m.path.string());
+    return runtime_.load(m.path);
+  };
+  auto lease = cache_.lease_or_load(m.id, charge, load, &info);
+  if (lease && info.hit) {
+    // The cached model must still be the file the id names: a file replaced (renamed over), rewritten or
+    // truncated in place since it was loaded is loaded again. Requests holding the old backend keep it.
+    if (auto current = lease->backend()->check_file(m.path); !current) {
+      ModelCache::Handle stale = lease->handle();
+      lease->reset();
+      drop_stale(m.id, stale, current.error().message);
+      info = LoadInfo{};
+      lease = cache_.lease_or_load(m.id, m.file_bytes, load, &info);
+    }
+  }
   if (!lease) {
     outcome = wire_code(lease.error().code);
     error_line = protocol::error_line(req.id, outcome, lease.error().message);
@@ -289,8 +299,11 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
   }
   auto out = lease->backend()->generate(params, sink, pending->cancelled);
   model_lock.unlock();
+  ModelCache::Handle used = lease->handle();
   lease->reset();
   if (!out) {
+    // The file changed under the model while it computed: the next request must load it afresh.
+    if (out.error().code == "io_error") drop_stale(req.model, used, out.error().message);
     outcome = wire_code(out.error().code);
     return protocol::error_line(req.id, outcome, out.error().message);
   }
@@ -306,6 +319,15 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
               {"decode_ms", out->decode_ms}}}};
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
   return protocol::ok_line(req.id, r);
+}
+
+void Service::drop_stale(const std::string& id, const ModelCache::Handle& handle, const std::string& why) {
+  if (cache_.peek(id) != handle) return;  // already dropped (and perhaps reloaded) by another request
+  if (!cache_.invalidate(id)) return;
+  spdlog::info(
+      "model {}: its file changed on disk ({}); dropped the cached model, the next request loads the "
+      "file again",
+      id, why);
 }
 
 std::optional<Service::ModelFacts> Service::facts(const std::string& id) const {
