@@ -2,8 +2,8 @@
 // to a LineFramer in (a socket delivers any split) and the framer's line limit; every framed line then goes
 // through the daemon's request path: parse_request, model_field, parse_infer, and the reply builders with
 // the recovered id; and through the client's parse_reply. Checks: lines never hold '\n' nor exceed the
-// limit; the framed lines are the same whatever the chunking; validated infer
-// fields are in range; every reply line is JSON that parses back to the same id. Nothing may throw.
+// limit; the framed lines are the same whatever the chunking; validated infer fields are in range; every
+// reply line is JSON that parses back to the same id. Nothing may throw.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
