@@ -82,6 +82,9 @@ class EngineBackend final : public Backend {
     if (!s) return nullptr;
     return engine::expert_stats_json(*s);
   }
+  Result<void> check_file(const std::filesystem::path& path) const override {
+    return engine::model_check_file(*model_, path.string());
+  }
 
  private:
   std::shared_ptr<engine::LoadedModel> model_;

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "config/settings.h"
+#include "core/util/fault_guard.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
 #include "daemon/systemd_notify.h"
@@ -71,6 +72,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   setup_logging(*settings);
+  // Process-wide, so the owner of main installs it: a model file truncated or rewritten in place while
+  // mapped fails the requests using it (io_error) instead of killing the daemon with SIGBUS.
+  if (auto guard = car::fault_guard::install(); !guard) {
+    spdlog::warn("{}: a model file truncated while in use will crash the daemon", guard.error().message);
+  }
   for (const auto& w : settings->warnings) spdlog::warn("{}", w);
   raise_fd_limit();
   spdlog::debug("settings:\n{}", settings->describe());

@@ -53,7 +53,8 @@ using TokenSink = std::function<void(int32_t token, const std::string& text)>;
 class Backend {
  public:
   virtual ~Backend() = default;
-  /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, internal.
+  /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, io_error (the
+  /// model file changed or was truncated under it; the caller drops the backend), internal.
   virtual Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                           const std::atomic<bool>& cancelled) = 0;
   /// Bytes the model holds (weights, KV cache, scratch, expert cache): what the cache charges it, and the
@@ -68,6 +69,10 @@ class Backend {
   /// The expert streamer's counters for `stats.experts` (docs/protocol.md), or null for a model without
   /// routed experts. Safe to call while another thread generates (no model lock needed).
   virtual nlohmann::json expert_stats() const { return nullptr; }
+  /// OK when `path` still names, unchanged, the file this backend was loaded from and no read of it
+  /// faulted; an error (message: what changed) tells the daemon to drop the backend and load the file
+  /// again. Called WITHOUT the model lock, possibly while another request generates. Default: always OK.
+  virtual Result<void> check_file(const std::filesystem::path& path) const { return {}; }
 };
 
 /// What one request may choose about the load it triggers; unset fields take the runtime's settings.

@@ -233,16 +233,27 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
   // On a miss the cache makes room for the runtime's estimate (or refuses a model larger than the whole
   // budget) before loading, then charges what the loaded model reports: one size for the cache, `load`
   // and `stats`.
-  auto lease = cache_.lease_or_load(
-      m.id, [&] { return runtime_.estimate_bytes(m.path, LoadRequest{req.stream_experts}); },
-      [&]() -> Result<Sized<std::shared_ptr<Backend>>> {
-        spdlog::debug("loading model {} from {}", m.id, m.path.string());
-        auto backend = runtime_.load_with(m.path, LoadRequest{req.stream_experts});
-        if (!backend) return backend.error();
-        const uint64_t bytes = (*backend)->memory_bytes();  // no one else has it yet
-        return Sized<std::shared_ptr<Backend>>{std::move(*backend), bytes};
-      },
-      &info);
+  const LoadRequest load_request{req.stream_experts};
+  auto estimate = [&] { return runtime_.estimate_bytes(m.path, load_request); };
+  auto load = [&]() -> Result<Sized<std::shared_ptr<Backend>>> {
+    spdlog::debug("loading model {} from {}", log_quote(m.id), log_quote(m.path.string()));
+    auto backend = runtime_.load_with(m.path, load_request);
+    if (!backend) return backend.error();
+    const uint64_t bytes = (*backend)->memory_bytes();  // no one else has it yet
+    return Sized<std::shared_ptr<Backend>>{std::move(*backend), bytes};
+  };
+  auto lease = cache_.lease_or_load(m.id, estimate, load, &info);
+  if (lease && info.hit) {
+    // The cached model must still be the file the id names: a file replaced (renamed over), rewritten or
+    // truncated in place since it was loaded is loaded again. Requests holding the old backend keep it.
+    if (auto current = lease->backend()->check_file(m.path); !current) {
+      ModelCache::Handle stale = lease->handle();
+      lease->reset();
+      drop_stale(m.id, stale, current.error().message);
+      info = LoadInfo{};
+      lease = cache_.lease_or_load(m.id, estimate, load, &info);
+    }
+  }
   if (!lease) {
     outcome = wire_code(lease.error().code);
     error_line = protocol::error_line(req.id, outcome, lease.error().message);
@@ -329,8 +340,16 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
   }
   auto out = lease->backend()->generate(params, sink, pending->cancelled);
   model_lock.unlock();
+  ModelCache::Handle used = lease->handle();
   lease->reset();
   if (!out) {
+    // The file changed under the model while it computed: the next request must load it afresh. (A streamed
+    // expert that could not be read from an unchanged file is also io_error; that model stays cached.)
+    if (out.error().code == "io_error") {
+      if (auto current = used->backend()->check_file(req.resolved->path); !current) {
+        drop_stale(req.model, used, current.error().message);
+      }
+    }
     outcome = wire_code(out.error().code);
     return protocol::error_line(req.id, outcome, out.error().message);
   }
@@ -346,6 +365,15 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
               {"decode_ms", out->decode_ms}}}};
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
   return protocol::ok_line(req.id, r);
+}
+
+void Service::drop_stale(const std::string& id, const ModelCache::Handle& handle, const std::string& why) {
+  if (cache_.peek(id) != handle) return;  // already dropped (and perhaps reloaded) by another request
+  if (!cache_.invalidate(id)) return;
+  spdlog::info(
+      "model {}: its file changed on disk ({}); dropped the cached model, the next request loads the "
+      "file again",
+      log_quote(id), why);
 }
 
 std::optional<Service::ModelFacts> Service::facts(const std::string& id) const {

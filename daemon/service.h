@@ -83,6 +83,9 @@ class Service {
   // Worker side: get the model's lease (cache hit or load). On failure, `error_line` is set.
   std::optional<ModelCache::Lease> acquire_model(const Request& req, LoadInfo& info, std::string& error_line,
                                                  std::string& outcome);
+  // Drop `id` from the cache if `handle` is still what it holds there (its file changed); logs `why` at info
+  // when it did. Another request that saw the same change and already dropped (or reloaded) it wins.
+  void drop_stale(const std::string& id, const ModelCache::Handle& handle, const std::string& why);
   void job_done();
   nlohmann::json stats_json() const;
   /// Every kStateSavePeriod (checked by evict_idle, which the idle timer calls): save each cached model's

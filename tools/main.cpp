@@ -2,9 +2,15 @@
 #include <cstdio>
 #include <exception>
 
+#include "core/util/fault_guard.h"
 #include "tools/command_registry.h"
 
 int main(int argc, char** argv) {
+  // A model file cut short while `car run`/`bench` maps it: an io_error instead of death by SIGBUS
+  // (process-wide, so installed here by the owner of main; see core/util/fault_guard.h).
+  if (auto guard = car::fault_guard::install(); !guard) {
+    std::fprintf(stderr, "car: %s\n", guard.error().message.c_str());
+  }
   CLI::App app{"car: car-inference client and offline model tools"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "car 0.1.0");

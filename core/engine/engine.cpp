@@ -81,6 +81,21 @@ class LoadedModel {
   std::vector<int32_t> cached;        // the ids whose K/V are in kv (a prefix the next prompt may reuse)
 };
 
+namespace {
+/// The weights under the last evaluation are those the model was loaded from: no read of the mapping
+/// faulted (the file shrank) and the file was not rewritten in place. Otherwise the logits were computed
+/// from zeros or a mix of two files; the KV cache is dropped and the request fails with io_error.
+Result<void> check_weights(LoadedModel& lm) {
+  auto intact = lm.file->check_intact();
+  if (intact) return {};
+  lm.kv->truncate(0);
+  lm.cached.clear();
+  static const std::string what =
+      "model file changed or was truncated while in use (replace model files by atomic rename): ";
+  return make_error("io_error", what + intact.error().message);
+}
+}  // namespace
+
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options) {
   if (options.stream_experts != "auto" && options.stream_experts != "on" && options.stream_experts != "off") {
     return make_error("load_failed", "stream_experts must be on, off or auto (got '" + options.stream_experts + "')");
@@ -147,6 +162,10 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   lm->forward->set_prefetch(options.prefetch);
   lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
+  // The tokenizer and model read the mapping; a file cut or rewritten meanwhile gave them zeros.
+  if (auto intact = lm->file->check_intact(); !intact) {
+    return make_error("load_failed", path + ": changed while loading: " + intact.error().message);
+  }
   return lm;
 }
 
@@ -203,6 +222,7 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   const auto t0 = clock::now();
   std::span<const int32_t> rest(res.prompt_tokens.data() + common, static_cast<size_t>(n_prompt - common));
   if (Result<void> r = lm.forward->eval(rest, *lm.kv, lm.logits.data(), false); !r) return failed(r.error());
+  if (auto ok = check_weights(lm); !ok) return ok.error();
   lm.cached.insert(lm.cached.end(), rest.begin(), rest.end());
   const auto t1 = clock::now();
   res.prompt_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
@@ -241,6 +261,7 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
           !r) {
         return failed(r.error());
       }
+      if (auto ok = check_weights(lm); !ok) return ok.error();
       lm.cached.push_back(id);
     }
   }
@@ -332,6 +353,10 @@ MemoryBreakdown model_memory(const LoadedModel& lm) {
   m.logits = lm.logits.size() * sizeof(float);
   m.experts = expert_cache_bytes(lm);
   return m;
+}
+
+Result<void> model_check_file(const LoadedModel& lm, const std::string& path) {
+  return lm.file->check_current(path);
 }
 
 uint64_t model_memory_bytes(const LoadedModel& lm) {

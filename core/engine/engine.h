@@ -103,7 +103,9 @@ class LoadedModel;
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options);
 
 /// Generate. `on_token` (may be empty) is called for each generated token on the calling thread;
-/// `cancelled` (may be null) is checked before each token. Errors: context_overflow, bad_request.
+/// `cancelled` (may be null) is checked before each token. Errors: context_overflow, bad_request, io_error
+/// (the model's file was truncated or rewritten in place while it computed: the results would come from
+/// zeros or a mix of two files; checked after every forward evaluation - the caller should drop the model).
 ///
 /// Errors also: io_error when a streamed expert cannot be read; the model stays usable (the KV cache
 /// keeps only what was computed before the failure) and the next call retries the read.
@@ -135,6 +137,10 @@ struct MemoryBreakdown {
 Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options);
 /// What a loaded model holds now.
 MemoryBreakdown model_memory(const LoadedModel& model);
+/// OK when `path` still names, unchanged, the file the model was loaded from and no read of it faulted.
+/// Safe to call while another thread generates. Errors: not_found, io_error (the message says what changed).
+Result<void> model_check_file(const LoadedModel& model, const std::string& path);
+
 /// model_memory(model).total(): the bytes the daemon charges the model against its cache budget. A streamed
 /// model's expert banks are not counted (never touched through the mapping); its expert cache share is.
 uint64_t model_memory_bytes(const LoadedModel& model);

@@ -213,9 +213,19 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::open(const std::string& path) 
   f->file_ = std::move(*mapped);
   f->bytes_ = f->file_.bytes();
   f->path_ = path;
+  const std::shared_ptr<const GgufFile> opened = f;
   auto r = parse_into(std::move(f));
+  // A file that shrank or changed while it was parsed was read (partly) as zeros or as a mix of two
+  // versions: report that, not what the parser made of it.
+  if (auto intact = opened->check_intact(); !intact) return intact.error();
   if (!r) return make_error(r.error().code, path + ": " + r.error().message);
   return r;
+}
+
+Result<void> GgufFile::check_current(const std::string& path) const {
+  if (file_.fd() < 0) return {};
+  if (auto intact = check_intact(); !intact) return intact;
+  return file_.matches(path);
 }
 
 Result<std::shared_ptr<const GgufFile>> GgufFile::parse(std::span<const uint8_t> bytes) {

@@ -24,6 +24,11 @@
 // Ownership: open() maps the file and the GgufFile owns the mapping; parse() works on caller-owned bytes
 // that must outlive the object. Tensor data views point into that memory. Immutable after construction, so
 // safe to share across threads.
+//
+// A mapped file can change under the reader (rewritten or truncated in place by another process). With the
+// fault guard installed (core/util/fault_guard.h), reads past a shrunken end see zeros and set faulted();
+// check_intact() says whether anything read so far can be trusted, check_current(path) whether `path`
+// still names the file that was opened. A file that changed is dropped and opened again, never reused.
 #pragma once
 
 #include <array>
@@ -129,6 +134,16 @@ class GgufFile {
   const std::string& path() const { return path_; }     ///< empty for parse()
   /// The descriptor of the mapped file (-1 for parse()), for positional reads.
   int fd() const { return file_.fd(); }
+  /// The mapped file as it was at open (zeros for parse()).
+  const FileIdentity& identity() const { return file_.identity(); }
+  /// Whether a read of the mapping faulted because the file shrank (always false for parse()).
+  bool faulted() const { return file_.faulted(); }
+  /// OK when no read faulted and the open file was not modified since open (see MappedFile); always OK for
+  /// parse(). Error io_error.
+  Result<void> check_intact() const { return file_.check_unchanged(); }
+  /// check_intact(), and `path` still names the opened file (same device, inode, size and mtime).
+  /// Errors: not_found, io_error. OK for parse().
+  Result<void> check_current(const std::string& path) const;
 
   /// Metadata in file order.
   const std::vector<KeyValue>& metadata() const { return kv_; }

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -606,6 +607,130 @@ TEST_F(DaemonBinaryTest, AConnectionFloodAtALowFileLimitLeavesDescriptorsForOthe
   EXPECT_EQ(error_code(load), "load_failed");
   EXPECT_EQ(load["error"]["message"].get<std::string>().find("Too many open files"), std::string::npos) << load.dump();
   flood.clear();
+
+// ---- a model file replaced or truncated while cached (issue #15) -----------------------------------------
+//
+// Before the fault guard, each of these killed the daemon with SIGBUS (a read of the cached mapping past
+// the file's new end) or kept serving the old model after an atomic rename.
+
+/// Overwrite `path` in place as cp(1) does: open the existing file with O_TRUNC (same inode) and write.
+void overwrite_in_place(const std::filesystem::path& path, const std::filesystem::path& from) {
+  std::string bytes(std::filesystem::file_size(from), '\0');
+  std::ifstream in(from, std::ios::binary);
+  ASSERT_TRUE(in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()))) << from;
+  int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    ASSERT_GT(n, 0) << std::strerror(errno);
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
+/// `truncate -s SIZE path`.
+void truncate_file(const std::filesystem::path& path, off_t size) {
+  ASSERT_EQ(::truncate(path.c_str(), size), 0) << std::strerror(errno);
+}
+
+class DaemonModelFileTest : public DaemonBinaryEngineTest {
+ protected:
+  void SetUp() override {
+    DaemonBinaryEngineTest::SetUp();
+    if (IsSkipped()) return;
+    // `other`: a different, smaller model (one layer) - what the user copies over `tiny`.
+    write_model(models_ / "other.gguf", 7, 1);
+    ASSERT_LT(std::filesystem::file_size(models_ / "other.gguf"),
+              std::filesystem::file_size(models_ / "tiny.gguf"));
+  }
+  json infer(ClientConnection& conn, const std::string& model, json id) {
+    json req = infer_request(std::move(id), 8, false);
+    req["model"] = model;
+    return call(conn, req, nullptr, 60s);
+  }
+  /// The daemon still runs and answers `health`.
+  void expect_alive(ClientConnection& conn) {
+    ASSERT_FALSE(daemon_->wait_exit(0ms).has_value()) << "car-inferenced died; log:\n" << daemon_->log();
+    json h = call(conn, {{"id", "h"}, {"op", "health"}});
+    EXPECT_EQ(h["ok"], true) << h.dump();
+  }
+};
+
+TEST_F(DaemonModelFileTest, InPlaceCopyOverACachedModelServesTheNewFile) {
+  start();
+  auto conn = connect();
+  json old_tokens = infer(conn, "tiny", 1)["result"]["tokens"];
+  json other = infer(conn, "other", 2);
+  ASSERT_EQ(other["ok"], true) << other.dump();
+  ASSERT_NE(other["result"]["tokens"], old_tokens);
+  overwrite_in_place(models_ / "tiny.gguf", models_ / "other.gguf");
+  json r = infer(conn, "tiny", 3);
+  expect_alive(conn);
+  ASSERT_EQ(r["ok"], true) << r.dump() << daemon_->log();
+  EXPECT_EQ(r["result"]["tokens"], other["result"]["tokens"]);  // the new file's model, not the old one
+  EXPECT_NE(daemon_->log().find("changed on disk"), std::string::npos) << daemon_->log();
+  EXPECT_EQ(stats(conn)["cache"]["evictions_by_cause"]["invalidate"], 1);
+}
+
+TEST_F(DaemonModelFileTest, TruncatedCachedModelIsAnErrorAndOthersAreStillServed) {
+  start();
+  auto conn = connect();
+  ASSERT_EQ(infer(conn, "tiny", 1)["ok"], true);
+  ASSERT_EQ(infer(conn, "other", 2)["ok"], true);
+  truncate_file(models_ / "tiny.gguf", 0);
+  json r = infer(conn, "tiny", 3);
+  expect_alive(conn);
+  EXPECT_EQ(error_code(r), "load_failed") << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("tiny.gguf"), std::string::npos) << r.dump();
+  EXPECT_EQ(infer(conn, "other", 4)["ok"], true);
+  // Cut to a page instead: the header parses from nothing either, and the daemon still lives.
+  write_model(models_ / "tiny.gguf", 1);
+  ASSERT_EQ(infer(conn, "tiny", 5)["ok"], true);
+  truncate_file(models_ / "tiny.gguf", 4096);
+  EXPECT_EQ(error_code(infer(conn, "tiny", 6)), "load_failed");
+  expect_alive(conn);
+}
+
+TEST_F(DaemonModelFileTest, AtomicRenameOverACachedModelServesTheNewModel) {
+  start();
+  auto conn = connect();
+  json old_tokens = infer(conn, "tiny", 1)["result"]["tokens"];
+  json other = infer(conn, "other", 2);
+  ASSERT_EQ(other["ok"], true) << other.dump();
+  std::filesystem::copy_file(models_ / "other.gguf", models_ / "tiny.gguf.new");
+  std::filesystem::rename(models_ / "tiny.gguf.new", models_ / "tiny.gguf");
+  json r = infer(conn, "tiny", 3);
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  EXPECT_EQ(r["result"]["tokens"], other["result"]["tokens"]);
+  EXPECT_EQ(r["result"]["timings"]["load_ms"].get<double>() > 0, true);  // loaded afresh, not a hit
+  expect_alive(conn);
+}
+
+TEST_F(DaemonModelFileTest, TruncatedWhileStreamingAnswersIoErrorAndReloadsNextTime) {
+  start();
+  auto conn = connect();
+  ASSERT_TRUE(conn.send_line(infer_request("long", 1900, true).dump()).ok());
+  json first = read_json(conn, 60s);
+  ASSERT_EQ(first["event"], "token") << first.dump();
+  // The generation reads every weight page for each token; cutting the file now makes the next one fault.
+  truncate_file(models_ / "tiny.gguf", 0);
+  json r;
+  do {
+    r = read_json(conn, 60s);
+  } while (r.is_object() && r.contains("event"));
+  EXPECT_EQ(r["id"], "long");
+  EXPECT_EQ(error_code(r), "io_error") << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("atomic rename"), std::string::npos) << r.dump();
+  // It was the fault guard that caught it: a weight read past the new end faulted and read zeros.
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("faulted"), std::string::npos) << r.dump();
+  expect_alive(conn);
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 0);  // the faulted model was dropped
+  // Put a model back the safe way: it is loaded and served.
+  write_model(models_ / "tiny.gguf", 1);
+  json again = call(conn, infer_request("again", 4, false), nullptr, 60s);
+  EXPECT_EQ(again["ok"], true) << again.dump();
+  EXPECT_EQ(infer(conn, "other", "o")["ok"], true);
 }
 
 }  // namespace
