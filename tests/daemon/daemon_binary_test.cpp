@@ -607,6 +607,7 @@ TEST_F(DaemonBinaryTest, AConnectionFloodAtALowFileLimitLeavesDescriptorsForOthe
   EXPECT_EQ(error_code(load), "load_failed");
   EXPECT_EQ(load["error"]["message"].get<std::string>().find("Too many open files"), std::string::npos) << load.dump();
   flood.clear();
+}
 
 // ---- a model file replaced or truncated while cached (issue #15) -----------------------------------------
 //
