@@ -723,8 +723,11 @@ TEST_F(DaemonModelFileTest, TruncatedWhileStreamingAnswersIoErrorAndReloadsNextT
   EXPECT_EQ(r["id"], "long");
   EXPECT_EQ(error_code(r), "io_error") << r.dump();
   EXPECT_NE(r["error"]["message"].get<std::string>().find("atomic rename"), std::string::npos) << r.dump();
-  // It was the fault guard that caught it: a weight read past the new end faulted and read zeros.
-  EXPECT_NE(r["error"]["message"].get<std::string>().find("faulted"), std::string::npos) << r.dump();
+  // Caught after the forward pass that saw it: by the fault guard (a weight read past the new end faulted
+  // and read zeros) or, when the cut landed between a pass's reads and its check, by the file's new size.
+  const std::string message = r["error"]["message"].get<std::string>();
+  EXPECT_TRUE(message.find("faulted") != std::string::npos || message.find("0 bytes") != std::string::npos)
+      << r.dump();
   expect_alive(conn);
   EXPECT_EQ(stats(conn)["cache"]["entries"], 0);  // the faulted model was dropped
   // Put a model back the safe way: it is loaded and served.

@@ -276,12 +276,17 @@ TEST_F(DaemonStreamingTest, ReadErrorFailsTheRequestAndTheDaemonKeepsServing) {
   }
   std::filesystem::resize_file(path, bank_offset + bank_bytes / 4);
 
-  // Different prompts until one needs a cut expert (the cache holds one or two per bank).
+  // Different prompts until one needs a cut expert (the cache holds one or two per bank). The daemon also
+  // sees that the file changed since it was loaded (size, mtime) and loads it again, which fails on the
+  // cut file: either way the request gets a clear error naming the file, never a crash or made-up text.
+  // (A read error on an unchanged file - io_error with the model kept - is the engine test's
+  // StreamedExperts.ReadErrorFailsTheRequestAndTheModelStaysUsable, through the reader seam.)
   bool failed = false;
   for (int i = 0; i < 8 && !failed; ++i) {
     json r = call(conn, infer("m", prompt + " " + std::to_string(i * 7919)));
     if (!r.value("ok", false)) {
-      EXPECT_EQ(error_code(r), "io_error") << r.dump();
+      const std::string code = error_code(r);
+      EXPECT_TRUE(code == "io_error" || code == "load_failed") << r.dump();
       EXPECT_NE(r["error"].value("message", "").find("m.gguf"), std::string::npos) << r.dump();
       failed = true;
     }
