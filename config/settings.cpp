@@ -315,8 +315,8 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
     const bool numeric = !s.empty() && end == s.c_str() + s.size() && errno == 0 &&
                          (std::isdigit(static_cast<unsigned char>(s[0])) != 0 || s[0] == '.');
     if (!numeric || !std::isfinite(gb) || gb <= 0)
-      return invalid(kExpertRamGb, *v, "not a positive number of GiB");
-    if (gb > 1024.0 * 1024.0) return invalid(kExpertRamGb, *v, "out of range (at most 1048576 GiB)");
+      return invalid(kExpertRamGb, *v, "not a positive number of GB (10^9 bytes)");
+    if (gb > 1024.0 * 1024.0) return invalid(kExpertRamGb, *v, "out of range (at most 1048576 GB)");
     out.expert_ram_gb = gb;
   }
   if (const RawValue* v = get(kLogLevel)) {

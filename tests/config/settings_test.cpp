@@ -227,7 +227,7 @@ TEST(SettingsPrecedenceTest, ExpertRamAlias) {
   EXPECT_EQ(load_ok({"--expert-ram-gb", "5"}, {{"STREAM_EXPERTS_RAM_GB", "3"}}).expert_ram_gb,
             std::optional<double>(5));
   EXPECT_EQ(env_error("STREAM_EXPERTS_RAM_GB", "big"),
-            "invalid_setting: CAR_INFERENCE_EXPERT_RAM_GB=big: not a positive number of GiB "
+            "invalid_setting: CAR_INFERENCE_EXPERT_RAM_GB=big: not a positive number of GB (10^9 bytes) "
             "(from environment as STREAM_EXPERTS_RAM_GB)");
 }
 
@@ -322,12 +322,12 @@ TEST(SettingsValidationTest, EveryBadValueNamesTheVariableAndTheValue) {
       {"CAR_INFERENCE_THREADS", "1025", "out of range (1 to 1024)"},
       {"CAR_INFERENCE_STREAM_EXPERTS", "maybe", "not one of on, off, auto"},
       {"CAR_INFERENCE_STREAM_EXPERTS", "1", "not one of on, off, auto"},
-      {"CAR_INFERENCE_EXPERT_RAM_GB", "0", "not a positive number of GiB"},
-      {"CAR_INFERENCE_EXPERT_RAM_GB", "-2", "not a positive number of GiB"},
-      {"CAR_INFERENCE_EXPERT_RAM_GB", "nan", "not a positive number of GiB"},
-      {"CAR_INFERENCE_EXPERT_RAM_GB", "inf", "not a positive number of GiB"},
-      {"CAR_INFERENCE_EXPERT_RAM_GB", "4GB", "not a positive number of GiB"},
-      {"CAR_INFERENCE_EXPERT_RAM_GB", "1e300", "out of range (at most 1048576 GiB)"},
+      {"CAR_INFERENCE_EXPERT_RAM_GB", "0", "not a positive number of GB (10^9 bytes)"},
+      {"CAR_INFERENCE_EXPERT_RAM_GB", "-2", "not a positive number of GB (10^9 bytes)"},
+      {"CAR_INFERENCE_EXPERT_RAM_GB", "nan", "not a positive number of GB (10^9 bytes)"},
+      {"CAR_INFERENCE_EXPERT_RAM_GB", "inf", "not a positive number of GB (10^9 bytes)"},
+      {"CAR_INFERENCE_EXPERT_RAM_GB", "4GB", "not a positive number of GB (10^9 bytes)"},
+      {"CAR_INFERENCE_EXPERT_RAM_GB", "1e300", "out of range (at most 1048576 GB)"},
       {"CAR_INFERENCE_LOG_LEVEL", "verbose", "not one of trace, debug, info, warn, error"},
       {"CAR_INFERENCE_SOCKET_GROUP", "bad group!", "not a group name or numeric gid"},
       {"CAR_INFERENCE_SOCKET_GROUP", "4294967295", "not a group name or numeric gid"},

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/daemon/daemon_process.h"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/test_support.h"
 
@@ -44,7 +45,8 @@ using nlohmann::json;
 using protocol::ClientConnection;
 using namespace std::chrono_literals;
 
-const std::string kBinary = std::string(CAR_BINARY_DIR) + "/daemon/car-inferenced";
+using car::testing::DaemonProcess;
+using car::testing::kBinary;
 
 /// A listening Unix socket bound at `path` (for socket activation); -1 on failure.
 int listening_socket(const std::string& path) {
@@ -59,85 +61,6 @@ int listening_socket(const std::string& path) {
   return fd;
 }
 
-/// One car-inferenced child process. Killed (SIGKILL) if a test leaves it running.
-class DaemonProcess {
- public:
-  DaemonProcess(std::map<std::string, std::string> env, std::string log_path, int activation_fd = -1)
-      : log_path_(std::move(log_path)) {
-    std::vector<std::string> env_strings;
-    for (const char* keep : {"PATH", "TSAN_OPTIONS", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"}) {
-      if (const char* v = std::getenv(keep)) env_strings.push_back(std::string(keep) + "=" + v);
-    }
-    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (log >= 0) {
-        ::dup2(log, STDERR_FILENO);
-        ::dup2(log, STDOUT_FILENO);
-      }
-      if (activation_fd >= 0) {
-        if (activation_fd != 3) {
-          ::dup2(activation_fd, 3);
-          ::close(activation_fd);
-        }
-        ::fcntl(3, F_SETFD, 0);  // inherited across exec
-        env_strings.push_back("LISTEN_FDS=1");
-        env_strings.push_back("LISTEN_PID=" + std::to_string(::getpid()));
-      }
-      std::vector<char*> envp;
-      for (auto& s : env_strings) envp.push_back(s.data());
-      envp.push_back(nullptr);
-      char* argv[] = {const_cast<char*>(kBinary.c_str()), nullptr};
-      ::execve(kBinary.c_str(), argv, envp.data());
-      ::_exit(127);
-    }
-  }
-  ~DaemonProcess() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  DaemonProcess(const DaemonProcess&) = delete;
-  DaemonProcess& operator=(const DaemonProcess&) = delete;
-
-  pid_t pid() const { return pid_; }
-
-  /// The exit status once the process ended within `timeout`; nullopt if it is still running.
-  std::optional<int> wait_exit(std::chrono::milliseconds timeout) {
-    if (exited_) return status_;
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      int st = 0;
-      pid_t r = ::waitpid(pid_, &st, WNOHANG);
-      if (r == pid_) {
-        exited_ = true;
-        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        return status_;
-      }
-      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
-      std::this_thread::sleep_for(5ms);
-    }
-  }
-  /// SIGTERM, then the exit status (nullopt when it did not exit within the timeout).
-  std::optional<int> terminate(std::chrono::milliseconds timeout = 20s) {
-    ::kill(pid_, SIGTERM);
-    return wait_exit(timeout);
-  }
-  std::string log() const {
-    std::ifstream in(log_path_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
- private:
-  std::string log_path_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int status_ = -1;
-};
 
 class DaemonBinaryTest : public ::testing::Test {
  protected:

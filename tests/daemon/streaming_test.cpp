@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/daemon/daemon_process.h"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/test_support.h"
 
@@ -41,7 +42,8 @@ using nlohmann::json;
 using protocol::ClientConnection;
 using namespace std::chrono_literals;
 
-const std::string kBinary = std::string(CAR_BINARY_DIR) + "/daemon/car-inferenced";
+using car::testing::kBinary;
+using Daemon = car::testing::DaemonProcess;
 
 #if CAR_DAEMON_HAVE_ENGINE
 constexpr bool kHaveEngine = true;
@@ -97,65 +99,6 @@ std::pair<uint64_t, uint64_t> write_moe_experts_last(const std::filesystem::path
 }
 #endif
 
-/// One car-inferenced child (killed if the test leaves it running).
-class Daemon {
- public:
-  Daemon(const std::map<std::string, std::string>& env, const std::string& log_path) : log_path_(log_path) {
-    std::vector<std::string> strings;
-    for (const char* keep : {"PATH", "TSAN_OPTIONS", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"}) {
-      if (const char* v = std::getenv(keep)) strings.push_back(std::string(keep) + "=" + v);
-    }
-    for (const auto& [k, v] : env) strings.push_back(k + "=" + v);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (log >= 0) {
-        ::dup2(log, STDERR_FILENO);
-        ::dup2(log, STDOUT_FILENO);
-      }
-      std::vector<char*> envp;
-      for (auto& s : strings) envp.push_back(s.data());
-      envp.push_back(nullptr);
-      char* argv[] = {const_cast<char*>(kBinary.c_str()), nullptr};
-      ::execve(kBinary.c_str(), argv, envp.data());
-      ::_exit(127);
-    }
-  }
-  ~Daemon() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Daemon(const Daemon&) = delete;
-  Daemon& operator=(const Daemon&) = delete;
-
-  /// SIGTERM; the exit status, or nullopt if it did not exit in time.
-  std::optional<int> terminate(std::chrono::milliseconds timeout = 20s) {
-    ::kill(pid_, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      int st = 0;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
-      std::this_thread::sleep_for(5ms);
-    }
-  }
-  std::string log() const {
-    std::ifstream in(log_path_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
- private:
-  std::string log_path_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-};
 
 class DaemonStreamingTest : public ::testing::Test {
  protected:
