@@ -810,12 +810,11 @@ TEST_F(DaemonServerTest, AClientThatNeverReadsHoldsBoundedOutput) {
         return settled;
       },
       20s));
-  EXPECT_LE(queued, 2 * kBound + 64 * 1024) << "unread output beyond twice the bound (plus final lines)";
   json s = stats(observer);
   ++observer_calls;
   EXPECT_GT(s["connections"]["output_overflows"].get<int>(), 0);
-  EXPECT_LT(s["requests"]["total"].get<int>() - observer_calls, kRequests)
-      << "the daemon kept reading requests";
+  const int n_read = s["requests"]["total"].get<int>() - observer_calls;
+  EXPECT_LT(n_read, kRequests) << "the daemon kept reading requests";
   // Now the client reads: every request gets exactly one final reply - a result, or output_overflow for
   // the streams it let pile up - and the daemon reads the rest of its requests as the queue drains.
   std::map<std::string, json> done;
@@ -832,6 +831,17 @@ TEST_F(DaemonServerTest, AClientThatNeverReadsHoldsBoundedOutput) {
   }
   EXPECT_GT(overflowed, 0);
   EXPECT_LT(overflowed, kRequests) << "a client that reads gets its results";
+  // What docs/protocol.md promises: twice the bound, plus one final reply and at most one token line already
+  // on its way when the cancel landed for each request the daemon had read (how many it read before it
+  // stopped depends on its reads' timing, so the allowance is computed from them, not fixed).
+  std::size_t allowance = 0;
+  for (int i = 0; i < n_read; ++i) {
+    auto it = done.find("r" + std::to_string(i));
+    if (it != done.end()) allowance += it->second.dump().size() + 1;
+  }
+  allowance += static_cast<std::size_t>(n_read) * 128;  // a token line: {"id":"rN","event":"token",...}
+  EXPECT_LE(queued, 2 * kBound + allowance) << "unread output beyond twice the bound (plus final lines), "
+                                            << n_read << " requests read";
   EXPECT_TRUE(wait_until([&] { return stats(observer)["connections"]["queued_bytes"] == 0; }));
 }
 
