@@ -20,7 +20,7 @@
 #
 # Environment: CAR (default build/tools/car), DISK_READ (build/bench/streaming/disk_read), WORK
 # (/var/tmp/car-bench: the model and results), CAP_GB (2.5), EXPERT_RAM_GB (2.0: the capped runs'
-# budget), THREADS (2), N (32), MMAP_N (4), MMAP_TIMEOUT (600 s), RUN_TIMEOUT (900 s per run),
+# budget; `auto` = none forced, the streamer sizes it from the cgroup's limit), THREADS (2), N (32), MMAP_N (4), MMAP_TIMEOUT (600 s), RUN_TIMEOUT (900 s per run),
 # BUDGETS ("10 20 30 40 50 60 70 80 90 100", % of expert bytes; empty = skip the sweep), COMPARE (1 = run
 # step 4), BENCH_REPS (3).
 set -euo pipefail
@@ -195,9 +195,15 @@ for pf in on off; do
   [[ $pf == off ]] && extra=(--no-prefetch)
   disk=$(disk_rate "$name")
   state=$(mktemp -d)
-  decode "$name" 1 "$run_timeout" --stream-experts on --expert-ram-gb "$expert_ram_gb" --state-dir "$state" "${extra[@]}"
+  ram_args=(--expert-ram-gb "$expert_ram_gb")
+  label="budget $expert_ram_gb GB"
+  if [[ $expert_ram_gb == auto ]]; then  # the budget the streamer derives from the cgroup's limit
+    ram_args=()
+    label="budget from the cgroup"
+  fi
+  decode "$name" 1 "$run_timeout" --stream-experts on "${ram_args[@]}" --state-dir "$state" "${extra[@]}"
   rm -rf "$state"
-  echo "| streamed, budget $expert_ram_gb GB, prefetch $pf | $(row "$name" "$disk") |"
+  echo "| streamed, $label, prefetch $pf | $(row "$name" "$disk") |"
 done
 # The memory-mapped run: every expert page faulted in through the page cache, which the cap keeps small.
 run_one capped-mmap 1 "$mmap_timeout" "$car" run "$model" --json --prompt-ids "$prompt_ids" --threads "$threads" \
