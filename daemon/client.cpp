@@ -11,13 +11,17 @@
 namespace car::protocol {
 
 namespace {
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 }  // namespace
 
-Result<ClientConnection> ClientConnection::connect(const std::string& path) {
+namespace {
+/// A connected fd, or why not (the reason alone, without the path).
+Result<int> connect_fd(const std::string& path) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return make_error("connect_failed", "socket path '" + path + "' is empty or longer than " +
+    return make_error("connect_failed", "the path is empty or longer than " +
                                             std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -27,10 +31,38 @@ Result<ClientConnection> ClientConnection::connect(const std::string& path) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     int err = errno;
     ::close(fd);
-    return make_error("connect_failed", "cannot connect to car-inferenced at " + path + ": " + errno_text(err) +
+    std::string why = errno_text(err);
+    if (err == EACCES)
+      why += " (the system daemon's socket is for the car-inference group: see docs/operations.md)";
+    return make_error("connect_failed", why);
+  }
+  return fd;
+}
+}  // namespace
+
+Result<ClientConnection> ClientConnection::connect(const std::string& path) {
+  auto fd = connect_fd(path);
+  if (!fd) {
+    return make_error("connect_failed", "cannot connect to car-inferenced at '" + path +
+                                            "': " + fd.error().message +
                                             " (is the daemon running? --socket / CAR_INFERENCE_SOCKET)");
   }
-  return ClientConnection(fd);
+  return ClientConnection(*fd);
+}
+
+Result<ClientConnection> ClientConnection::connect_first(const std::vector<std::string>& paths) {
+  if (paths.size() == 1) return connect(paths.front());
+  std::string tried;
+  for (const auto& path : paths) {
+    auto fd = connect_fd(path);
+    if (fd) return ClientConnection(*fd);
+    tried += "\n  " + path + ": " + fd.error().message;
+  }
+  if (paths.empty())
+    return make_error("connect_failed", "no socket path to try (--socket / CAR_INFERENCE_SOCKET)");
+  return make_error("connect_failed",
+                    "cannot reach car-inferenced; tried" + tried +
+                        "\nIs the daemon running? Pass --socket or set CAR_INFERENCE_SOCKET.");
 }
 
 ClientConnection::ClientConnection(ClientConnection&& other) noexcept
@@ -48,7 +80,9 @@ ClientConnection& ClientConnection::operator=(ClientConnection&& other) noexcept
   return *this;
 }
 
-ClientConnection::~ClientConnection() { close(); }
+ClientConnection::~ClientConnection() {
+  close();
+}
 
 void ClientConnection::close() {
   if (fd_ >= 0) ::close(fd_);
@@ -87,7 +121,8 @@ Result<std::optional<std::string>> ClientConnection::read_line(std::chrono::mill
     }
     int wait_ms = -1;
     if (timeout.count() >= 0) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::optional<std::string>{};
       wait_ms = static_cast<int>(left.count());
     }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/util/result.h"
 
@@ -17,6 +18,9 @@ class ClientConnection {
  public:
   /// Connect to the socket at `path`. Errors: connect_failed (message names the path and errno text).
   static Result<ClientConnection> connect(const std::string& path);
+  /// Connect to the first of `paths` that accepts (in order). Errors: connect_failed, whose message lists
+  /// every path tried with the reason it failed (and a hint on permission denied); empty `paths` included.
+  static Result<ClientConnection> connect_first(const std::vector<std::string>& paths);
   /// Adopt a connected socket fd.
   explicit ClientConnection(int fd) : fd_(fd) {}
   ClientConnection(ClientConnection&& other) noexcept;

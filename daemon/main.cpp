@@ -11,12 +11,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
+#include "car_version.h"
 #include "config/settings.h"
 #include "core/util/fault_guard.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
 #include "daemon/systemd_notify.h"
+#if CAR_DAEMON_HAVE_ENGINE
+#include "core/tensor/kernels.h"
+#endif
 
 namespace {
 
@@ -59,9 +64,26 @@ void raise_fd_limit() {
   }
 }
 
+/// `car-inferenced --version`: version, the git commit built, and the kernels' instruction set.
+void print_version() {
+  std::printf("car-inferenced %s\ncommit %s\n", CAR_VERSION, CAR_GIT_COMMIT);
+#if CAR_DAEMON_HAVE_ENGINE
+  std::printf("isa %s\n", std::string(car::tensor::isa_name(car::tensor::current_isa())).c_str());
+#else
+  std::printf("isa none (built without the inference engine)\n");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before the settings: --version needs no configuration and must work with a broken environment file.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--version") {
+      print_version();
+      return 0;
+    }
+  }
   auto settings = car::config::load_settings(argc, argv, car::config::current_environment());
   if (!settings) {
     if (settings.error().code == "help") {
@@ -72,6 +94,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   setup_logging(*settings);
+  spdlog::info("car-inferenced {} (commit {})", CAR_VERSION, CAR_GIT_COMMIT);
   // Process-wide, so the owner of main installs it: a model file truncated or rewritten in place while
   // mapped fails the requests using it (io_error) instead of killing the daemon with SIGBUS.
   if (auto guard = car::fault_guard::install(); !guard) {

@@ -1,10 +1,10 @@
 // `car load|infer|stats|invalidate|list|health`: the client of car-inferenced (docs/protocol.md).
 //
 // Each command sends one request over the Unix socket (--socket, else $CAR_INFERENCE_SOCKET, else the
-// daemon's default path) and prints the answer for a person, or with --json the daemon's raw reply line.
-// `infer` prints tokens as they stream; `load` shows elapsed time on a terminal while a load takes long.
-// Exit codes: 0 success, 1 the daemon answered an error (its code and message go to stderr), 3 the daemon
-// could not be reached or broke the protocol.
+// per-user default, then the system socket: tools/socket_discovery.h) and prints the answer for a person, or
+// with --json the daemon's raw reply line. `infer` prints tokens as they stream; `load` shows elapsed time on
+// a terminal while a load takes long. Exit codes: 0 success, 1 the daemon answered an error (its code and
+// message go to stderr), 3 the daemon could not be reached or broke the protocol.
 #include <unistd.h>
 
 #include <chrono>
@@ -20,6 +20,7 @@
 #include "daemon/client.h"
 #include "daemon/protocol.h"
 #include "tools/command_registry.h"
+#include "tools/socket_discovery.h"
 
 namespace car::tools {
 namespace {
@@ -41,12 +42,8 @@ struct ClientOptions {
   throw CommandFailed(code);
 }
 
-std::string socket_path(const ClientOptions& o) {
-  if (!o.socket.empty()) return o.socket;
-  auto env = config::current_environment();
-  if (auto it = env.find("CAR_INFERENCE_SOCKET"); it != env.end() && !it->second.empty()) return it->second;
-  if (auto p = config::default_socket_path(env, ::geteuid())) return p->string();
-  fail(kExitUnreachable, "no socket path: pass --socket or set CAR_INFERENCE_SOCKET");
+std::vector<std::string> socket_paths(const ClientOptions& o) {
+  return socket_candidates(o.socket, config::current_environment(), ::geteuid());
 }
 
 std::string human_bytes(double b) {
@@ -65,7 +62,7 @@ std::string human_bytes(double b) {
 /// 200 ms while nothing arrives (elapsed seconds).
 protocol::Reply exchange(const ClientOptions& o, json request, const std::function<void(const protocol::Reply&)>& on_event,
                          const std::function<void(double)>& on_wait = {}) {
-  auto conn = protocol::ClientConnection::connect(socket_path(o));
+  auto conn = protocol::ClientConnection::connect_first(socket_paths(o));
   if (!conn) fail(kExitUnreachable, conn.error().message);
   request["id"] = 1;
   if (auto sent = conn->send_line(request.dump()); !sent) fail(kExitUnreachable, sent.error().message);
@@ -92,7 +89,10 @@ protocol::Reply exchange(const ClientOptions& o, json request, const std::functi
 }
 
 void add_common(CLI::App* cmd, ClientOptions& o) {
-  cmd->add_option("--socket", o.socket, "the daemon's socket (default: $CAR_INFERENCE_SOCKET or the daemon's default)");
+  cmd->add_option(
+      "--socket", o.socket,
+      "the daemon's socket (default: $CAR_INFERENCE_SOCKET, else $XDG_RUNTIME_DIR/car-inference.sock, then "
+      "/run/car-inference/car-inference.sock)");
   cmd->add_flag("--json", o.json_output, "print the daemon's raw JSON reply");
   cmd->add_option("--timeout", o.timeout_s, "give up after this many seconds (default: wait)");
 }

@@ -1,9 +1,25 @@
 // `car`: the client of car-inferenced and the offline model tools. See docs/ and CONTRACT.md.
 #include <cstdio>
 #include <exception>
+#include <string>
 
+#include "car_version.h"
+#include "core/tensor/kernels.h"
 #include "core/util/fault_guard.h"
 #include "tools/command_registry.h"
+#include "tools/offline_env.h"
+
+namespace {
+/// `car --version`: version, the git commit built, and the kernels' instruction set `car run` would use
+/// (CAR_INFERENCE_ISA applied, clamped to the CPU).
+std::string version_text() {
+  std::string isa_note;
+  if (auto applied = car::tools::apply_isa_from_env(); !applied)
+    isa_note = " (" + applied.error().message + ")";
+  return std::string("car ") + CAR_VERSION + "\ncommit " + CAR_GIT_COMMIT + "\nisa " +
+         std::string(car::tensor::isa_name(car::tensor::current_isa())) + isa_note;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   // A model file cut short while `car run`/`bench` maps it: an io_error instead of death by SIGBUS
@@ -13,7 +29,8 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"car: car-inference client and offline model tools"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "car 0.1.0");
+  app.set_version_flag("--version", version_text,
+                       "print the version, git commit and instruction set, then exit");
   for (auto setup : car::tools::command_setups()) setup(app);
   try {
     app.parse(argc, argv);
