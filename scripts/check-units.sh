@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Check the systemd units with `systemd-analyze verify` (CI runs this; it works as root without the unit's
-# user or an installed binary). The units are copied to a temporary directory; ExecStart= is pointed at a
-# built car-inferenced when one exists (build*/daemon/car-inferenced), so verify checks the real path.
+# user or an installed binary). The units are templates (systemd/*.in, filled in at install time); they are
+# written to a temporary directory with the default prefix /usr/local, and ExecStart= is pointed at a built
+# car-inferenced when one exists (build*/daemon/car-inferenced), so verify checks the real path.
 # Findings that only say the binary is not installed or the user does not exist on this machine are
 # reported and tolerated; anything else fails. Also prints `systemd-analyze security` for the service.
 set -euo pipefail
@@ -12,7 +13,25 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cp systemd/car-inferenced.service systemd/car-inferenced.socket "$tmp/"
+for unit in car-inferenced.service car-inferenced.socket; do
+  sed -e 's|@CAR_SBINDIR@|/usr/local/sbin|g' -e 's|@CAR_DOCDIR@|/usr/local/share/doc/car-inference|g' \
+    "systemd/$unit.in" >"$tmp/$unit"
+done
+if grep -n '@[A-Z_]*@' "$tmp"/car-inferenced.*; then
+  echo "check-units: FAILED - a template placeholder is left unfilled" >&2
+  exit 1
+fi
+# The socket must outlive service restarts: the service may not own (and so delete) the socket's directory.
+if grep -q '^RuntimeDirectory=' "$tmp/car-inferenced.service" &&
+  ! grep -q '^RuntimeDirectoryPreserve=yes' "$tmp/car-inferenced.service"; then
+  echo "check-units: FAILED - RuntimeDirectory= without RuntimeDirectoryPreserve=yes deletes the socket on restart" >&2
+  exit 1
+fi
+sock=$(sed -n 's/^ListenStream=//p' "$tmp/car-inferenced.socket")
+if ! grep -qx "Environment=CAR_INFERENCE_SOCKET=$sock" "$tmp/car-inferenced.service"; then
+  echo "check-units: FAILED - the service's CAR_INFERENCE_SOCKET does not match ListenStream=$sock" >&2
+  exit 1
+fi
 binary=""
 for b in build/daemon/car-inferenced build-*/daemon/car-inferenced; do
   if [ -x "$b" ]; then binary="$(cd "$(dirname "$b")" && pwd)/car-inferenced"; break; fi
@@ -24,12 +43,13 @@ fi
 
 status=0
 out=$(cd "$tmp" && systemd-analyze verify ./car-inferenced.socket ./car-inferenced.service 2>&1) || status=$?
-# Drop lines about things this machine does not have (the installed binary, the car-inference user) and
-# lines about the host's own units.
+# Drop lines about things this machine does not have (the installed binary and man page, the car-inference
+# user) and lines about the host's own units. scripts/check-package.sh verifies the installed units strictly.
 unexpected=$(printf '%s\n' "$out" | grep -v -e '^$' \
   -e 'Command /usr/local/sbin/car-inferenced is not executable' \
   -e "Failed to resolve user 'car-inference'" -e "Failed to resolve group 'car-inference'" \
   -e 'car-inference: unknown group' -e 'car-inference: unknown user' \
+  -e "Command 'man car-inferenced(8)' failed" \
   | grep -e 'car-inferenced' -e 'car-inference' || true)
 if [ -n "$out" ]; then
   echo "check-units: systemd-analyze verify said:"

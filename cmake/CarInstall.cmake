@@ -1,0 +1,64 @@
+# Install rules and the Debian package (docs/operations.md, "Installing").
+#   cmake --install build [--prefix DIR]   car (bin), car-inferenced (sbin), the systemd units, the sysusers
+#                                          file, man pages, bash completion, docs and the example env file
+#   cd build && cpack -G DEB               car-inference_<version>_<arch>.deb (prefix /usr)
+include(GNUInstallDirs)
+
+install(TARGETS car RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS car-inferenced RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR})
+
+# The units name the binary (ExecStart=) and the docs (Documentation=) by absolute path, so they are written
+# at install time from the prefix actually installed to: `cmake --install --prefix X` and CPack (which
+# installs with prefix /usr) both get units that point at their own files.
+set(CAR_SYSTEMD_UNIT_DIR "lib/systemd/system" CACHE STRING "Where to install the systemd units (relative to the prefix)")
+set(CAR_SYSUSERS_DIR "lib/sysusers.d" CACHE STRING "Where to install the sysusers.d file (relative to the prefix)")
+set(car_units_tmp ${CMAKE_BINARY_DIR}/install-units)
+install(CODE "
+  set(CAR_SBINDIR \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_SBINDIR}\")
+  set(CAR_DOCDIR \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DOCDIR}\")
+  foreach(unit car-inferenced.service car-inferenced.socket)
+    configure_file(\"${PROJECT_SOURCE_DIR}/systemd/\${unit}.in\" \"${car_units_tmp}/\${unit}\" @ONLY)
+  endforeach()
+  file(INSTALL DESTINATION \"\${CMAKE_INSTALL_PREFIX}/${CAR_SYSTEMD_UNIT_DIR}\" TYPE FILE PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ
+       FILES \"${car_units_tmp}/car-inferenced.service\" \"${car_units_tmp}/car-inferenced.socket\")
+")
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/car-inference.sysusers DESTINATION ${CAR_SYSUSERS_DIR}
+        RENAME car-inference.conf)
+
+# Man pages (written in roff in the repo) and bash completion (reads `car --help` at completion time, so
+# it follows the commands CLI11 knows).
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/man/car.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/man/car-inferenced.8 DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/completion/car.bash DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
+        RENAME car)
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/completion/car.bash DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
+        RENAME car-inferenced)
+
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/car-inference.env.example ${PROJECT_SOURCE_DIR}/README.md
+              ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
+file(GLOB car_docs ${PROJECT_SOURCE_DIR}/docs/*.md)
+install(FILES ${car_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
+# CPack: a Debian package. The maintainer scripts create the user from the sysusers file and enable nothing.
+set(CPACK_PACKAGE_NAME car-inference)
+set(CPACK_PACKAGE_VENDOR "car-inference")
+set(CPACK_PACKAGE_CONTACT "car-inference maintainers <car-inference@localhost>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "GGUF model-serving daemon (car-inferenced) and its client (car)")
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION "GGUF model-serving daemon (car-inferenced) and its client (car)
+ car-inferenced keeps GGUF models loaded in a shared cache and serves them over a Unix socket under a
+ hardened systemd unit; car is its client and an offline runner, benchmark and GGUF inspector.
+ Installing creates the car-inference system user and group and enables nothing.")
+set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_STRIP_FILES ON)
+set(CPACK_GENERATOR DEB)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION misc)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "systemd | systemd-standalone-sysusers | opensysusers")
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${PROJECT_SOURCE_DIR}/packaging/debian/postinst
+    ${PROJECT_SOURCE_DIR}/packaging/debian/prerm ${PROJECT_SOURCE_DIR}/packaging/debian/postrm)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+set(CPACK_OUTPUT_FILE_PREFIX ${CMAKE_BINARY_DIR}/package)
+include(CPack)
