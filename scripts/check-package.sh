@@ -33,7 +33,7 @@ installed=0
 cleanup() {
   if [ "$installed" -eq 1 ]; then
     say "removing the package"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get remove -y -q car-inference >/dev/null || $SUDO dpkg -r car-inference
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get purge -y -q car-inference >/dev/null || $SUDO dpkg --purge car-inference
   fi
 }
 trap cleanup EXIT

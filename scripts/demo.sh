@@ -5,7 +5,7 @@
 # DEMO_DIR (default: a new temporary folder) keeps the model and socket; DEMO_PROMPT changes the prompt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh --build  # neither GoogleTest, Google Benchmark nor clang
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" --target car car-inferenced
 dir="${DEMO_DIR:-$(mktemp -d /tmp/car-demo.XXXXXX)}"

@@ -16,7 +16,8 @@ while [ $# -gt 0 ]; do
 done
 [ "$deps" -eq 1 ] && bash scripts/install-deps.sh
 build=build
-cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+# Tests are required here (the build's default, AUTO, would skip them without GoogleTest).
+cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAR_BUILD_TESTS=ON)
 if [ -n "$sanitize" ]; then
   build="build-${sanitize//,/-}"
   cmake_args+=(-DCAR_SANITIZE="$sanitize" -DCAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1)
