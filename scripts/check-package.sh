@@ -3,7 +3,8 @@
 # binaries only), install it on this machine with apt, check what it installed, and remove it again:
 #   car-inferenced --version, car --version, car --help, the car-inference user made by postinst from the
 #   sysusers file, nothing enabled, the units' paths match the /usr prefix, `systemd-analyze verify` on the
-#   installed units (when systemd-analyze exists).
+#   installed units (when systemd-analyze exists); where systemd is PID 1, `car health` through the socket
+#   unit before and after restarting and stopping the service (the socket must survive).
 # Needs root (or sudo). Refuses to run when car-inference is already installed (it would remove it).
 # CI runs it after the tests (.ci/run); it reuses build/, so it takes well under a minute there.
 set -euo pipefail
@@ -71,5 +72,20 @@ if command -v systemd-analyze >/dev/null; then
   say "systemd-analyze verify: installed units clean"
 else
   say "systemd-analyze not found: unit verification skipped"
+fi
+if [ -d /run/systemd/system ]; then
+  # systemd is PID 1: the socket must survive a service stop/start (the service owns no RuntimeDirectory=).
+  $SUDO systemctl daemon-reload
+  $SUDO systemctl start car-inferenced.socket
+  $SUDO /usr/bin/car health --timeout 30 >/dev/null || fail "car health through the socket unit"
+  $SUDO systemctl restart car-inferenced.service
+  [ -S /run/car-inference/car-inference.sock ] || fail "the socket file is gone after a service restart"
+  $SUDO /usr/bin/car health --timeout 30 >/dev/null || fail "car health after a service restart"
+  $SUDO systemctl stop car-inferenced.service
+  $SUDO /usr/bin/car health --timeout 30 >/dev/null || fail "car health after a service stop (socket activation)"
+  $SUDO systemctl stop car-inferenced.service car-inferenced.socket
+  say "systemd: socket kept and usable across service restart and stop"
+else
+  say "systemd is not PID 1 here: the service restart check skipped"
 fi
 say "ok"
