@@ -119,9 +119,45 @@ class Renderer {
   std::string run(const Node& root) {
     std::string out;
     out_ = &out;
-    auto top = std::make_shared<Scope>();
+    auto top = new_scope(nullptr);
     exec(root, top);
     return out;
+  }
+
+  // Every scope the render makes, so that release() can break cycles through them (a macro's closure).
+  ScopeP new_scope(const ScopeP& parent) {
+    auto s = std::make_shared<Scope>();
+    s->parent = parent;
+    if (scopes_.size() >= 1024 && (scopes_.size() & (scopes_.size() - 1)) == 0) {
+      std::erase_if(scopes_, [](const std::weak_ptr<Scope>& w) { return w.expired(); });
+    }
+    scopes_.push_back(s);
+    return s;
+  }
+
+  // Empties every scope, list and dict the render made and that is still alive (only a reference cycle
+  // keeps one alive after the render), so all of them are freed.
+  void release(detail::Arena& arena) {
+    std::vector<std::shared_ptr<void>> keep;  // hold them while clearing, so clearing one frees none midway
+    for (auto& w : scopes_) {
+      if (auto s = w.lock()) {
+        keep.push_back(s);
+        s->vars.clear();
+        s->parent.reset();
+      }
+    }
+    for (auto& w : arena.lists) {
+      if (auto l = w.lock()) {
+        keep.push_back(l);
+        l->clear();
+      }
+    }
+    for (auto& w : arena.dicts) {
+      if (auto d = w.lock()) {
+        keep.push_back(d);
+        d->clear();
+      }
+    }
   }
 
  private:
@@ -359,8 +395,7 @@ class Renderer {
     if (n.b) {  // `for x in xs if cond`: filter first, so loop.* counts what passed
       List kept;
       for (const Value& item : items) {
-        auto s = std::make_shared<Scope>();
-        s->parent = scope;
+        auto s = new_scope(scope);
         bind(n, *s, n.names, item);
         if (eval(*n.b, s).truthy()) kept.push_back(item);
       }
@@ -373,8 +408,7 @@ class Renderer {
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
       step(n);
-      auto s = std::make_shared<Scope>();
-      s->parent = scope;
+      auto s = new_scope(scope);
       auto loop = std::make_shared<Dict>();
       loop->set("index", Value::integer(i + 1));
       loop->set("index0", Value::integer(i));
@@ -427,8 +461,7 @@ class Renderer {
       --call_depth_;
       fail(n, "macro calls nest deeper than " + std::to_string(opt_.limits.max_call_depth));
     }
-    auto s = std::make_shared<Scope>();
-    s->parent = m.closure;
+    auto s = new_scope(m.closure);
     if (args.positional.size() > n.names.size()) {
       --call_depth_;
       fail(n, "macro '" + n.name + "' takes " + std::to_string(n.names.size()) + " arguments, got " +
@@ -841,6 +874,7 @@ class Renderer {
   std::string* out_ = nullptr;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
+  std::vector<std::weak_ptr<Scope>> scopes_;
 };
 
 // ---- argument helpers for builtins (errors are thrown as strings and located by invoke()) ----
@@ -1652,12 +1686,19 @@ Result<Template> Template::parse(std::string_view source) {
 
 Result<std::string> Template::render(const Value& context, const RenderOptions& options) const {
   if (!root_) return make_error("template_error", "render of an empty (unparsed) template");
+  detail::Arena arena;
+  detail::Arena* const saved = detail::current_arena;
+  detail::current_arena = &arena;
+  Renderer r(options, context);
+  Result<std::string> result = std::string();
   try {
-    Renderer r(options, context);
-    return r.run(*root_);
+    result = r.run(*root_);
   } catch (const TemplateFailure& f) {
-    return make_error(f.code, f.message);
+    result = make_error(f.code, f.message);
   }
+  detail::current_arena = saved;
+  r.release(arena);
+  return result;
 }
 
 Result<std::string> render_template(std::string_view source, const Value& context,

@@ -6,6 +6,31 @@
 
 namespace car::chat {
 
+namespace detail {
+
+thread_local Arena* current_arena = nullptr;
+
+namespace {
+// Drops the entries whose object is gone once the list has doubled, so the record stays proportional to
+// what is alive.
+template <typename T>
+void note(std::vector<std::weak_ptr<T>>& v, const std::shared_ptr<T>& p) {
+  if (v.size() >= 1024 && (v.size() & (v.size() - 1)) == 0) {
+    std::erase_if(v, [](const std::weak_ptr<T>& w) { return w.expired(); });
+  }
+  v.push_back(p);
+}
+}  // namespace
+
+void arena_note(const std::shared_ptr<std::vector<Value>>& l) {
+  note(current_arena->lists, l);
+}
+void arena_note(const std::shared_ptr<Dict>& d) {
+  note(current_arena->dicts, d);
+}
+
+}  // namespace detail
+
 const Value* Dict::find(std::string_view key) const {
   for (const auto& [k, v] : items_) {
     if (k == key) return &v;

@@ -19,20 +19,19 @@ class Value;
 
 using List = std::vector<Value>;
 
-/// An insertion-ordered map from string keys to values (JSON objects keep their key order when rendered).
-class Dict {
- public:
-  const Value* find(std::string_view key) const;
-  Value* find(std::string_view key);
-  void set(std::string key, Value v);
-  size_t size() const { return items_.size(); }
-  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
+class Dict;
 
-  bool is_namespace = false;  ///< made by namespace(): its attributes may be assigned with `set ns.x = ...`
-
- private:
-  std::vector<std::pair<std::string, Value>> items_;
+namespace detail {
+/// While a render runs, every list and dict it creates is recorded here, so that the render can break the
+/// reference cycles a template may build (`l.append(l)`, a macro stored in its own scope) when it ends.
+struct Arena {
+  std::vector<std::weak_ptr<std::vector<Value>>> lists;
+  std::vector<std::weak_ptr<Dict>> dicts;
 };
+extern thread_local Arena* current_arena;
+void arena_note(const std::shared_ptr<std::vector<Value>>& l);
+void arena_note(const std::shared_ptr<Dict>& d);
+}  // namespace detail
 
 /// Arguments of a call: positional then keyword, in the order written.
 struct CallArgs {
@@ -71,13 +70,10 @@ class Value {
   static Value list(List items = {}) {
     Value v(Kind::kList);
     v.list_ = std::make_shared<List>(std::move(items));
+    if (detail::current_arena != nullptr) detail::arena_note(v.list_);
     return v;
   }
-  static Value dict(std::shared_ptr<Dict> d = nullptr) {
-    Value v(Kind::kDict);
-    v.dict_ = d ? std::move(d) : std::make_shared<Dict>();
-    return v;
-  }
+  static Value dict(std::shared_ptr<Dict> d = nullptr);  ///< a new empty dict when d is null
   static Value callable(Function f, std::string name) {
     Value v(Kind::kCallable);
     v.fn_ = std::make_shared<Function>(std::move(f));
@@ -128,6 +124,29 @@ class Value {
   std::shared_ptr<Dict> dict_;
   std::shared_ptr<Function> fn_;
 };
+
+/// An insertion-ordered map from string keys to values (JSON objects keep their key order when rendered).
+class Dict {
+ public:
+  const Value* find(std::string_view key) const;
+  Value* find(std::string_view key);
+  void set(std::string key, Value v);
+  size_t size() const { return items_.size(); }
+  void clear() { items_.clear(); }
+  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
+
+  bool is_namespace = false;  ///< made by namespace(): its attributes may be assigned with `set ns.x = ...`
+
+ private:
+  std::vector<std::pair<std::string, Value>> items_;
+};
+
+inline Value Value::dict(std::shared_ptr<Dict> d) {
+  Value v(Kind::kDict);
+  v.dict_ = d ? std::move(d) : std::make_shared<Dict>();
+  if (detail::current_arena != nullptr) detail::arena_note(v.dict_);
+  return v;
+}
 
 /// A float as the interpreter prints it: the shortest text that reads back to the same double, with ".0"
 /// added to whole numbers (Python's repr: 2.0, 0.30000000000000004, 1e+20, inf, nan).

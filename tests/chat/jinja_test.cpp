@@ -58,6 +58,14 @@ TEST(Jinja, ScopesNamespacesAndMacros) {
       "0,1,2");
 }
 
+TEST(Jinja, ReferenceCyclesRenderAndAreFreed) {
+  // A list holding itself and a macro stored in its own scope: cycles the render breaks when it ends
+  // (LeakSanitizer in the fuzz build checks the freeing).
+  EXPECT_EQ(render("{% set l = [1] %}{{ l.append(l) or '' }}{{ l | length }}{{ l[1][1][0] }}"), "21");
+  EXPECT_EQ(render("{% set ns = namespace() %}{% macro m() %}x{% endmacro %}{% set ns.m = m %}{{ ns.m() }}"),
+            "x");
+}
+
 TEST(Jinja, WhitespaceControl) {
   // trim_blocks: the newline after a block tag goes; lstrip_blocks: indentation before it goes.
   EXPECT_EQ(render("{% if true %}\n  x\n  {% endif %}\ny"), "  x\ny");
