@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/test_support.h"
@@ -90,6 +91,41 @@ TEST(TemplateCli, GgufTemplateWithItsOwnSpecialTokens) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("no tokenizer.chat_template"), std::string::npos) << r.err;
   }
+}
+
+// `car run --chat`: the message goes through the template, special-token text becomes special tokens, and
+// BOS is there exactly once whether or not the template writes it.
+TEST(TemplateCli, RunChatRendersTheTemplateWithOneBos) {
+  TempDir tmp;
+  const std::string model = (tmp / "m.gguf").string();
+  auto r = run_shell(
+      car_cmd() +
+          " gguf synth --arch llama --layers 1 --embd 32 --heads 2 --kv-heads 1 --ff 64 --vocab 300 "
+          "--ctx 128 --type f32 --seed 3 -o " +
+          model,
+      tmp);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // What the rendered prompt tokenizes to, BOS text parsed as the BOS token, nothing added.
+  r = run_shell(car_cmd() + " tokenize " + model + " '<s>[U]hi[A]' --parse-special --no-bos --json", tmp);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto want = nlohmann::json::parse(r.out).at("ids");
+  ASSERT_GE(want.size(), 2u);
+  ASSERT_EQ(want[0], 1) << "the synthetic vocabulary's BOS is id 1";
+  ASSERT_NE(want[1], 1);
+  write(tmp / "with_bos.jinja", "{{ bos_token }}[U]{{ messages[0].content }}[A]");
+  write(tmp / "without_bos.jinja",
+        "[U]{{ messages[0].content }}{% if add_generation_prompt %}[A]{% endif %}");
+  for (const char* t : {"with_bos.jinja", "without_bos.jinja"}) {
+    r = run_shell(car_cmd() + " run " + model + " --chat hi --chat-template " + (tmp / t).string() +
+                      " --json -n 2 --temperature 0 --threads 1",
+                  tmp);
+    ASSERT_EQ(r.exit_code, 0) << t << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out).at("prompt_tokens"), want) << t;
+  }
+  // No template in the model and none given: a clear error, not a raw prompt.
+  r = run_shell(car_cmd() + " run " + model + " --chat hi -n 1", tmp);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no tokenizer.chat_template"), std::string::npos) << r.err;
 }
 
 }  // namespace
