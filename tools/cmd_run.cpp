@@ -1,4 +1,5 @@
 // `car run FILE.gguf --prompt TEXT`: load a model in-process (no daemon) and generate from it.
+// `--chat MESSAGE` instead renders one user message with the model's chat template (or --chat-template).
 //
 // Human mode streams the generated text to stdout as tokens arrive and prints the timings to stderr;
 // `--json` prints the one object CONTRACT.md describes (prompt_tokens, tokens, text, finish_reason,
@@ -8,6 +9,8 @@
 // exit with its own codes.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "tools/chat_prompt.h"
 #include "tools/command_registry.h"
 #include "tools/offline_env.h"
 
@@ -39,6 +43,8 @@ struct RunFlags {
   bool parse_special = false;
   bool json = false;
   bool no_stream = false;
+  std::string chat;           // --chat: one user message through the model's chat template
+  std::string chat_template;  // --chat-template: a Jinja file instead of the model's template
   // Which of the settings that also come from the environment were given on the command line.
   CLI::Option* threads_opt = nullptr;
   CLI::Option* stream_opt = nullptr;
@@ -92,16 +98,38 @@ void run(const RunFlags& f) {
 
   engine::GenerateRequest req;
   req.prompt = f.prompt;
-  if (!f.prompt_ids.empty()) {
+  req.add_bos = !f.no_bos;
+  req.parse_special = f.parse_special;
+  if (!f.chat.empty()) {
+    // The conversation rendered with the model's template, special-token text parsed, and no BOS added
+    // when the template already wrote one.
+    if (!f.prompt.empty() || !f.prompt_ids.empty()) fail(2, "--chat excludes --prompt and --prompt-ids");
+    std::optional<std::string> tpl;
+    if (!f.chat_template.empty()) {
+      std::ifstream in(f.chat_template, std::ios::binary);
+      std::ostringstream ss;
+      if (in) ss << in.rdbuf();
+      if (!in || in.bad()) fail(2, "--chat-template: cannot read " + f.chat_template);
+      tpl = std::move(ss).str();
+    }
+    const nlohmann::ordered_json messages =
+        nlohmann::ordered_json::array({{{"role", "user"}, {"content", f.chat}}});
+    auto p = render_model_chat(f.path, messages, tpl, true);
+    if (!p) {
+      const bool input = p.error().code == "raise_exception" || p.error().code == "no_chat_template";
+      fail(input ? 2 : 1, p.error().code + ": " + p.error().message);
+    }
+    req.prompt = p->text;
+    req.parse_special = true;
+    req.add_bos = !f.no_bos && !p->starts_with_bos;
+  } else if (!f.prompt_ids.empty()) {
     std::string error;
     auto ids = parse_ids(f.prompt_ids, &error);
     if (!ids) fail(2, error);
     req.prompt_ids = std::move(*ids);
   } else if (f.prompt.empty()) {
-    fail(2, "give --prompt TEXT or --prompt-ids 1,2,3");
+    fail(2, "give --prompt TEXT, --prompt-ids 1,2,3 or --chat MESSAGE");
   }
-  req.add_bos = !f.no_bos;
-  req.parse_special = f.parse_special;
   req.max_tokens = f.max_tokens;
   req.sampling = f.sampling;
   req.stop = f.stop;
@@ -173,6 +201,10 @@ void setup_run(CLI::App& root) {
   cmd->add_option("file", flags->path, "GGUF model file")->required();
   cmd->add_option("--prompt", flags->prompt, "Prompt text (tokenized with the model's tokenizer)");
   cmd->add_option("--prompt-ids", flags->prompt_ids, "Prompt as comma-separated token ids (used as-is)");
+  cmd->add_option("--chat", flags->chat,
+                  "A user message, rendered with the model's chat template (docs/chat.md) as the prompt");
+  cmd->add_option("--chat-template", flags->chat_template,
+                  "With --chat: a Jinja file instead of the model's template");
   cmd->add_option("--max-tokens,-n", flags->max_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--temperature", flags->sampling.temperature, "Temperature; 0 = greedy")
       ->check(CLI::Range(0.0, 100.0));

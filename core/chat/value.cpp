@@ -1,0 +1,299 @@
+#include "core/chat/value.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+namespace car::chat {
+
+namespace detail {
+
+thread_local Arena* current_arena = nullptr;
+
+namespace {
+// Drops the entries whose object is gone once the list has doubled, so the record stays proportional to
+// what is alive.
+template <typename T>
+void note(std::vector<std::weak_ptr<T>>& v, const std::shared_ptr<T>& p) {
+  if (v.size() >= 1024 && (v.size() & (v.size() - 1)) == 0) {
+    std::erase_if(v, [](const std::weak_ptr<T>& w) { return w.expired(); });
+  }
+  v.push_back(p);
+}
+}  // namespace
+
+void arena_note(const std::shared_ptr<std::vector<Value>>& l) {
+  note(current_arena->lists, l);
+}
+void arena_note(const std::shared_ptr<Dict>& d) {
+  note(current_arena->dicts, d);
+}
+
+}  // namespace detail
+
+const Value* Dict::find(std::string_view key) const {
+  for (const auto& [k, v] : items_) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+Value* Dict::find(std::string_view key) {
+  for (auto& [k, v] : items_) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+void Dict::set(std::string key, Value v) {
+  if (Value* existing = find(key)) {
+    *existing = std::move(v);
+    return;
+  }
+  items_.emplace_back(std::move(key), std::move(v));
+}
+
+bool Value::truthy() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return b_;
+    case Kind::kInt:
+      return i_ != 0;
+    case Kind::kFloat:
+      return f_ != 0.0;
+    case Kind::kString:
+      return !s_->empty();
+    case Kind::kList:
+      return !list_->empty();
+    case Kind::kDict:
+      return dict_->size() != 0;
+    case Kind::kCallable:
+      return true;
+  }
+  return false;
+}
+
+const char* Value::kind_name() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "none";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "string";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kCallable:
+      return "callable";
+  }
+  return "?";
+}
+
+Value Value::from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const uint64_t u = j.get<uint64_t>();
+      if (u <= static_cast<uint64_t>(INT64_MAX)) return integer(static_cast<int64_t>(u));
+      return floating(static_cast<double>(u));
+    }
+    case nlohmann::ordered_json::value_t::number_float:
+      return floating(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      List items;
+      items.reserve(j.size());
+      for (const auto& e : j) items.push_back(from_json(e));
+      return list(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      auto d = std::make_shared<Dict>();
+      for (auto it = j.begin(); it != j.end(); ++it) d->set(it.key(), from_json(it.value()));
+      return dict(std::move(d));
+    }
+    default:
+      return none();
+  }
+}
+
+std::string format_float(double f) {
+  if (std::isnan(f)) return "nan";
+  if (std::isinf(f)) return f > 0 ? "inf" : "-inf";
+  // Shortest round-trip digits, then laid out as Python's repr: positional for 1e-4 <= |f| < 1e16,
+  // scientific (1e+16, 1.5e-05) otherwise.
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, f, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);
+  const size_t epos = sci.find('e');
+  std::string mant = sci.substr(0, epos);
+  const int exp = std::stoi(sci.substr(epos + 1));
+  bool neg = false;
+  if (!mant.empty() && mant[0] == '-') {
+    neg = true;
+    mant.erase(0, 1);
+  }
+  std::string digits;
+  for (char c : mant) {
+    if (c != '.') digits += c;
+  }
+  std::string out;
+  if (exp >= 16 || exp < -4) {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char eb[16];
+    std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    out += eb;
+  } else if (exp < 0) {
+    out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+  } else {
+    const size_t int_len = static_cast<size_t>(exp) + 1;
+    if (digits.size() <= int_len) {
+      out = digits + std::string(int_len - digits.size(), '0') + ".0";
+    } else {
+      out = digits.substr(0, int_len) + "." + digits.substr(int_len);
+    }
+  }
+  return neg ? "-" + out : out;
+}
+
+namespace {
+
+void json_string(const std::string& s, std::string& out) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        if (c < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          out += b;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+bool json_rec(const Value& v, int indent, int depth, std::string& out, std::string& error) {
+  if (depth > 256) {
+    error = "tojson: value nests deeper than 256 levels";
+    return false;
+  }
+  auto newline = [&](int level) {
+    out += '\n';
+    out.append(static_cast<size_t>(indent) * static_cast<size_t>(level), ' ');
+  };
+  switch (v.kind()) {
+    case Value::Kind::kUndefined:
+      error = "tojson: cannot serialise an undefined value";
+      return false;
+    case Value::Kind::kCallable:
+      error = "tojson: cannot serialise a callable";
+      return false;
+    case Value::Kind::kNone:
+      out += "null";
+      return true;
+    case Value::Kind::kBool:
+      out += v.as_bool() ? "true" : "false";
+      return true;
+    case Value::Kind::kInt:
+      out += std::to_string(v.as_int());
+      return true;
+    case Value::Kind::kFloat: {
+      const double f = v.as_float();
+      if (std::isnan(f)) {
+        out += "NaN";
+      } else if (std::isinf(f)) {
+        out += f > 0 ? "Infinity" : "-Infinity";
+      } else {
+        out += format_float(f);
+      }
+      return true;
+    }
+    case Value::Kind::kString:
+      json_string(v.as_string(), out);
+      return true;
+    case Value::Kind::kList: {
+      const List& l = v.as_list();
+      if (l.empty()) {
+        out += "[]";
+        return true;
+      }
+      out += '[';
+      for (size_t i = 0; i < l.size(); ++i) {
+        if (i > 0) out += indent >= 0 ? "," : ", ";
+        if (indent >= 0) newline(depth + 1);
+        if (!json_rec(l[i], indent, depth + 1, out, error)) return false;
+      }
+      if (indent >= 0) newline(depth);
+      out += ']';
+      return true;
+    }
+    case Value::Kind::kDict: {
+      const auto& items = v.as_dict().items();
+      if (items.empty()) {
+        out += "{}";
+        return true;
+      }
+      out += '{';
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out += indent >= 0 ? "," : ", ";
+        if (indent >= 0) newline(depth + 1);
+        json_string(items[i].first, out);
+        out += ": ";
+        if (!json_rec(items[i].second, indent, depth + 1, out, error)) return false;
+      }
+      if (indent >= 0) newline(depth);
+      out += '}';
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool to_json_text(const Value& v, int indent, std::string& out, std::string& error) {
+  return json_rec(v, indent, 0, out, error);
+}
+
+}  // namespace car::chat
