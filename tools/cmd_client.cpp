@@ -4,7 +4,8 @@
 // per-user default, then the system socket: tools/socket_discovery.h) and prints the answer for a person, or
 // with --json the daemon's raw reply line. `infer` prints tokens as they stream; `load` shows elapsed time on
 // a terminal while a load takes long. Exit codes: 0 success, 1 the daemon answered an error (its code and
-// message go to stderr), 3 the daemon could not be reached or broke the protocol.
+// message go to stderr), 2 bad input (an unreadable stdin), 3 the daemon could not be reached or broke the
+// protocol. A model id typed with its ".gguf" suffix is sent without it.
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "daemon/protocol.h"
 #include "tools/command_registry.h"
 #include "tools/socket_discovery.h"
+#include "tools/stdin_text.h"
 
 namespace car::tools {
 namespace {
@@ -44,6 +46,15 @@ struct ClientOptions {
 
 std::vector<std::string> socket_paths(const ClientOptions& o) {
   return socket_candidates(o.socket, config::current_environment(), ::geteuid());
+}
+
+/// A model id as typed: "stories.gguf" means the id "stories" (ids name <models dir>/<id>.gguf, so a file
+/// name is a natural thing to type); anything else is sent as is and the daemon judges it.
+std::string model_id(const std::string& typed) {
+  if (typed.size() > 5 && typed.ends_with(".gguf") && typed.find('/') == std::string::npos) {
+    return typed.substr(0, typed.size() - 5);
+  }
+  return typed;
 }
 
 std::string human_bytes(double b) {
@@ -121,12 +132,13 @@ void setup_client_commands(CLI::App& root) {
 
   {
     static std::string model;
-    auto* cmd = root.add_subcommand("load", "ask the daemon to load MODEL into its cache");
+    auto* cmd = root.add_subcommand("load", "Ask the daemon to load MODEL into its cache");
     cmd->add_option("model", model, "model id (<models dir>/<id>.gguf)")->required();
     add_common(cmd, common);
     cmd->callback([] {
       const bool tty = ::isatty(STDERR_FILENO) != 0 && !common.json_output;
       bool shown = false;
+      model = model_id(model);
       auto reply = exchange(common, {{"op", "load"}, {"model", model}}, nullptr, [&](double elapsed) {
         if (tty && elapsed >= 1.0) {
           std::fprintf(stderr, "\rloading %s... %.1f s", model.c_str(), elapsed);
@@ -151,9 +163,9 @@ void setup_client_commands(CLI::App& root) {
     static std::optional<uint64_t> seed;
     static std::vector<std::string> stop;
     static bool no_stream = false;
-    auto* cmd = root.add_subcommand("infer", "generate from MODEL through the daemon, printing tokens as they come");
+    auto* cmd = root.add_subcommand("infer", "Generate from MODEL through the daemon, printing tokens as they come");
     cmd->add_option("model", model, "model id")->required();
-    cmd->add_option("prompt", prompt, "the prompt")->required();
+    cmd->add_option("prompt", prompt, "the prompt ('-' reads standard input)")->required();
     cmd->add_option("--max-tokens,-n", max_tokens, "tokens to generate at most")->capture_default_str();
     cmd->add_option("--temperature", temperature, "sampling temperature (0 = greedy)");
     cmd->add_option("--top-k", top_k, "top-k (0 = off)");
@@ -163,7 +175,12 @@ void setup_client_commands(CLI::App& root) {
     cmd->add_flag("--no-stream", no_stream, "print the text only when generation ends");
     add_common(cmd, common);
     cmd->callback([] {
-      json req = {{"op", "infer"}, {"model", model}, {"prompt", prompt}, {"max_tokens", max_tokens}};
+      if (prompt == "-") {
+        auto in = read_stdin_text();
+        if (!in) fail(2, in.error().message);
+        prompt = std::move(*in);
+      }
+      json req = {{"op", "infer"}, {"model", model_id(model)}, {"prompt", prompt}, {"max_tokens", max_tokens}};
       if (temperature) req["temperature"] = *temperature;
       if (top_k) req["top_k"] = *top_k;
       if (top_p) req["top_p"] = *top_p;
@@ -190,7 +207,7 @@ void setup_client_commands(CLI::App& root) {
   }
 
   {
-    auto* cmd = root.add_subcommand("stats", "the daemon's cache, models and request counters");
+    auto* cmd = root.add_subcommand("stats", "The daemon's cache, models and request counters");
     add_common(cmd, common);
     cmd->callback([] {
       auto reply = exchange(common, {{"op", "stats"}}, nullptr);
@@ -200,10 +217,11 @@ void setup_client_commands(CLI::App& root) {
 
   {
     static std::string model;
-    auto* cmd = root.add_subcommand("invalidate", "drop MODEL from the daemon's cache");
+    auto* cmd = root.add_subcommand("invalidate", "Drop MODEL from the daemon's cache");
     cmd->add_option("model", model, "model id")->required();
     add_common(cmd, common);
     cmd->callback([] {
+      model = model_id(model);
       auto reply = exchange(common, {{"op", "invalidate"}, {"model", model}}, nullptr);
       if (!common.json_output) {
         std::printf("%s: %s\n", model.c_str(), reply.result.value("evicted", false) ? "evicted" : "was not loaded");
@@ -212,7 +230,7 @@ void setup_client_commands(CLI::App& root) {
   }
 
   {
-    auto* cmd = root.add_subcommand("list", "the models in the daemon's models directory");
+    auto* cmd = root.add_subcommand("list", "The models in the daemon's models directory");
     add_common(cmd, common);
     cmd->callback([] {
       auto reply = exchange(common, {{"op", "list"}}, nullptr);
@@ -228,7 +246,7 @@ void setup_client_commands(CLI::App& root) {
   }
 
   {
-    auto* cmd = root.add_subcommand("health", "is the daemon up?");
+    auto* cmd = root.add_subcommand("health", "Is the daemon up?");
     add_common(cmd, common);
     cmd->callback([] {
       auto reply = exchange(common, {{"op", "health"}}, nullptr);

@@ -5,10 +5,12 @@
 // (name, type, shape in GGUF order, offset relative to the data section, bytes), totals per type, and for
 // MoE models the expert banks per layer (blk.N.ffn_{gate,up,down}_exps.weight: experts, bytes per expert).
 // Keys, strings and tensor names come from the file: control characters and bytes that are not UTF-8 are
-// printed as escapes (terminal_text).
+// printed as escapes (terminal_text). Enums stored as numbers are decoded: general.file_type by its
+// llama.cpp name (15 -> Q4_K_M), tokenizer.ggml.token_type as counts per type (normal, control, byte...).
 // --json prints one object: {"version", "alignment", "data_offset", "file_size", "metadata": {...},
-// "tensors": [{"name", "type", "shape", "offset", "bytes"}], "totals": {...}, "expert_banks": [...]}; a
-// summarized array is {"array": elem type, "count": n, "first": [...]}.
+// "tensors": [{"name", "type", "shape", "offset", "bytes"}], "totals": {...}, "expert_banks": [...],
+// "decoded": {"file_type", "token_types"}}; a summarized array is {"array": elem type, "count": n, "first":
+// [...]}.
 //
 // synth writes a synthetic model (core/synth) with seeded random weights, tensor by tensor (bounded memory,
 // whatever the model's size), and prints the file, its size and the write rate.
@@ -23,8 +25,10 @@
 #include <string_view>
 
 #include "core/gguf/gguf_file.h"
+#include "core/gguf/model_info.h"
 #include "core/synth/synth_model.h"
 #include "tools/command_registry.h"
+#include "tools/terminal_text.h"
 
 namespace car::tools {
 namespace {
@@ -46,18 +50,30 @@ constexpr size_t kArrayPreview = 8;
 
 json value_json(const Value& v, bool full) {
   switch (v.type()) {
-    case ValueType::UINT8: return *v.get_if<uint8_t>();
-    case ValueType::INT8: return *v.get_if<int8_t>();
-    case ValueType::UINT16: return *v.get_if<uint16_t>();
-    case ValueType::INT16: return *v.get_if<int16_t>();
-    case ValueType::UINT32: return *v.get_if<uint32_t>();
-    case ValueType::INT32: return *v.get_if<int32_t>();
-    case ValueType::FLOAT32: return *v.get_if<float>();
-    case ValueType::BOOL: return *v.get_if<bool>();
-    case ValueType::STRING: return *v.get_if<std::string>();
-    case ValueType::UINT64: return *v.get_if<uint64_t>();
-    case ValueType::INT64: return *v.get_if<int64_t>();
-    case ValueType::FLOAT64: return *v.get_if<double>();
+    case ValueType::UINT8:
+      return *v.get_if<uint8_t>();
+    case ValueType::INT8:
+      return *v.get_if<int8_t>();
+    case ValueType::UINT16:
+      return *v.get_if<uint16_t>();
+    case ValueType::INT16:
+      return *v.get_if<int16_t>();
+    case ValueType::UINT32:
+      return *v.get_if<uint32_t>();
+    case ValueType::INT32:
+      return *v.get_if<int32_t>();
+    case ValueType::FLOAT32:
+      return *v.get_if<float>();
+    case ValueType::BOOL:
+      return *v.get_if<bool>();
+    case ValueType::STRING:
+      return *v.get_if<std::string>();
+    case ValueType::UINT64:
+      return *v.get_if<uint64_t>();
+    case ValueType::INT64:
+      return *v.get_if<int64_t>();
+    case ValueType::FLOAT64:
+      return *v.get_if<double>();
     case ValueType::ARRAY: {
       const auto& a = *v.get_if<ArrayValue>();
       const bool summarize = !full && a.items.size() > kArrayPreview;
@@ -66,82 +82,19 @@ json value_json(const Value& v, bool full) {
         items.push_back(value_json(a.items[i], full));
       }
       if (!summarize) return items;
-      return json{{"array", std::string(value_type_name(a.elem_type))}, {"count", a.items.size()}, {"first", items}};
+      return json{
+          {"array", std::string(value_type_name(a.elem_type))}, {"count", a.items.size()}, {"first", items}};
     }
   }
   return nullptr;
-}
-
-// Length of the well-formed UTF-8 sequence at s[i] (1..4), or 0 when the byte there does not start one.
-size_t utf8_len_at(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const auto cont = [&](size_t k, unsigned char lo = 0x80, unsigned char hi = 0xBF) {
-    return i + k < s.size() && b(k) >= lo && b(k) <= hi;
-  };
-  const unsigned char c = b(0);
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-  if (c >= 0xE0 && c <= 0xEF) {
-    const unsigned char lo = c == 0xE0 ? 0xA0 : 0x80,
-                        hi = c == 0xED ? 0x9F : 0xBF;  // no overlongs, surrogates
-    return cont(1, lo, hi) && cont(2) ? 3 : 0;
-  }
-  if (c >= 0xF0 && c <= 0xF4) {
-    const unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    return cont(1, lo, hi) && cont(2) && cont(3) ? 4 : 0;
-  }
-  return 0;
-}
-
-// Text from the file, safe to print on a terminal: C0 controls, DEL, C1 controls (U+0080..U+009F) and bytes
-// that are not UTF-8 become escapes (\n, \t, \r, \xNN, \u0085), so a crafted key, string or tensor name
-// cannot move the cursor, clear the screen or retitle the window. Backslashes are doubled (and with `quote`,
-// quotes escaped and the result quoted) so the escapes stay unambiguous. At most max_len bytes of `s`.
-std::string terminal_text(std::string_view s, bool quote, size_t max_len = std::string::npos) {
-  std::string out = quote ? "\"" : "";
-  for (size_t i = 0; i < s.size();) {
-    if (i >= max_len) {
-      out += "...";
-      break;
-    }
-    const size_t len = utf8_len_at(s, i);
-    const auto c = static_cast<unsigned char>(s[i]);
-    char buf[16];
-    if (len == 0) {
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);  // not UTF-8
-      out += buf;
-      i += 1;
-      continue;
-    }
-    if (len == 2 && c == 0xC2 && static_cast<unsigned char>(s[i + 1]) <= 0x9F) {
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(s[i + 1]));  // C1 control
-      out += buf;
-    } else if (c == '\\' || (quote && c == '"')) {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c < 0x20 || c == 0x7F) {
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out.append(s, i, len);
-    }
-    i += len;
-  }
-  if (quote) out += '"';
-  return out;
 }
 
 std::string value_text(const Value& v, bool full) {
   switch (v.type()) {
     case ValueType::STRING:
       return terminal_text(*v.get_if<std::string>(), true, full ? std::string::npos : 200);
-    case ValueType::BOOL: return *v.get_if<bool>() ? "true" : "false";
+    case ValueType::BOOL:
+      return *v.get_if<bool>() ? "true" : "false";
     case ValueType::FLOAT32: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(*v.get_if<float>()));
@@ -163,8 +116,10 @@ std::string value_text(const Value& v, bool full) {
       if (summarize) out += ", ... (" + std::to_string(a.items.size()) + " items)";
       return out + "]";
     }
-    case ValueType::UINT64: return std::to_string(*v.get_if<uint64_t>());
-    default: return std::to_string(*v.as_int());
+    case ValueType::UINT64:
+      return std::to_string(*v.get_if<uint64_t>());
+    default:
+      return std::to_string(*v.as_int());
   }
 }
 
@@ -197,13 +152,47 @@ std::vector<ExpertBank> expert_banks(const GgufFile& f) {
     std::smatch m;
     if (!std::regex_match(t.name, m, re) || t.n_dims < 3) continue;
     const uint64_t n_expert = t.ne[t.n_dims - 1];
-    banks.push_back({static_cast<uint32_t>(std::stoul(m[1].str())), m[2].str(), &t, n_expert, t.n_bytes / n_expert});
+    banks.push_back(
+        {static_cast<uint32_t>(std::stoul(m[1].str())), m[2].str(), &t, n_expert, t.n_bytes / n_expert});
   }
   std::sort(banks.begin(), banks.end(), [](const ExpertBank& a, const ExpertBank& b) {
     auto rank = [](const std::string& k) { return k == "gate" ? 0 : k == "up" ? 1 : 2; };
     return a.layer != b.layer ? a.layer < b.layer : rank(a.kind) < rank(b.kind);
   });
   return banks;
+}
+
+// The enums a GGUF stores as numbers, by name: general.file_type (llama_ftype) and the count of each
+// tokenizer.ggml.token_type value. Empty strings / maps when the file has neither.
+struct DecodedEnums {
+  std::string file_type;                        // "Q4_K_M", or "unknown (N)"
+  std::map<std::string, uint64_t> token_types;  // "normal" -> count, in name order
+};
+
+DecodedEnums decode_enums(const GgufFile& f) {
+  DecodedEnums d;
+  if (const Value* v = f.find("general.file_type")) {
+    if (const auto n = v->as_int(); n && *n >= 0) {
+      const auto name = gguf::file_type_name(static_cast<uint64_t>(*n));
+      d.file_type = name ? *name : "unknown (" + std::to_string(*n) + ")";
+    }
+  }
+  if (const Value* v = f.find("tokenizer.ggml.token_type")) {
+    if (const auto* a = v->get_if<ArrayValue>()) {
+      for (const auto& item : a->items) {
+        const auto n = item.as_int();
+        const auto name = n ? gguf::token_type_name(*n) : std::nullopt;
+        d.token_types[name ? std::string(*name) : "unknown (" + (n ? std::to_string(*n) : "?") + ")"] += 1;
+      }
+    }
+  }
+  return d;
+}
+
+std::string token_types_text(const std::map<std::string, uint64_t>& counts) {
+  std::string s;
+  for (const auto& [name, n] : counts) s += (s.empty() ? "" : ", ") + name + " " + std::to_string(n);
+  return s;
 }
 
 void inspect(const std::string& path, bool as_json, bool full) {
@@ -222,6 +211,7 @@ void inspect(const std::string& path, bool as_json, bool full) {
     e.second += t.n_bytes;
   }
   const auto banks = expert_banks(f);
+  const DecodedEnums decoded = decode_enums(f);
 
   if (as_json) {
     json out;
@@ -244,15 +234,25 @@ void inspect(const std::string& path, bool as_json, bool full) {
     out["tensors"] = tensors;
     json types = json::object();
     for (const auto& [name, e] : by_type) types[name] = {{"count", e.first}, {"bytes", e.second}};
-    out["totals"] = {{"tensors", f.tensors().size()}, {"elements", total_elements}, {"bytes", total_bytes},
+    out["totals"] = {{"tensors", f.tensors().size()},
+                     {"elements", total_elements},
+                     {"bytes", total_bytes},
                      {"by_type", types}};
     json jb = json::array();
     for (const auto& b : banks) {
-      jb.push_back({{"layer", b.layer}, {"kind", b.kind}, {"tensor", b.tensor->name},
-                    {"type", std::string(ggml_type_name(b.tensor->type))}, {"n_expert", b.n_expert},
-                    {"bytes_per_expert", b.bytes_per_expert}, {"bytes", b.tensor->n_bytes}});
+      jb.push_back({{"layer", b.layer},
+                    {"kind", b.kind},
+                    {"tensor", b.tensor->name},
+                    {"type", std::string(ggml_type_name(b.tensor->type))},
+                    {"n_expert", b.n_expert},
+                    {"bytes_per_expert", b.bytes_per_expert},
+                    {"bytes", b.tensor->n_bytes}});
     }
     out["expert_banks"] = jb;
+    json dec = json::object();
+    if (!decoded.file_type.empty()) dec["file_type"] = decoded.file_type;
+    if (!decoded.token_types.empty()) dec["token_types"] = decoded.token_types;
+    out["decoded"] = dec;
     std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return;
   }
@@ -264,14 +264,19 @@ void inspect(const std::string& path, bool as_json, bool full) {
   size_t key_width = 0;
   for (const auto& kv : f.metadata()) key_width = std::max(key_width, terminal_text(kv.key, false).size());
   for (const auto& kv : f.metadata()) {
+    std::string text = value_text(kv.value, full);
+    if (kv.key == "general.file_type" && !decoded.file_type.empty()) text += " (" + decoded.file_type + ")";
+    if (kv.key == "tokenizer.ggml.token_type" && !decoded.token_types.empty()) {
+      text += " {" + token_types_text(decoded.token_types) + "}";
+    }
     std::printf("  %-*s %-20s %s\n", static_cast<int>(key_width), terminal_text(kv.key, false).c_str(),
-                type_label(kv.value).c_str(), value_text(kv.value, full).c_str());
+                type_label(kv.value).c_str(), text.c_str());
   }
   std::printf("\ntensors (%zu):\n", f.tensors().size());
   size_t name_width = 4;
   for (const auto& t : f.tensors()) name_width = std::max(name_width, terminal_text(t.name, false).size());
-  std::printf("  %-*s %-7s %-20s %12s %12s\n", static_cast<int>(name_width), "name", "type", "shape", "offset",
-              "bytes");
+  std::printf("  %-*s %-7s %-20s %12s %12s\n", static_cast<int>(name_width), "name", "type", "shape",
+              "offset", "bytes");
   for (const auto& t : f.tensors()) {
     std::printf("  %-*s %-7s %-20s %12" PRIu64 " %12" PRIu64 "\n", static_cast<int>(name_width),
                 terminal_text(t.name, false).c_str(), std::string(ggml_type_name(t.type)).c_str(),
@@ -285,9 +290,9 @@ void inspect(const std::string& path, bool as_json, bool full) {
   if (!banks.empty()) {
     std::printf("\nexpert banks (%zu):\n", banks.size());
     for (const auto& b : banks) {
-      std::printf("  blk.%-3u %-4s %-6s %3" PRIu64 " experts x %10" PRIu64 " bytes = %12" PRIu64 " bytes\n", b.layer,
-                  b.kind.c_str(), std::string(ggml_type_name(b.tensor->type)).c_str(), b.n_expert, b.bytes_per_expert,
-                  b.tensor->n_bytes);
+      std::printf("  blk.%-3u %-4s %-6s %3" PRIu64 " experts x %10" PRIu64 " bytes = %12" PRIu64 " bytes\n",
+                  b.layer, b.kind.c_str(), std::string(ggml_type_name(b.tensor->type)).c_str(), b.n_expert,
+                  b.bytes_per_expert, b.tensor->n_bytes);
     }
   }
 }
@@ -346,7 +351,8 @@ void setup(CLI::App& root) {
   syn->add_option("--ctx", s.n_ctx, "Context length")->capture_default_str();
   syn->add_option("--rope-base", s.rope_freq_base, "RoPE base (0 = arch default)")->capture_default_str();
   syn->add_option("--seed", s.seed, "Random seed")->capture_default_str();
-  syn->add_option("--type", s.weight_type, "f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q6_k | q4_k_m | q5_k_m | ...")
+  syn->add_option("--type", s.weight_type,
+                  "f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q6_k | q4_k_m | q5_k_m | ...")
       ->capture_default_str();
   syn->add_option("--threads", s.threads, "Threads quantizing rows (0 = all cores; same bytes for any)")
       ->capture_default_str();

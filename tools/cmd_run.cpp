@@ -1,4 +1,5 @@
-// `car run FILE.gguf --prompt TEXT`: load a model in-process (no daemon) and generate from it.
+// `car run FILE.gguf PROMPT`: load a model in-process (no daemon) and generate from it. PROMPT may also be
+// given as --prompt TEXT (scripts use it); "-" reads standard input, as in `car infer` and `car tokenize`.
 // `--chat MESSAGE` instead renders one user message with the model's chat template (or --chat-template).
 //
 // Human mode streams the generated text to stdout as tokens arrive and prints the timings to stderr;
@@ -21,6 +22,7 @@
 #include "tools/chat_prompt.h"
 #include "tools/command_registry.h"
 #include "tools/offline_env.h"
+#include "tools/stdin_text.h"
 
 namespace car::tools {
 namespace {
@@ -28,6 +30,7 @@ namespace {
 struct RunFlags {
   std::string path;
   std::string prompt;
+  std::string prompt_flag;  // --prompt, the older spelling of the positional PROMPT
   std::string prompt_ids;
   int max_tokens = 128;
   engine::SamplingParams sampling;
@@ -70,7 +73,8 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::stri
     item = first == std::string::npos ? std::string() : item.substr(first, last - first + 1);
     const auto v = parse_count(item);
     if (!v || *v > INT32_MAX) {
-      *error = "--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)";
+      *error =
+          "--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)";
       return std::nullopt;
     }
     ids.push_back(static_cast<int32_t>(*v));
@@ -79,7 +83,9 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::stri
   return ids;
 }
 
-double per_second(size_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0; }
+double per_second(size_t n, double ms) {
+  return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0;
+}
 
 void run(const RunFlags& f) {
   if (auto r = apply_isa_from_env(); !r) fail(2, r.error().message);
@@ -96,14 +102,24 @@ void run(const RunFlags& f) {
     fail(2, r.error().message);
   }
 
+  if (!f.prompt.empty() && !f.prompt_flag.empty())
+    fail(2, "give the prompt once: PROMPT or --prompt, not both");
+  std::string prompt = f.prompt.empty() ? f.prompt_flag : f.prompt;
+  if (!prompt.empty() && !f.prompt_ids.empty()) fail(2, "give PROMPT or --prompt-ids, not both");
+  if (prompt == "-") {
+    auto in = read_stdin_text();  // before the model file is opened (descriptor 0 may be closed)
+    if (!in) fail(2, in.error().message);
+    prompt = std::move(*in);
+    if (prompt.empty()) fail(2, "standard input is empty: nothing to generate from");
+  }
   engine::GenerateRequest req;
-  req.prompt = f.prompt;
+  req.prompt = prompt;
   req.add_bos = !f.no_bos;
   req.parse_special = f.parse_special;
   if (!f.chat.empty()) {
     // The conversation rendered with the model's template, special-token text parsed, and no BOS added
     // when the template already wrote one.
-    if (!f.prompt.empty() || !f.prompt_ids.empty()) fail(2, "--chat excludes --prompt and --prompt-ids");
+    if (!prompt.empty() || !f.prompt_ids.empty()) fail(2, "--chat excludes PROMPT, --prompt and --prompt-ids");
     std::optional<std::string> tpl;
     if (!f.chat_template.empty()) {
       std::ifstream in(f.chat_template, std::ios::binary);
@@ -127,8 +143,8 @@ void run(const RunFlags& f) {
     auto ids = parse_ids(f.prompt_ids, &error);
     if (!ids) fail(2, error);
     req.prompt_ids = std::move(*ids);
-  } else if (f.prompt.empty()) {
-    fail(2, "give --prompt TEXT, --prompt-ids 1,2,3 or --chat MESSAGE");
+  } else if (prompt.empty()) {
+    fail(2, "give a PROMPT (or --prompt TEXT, --prompt-ids 1,2,3 or --chat MESSAGE)");
   }
   req.max_tokens = f.max_tokens;
   req.sampling = f.sampling;
@@ -137,7 +153,8 @@ void run(const RunFlags& f) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto model = engine::load_model(f.path, load);
-  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!model) fail(1, model.error().code + ": " + model.error().message);  // the message names the file
 
   const bool stream = !f.json && !f.no_stream;
@@ -149,7 +166,8 @@ void run(const RunFlags& f) {
     };
   }
   if (!f.json && !engine::model_stream_reason(**model).empty()) {
-    std::fprintf(stderr, "[experts %s: %s]\n", engine::model_streams_experts(**model) ? "streamed" : "resident",
+    std::fprintf(stderr, "[experts %s: %s]\n",
+                 engine::model_streams_experts(**model) ? "streamed" : "resident",
                  engine::model_stream_reason(**model).c_str());
   }
   auto result = engine::generate(**model, req, on_token, nullptr);
@@ -191,15 +209,17 @@ void run(const RunFlags& f) {
   std::fprintf(stderr,
                "[load %.1f ms | prompt %zu tokens, %.1f ms, %.1f tok/s | generated %zu tokens, %.1f ms, "
                "%.1f tok/s | finish: %s]\n",
-               load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms, decode_tps,
-               g.finish_reason.c_str());
+               load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms,
+               decode_tps, g.finish_reason.c_str());
 }
 
 void setup_run(CLI::App& root) {
   auto flags = std::make_shared<RunFlags>();
   auto* cmd = root.add_subcommand("run", "Load a GGUF model in-process and generate (no daemon)");
   cmd->add_option("file", flags->path, "GGUF model file")->required();
-  cmd->add_option("--prompt", flags->prompt, "Prompt text (tokenized with the model's tokenizer)");
+  cmd->add_option("prompt", flags->prompt,
+                  "Prompt text, tokenized with the model's tokenizer ('-' reads standard input)");
+  cmd->add_option("--prompt", flags->prompt_flag, "The same as PROMPT (kept for scripts)");
   cmd->add_option("--prompt-ids", flags->prompt_ids, "Prompt as comma-separated token ids (used as-is)");
   cmd->add_option("--chat", flags->chat,
                   "A user message, rendered with the model's chat template (docs/chat.md) as the prompt");
@@ -210,7 +230,8 @@ void setup_run(CLI::App& root) {
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-k", flags->sampling.top_k, "Keep the k most likely ids; 0 = off")
       ->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--top-p", flags->sampling.top_p, "Nucleus threshold; 1 = off")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-p", flags->sampling.top_p, "Nucleus threshold; 1 = off")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-p", flags->sampling.min_p, "Drop ids below min-p x the best's probability; 0 = off")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--repeat-penalty", flags->sampling.repeat_penalty, "Repetition penalty; 1 = off")
@@ -224,10 +245,12 @@ void setup_run(CLI::App& root) {
       ->check(CLI::Range(0, 1000));
   flags->threads_opt = cmd->add_option("--threads,-t", flags->threads, "Compute threads; 0 = all cores")
                            ->check(CLI::Range(0, 4096));
-  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
-                          ->check(CLI::IsMember({"on", "off", "auto"}));
-  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
-                       ->check(CLI::Range(0.0, 1e6));
+  flags->stream_opt =
+      cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
+          ->check(CLI::IsMember({"on", "off", "auto"}));
+  flags->ram_opt =
+      cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
+          ->check(CLI::Range(0.0, 1e6));
   flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
                                          "Where the expert usage sidecar lives (streamed MoE models)");
   cmd->add_flag("--no-prefetch", flags->no_prefetch,
@@ -235,7 +258,8 @@ void setup_run(CLI::App& root) {
   cmd->add_option("--ctx", flags->context, "KV cache size in tokens; 0 = min(model's, 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--no-bos", flags->no_bos, "Do not add BOS to a text prompt");
-  cmd->add_flag("--parse-special", flags->parse_special, "Let special-token text in the prompt become special tokens");
+  cmd->add_flag("--parse-special", flags->parse_special,
+                "Let special-token text in the prompt become special tokens");
   cmd->add_flag("--json", flags->json, "Print one JSON object (CONTRACT.md) instead of streaming text");
   cmd->add_flag("--no-stream", flags->no_stream, "Print the text once generation ends");
   cmd->callback([flags] { run(*flags); });

@@ -20,6 +20,7 @@
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/utf8.h"
 #include "tools/command_registry.h"
+#include "tools/stdin_text.h"
 
 namespace car::tools {
 namespace {
@@ -66,26 +67,14 @@ std::string escape(const std::string& piece) {
   return out;
 }
 
-// All of standard input. read(2) itself, so that a closed descriptor (EBADF) or a directory (EISDIR) is an
-// error rather than the empty text iostreams would report.
-std::string read_stdin() {
-  std::string text;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
-    if (n > 0) {
-      text.append(buf, static_cast<size_t>(n));
-    } else if (n == 0) {
-      return text;
-    } else if (errno != EINTR) {
-      fail(std::string("cannot read standard input: ") + std::strerror(errno));
-    }
-  }
-}
-
 void run_tokenize(const TokenizeOptions& o) {
   // Before opening the model: with descriptor 0 closed, the model file would be opened as descriptor 0.
-  const std::string text = o.text == "-" ? read_stdin() : o.text;
+  std::string text = o.text;
+  if (o.text == "-") {
+    auto in = read_stdin_text();
+    if (!in) fail(in.error().message);
+    text = std::move(*in);
+  }
   auto file = gguf::GgufFile::open(o.file);
   if (!file) fail(o.file + ": " + file.error().message);
   auto tok = tokenizer::Tokenizer::from_gguf(**file);

@@ -1,12 +1,12 @@
-// `car run --json` and `car bench --json` on a tiny model written by `car gguf synth`: the CONTRACT.md fields,
-// greedy consistency with top_logprobs, seeded reproducibility, exit codes for bad input.
+// `car run --json` and `car bench --json` on a tiny model written by `car gguf synth`: the CONTRACT.md
+// fields, greedy consistency with top_logprobs, seeded reproducibility, exit codes for bad input.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
 
 #include "tests/test_support.h"
 
@@ -36,8 +36,10 @@ class RunCli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new car::testing::TempDir();
     model_ = (dir_->path() / "tiny.gguf").string();
-    const auto o = car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
-                       "--ctx 256 --type f32 --seed 3 -o " + model_);
+    const auto o =
+        car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
+            "--ctx 256 --type f32 --seed 3 -o " +
+            model_);
     ASSERT_EQ(o.status, 0) << "car gguf synth failed";
   }
   static void TearDownTestSuite() {
@@ -51,7 +53,8 @@ car::testing::TempDir* RunCli::dir_ = nullptr;
 std::string RunCli::model_;
 
 TEST_F(RunCli, JsonHasTheContractFieldsAndGreedyMatchesTopLogprobs) {
-  const auto o = car("run " + model_ + " --prompt-ids 1,5,7,9 --max-tokens 6 --temperature 0 --top-logprobs 3 "
+  const auto o = car("run " + model_ +
+                     " --prompt-ids 1,5,7,9 --max-tokens 6 --temperature 0 --top-logprobs 3 "
                      "--threads 1 --json");
   ASSERT_EQ(o.status, 0);
   const auto j = nlohmann::json::parse(o.out);
@@ -64,7 +67,8 @@ TEST_F(RunCli, JsonHasTheContractFieldsAndGreedyMatchesTopLogprobs) {
   }
   EXPECT_TRUE(j.at("text").is_string());
   EXPECT_TRUE(j.at("experts").is_null()) << "a dense model has no expert source";
-  for (const char* key : {"load_ms", "prompt_ms", "decode_ms", "prompt_tokens_per_s", "decode_tokens_per_s"}) {
+  for (const char* key :
+       {"load_ms", "prompt_ms", "decode_ms", "prompt_tokens_per_s", "decode_tokens_per_s"}) {
     EXPECT_TRUE(j.at("timings").at(key).is_number()) << key;
     EXPECT_GE(j.at("timings").at(key).get<double>(), 0.0) << key;
   }
@@ -83,7 +87,8 @@ TEST_F(RunCli, JsonHasTheContractFieldsAndGreedyMatchesTopLogprobs) {
 }
 
 TEST_F(RunCli, SeededSamplingIsReproducible) {
-  const std::string args = "run " + model_ + " --prompt-ids 1,2,3 --max-tokens 8 --temperature 1.0 --top-k 0 "
+  const std::string args = "run " + model_ +
+                           " --prompt-ids 1,2,3 --max-tokens 8 --temperature 1.0 --top-k 0 "
                            "--top-p 1 --min-p 0 --seed 11 --threads 1 --json";
   const auto a = car(args);
   const auto b = car(args);
@@ -100,16 +105,132 @@ TEST_F(RunCli, TextPromptAndHumanMode) {
 TEST_F(RunCli, BadInputExitCodes) {
   EXPECT_EQ(car("run " + model_ + " --prompt-ids 1,x --threads 1").status, 2);
   EXPECT_NE(car("run " + model_ + " --prompt hi --top-p 7").status, 0);  // CLI11 range check: its own code
-  EXPECT_EQ(car("run " + model_).status, 2);  // neither --prompt nor --prompt-ids
+  EXPECT_EQ(car("run " + model_).status, 2);                             // neither --prompt nor --prompt-ids
   EXPECT_EQ(car("run " + (dir_->path() / "missing.gguf").string() + " --prompt hi").status, 1);
-  EXPECT_EQ(car("run " + model_ + " --prompt-ids 1,299999 --threads 1").status, 1);  // id outside the vocabulary
+  EXPECT_EQ(car("run " + model_ + " --prompt-ids 1,299999 --threads 1").status,
+            1);  // id outside the vocabulary
 }
 
 TEST_F(RunCli, EnvironmentSettingsAreValidated) {
-  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car run " + model_ + " --prompt hi >/dev/null 2>&1";
+  const std::string cmd =
+      std::string(CAR_BINARY_DIR) + "/tools/car run " + model_ + " --prompt hi >/dev/null 2>&1";
   EXPECT_NE(std::system(("CAR_INFERENCE_THREADS=lots " + cmd).c_str()), 0);
   EXPECT_NE(std::system(("CAR_INFERENCE_ISA=mmx " + cmd).c_str()), 0);
   EXPECT_EQ(std::system(("CAR_INFERENCE_ISA=scalar CAR_INFERENCE_THREADS=1 " + cmd).c_str()), 0);
+}
+
+TEST_F(RunCli, PromptIsPositionalWithFlagAliasAndStdin) {
+  const std::string common = " --max-tokens 4 --temperature 0 --threads 1 --json";
+  const auto positional = car("run " + model_ + " 'hello world'" + common);
+  const auto flag = car("run " + model_ + " --prompt 'hello world'" + common);
+  ASSERT_EQ(positional.status, 0);
+  ASSERT_EQ(flag.status, 0);
+  const auto a = nlohmann::json::parse(positional.out), b = nlohmann::json::parse(flag.out);
+  EXPECT_EQ(a.at("prompt_tokens"), b.at("prompt_tokens"));
+  EXPECT_EQ(a.at("tokens"), b.at("tokens"));
+  // popen runs /bin/sh, which has no process substitution: pipe through printf instead.
+  const std::string bin = std::string(CAR_BINARY_DIR) + "/tools/car";
+  Output p;
+  {
+    const std::string cmd =
+        "printf 'hello world' | " + bin + " run " + model_ + " -" + common + " 2>/dev/null";
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) p.out.append(buf, n);
+    const int st = pclose(f);
+    p.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  ASSERT_EQ(p.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(p.out).at("prompt_tokens"), a.at("prompt_tokens"));
+  EXPECT_EQ(car("run " + model_ + " 'hello' --prompt 'hello' --threads 1").status, 2);  // the prompt twice
+  EXPECT_EQ(car("run " + model_ + " - --threads 1 < /dev/null").status, 2);             // empty stdin
+}
+
+TEST_F(RunCli, UsageErrorsExitTwoAndPlainCarListsTheCommands) {
+  const auto plain = car("");
+  EXPECT_EQ(plain.status, 0);
+  for (const char* command : {"run", "infer", "show", "bench", "tokenize", "gguf", "health"}) {
+    EXPECT_NE(plain.out.find(command), std::string::npos) << command;
+  }
+  EXPECT_EQ(car("frobnicate").status, 2);
+  EXPECT_EQ(car("run").status, 2);                                   // FILE missing
+  EXPECT_EQ(car("run " + model_ + " hi --top-p 7").status, 2);       // out of range
+  EXPECT_EQ(car("run " + model_ + " hi --no-such-flag").status, 2);  // unknown flag
+  EXPECT_EQ(car("--help").status, 0);
+  EXPECT_NE(car("run --help").out.find("128"), std::string::npos) << "defaults are shown (--max-tokens 128)";
+}
+
+TEST_F(RunCli, ShowDescribesTheModelByFileOrId) {
+  const auto inspect = car("gguf inspect " + model_ + " --json");
+  ASSERT_EQ(inspect.status, 0);
+  const auto file = nlohmann::json::parse(inspect.out);
+  const auto by_file = car("show " + model_ + " --json");
+  ASSERT_EQ(by_file.status, 0);
+  const auto j = nlohmann::json::parse(by_file.out);
+  EXPECT_EQ(j.at("architecture"), "llama");
+  EXPECT_EQ(j.at("parameters"), file.at("totals").at("elements"));
+  EXPECT_EQ(j.at("quantization"), "F32");
+  EXPECT_EQ(j.at("context_length"), 256);
+  EXPECT_EQ(j.at("vocab_size"), 300);
+  EXPECT_EQ(j.at("block_count"), 2);
+  EXPECT_EQ(j.at("chat_template"), false);
+  EXPECT_TRUE(j.at("expert_count").is_null());
+  EXPECT_EQ(j.at("file_bytes"), file.at("file_size"));
+  const auto& mem = j.at("memory");
+  EXPECT_EQ(mem.at("total_bytes").get<uint64_t>(),
+            mem.at("weights").get<uint64_t>() + mem.at("kv_cache").get<uint64_t>() +
+                mem.at("scratch").get<uint64_t>() + mem.at("logits").get<uint64_t>());
+  EXPECT_GT(mem.at("kv_cache").get<uint64_t>(), 0u);
+  // By id in a models directory, with or without the .gguf suffix; a missing id is a usage error.
+  const std::string dir = " --models-dir " + dir_->path().string();
+  const auto by_id = car("show tiny --json" + dir);
+  ASSERT_EQ(by_id.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(by_id.out).at("parameters"), j.at("parameters"));
+  EXPECT_EQ(car("show tiny.gguf --json" + dir).status, 0);
+  EXPECT_EQ(car("show no-such-model" + dir).status, 2);
+  const auto human = car("show " + model_);
+  ASSERT_EQ(human.status, 0);
+  EXPECT_NE(human.out.find("quantization    F32"), std::string::npos) << human.out;
+}
+
+TEST_F(RunCli, InspectDecodesFileTypeAndTokenTypes) {
+  const std::string q8 = (dir_->path() / "tiny-q8.gguf").string();
+  ASSERT_EQ(car("gguf synth --arch llama --layers 1 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
+                "--ctx 64 --type q8_0 --seed 4 -o " +
+                q8)
+                .status,
+            0);
+  const auto o = car("gguf inspect " + q8 + " --json");
+  ASSERT_EQ(o.status, 0);
+  const auto j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j.at("metadata").at("general.file_type"), 7);
+  EXPECT_EQ(j.at("decoded").at("file_type"), "Q8_0");
+  uint64_t counted = 0;
+  for (const auto& [name, n] : j.at("decoded").at("token_types").items()) counted += n.get<uint64_t>();
+  EXPECT_EQ(counted, 300u);
+  EXPECT_EQ(j.at("decoded").at("token_types").at("byte"), 256);
+  const auto human = car("gguf inspect " + q8);
+  EXPECT_NE(human.out.find("7 (Q8_0)"), std::string::npos);
+  EXPECT_EQ(car("show " + q8 + " --json").status, 0);
+  EXPECT_EQ(nlohmann::json::parse(car("show " + q8 + " --json").out).at("quantization"), "Q8_0");
+}
+
+TEST_F(RunCli, BenchPrintsRowsAndMeasuresBandwidthUnlessGiven) {
+  const auto human = car("bench " + model_ + " -p 8 -n 4 -r 1 --threads 1");
+  ASSERT_EQ(human.status, 0);
+  EXPECT_NE(human.out.find("| pp8 |"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("| tg4 |"), std::string::npos) << human.out;
+  EXPECT_EQ(human.out.find("MiB"), std::string::npos) << "one unit system (decimal): " << human.out;
+  const auto measured =
+      nlohmann::json::parse(car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json").out);
+  EXPECT_EQ(measured.at("bandwidth_source"), "measured");
+  EXPECT_GT(measured.at("bandwidth_gbs").get<double>(), 0.0);
+  const auto given = nlohmann::json::parse(
+      car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json --bandwidth-gbs 12.5").out);
+  EXPECT_EQ(given.at("bandwidth_source"), "given");
+  EXPECT_DOUBLE_EQ(given.at("bandwidth_gbs").get<double>(), 12.5);
 }
 
 TEST_F(RunCli, BenchJson) {
