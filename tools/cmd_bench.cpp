@@ -274,14 +274,14 @@ void setup_bench(CLI::App& root) {
   cmd->add_option("-r,--repetitions", flags->reps, "Repetitions of each test")->check(CLI::Range(1, 1000));
   flags->threads_opt = cmd->add_option("--threads,-t", flags->threads,
                                        "Compute threads (1-1024, as CAR_INFERENCE_THREADS); unset: all cores")
-                           ->check(setting_rule("CAR_INFERENCE_THREADS"));
+                           ->transform(setting_rule("CAR_INFERENCE_THREADS"));
   cmd->add_option("--bandwidth-gbs", flags->bandwidth_gbs, "Memory bandwidth for the decode bound, GB/s")
       ->check(CLI::Range(0.001, 1e6));
   flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
-                          ->check(setting_rule("CAR_INFERENCE_STREAM_EXPERTS"));
+                          ->transform(setting_rule("CAR_INFERENCE_STREAM_EXPERTS"));
   flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb,
                                    "Expert cache budget when streaming, GB (unset: from the memory limits)")
-                       ->check(setting_rule("CAR_INFERENCE_EXPERT_RAM_GB"));
+                       ->transform(setting_rule("CAR_INFERENCE_EXPERT_RAM_GB"));
   flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
                                          "Where the expert usage sidecar lives (streamed MoE models)");
   cmd->add_flag("--no-prefetch", flags->no_prefetch,

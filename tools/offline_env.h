@@ -43,10 +43,10 @@ inline Result<bool> setting_from_env(std::string_view variable, config::Settings
   return config::setting_from_environment(variable, config::current_environment(), out);
 }
 
-/// A CLI11 check for a tool flag that sets the same thing as `variable`: the value must pass the variable's
-/// settings row (so `--threads 0` fails as CAR_INFERENCE_THREADS=0 does; an unset flag keeps the tool's
-/// default). The message is the row's reason ("out of range (1 to 1024)"); an accepted value is passed on
-/// as the row writes it.
+/// For a tool flag that sets the same thing as `variable` (attach with ->transform, so the value is
+/// rewritten): the value must pass the variable's settings row, so `--threads 0` fails as
+/// CAR_INFERENCE_THREADS=0 does (an unset flag keeps the tool's default). The message is the row's reason
+/// ("out of range (1 to 1024)"); an accepted value is passed on as the row writes it (`OFF` -> `off`).
 inline CLI::Validator setting_rule(std::string_view variable) {
   const config::SettingInfo* row = config::find_setting(variable);
   CAR_CHECK(row != nullptr);
