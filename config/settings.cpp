@@ -529,22 +529,6 @@ std::string_view to_string(StreamExperts v) {
   return "auto";
 }
 
-std::string_view to_string(LogLevel v) {
-  switch (v) {
-    case LogLevel::trace:
-      return "trace";
-    case LogLevel::debug:
-      return "debug";
-    case LogLevel::info:
-      return "info";
-    case LogLevel::warn:
-      return "warn";
-    case LogLevel::error:
-      return "error";
-  }
-  return "info";
-}
-
 std::string_view to_string(Isa v) {
   switch (v) {
     case Isa::automatic:

@@ -55,7 +55,21 @@ enum class LogLevel { trace, debug, info, warn, error };
 enum class Isa { automatic, scalar, avx2, avx512 };
 
 std::string_view to_string(StreamExperts v);
-std::string_view to_string(LogLevel v);
+constexpr std::string_view to_string(LogLevel v) {
+  switch (v) {
+    case LogLevel::trace:
+      return "trace";
+    case LogLevel::debug:
+      return "debug";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::warn:
+      return "warn";
+    case LogLevel::error:
+      return "error";
+  }
+  return "info";
+}
 std::string_view to_string(Isa v);
 
 /// Facts about the machine/process the defaults depend on (injectable for tests).
@@ -72,6 +86,7 @@ inline constexpr std::uint64_t kMiB = 1024 * 1024;
 namespace defaults {
 inline constexpr std::uint64_t cache_mb = 24576;
 inline constexpr std::uint64_t idle_secs = 300;
+inline constexpr LogLevel log_level = LogLevel::info;
 inline constexpr std::string_view models_dir = "/var/lib/car-inference/models";
 inline constexpr std::string_view state_dir = "/var/lib/car-inference";
 inline constexpr unsigned workers = 2;
@@ -97,7 +112,7 @@ struct Settings {
   std::optional<double>
       expert_ram_gb;         ///< CAR_INFERENCE_EXPERT_RAM_GB / STREAM_EXPERTS_RAM_GB; nullopt: MemAvailable
   Isa isa = Isa::automatic;  ///< CAR_INFERENCE_ISA
-  LogLevel log_level = LogLevel::info;  ///< CAR_INFERENCE_LOG_LEVEL
+  LogLevel log_level = defaults::log_level;  ///< CAR_INFERENCE_LOG_LEVEL
   std::string socket_group;       ///< CAR_INFERENCE_SOCKET_GROUP: name or gid; empty: the daemon's group
   std::vector<uid_t> allow_uids;  ///< CAR_INFERENCE_ALLOW_UIDS; empty (both lists): no peer check
   std::vector<gid_t> allow_gids;  ///< CAR_INFERENCE_ALLOW_GIDS

@@ -23,7 +23,7 @@ namespace car::daemon {
 struct LiveSettings {
   uint64_t cache_budget_bytes = config::defaults::cache_mb * config::kMiB;
   std::chrono::seconds idle_ttl{config::defaults::idle_secs};  ///< 0 disables idle eviction
-  std::string log_level = "info";
+  std::string log_level{config::to_string(config::defaults::log_level)};
   // Connection limits (connection_limits.h).
   std::size_t max_connections = config::defaults::max_connections;  ///< lowered to fit RLIMIT_NOFILE
   std::size_t max_connections_per_uid = config::defaults::max_connections_per_uid;  ///< per peer uid
