@@ -6,9 +6,13 @@
 // Every value is validated; a bad one is an Error (code "invalid_setting", "unknown_setting",
 // "config_file") whose message names the variable and the value and where it came from, e.g.
 // "CAR_INFERENCE_MODEL_CACHE_MB=lots: not a non-negative integer (from environment)". `--help` is reported as
-// an Error with code "help" whose message is the help text (print it, exit 0).
+// an Error with code "help" whose message is the help text (print it, exit 0); so is
+// `--print-settings-markdown`.
 //
-// The config file uses the format systemd's EnvironmentFile= reads (see parse_env_file), so one file serves
+// Every setting is one row of setting_table(): name, variable, flag, default, range, parser, description
+// and what SIGHUP does with it. Everything here reads the rows.
+//
+// The config file uses the format systemd's EnvironmentFile= reads (config/env_file.h), so one file serves
 // both: KEY=VALUE lines, `#`/`;` comment lines, blank lines, single or double quotes, backslash continuation.
 // Unknown CAR_INFERENCE_* keys in the file are errors (typos); other keys are ignored (they are for other
 // programs). Unknown CAR_INFERENCE_* variables in the environment become warnings in Settings::warnings.
@@ -32,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config/env_file.h"
 #include "core/util/result.h"
 
 namespace CLI {
@@ -45,9 +50,27 @@ using EnvMap = std::map<std::string, std::string>;
 
 enum class StreamExperts { on, off, automatic };  ///< `on`, `off`, `auto`
 enum class LogLevel { trace, debug, info, warn, error };
+/// The compute kernels (CAR_INFERENCE_ISA): `auto` is the best the CPU supports; the others are applied
+/// with tensor::set_isa, which caps them at what the CPU supports.
+enum class Isa { automatic, scalar, avx2, avx512 };
 
 std::string_view to_string(StreamExperts v);
-std::string_view to_string(LogLevel v);
+constexpr std::string_view to_string(LogLevel v) {
+  switch (v) {
+    case LogLevel::trace:
+      return "trace";
+    case LogLevel::debug:
+      return "debug";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::warn:
+      return "warn";
+    case LogLevel::error:
+      return "error";
+  }
+  return "info";
+}
+std::string_view to_string(Isa v);
 
 /// Facts about the machine/process the defaults depend on (injectable for tests).
 struct SystemFacts {
@@ -56,32 +79,52 @@ struct SystemFacts {
   static SystemFacts current();  ///< geteuid(), std::thread::hardware_concurrency()
 };
 
-/// The resolved configuration. Field comments give the variable; docs/configuration.md has the table.
-struct Settings {
-  static constexpr std::uint64_t kMiB = 1024 * 1024;
-  /// Protocol limit on one request line (fixed, not configurable).
-  static constexpr std::size_t max_line_bytes = 1024 * 1024;
+inline constexpr std::uint64_t kMiB = 1024 * 1024;
 
-  std::uint64_t cache_mb = 24576;     ///< CAR_INFERENCE_MODEL_CACHE_MB; 0 disables caching
-  std::uint64_t idle_secs = 300;      ///< CAR_INFERENCE_MODEL_IDLE_SECS; 0 disables idle eviction
-  std::filesystem::path socket_path;  ///< CAR_INFERENCE_SOCKET (default: see default_socket_path)
-  std::filesystem::path models_dir = "/var/lib/car-inference/models";  ///< CAR_INFERENCE_MODELS_DIR
-  std::filesystem::path state_dir = "/var/lib/car-inference";          ///< CAR_INFERENCE_STATE_DIR
-  unsigned threads = 1;  ///< CAR_INFERENCE_THREADS (default: hardware threads)
+/// The built-in defaults, each written once: Settings starts from them, and so do the daemon's
+/// ServerOptions that tests build directly. docs/configuration.md shows them through setting_table().
+namespace defaults {
+inline constexpr std::uint64_t cache_mb = 24576;
+inline constexpr std::uint64_t idle_secs = 300;
+inline constexpr LogLevel log_level = LogLevel::info;
+inline constexpr std::string_view models_dir = "/var/lib/car-inference/models";
+inline constexpr std::string_view state_dir = "/var/lib/car-inference";
+inline constexpr unsigned workers = 2;
+inline constexpr std::size_t queue_depth = 64;
+inline constexpr std::uint64_t shutdown_grace_secs = 10;
+inline constexpr std::size_t max_connections = 256;
+inline constexpr std::size_t max_connections_per_uid = 64;
+inline constexpr std::uint64_t line_timeout_secs = 30;
+inline constexpr std::uint64_t max_pending_output_mb = 1;
+}  // namespace defaults
+
+/// The resolved configuration. setting_table() has one row per field (variable, flag, range, meaning).
+struct Settings {
+  static constexpr std::uint64_t kMiB = config::kMiB;
+
+  std::uint64_t cache_mb = defaults::cache_mb;    ///< CAR_INFERENCE_MODEL_CACHE_MB; 0 disables caching
+  std::uint64_t idle_secs = defaults::idle_secs;  ///< CAR_INFERENCE_MODEL_IDLE_SECS; 0 disables idle eviction
+  std::filesystem::path socket_path;              ///< CAR_INFERENCE_SOCKET (default: see default_socket_path)
+  std::filesystem::path models_dir{defaults::models_dir};  ///< CAR_INFERENCE_MODELS_DIR
+  std::filesystem::path state_dir{defaults::state_dir};    ///< CAR_INFERENCE_STATE_DIR
+  unsigned threads = 1;  ///< CAR_INFERENCE_THREADS (resolved default: hardware threads)
   StreamExperts stream_experts = StreamExperts::automatic;  ///< CAR_INFERENCE_STREAM_EXPERTS
   std::optional<double>
-      expert_ram_gb;  ///< CAR_INFERENCE_EXPERT_RAM_GB / STREAM_EXPERTS_RAM_GB; nullopt: MemAvailable
-  LogLevel log_level = LogLevel::info;  ///< CAR_INFERENCE_LOG_LEVEL
+      expert_ram_gb;         ///< CAR_INFERENCE_EXPERT_RAM_GB / STREAM_EXPERTS_RAM_GB; nullopt: MemAvailable
+  Isa isa = Isa::automatic;  ///< CAR_INFERENCE_ISA
+  LogLevel log_level = defaults::log_level;  ///< CAR_INFERENCE_LOG_LEVEL
   std::string socket_group;       ///< CAR_INFERENCE_SOCKET_GROUP: name or gid; empty: the daemon's group
   std::vector<uid_t> allow_uids;  ///< CAR_INFERENCE_ALLOW_UIDS; empty (both lists): no peer check
   std::vector<gid_t> allow_gids;  ///< CAR_INFERENCE_ALLOW_GIDS
-  unsigned workers = 2;           ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
-  std::size_t queue_depth = 64;   ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
-  std::uint64_t shutdown_grace_secs = 10;  ///< CAR_INFERENCE_SHUTDOWN_GRACE_SECS
-  std::size_t max_connections = 256;       ///< CAR_INFERENCE_MAX_CONNECTIONS (live)
-  std::size_t max_connections_per_uid = 64;  ///< CAR_INFERENCE_MAX_CONNECTIONS_PER_UID (live)
-  std::uint64_t line_timeout_secs = 30;      ///< CAR_INFERENCE_LINE_TIMEOUT_SECS; 0: never (live)
-  std::uint64_t max_pending_output_mb = 1;   ///< CAR_INFERENCE_MAX_PENDING_OUTPUT_MB (live)
+  unsigned workers = defaults::workers;  ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
+  std::size_t queue_depth = defaults::queue_depth;  ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
+  std::uint64_t shutdown_grace_secs = defaults::shutdown_grace_secs;  ///< CAR_INFERENCE_SHUTDOWN_GRACE_SECS
+  std::size_t max_connections = defaults::max_connections;  ///< CAR_INFERENCE_MAX_CONNECTIONS (live)
+  std::size_t max_connections_per_uid =
+      defaults::max_connections_per_uid;  ///< CAR_INFERENCE_MAX_CONNECTIONS_PER_UID (live)
+  std::uint64_t line_timeout_secs = defaults::line_timeout_secs;  ///< CAR_INFERENCE_LINE_TIMEOUT_SECS (live)
+  std::uint64_t max_pending_output_mb =
+      defaults::max_pending_output_mb;  ///< CAR_INFERENCE_MAX_PENDING_OUTPUT_MB (live)
 
   std::optional<std::filesystem::path> config_file;  ///< the file that was read, if any
   std::vector<std::string> warnings;  ///< non-fatal findings (unknown CAR_INFERENCE_* variables ...)
@@ -96,22 +139,41 @@ struct Settings {
     if (idle_secs == 0) return std::nullopt;
     return std::chrono::seconds(static_cast<std::chrono::seconds::rep>(idle_secs));
   }
-  /// Is a peer allowed? True when both allow-lists are empty, or uid or gid is listed.
-  bool peer_allowed(uid_t uid, gid_t gid) const;
-  /// One line per setting, `VARIABLE=value`, for the start-up log.
+  /// One line per setting, `VARIABLE=value` (the rows' show()), for the start-up log.
   std::string describe() const;
 };
 
-/// One row of the settings table (drives --help, validation and docs/configuration.md).
+/// What SIGHUP does with a setting: apply it live (which part of the daemon it changes), or log that it
+/// needs a restart.
+enum class Reload { restart, budget, idle_ttl, log_level, connection_limits };
+
+/// One row of the settings table: everything about one setting. Resolution (finish), describe(),
+/// plan_reload(), the flags and help (bind_settings_flags, settings_help) and docs/configuration.md's
+/// table (settings_markdown, checked by a test) all read these rows; adding a setting is adding a row
+/// (and its Settings field).
 struct SettingInfo {
-  std::string_view variable;       ///< CAR_INFERENCE_...
-  std::string_view alias;          ///< another accepted variable name, or empty
-  std::string_view flag;           ///< --cache-mb
-  std::string_view default_value;  ///< as documented
-  std::string_view meaning;
-  bool live = false;  ///< changes on SIGHUP without a restart
+  std::string_view variable = {};  ///< CAR_INFERENCE_...
+  std::string_view alias = {};     ///< another accepted variable name, or empty
+  std::string_view flag = {};      ///< --cache-mb
+  /// The default as documented (markdown) when it is computed at start-up; empty: the row's show() of a
+  /// default Settings, in backticks.
+  std::string_view default_doc = {};
+  std::string_view meaning = {};  ///< markdown; "{range}" stands for the accepted range "min-max"
+  Reload reload = Reload::restart;
+  std::uint64_t min = 0;  ///< integer settings: the accepted range (max == 0: not an integer setting)
+  std::uint64_t max = 0;
+  /// Validate `value` (non-empty) and store it in `out`; returns why it is invalid, empty when accepted.
+  std::string (*parse)(const SettingInfo& row, const std::string& value, Settings& out) = nullptr;
+  /// The setting's value in `s` as text (describe(); plan_reload() compares these).
+  std::string (*show)(const Settings& s) = nullptr;
+
+  bool live() const { return reload != Reload::restart; }
+  std::string default_value() const;  ///< markdown (default_doc, else show(Settings{}) in backticks)
+  std::string description() const;    ///< markdown: meaning with {range} filled in
 };
 const std::vector<SettingInfo>& setting_table();
+/// The row of `variable` (canonical name or alias); nullptr when there is none.
+const SettingInfo* find_setting(std::string_view variable);
 
 /// The variables that SIGHUP changes live: CAR_INFERENCE_MODEL_CACHE_MB, _MODEL_IDLE_SECS, _LOG_LEVEL and the
 /// connection limits (_MAX_CONNECTIONS, _MAX_CONNECTIONS_PER_UID, _LINE_TIMEOUT_SECS,
@@ -140,7 +202,7 @@ Result<Settings> resolve_settings(const SettingsFlags& flags, const EnvMap& env,
 Result<Settings> reload_settings(const Settings& current, int argc, const char* const* argv,
                                  const EnvMap& env, const SystemFacts& facts = SystemFacts::current());
 
-/// What a reload changes.
+/// What a reload changes (each row's Reload says where its change goes).
 struct ReloadPlan {
   bool budget_changed = false;
   bool idle_ttl_changed = false;
@@ -158,24 +220,22 @@ ReloadPlan plan_reload(const Settings& current, const Settings& next);
 /// The help text (usage, flags, variables, precedence).
 std::string settings_help(std::string_view program = "car-inferenced");
 
+/// docs/configuration.md's settings table (markdown), made from the rows; `car-inferenced
+/// --print-settings-markdown` prints it (reported like --help: an Error with code "help").
+std::string settings_markdown();
+
+/// One setting from the environment alone (its canonical name, else its alias), validated by its row
+/// exactly as the daemon validates it, stored in `out`. For the offline tools (car run, car bench), which
+/// apply their own flags over it. false: unset or empty (`out` unchanged). Error "invalid_setting" naming
+/// the variable and the value; "unknown_setting" for a variable with no row.
+Result<bool> setting_from_environment(std::string_view variable, const EnvMap& env, Settings& out);
+
 /// The default socket: $RUNTIME_DIRECTORY/car-inference.sock (first entry if colon-separated), else
 /// /run/car-inference/car-inference.sock when euid is 0, else $XDG_RUNTIME_DIR/car-inference.sock.
 /// nullopt when none applies (non-root without XDG_RUNTIME_DIR).
 std::optional<std::filesystem::path> default_socket_path(const EnvMap& env, uid_t euid);
 
-/// One KEY=VALUE assignment from an environment file.
-struct EnvAssignment {
-  std::string key;
-  std::string value;
-  int line = 0;  ///< 1-based line where the assignment starts
-};
-/// Parse text in systemd EnvironmentFile= syntax. `name` prefixes error messages ("FILE:LINE: ...").
-Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::string_view name);
-
 /// The process environment (the thin impure wrapper; core never reads the environment).
 EnvMap current_environment();
-
-/// Resolve a socket group (name or decimal gid) to a gid.
-Result<gid_t> resolve_group(const std::string& group);
 
 }  // namespace car::config

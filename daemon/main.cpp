@@ -15,6 +15,7 @@
 
 #include "car_version.h"
 #include "config/settings.h"
+#include "core/tensor/kernels.h"
 #include "core/util/fault_guard.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
@@ -74,6 +75,21 @@ void print_version() {
 #endif
 }
 
+/// CAR_INFERENCE_ISA: the kernels every load and request uses, chosen once before any engine work (the
+/// kernels cap the choice at what the CPU supports; core reads no environment itself).
+void apply_isa(car::config::Isa isa) {
+  using car::config::Isa;
+  namespace tensor = car::tensor;
+  if (isa != Isa::automatic) {
+    tensor::Isa chosen{};
+    const bool known = tensor::parse_isa(car::config::to_string(isa), &chosen);
+    CAR_CHECK(known);  // the settings accept exactly the kernels' names (tests/config)
+    tensor::set_isa(chosen);
+  }
+  spdlog::info("kernels: {} (CAR_INFERENCE_ISA={}, the CPU supports {})", tensor::isa_name(tensor::current_isa()),
+               car::config::to_string(isa), tensor::isa_name(tensor::detect_isa()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +118,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& w : settings->warnings) spdlog::warn("{}", w);
   raise_fd_limit();
+  apply_isa(settings->isa);
   spdlog::debug("settings:\n{}", settings->describe());
 
   auto listen_fd = car::daemon::systemd::take_listen_fd();
@@ -122,7 +139,6 @@ int main(int argc, char** argv) {
   options.workers = settings->workers;
   options.queue_capacity = settings->queue_depth;
   options.shutdown_grace = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(settings->shutdown_grace_secs));
-  options.max_line_bytes = car::config::Settings::max_line_bytes;
   auto current = std::make_shared<car::config::Settings>(*settings);
   options.reload = [current, argc, argv]() -> car::Result<LiveSettings> {
     auto next = car::config::reload_settings(*current, argc, argv, car::config::current_environment());

@@ -1,6 +1,5 @@
 #include "daemon/server.h"
 
-#include <grp.h>
 #include <malloc.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -41,21 +40,6 @@ bool socket_is_live(const std::string& path) {
   bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   return live;
-}
-
-Result<gid_t> group_id(const std::string& name) {
-  std::vector<char> buf(16384);
-  group grp{};
-  group* out = nullptr;
-  int rc = ::getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &out);
-  if (rc != 0 || out == nullptr) {
-    // A numeric group is accepted too.
-    char* end = nullptr;
-    unsigned long v = std::strtoul(name.c_str(), &end, 10);
-    if (!name.empty() && end != nullptr && *end == '\0') return static_cast<gid_t>(v);
-    return make_error("bad_group", "socket group '" + name + "' does not exist");
-  }
-  return out->gr_gid;
 }
 
 }  // namespace
@@ -102,8 +86,8 @@ Result<void> Server::open() {
   // Resolve the group before the socket file exists, so a bad group leaves nothing behind.
   std::optional<gid_t> gid;
   if (!options_.socket_group.empty()) {
-    auto g = group_id(options_.socket_group);
-    if (!g) return g.error();
+    auto g = resolve_group(options_.socket_group);
+    if (!g) return make_error(g.error().code, "socket group: " + g.error().message);
     gid = *g;
   }
   acceptor_.open(stream_protocol(), ec);

@@ -13,20 +13,24 @@
 #include <string>
 #include <vector>
 
+#include "config/settings.h"
 #include "core/util/result.h"
+#include "daemon/protocol.h"
 
 namespace car::daemon {
 
-/// The settings SIGHUP may change while the daemon runs.
+/// The settings SIGHUP may change while the daemon runs. Defaults: config/settings.h (config::defaults).
 struct LiveSettings {
-  uint64_t cache_budget_bytes = 24576ull << 20;
-  std::chrono::seconds idle_ttl{300};  ///< 0 disables idle eviction
-  std::string log_level = "info";
+  uint64_t cache_budget_bytes = config::defaults::cache_mb * config::kMiB;
+  std::chrono::seconds idle_ttl{config::defaults::idle_secs};  ///< 0 disables idle eviction
+  std::string log_level{config::to_string(config::defaults::log_level)};
   // Connection limits (connection_limits.h).
-  std::size_t max_connections = 256;         ///< open connections at most (lowered to fit RLIMIT_NOFILE)
-  std::size_t max_connections_per_uid = 64;  ///< open connections at most per peer uid
-  std::chrono::seconds line_timeout{30};     ///< an incomplete request line may take this long; 0: never
-  std::size_t max_pending_output_bytes = 1u << 20;  ///< unread replies per connection before reading pauses
+  std::size_t max_connections = config::defaults::max_connections;  ///< lowered to fit RLIMIT_NOFILE
+  std::size_t max_connections_per_uid = config::defaults::max_connections_per_uid;  ///< per peer uid
+  /// An incomplete request line may take this long; 0: never.
+  std::chrono::seconds line_timeout{config::defaults::line_timeout_secs};
+  /// Unread replies per connection before reading pauses.
+  std::size_t max_pending_output_bytes = config::defaults::max_pending_output_mb * config::kMiB;
 };
 
 struct ServerOptions {
@@ -38,10 +42,11 @@ struct ServerOptions {
   std::string socket_group;            ///< chown the socket to this group (empty: leave it)
   std::vector<uid_t> allowed_uids;     ///< peers allowed to talk (empty with allowed_gids empty: all)
   std::vector<gid_t> allowed_gids;
-  std::size_t workers = 2;             ///< worker threads running load/infer
-  std::size_t queue_capacity = 64;     ///< queued jobs beyond which requests get `busy`
-  std::chrono::milliseconds shutdown_grace{10000};  ///< in-flight work may finish this long after SIGTERM
-  std::size_t max_line_bytes = 1u << 20;
+  std::size_t workers = config::defaults::workers;             ///< worker threads running load/infer
+  std::size_t queue_capacity = config::defaults::queue_depth;  ///< queued jobs beyond which requests get `busy`
+  /// In-flight work may finish this long after SIGTERM.
+  std::chrono::milliseconds shutdown_grace{std::chrono::seconds(config::defaults::shutdown_grace_secs)};
+  std::size_t max_line_bytes = protocol::kMaxLineBytes;
   bool handle_signals = true;          ///< install SIGTERM/SIGINT/SIGHUP handlers (tests may not want them)
   /// Re-read the live settings on SIGHUP (config file and environment). Empty: SIGHUP only logs.
   std::function<Result<LiveSettings>()> reload;

@@ -243,14 +243,14 @@ void setup_run(CLI::App& root) {
   cmd->add_option("--stop", flags->stop, "Stop string (repeatable; not included in the output)");
   cmd->add_option("--top-logprobs", flags->top_logprobs, "Report the K most likely ids per position")
       ->check(CLI::Range(0, 1000));
-  flags->threads_opt = cmd->add_option("--threads,-t", flags->threads, "Compute threads; 0 = all cores")
-                           ->check(CLI::Range(0, 4096));
-  flags->stream_opt =
-      cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
-          ->check(CLI::IsMember({"on", "off", "auto"}));
-  flags->ram_opt =
-      cmd->add_option("--expert-ram-gb", flags->expert_ram_gb, "Expert cache budget when streaming")
-          ->check(CLI::Range(0.0, 1e6));
+  flags->threads_opt = cmd->add_option("--threads,-t", flags->threads,
+                                       "Compute threads (1-1024, as CAR_INFERENCE_THREADS); unset: all cores")
+                           ->transform(setting_rule("CAR_INFERENCE_THREADS"));
+  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
+                          ->transform(setting_rule("CAR_INFERENCE_STREAM_EXPERTS"));
+  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb,
+                                   "Expert cache budget when streaming, GB (unset: from the memory limits)")
+                       ->transform(setting_rule("CAR_INFERENCE_EXPERT_RAM_GB"));
   flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
                                          "Where the expert usage sidecar lives (streamed MoE models)");
   cmd->add_flag("--no-prefetch", flags->no_prefetch,

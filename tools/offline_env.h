@@ -1,6 +1,7 @@
 // Helpers shared by the offline commands that run the engine in-process (`car run`, `car bench`): the
-// environment settings they honour (CONTRACT.md: flag > environment > default), the ISA override the
-// kernels expect the tool to apply (core reads no environment), and the process's memory figures.
+// environment settings they honour (CONTRACT.md: flag > environment > default), read through the daemon's
+// settings rows (config/settings.h) so each variable has one rule; the ISA override the kernels expect the
+// tool to apply (core reads no environment); and the process's memory figures.
 //
 // Header-only so that adding it needs no build-file change; every function is small. Not thread-safe in
 // the sense that set_isa() must run before any engine work starts - call these at command start-up.
@@ -14,22 +15,17 @@
 #include <string>
 #include <string_view>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "config/settings.h"
 #include "core/engine/engine.h"
 #include "core/engine/expert_stats_json.h"
 #include "core/tensor/kernels.h"
 #include "core/util/result.h"
 
 namespace car::tools {
-
-/// The variable's value, or nullopt when it is unset or empty.
-inline std::optional<std::string> env_value(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
-}
 
 /// Parse a whole string as a non-negative integer; nullopt on anything else.
 inline std::optional<long long> parse_count(const std::string& s) {
@@ -40,67 +36,67 @@ inline std::optional<long long> parse_count(const std::string& s) {
   return std::stoll(s);
 }
 
-/// Parse a whole string as a non-negative finite number; nullopt on anything else.
-inline std::optional<double> parse_amount(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !(v >= 0) || v > 1e12) return std::nullopt;
-  return v;
+/// `variable` from the process environment, validated by its row of the daemon's settings table
+/// (config/settings.h), so `car run`, `car bench` and car-inferenced accept the same values with the same
+/// messages. false when unset or empty.
+inline Result<bool> setting_from_env(std::string_view variable, config::Settings& out) {
+  return config::setting_from_environment(variable, config::current_environment(), out);
 }
 
-/// Apply CAR_INFERENCE_ISA (scalar | avx2 | avx512) when set. The kernels clamp to what the CPU supports.
+/// For a tool flag that sets the same thing as `variable` (attach with ->transform, so the value is
+/// rewritten): the value must pass the variable's settings row, so `--threads 0` fails as
+/// CAR_INFERENCE_THREADS=0 does (an unset flag keeps the tool's default). The message is the row's reason
+/// ("out of range (1 to 1024)"); an accepted value is passed on as the row writes it (`OFF` -> `off`).
+inline CLI::Validator setting_rule(std::string_view variable) {
+  const config::SettingInfo* row = config::find_setting(variable);
+  CAR_CHECK(row != nullptr);
+  return CLI::Validator(
+      [row](std::string& value) {
+        config::Settings scratch;
+        std::string why = row->parse(*row, value, scratch);
+        if (why.empty()) value = row->show(scratch);  // the row's spelling: `ON` -> `on`
+        return why;
+      },
+      "", std::string(row->variable));
+}
+
+/// Apply CAR_INFERENCE_ISA (auto | scalar | avx2 | avx512) when set. The kernels cap it at what the CPU
+/// supports.
 inline Result<void> apply_isa_from_env() {
-  const auto v = env_value("CAR_INFERENCE_ISA");
-  if (!v) return {};
+  config::Settings s;
+  auto set = setting_from_env("CAR_INFERENCE_ISA", s);
+  if (!set) return set.error();
+  if (!*set || s.isa == config::Isa::automatic) return {};
   tensor::Isa isa{};
-  if (!tensor::parse_isa(*v, &isa)) {
-    return make_error("bad_setting", "CAR_INFERENCE_ISA=" + *v + ": expected scalar, avx2 or avx512");
-  }
+  const bool known = tensor::parse_isa(config::to_string(s.isa), &isa);
+  CAR_CHECK(known);  // the settings accept exactly the kernels' names (tests/config)
   tensor::set_isa(isa);
   return {};
 }
 
 /// Fill LoadOptions from the environment where the command line left a field unset (flag_* = was the flag
 /// given?): CAR_INFERENCE_THREADS, CAR_INFERENCE_STREAM_EXPERTS, CAR_INFERENCE_EXPERT_RAM_GB (alias
-/// STREAM_EXPERTS_RAM_GB), CAR_INFERENCE_STATE_DIR (where the expert usage sidecar lives; unset: none). A
-/// malformed value is an error naming the variable.
+/// STREAM_EXPERTS_RAM_GB), CAR_INFERENCE_STATE_DIR (where the expert usage sidecar lives; unset: none). Each
+/// is validated by its settings row, as the daemon does; a malformed value is an error naming the variable.
 inline Result<void> load_options_from_env(engine::LoadOptions& options, bool flag_threads, bool flag_stream,
                                           bool flag_ram, bool flag_state_dir = true) {
-  if (!flag_state_dir) {
-    if (const auto v = env_value("CAR_INFERENCE_STATE_DIR")) options.state_dir = *v;
-  }
-  if (!flag_threads) {
-    if (const auto v = env_value("CAR_INFERENCE_THREADS")) {
-      const auto n = parse_count(*v);
-      if (!n || *n > 4096) {
-        return make_error("bad_setting", "CAR_INFERENCE_THREADS=" + *v + ": expected a thread count (0 = all cores)");
-      }
-      options.threads = static_cast<int>(*n);
-    }
-  }
-  if (!flag_stream) {
-    if (const auto v = env_value("CAR_INFERENCE_STREAM_EXPERTS")) {
-      if (*v != "on" && *v != "off" && *v != "auto") {
-        return make_error("bad_setting", "CAR_INFERENCE_STREAM_EXPERTS=" + *v + ": expected on, off or auto");
-      }
-      options.stream_experts = *v;
-    }
-  }
-  if (!flag_ram) {
-    const char* name = "CAR_INFERENCE_EXPERT_RAM_GB";
-    auto v = env_value(name);
-    if (!v) {
-      name = "STREAM_EXPERTS_RAM_GB";
-      v = env_value(name);
-    }
-    if (v) {
-      const auto gb = parse_amount(*v);
-      if (!gb) return make_error("bad_setting", std::string(name) + "=" + *v + ": expected a size in GB");
-      options.expert_ram_gb = *gb;
-    }
-  }
+  config::Settings s;
+  auto read = [&s](std::string_view variable, bool flag_given) -> Result<bool> {
+    if (flag_given) return false;
+    return setting_from_env(variable, s);
+  };
+  auto state_dir = read("CAR_INFERENCE_STATE_DIR", flag_state_dir);
+  if (!state_dir) return state_dir.error();
+  if (*state_dir) options.state_dir = s.state_dir.string();
+  auto threads = read("CAR_INFERENCE_THREADS", flag_threads);
+  if (!threads) return threads.error();
+  if (*threads) options.threads = static_cast<int>(s.threads);
+  auto stream = read("CAR_INFERENCE_STREAM_EXPERTS", flag_stream);
+  if (!stream) return stream.error();
+  if (*stream) options.stream_experts = std::string(config::to_string(s.stream_experts));
+  auto ram = read("CAR_INFERENCE_EXPERT_RAM_GB", flag_ram);
+  if (!ram) return ram.error();
+  if (*ram) options.expert_ram_gb = s.expert_ram_gb.value_or(0.0);
   return {};
 }
 

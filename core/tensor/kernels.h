@@ -7,8 +7,9 @@
 // of 32; K-quants: Q8_K blocks of 256; F16: fp16; BF16: bf16; F32: unrounded), then multiplied.
 //
 // Every function has a scalar reference, always compiled (the test oracle), and SIMD variants (AVX2+FMA,
-// AVX-512) picked once at start-up from CPUID, overridable with CAR_INFERENCE_ISA=scalar|avx2|avx512 (read
-// by the tool/daemon and passed to set_isa(); core reads no environment itself).
+// AVX-512) picked once at start-up from CPUID, overridable with CAR_INFERENCE_ISA=scalar|avx2|avx512: the
+// settings row in config/settings.cpp reads it for car-inferenced (daemon/main.cpp) and for `car run` /
+// `car bench` (tools/offline_env.h), which pass it to set_isa(); core reads no environment itself.
 //
 // Thread safety: all functions are reentrant; matvec/matmul split rows over the given pool and allocate
 // nothing in the hot path beyond the caller-provided / thread-local scratch.

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "config/settings.h"
+#include "config/env_file.h"
 
 namespace car::config {
 namespace {

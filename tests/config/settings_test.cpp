@@ -79,7 +79,7 @@ TEST(SettingsDefaultsTest, MatchTheContract) {
   EXPECT_EQ(s.max_connections_per_uid, 64u);
   EXPECT_EQ(s.line_timeout_secs, 30u);
   EXPECT_EQ(s.max_pending_output_mb, 1u);
-  EXPECT_EQ(Settings::max_line_bytes, 1024u * 1024u);
+  EXPECT_EQ(s.isa, Isa::automatic);
   EXPECT_FALSE(s.config_file.has_value());
   EXPECT_TRUE(s.warnings.empty());
 }
@@ -328,6 +328,7 @@ TEST(SettingsValidationTest, EveryBadValueNamesTheVariableAndTheValue) {
       {"CAR_INFERENCE_EXPERT_RAM_GB", "inf", "not a positive number of GB (10^9 bytes)"},
       {"CAR_INFERENCE_EXPERT_RAM_GB", "4GB", "not a positive number of GB (10^9 bytes)"},
       {"CAR_INFERENCE_EXPERT_RAM_GB", "1e300", "out of range (at most 1048576 GB)"},
+      {"CAR_INFERENCE_ISA", "mmx", "not one of auto, scalar, avx2, avx512"},
       {"CAR_INFERENCE_LOG_LEVEL", "verbose", "not one of trace, debug, info, warn, error"},
       {"CAR_INFERENCE_SOCKET_GROUP", "bad group!", "not a group name or numeric gid"},
       {"CAR_INFERENCE_SOCKET_GROUP", "4294967295", "not a group name or numeric gid"},
@@ -378,6 +379,8 @@ TEST(SettingsValidationTest, AcceptedSpellings) {
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_LOG_LEVEL", "warn"}}).log_level, LogLevel::warn);
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_STREAM_EXPERTS", "Auto"}}).stream_experts, StreamExperts::automatic);
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_EXPERT_RAM_GB", ".5"}}).expert_ram_gb, std::optional<double>(0.5));
+  EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_ISA", "Scalar"}}).isa, Isa::scalar);
+  EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_ISA", "avx512"}}).isa, Isa::avx512);
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_ALLOW_UIDS", " 10 , 2,10 "}}).allow_uids,
             (std::vector<uid_t>{2, 10}));
   EXPECT_EQ(load_ok({}, {{"CAR_INFERENCE_SOCKET_GROUP", "car-users"}}).socket_group, "car-users");
@@ -488,17 +491,6 @@ TEST_F(SettingsFileTest, ReloadPicksUpEditedLiveSettingsOverStaleEnvironment) {
 
 // --- Misc -------------------------------------------------------------------------------------------
 
-TEST(SettingsMiscTest, PeerAllowList) {
-  Settings s;
-  EXPECT_TRUE(s.peer_allowed(1234, 1234)) << "no lists: no peer check";
-  s.allow_uids = {0, 1000};
-  EXPECT_TRUE(s.peer_allowed(1000, 5));
-  EXPECT_FALSE(s.peer_allowed(1001, 5));
-  s.allow_gids = {5};
-  EXPECT_TRUE(s.peer_allowed(1001, 5));
-  EXPECT_FALSE(s.peer_allowed(1001, 6));
-}
-
 TEST(SettingsMiscTest, DescribeShowsEveryVariable) {
   const std::string d = load_ok({"--allow-uids", "1,2"}).describe();
   for (const SettingInfo& s : setting_table())
@@ -516,18 +508,6 @@ TEST(SettingsMiscTest, BindToAnotherAppForTheClient) {
   auto s = resolve_settings(flags, EnvMap{}, kUser);
   ASSERT_TRUE(s.ok()) << s.error().message;
   EXPECT_EQ(s->socket_path, "/tmp/x.sock");
-}
-
-TEST(SettingsMiscTest, ResolveGroup) {
-  auto root = resolve_group("0");
-  ASSERT_TRUE(root.ok());
-  EXPECT_EQ(root.value(), 0u);
-  auto named = resolve_group("root");
-  ASSERT_TRUE(named.ok()) << named.error().message;
-  EXPECT_EQ(named.value(), 0u);
-  auto missing = resolve_group("no-such-group-car");
-  ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.error().message, "no such group: no-such-group-car");
 }
 
 TEST(SettingsMiscTest, CurrentEnvironmentReadsTheProcess) {

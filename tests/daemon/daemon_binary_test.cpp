@@ -179,6 +179,24 @@ TEST_F(DaemonBinaryTest, BadConfigurationStopsStartUpNamingTheVariable) {
   EXPECT_FALSE(std::filesystem::exists(socket_));
 }
 
+TEST_F(DaemonBinaryTest, IsaSettingPicksTheKernels) {
+  // CAR_INFERENCE_ISA reaches the kernels before any load; scalar exists on every CPU.
+  env_["CAR_INFERENCE_ISA"] = "scalar";
+  start();
+  EXPECT_NE(daemon_->log().find("kernels: scalar (CAR_INFERENCE_ISA=scalar"), std::string::npos)
+      << daemon_->log();
+  EXPECT_EQ(daemon_->terminate(), 0);
+
+  env_["CAR_INFERENCE_ISA"] = "mmx";
+  DaemonProcess bad(env_, (tmp_ / "bad-isa.log").string());
+  auto code = bad.wait_exit(20s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(bad.log().find("CAR_INFERENCE_ISA=mmx: not one of auto, scalar, avx2, avx512 (from environment)"),
+            std::string::npos)
+      << bad.log();
+}
+
 /// Run `car ARGS` (a shell command line); returns {exit code, stdout+stderr}.
 std::pair<int, std::string> run_car(const std::string& args) {
   const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>&1";

@@ -231,6 +231,41 @@ TEST_F(RunCli, BenchPrintsRowsAndMeasuresBandwidthUnlessGiven) {
       car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json --bandwidth-gbs 12.5").out);
   EXPECT_EQ(given.at("bandwidth_source"), "given");
   EXPECT_DOUBLE_EQ(given.at("bandwidth_gbs").get<double>(), 12.5);
+
+TEST_F(RunCli, SettingsFollowTheDaemonsRules) {
+  // The daemon's rows decide: CAR_INFERENCE_THREADS is 1-1024 and EXPERT_RAM_GB positive, for the
+  // environment and for the flags that set the same thing; the message is the daemon's.
+  const std::string run = std::string(CAR_BINARY_DIR) + "/tools/car run " + model_ + " --prompt hi --max-tokens 1";
+  auto output_of = [](const std::string& cmd, int* status) {
+    std::string out;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (p == nullptr) return out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+  };
+  int status = 0;
+  std::string out = output_of("CAR_INFERENCE_THREADS=0 " + run, &status);
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("CAR_INFERENCE_THREADS=0: out of range (1 to 1024) (from environment)"), std::string::npos)
+      << out;
+  out = output_of("CAR_INFERENCE_EXPERT_RAM_GB=0 " + run, &status);
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("CAR_INFERENCE_EXPERT_RAM_GB=0: not a positive number of GB"), std::string::npos) << out;
+  out = output_of(run + " --threads 0", &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("out of range (1 to 1024)"), std::string::npos) << out;
+  out = output_of(run + " --expert-ram-gb 0", &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("not a positive number of GB"), std::string::npos) << out;
+  out = output_of(run + " --threads 1025", &status);
+  EXPECT_NE(status, 0) << out;
+  // Accepted spellings are the daemon's too (any case for the mode), and the flag beats the environment.
+  out = output_of("CAR_INFERENCE_THREADS=0 " + run + " --threads 1 --stream-experts OFF", &status);
+  EXPECT_EQ(status, 0) << out;
 }
 
 TEST_F(RunCli, BenchJson) {
