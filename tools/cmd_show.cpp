@@ -22,8 +22,6 @@
 namespace car::tools {
 namespace {
 
-constexpr const char* kDefaultModelsDir = "/var/lib/car-inference/models";
-
 struct ShowFlags {
   std::string model;
   std::string models_dir;
@@ -43,7 +41,11 @@ std::string resolve(const ShowFlags& f) {
   std::string id = f.model;
   if (id.size() > 5 && id.ends_with(".gguf")) id.resize(id.size() - 5);
   std::string dir = f.models_dir;
-  if (dir.empty()) dir = env_value("CAR_INFERENCE_MODELS_DIR").value_or(kDefaultModelsDir);
+  if (dir.empty()) {  // the daemon's setting: CAR_INFERENCE_MODELS_DIR, else its default
+    config::Settings settings;
+    if (auto r = setting_from_env("CAR_INFERENCE_MODELS_DIR", settings); !r) fail(2, r.error().message);
+    dir = settings.models_dir.string();
+  }
   if (id.empty() || id.find('/') != std::string::npos || id.front() == '.') {
     fail(2, "no such file: " + terminal_text(f.model, true));
   }
@@ -164,8 +166,7 @@ void setup_show(CLI::App& root) {
       root.add_subcommand("show", "Describe a model: architecture, size, quantization, memory it needs");
   cmd->add_option("model", flags->model, "A GGUF file, or a model id in the models directory")->required();
   cmd->add_option("--models-dir", flags->models_dir,
-                  std::string("Where model ids are looked up (default: CAR_INFERENCE_MODELS_DIR, else ") +
-                      kDefaultModelsDir + ")");
+                  "Where model ids are looked up (default: CAR_INFERENCE_MODELS_DIR, else the daemon's default)");
   cmd->add_option("--ctx", flags->context, "Context the memory figure assumes; 0 = min(model's, 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--json", flags->json, "Print one JSON object");

@@ -231,6 +231,7 @@ TEST_F(RunCli, BenchPrintsRowsAndMeasuresBandwidthUnlessGiven) {
       car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json --bandwidth-gbs 12.5").out);
   EXPECT_EQ(given.at("bandwidth_source"), "given");
   EXPECT_DOUBLE_EQ(given.at("bandwidth_gbs").get<double>(), 12.5);
+}
 
 TEST_F(RunCli, SettingsFollowTheDaemonsRules) {
   // The daemon's rows decide: CAR_INFERENCE_THREADS is 1-1024 and EXPERT_RAM_GB positive, for the
