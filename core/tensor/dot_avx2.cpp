@@ -316,11 +316,14 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
   const int64_t nb = n / QK_K;
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const __m256i m2 = _mm256_set1_epi8(0x03);
-  const __m256i m32 = _mm256_set1_epi8(32);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
     const __m256i sc16[2] = {scales8_to_16(sc8, true), scales8_to_16(_mm_srli_si128(sc8, 8), true)};
+    // The -32 offset of the levels, as ggml forms it: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1]
+    // sc[2l+1]) once per block (the lanes' split of the exact sum decides the float rounding).
+    const __m256i offset =
+        _mm256_slli_epi32(_mm256_madd_epi16(load32(y[i].bsums), _mm256_cvtepi8_epi16(sc8)), 5);
     const uint8_t* ql = x[i].ql;
     const uint8_t* qh = x[i].qh;
     const int8_t* q8 = y[i].qs;
@@ -336,12 +339,12 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
       for (int k = 0; k < 4; ++k, q8 += 32) {
-        const __m256i y8 = load32(q8);
-        // (level - 32) * y = level * y - 32 * y, both pairs fit int16.
-        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y8), _mm256_maddubs_epi16(m32, y8));
+        // level (0..63) * y: each pair fits int16.
+        const __m256i p = _mm256_maddubs_epi16(q[k], load32(q8));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, spread2(sc16[h], k)));
       }
     }
+    sumi = _mm256_sub_epi32(sumi, offset);
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
   }
   return hsum8(acc);

@@ -163,6 +163,11 @@ float dot_q4_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n);
 float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n);
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n);
+/// Q6_K in ggml's x86 (AVX2) ggml_vec_dot_q6_K_q8_K order, which the AVX2 / AVX-512 kernels reproduce: per
+/// super-block 8 int32 lanes (lane l: elements 4l..4l+3 of every 32-element chunk, sum of scale * level * y,
+/// levels 0..63) minus the offset 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]); acc[l] = fma(y.d * d,
+/// float(lane), acc[l]); the 8 accumulators summed as hsum_float_8 does.
+float dot_q6_K_q8_K_x86_ref(const void* w, const void* a, int64_t n);
 
 inline int slot(GgmlType t) {
   return static_cast<int>(t);

@@ -307,6 +307,40 @@ TEST(SimdMirror, Avx512EqualsAvx2BitForBitOnLlamaCppPaths) {
   }
 }
 
+// Q6_K: the SIMD kernels sum in ggml's x86 ggml_vec_dot_q6_K_q8_K order (the -32 offset of the levels taken
+// off each lane once per block as 32 * sum(bsums * scales) - the split of the exact integer sum over the 8
+// lanes decides the float rounding), spelled out by dot_q6_K_q8_K_x86_ref; the reference computes the
+// product.
+TEST(SimdMirror, Q6KFollowsGgmlX86LaneOrder) {
+  const auto& ref = detail::scalar_kernels();
+  std::mt19937 rng(700);
+  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+    const detail::DotKernels* k = table_if_supported(isa);
+    if (k == nullptr) continue;
+    SCOPED_TRACE(isa_name(isa));
+    for (int64_t n : shapes(GgmlType::Q6_K)) {
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto w = random_weight_row(GgmlType::Q6_K, n, rng);
+        const auto x = random_floats(rng, n, rep == 2 ? 30.0f : 1.0f);
+        std::vector<uint8_t> act(activation_row_bytes(GgmlType::Q6_K, n));
+        ref.quantize_act[detail::slot(GgmlType::Q8_K)](x.data(), act.data(), n);
+        const float want = detail::dot_q6_K_q8_K_x86_ref(w.data(), act.data(), n);
+        ASSERT_EQ(k->dot[detail::slot(GgmlType::Q6_K)](w.data(), act.data(), n), want)
+            << "n=" << n << " rep=" << rep;
+        std::vector<float> wd(static_cast<size_t>(n)), xd(static_cast<size_t>(n));
+        dequantize_row(GgmlType::Q6_K, w.data(), wd.data(), n);
+        dequantize_row(GgmlType::Q8_K, act.data(), xd.data(), n);
+        double exact = 0.0, mag = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+          exact += static_cast<double>(wd[i]) * xd[i];
+          mag += std::fabs(static_cast<double>(wd[i]) * xd[i]);
+        }
+        EXPECT_NEAR(want, exact, 1e-6 * mag) << "n=" << n << " rep=" << rep;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace car::tensor
 
