@@ -116,9 +116,10 @@ inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
 /// Products with fewer weight bytes than this (all vectors counted) run on the calling thread: a fork-join
 /// would cost more than it saves.
 inline constexpr size_t kMinParallelBytes = 96 * 1024;
-/// matvec's unit of work: rows of about this many weight bytes (ThreadPool::parallel_for_shares hands each
-/// thread a contiguous share of such chunks).
-inline constexpr size_t kMatvecChunkBytes = 64 * 1024;
+/// The unit of work of matvec and matmul: rows of about this many weight bytes (matvec: ThreadPool::
+/// parallel_for_shares hands each thread a contiguous share of such chunks; matmul: one task sweeps one chunk
+/// with every vector, at most this many bytes).
+inline constexpr size_t kChunkBytes = 64 * 1024;
 
 /// The calling thread's grow-only, 64-byte aligned scratch for rounded activations (matvec_fused, matmul;
 /// never both at once on one thread). Allocates only when it grows; valid until the next call.
