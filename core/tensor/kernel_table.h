@@ -40,6 +40,10 @@ using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const
 using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm);
 
+/// attend_head (kernels.h).
+using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                          int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
   DotFn dot_id[kTypeSlots] = {};            ///< the same products in ProductOrder::mul_mat_id summation order
@@ -58,7 +62,13 @@ struct DotKernels {
   RowsFn rows_gemv[kTypeSlots] = {};
   /// matmul tile in either order (null: loop over dot_gemm / dot_gemv).
   RepackedTileFn tile_repacked[kTypeSlots] = {};
+  /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
+  AttendFn attend = nullptr;
 };
+
+/// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.
+void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
+                      float scale, float* out, uint16_t* q16, uint16_t* acc16);
 
 /// Does llama.cpp's CPU backend (x86, AVX2 or better) hold this matrix repacked (ggml-cpu repack.cpp,
 /// ggml_repack_get_optimal_repack_type)? Q4_K weights whose row count is a multiple of 8 become
@@ -131,6 +141,8 @@ void check_view(const MatrixView& w, const DotKernels& k);
 
 /// The table for an ISA (scalar for Isa::scalar); does not check that the CPU supports it.
 const DotKernels& kernels_for(Isa isa);
+/// The table set_isa() selected (detect_isa()'s by default).
+const DotKernels& active_kernels();
 
 // ---- scalar references (ref_quantize.cpp, ref_dequantize.cpp, ref_dot.cpp) ----
 

@@ -111,6 +111,7 @@ DotKernels make_scalar_table() {
   k.quantize_act[slot(GgmlType::Q8_K)] = quantize_act_q8_K;
   k.quantize_act[slot(GgmlType::F16)] = convert_act_f16;
   k.quantize_act[slot(GgmlType::BF16)] = convert_act_bf16;
+  k.attend = attend_head_scalar;
   return k;
 }
 }  // namespace
@@ -207,6 +208,10 @@ void set_isa(Isa isa) {
 }
 
 Isa current_isa() { return active().isa; }
+
+const detail::DotKernels& detail::active_kernels() {
+  return *active().table;
+}
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {
