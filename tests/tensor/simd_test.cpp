@@ -6,6 +6,7 @@
 //   - general data: |simd - scalar| <= tolerance(type) * sum of |terms| (only float summation order differs).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -374,6 +375,48 @@ TEST(SimdMirror, FloatOrdersFollowTinyBlasAndVecDot) {
     const float mul_mat_id = (r4[2] + r4[0]) + (r4[3] + r4[1]);
     EXPECT_EQ(v512->dot_id[detail::slot(GgmlType::F32)](x.data(), y.data(), n), mul_mat_id) << n;
   }
+}
+
+}  // namespace
+}  // namespace car::tensor
+
+namespace car::tensor {
+namespace {
+
+// The attention head is a table kernel like the products: every ISA's table has one, and each equals the
+// scalar kernel bit for bit (odd dk / dv exercise the SIMD kernel's tails); attend_head runs the selected
+// one.
+TEST(SimdMirror, AttentionOfEveryTableEqualsScalarBitForBit) {
+  std::mt19937 rng(800);
+  const Isa saved = current_isa();
+  for (Isa isa : testing::available_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    const detail::DotKernels& k = detail::kernels_for(isa);
+    ASSERT_NE(k.attend, nullptr);
+    set_isa(isa);
+    for (const auto& [n_kv, dk, dv] :
+         {std::array<int64_t, 3>{1, 64, 64}, {33, 72, 72}, {7, 12, 20}, {50, 128, 64}}) {
+      const auto q = random_floats(rng, dk, 2.0f);
+      const auto kf = random_floats(rng, n_kv * dk, 2.0f);
+      const auto vf = random_floats(rng, n_kv * dv, 2.0f);
+      std::vector<uint16_t> kh(kf.size()), vh(vf.size()), q16(static_cast<size_t>(dk)),
+          acc(static_cast<size_t>(dv));
+      for (size_t i = 0; i < kf.size(); ++i) kh[i] = fp32_to_fp16(kf[i]);
+      for (size_t i = 0; i < vf.size(); ++i) vh[i] = fp32_to_fp16(vf[i]);
+      std::vector<float> a(static_cast<size_t>(dv)), b(static_cast<size_t>(dv)), c(static_cast<size_t>(dv));
+      k.attend(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, a.data(), q16.data(), acc.data());
+      attend_head(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, b.data(), q16.data(), acc.data());
+      attend_head_scalar(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, c.data(), q16.data(),
+                         acc.data());
+      for (int64_t d = 0; d < dv; ++d) {
+        ASSERT_EQ(a[static_cast<size_t>(d)], c[static_cast<size_t>(d)])
+            << n_kv << " " << dk << " " << dv << " " << d;
+        ASSERT_EQ(b[static_cast<size_t>(d)], c[static_cast<size_t>(d)])
+            << n_kv << " " << dk << " " << dv << " " << d;
+      }
+    }
+  }
+  set_isa(saved);
 }
 
 }  // namespace
