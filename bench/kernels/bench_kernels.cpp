@@ -124,7 +124,7 @@ __attribute__((target("avx2"))) uint64_t read_range(const uint8_t* p, size_t n) 
 /// One plain read of [p, p + bytes): 64 KiB chunks split over the pool's threads by
 /// ThreadPool::parallel_for_shares, as matvec splits its rows (each thread streams its own contiguous share).
 uint64_t stream_read(const uint8_t* p, size_t bytes, ThreadPool& pool) {
-  const size_t chunk = detail::kMatvecChunkBytes;
+  const size_t chunk = detail::kChunkBytes;
   const int64_t chunks = static_cast<int64_t>((bytes + chunk - 1) / chunk);
   std::atomic<uint64_t> sink{0};
   pool.parallel_for_shares(chunks, 1, 0, [&](int64_t b, int64_t e) {

@@ -11,10 +11,6 @@
 
 namespace car::engine {
 
-// Defined in ops_avx2.cpp (compiled with AVX2/FMA/F16C flags; only called when the CPU has them).
-void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                      float scale, float* out, uint16_t* q16, uint16_t* acc16);
-
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
@@ -77,72 +73,6 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
 
 void to_fp16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = tensor::fp32_to_fp16(x[i]);
-}
-
-float dot_f16_ggml(const uint16_t* x, const uint16_t* y, int64_t n) {
-  // Whole chunks of 64: four 16-lane float accumulators, one FMA per element.
-  const int64_t np = n & ~int64_t{63};
-  float acc[4][16] = {};
-  for (int64_t i = 0; i < np; i += 64) {
-    for (int j = 0; j < 4; ++j) {
-      for (int l = 0; l < 16; ++l) {
-        const int64_t e = i + j * 16 + l;
-        acc[j][l] = std::fma(tensor::fp16_to_fp32(x[e]), tensor::fp16_to_fp32(y[e]), acc[j][l]);
-      }
-    }
-  }
-  double sum = 0.0;
-  if (np > 0) {
-    // GGML_F32x16_REDUCE: accumulators pairwise (0+2, 1+3, then the two), then _mm512_reduce_add_ps's tree.
-    float v[16];
-    for (int l = 0; l < 16; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    float h[8];
-    for (int l = 0; l < 8; ++l) h[l] = v[l + 8] + v[l];
-    float q[4];
-    for (int l = 0; l < 4; ++l) q[l] = h[l + 4] + h[l];
-    sum = static_cast<double>((q[0] + q[2]) + (q[1] + q[3]));
-  }
-  for (int64_t i = np; i < n; ++i) {
-    sum += static_cast<double>(tensor::fp16_to_fp32(x[i]) * tensor::fp16_to_fp32(y[i]));
-  }
-  return static_cast<float>(sum);
-}
-
-void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                        float scale, float* out, uint16_t* q16, uint16_t* acc16) {
-  to_fp16(q, q16, dk);
-  std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
-  float sum = 0.0f;
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t ic = 0; ic < n_kv; ++ic) {
-    const float s = dot_f16_ggml(k + ic * dk, q16, dk) * scale;
-    float ms = 1.0f;
-    float vs = 1.0f;
-    if (s > mx) {
-      const float old = mx;
-      mx = s;
-      ms = std::exp(old - mx);
-      for (int64_t d = 0; d < dv; ++d) acc16[d] = tensor::fp32_to_fp16(tensor::fp16_to_fp32(acc16[d]) * ms);
-    } else {
-      vs = std::exp(s - mx);
-    }
-    const uint16_t* vr = v + ic * dv;
-    for (int64_t d = 0; d < dv; ++d) {
-      acc16[d] = tensor::fp32_to_fp16(std::fma(tensor::fp16_to_fp32(vr[d]), vs, tensor::fp16_to_fp32(acc16[d])));
-    }
-    sum = sum * ms + vs;
-  }
-  const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-  for (int64_t d = 0; d < dv; ++d) out[d] = tensor::fp16_to_fp32(acc16[d]) * inv;
-}
-
-void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                 float scale, float* out, uint16_t* q16, uint16_t* acc16) {
-  if (tensor::current_isa() != tensor::Isa::scalar) {
-    attend_head_avx2(q, k, v, n_kv, dk, dv, scale, out, q16, acc16);
-  } else {
-    attend_head_scalar(q, k, v, n_kv, dk, dv, scale, out, q16, acc16);
-  }
 }
 
 void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,

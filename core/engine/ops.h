@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "core/model/hparams.h"
+#include "core/tensor/kernels.h"
 
 namespace car::engine {
 
@@ -45,19 +46,11 @@ void softmax(float* x, int64_t n);
 /// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
-/// Attention of one query head over `n_kv` cached positions. k: n_kv rows of dk fp16 values (row stride dk),
-/// v: n_kv rows of dv fp16 values. out: dv floats. q16 (dk) and acc16 (dv) are scratch.
-void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                 float scale, float* out, uint16_t* q16, uint16_t* acc16);
-
-/// The scalar version of attend_head (the test oracle for the SIMD one).
-void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
-                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
-
-/// dot(x, y) of fp16 vectors in the order of ggml's AVX-512 ggml_vec_dot_f16 (llama.cpp's Q.K product): each
-/// whole chunk of 64 elements into four 16-lane float accumulators by FMA, the accumulators reduced pairwise
-/// and then across lanes in _mm512_reduce_add_ps's tree order, the tail (n % 64) added in double.
-float dot_f16_ggml(const uint16_t* x, const uint16_t* y, int64_t n);
+/// Attention of one query head (and its scalar oracle, and the Q.K order it uses): core/tensor's kernels,
+/// dispatched through the kernel table like the matrix products (kernels.h).
+using tensor::attend_head;
+using tensor::attend_head_scalar;
+using tensor::dot_f16_ggml;
 
 /// Route one token: probs (n_expert scratch, left holding the softmax), ids[k] and weights[k] out.
 void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,

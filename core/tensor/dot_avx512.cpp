@@ -130,10 +130,11 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
   const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
   const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
                               {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
-  const __m512i m32 = _mm512_set1_epi8(32);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    // ggml's -32 offset: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]) once per block.
+    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load32(y[i].bsums), sc16), 5);
     const __m512i sc = _mm512_castsi256_si512(sc16);
     __m512i sumi = _mm512_setzero_si512();
     const int8_t* q8 = y[i].qs;
@@ -145,13 +146,14 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
       const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                           _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
       const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
-      // (level - 32) * y in int16 pairs, as ggml forms it (level * y - 32 * y; both fit).
-      const __m512i p01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q01, y01), _mm512_maddubs_epi16(m32, y01));
-      const __m512i p23 = _mm512_sub_epi16(_mm512_maddubs_epi16(q23, y23), _mm512_maddubs_epi16(m32, y23));
+      // level (0..63) * y in int16 pairs; the offset is subtracted per block.
+      const __m512i p01 = _mm512_maddubs_epi16(q01, y01);
+      const __m512i p23 = _mm512_maddubs_epi16(q23, y23);
       sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(perm[h][0], sc));
       sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(perm[h][1], sc));
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(fold16(sumi)), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)),
+                          _mm256_cvtepi32_ps(_mm256_sub_epi32(fold16(sumi), offset)), acc);
   }
   return hsum8(acc);
 }

@@ -25,7 +25,7 @@ namespace {
 using detail::DotKernels;
 using detail::slot;
 
-// Chunks of about detail::kMatvecChunkBytes of weights, and groups smaller than detail::kMinParallelBytes in
+// Chunks of about detail::kChunkBytes of weights, and groups smaller than detail::kMinParallelBytes in
 // total stay on the calling thread. The chunk list (all tasks' chunks in task order) is split into one
 // contiguous share per thread (ThreadPool::parallel_for_shares): each thread streams its share front to back,
 // and only the tail is balanced by taking single chunks from the others' back ends. (Handing out the 64 KiB
@@ -126,8 +126,8 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
   int64_t chunks = 0;
   for (size_t i = 0; i < n; ++i) {
     const MatrixView& w = tasks[i].w;
-    const int64_t rpc = std::max<int64_t>(
-        1, static_cast<int64_t>(detail::kMatvecChunkBytes / std::max<size_t>(1, w.row_bytes)));
+    const int64_t rpc =
+        std::max<int64_t>(1, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, w.row_bytes)));
     s.rows_per_chunk[i] = rpc;
     chunks += (w.rows + rpc - 1) / rpc;
     s.chunk_end[i] = chunks;

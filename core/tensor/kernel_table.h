@@ -40,6 +40,10 @@ using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const
 using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm);
 
+/// attend_head (kernels.h).
+using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                          int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
   DotFn dot_id[kTypeSlots] = {};            ///< the same products in ProductOrder::mul_mat_id summation order
@@ -58,7 +62,13 @@ struct DotKernels {
   RowsFn rows_gemv[kTypeSlots] = {};
   /// matmul tile in either order (null: loop over dot_gemm / dot_gemv).
   RepackedTileFn tile_repacked[kTypeSlots] = {};
+  /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
+  AttendFn attend = nullptr;
 };
+
+/// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.
+void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
+                      float scale, float* out, uint16_t* q16, uint16_t* acc16);
 
 /// Does llama.cpp's CPU backend (x86, AVX2 or better) hold this matrix repacked (ggml-cpu repack.cpp,
 /// ggml_repack_get_optimal_repack_type)? Q4_K weights whose row count is a multiple of 8 become
@@ -116,9 +126,10 @@ inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
 /// Products with fewer weight bytes than this (all vectors counted) run on the calling thread: a fork-join
 /// would cost more than it saves.
 inline constexpr size_t kMinParallelBytes = 96 * 1024;
-/// matvec's unit of work: rows of about this many weight bytes (ThreadPool::parallel_for_shares hands each
-/// thread a contiguous share of such chunks).
-inline constexpr size_t kMatvecChunkBytes = 64 * 1024;
+/// The unit of work of matvec and matmul: rows of about this many weight bytes (matvec: ThreadPool::
+/// parallel_for_shares hands each thread a contiguous share of such chunks; matmul: one task sweeps one chunk
+/// with every vector, at most this many bytes).
+inline constexpr size_t kChunkBytes = 64 * 1024;
 
 /// The calling thread's grow-only, 64-byte aligned scratch for rounded activations (matvec_fused, matmul;
 /// never both at once on one thread). Allocates only when it grows; valid until the next call.
@@ -130,6 +141,8 @@ void check_view(const MatrixView& w, const DotKernels& k);
 
 /// The table for an ISA (scalar for Isa::scalar); does not check that the CPU supports it.
 const DotKernels& kernels_for(Isa isa);
+/// The table set_isa() selected (detect_isa()'s by default).
+const DotKernels& active_kernels();
 
 // ---- scalar references (ref_quantize.cpp, ref_dequantize.cpp, ref_dot.cpp) ----
 
@@ -163,6 +176,11 @@ float dot_q4_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n);
 float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n);
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n);
+/// Q6_K in ggml's x86 (AVX2) ggml_vec_dot_q6_K_q8_K order, which the AVX2 / AVX-512 kernels reproduce: per
+/// super-block 8 int32 lanes (lane l: elements 4l..4l+3 of every 32-element chunk, sum of scale * level * y,
+/// levels 0..63) minus the offset 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]); acc[l] = fma(y.d * d,
+/// float(lane), acc[l]); the 8 accumulators summed as hsum_float_8 does.
+float dot_q6_K_q8_K_x86_ref(const void* w, const void* a, int64_t n);
 
 inline int slot(GgmlType t) {
   return static_cast<int>(t);

@@ -14,24 +14,48 @@
 namespace car::tensor {
 namespace detail {
 
+// The block structs and QK constants against the one geometry table (core/gguf/ggml_type.h).
+template <typename Block>
+constexpr bool same_geometry(GgmlType t, int64_t qk) {
+  return ggml_traits(t).block_size == qk && ggml_traits(t).bytes_per_block == sizeof(Block);
+}
+static_assert(same_geometry<block_q4_0>(GgmlType::Q4_0, QK4_0));
+static_assert(same_geometry<block_q4_1>(GgmlType::Q4_1, QK4_1));
+static_assert(same_geometry<block_q5_0>(GgmlType::Q5_0, QK5_0));
+static_assert(same_geometry<block_q5_1>(GgmlType::Q5_1, QK5_1));
+static_assert(same_geometry<block_q8_0>(GgmlType::Q8_0, QK8_0));
+static_assert(same_geometry<block_q8_1>(GgmlType::Q8_1, QK8_1));
+static_assert(same_geometry<block_q2_K>(GgmlType::Q2_K, QK_K));
+static_assert(same_geometry<block_q3_K>(GgmlType::Q3_K, QK_K));
+static_assert(same_geometry<block_q4_K>(GgmlType::Q4_K, QK_K));
+static_assert(same_geometry<block_q5_K>(GgmlType::Q5_K, QK_K));
+static_assert(same_geometry<block_q6_K>(GgmlType::Q6_K, QK_K));
+static_assert(same_geometry<block_q8_K>(GgmlType::Q8_K, QK_K));
+static_assert(same_geometry<float>(GgmlType::F32, 1));
+static_assert(same_geometry<uint16_t>(GgmlType::F16, 1));
+static_assert(same_geometry<uint16_t>(GgmlType::BF16, 1));
+
 BlockGeometry geometry(GgmlType t) {
   switch (t) {
-    case GgmlType::F32: return {1, 4};
-    case GgmlType::F16: return {1, 2};
-    case GgmlType::BF16: return {1, 2};
-    case GgmlType::Q4_0: return {QK4_0, sizeof(block_q4_0)};
-    case GgmlType::Q4_1: return {QK4_1, sizeof(block_q4_1)};
-    case GgmlType::Q5_0: return {QK5_0, sizeof(block_q5_0)};
-    case GgmlType::Q5_1: return {QK5_1, sizeof(block_q5_1)};
-    case GgmlType::Q8_0: return {QK8_0, sizeof(block_q8_0)};
-    case GgmlType::Q8_1: return {QK8_1, sizeof(block_q8_1)};
-    case GgmlType::Q2_K: return {QK_K, sizeof(block_q2_K)};
-    case GgmlType::Q3_K: return {QK_K, sizeof(block_q3_K)};
-    case GgmlType::Q4_K: return {QK_K, sizeof(block_q4_K)};
-    case GgmlType::Q5_K: return {QK_K, sizeof(block_q5_K)};
-    case GgmlType::Q6_K: return {QK_K, sizeof(block_q6_K)};
-    case GgmlType::Q8_K: return {QK_K, sizeof(block_q8_K)};
-    default: return {};
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+    case GgmlType::Q8_1:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::Q8_K: {
+      const GgmlTypeTraits& g = ggml_traits(t);
+      return {g.block_size, g.bytes_per_block};
+    }
+    default: return {};  // types the kernels do not compute
   }
 }
 
@@ -87,6 +111,7 @@ DotKernels make_scalar_table() {
   k.quantize_act[slot(GgmlType::Q8_K)] = quantize_act_q8_K;
   k.quantize_act[slot(GgmlType::F16)] = convert_act_f16;
   k.quantize_act[slot(GgmlType::BF16)] = convert_act_bf16;
+  k.attend = attend_head_scalar;
   return k;
 }
 }  // namespace
@@ -184,6 +209,10 @@ void set_isa(Isa isa) {
 
 Isa current_isa() { return active().isa; }
 
+const detail::DotKernels& detail::active_kernels() {
+  return *active().table;
+}
+
 std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";
@@ -245,8 +274,7 @@ void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
 }
 
 namespace {
-constexpr size_t kMatmulChunkBytes = 64 * 1024;  // matmul: weight bytes per task (at most)
-constexpr int64_t kMinMatmulChunks = 16;         // matmul: tasks per product (at least, rows permitting)
+constexpr int64_t kMinMatmulChunks = 16;  // matmul: tasks per product (at least, rows permitting)
 }  // namespace
 
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
@@ -337,8 +365,9 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
   }
   // A chunk is re-read once per group of vectors and should stay in L2; it is also the span over which a
   // tile kernel's per-group setup is shared, so not too small, and at least kMinMatmulChunks per product.
-  const int64_t grain = std::max<int64_t>(
-      1, std::min(static_cast<int64_t>(kMatmulChunkBytes / std::max<size_t>(1, stride)), w.rows / kMinMatmulChunks));
+  const int64_t grain =
+      std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)),
+                                    w.rows / kMinMatmulChunks));
   pool->parallel_for(w.rows, grain, 0, rows);
 }
 

@@ -104,4 +104,21 @@ void quantize_activation(GgmlType w, const float* x, void* dst, int64_t n);
 float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n,
               ProductOrder order = ProductOrder::mul_mat);
 
+// ---- Attention over an fp16 KV cache (the engine's attention step; see core/engine/ops.h for its order). ----
+
+/// Attention of one query head over `n_kv` cached positions, with the current ISA's kernel. k: n_kv rows of
+/// dk fp16 values (row stride dk), v: n_kv rows of dv fp16 values. out: dv floats. q16 (dk) and acc16 (dv)
+/// are scratch.
+void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
+                 float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
+/// The scalar version of attend_head (the scalar table's kernel and the test oracle for the SIMD one).
+void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+
+/// dot(x, y) of fp16 vectors in the order of ggml's AVX-512 ggml_vec_dot_f16 (llama.cpp's Q.K product): each
+/// whole chunk of 64 elements into four 16-lane float accumulators by FMA, the accumulators reduced pairwise
+/// and then across lanes in _mm512_reduce_add_ps's tree order, the tail (n % 64) added in double.
+float dot_f16_ggml(const uint16_t* x, const uint16_t* y, int64_t n);
+
 }  // namespace car::tensor

@@ -311,45 +311,19 @@ void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
   run_tiles<q4_K_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
 }
 
-/// Q6_K tile: vpermw indices arranging per-lane chunk terms as dpwssd pairs. Lane l (of 16) of the product
-/// pairs chunks 2(l/8) and 2(l/8)+1 (+4 for the second register) at 4-byte group k = l % 8, so after fold16
-/// lane k holds all eight chunks' terms of group k, as the main sums do.
-struct Perm32 {
-  alignas(64) int16_t idx[32];
-};
-/// From int16 values at position 8 * chunk + k (chunks 0..3 of a register).
-constexpr Perm32 make_k6_group_perm() {
-  Perm32 p{};
-  for (int l = 0; l < 16; ++l) {
-    for (int e = 0; e < 2; ++e) p.idx[2 * l + e] = static_cast<int16_t>(8 * (2 * (l / 8) + e) + l % 8);
-  }
-  return p;
-}
-/// From the 16 scales (one per 16 elements: chunk c, group k uses scale 2c + (k >= 4)), chunks from `c0`.
-constexpr Perm32 make_k6_scale_perm(int c0) {
-  Perm32 p{};
-  for (int l = 0; l < 16; ++l) {
-    for (int e = 0; e < 2; ++e)
-      p.idx[2 * l + e] = static_cast<int16_t>(2 * (c0 + 2 * (l / 8) + e) + (l % 8 >= 4));
-  }
-  return p;
-}
-constexpr Perm32 kK6GroupPerm = make_k6_group_perm();
-constexpr Perm32 kK6ScalePerm[2] = {make_k6_scale_perm(0), make_k6_scale_perm(4)};
-
 /// matmul tile for Q6_K. Per (row, vector) and block, dot_q6_K forms 8 int32 lanes (lane k: bytes 4k..4k+3 of
-/// every 32-element chunk c, sum of scale * (level - 32) * y) and acc = fma(y.d * xd, float(lanes), acc). The
-/// integer lanes are exact, so here they are formed as sum(scale * level * y) (levels and scales unpacked
-/// once per group) plus sum_c (-32 scale) * S4(c, k), S4 being the sums of four activations, packed once per
-/// group; the float step runs on two vectors per register, lane-wise dot_q6_K's operations (bit-equal).
-/// pack, per block: y.d spread (kG/2 x 16 floats), then per vector the S4 sums as two dpwssd operands.
+/// every 32-element chunk, sum of scale * level * y, minus ggml's offset 32 * (bsums[2k] sc[2k] + bsums[2k+1]
+/// sc[2k+1])) and acc = fma(y.d * xd, float(lanes), acc). Here levels and scales are unpacked once per group,
+/// the offset comes from one madd of a vector pair's bsums (packed side by side) with the row's scales, and
+/// the float step runs on two vectors per register, lane-wise dot_q6_K's operations (bit-equal). pack, per
+/// block: the vectors' quants, y.d spread (kG/2 x 16 floats), then per vector pair the bsums.
 struct q6_K_tile {
   static constexpr int64_t kSlab = 8;
   static constexpr size_t kBlockBytes = sizeof(block_q6_K), kActBlockBytes = sizeof(block_q8_K);
   static constexpr size_t kStateBytes = 4 * 64;
   template <int kG>
   static constexpr size_t block_pack_bytes() {
-    return kG * 256 + kG / 2 * 64 + kG * 128;
+    return kG * 256 + kG / 2 * 64 + kG / 2 * 64;
   }
   template <int kG>
   static size_t pack_bytes(int64_t nb) {
@@ -357,28 +331,19 @@ struct q6_K_tile {
   }
   template <int kG>
   static void pack(const uint8_t* const* av, int64_t nb, uint8_t* out) {
-    const __m512i ones = _mm512_set1_epi8(1);
-    const __m512i perm = _mm512_load_si512(kK6GroupPerm.idx);
     for (int64_t i = 0; i < nb; ++i) {
       uint8_t* qs = out + static_cast<size_t>(i) * block_pack_bytes<kG>();
       uint8_t* pk = qs + kG * 256;
       auto* yd = reinterpret_cast<float*>(pk);
-      auto* s4 = reinterpret_cast<__m512i*>(pk + kG / 2 * 64);
+      uint8_t* bs = pk + kG / 2 * 64;
 #pragma GCC unroll 16
       for (int v = 0; v < kG; ++v) {
         const block_q8_K& y = reinterpret_cast<const block_q8_K*>(av[v])[i];
 #pragma GCC unroll 16
         for (int l = 0; l < 8; ++l) yd[16 * (v / 2) + 8 * (v % 2) + l] = y.d;
-        __m256i t[4];
 #pragma GCC unroll 16
-        for (int m = 0; m < 4; ++m) {
-          const __m512i q8 = load64(y.qs + 64 * m);
-          _mm512_store_si512(qs + 256 * v + 64 * m, q8);
-          t[m] = _mm512_cvtepi32_epi16(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, q8));
-        }
-        s4[2 * v] = _mm512_permutexvar_epi16(perm, _mm512_inserti64x4(_mm512_castsi256_si512(t[0]), t[1], 1));
-        s4[2 * v + 1] =
-            _mm512_permutexvar_epi16(perm, _mm512_inserti64x4(_mm512_castsi256_si512(t[2]), t[3], 1));
+        for (int m = 0; m < 4; ++m) _mm512_store_si512(qs + 256 * v + 64 * m, load64(y.qs + 64 * m));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bs + 64 * (v / 2) + 32 * (v % 2)), load32(y.bsums));
       }
     }
   }
@@ -397,7 +362,7 @@ struct q6_K_tile {
       const __m256i sc16 =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
       const __m512i scw = _mm512_castsi256_si512(sc16);
-      const __m512i scm = _mm512_castsi256_si512(_mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+      const __m512i sc2 = _mm512_broadcast_i64x4(sc16);
       __m512i q[4], sc[4];
 #pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
@@ -410,29 +375,26 @@ struct q6_K_tile {
         sc[2 * h] = _mm512_permutexvar_epi16(perm_idx(kK6Perm[h][0]), scw);
         sc[2 * h + 1] = _mm512_permutexvar_epi16(perm_idx(kK6Perm[h][1]), scw);
       }
-      const __m512i cs0 = _mm512_permutexvar_epi16(_mm512_load_si512(kK6ScalePerm[0].idx), scm);
-      const __m512i cs1 = _mm512_permutexvar_epi16(_mm512_load_si512(kK6ScalePerm[1].idx), scm);
       const __m512 xd = _mm512_set1_ps(h2f(x[i].d));
       const uint8_t* qs = pk;
       const auto* yd = reinterpret_cast<const float*>(pk + kG * 256);
-      const auto* s4 = reinterpret_cast<const __m512i*>(pk + kG * 256 + kP * 64);
+      const auto* bs = reinterpret_cast<const __m512i*>(pk + kG * 256 + kP * 64);
 #pragma GCC unroll 16
       for (int p = 0; p < kP; ++p) {
         __m512i s[2];
 #pragma GCC unroll 16
         for (int h = 0; h < 2; ++h) {
-          const int v = 2 * p + h;
-          const uint8_t* q8 = qs + 256 * v;
+          const uint8_t* q8 = qs + 256 * (2 * p + h);
           __m512i t =
               _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q[0], load64(q8)), sc[0]);
           t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[1], load64(q8 + 64)), sc[1]);
           t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[2], load64(q8 + 128)), sc[2]);
-          t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[3], load64(q8 + 192)), sc[3]);
-          t = _mm512_dpwssd_epi32(t, _mm512_load_si512(s4 + 2 * v), cs0);
-          s[h] = _mm512_dpwssd_epi32(t, _mm512_load_si512(s4 + 2 * v + 1), cs1);
+          s[h] = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[3], load64(q8 + 192)), sc[3]);
         }
-        const __m512i f =
-            _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xee));
+        // lanes [0,8): fold16 of vector 2p's sums, [8,16): of vector 2p+1's; then the offsets, same layout
+        const __m512i f = _mm512_sub_epi32(
+            _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xee)),
+            _mm512_slli_epi32(_mm512_madd_epi16(_mm512_load_si512(bs + p), sc2), 5));
         acc[p] =
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(yd + 16 * p), xd), _mm512_cvtepi32_ps(f), acc[p]);
       }

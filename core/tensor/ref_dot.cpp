@@ -358,4 +358,35 @@ float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n) {
   return sumf;
 }
 
+float dot_q6_K_q8_K_x86_ref(const void* w, const void* a, int64_t n) {
+  assert(n % QK_K == 0);
+  const auto* x = static_cast<const block_q6_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc[8] = {};
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t lane[8] = {};
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = x[i].ql + 64 * half;
+      const uint8_t* qh = x[i].qh + 32 * half;
+      for (int c = 0; c < 4; ++c) {  // 32-element chunk c of the half: ql nibble c / 2, qh bits 2c..2c+1
+        for (int e = 0; e < 32; ++e) {
+          const int lo = (c % 2 == 0 ? ql[e] : ql[32 + e]) >> (4 * (c / 2)) & 0x0f;
+          const int level = lo | (((qh[e] >> (2 * c)) & 3) << 4);
+          const int el = 128 * half + 32 * c + e;
+          lane[e / 4] += x[i].scales[el / 16] * level * y[i].qs[el];
+        }
+      }
+    }
+    for (int l = 0; l < 8; ++l) {
+      lane[l] -=
+          32 * (y[i].bsums[2 * l] * x[i].scales[2 * l] + y[i].bsums[2 * l + 1] * x[i].scales[2 * l + 1]);
+    }
+    const float d = y[i].d * fp16_to_fp32(x[i].d);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(lane[l]), acc[l]);
+  }
+  // hsum of 8 lanes as _mm256 -> _mm_add_ps(high, low), movehl, movehdup
+  const float s0 = acc[0] + acc[4], s1 = acc[1] + acc[5], s2 = acc[2] + acc[6], s3 = acc[3] + acc[7];
+  return (s0 + s2) + (s1 + s3);
+}
+
 }  // namespace car::tensor::detail

@@ -1,8 +1,9 @@
 // Internal to core/tensor's AVX-512 kernel files - dot_avx512.cpp (dot kernels and the table),
 // matvec_avx512.cpp (multi-row kernels for y = W x) and matmul_avx512.cpp (tile kernels for prompt batches),
 // each compiled with car_simd_source(... AVX512) and only called when CPUID reports AVX-512 F/BW/VL/DQ/VNNI/
-// BF16: the load and reduction helpers they share, the K-quant scale permutations, and where they meet.
-// Include it from those files only: its inline functions are AVX-512 code.
+// BF16: the AVX-512 helpers they share (the AVX2-level ones come from simd_x86.h, shared with the AVX2 files),
+// the K-quant scale permutations, and where they meet. Include it from those files only: its inline functions
+// are AVX-512 code.
 #pragma once
 
 #include <immintrin.h>
@@ -19,36 +20,16 @@
 #include "core/tensor/blocks.h"
 #include "core/tensor/k_scales.h"
 #include "core/tensor/kernel_table.h"
+#include "core/tensor/simd_x86.h"
 
 namespace car::tensor::detail::avx512 {
 
-inline float h2f(ggml_half h) {
-  return _cvtsh_ss(h);
-}
-
-inline float hsum8(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
-
-inline __m256i load32(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
 inline __m512i load64(const void* p) {
   return _mm512_loadu_si512(p);
 }
 /// Two 32-byte loads side by side in one register.
 inline __m512i load32x2(const void* lo, const void* hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load32(lo)), load32(hi), 1);
-}
-
-/// 16 bytes of nibbles -> 32 bytes: low nibbles in bytes 0..15, high nibbles in bytes 16..31.
-inline __m256i nibbles32(const uint8_t* p) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
 /// int32 lanes += sum of 4 adjacent s8 x s8 products (the sign moved onto y so dpbusd's u8 operand is |x|).
@@ -79,27 +60,6 @@ inline constexpr Perm2 kK6Perm[2][2] = {{make_perm4(0), make_perm4(4)}, {make_pe
 
 inline __m512i perm_idx(const Perm2& p) {
   return _mm512_load_si512(p.idx);
-}
-
-/// The mins term as ggml's AVX2 Q4_K / Q5_K kernels form it: bsums summed in pairs, times the 8 mins, into 4
-/// int32 lanes (lane k: mins 2k and 2k+1).
-inline __m128i mins_dot_bsums(const uint32_t* mins_words, const int16_t* bsums) {
-  const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins_words)));
-  const __m256i b = load32(bsums);
-  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-  return _mm_madd_epi16(m16, pairs);
-}
-
-inline float hsum4(__m128 v) {
-  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-  v = _mm_add_ss(v, _mm_movehdup_ps(v));
-  return _mm_cvtss_f32(v);
-}
-
-inline int hsum_i32x4(__m128i v) {
-  v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
-  return _mm_cvtsi128_si32(v);
 }
 
 /// 16 int32 lanes -> 8: lane k + lane k+8. Each half of the 512-bit sums holds whole 32-byte chunks, so this

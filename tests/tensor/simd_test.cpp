@@ -6,6 +6,7 @@
 //   - general data: |simd - scalar| <= tolerance(type) * sum of |terms| (only float summation order differs).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -307,6 +308,40 @@ TEST(SimdMirror, Avx512EqualsAvx2BitForBitOnLlamaCppPaths) {
   }
 }
 
+// Q6_K: the SIMD kernels sum in ggml's x86 ggml_vec_dot_q6_K_q8_K order (the -32 offset of the levels taken
+// off each lane once per block as 32 * sum(bsums * scales) - the split of the exact integer sum over the 8
+// lanes decides the float rounding), spelled out by dot_q6_K_q8_K_x86_ref; the reference computes the
+// product.
+TEST(SimdMirror, Q6KFollowsGgmlX86LaneOrder) {
+  const auto& ref = detail::scalar_kernels();
+  std::mt19937 rng(700);
+  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+    const detail::DotKernels* k = table_if_supported(isa);
+    if (k == nullptr) continue;
+    SCOPED_TRACE(isa_name(isa));
+    for (int64_t n : shapes(GgmlType::Q6_K)) {
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto w = random_weight_row(GgmlType::Q6_K, n, rng);
+        const auto x = random_floats(rng, n, rep == 2 ? 30.0f : 1.0f);
+        std::vector<uint8_t> act(activation_row_bytes(GgmlType::Q6_K, n));
+        ref.quantize_act[detail::slot(GgmlType::Q8_K)](x.data(), act.data(), n);
+        const float want = detail::dot_q6_K_q8_K_x86_ref(w.data(), act.data(), n);
+        ASSERT_EQ(k->dot[detail::slot(GgmlType::Q6_K)](w.data(), act.data(), n), want)
+            << "n=" << n << " rep=" << rep;
+        std::vector<float> wd(static_cast<size_t>(n)), xd(static_cast<size_t>(n));
+        dequantize_row(GgmlType::Q6_K, w.data(), wd.data(), n);
+        dequantize_row(GgmlType::Q8_K, act.data(), xd.data(), n);
+        double exact = 0.0, mag = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+          exact += static_cast<double>(wd[i]) * xd[i];
+          mag += std::fabs(static_cast<double>(wd[i]) * xd[i]);
+        }
+        EXPECT_NEAR(want, exact, 1e-6 * mag) << "n=" << n << " rep=" << rep;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace car::tensor
 
@@ -340,6 +375,48 @@ TEST(SimdMirror, FloatOrdersFollowTinyBlasAndVecDot) {
     const float mul_mat_id = (r4[2] + r4[0]) + (r4[3] + r4[1]);
     EXPECT_EQ(v512->dot_id[detail::slot(GgmlType::F32)](x.data(), y.data(), n), mul_mat_id) << n;
   }
+}
+
+}  // namespace
+}  // namespace car::tensor
+
+namespace car::tensor {
+namespace {
+
+// The attention head is a table kernel like the products: every ISA's table has one, and each equals the
+// scalar kernel bit for bit (odd dk / dv exercise the SIMD kernel's tails); attend_head runs the selected
+// one.
+TEST(SimdMirror, AttentionOfEveryTableEqualsScalarBitForBit) {
+  std::mt19937 rng(800);
+  const Isa saved = current_isa();
+  for (Isa isa : testing::available_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    const detail::DotKernels& k = detail::kernels_for(isa);
+    ASSERT_NE(k.attend, nullptr);
+    set_isa(isa);
+    for (const auto& [n_kv, dk, dv] :
+         {std::array<int64_t, 3>{1, 64, 64}, {33, 72, 72}, {7, 12, 20}, {50, 128, 64}}) {
+      const auto q = random_floats(rng, dk, 2.0f);
+      const auto kf = random_floats(rng, n_kv * dk, 2.0f);
+      const auto vf = random_floats(rng, n_kv * dv, 2.0f);
+      std::vector<uint16_t> kh(kf.size()), vh(vf.size()), q16(static_cast<size_t>(dk)),
+          acc(static_cast<size_t>(dv));
+      for (size_t i = 0; i < kf.size(); ++i) kh[i] = fp32_to_fp16(kf[i]);
+      for (size_t i = 0; i < vf.size(); ++i) vh[i] = fp32_to_fp16(vf[i]);
+      std::vector<float> a(static_cast<size_t>(dv)), b(static_cast<size_t>(dv)), c(static_cast<size_t>(dv));
+      k.attend(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, a.data(), q16.data(), acc.data());
+      attend_head(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, b.data(), q16.data(), acc.data());
+      attend_head_scalar(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, c.data(), q16.data(),
+                         acc.data());
+      for (int64_t d = 0; d < dv; ++d) {
+        ASSERT_EQ(a[static_cast<size_t>(d)], c[static_cast<size_t>(d)])
+            << n_kv << " " << dk << " " << dv << " " << d;
+        ASSERT_EQ(b[static_cast<size_t>(d)], c[static_cast<size_t>(d)])
+            << n_kv << " " << dk << " " << dv << " " << d;
+      }
+    }
+  }
+  set_isa(saved);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// AVX2 + FMA + F16C version of attend_head (see ops.h): the same arithmetic as attend_head_scalar, eight
-// lanes at a time. fp16 <-> fp32 use the F16C conversions (round to nearest even, as fp32_to_fp16 does); the
+// AVX2 + FMA + F16C version of attend_head (kernels.h; the AVX2 and AVX-512 tables' kernel): the same
+// arithmetic as attend_head_scalar, eight lanes at a time. fp16 <-> fp32 use the F16C conversions (round to nearest even, as fp32_to_fp16 does); the
 // V accumulator update is one fused multiply-add per element, then rounded to fp16, exactly as the scalar
 // std::fma path. Q.K follows dot_f16_ggml's order (16-lane accumulators emulated as two 8-lane halves), so the
 // result is bit-identical to the scalar version.
@@ -11,12 +11,13 @@
 #include <limits>
 
 #include "core/tensor/fp16.h"
+#include "core/tensor/kernel_table.h"
 
-namespace car::engine {
+namespace car::tensor::detail {
 
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                       float scale, float* out, uint16_t* q16, uint16_t* acc16) {
-  for (int64_t d = 0; d < dk; ++d) q16[d] = tensor::fp32_to_fp16(q[d]);
+  for (int64_t d = 0; d < dk; ++d) q16[d] = fp32_to_fp16(q[d]);
   std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
   const int64_t dk64 = dk & ~int64_t{63};
   const int64_t dv8 = dv & ~int64_t{7};
@@ -42,13 +43,13 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
       const __m256 v_lo = _mm256_add_ps(_mm256_add_ps(acc[0][0], acc[2][0]), _mm256_add_ps(acc[1][0], acc[3][0]));
       const __m256 v_hi = _mm256_add_ps(_mm256_add_ps(acc[0][1], acc[2][1]), _mm256_add_ps(acc[1][1], acc[3][1]));
       const __m256 h8 = _mm256_add_ps(v_hi, v_lo);                                  // h[l] = v[l + 8] + v[l]
-      const __m128 q4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));  // q[l] = h[l + 4] + h[l]
-      alignas(16) float q[4];
-      _mm_store_ps(q, q4);
-      dot = static_cast<double>((q[0] + q[2]) + (q[1] + q[3]));
+      const __m128 q4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));  // r[l] = h[l + 4] + h[l]
+      alignas(16) float r[4];
+      _mm_store_ps(r, q4);
+      dot = static_cast<double>((r[0] + r[2]) + (r[1] + r[3]));
     }
     for (int64_t d = dk64; d < dk; ++d) {
-      dot += static_cast<double>(tensor::fp16_to_fp32(kr[d]) * tensor::fp16_to_fp32(q16[d]));
+      dot += static_cast<double>(fp16_to_fp32(kr[d]) * fp16_to_fp32(q16[d]));
     }
     const float s = static_cast<float>(dot) * scale;
     float ms = 1.0f;
@@ -63,7 +64,7 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
         const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(p));
         _mm_storeu_si128(p, _mm256_cvtps_ph(_mm256_mul_ps(a, vms), _MM_FROUND_TO_NEAREST_INT));
       }
-      for (int64_t d = dv8; d < dv; ++d) acc16[d] = tensor::fp32_to_fp16(tensor::fp16_to_fp32(acc16[d]) * ms);
+      for (int64_t d = dv8; d < dv; ++d) acc16[d] = fp32_to_fp16(fp16_to_fp32(acc16[d]) * ms);
     } else {
       vs = std::exp(s - mx);
     }
@@ -76,12 +77,12 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
       _mm_storeu_si128(p, _mm256_cvtps_ph(_mm256_fmadd_ps(x, vvs, a), _MM_FROUND_TO_NEAREST_INT));
     }
     for (int64_t d = dv8; d < dv; ++d) {
-      acc16[d] = tensor::fp32_to_fp16(std::fma(tensor::fp16_to_fp32(vr[d]), vs, tensor::fp16_to_fp32(acc16[d])));
+      acc16[d] = fp32_to_fp16(std::fma(fp16_to_fp32(vr[d]), vs, fp16_to_fp32(acc16[d])));
     }
     sum = sum * ms + vs;
   }
   const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-  for (int64_t d = 0; d < dv; ++d) out[d] = tensor::fp16_to_fp32(acc16[d]) * inv;
+  for (int64_t d = 0; d < dv; ++d) out[d] = fp16_to_fp32(acc16[d]) * inv;
 }
 
-}  // namespace car::engine
+}  // namespace car::tensor::detail

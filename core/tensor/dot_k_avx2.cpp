@@ -1,0 +1,248 @@
+// AVX2 + FMA + F16C dot kernels of the K-quants (256-element super-blocks, Q8_K activations), including Q4_K
+// in llama.cpp's repacked gemv / gemm orders (compiled with car_simd_source(... AVX2); only called when the CPU
+// has them). Integer parts exact, as in dot_avx2.cpp.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/tensor/blocks.h"
+#include "core/tensor/k_scales.h"
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/simd_avx2.h"
+
+namespace car::tensor::detail {
+namespace {
+
+// Q4_K / Q5_K / Q6_K follow ggml's AVX2 kernels' arithmetic exactly (the same 8 int32 lanes per super-block,
+// the same scale products, the same mins accumulation and final reductions); llama.cpp uses those kernels on
+// AVX-512 machines too, so these results equal its results bit for bit.
+float dot_q4_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_m = _mm_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
+    const float d = y[i].d * h2f(x[i].d);
+    const float dmin = -y[i].d * h2f(x[i].dmin);
+    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(sm + 2, y[i].bsums)), acc_m);
+    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
+      const __m256i bits = load32(q4);
+      const __m256i lo = _mm256_and_si256(bits, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
+      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, spread1(sc16, 2 * j)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc) + hsum4(acc_m);
+}
+
+/// Q4_K in llama.cpp's repacked orders (kernel_table.h repacked(); dot_q4_K_q8_K_gemv_ref / _gemm_ref): the
+/// integer sums of dot_q4_K, reduced exactly to one int per super-block (kGemm false) or per 64 elements
+/// (true), then the same FMA chains as the references.
+template <bool kGemm>
+float dot_q4_K_repacked(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
+    const float d = h2f(x[i].d) * y[i].d;
+    const float dmin = h2f(x[i].dmin) * y[i].d;
+    const __m128i mins = mins_dot_bsums(sm + 2, y[i].bsums);  // lane g: the mins term of elements 64g..64g+63
+    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
+      const __m256i bits = load32(q4);
+      const __m256i lo = _mm256_and_si256(bits, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
+      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pl, spread1(sc16, 2 * j)),
+                                         _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
+      if constexpr (kGemm) {
+        acc = std::fma(static_cast<float>(hsum_i32x8(s)), d, acc);
+      } else {
+        sumi = _mm256_add_epi32(sumi, s);
+      }
+    }
+    if constexpr (kGemm) {
+      alignas(16) int32_t m[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(m), mins);
+      for (int g = 0; g < 4; ++g) acc_m = std::fma(static_cast<float>(m[g]), dmin, acc_m);
+    } else {
+      acc = std::fma(static_cast<float>(hsum_i32x8(sumi)), d, acc);
+      acc_m = std::fma(static_cast<float>(hsum_i32x4(mins)), dmin, acc_m);
+    }
+  }
+  return acc - acc_m;
+}
+
+float dot_q5_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q5_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    uint32_t sm[4];
+    unpack_scale_min_k4_words(x[i].scales, sm);
+    const float d = y[i].d * h2f(x[i].d);
+    const float dmin = -y[i].d * h2f(x[i].dmin);
+    summs += dmin * static_cast<float>(hsum_i32x4(mins_dot_bsums(sm + 2, y[i].bsums)));
+    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    const __m256i hbits = load32(x[i].qh);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
+      const __m256i bits = load32(q4);
+      const __m256i h_lo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4);
+      const __m256i h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h_hi);
+      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
+      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, spread1(sc16, 2 * j)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc) + summs;
+}
+
+float dot_q6_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q6_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+    const __m256i sc16[2] = {scales8_to_16(sc8, true), scales8_to_16(_mm_srli_si128(sc8, 8), true)};
+    // The -32 offset of the levels, as ggml forms it: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1]
+    // sc[2l+1]) once per block (the lanes' split of the exact sum decides the float rounding).
+    const __m256i offset =
+        _mm256_slli_epi32(_mm256_madd_epi16(load32(y[i].bsums), _mm256_cvtepi8_epi16(sc8)), 5);
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h, ql += 64, qh += 32) {
+      const __m256i l1 = load32(ql), l2 = load32(ql + 32), hb = load32(qh);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l2, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+      for (int k = 0; k < 4; ++k, q8 += 32) {
+        // level (0..63) * y: each pair fits int16.
+        const __m256i p = _mm256_maddubs_epi16(q[k], load32(q8));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, spread2(sc16[h], k)));
+      }
+    }
+    sumi = _mm256_sub_epi32(sumi, offset);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc);
+}
+
+float dot_q2_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float dall = y[i].d * h2f(x[i].d);
+    const float dmin = y[i].d * h2f(x[i].dmin);
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, load32(y[i].bsums))),
+                            acc_m);
+    int16_t sc[16];
+    for (int j = 0; j < 16; ++j) sc[j] = static_cast<int16_t>(x[i].scales[j] & 0x0f);
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = load32(x[i].qs + 32 * h);
+      for (int k = 0; k < 4; ++k, q8 += 32) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+        const __m256i p = _mm256_maddubs_epi16(q, load32(q8));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 8 * h + 2 * k)));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dall), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc) - hsum8(acc_m);
+}
+
+float dot_q3_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q3_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    int8_t raw[16];
+    unpack_q3_K_scales(x[i].scales, raw);
+    int16_t sc[16];
+    for (int j = 0; j < 16; ++j) sc[j] = static_cast<int16_t>(raw[j] - 32);
+    const __m256i hbits = load32(x[i].hmask);
+    const int8_t* q8 = y[i].qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = load32(x[i].qs + 32 * h);
+      for (int k = 0; k < 4; ++k, q8 += 32) {
+        const int b = 4 * h + k;
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+        // 4 where the high bit is clear: level = q - that.
+        const __m256i clear = _mm256_andnot_si256(_mm256_srli_epi16(hbits, b), one);
+        const __m256i q_hi = _mm256_slli_epi16(_mm256_and_si256(clear, one), 2);
+        const __m256i y8 = load32(q8);
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y8), _mm256_maddubs_epi16(q_hi, y8));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 2 * b)));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc);
+}
+
+}  // namespace
+
+void avx2::add_k_quant_kernels(DotKernels& k) {
+  k.dot[slot(GgmlType::Q2_K)] = dot_q2_K;
+  k.dot[slot(GgmlType::Q3_K)] = dot_q3_K;
+  k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
+  k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
+  k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_repacked<false>;
+  k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_repacked<true>;
+}
+
+}  // namespace car::tensor::detail
