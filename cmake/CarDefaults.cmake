@@ -6,6 +6,15 @@ if(CAR_WERROR)
   add_compile_options(-Werror)
 endif()
 
+# Clang's thread-safety analysis over the CAR_GUARDED_BY / CAR_REQUIRES annotations; a violation fails the
+# build. scripts/thread-safety.sh builds the annotated libraries this way (CI).
+if(CAR_THREAD_SAFETY)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "CAR_THREAD_SAFETY needs clang (e.g. -DCMAKE_CXX_COMPILER=clang++-14)")
+  endif()
+  add_compile_options(-Wthread-safety -Werror=thread-safety)
+endif()
+
 if(CAR_SANITIZE)
   add_compile_options(-fsanitize=${CAR_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
   add_link_options(-fsanitize=${CAR_SANITIZE})

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""car-inferenced's memory under greedy clients (issue #15): RSS of the daemon process
+"""car-inferenced's memory under greedy clients: RSS of the daemon process
   1. before and after a client pipelines 480 streamed infers without reading (then closes), and
   2. before, with and after 1000 idle connections, three rounds (is what stays reused?).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Write the four end-to-end benchmark models of issue 5 with `car gguf synth` (seeded random weights,
+# Write the four end-to-end benchmark models with `car gguf synth` (seeded random weights,
 # 32000-token vocabulary) into DIR:
 #
 #   dense-1b-q4_k_m.gguf  dense-1b-q8_0.gguf   llama dense: n_embd 2048, 16 layers, 16 heads, 8 kv heads, n_ff 5632

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run `car bench` on the four end-to-end benchmark models (written by make-models.sh) and print a markdown
-# table with llama.cpp's reference figures from issue 5 beside ours.
+# table with llama.cpp's reference figures (llama-bench on the same shapes and types; docs/performance.md)
+# beside ours.
 #
 #   bench/e2e/run.sh MODELS_DIR
 #
@@ -25,7 +26,7 @@ mkdir -p "$out"
 command -v jq >/dev/null || { echo "$0: needs jq" >&2; exit 2; }
 [[ -x $car ]] || { echo "$0: no car binary at $car (set CAR=...)" >&2; exit 2; }
 
-# name | llama.cpp prefill tok/s | llama.cpp decode tok/s (llama-bench -t 2 -p 128 -n 64, issue 5)
+# name | llama.cpp prefill tok/s | llama.cpp decode tok/s (llama-bench -t 2 -p 128 -n 64)
 models=(
   "dense-1b-q4_k_m|208|58.7"
   "dense-1b-q8_0|145|35.8"

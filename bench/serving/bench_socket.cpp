@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -25,11 +26,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/synth/synth_model.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
-#if CAR_BENCH_HAVE_SYNTH
-#include "core/synth/synth_model.h"
-#endif
 
 namespace {
 
@@ -86,25 +85,26 @@ class LineReader {
   std::size_t start_ = 0;
 };
 
-/// The daemon's server on a temporary socket, with the real runtime (and a tiny synthetic model when the
-/// synthesizer is built in).
+/// The daemon's server on a temporary socket, with the real runtime and a tiny synthetic model.
 struct Daemon {
   fs::path dir;
   ServerOptions options;
   std::unique_ptr<car::daemon::ModelRuntime> runtime;
   std::unique_ptr<car::daemon::Server> server;
   std::thread thread;
-  bool have_model = false;
 
   Daemon() {
     spdlog::set_level(spdlog::level::warn);  // one info line per request would dominate
     std::random_device rd;
     dir = fs::temp_directory_path() / ("car-bench-socket-" + std::to_string(rd()));
     fs::create_directories(dir / "models");
-#if CAR_BENCH_HAVE_SYNTH
     car::synth::SynthSpec spec = car::synth::tiny_spec("llama");
-    have_model = car::synth::write_synth_model(spec, (dir / "models" / "tiny.gguf").string()).ok();
-#endif
+    auto written = car::synth::write_synth_model(spec, (dir / "models" / "tiny.gguf").string());
+    if (!written.ok()) {
+      std::fprintf(stderr, "bench_socket: cannot write the synthetic model: %s\n",
+                   written.error().message.c_str());
+      std::abort();
+    }
     options.socket_path = dir / "d.sock";
     options.models_dir = dir / "models";
     options.state_dir = dir;
@@ -204,12 +204,6 @@ void BM_Echo(benchmark::State& state) {
 }
 
 void BM_InferWarm(benchmark::State& state) {
-  if (!g_daemon->have_model) {
-    state.SkipWithError("built without the engine or the synthesizer");
-    for (auto _ : state) {
-    }
-    return;
-  }
   int fd = connect_to(g_daemon->options.socket_path);
   LineReader reader(fd);
   std::string line;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The expert streamer's benchmark (issue 14): decode of a ~6 GB llama MoE (24 layers, n_embd 2048, 32
+# The expert streamer's benchmark: decode of a ~6 GB llama MoE (24 layers, n_embd 2048, 32
 # experts of n_ff 2048, 4 used, Q4_K_M, vocab 32000) inside a cgroup v1 memory group capped at 2.5 GB,
 # against the disk's own parallel read rate measured in the same run. Prints markdown tables.
 #

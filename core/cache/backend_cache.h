@@ -35,8 +35,9 @@
 //
 // Thread safety. Every member function is safe to call from any thread. One mutex (Core::mutex) guards the
 // map, the LRU list, the in-flight loads and the counters; it is never held while an estimate or a loader
-// runs or a backend is destroyed. Each entry has its own mutex for the backend itself. The clock is
-// injectable so idle eviction is tested without sleeping; it must be callable from any thread.
+// runs or a backend is destroyed; the members it guards are annotated (core/util/thread_annotations.h) so
+// Clang's -Wthread-safety checks every access. Each entry has its own mutex for the backend itself. The
+// clock is injectable so idle eviction is tested without sleeping; it must be callable from any thread.
 #pragma once
 
 #include <atomic>
@@ -59,45 +60,46 @@
 #include <vector>
 
 #include "core/util/result.h"
+#include "core/util/thread_annotations.h"
 
 namespace car {
 
-/// The per-model request lock: a TimedLockable (lock, try_lock, try_lock_for, unlock) built from std::mutex
+/// The per-model request lock: a TimedLockable (lock, try_lock, try_lock_for, unlock) built from a mutex
 /// and a condition variable. std::timed_mutex would do the same, but libstdc++ 12 implements its timed waits
 /// with pthread_mutex_clocklock, which ThreadSanitizer does not intercept, so TSan then reports every unlock
 /// as the unlock of an unlocked mutex. Not recursive; waiters are not queued in order.
 class ModelMutex {
  public:
   void lock() {
-    std::unique_lock<std::mutex> guard(m_);
-    cv_.wait(guard, [&] { return !held_; });
+    MutexLock guard(m_);
+    cv_.wait(guard, [&]() CAR_REQUIRES(m_) { return !held_; });
     held_ = true;
   }
   bool try_lock() {
-    std::lock_guard<std::mutex> guard(m_);
+    MutexLock guard(m_);
     if (held_) return false;
     held_ = true;
     return true;
   }
   template <typename Rep, typename Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
-    std::unique_lock<std::mutex> guard(m_);
-    if (!cv_.wait_for(guard, timeout, [&] { return !held_; })) return false;
+    MutexLock guard(m_);
+    if (!cv_.wait_for(guard, timeout, [&]() CAR_REQUIRES(m_) { return !held_; })) return false;
     held_ = true;
     return true;
   }
   void unlock() {
     {
-      std::lock_guard<std::mutex> guard(m_);
+      MutexLock guard(m_);
       held_ = false;
     }
     cv_.notify_one();
   }
 
  private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool held_ = false;
+  Mutex m_;
+  std::condition_variable_any cv_;
+  bool held_ CAR_GUARDED_BY(m_) = false;
 };
 
 /// The cache's notion of "now". Defaults to std::chrono::steady_clock::now.
@@ -176,7 +178,7 @@ namespace cache_detail {
 /// still have a clock and a place to report their release.
 struct Core {
   explicit Core(CacheClock c) : clock(std::move(c)) {}
-  std::mutex mutex;  ///< the cache's one map mutex (guards BackendCache's members, see there)
+  Mutex mutex;  ///< the cache's one map mutex (guards BackendCache's members, see there)
   const CacheClock clock;
   std::atomic<std::size_t> evicted_held_entries{0};
   std::atomic<std::uint64_t> evicted_held_bytes{0};
@@ -185,14 +187,14 @@ struct Core {
   /// drops its count before reading it (all seq_cst), so a lease ending while the cache decides it cannot
   /// evict that entry either sees the flag or is seen as ended.
   std::atomic<bool> over_budget{false};
-  /// Evicts entries not in use until within budget, appending the dropped references; set by the cache,
-  /// emptied by its destructor. GUARDED_BY(mutex).
-  std::function<void(std::vector<std::shared_ptr<void>>&)> trim_locked;
+  /// Evicts entries not in use until within budget, appending the dropped references; called with `mutex`
+  /// held; set by the cache, emptied by its destructor.
+  std::function<void(std::vector<std::shared_ptr<void>>&)> trim_locked CAR_GUARDED_BY(mutex);
 
   /// Trim now (a lease ended while over budget). The dropped backends are released after unlocking.
   void trim() {
     std::vector<std::shared_ptr<void>> dropped;  // destroyed after `guard`
-    std::lock_guard<std::mutex> guard(mutex);
+    MutexLock guard(mutex);
     if (trim_locked) trim_locked(dropped);
   }
 };
@@ -295,7 +297,9 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   // without it. last_used_ns_ is written on hits (under core_->mutex) and on lease release.
   std::atomic<std::uint32_t> leases_{0};
   std::atomic<std::int64_t> last_used_ns_;
-  std::uint64_t hits_ = 0;  ///< GUARDED_BY(core_->mutex)
+  // Counted under the cache's mutex; atomic (relaxed) so that need not be proved to the thread-safety
+  // analysis, which cannot tell that an entry's core_ is its cache's.
+  std::atomic<std::uint64_t> hits_{0};
   std::atomic<bool> evicted_{false};
 };
 
@@ -346,7 +350,7 @@ class BackendLease {
 template <typename T>
 BackendLease<T> CachedBackend<T>::acquire() {
   {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     leases_.fetch_add(1, std::memory_order_acq_rel);
   }
   return BackendLease<T>(this->shared_from_this());
@@ -365,7 +369,7 @@ class BackendCache {
       : core_(std::make_shared<cache_detail::Core>(std::move(clock))),
         budget_bytes_(budget_bytes),
         idle_ttl_(normalize_ttl(idle_ttl)) {
-    core_->trim_locked = [this](std::vector<std::shared_ptr<void>>& dropped) {
+    core_->trim_locked = [this](std::vector<std::shared_ptr<void>>& dropped) CAR_REQUIRES(core_->mutex) {
       std::vector<Handle> handles;
       trim_locked(now_ns(), handles);
       dropped.insert(dropped.end(), handles.begin(), handles.end());
@@ -376,7 +380,7 @@ class BackendCache {
   BackendCache& operator=(const BackendCache&) = delete;
   /// Handles and leases outlive the cache safely; in-flight loads must have finished.
   ~BackendCache() {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     core_->trim_locked = nullptr;
     core_->over_budget.store(false);
   }
@@ -405,7 +409,7 @@ class BackendCache {
 
   /// The cached handle for `key`, or nullptr. Does not count as a hit or refresh anything.
   Handle peek(std::string_view key) const {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     auto it = map_.find(std::string(key));
     return it == map_.end() ? nullptr : *it->second;
   }
@@ -417,7 +421,7 @@ class BackendCache {
     std::vector<Handle> dropped;
     bool was_cached = false;
     {
-      std::lock_guard<std::mutex> guard(core_->mutex);
+      MutexLock guard(core_->mutex);
       std::string k(key);
       if (auto f = flights_.find(k); f != flights_.end()) f->second->invalidated = true;
       auto it = map_.find(k);
@@ -434,7 +438,7 @@ class BackendCache {
     std::vector<Handle> dropped;
     Evicted out;
     {
-      std::lock_guard<std::mutex> guard(core_->mutex);
+      MutexLock guard(core_->mutex);
       for (auto& [k, flight] : flights_) flight->invalidated = true;
       const std::int64_t now = now_ns();
       while (!lru_.empty()) {
@@ -453,7 +457,7 @@ class BackendCache {
     std::vector<Handle> dropped;
     Evicted out;
     {
-      std::lock_guard<std::mutex> guard(core_->mutex);
+      MutexLock guard(core_->mutex);
       if (!idle_ttl_) return out;
       const std::int64_t now = now_ns();
       const std::int64_t ttl_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(*idle_ttl_).count();
@@ -477,7 +481,7 @@ class BackendCache {
   Evicted set_budget(std::uint64_t budget_bytes) {
     std::vector<Handle> dropped;
     {
-      std::lock_guard<std::mutex> guard(core_->mutex);
+      MutexLock guard(core_->mutex);
       budget_bytes_ = budget_bytes;
       const std::int64_t now = now_ns();
       if (budget_bytes_ == 0) {
@@ -499,35 +503,35 @@ class BackendCache {
   /// Change the idle TTL at runtime; nullopt or zero disables idle eviction. Takes effect on the next
   /// evict_idle().
   void set_idle_ttl(std::optional<std::chrono::milliseconds> ttl) {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     idle_ttl_ = normalize_ttl(ttl);
   }
 
   std::uint64_t budget_bytes() const {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     return budget_bytes_;
   }
   std::optional<std::chrono::milliseconds> idle_ttl() const {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     return idle_ttl_;
   }
   bool is_disabled() const { return budget_bytes() == 0; }
 
   /// How many entries are cached (O(1); stats() lists them all).
   std::size_t entries() const {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     return map_.size();
   }
 
   /// The cached entries, most recently used first. Refreshes nothing.
   std::vector<CacheEntryInfo> list() const {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     return list_locked(now_ns());
   }
 
   /// Counters and listing. Refreshes nothing.
   CacheStats stats() const {
-    std::lock_guard<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     CacheStats s;
     s.entries = map_.size();
     s.total_bytes = total_bytes_;
@@ -558,14 +562,15 @@ class BackendCache {
  private:
   using LruList = std::list<Handle>;  // front = most recently used
 
-  // One in-flight load; waiters sleep on `done_cv` with core_->mutex.
+  // One in-flight load; waiters sleep on `done_cv` with core_->mutex. The fields below are read and written
+  // only under core_->mutex (an annotation in this struct cannot name the cache's mutex).
   struct Flight {
-    std::condition_variable done_cv;
-    bool done = false;           ///< GUARDED_BY(core_->mutex)
-    bool invalidated = false;    ///< GUARDED_BY(core_->mutex): do not cache the result
-    std::optional<Error> error;  ///< GUARDED_BY(core_->mutex): set when the load failed
-    std::uint64_t reserved = 0;  ///< GUARDED_BY(core_->mutex): this load's estimate, in reserved_bytes_
-    Handle handle;               ///< GUARDED_BY(core_->mutex): set when it succeeded
+    std::condition_variable_any done_cv;
+    bool done = false;
+    bool invalidated = false;    ///< do not cache the result
+    std::optional<Error> error;  ///< set when the load failed
+    std::uint64_t reserved = 0;  ///< this load's estimate, in reserved_bytes_
+    Handle handle;               ///< set when it succeeded
     std::chrono::steady_clock::time_point started;
   };
 
@@ -653,12 +658,12 @@ class BackendCache {
     std::string key(key_view);
     std::shared_ptr<Flight> flight;
     {
-      std::unique_lock<std::mutex> guard(core_->mutex);
+      MutexLock guard(core_->mutex);
       if (auto it = map_.find(key); it != map_.end()) {
         Handle& h = *it->second;
         lru_.splice(lru_.begin(), lru_, it->second);  // O(1) move to front
         h->touch(now_ns());
-        h->hits_ += 1;
+        h->hits_.fetch_add(1, std::memory_order_relaxed);
         hits_ += 1;
         if (take_lease) h->leases_.fetch_add(1, std::memory_order_acq_rel);
         out.hit = true;
@@ -692,7 +697,7 @@ class BackendCache {
     if (flight) {
       Result<std::uint64_t> e = run_estimate(estimate);
       std::vector<Handle> dropped;  // released after the lock, before the loader allocates
-      std::lock_guard<std::mutex> guard(core_->mutex);
+      MutexLock guard(core_->mutex);
       if (!e.ok()) {
         load_failures_ += 1;
         finish_flight(key, flight, e.error(), nullptr);
@@ -711,7 +716,7 @@ class BackendCache {
       trim_locked(now_ns(), dropped);
       loads_ += 1;
     } else {
-      std::lock_guard<std::mutex> guard(core_->mutex);
+      MutexLock guard(core_->mutex);
       loads_ += 1;
     }
 
@@ -730,7 +735,7 @@ class BackendCache {
     }
 
     std::vector<Handle> dropped;  // released after the lock
-    std::unique_lock<std::mutex> guard(core_->mutex);
+    MutexLock guard(core_->mutex);
     const std::int64_t now = now_ns();
     out.load_time = core_->clock() - started;
     if (flight) {
@@ -769,11 +774,12 @@ class BackendCache {
     return h;
   }
 
-  // Requires core_->mutex. Evicts least-recently-used entries without a lease (never `keep`) until the
-  // cached bytes plus the loads in flight fit the budget; sets or clears core_->over_budget (see Core).
-  void trim_locked(std::int64_t now, std::vector<Handle>& dropped, const CachedBackend<T>* keep = nullptr) {
+  // Evicts least-recently-used entries without a lease (never `keep`) until the cached bytes plus the loads
+  // in flight fit the budget; sets or clears core_->over_budget (see Core).
+  void trim_locked(std::int64_t now, std::vector<Handle>& dropped, const CachedBackend<T>* keep = nullptr)
+      CAR_REQUIRES(core_->mutex) {
     if (budget_bytes_ == 0) return;
-    auto over = [&] { return total_bytes_ + reserved_bytes_ > budget_bytes_; };
+    auto over = [&]() CAR_REQUIRES(core_->mutex) { return total_bytes_ + reserved_bytes_ > budget_bytes_; };
     if (!over()) {
       core_->over_budget.store(false);
       return;
@@ -792,9 +798,9 @@ class BackendCache {
     core_->over_budget.store(total_bytes_ > budget_bytes_);
   }
 
-  // Requires core_->mutex. Publishes a load's outcome to its waiters and forgets the flight.
+  // Publishes a load's outcome to its waiters and forgets the flight.
   void finish_flight(const std::string& key, const std::shared_ptr<Flight>& flight,
-                     std::optional<Error> error, Handle h) {
+                     std::optional<Error> error, Handle h) CAR_REQUIRES(core_->mutex) {
     flight->done = true;
     flight->error = std::move(error);
     flight->handle = std::move(h);
@@ -802,10 +808,10 @@ class BackendCache {
     flight->done_cv.notify_all();
   }
 
-  // Requires core_->mutex. Removes one entry from the map and the LRU list and returns the cache's
-  // reference, which the caller drops after unlocking (a backend is never destroyed under the lock).
+  // Removes one entry from the map and the LRU list and returns the cache's reference, which the caller
+  // drops after unlocking (a backend is never destroyed under the lock).
   Handle evict_locked(typename std::unordered_map<std::string, typename LruList::iterator>::iterator it,
-                      EvictionCause cause, std::int64_t now) {
+                      EvictionCause cause, std::int64_t now) CAR_REQUIRES(core_->mutex) {
     CAR_CHECK(it != map_.end());
     Handle h = std::move(*it->second);
     lru_.erase(it->second);
@@ -819,8 +825,7 @@ class BackendCache {
     return h;
   }
 
-  // Requires core_->mutex.
-  std::vector<CacheEntryInfo> list_locked(std::int64_t now) const {
+  std::vector<CacheEntryInfo> list_locked(std::int64_t now) const CAR_REQUIRES(core_->mutex) {
     std::vector<CacheEntryInfo> items;
     items.reserve(lru_.size());
     for (const Handle& e : lru_) {
@@ -831,7 +836,7 @@ class BackendCache {
       i.in_use = i.leases > 0;
       i.idle_seconds = i.in_use ? 0.0 : cache_detail::seconds_between(e->last_used_ns_.load(), now);
       i.age_seconds = cache_detail::seconds_between(e->loaded_ns_, now);
-      i.hits = e->hits_;
+      i.hits = e->hits_.load(std::memory_order_relaxed);
       items.push_back(std::move(i));
     }
     return items;
@@ -842,18 +847,22 @@ class BackendCache {
   // sum of their sizes. A key is in flights_ while exactly one caller estimates and loads it (never when
   // caching is disabled). total_bytes_ <= budget_bytes_ unless entries in use hold more (then
   // core_->over_budget is set and the next lease to end trims).
-  std::unordered_map<std::string, typename LruList::iterator> map_;   ///< GUARDED_BY(core_->mutex)
-  LruList lru_;                                                       ///< GUARDED_BY(core_->mutex)
-  std::unordered_map<std::string, std::shared_ptr<Flight>> flights_;  ///< GUARDED_BY(core_->mutex)
-  std::uint64_t total_bytes_ = 0;                                     ///< GUARDED_BY(core_->mutex)
-  std::uint64_t reserved_bytes_ = 0;  ///< GUARDED_BY(core_->mutex): sum of the flights' `reserved`
-  std::uint64_t refused_ = 0;         ///< GUARDED_BY(core_->mutex)
-  std::uint64_t budget_bytes_;        ///< GUARDED_BY(core_->mutex)
-  std::optional<std::chrono::milliseconds> idle_ttl_;  ///< GUARDED_BY(core_->mutex)
-  std::uint64_t hits_ = 0, misses_ = 0, coalesced_ = 0, loads_ = 0, load_failures_ = 0;  ///< GUARDED_BY
-  std::uint64_t evictions_[4] = {0, 0, 0, 0};  ///< GUARDED_BY(core_->mutex), indexed by EvictionCause
-  double last_eviction_age_s_ = 0;             ///< GUARDED_BY(core_->mutex)
-  double eviction_age_sum_s_ = 0;              ///< GUARDED_BY(core_->mutex)
+  std::unordered_map<std::string, typename LruList::iterator> map_ CAR_GUARDED_BY(core_->mutex);
+  LruList lru_ CAR_GUARDED_BY(core_->mutex);
+  std::unordered_map<std::string, std::shared_ptr<Flight>> flights_ CAR_GUARDED_BY(core_->mutex);
+  std::uint64_t total_bytes_ CAR_GUARDED_BY(core_->mutex) = 0;
+  std::uint64_t reserved_bytes_ CAR_GUARDED_BY(core_->mutex) = 0;  ///< sum of the flights' `reserved`
+  std::uint64_t refused_ CAR_GUARDED_BY(core_->mutex) = 0;
+  std::uint64_t budget_bytes_ CAR_GUARDED_BY(core_->mutex);
+  std::optional<std::chrono::milliseconds> idle_ttl_ CAR_GUARDED_BY(core_->mutex);
+  std::uint64_t hits_ CAR_GUARDED_BY(core_->mutex) = 0;
+  std::uint64_t misses_ CAR_GUARDED_BY(core_->mutex) = 0;
+  std::uint64_t coalesced_ CAR_GUARDED_BY(core_->mutex) = 0;
+  std::uint64_t loads_ CAR_GUARDED_BY(core_->mutex) = 0;
+  std::uint64_t load_failures_ CAR_GUARDED_BY(core_->mutex) = 0;
+  std::uint64_t evictions_[4] CAR_GUARDED_BY(core_->mutex) = {0, 0, 0, 0};  ///< indexed by EvictionCause
+  double last_eviction_age_s_ CAR_GUARDED_BY(core_->mutex) = 0;
+  double eviction_age_sum_s_ CAR_GUARDED_BY(core_->mutex) = 0;
 };
 
 }  // namespace car

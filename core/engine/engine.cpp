@@ -18,7 +18,6 @@
 namespace car::engine {
 
 namespace {
-constexpr int64_t kMaxHeadDim = 1024;    // ForwardPass's per-task stack scratch
 constexpr int64_t kDefaultMaxContext = 4096;
 constexpr int64_t kMaxBatch = 256;       // rows per prompt-processing batch
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/engine/sampler.h"
 #include "core/experts/streamed_source.h"
 #include "core/util/result.h"
 
@@ -51,16 +52,6 @@ struct StreamDecision {
 StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint64_t file_bytes,
                                 const experts::MemoryProbe& memory);
 
-struct SamplingParams {
-  float temperature = 0.8f;  ///< 0 = greedy
-  int top_k = 40;            ///< 0 = off
-  float top_p = 0.95f;       ///< 1 = off
-  float min_p = 0.05f;       ///< 0 = off
-  float repeat_penalty = 1.0f;
-  int repeat_last_n = 64;
-  uint64_t seed = 0;
-};
-
 struct GenerateRequest {
   std::string prompt;                 ///< tokenized with the model's tokenizer unless prompt_ids is set
   std::vector<int32_t> prompt_ids;    ///< used as-is when non-empty
@@ -70,20 +61,14 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;      ///< stop strings (not included in the output)
   int top_logprobs = 0;               ///< K most likely ids per generated position
-  /// Keep generating past EOS until max_tokens (finish_reason "length"). Added for `car bench`, which
-  /// prefills random ids and must decode exactly max_tokens tokens; generate() should skip its EOS check
-  /// when set. Sampling and stop strings: core/engine/sampler.h (Sampler, StopMatcher).
+  /// Keep generating past end-of-generation tokens until max_tokens (finish_reason "length"); `car bench`
+  /// uses it to decode exactly max_tokens tokens after random prompt ids.
   bool ignore_eos = false;
 };
 
 struct TokenEvent {
   int32_t token;
   std::string text;  ///< decoded bytes released by this token (never a partial UTF-8 character)
-};
-
-struct TopLogprob {
-  int32_t token;
-  double logprob;
 };
 
 struct GenerateResult {

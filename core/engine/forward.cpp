@@ -12,7 +12,6 @@
 namespace car::engine {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 1024;  // stack scratch per attention task
 constexpr int64_t kMinParallelGlu = 2048;  // SwiGLU elements below which the pool is not used
 constexpr int64_t kGluGrain = 256;
 
@@ -300,14 +299,15 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   const int64_t K = hp_.n_expert_used;
   const bool normalize = hp_.traits->moe_norm_weights;
 
-  // Router (F32 weights: the input is not rounded) and top-k per row.
+  // Route: the router (F32 weights: the input is not rounded) and the top-k experts and weights per row.
   mm(L.ffn_gate_inp, xn_.data(), n, router_.data());
   for (int64_t i = 0; i < n; ++i) {
     select_experts(router_.data() + i * NE, NE, K, normalize, probs_.data() + i * NE, sel_ids_.data() + i * K,
                    sel_w_.data() + i * K);
   }
+  if (n == 1) return moe_ffn_token(il);
 
-  // Group the (row, slot) assignments by expert (counting sort; rows stay in increasing order).
+  // Dispatch: group the (row, slot) assignments by expert (counting sort; rows stay in increasing order).
   std::fill(group_start_.begin(), group_start_.end(), 0);
   for (int64_t a = 0; a < n * K; ++a) ++group_start_[sz(sel_ids_[sz(a)]) + 1];
   for (int64_t e = 0; e < NE; ++e) group_start_[sz(e + 1)] += group_start_[sz(e)];
@@ -317,10 +317,9 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   }
   for (int64_t e = 0; e < NE; ++e) cursor_[sz(e)] = group_start_[sz(e)];
   for (int64_t a = 0; a < n * K; ++a) group_rows_[sz(cursor_[sz(sel_ids_[sz(a)])]++)] = static_cast<int32_t>(a);
-  if (n == 1) return moe_ffn_token(il);
 
-  // Each distinct expert is leased once per batch, in waves no larger than the source's free slots; the
-  // products per expert and the slot sum below do not depend on the waves.
+  // Run each distinct expert on its rows, leased once per batch in waves no larger than the source's free
+  // slots; the products per expert and the slot sum below do not depend on the waves.
   const size_t wave = static_cast<size_t>(std::max(1, experts_->slots(static_cast<int>(il))));
   for (size_t first = 0; first < active_.size(); first += wave) {
     const size_t count = std::min(wave, active_.size() - first);
@@ -332,6 +331,7 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
     leases_.clear();
   }
 
+  // Combine: each row's weighted expert outputs, summed.
   sum_slots(n);
   return {};
 }

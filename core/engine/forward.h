@@ -45,6 +45,10 @@
 
 namespace car::engine {
 
+/// The largest K / V head dimension ForwardPass computes (its attention tasks keep a head in stack scratch);
+/// load_model refuses models with larger heads.
+inline constexpr int64_t kMaxHeadDim = 1024;
+
 class ForwardPass {
  public:
   /// `experts` may be null for a dense model.

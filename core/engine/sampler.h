@@ -34,9 +34,24 @@
 #include <string_view>
 #include <vector>
 
-#include "core/engine/engine.h"
-
 namespace car::engine {
+
+/// The sampler's settings (GenerateRequest::sampling); see the transforms above.
+struct SamplingParams {
+  float temperature = 0.8f;  ///< 0 = greedy
+  int top_k = 40;            ///< 0 = off
+  float top_p = 0.95f;       ///< 1 = off
+  float min_p = 0.05f;       ///< 0 = off
+  float repeat_penalty = 1.0f;
+  int repeat_last_n = 64;
+  uint64_t seed = 0;
+};
+
+/// One of the most likely ids at a position, with its natural-log probability.
+struct TopLogprob {
+  int32_t token;
+  double logprob;
+};
 
 class Sampler {
  public:

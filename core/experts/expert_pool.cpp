@@ -154,7 +154,7 @@ ExpertPool::ExpertPool(const StreamOptions& options) : options_(options) {
 
 ExpertPool::~ExpertPool() {
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    MutexLock lock(queue_mutex_);
     stop_ = true;
   }
   queue_cv_.notify_all();
@@ -162,7 +162,7 @@ ExpertPool::~ExpertPool() {
 }
 
 PoolLayout ExpertPool::layout() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return layout_;
 }
 
@@ -171,13 +171,13 @@ uint64_t ExpertPool::budget_bytes() const {
 }
 
 void ExpertPool::join(StreamedExpertSource* source) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   sources_.push_back(source);
   resize_locked();
 }
 
 void ExpertPool::leave(StreamedExpertSource* source) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   sources_.erase(std::remove(sources_.begin(), sources_.end(), source), sources_.end());
   resize_locked();
 }
@@ -229,28 +229,30 @@ void ExpertPool::resize_locked() {
 
 void ExpertPool::submit(const void* owner, bool demand, std::function<void()> run) {
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    MutexLock lock(queue_mutex_);
     (demand ? demand_ : prefetch_).push_back(Job{owner, std::move(run)});
   }
   queue_cv_.notify_one();
 }
 
 void ExpertPool::cancel(const void* owner) {
-  std::unique_lock<std::mutex> lock(queue_mutex_);
+  MutexLock lock(queue_mutex_);
   auto drop = [owner](std::deque<Job>& q) {
     q.erase(std::remove_if(q.begin(), q.end(), [owner](const Job& j) { return j.owner == owner; }), q.end());
   };
   drop(demand_);
   drop(prefetch_);
-  idle_cv_.wait(lock, [&] { return std::find(running_.begin(), running_.end(), owner) == running_.end(); });
+  idle_cv_.wait(lock, [&]() CAR_REQUIRES(queue_mutex_) {
+    return std::find(running_.begin(), running_.end(), owner) == running_.end();
+  });
 }
 
 void ExpertPool::reader_loop() {
   // At most half the readers serve prefetches, so a demand read always finds a free one.
   const int max_prefetch = max_prefetch_;
-  std::unique_lock<std::mutex> lock(queue_mutex_);
+  MutexLock lock(queue_mutex_);
   for (;;) {
-    queue_cv_.wait(lock, [&] {
+    queue_cv_.wait(lock, [&]() CAR_REQUIRES(queue_mutex_) {
       return stop_ || !demand_.empty() || (!prefetch_.empty() && prefetch_running_ < max_prefetch);
     });
     if (stop_) return;

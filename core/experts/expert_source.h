@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/experts/expert_bank.h"
 #include "core/tensor/kernels.h"
 #include "core/util/result.h"
 
@@ -27,17 +28,6 @@ struct ExpertWeights {
   tensor::MatrixView gate;  ///< (n_ff, n_embd): rows n_ff, cols n_embd
   tensor::MatrixView up;    ///< (n_ff, n_embd)
   tensor::MatrixView down;  ///< (n_embd, n_ff)
-};
-
-/// Geometry of one layer's banks, as read from the file.
-struct ExpertBankInfo {
-  tensor::MatrixView gate_bank;  ///< rows = n_ff * n_expert (expert-major), cols = n_embd
-  tensor::MatrixView up_bank;    ///< rows = n_ff * n_expert, cols = n_embd
-  tensor::MatrixView down_bank;  ///< rows = n_embd * n_expert, cols = n_ff
-  int n_expert = 0;
-  uint64_t gate_offset = 0;  ///< absolute file offsets of the banks (for positional reads)
-  uint64_t up_offset = 0;
-  uint64_t down_offset = 0;
 };
 
 /// Telemetry of one source (one model). All zero for the resident source. A streamed source's budget is

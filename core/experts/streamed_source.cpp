@@ -157,23 +157,30 @@ struct StreamedExpertSource::Impl {
   std::string sidecar;
   std::vector<int> n_expert;  // per layer, for the sidecar
 
-  mutable std::mutex mutex;
-  std::condition_variable loaded;            // some slot left the loading state
-  std::vector<Bank> banks;                   // per layer
-  std::vector<std::vector<uint64_t>> usage;  // GUARDED_BY(mutex): acquires this run, per (layer, expert)
-  std::vector<std::vector<uint64_t>> saved;  // GUARDED_BY(mutex): the part of usage already in the sidecar
-  uint64_t hits = 0, misses = 0, bytes_read = 0, prefetch_issued = 0, prefetch_used = 0;  // GUARDED_BY(mutex)
-  LatencyHistogram latency;                                                               // GUARDED_BY(mutex)
-  std::vector<std::string> warnings;                                                      // GUARDED_BY(mutex)
-  size_t warnings_dropped = 0;                                                            // GUARDED_BY(mutex)
-  std::mutex save_mutex;  // serializes save_usage()
+  mutable Mutex mutex;
+  std::condition_variable_any loaded;  // some slot left the loading state
+  // Per layer. The bookkeeping fields (cap, held, index, lru, pins) and the slots' state are read and
+  // written under `mutex`, by the *_locked helpers; the geometry is read without it. Not annotated, as the
+  // analysis cannot tell the two apart.
+  std::vector<Bank> banks;
+  std::vector<std::vector<uint64_t>> usage CAR_GUARDED_BY(mutex);  // acquires this run, per (layer, expert)
+  std::vector<std::vector<uint64_t>> saved CAR_GUARDED_BY(mutex);  // the part of usage already in the sidecar
+  uint64_t hits CAR_GUARDED_BY(mutex) = 0;
+  uint64_t misses CAR_GUARDED_BY(mutex) = 0;
+  uint64_t bytes_read CAR_GUARDED_BY(mutex) = 0;
+  uint64_t prefetch_issued CAR_GUARDED_BY(mutex) = 0;
+  uint64_t prefetch_used CAR_GUARDED_BY(mutex) = 0;
+  LatencyHistogram latency CAR_GUARDED_BY(mutex);
+  std::vector<std::string> warnings CAR_GUARDED_BY(mutex);
+  size_t warnings_dropped CAR_GUARDED_BY(mutex) = 0;
+  Mutex save_mutex;  // serializes save_usage(); taken before `mutex`
 
   ~Impl() {
     if (fd_direct >= 0) ::close(fd_direct);
     if (fd_buffered >= 0) ::close(fd_buffered);
   }
 
-  void warn_locked(std::string msg) {
+  void warn_locked(std::string msg) CAR_REQUIRES(mutex) {
     if (warnings.size() < kMaxWarnings) {
       warnings.push_back(std::move(msg));
     } else {
@@ -187,7 +194,7 @@ struct StreamedExpertSource::Impl {
 
   // --- bank bookkeeping (mutex held) ---
 
-  void evict_locked(Bank& b, Slot* s) {
+  void evict_locked(Bank& b, Slot* s) CAR_REQUIRES(mutex) {
     CAR_CHECK(s->leases == 0 && s->state != Slot::State::loading);
     if (s->on_lru) b.lru.erase(s->lru_pos);
     s->on_lru = false;
@@ -197,7 +204,7 @@ struct StreamedExpertSource::Impl {
   }
 
   /// A ready slot just lost its last lease (or finished loading with none): LRU, or given back when over cap.
-  void settle_locked(Bank& b, Slot* s) {
+  void settle_locked(Bank& b, Slot* s) CAR_REQUIRES(mutex) {
     if (s->pinned || s->on_lru) return;
     if (b.held > b.cap) {
       evict_locked(b, s);
@@ -208,7 +215,7 @@ struct StreamedExpertSource::Impl {
     s->lru_pos = std::prev(b.lru.end());
   }
 
-  void take_lease_locked(Bank& b, Slot* s) {
+  void take_lease_locked(Bank& b, Slot* s) CAR_REQUIRES(mutex) {
     if (s->on_lru) {
       b.lru.erase(s->lru_pos);
       s->on_lru = false;
@@ -216,14 +223,14 @@ struct StreamedExpertSource::Impl {
     ++s->leases;
   }
 
-  void drop_lease_locked(Bank& b, Slot* s) {
+  void drop_lease_locked(Bank& b, Slot* s) CAR_REQUIRES(mutex) {
     CAR_CHECK(s->leases > 0);
     if (--s->leases == 0 && s->state == Slot::State::ready) settle_locked(b, s);
   }
 
   /// A new loading slot for `expert`, reusing the least recently used slot's memory when the bank is at its
   /// cap. A demand over-commits when nothing is evictable; a prefetch gets null instead.
-  std::shared_ptr<Slot> new_slot_locked(Bank& b, int expert, bool demand) {
+  std::shared_ptr<Slot> new_slot_locked(Bank& b, int expert, bool demand) CAR_REQUIRES(mutex) {
     auto s = std::make_shared<Slot>();
     s->expert = expert;
     s->pinned = b.in_pin_set[static_cast<size_t>(expert)] != 0;
@@ -307,14 +314,14 @@ struct StreamedExpertSource::Impl {
   void fall_back_to_buffered(const char* why) {
     bool expected = true;
     if (!direct.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) return;
-    std::lock_guard<std::mutex> lock(mutex);
+    MutexLock lock(mutex);
     warn_locked(path + ": O_DIRECT read refused (" + why + "); falling back to buffered reads + DONTNEED");
   }
 
   /// A reader job: fill the slot, then publish it.
   void load(int layer, const std::shared_ptr<Slot>& s) {
     {
-      std::lock_guard<std::mutex> lock(mutex);
+      MutexLock lock(mutex);
       if (s->started) return;
       s->started = true;
     }
@@ -334,7 +341,7 @@ struct StreamedExpertSource::Impl {
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 
-    std::lock_guard<std::mutex> lock(mutex);
+    MutexLock lock(mutex);
     bytes_read += nread;
     if (r.ok()) {
       latency.add(us);
@@ -362,8 +369,8 @@ struct StreamedExpertSource::Impl {
   }
 
   /// Wait until none of `slots` is loading; then drop every lease of a failed one and return its error.
-  Result<void> wait_locked(std::unique_lock<std::mutex>& lock, int layer,
-                           const std::vector<std::shared_ptr<Slot>>& slots) {
+  Result<void> wait_locked(MutexLock& lock, int layer, const std::vector<std::shared_ptr<Slot>>& slots)
+      CAR_REQUIRES(mutex) {
     loaded.wait(lock, [&] {
       for (const auto& s : slots) {
         if (s->state == Slot::State::loading) return false;
@@ -408,6 +415,8 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
     return make_error("io_error", path + ": fstat: " + std::strerror(errno));
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  // No other thread sees `impl` yet; the lock is taken so the guarded state is only ever touched under it.
+  MutexLock setup(impl->mutex);
   if (options.direct_io) {
     impl->fd_direct = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
     if (impl->fd_direct < 0) {
@@ -475,6 +484,8 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
     }
   }
 
+  setup.unlock();  // joining the pool takes the pool's mutex, then ours
+
   impl->pool = options.pool ? options.pool : std::make_shared<ExpertPool>(options);
   Impl* raw = impl.get();
   std::unique_ptr<StreamedExpertSource> source(new StreamedExpertSource(std::move(banks), std::move(impl)));
@@ -485,7 +496,7 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
 
   // Read every bank's pin set now, all at once (the readers work through them at full queue depth).
   std::vector<std::vector<std::shared_ptr<Slot>>> pins(raw->banks.size());
-  std::unique_lock<std::mutex> lock(raw->mutex);
+  MutexLock lock(raw->mutex);
   for (size_t l = 0; l < raw->banks.size(); ++l) {
     Impl::Bank& b = raw->banks[l];
     for (int i = 0; i < b.pin_count; ++i) {
@@ -521,7 +532,7 @@ StreamedExpertSource::~StreamedExpertSource() {
   if (!impl_) return;
   impl_->pool->cancel(impl_.get());
   {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
+    MutexLock lock(impl_->mutex);
     for (Impl::Bank& b : impl_->banks) {
       for (const auto& s : b.index) CAR_CHECK(s == nullptr || s->leases == 0);  // leases must end first
       b.lru.clear();
@@ -549,7 +560,7 @@ Result<void> StreamedExpertSource::acquire_many(int layer, std::span<const int> 
   std::vector<std::shared_ptr<Slot>> held;
   std::vector<std::shared_ptr<Slot>> to_read;
   held.reserve(experts.size());
-  std::unique_lock<std::mutex> lock(I.mutex);
+  MutexLock lock(I.mutex);
   for (int e : experts) {
     CAR_CHECK(e >= 0 && e < b.n_expert);
     ++I.usage[static_cast<size_t>(layer)][static_cast<size_t>(e)];
@@ -595,7 +606,7 @@ void StreamedExpertSource::prefetch(int layer, std::span<const int> experts) {
   Impl::Bank& b = I.banks[static_cast<size_t>(layer)];
   std::vector<std::shared_ptr<Slot>> to_read;
   {
-    std::lock_guard<std::mutex> lock(I.mutex);
+    MutexLock lock(I.mutex);
     for (int e : experts) {
       if (e < 0 || e >= b.n_expert || b.index[static_cast<size_t>(e)]) continue;
       std::shared_ptr<Slot> s = I.new_slot_locked(b, e, false);
@@ -610,7 +621,7 @@ void StreamedExpertSource::prefetch(int layer, std::span<const int> experts) {
 
 void StreamedExpertSource::release(int layer, int expert, uint64_t token) {
   Impl& I = *impl_;
-  std::lock_guard<std::mutex> lock(I.mutex);
+  MutexLock lock(I.mutex);
   Impl::Bank& b = I.banks[static_cast<size_t>(layer)];
   Slot* s = reinterpret_cast<Slot*>(token);
   CAR_CHECK(b.index[static_cast<size_t>(expert)].get() == s);  // a leased slot is never evicted
@@ -618,7 +629,7 @@ void StreamedExpertSource::release(int layer, int expert, uint64_t token) {
 }
 
 int StreamedExpertSource::slots(int layer) const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  MutexLock lock(impl_->mutex);
   const Impl::Bank& b = impl_->banks[static_cast<size_t>(layer)];
   if (b.n_expert <= 0) return 0;
   return std::max(1, b.cap - b.pin_count);
@@ -628,8 +639,8 @@ ExpertStats StreamedExpertSource::stats() const {
   ExpertStats s;
   s.mode = "streamed";
   s.budget_bytes = impl_->pool->budget_bytes();  // before our lock: the pool's mutex comes first
-  std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& I = *impl_;
+  MutexLock lock(I.mutex);
   for (const Impl::Bank& b : I.banks) {
     if (b.n_expert <= 0) continue;
     ++s.banks;
@@ -661,7 +672,7 @@ ExpertStats StreamedExpertSource::stats() const {
 }
 
 uint64_t StreamedExpertSource::resident_bytes() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  MutexLock lock(impl_->mutex);
   uint64_t total = 0;
   for (const Impl::Bank& b : impl_->banks) total += static_cast<uint64_t>(b.held) * b.slot_bytes;
   return total;
@@ -672,13 +683,13 @@ bool StreamedExpertSource::direct_io() const {
 }
 
 uint64_t StreamedExpertSource::use_count(int layer, int expert) const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  MutexLock lock(impl_->mutex);
   CAR_CHECK(layer >= 0 && layer < n_layers() && expert >= 0 && expert < n_expert(layer));
   return impl_->usage[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
 }
 
 std::vector<std::string> StreamedExpertSource::take_warnings() {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  MutexLock lock(impl_->mutex);
   std::vector<std::string> out;
   out.swap(impl_->warnings);
   if (impl_->warnings_dropped > 0) {
@@ -691,11 +702,11 @@ std::vector<std::string> StreamedExpertSource::take_warnings() {
 Result<void> StreamedExpertSource::save_usage() {
   Impl& I = *impl_;
   if (I.sidecar.empty()) return {};
-  std::lock_guard<std::mutex> save_lock(I.save_mutex);
+  MutexLock save_lock(I.save_mutex);
   UsageCounts delta;
   std::vector<std::vector<uint64_t>> snapshot;
   {
-    std::lock_guard<std::mutex> lock(I.mutex);
+    MutexLock lock(I.mutex);
     snapshot = I.usage;
     for (size_t l = 0; l < snapshot.size(); ++l) {
       for (size_t e = 0; e < snapshot[l].size(); ++e) {
@@ -707,7 +718,7 @@ Result<void> StreamedExpertSource::save_usage() {
   if (delta.empty()) return {};  // nothing new: periodic saves cost a lock and a scan
   std::vector<std::string> warnings;
   Result<void> r = merge_into_sidecar(I.sidecar, I.n_expert, delta, warnings);
-  std::lock_guard<std::mutex> lock(I.mutex);
+  MutexLock lock(I.mutex);
   for (std::string& w : warnings) I.warn_locked(std::move(w));
   if (r.ok()) I.saved = std::move(snapshot);
   return r;
@@ -723,7 +734,7 @@ std::vector<StreamedExpertSource::BankShape> StreamedExpertSource::bank_shapes()
 
 int StreamedExpertSource::apply_cap(int cap) {
   Impl& I = *impl_;
-  std::lock_guard<std::mutex> lock(I.mutex);
+  MutexLock lock(I.mutex);
   int pinned = 0;
   for (Impl::Bank& b : I.banks) {
     if (b.n_expert <= 0) continue;

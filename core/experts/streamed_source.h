@@ -57,6 +57,7 @@
 
 #include "core/experts/expert_source.h"
 #include "core/util/result.h"
+#include "core/util/thread_annotations.h"
 
 namespace car::experts {
 
@@ -136,7 +137,7 @@ class ExpertPool {
 
   void join(StreamedExpertSource* source);   // sizes every bank (source included)
   void leave(StreamedExpertSource* source);  // re-sizes the others
-  void resize_locked();                      // requires mutex_
+  void resize_locked() CAR_REQUIRES(mutex_);
   /// Queue a read job. Demand jobs go before every prefetch job.
   void submit(const void* owner, bool demand, std::function<void()> run);
   /// Drop `owner`'s queued jobs and wait for its running ones.
@@ -145,19 +146,19 @@ class ExpertPool {
 
   const StreamOptions options_;
 
-  mutable std::mutex mutex_;  // guards sources_, layout_
-  std::vector<StreamedExpertSource*>
-      sources_;        // GUARDED_BY(mutex_); non-owning, each leaves in its destructor
-  PoolLayout layout_;  // GUARDED_BY(mutex_)
+  mutable Mutex mutex_;  // taken before a source's mutex, never after
+  /// Non-owning; each source leaves in its destructor.
+  std::vector<StreamedExpertSource*> sources_ CAR_GUARDED_BY(mutex_);
+  PoolLayout layout_ CAR_GUARDED_BY(mutex_);
 
-  std::mutex queue_mutex_;            // guards the queues and counters below; a leaf lock
-  std::condition_variable queue_cv_;  // work queued or stopping
-  std::condition_variable idle_cv_;   // a job finished (cancel waits on it)
-  std::deque<Job> demand_;            // GUARDED_BY(queue_mutex_)
-  std::deque<Job> prefetch_;          // GUARDED_BY(queue_mutex_)
-  std::vector<const void*> running_;  // GUARDED_BY(queue_mutex_); owner of each job being run
-  int prefetch_running_ = 0;          // GUARDED_BY(queue_mutex_)
-  bool stop_ = false;                 // GUARDED_BY(queue_mutex_)
+  Mutex queue_mutex_;                     // a leaf lock
+  std::condition_variable_any queue_cv_;  // work queued or stopping
+  std::condition_variable_any idle_cv_;   // a job finished (cancel waits on it)
+  std::deque<Job> demand_ CAR_GUARDED_BY(queue_mutex_);
+  std::deque<Job> prefetch_ CAR_GUARDED_BY(queue_mutex_);
+  std::vector<const void*> running_ CAR_GUARDED_BY(queue_mutex_);  // owner of each job being run
+  int prefetch_running_ CAR_GUARDED_BY(queue_mutex_) = 0;
+  bool stop_ CAR_GUARDED_BY(queue_mutex_) = false;
   int max_prefetch_ = 1;  // readers that may serve prefetches at once (half); set before they start
   std::vector<std::thread> readers_;
 };

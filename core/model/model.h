@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/experts/expert_source.h"
+#include "core/experts/expert_bank.h"
 #include "core/gguf/gguf_file.h"
 #include "core/model/hparams.h"
 #include "core/tensor/kernels.h"

@@ -9,11 +9,9 @@
 #include <thread>
 #include <utility>
 
-#include "core/util/thread_pool.h"
-
-#ifdef CAR_SYNTH_HAVE_TENSOR
+#include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
-#endif
+#include "core/util/thread_pool.h"
 
 namespace car::synth {
 namespace {
@@ -113,41 +111,8 @@ class Rng {
   bool have_spare_ = false;
 };
 
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                                               // subnormal half (or zero)
-    float a;
-    std::memcpy(&a, &abs, 4);
-    // a * 2^24 is the subnormal mantissa; nearbyint rounds to nearest even.
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
-  }
-  // Normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even.
-  uint32_t h = ((abs - 0x38000000u) >> 13);
-  const uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0)) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
-
 bool quantizable(GgmlType t) {
-  if (is_float_type(t)) return true;
-#ifdef CAR_SYNTH_HAVE_TENSOR
-  return tensor::can_quantize(t);
-#else
-  return false;
-#endif
+  return is_float_type(t) || tensor::can_quantize(t);
 }
 
 // Encode `src` (whole rows of `cols` floats) as `type` into `out` (sized to match), rows split over `pool`.
@@ -169,15 +134,12 @@ void encode_rows(GgmlType type, const std::vector<float>& src, uint64_t cols, st
       uint8_t* dst = out.data() + r * row_bytes;
       if (type == GgmlType::F16 || type == GgmlType::BF16) {
         for (uint64_t i = 0; i < cols; ++i) {
-          const uint16_t h = type == GgmlType::F16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
+          const uint16_t h =
+              type == GgmlType::F16 ? tensor::fp32_to_fp16(in[i]) : tensor::fp32_to_bf16(in[i]);
           std::memcpy(dst + 2 * i, &h, 2);
         }
       } else {
-#ifdef CAR_SYNTH_HAVE_TENSOR
         tensor::quantize_row(type, in, dst, static_cast<int64_t>(cols));
-#else
-        CAR_CHECK(false);  // quantizable() said no; callers check it first
-#endif
       }
     }
   });

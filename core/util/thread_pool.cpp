@@ -49,12 +49,16 @@ void ThreadPool::worker_main(int index) {
     }
     seen = g;
     if (stop_.load(std::memory_order_relaxed)) return;
-    if (index < job_threads_) {
-      tls_current_pool = this;
-      (*job_)(index, job_threads_);
-      tls_current_pool = nullptr;
-    }
+    run_share(index);
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+  }
+}
+
+void ThreadPool::run_share(int index) {
+  if (index < job_threads_) {
+    tls_current_pool = this;
+    (*job_)(index, job_threads_);
+    tls_current_pool = nullptr;
   }
 }
 
@@ -68,7 +72,7 @@ void ThreadPool::run(int n_threads, FunctionRef<void(int, int)> fn) {
     fn(0, 1);
     return;
   }
-  std::lock_guard<std::mutex> lock(run_mutex_);
+  MutexLock lock(run_mutex_);
   job_ = &fn;
   job_threads_ = n;
   pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);

@@ -16,11 +16,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "core/util/thread_annotations.h"
 
 namespace car {
 
@@ -75,13 +76,17 @@ class ThreadPool {
 
  private:
   void worker_main(int index);
+  /// A worker runs its share of the current job. Reads the job fields without run_mutex_: the caller of
+  /// run() holds it and publishes them through generation_ (release), read here after an acquire load.
+  void run_share(int index) CAR_NO_THREAD_SAFETY_ANALYSIS;
 
   std::vector<std::thread> workers_;
-  std::mutex run_mutex_;  // serializes callers; guards the job fields below between runs
+  Mutex run_mutex_;  // serializes callers of run()
 
-  // The current job, published by a release increment of generation_ and read after an acquire load of it.
-  FunctionRef<void(int, int)>* job_ = nullptr;
-  int job_threads_ = 0;
+  // The current job: written under run_mutex_, published by a release increment of generation_ and read
+  // by the workers (run_share) after an acquire load of it.
+  FunctionRef<void(int, int)>* job_ CAR_GUARDED_BY(run_mutex_) = nullptr;
+  int job_threads_ CAR_GUARDED_BY(run_mutex_) = 0;
   std::atomic<uint32_t> generation_{0};  // bumped once per run(); workers wait for it to change
   std::atomic<int> pending_{0};          // workers that have not finished the current generation
   std::atomic<bool> stop_{false};

@@ -3,8 +3,9 @@
 // Seeds: small files from GgufWriter covering every value type, nested arrays, alignments and tensor
 // types; for every .gguf under CONFORMANCE_DIR/{models,tokenizer}, a shrunk copy that keeps the real
 // metadata keys and value types (long arrays cut to a few items) and every tensor's name, type and rank
-// (each dim cut to one block), plus the file's first 4 KiB as-is; and, when car_synth is built, tiny
-// synthetic models of each architecture. Seeds stay small so the fuzzer's -max_len can be tight.
+// (each dim cut to one block), plus the file's first 4 KiB as-is. Seeds stay small so the fuzzer's -max_len
+// can be tight. (Shrunk synthetic models of each architecture are checked in under fuzz/gguf/seeds/: the
+// synthesizer needs car_tensor, which clang-14 does not compile.)
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -12,9 +13,6 @@
 
 #include "core/gguf/gguf_file.h"
 #include "core/gguf/gguf_writer.h"
-#ifdef CAR_HAVE_SYNTH
-#include "core/synth/synth_model.h"
-#endif
 
 namespace fs = std::filesystem;
 using namespace car;
@@ -129,25 +127,6 @@ void conformance_seeds(const fs::path& out, const fs::path& conf) {
   }
 }
 
-#ifdef CAR_HAVE_SYNTH
-void synth_seeds(const fs::path& out) {
-  for (const char* arch : {"llama", "llama-moe", "qwen3", "qwen3moe"}) {
-    synth::SynthSpec s = synth::tiny_spec(arch);
-    s.n_embd = 16;  // keep each seed well under -max_len
-    s.n_vocab = 260;
-    s.tied_embeddings = true;
-    if (s.head_dim == 0 || s.head_dim > 8) s.head_dim = 8;
-    const fs::path p = out / (std::string("synth_") + arch + ".gguf");
-    auto r = synth::write_synth_model(s, p.string());
-    if (!r.ok()) {
-      std::fprintf(stderr, "corpus_gguf: synth %s: %s\n", arch, r.error().message.c_str());
-      std::exit(1);
-    }
-    ++g_written;
-  }
-}
-#endif
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -159,9 +138,6 @@ int main(int argc, char** argv) {
   fs::create_directories(out);
   synthetic_seeds(out);
   if (argc >= 3) conformance_seeds(out, argv[2]);
-#ifdef CAR_HAVE_SYNTH
-  synth_seeds(out);
-#endif
   std::printf("corpus_gguf: %d seeds in %s\n", g_written, out.c_str());
   return 0;
 }

@@ -24,14 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "core/engine/engine.h"
+#include "core/synth/synth_model.h"
 #include "tests/daemon/daemon_process.h"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/test_support.h"
-
-#if CAR_DAEMON_HAVE_ENGINE
-#include "core/engine/engine.h"
-#include "core/synth/synth_model.h"
-#endif
 
 namespace car {
 namespace {
@@ -111,7 +108,7 @@ TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
   json h = call(conn, {{"id", 1}, {"op", "health"}});
   ASSERT_EQ(h["ok"], true);
   EXPECT_EQ(h["result"]["status"], "ok");
-  EXPECT_EQ(h["result"]["engine"], CAR_DAEMON_HAVE_ENGINE ? "engine" : "none");
+  EXPECT_EQ(h["result"]["engine"], "engine");
   json l = call(conn, {{"id", 2}, {"op", "list"}});
   ASSERT_EQ(l["result"]["models"].size(), 1u);
   EXPECT_EQ(l["result"]["models"][0]["model"], "garbage");
@@ -123,7 +120,7 @@ TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
   EXPECT_EQ(error_code(call(conn, {{"id", 6}, {"op", "load"}})), "bad_request");
   EXPECT_EQ(error_code(call(conn, {{"id", 7}, {"op", "load"}, {"model", "../etc"}})), "forbidden");
   EXPECT_EQ(error_code(call(conn, {{"id", 8}, {"op", "load"}, {"model", "absent"}})), "not_found");
-  // A file that is not a model: the engine rejects it, or (built without the engine) nothing can load.
+  // A file that is not a model: the engine rejects it.
   json bad = call(conn, {{"id", 9}, {"op", "load"}, {"model", "garbage"}});
   EXPECT_EQ(error_code(bad), "load_failed") << bad.dump();
   EXPECT_EQ(error_code(call(conn, {{"id", 10}, {"op", "infer"}, {"model", "garbage"}, {"prompt", "hi"}})),
@@ -209,10 +206,7 @@ std::pair<int, std::string> run_car(const std::string& args) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-bool have_car() { return ::access((std::string(CAR_BINARY_DIR) + "/tools/car").c_str(), X_OK) == 0; }
-
 TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
-  if (!have_car()) GTEST_SKIP() << "the car client is not built";
   start();
   const std::string sock = " --socket " + socket_;
   auto [hc, health] = run_car("health" + sock);
@@ -244,8 +238,6 @@ TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
 
 // ---- with the engine --------------------------------------------------------------------------------------
 
-#if CAR_DAEMON_HAVE_ENGINE
-constexpr bool kHaveEngine = true;
 // n_layer 0: the model of the streaming/cancel tests - big enough that ~1900 tokens take a good fraction
 // of a second, so a cancel or a disconnect lands while it still generates.
 void write_model(const std::filesystem::path& path, uint64_t seed, uint32_t n_layer = 0) {
@@ -267,15 +259,10 @@ void write_model(const std::filesystem::path& path, uint64_t seed, uint32_t n_la
   auto ok = synth::write_synth_model(spec, path.string());
   ASSERT_TRUE(ok.ok()) << ok.error().message;
 }
-#else
-constexpr bool kHaveEngine = false;
-void write_model(const std::filesystem::path&, uint64_t, uint32_t = 0) {}
-#endif
 
 class DaemonBinaryEngineTest : public DaemonBinaryTest {
  protected:
   void SetUp() override {
-    if (!kHaveEngine) GTEST_SKIP() << "car-inferenced was built without the inference engine";
     DaemonBinaryTest::SetUp();
     write_model(models_ / "tiny.gguf", 1);
   }
@@ -313,7 +300,6 @@ TEST_F(DaemonBinaryEngineTest, StreamsTokensThenTheResult) {
 }
 
 TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
-  if (!have_car()) GTEST_SKIP() << "the car client is not built";
   start();
   const std::string sock = " --socket " + socket_;
   auto [lc, load] = run_car("load tiny" + sock);
@@ -446,7 +432,7 @@ TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   EXPECT_TRUE(loaded["m4"]);
 }
 
-// --- Connection limits and start-up failures (issue #15) --------------------------------------------
+// --- Connection limits and start-up failures ---------------------------------------------------------
 
 TEST_F(DaemonBinaryTest, ABadSocketGroupFailsStartUpWithoutLeavingTheSocketFile) {
   env_["CAR_INFERENCE_SOCKET_GROUP"] = "nosuchgroup";
@@ -550,7 +536,7 @@ TEST_F(DaemonBinaryTest, AConnectionFloodAtALowFileLimitLeavesDescriptorsForOthe
   flood.clear();
 }
 
-// ---- a model file replaced or truncated while cached (issue #15) -----------------------------------------
+// ---- a model file replaced or truncated while cached ----------------------------------------------------
 //
 // Before the fault guard, each of these killed the daemon with SIGBUS (a read of the cached mapping past
 // the file's new end) or kept serving the old model after an atomic rename.

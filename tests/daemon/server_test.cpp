@@ -670,7 +670,7 @@ TEST_F(DaemonServerTest, AllowListAdmitsListedPeers) {
   EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true);
 }
 
-// --- Hardening against slow and greedy clients (issue #15) -------------------------------------------
+// --- Hardening against slow and greedy clients ------------------------------------------------------
 
 /// Resident memory of this process (the server runs in it), from /proc/self/statm.
 std::size_t rss_bytes() {

@@ -21,15 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/daemon/daemon_process.h"
-#include "tests/daemon/daemon_test_support.h"
-#include "tests/test_support.h"
-
-#if CAR_DAEMON_HAVE_ENGINE
 #include "core/gguf/gguf_file.h"
 #include "core/gguf/gguf_writer.h"
 #include "core/synth/synth_model.h"
-#endif
+#include "tests/daemon/daemon_process.h"
+#include "tests/daemon/daemon_test_support.h"
+#include "tests/test_support.h"
 
 namespace car {
 namespace {
@@ -44,9 +41,6 @@ using namespace std::chrono_literals;
 
 using car::testing::kBinary;
 using Daemon = car::testing::DaemonProcess;
-
-#if CAR_DAEMON_HAVE_ENGINE
-constexpr bool kHaveEngine = true;
 
 /// A synthetic MoE whose expert banks are the last tensors of the file. Returns the file offset where
 /// the last bank (blk.<last>.ffn_down_exps) starts and its size.
@@ -92,18 +86,10 @@ std::pair<uint64_t, uint64_t> write_moe_experts_last(const std::filesystem::path
   EXPECT_TRUE(is_bank(last));
   return {(*g)->data_offset() + last.offset, last.n_bytes};
 }
-#else
-constexpr bool kHaveEngine = false;
-std::pair<uint64_t, uint64_t> write_moe_experts_last(const std::filesystem::path&, uint64_t) {
-  return {0, 0};
-}
-#endif
-
 
 class DaemonStreamingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!kHaveEngine) GTEST_SKIP() << "car-inferenced was built without the inference engine";
     ASSERT_EQ(::access(kBinary.c_str(), X_OK), 0) << kBinary << " is not built";
     models_ = tmp_ / "models";
     state_ = tmp_ / "state";

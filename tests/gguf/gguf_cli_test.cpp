@@ -49,9 +49,7 @@ CliRun run(const std::string& args, const car::testing::TempDir& tmp) {
 
 class GgufCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (!fs::exists(car_binary())) GTEST_SKIP() << "car binary not built: " << car_binary();
-  }
+  void SetUp() override { ASSERT_TRUE(fs::exists(car_binary())) << car_binary() << " is not built"; }
   car::testing::TempDir tmp_;
 };
 

@@ -22,7 +22,7 @@ using car::testing::run_shell;
 class TokenizeCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(car::testing::car_binary())) GTEST_SKIP() << "car binary not built";
+    ASSERT_TRUE(fs::exists(car::testing::car_binary())) << car::testing::car_binary() << " is not built";
     // A small SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then a few pieces.
     gguf::GgufWriter w;
     gguf::ArrayValue texts{gguf::ValueType::STRING, {}}, scores{gguf::ValueType::FLOAT32, {}},
