@@ -20,9 +20,6 @@
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
 #include "daemon/systemd_notify.h"
-#if CAR_DAEMON_HAVE_ENGINE
-#include "core/tensor/kernels.h"
-#endif
 
 namespace {
 
@@ -68,11 +65,7 @@ void raise_fd_limit() {
 /// `car-inferenced --version`: version, the git commit built, and the kernels' instruction set.
 void print_version() {
   std::printf("car-inferenced %s\ncommit %s\n", CAR_VERSION, CAR_GIT_COMMIT);
-#if CAR_DAEMON_HAVE_ENGINE
   std::printf("isa %s\n", std::string(car::tensor::isa_name(car::tensor::current_isa())).c_str());
-#else
-  std::printf("isa none (built without the inference engine)\n");
-#endif
 }
 
 /// CAR_INFERENCE_ISA: the kernels every load and request uses, chosen once before any engine work (the

@@ -2,9 +2,7 @@
 // generate from it. The server is written against this interface, so it builds, and its protocol, cache,
 // cancellation and shutdown paths are tested with a scripted runtime, whether or not the engine exists.
 //
-// Implementations: EngineRuntime (engine_runtime.cpp, wraps car::engine; compiled when the car_engine
-// target exists, CAR_DAEMON_HAVE_ENGINE) and, without it, a runtime whose every load answers load_failed
-// "engine not built" - never made-up text.
+// Implementations: EngineRuntime (engine_runtime.cpp, wraps car::engine), and the tests' scripted runtimes.
 //
 // Thread safety: load() may run concurrently on different files. Every call on one Backend is serialized
 // by the caller (the cache entry's mutex), so an implementation needs no locking of its own.
