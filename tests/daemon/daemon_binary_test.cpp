@@ -428,7 +428,7 @@ TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   EXPECT_TRUE(loaded["m4"]);
 }
 
-// --- Connection limits and start-up failures (issue #15) --------------------------------------------
+// --- Connection limits and start-up failures ---------------------------------------------------------
 
 TEST_F(DaemonBinaryTest, ABadSocketGroupFailsStartUpWithoutLeavingTheSocketFile) {
   env_["CAR_INFERENCE_SOCKET_GROUP"] = "nosuchgroup";
@@ -532,7 +532,7 @@ TEST_F(DaemonBinaryTest, AConnectionFloodAtALowFileLimitLeavesDescriptorsForOthe
   flood.clear();
 }
 
-// ---- a model file replaced or truncated while cached (issue #15) -----------------------------------------
+// ---- a model file replaced or truncated while cached -----------------------------------------------------
 //
 // Before the fault guard, each of these killed the daemon with SIGBUS (a read of the cached mapping past
 // the file's new end) or kept serving the old model after an atomic rename.
