@@ -279,27 +279,14 @@ Result<InferParams> parse_infer(const json& body) {
   return p;
 }
 
-// The reply lines are concatenated from their serialized members, in the order nlohmann's object (keys
-// sorted) would print them, instead of building and copying a document per line.
-
 std::string ok_line(const json& id, const json& result) {
-  std::string line = "{\"id\":";
-  line += dump(id);
-  line += ",\"ok\":true,\"result\":";
-  line += dump(result);
-  line += '}';
-  return line;
+  json j = {{"id", id}, {"ok", true}, {"result", result}};
+  return dump(j);
 }
 
 std::string error_line(const json& id, std::string_view code, std::string_view message) {
-  std::string line = "{\"error\":{\"code\":";
-  line += dump(json(code));
-  line += ",\"message\":";
-  line += dump(json(message));
-  line += "},\"id\":";
-  line += dump(id);
-  line += ",\"ok\":false}";
-  return line;
+  json j = {{"id", id}, {"ok", false}, {"error", {{"code", code}, {"message", message}}}};
+  return dump(j);
 }
 
 std::string token_line(const json& id, std::string_view text, int32_t token) {

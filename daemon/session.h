@@ -63,8 +63,7 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   std::size_t queued_bytes() const { return queued_bytes_; }
 
  private:
-  /// Send one line (the newline is added): written at once when nothing is queued or being written and
-  /// the socket takes it, else queued for the writer. Dropped when the connection is already broken.
+  /// Queue one line (the newline is added). Dropped when the connection is already broken.
   void send(std::string line);
   boost::asio::awaitable<void> reader();
   boost::asio::awaitable<void> writer();
@@ -90,7 +89,6 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   bool closed_ = false;            // the socket is closed; sends are dropped
   bool paused_ = false;            // the reader waits for the queue to drain (backpressure)
   bool line_timer_armed_ = false;
-  bool writing_ = false;       // the writer has a batch in flight (send() must queue behind it)
 };
 
 }  // namespace car::daemon
