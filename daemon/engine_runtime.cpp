@@ -8,10 +8,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 
 #include "core/engine/engine.h"
 #include "core/engine/expert_stats_json.h"
+#include "core/util/thread_annotations.h"
 #include "daemon/model_runtime.h"
 
 namespace car::daemon {
@@ -146,7 +146,7 @@ class EngineRuntime final : public ModelRuntime {
   /// The daemon's one expert pool, made by the first load that may stream (its reader threads are not
   /// started for a daemon that never streams).
   std::shared_ptr<experts::ExpertPool> pool() {
-    std::lock_guard lock(pool_mutex_);
+    MutexLock lock(pool_mutex_);
     if (!pool_) {
       experts::StreamOptions so;
       so.ram_gb = options_.expert_ram_gb;
@@ -156,8 +156,8 @@ class EngineRuntime final : public ModelRuntime {
   }
 
   engine::LoadOptions options_;
-  std::mutex pool_mutex_;
-  std::shared_ptr<experts::ExpertPool> pool_;  // GUARDED_BY(pool_mutex_)
+  Mutex pool_mutex_;
+  std::shared_ptr<experts::ExpertPool> pool_ CAR_GUARDED_BY(pool_mutex_);
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // ModelRuntime: what the daemon needs from an inference engine - load a model file into a Backend and
 // generate from it. The server is written against this interface, so it builds, and its protocol, cache,
-// cancellation and shutdown paths are tested with a scripted runtime, whether or not the engine exists.
+// cancellation and shutdown paths are tested with a scripted runtime that loads no real model.
 //
 // Implementations: EngineRuntime (engine_runtime.cpp, wraps car::engine), and the tests' scripted runtimes.
 //
@@ -20,20 +20,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/util/result.h"
+#include "daemon/protocol.h"
 
 namespace car::daemon {
 
-/// One generation request, already validated by the protocol layer.
-struct GenerateParams {
-  std::string prompt;
-  int max_tokens = 128;
-  std::optional<double> temperature;  ///< unset: the engine's default
-  std::optional<int> top_k;
-  std::optional<double> top_p;
-  std::optional<uint64_t> seed;
-  std::vector<std::string> stop;
-  bool ignore_eos = false;
-};
+/// One generation request, already validated by the protocol layer (the `infer` request's own struct).
+using GenerateParams = protocol::GenerateParams;
 
 struct GenerateOutput {
   std::string text;

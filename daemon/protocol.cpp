@@ -153,6 +153,53 @@ Result<Request> parse_request(std::string_view line, json* id_out) {
   return req;
 }
 
+std::string_view wire_code(std::string_view code) {
+  struct Row {
+    std::string_view name;
+    bool from_runtime;
+  };
+  static constexpr Row kRows[] = {
+#define CAR_PROTOCOL_CODE_ROW(constant, name, from_runtime) {name, from_runtime},
+      CAR_PROTOCOL_ERROR_CODES(CAR_PROTOCOL_CODE_ROW)
+#undef CAR_PROTOCOL_CODE_ROW
+  };
+  for (const Row& row : kRows) {
+    if (row.from_runtime && row.name == code) return row.name;
+  }
+  return code::kInternal;
+}
+
+namespace {
+constexpr std::string_view kOpNames[] = {
+#define CAR_PROTOCOL_OP_NAME(e, name) name,
+    CAR_PROTOCOL_OPS(CAR_PROTOCOL_OP_NAME)
+#undef CAR_PROTOCOL_OP_NAME
+};
+}  // namespace
+
+std::optional<Op> op_from_name(std::string_view name) {
+  for (std::size_t i = 0; i < std::size(kOpNames); ++i) {
+    if (kOpNames[i] == name) return static_cast<Op>(i);
+  }
+  return std::nullopt;
+}
+
+std::string_view op_name(Op op) {
+  return kOpNames[static_cast<std::size_t>(op)];
+}
+
+const std::string& known_ops_text() {
+  static const std::string text = [] {
+    std::string t;
+    for (std::string_view name : kOpNames) {
+      if (!t.empty()) t += ", ";
+      t += name;
+    }
+    return t;
+  }();
+  return text;
+}
+
 Result<std::string> model_field(const json& body) {
   auto it = body.find("model");
   if (it == body.end()) return bad("field 'model' is missing");

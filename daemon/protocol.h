@@ -23,23 +23,61 @@ namespace car::protocol {
 /// Longest request line the server accepts (the newline excluded).
 inline constexpr std::size_t kMaxLineBytes = 1u << 20;
 
-/// Error codes (CONTRACT.md). Stable: clients and tests match on them.
+/// The error codes (CONTRACT.md), one row each: constant, wire name, and whether an error reported by the
+/// runtime or the cache with this code reaches the client as such (any other code there becomes
+/// `internal`). Stable: clients and tests match on them.
+#define CAR_PROTOCOL_ERROR_CODES(X)                       \
+  X(kBadRequest, "bad_request", true)                     \
+  X(kUnknownOp, "unknown_op", false)                      \
+  X(kNotFound, "not_found", true)                         \
+  X(kForbidden, "forbidden", true)                        \
+  X(kLoadFailed, "load_failed", true)                     \
+  X(kContextOverflow, "context_overflow", true)           \
+  X(kCancelled, "cancelled", true)                        \
+  X(kShuttingDown, "shutting_down", true)                 \
+  X(kInternal, "internal", false)                         \
+  X(kBusy, "busy", true)                                  \
+  /* a streamed MoE expert could not be read from disk */ \
+  X(kIoError, "io_error", true)                           \
+  /* then the connection closes */                        \
+  X(kTooManyConnections, "too_many_connections", false)   \
+  /* then the connection closes */                        \
+  X(kLineTimeout, "line_timeout", false)                  \
+  /* a stream the client did not read */                  \
+  X(kOutputOverflow, "output_overflow", false)
+
 namespace code {
-inline constexpr const char* kBadRequest = "bad_request";
-inline constexpr const char* kUnknownOp = "unknown_op";
-inline constexpr const char* kNotFound = "not_found";
-inline constexpr const char* kForbidden = "forbidden";
-inline constexpr const char* kLoadFailed = "load_failed";
-inline constexpr const char* kContextOverflow = "context_overflow";
-inline constexpr const char* kCancelled = "cancelled";
-inline constexpr const char* kShuttingDown = "shutting_down";
-inline constexpr const char* kInternal = "internal";
-inline constexpr const char* kBusy = "busy";
-inline constexpr const char* kIoError = "io_error";  ///< a streamed MoE expert could not be read from disk
-inline constexpr const char* kTooManyConnections = "too_many_connections";  ///< then the connection closes
-inline constexpr const char* kLineTimeout = "line_timeout";                 ///< then the connection closes
-inline constexpr const char* kOutputOverflow = "output_overflow";  ///< a stream the client did not read
+#define CAR_PROTOCOL_CODE_CONSTANT(constant, name, from_runtime) inline constexpr const char* constant = name;
+CAR_PROTOCOL_ERROR_CODES(CAR_PROTOCOL_CODE_CONSTANT)
+#undef CAR_PROTOCOL_CODE_CONSTANT
 }  // namespace code
+
+/// The wire code for an error code reported by the runtime or the cache: itself when the table lets it
+/// through, else `internal`.
+std::string_view wire_code(std::string_view code);
+
+/// The request ops, one row each: enumerator and wire name.
+#define CAR_PROTOCOL_OPS(X)    \
+  X(kLoad, "load")             \
+  X(kInfer, "infer")           \
+  X(kStats, "stats")           \
+  X(kInvalidate, "invalidate") \
+  X(kList, "list")             \
+  X(kHealth, "health")         \
+  X(kCancel, "cancel")
+
+enum class Op {
+#define CAR_PROTOCOL_OP_ENUM(e, name) e,
+  CAR_PROTOCOL_OPS(CAR_PROTOCOL_OP_ENUM)
+#undef CAR_PROTOCOL_OP_ENUM
+};
+
+/// The op named `name`, or nullopt for an unknown op.
+std::optional<Op> op_from_name(std::string_view name);
+/// The wire name of `op`.
+std::string_view op_name(Op op);
+/// "load, infer, ..." in table order, for the unknown_op message.
+const std::string& known_ops_text();
 
 /// A request line after framing and JSON parsing. `id` is null when the request carried none.
 struct Request {
@@ -54,9 +92,9 @@ struct Request {
 /// rejected request's error reply carries it (`id_out`).
 Result<Request> parse_request(std::string_view line, nlohmann::json* id_out);
 
-/// Sampling and limits of an `infer` request, validated.
-struct InferParams {
-  std::string model;
+/// What to generate: the part of an `infer` request the runtime receives, parsed once (parse_infer) and
+/// passed to ModelRuntime's Backend::generate as it is. Unset options take the engine's defaults.
+struct GenerateParams {
   std::string prompt;
   int max_tokens = 128;
   std::optional<double> temperature;
@@ -65,6 +103,11 @@ struct InferParams {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool ignore_eos = false;  ///< keep generating past end-of-sequence (benchmarks, tests)
+};
+
+/// An `infer` request, validated: what to generate plus what the daemon does around it.
+struct InferParams : GenerateParams {
+  std::string model;
   bool stream = false;
   std::optional<std::string> stream_experts;  ///< "on" | "off" | "auto" when the request loads the model
 };

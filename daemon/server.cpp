@@ -44,7 +44,7 @@ bool socket_is_live(const std::string& path) {
 
 }  // namespace
 
-Server::Server(ServerOptions options, ModelRuntime& runtime)
+Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock)
     : options_(std::move(options)),
       runtime_(runtime),
       acceptor_(io_),
@@ -52,10 +52,12 @@ Server::Server(ServerOptions options, ModelRuntime& runtime)
       idle_timer_(io_),
       watchdog_timer_(io_),
       grace_timer_(io_),
-      service_(std::make_unique<Service>(io_, options_, runtime_)) {}
+      connections_(options_.live),
+      handler_(std::make_unique<RequestHandler>(io_, options_, runtime_, connections_.limits(),
+                                                std::move(cache_clock))) {}
 
 Server::~Server() {
-  service_.reset();  // joins the workers before the io_context goes away
+  handler_.reset();  // joins the workers before the io_context goes away
 }
 
 Result<void> Server::open() {
@@ -139,7 +141,7 @@ int Server::run() {
     spdlog::critical("io loop failed: {}", e.what());
     code = 1;
   }
-  service_->run_shutdown_hooks();
+  handler_->run_shutdown_hooks();
   if (created_socket_file_) {
     boost::system::error_code ec;
     acceptor_.close(ec);
@@ -176,7 +178,7 @@ asio::awaitable<void> Server::accept_loop() {
       spdlog::warn("conn {}: rejected peer {} (not in the allow-list)", number, creds->to_string());
       continue;
     }
-    auto& limits = service_->connections();
+    auto& limits = connections_.limits();
     if (std::string why = limits.refusal(creds->uid); !why.empty()) {
       // One error line, then close. The socket is new, so its send buffer has room: no blocking.
       limits.count_refusal();
@@ -190,9 +192,8 @@ asio::awaitable<void> Server::accept_loop() {
       continue;  // `socket` closes here
     }
     spdlog::info("conn {}: accepted peer {}", number, creds->to_string());
-    auto session = std::make_shared<Session>(std::move(socket), *service_, *creds, number, options_.max_line_bytes);
-    service_->session_opened(session);
-    session->start();
+    connections_.start(std::make_shared<Session>(std::move(socket), *handler_, connections_, *creds, number,
+                                                 options_.max_line_bytes));
   }
 }
 
@@ -206,7 +207,7 @@ void Server::arm_idle_timer() {
   idle_timer_.expires_after(period);
   idle_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
-    if (service_->evict_idle() > 0) spdlog::debug("after idle sweep: {}", service_->status_line());
+    if (handler_->evict_idle() > 0) spdlog::debug("after idle sweep: {}", handler_->status_line());
     trim_after_closes();
     update_status();
     arm_idle_timer();
@@ -230,7 +231,8 @@ void Server::wait_signals() {
         auto live = options_.reload();
         if (live) {
           options_.live = *live;
-          service_->apply_live(*live);
+          handler_->apply_live(*live);
+          connections_.apply_live(*live);
           idle_timer_.cancel();
           if (!stopping_) arm_idle_timer();
         } else {
@@ -254,16 +256,16 @@ void Server::begin_shutdown(const char* why) {
   boost::system::error_code ec;
   acceptor_.close(ec);
   idle_timer_.cancel();
-  spdlog::info("{}: shutting down ({} request(s) in flight, grace {} ms)", why, service_->in_flight(),
+  spdlog::info("{}: shutting down ({} request(s) in flight, grace {} ms)", why, handler_->in_flight(),
                options_.shutdown_grace.count());
   update_status();
   grace_timer_.expires_after(options_.shutdown_grace);
   grace_timer_.async_wait([this](boost::system::error_code wait_ec) {
     if (wait_ec || finished_) return;
-    spdlog::warn("grace period over: cancelling {} request(s)", service_->in_flight());
-    service_->cancel_in_flight();
+    spdlog::warn("grace period over: cancelling {} request(s)", handler_->in_flight());
+    connections_.cancel_all();
   });
-  service_->begin_shutdown([this] { finish_shutdown(); });
+  handler_->begin_shutdown([this] { finish_shutdown(); });
 }
 
 void Server::finish_shutdown() {
@@ -275,17 +277,19 @@ void Server::finish_shutdown() {
   // Flush what is queued to each client, but do not wait for a client that stopped reading.
   grace_timer_.expires_after(1s);
   grace_timer_.async_wait([this](boost::system::error_code ec) {
-    if (!ec) service_->close_sessions(/*graceful=*/false, nullptr);
+    if (!ec) connections_.close_all(/*graceful=*/false, nullptr);
   });
-  service_->close_sessions(/*graceful=*/true, [this] { grace_timer_.cancel(); });
+  connections_.close_all(/*graceful=*/true, [this] { grace_timer_.cancel(); });
 }
 
 void Server::trim_after_closes() {
   // glibc keeps freed heap memory in its arenas. Connections that closed since the last sweep freed their
   // sessions, coroutine frames and reply queues: give that memory back to the system.
-  if (service_->connections().take_closed() > 0) ::malloc_trim(0);
+  if (connections_.limits().take_closed() > 0) ::malloc_trim(0);
 }
 
-void Server::update_status() { systemd::notify_status(service_->status_line()); }
+void Server::update_status() {
+  systemd::notify_status(handler_->status_line());
+}
 
 }  // namespace car::daemon

@@ -1,6 +1,7 @@
 // Server: car-inferenced's top-level object. Owns the io_context and everything that runs on its one
-// thread - the acceptor, the signal_set, the idle-eviction, watchdog and grace timers, and the Service
-// (sessions, cache, worker pool). Heavy work never runs on the io thread.
+// thread - the acceptor, the signal_set, the idle-eviction, watchdog and grace timers, the
+// ConnectionManager (the NDJSON sessions and their limits) and the RequestHandler (dispatch, cache, worker
+// pool). Heavy work never runs on the io thread.
 //
 // Life: open() binds the socket (0660, optional group) or adopts the socket-activation fd; run() serves
 // until SIGTERM/SIGINT (or request_stop()), then stops accepting, lets in-flight work finish for the
@@ -21,15 +22,17 @@
 #include <boost/asio.hpp>
 
 #include "core/util/result.h"
+#include "daemon/connection_manager.h"
 #include "daemon/model_runtime.h"
+#include "daemon/request_handler.h"
 #include "daemon/server_options.h"
-#include "daemon/service.h"
 
 namespace car::daemon {
 
 class Server {
  public:
-  Server(ServerOptions options, ModelRuntime& runtime);
+  /// `cache_clock`: the model cache's clock (tests advance a fake one); empty: the steady clock.
+  Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -61,7 +64,8 @@ class Server {
   boost::asio::steady_timer idle_timer_;
   boost::asio::steady_timer watchdog_timer_;
   boost::asio::steady_timer grace_timer_;
-  std::unique_ptr<Service> service_;
+  ConnectionManager connections_;  // before handler_, which reads its counts for `stats`
+  std::unique_ptr<RequestHandler> handler_;
   bool created_socket_file_ = false;  // we bound it (not socket-activated): unlink it at exit
   bool stopping_ = false;
   bool finished_ = false;

@@ -5,9 +5,9 @@
 #include <array>
 #include <memory>
 
+#include "daemon/connection_manager.h"
 #include "daemon/protocol.h"
 #include "daemon/safe_text.h"
-#include "daemon/service.h"
 
 namespace car::daemon {
 
@@ -31,13 +31,15 @@ std::array<char, 64 * 1024>& read_buffer() {
 }
 }  // namespace
 
-Session::Session(asio::local::stream_protocol::socket socket, Service& service, PeerCredentials peer,
-                 uint64_t number, std::size_t max_line_bytes)
+Session::Session(asio::local::stream_protocol::socket socket, RequestHandler& handler,
+                 ConnectionManager& manager, PeerCredentials peer, uint64_t number,
+                 std::size_t max_line_bytes)
     : socket_(std::move(socket)),
       write_signal_(socket_.get_executor()),
       drain_signal_(socket_.get_executor()),
       line_timer_(socket_.get_executor()),
-      service_(service),
+      handler_(handler),
+      manager_(manager),
       peer_(peer),
       number_(number),
       max_line_bytes_(max_line_bytes) {
@@ -53,7 +55,7 @@ void Session::start() {
 
 void Session::account(std::ptrdiff_t delta) {
   queued_bytes_ = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(queued_bytes_) + delta);
-  service_.connections().add_queued(delta);
+  manager_.limits().add_queued(delta);
 }
 
 void Session::send(std::string line) {
@@ -64,60 +66,33 @@ void Session::send(std::string line) {
   write_signal_.cancel_one();
 }
 
-void Session::send_token(const std::shared_ptr<Pending>& pending, std::string line) {
-  if (closed_ || pending->overflowed) return;
-  const std::size_t bound = service_.connections().max_pending_output();
+void Session::token(const std::shared_ptr<Call>& call, std::string_view text, int32_t token) {
+  if (closed_ || call->overflowed) return;
+  const std::size_t bound = manager_.limits().max_pending_output();
   if (queued_bytes_ >= 2 * bound) {
-    pending->overflowed = true;
-    pending->cancelled.store(true);
-    service_.connections().count_output_overflow();
+    call->overflowed = true;
+    call->cancelled.store(true);
+    manager_.limits().count_output_overflow();
     spdlog::info("conn {}: {} bytes of replies unread (bound {}): cancelling streamed request id={}", number_,
-                 queued_bytes_, bound, log_id(pending->id));
+                 queued_bytes_, bound, log_id(call->id));
     return;
   }
-  send(std::move(line));
+  send(protocol::token_line(call->id, text, token));
 }
 
-std::shared_ptr<Pending> Session::begin(json id, std::string op, std::string model) {
-  auto p = std::make_shared<Pending>();
-  p->id = std::move(id);
-  p->op = std::move(op);
-  p->model = std::move(model);
-  pending_.push_back(p);
-  return p;
-}
-
-void Session::finish(const std::shared_ptr<Pending>& pending, std::string final_line) {
-  pending_.remove(pending);
-  if (pending->overflowed) {
-    final_line = protocol::error_line(
-        pending->id, protocol::code::kOutputOverflow,
-        "cancelled: the client left more than " +
-            std::to_string(2 * service_.connections().max_pending_output()) +
+void Session::reply(const json& id, const std::shared_ptr<Call>& call, Reply reply) {
+  if (call && call->overflowed) {
+    send(protocol::error_line(
+        id, protocol::code::kOutputOverflow,
+        "cancelled: the client left more than " + std::to_string(2 * manager_.limits().max_pending_output()) +
             " bytes of replies unread on this connection (twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB); read "
-            "replies as they arrive");
+            "replies as they arrive"));
+  } else if (reply.ok) {
+    send(protocol::ok_line(id, reply.result));
+  } else {
+    send(protocol::error_line(id, reply.code, reply.message));
   }
-  send(std::move(final_line));
-  maybe_close();
-}
-
-bool Session::id_in_flight(const json& id) const {
-  for (const auto& p : pending_) {
-    if (p->id == id) return true;
-  }
-  return false;
-}
-
-std::size_t Session::cancel(const json& target) {
-  std::size_t n = 0;
-  for (auto& p : pending_) {
-    if (!p->id.is_null() && p->id == target && !p->cancelled.exchange(true)) ++n;
-  }
-  return n;
-}
-
-void Session::cancel_all() {
-  for (auto& p : pending_) p->cancelled.store(true);
+  if (call) maybe_close();
 }
 
 void Session::close_when_idle() {
@@ -130,7 +105,7 @@ void Session::close_now() {
   if (closed_) return;
   closed_ = true;
   reading_done_ = true;
-  cancel_all();
+  calls_.cancel_all();
   queue_.clear();
   account(-static_cast<std::ptrdiff_t>(queued_bytes_));
   boost::system::error_code ec;
@@ -139,16 +114,16 @@ void Session::close_now() {
   write_signal_.cancel();
   drain_signal_.cancel();
   line_timer_.cancel();
-  service_.session_closed(shared_from_this());
+  manager_.closed(shared_from_this());
 }
 
 void Session::maybe_close() {
   // The writer closes the socket once the queue drains; wake it so it re-checks.
-  if (reading_done_ && pending_.empty()) write_signal_.cancel_one();
+  if (reading_done_ && calls_.empty()) write_signal_.cancel_one();
 }
 
 void Session::update_line_timer(bool in_line) {
-  const auto timeout = service_.connections().line_timeout();
+  const auto timeout = manager_.limits().line_timeout();
   if (!in_line || timeout.count() <= 0 || reading_done_) {
     if (line_timer_armed_) line_timer_.cancel();
     line_timer_armed_ = false;
@@ -166,8 +141,8 @@ void Session::update_line_timer(bool in_line) {
 void Session::line_timed_out() {
   line_timer_armed_ = false;
   if (closed_ || reading_done_) return;
-  const auto timeout = service_.connections().line_timeout();
-  service_.connections().count_line_timeout();
+  const auto timeout = manager_.limits().line_timeout();
+  manager_.limits().count_line_timeout();
   spdlog::info("conn {}: request line incomplete after {} s: closing the connection", number_,
                timeout.count());
   send(protocol::error_line(nullptr, protocol::code::kLineTimeout,
@@ -176,7 +151,7 @@ void Session::line_timed_out() {
   // Like a disconnect: nothing more is read, what is in flight is cancelled, the writer closes once the
   // error line is out - or the timer below does, when the client does not read it either.
   reading_done_ = true;
-  cancel_all();
+  calls_.cancel_all();
   boost::system::error_code ec;
   socket_.shutdown(asio::socket_base::shutdown_receive, ec);  // wakes the reader's wait
   maybe_close();
@@ -211,12 +186,11 @@ awaitable<void> Session::reader() {
     for (auto& item : items) {
       if (closed_ || reading_done_) co_return;
       // Backpressure: take no new request while the client leaves this much of our output unread.
-      if (queued_bytes_ >= service_.connections().max_pending_output()) {
+      if (queued_bytes_ >= manager_.limits().max_pending_output()) {
         paused_ = true;
         update_line_timer(false);
         spdlog::debug("conn {}: {} bytes of replies unread: reading paused", number_, queued_bytes_);
-        while (!closed_ && !reading_done_ &&
-               queued_bytes_ >= service_.connections().max_pending_output() / 2) {
+        while (!closed_ && !reading_done_ && queued_bytes_ >= manager_.limits().max_pending_output() / 2) {
           co_await drain_signal_.async_wait(kTuple);
           drain_signal_.expires_at(asio::steady_timer::time_point::max());
         }
@@ -232,7 +206,14 @@ awaitable<void> Session::reader() {
       }
       std::string_view line = item.line;
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
-      service_.handle_line(shared_from_this(), line);
+      const auto received = std::chrono::steady_clock::now();
+      json id;
+      auto request = protocol::parse_request(line, &id);
+      if (request) {
+        handler_.handle(shared_from_this(), std::move(*request), received);
+      } else {
+        handler_.reject(shared_from_this(), id, request.error(), received);
+      }
       // Let the replies, tokens and other connections that became ready run before the next request of
       // this chunk, so a batch of requests sees the backpressure its own answers build up.
       co_await asio::post(socket_.get_executor(), use_awaitable);
@@ -244,11 +225,12 @@ awaitable<void> Session::reader() {
   if (closed_) co_return;
   // The client is gone (or half-closed): nothing more will be asked, and nobody may be reading the
   // answers of what is in flight - cancel it; the writer closes once the cancelled requests reported.
-  if (!pending_.empty()) {
-    spdlog::debug("conn {}: end of input with {} request(s) in flight: cancelling them", number_, pending_.size());
+  if (!calls_.empty()) {
+    spdlog::debug("conn {}: end of input with {} request(s) in flight: cancelling them", number_,
+                  calls_.size());
   }
   reading_done_ = true;
-  cancel_all();
+  calls_.cancel_all();
   maybe_close();
 }
 
@@ -257,7 +239,7 @@ awaitable<void> Session::writer() {
   while (!closed_) {
     if (queue_.empty()) {
       batch = std::string();  // give a large batch's memory back while idle
-      if (reading_done_ && pending_.empty()) break;
+      if (reading_done_ && calls_.empty()) break;
       co_await write_signal_.async_wait(kTuple);
       continue;
     }
@@ -269,7 +251,7 @@ awaitable<void> Session::writer() {
     auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(batch), kTuple);
     if (closed_) break;
     account(-static_cast<std::ptrdiff_t>(batch.size()));
-    if (paused_ && queued_bytes_ < service_.connections().max_pending_output() / 2) drain_signal_.cancel();
+    if (paused_ && queued_bytes_ < manager_.limits().max_pending_output() / 2) drain_signal_.cancel();
     if (ec) {
       spdlog::debug("conn {}: write error: {} - cancelling its requests", number_, ec.message());
       break;

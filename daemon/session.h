@@ -1,11 +1,13 @@
-// Session: one client connection. A reader coroutine frames request lines (LineFramer) and hands them to
-// the Service; a writer coroutine drains the session's write queue (Asio's cpp20 chat_server shape).
+// Session: one NDJSON client connection - the front end of the Unix socket. A reader coroutine frames
+// request lines (LineFramer), parses them and hands each to the RequestHandler; a writer coroutine drains
+// the session's write queue (Asio's cpp20 chat_server shape). The session is the handler's Client: it
+// puts the handler's replies and token events into reply lines.
 //
-// Lifetime: owned by shared_ptr - by the server's session set, its coroutines, and every job still
-// working for it. Every member runs on the io thread (workers post to it), so there is no lock.
-// A request in flight is a Pending with a cancellation flag the worker checks between tokens. When the
-// client goes away (end of file, read or write error) every Pending is cancelled; once they have all
-// reported and the queue is flushed, the socket is closed.
+// Lifetime: owned by shared_ptr - by the ConnectionManager, its coroutines, and every job still working
+// for it. Every member runs on the io thread (workers post to it), so there is no lock. Its requests in
+// flight are in its CallRegistry, each with a cancellation flag the worker checks between tokens. When the
+// client goes away (end of file, read or write error) every request in flight is cancelled; once they have
+// all reported and the queue is flushed, the socket is closed and the ConnectionManager told.
 //
 // Limits (ConnectionLimits, read at each use so SIGHUP changes them):
 // - An idle connection holds no read buffer: the reader waits for readability, then reads into the io
@@ -18,67 +20,51 @@
 //   closed. A connection without a partial line is never timed out.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <list>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <boost/asio.hpp>
 #include <nlohmann/json.hpp>
 
 #include "daemon/peer_credentials.h"
+#include "daemon/request_handler.h"
 
 namespace car::daemon {
 
-class Service;
+class ConnectionManager;
 
-/// One request in flight on a session.
-struct Pending {
-  nlohmann::json id;
-  std::string op;
-  std::string model;
-  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-  std::atomic<bool> cancelled{false};
-  bool overflowed = false;  ///< io thread: cancelled because the client did not read its stream
-};
-
-class Session : public std::enable_shared_from_this<Session> {
+class Session final : public Client, public std::enable_shared_from_this<Session> {
  public:
-  Session(boost::asio::local::stream_protocol::socket socket, Service& service, PeerCredentials peer,
-          uint64_t number, std::size_t max_line_bytes);
+  Session(boost::asio::local::stream_protocol::socket socket, RequestHandler& handler,
+          ConnectionManager& manager, PeerCredentials peer, uint64_t number, std::size_t max_line_bytes);
 
   /// Spawn the reader and writer coroutines.
   void start();
-  /// Queue one line (the newline is added). Dropped when the connection is already broken.
-  void send(std::string line);
-  /// Queue a streamed token event of `pending`; past twice the pending-output bound the request is
-  /// cancelled instead (and its later events dropped).
-  void send_token(const std::shared_ptr<Pending>& pending, std::string line);
-  /// Register a request that will finish later (load/infer).
-  std::shared_ptr<Pending> begin(nlohmann::json id, std::string op, std::string model);
-  /// Forget a finished request and queue its final line.
-  void finish(const std::shared_ptr<Pending>& pending, std::string final_line);
-  /// Is a request with this id in flight?
-  bool id_in_flight(const nlohmann::json& id) const;
-  /// Cancel the in-flight requests whose id equals `target`. Returns how many.
-  std::size_t cancel(const nlohmann::json& target);
-  /// Cancel every in-flight request (disconnect, shutdown past the grace period).
-  void cancel_all();
   /// Stop reading; close the socket once in-flight requests reported and the queue is flushed.
   void close_when_idle();
   /// Close now (shutdown, write error).
   void close_now();
 
+  // Client (the request handler's side):
+  void reply(const nlohmann::json& id, const std::shared_ptr<Call>& call, Reply reply) override;
+  /// Queues the token line; past twice the pending-output bound the request is cancelled instead (and its
+  /// later events dropped).
+  void token(const std::shared_ptr<Call>& call, std::string_view text, int32_t token) override;
+  CallRegistry& calls() override { return calls_; }
+  uint64_t number() const override { return number_; }
+
   const PeerCredentials& peer() const { return peer_; }
-  uint64_t number() const { return number_; }
-  std::size_t in_flight() const { return pending_.size(); }
+  std::size_t in_flight() const { return calls_.size(); }
   /// Reply bytes queued and not yet written to the socket.
   std::size_t queued_bytes() const { return queued_bytes_; }
 
  private:
+  /// Queue one line (the newline is added). Dropped when the connection is already broken.
+  void send(std::string line);
   boost::asio::awaitable<void> reader();
   boost::asio::awaitable<void> writer();
   void maybe_close();
@@ -91,16 +77,17 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::steady_timer
       drain_signal_;                      // expires at max; cancelled to wake a reader paused by backpressure
   boost::asio::steady_timer line_timer_;  // armed while a request line is incomplete; then the forced close
-  Service& service_;
+  RequestHandler& handler_;
+  ConnectionManager& manager_;
   const PeerCredentials peer_;
   const uint64_t number_;
   const std::size_t max_line_bytes_;
-  std::deque<std::string> queue_;                  // lines waiting for the writer
-  std::size_t queued_bytes_ = 0;                   // bytes of queue_ plus the batch being written
-  std::list<std::shared_ptr<Pending>> pending_;    // requests in flight
-  bool reading_done_ = false;  // no more requests will be read (EOF, error, shutdown)
-  bool closed_ = false;        // the socket is closed; sends are dropped
-  bool paused_ = false;        // the reader waits for the queue to drain (backpressure)
+  std::deque<std::string> queue_;  // lines waiting for the writer
+  std::size_t queued_bytes_ = 0;   // bytes of queue_ plus the batch being written
+  CallRegistry calls_;             // requests in flight
+  bool reading_done_ = false;      // no more requests will be read (EOF, error, shutdown)
+  bool closed_ = false;            // the socket is closed; sends are dropped
+  bool paused_ = false;            // the reader waits for the queue to drain (backpressure)
   bool line_timer_armed_ = false;
 };
 

@@ -14,7 +14,7 @@ WorkerPool::~WorkerPool() { stop(); }
 
 bool WorkerPool::try_submit(Job job) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_ || queue_.size() >= capacity_) return false;
     queue_.push_back(std::move(job));
   }
@@ -24,7 +24,7 @@ bool WorkerPool::try_submit(Job job) {
 
 void WorkerPool::stop() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
@@ -35,19 +35,19 @@ void WorkerPool::stop() {
 }
 
 std::size_t WorkerPool::queued() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return queue_.size();
 }
 
 std::size_t WorkerPool::running() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return running_;
 }
 
 void WorkerPool::run() {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   for (;;) {
-    wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    wake_.wait(lock, [this]() CAR_REQUIRES(mutex_) { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping and drained
     Job job = std::move(queue_.front());
     queue_.pop_front();

@@ -2,17 +2,19 @@
 // `infer` here so the io thread never blocks; when the queue is full, try_submit() refuses at once and the
 // caller answers `busy` instead of queueing without bound.
 //
-// Thread safety: try_submit(), queued() and running() may be called from any thread; stop() by the owner. A job must not throw (the daemon's
-// jobs catch everything and report an error reply). stop() lets queued jobs run, then joins the threads.
+// Thread safety: try_submit(), queued() and running() may be called from any thread; stop() by the owner.
+// A job must not throw (the daemon's jobs catch everything and report an error reply). stop() lets queued
+// jobs run, then joins the threads.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/util/thread_annotations.h"
 
 namespace car::daemon {
 
@@ -39,11 +41,11 @@ class WorkerPool {
   void run();
 
   const std::size_t capacity_;
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Job> queue_;   // guarded by mutex_
-  std::size_t running_ = 0; // guarded by mutex_: jobs being executed right now
-  bool stopping_ = false;   // guarded by mutex_
+  mutable Mutex mutex_;
+  std::condition_variable_any wake_;  // waits on a MutexLock of mutex_
+  std::deque<Job> queue_ CAR_GUARDED_BY(mutex_);
+  std::size_t running_ CAR_GUARDED_BY(mutex_) = 0;  // jobs being executed right now
+  bool stopping_ CAR_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -5,12 +5,15 @@
 //   BM_Echo/threads:N     the same request and reply bytes through a thread-per-connection echo server
 //   BM_InferWarm          `infer` of one token from a warm synthetic model; counter load_ms is the reply's
 //                         timings.load_ms (the time to get the cached model)
-// items_per_second is the total round-trip rate over all connections.
+// items_per_second is the total round-trip rate over all connections. BM_Health's io_cpu_us is the CPU
+// time the daemon's io thread spent per round trip (a steadier figure than the rate on a loaded machine).
 // Usage: bench_socket [--benchmark_filter=Health|Echo] [--benchmark_min_time=1]
 #include <benchmark/benchmark.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <pthread.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -170,6 +173,14 @@ struct EchoServer {
   }
 };
 
+/// CPU time consumed so far by `thread` (a running std::thread), in nanoseconds.
+int64_t thread_cpu_ns(std::thread& thread) {
+  clockid_t clock{};
+  timespec ts{};
+  if (pthread_getcpuclockid(thread.native_handle(), &clock) != 0 || clock_gettime(clock, &ts) != 0) return 0;
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 Daemon* g_daemon = nullptr;
 EchoServer* g_echo = nullptr;
 const std::string kHealth = R"({"id":1,"op":"health"})"
@@ -197,7 +208,15 @@ void round_trips(benchmark::State& state, const fs::path& socket, const std::str
 }
 
 void BM_Health(benchmark::State& state) {
+  // The io thread serves every connection: its CPU time over the run, per round trip of all threads.
+  const int64_t io_start = state.thread_index() == 0 ? thread_cpu_ns(g_daemon->thread) : 0;
   round_trips(state, g_daemon->options.socket_path, kHealth);
+  if (state.thread_index() == 0) {
+    const double trips = static_cast<double>(state.iterations()) * state.threads();
+    state.counters["io_cpu_us"] =
+        benchmark::Counter(static_cast<double>(thread_cpu_ns(g_daemon->thread) - io_start) / 1000.0 /
+                           std::max(1.0, trips));
+  }
 }
 void BM_Echo(benchmark::State& state) {
   round_trips(state, g_echo->path, kHealth);

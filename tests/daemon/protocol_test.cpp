@@ -141,6 +141,27 @@ TEST(DaemonProtocol, BuildsAndParsesReplies) {
   EXPECT_FALSE(protocol::parse_reply("garbage").ok());
 }
 
+TEST(DaemonProtocol, OpsAndWireCodesComeFromOneTable) {
+  EXPECT_EQ(protocol::op_from_name("health"), protocol::Op::kHealth);
+  EXPECT_EQ(protocol::op_from_name("invalidate"), protocol::Op::kInvalidate);
+  EXPECT_FALSE(protocol::op_from_name("Health").has_value());
+  EXPECT_FALSE(protocol::op_from_name("").has_value());
+  for (auto op : {protocol::Op::kLoad, protocol::Op::kInfer, protocol::Op::kStats, protocol::Op::kInvalidate,
+                  protocol::Op::kList, protocol::Op::kHealth, protocol::Op::kCancel}) {
+    EXPECT_EQ(protocol::op_from_name(protocol::op_name(op)), op);
+  }
+  EXPECT_EQ(protocol::known_ops_text(), "load, infer, stats, invalidate, list, health, cancel");
+  // Codes a runtime or the cache may report pass through; the rest (and unknown ones) become internal.
+  for (const char* code : {"bad_request", "not_found", "forbidden", "load_failed", "context_overflow",
+                           "cancelled", "shutting_down", "busy", "io_error"}) {
+    EXPECT_EQ(protocol::wire_code(code), code);
+  }
+  for (const char* code :
+       {"gguf_truncated", "", "unknown_op", "line_timeout", "output_overflow", "too_many_connections"}) {
+    EXPECT_EQ(protocol::wire_code(code), protocol::code::kInternal) << code;
+  }
+}
+
 TEST(DaemonProtocol, FramerSaysWhetherALineIsOpen) {
   LineFramer f(4);
   std::vector<LineFramer::Item> out;

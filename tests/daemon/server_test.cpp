@@ -153,7 +153,10 @@ class DaemonServerTest : public ::testing::Test {
   }
 
   void start() {
-    server_ = std::make_unique<Server>(options_, runtime_);
+    // The cache reads a clock the test can move forward (idle eviction without waiting real seconds).
+    server_ = std::make_unique<Server>(options_, runtime_, [this] {
+      return std::chrono::steady_clock::now() + std::chrono::nanoseconds(clock_skew_ns_.load());
+    });
     auto ok = server_->open();
     ASSERT_TRUE(ok.ok()) << ok.error().message;
     thread_ = std::thread([this] { exit_code_ = server_->run(); });
@@ -194,6 +197,7 @@ class DaemonServerTest : public ::testing::Test {
   std::unique_ptr<Server> server_;
   std::thread thread_;
   int exit_code_ = -1;
+  std::atomic<int64_t> clock_skew_ns_{0};  // how far the cache's clock runs ahead of the steady clock
 };
 
 TEST_F(DaemonServerTest, HealthListStatsAnswer) {
@@ -558,7 +562,7 @@ TEST_F(DaemonServerTest, ZeroBudgetLoadsEveryRequestAndRefusesNothing) {
 }
 
 TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
-  options_.live.idle_ttl = 1s;
+  options_.live.idle_ttl = 1s;  // the idle sweep runs every 250 ms (a quarter of the TTL)
   start();
   auto conn = connect();
   // b is in use for the whole test (a held infer); a is loaded and left alone.
@@ -567,11 +571,15 @@ TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
                                  .dump())
                   .ok());
   EXPECT_EQ(read_json(conn)["event"], "token");
-  auto started = std::chrono::steady_clock::now();
   ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}})["ok"], true);
   auto observer = connect();
+  // Sweeps pass while the cache's clock says less than the TTL went by: nothing is evicted.
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(stats(observer)["cache"]["evictions_by_cause"]["idle"], 0);
+  EXPECT_EQ(stats(observer)["models"].size(), 2u);
+  // Two seconds later by the cache's clock, the next sweep evicts `a`, idle past its TTL, and spares `b`.
+  clock_skew_ns_ += std::chrono::nanoseconds(2s).count();
   EXPECT_TRUE(wait_until([&] { return stats(observer)["cache"]["evictions_by_cause"]["idle"] == 1; }, 5s));
-  EXPECT_GE(std::chrono::steady_clock::now() - started, 1s);
   json s = stats(observer);
   ASSERT_EQ(s["models"].size(), 1u);
   EXPECT_EQ(s["models"][0]["model"], "b");
@@ -765,7 +773,7 @@ TEST_F(DaemonServerTest, AnIncompleteLineTimesOutAnIdleConnectionDoesNot) {
 }
 
 TEST_F(DaemonServerTest, AClientThatNeverReadsHoldsBoundedOutput) {
-  // The measurement: streamed requests pipelined without reading. The daemon stops reading the
+  // The measurement: streamed requests pipelined without reading. The daemon stops reading the
   // connection's requests past the bound and cancels streams past twice the bound.
   constexpr std::size_t kBound = 64 * 1024;
   constexpr int kRequests = 480;

@@ -1,4 +1,4 @@
-#include "daemon/service.h"
+#include "daemon/request_handler.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,22 +14,16 @@ namespace car::daemon {
 
 namespace asio = boost::asio;
 using nlohmann::json;
+using protocol::Op;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-double ms_of(std::chrono::nanoseconds d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-/// Map an engine/runtime error code onto the wire's codes; anything unknown is `internal`.
-std::string wire_code(const std::string& code) {
-  static const char* known[] = {"bad_request",      "not_found", "forbidden",     "load_failed",
-                                "context_overflow", "cancelled", "shutting_down", "busy",
-                                "io_error"};
-  for (const char* k : known) {
-    if (code == k) return code;
-  }
-  return protocol::code::kInternal;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+double ms_of(std::chrono::nanoseconds d) {
+  return std::chrono::duration<double, std::milli>(d).count();
 }
 
 std::optional<std::chrono::milliseconds> ttl_of(const LiveSettings& live) {
@@ -38,83 +32,129 @@ std::optional<std::chrono::milliseconds> ttl_of(const LiveSettings& live) {
 }
 
 // Client-supplied strings go into log lines only through these (safe_text.h): quoted and escaped.
-std::string id_text(const json& id) { return log_id(id); }
-std::string text(const std::string& s) { return s.empty() ? "-" : log_quote(s); }
+std::string id_text(const json& id) {
+  return log_id(id);
+}
+std::string text(std::string_view s) {
+  return s.empty() ? "-" : log_quote(std::string(s));
+}
+
+/// The request's log line (one per request, at info). The quoting is skipped when info is off.
+void log_request(uint64_t conn, const json& id, std::string_view op, const std::string& model,
+                 std::string_view outcome, Clock::time_point received) {
+  if (!spdlog::should_log(spdlog::level::info)) return;
+  spdlog::info("conn={} id={} op={} model={} outcome={} ms={:.2f}", conn, id_text(id), text(op), text(model),
+               outcome, ms_since(received));
+}
 
 }  // namespace
 
-struct Service::Request {
+// ---- CallRegistry ----
+
+std::shared_ptr<Call> CallRegistry::begin(json id, Op op, std::string model) {
+  auto call = std::make_shared<Call>();
+  call->id = std::move(id);
+  call->op = op;
+  call->model = std::move(model);
+  calls_.push_back(call);
+  return call;
+}
+
+void CallRegistry::end(const std::shared_ptr<Call>& call) {
+  calls_.remove(call);
+}
+
+bool CallRegistry::id_in_flight(const json& id) const {
+  for (const auto& c : calls_) {
+    if (c->id == id) return true;
+  }
+  return false;
+}
+
+std::size_t CallRegistry::cancel(const json& target) {
+  std::size_t n = 0;
+  for (auto& c : calls_) {
+    if (!c->id.is_null() && c->id == target && !c->cancelled.exchange(true)) ++n;
+  }
+  return n;
+}
+
+void CallRegistry::cancel_all() {
+  for (auto& c : calls_) c->cancelled.store(true);
+}
+
+// ---- RequestHandler ----
+
+struct RequestHandler::Request {
   json id;
-  std::string op;
+  Op op = Op::kHealth;
+  std::string op_text;  // as sent (log lines)
   json body;
   std::string model;
   std::optional<ResolvedModel> resolved;
   protocol::InferParams infer;
   std::optional<std::string> stream_experts;  // the request's choice for a load it triggers
-  Clock::time_point received = Clock::now();
+  Clock::time_point received;
 };
 
-Service::Service(asio::io_context& io, const ServerOptions& options, ModelRuntime& runtime)
+RequestHandler::RequestHandler(asio::io_context& io, const ServerOptions& options, ModelRuntime& runtime,
+                               const ConnectionLimits& connections, CacheClock cache_clock)
     : io_(io),
       options_(options),
       runtime_(runtime),
-      cache_(options.live.cache_budget_bytes, ttl_of(options.live)),
-      pool_(std::max<std::size_t>(1, options.workers), std::max<std::size_t>(1, options.queue_capacity)),
-      connections_(options.live, current_fd_limit()) {}
+      connections_(connections),
+      cache_(options.live.cache_budget_bytes, ttl_of(options.live),
+             cache_clock ? std::move(cache_clock) : CacheClock([] { return Clock::now(); })),
+      pool_(std::max<std::size_t>(1, options.workers), std::max<std::size_t>(1, options.queue_capacity)) {}
 
-Service::~Service() { pool_.stop(); }
-
-void Service::session_opened(const std::shared_ptr<Session>& session) {
-  if (sessions_.insert(session).second) connections_.opened(session->peer().uid);
+RequestHandler::~RequestHandler() {
+  pool_.stop();
 }
 
-void Service::session_closed(const std::shared_ptr<Session>& session) {
-  if (sessions_.erase(session) != 0) {
-    connections_.closed(session->peer().uid);
-    spdlog::debug("conn {}: closed", session->number());
-  }
-  if (sessions_.empty() && all_closed_) std::exchange(all_closed_, nullptr)();
-}
-
-void Service::handle_line(const std::shared_ptr<Session>& session, std::string_view line) {
-  Request req;
+void RequestHandler::reject(const std::shared_ptr<Client>& client, const json& id, const Error& error,
+                            Clock::time_point received) {
   ++requests_;
-  auto parsed = protocol::parse_request(line, &req.id);
-  if (!parsed) {
-    reply_now(session, req, protocol::error_line(req.id, parsed.error().code, parsed.error().message),
-              parsed.error().code);
-    return;
-  }
-  req.op = std::move(parsed->op);
-  req.body = std::move(parsed->body);
+  Request req;
+  req.id = id;
+  req.received = received;
+  answer(client, req, Reply::failure(error.code, error.message), error.code);
+}
+
+void RequestHandler::handle(const std::shared_ptr<Client>& client, protocol::Request request,
+                            Clock::time_point received) {
+  ++requests_;
+  Request req;
+  req.id = std::move(request.id);
+  req.op_text = std::move(request.op);
+  req.body = std::move(request.body);
+  req.received = received;
   try {
-    dispatch(session, req);
+    dispatch(client, req);
   } catch (const std::exception& e) {
-    spdlog::error("conn {}: op {} threw: {}", session->number(), text(req.op), e.what());
-    reply_now(session, req, protocol::error_line(req.id, protocol::code::kInternal, e.what()), "internal");
+    spdlog::error("conn {}: op {} threw: {}", client->number(), text(req.op_text), e.what());
+    answer(client, req, Reply::failure(protocol::code::kInternal, e.what()), "internal");
   }
 }
 
-void Service::reply_now(const std::shared_ptr<Session>& session, Request& req, const std::string& line,
-                        const std::string& outcome) {
-  session->send(line);
-  spdlog::info("conn={} id={} op={} model={} outcome={} ms={:.2f}", session->number(), id_text(req.id),
-               text(req.op), text(req.model), outcome, ms_since(req.received));
+void RequestHandler::answer(const std::shared_ptr<Client>& client, const Request& req, Reply reply,
+                            std::string_view outcome) {
+  client->reply(req.id, nullptr, std::move(reply));
+  log_request(client->number(), req.id, req.op_text, req.model, outcome, req.received);
 }
 
-void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
-  auto fail = [&](const char* code, const std::string& message) {
-    reply_now(session, req, protocol::error_line(req.id, code, message), code);
+void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& req) {
+  auto fail = [&](std::string_view code, std::string message) {
+    answer(client, req, Reply::failure(code, std::move(message)), code);
   };
-  const std::string& op = req.op;
-  static const char* ops[] = {"load", "infer", "stats", "invalidate", "list", "health", "cancel"};
-  if (std::find_if(std::begin(ops), std::end(ops), [&](const char* o) { return op == o; }) == std::end(ops)) {
+  const auto op = protocol::op_from_name(req.op_text);
+  if (!op) {
     return fail(protocol::code::kUnknownOp,
-                "unknown op '" + op + "' (known: load, infer, stats, invalidate, list, health, cancel)");
+                "unknown op '" + req.op_text + "' (known: " + protocol::known_ops_text() + ")");
   }
+  req.op = *op;
   if (shutting_down_) return fail(protocol::code::kShuttingDown, "car-inferenced is shutting down");
   // An id shared by two requests in flight would make their replies and `cancel` ambiguous.
-  if (!req.id.is_null() && session->id_in_flight(req.id)) {
+  if (!req.id.is_null() && client->calls().id_in_flight(req.id)) {
     return fail(protocol::code::kBadRequest,
                 "id " + protocol::dump(req.id) +
                     " is already used by a request in flight on this connection; "
@@ -122,36 +162,37 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
                     "carries on)");
   }
 
-  if (op == "health") {
-    json r = {{"status", "ok"},
-              {"engine", runtime_.name()},
-              {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
-              {"models_loaded", cache_.entries()},
-              {"in_flight", in_flight_}};
-    return reply_now(session, req, protocol::ok_line(req.id, r), "ok");
-  }
-  if (op == "stats") return reply_now(session, req, protocol::ok_line(req.id, stats_json()), "ok");
-  if (op == "list") {
-    std::string error;
-    json r = list_json(error);
-    if (!error.empty()) return fail(protocol::code::kInternal, error);
-    return reply_now(session, req, protocol::ok_line(req.id, r), "ok");
-  }
-  if (op == "cancel") {
-    auto t = req.body.find("target");
-    if (t == req.body.end() || t->is_null() || t->is_object() || t->is_array()) {
-      return fail(protocol::code::kBadRequest, "field 'target' (the id of a request in flight) is missing");
+  switch (req.op) {
+    case Op::kHealth:
+      return answer(client, req, Reply::success(health_json()), "ok");
+    case Op::kStats:
+      return answer(client, req, Reply::success(stats_json()), "ok");
+    case Op::kList: {
+      std::string error;
+      json r = list_json(error);
+      if (!error.empty()) return fail(protocol::code::kInternal, error);
+      return answer(client, req, Reply::success(std::move(r)), "ok");
     }
-    std::size_t n = session->cancel(*t);
-    return reply_now(session, req, protocol::ok_line(req.id, {{"cancelled", n > 0}, {"target", *t}}),
-                     n > 0 ? "ok" : "ok(no such request)");
+    case Op::kCancel: {
+      auto t = req.body.find("target");
+      if (t == req.body.end() || t->is_null() || t->is_object() || t->is_array()) {
+        return fail(protocol::code::kBadRequest, "field 'target' (the id of a request in flight) is missing");
+      }
+      std::size_t n = client->calls().cancel(*t);
+      return answer(client, req, Reply::success({{"cancelled", n > 0}, {"target", *t}}),
+                    n > 0 ? "ok" : "ok(no such request)");
+    }
+    case Op::kLoad:
+    case Op::kInfer:
+    case Op::kInvalidate:
+      break;
   }
 
   // The ops that name a model.
   auto model = protocol::model_field(req.body);
   if (!model) return fail(protocol::code::kBadRequest, model.error().message);
   req.model = *model;
-  if (op == "invalidate") {
+  if (req.op == Op::kInvalidate) {
     if (auto ok = check_model_id(req.model); !ok) return fail(protocol::code::kForbidden, ok.error().message);
     // The model saves its state (expert usage sidecar) and is freed on a worker, not on the io thread.
     auto handle = cache_.peek(req.model);
@@ -162,9 +203,9 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
         handle.reset();  // the last reference, unless a request still holds the model
       });
     }
-    return reply_now(session, req, protocol::ok_line(req.id, {{"model", req.model}, {"evicted", evicted}}), "ok");
+    return answer(client, req, Reply::success({{"model", req.model}, {"evicted", evicted}}), "ok");
   }
-  if (op == "infer") {
+  if (req.op == Op::kInfer) {
     auto params = protocol::parse_infer(req.body);
     if (!params) return fail(protocol::code::kBadRequest, params.error().message);
     req.infer = std::move(*params);
@@ -175,60 +216,58 @@ void Service::dispatch(const std::shared_ptr<Session>& session, Request& req) {
     req.stream_experts = std::move(*stream_experts);
   }
   auto resolved = resolve_model(options_.models_dir, req.model);
-  if (!resolved) return fail(wire_code(resolved.error().code).c_str(), resolved.error().message);
+  if (!resolved) return fail(protocol::wire_code(resolved.error().code), resolved.error().message);
   req.resolved = std::move(*resolved);
-  start_job(session, req);
+  req.body = nullptr;  // parsed: the job does not need the document
+  start_job(client, req);
 }
 
-void Service::start_job(const std::shared_ptr<Session>& session, Request& req) {
-  auto pending = session->begin(req.id, req.op, req.model);
+void RequestHandler::start_job(const std::shared_ptr<Client>& client, Request& req) {
+  auto call = client->calls().begin(req.id, req.op, req.model);
   auto shared_req = std::make_shared<Request>(std::move(req));
-  // The job hands its references to the io thread with the result, so the session is never destroyed
+  // The job hands its references to the io thread with the result, so the client is never destroyed
   // on a worker.
-  bool queued = pool_.try_submit([this, session, pending, shared_req]() mutable {
+  bool queued = pool_.try_submit([this, client, call, shared_req]() mutable {
     std::string outcome = "ok";
-    std::string line;
+    Reply reply;
     try {
-      line = shared_req->op == "load" ? run_load(session, pending, *shared_req, outcome)
-                                      : run_infer(session, pending, *shared_req, outcome);
+      reply = shared_req->op == Op::kLoad ? run_load(call, *shared_req, outcome)
+                                          : run_infer(client, call, *shared_req, outcome);
     } catch (const std::exception& e) {
       outcome = protocol::code::kInternal;
-      line = protocol::error_line(shared_req->id, protocol::code::kInternal, e.what());
+      reply = Reply::failure(protocol::code::kInternal, e.what());
     }
-    asio::post(io_, [this, session = std::move(session), pending = std::move(pending),
-                     shared_req = std::move(shared_req), line = std::move(line), outcome]() mutable {
-      session->finish(pending, std::move(line));
-      spdlog::info("conn={} id={} op={} model={} outcome={} ms={:.2f}", session->number(),
-                   id_text(shared_req->id), text(shared_req->op), text(shared_req->model), outcome,
-                   ms_since(shared_req->received));
-      job_done();
-    });
+    asio::post(io_,
+               [this, client = std::move(client), call = std::move(call), shared_req = std::move(shared_req),
+                reply = std::move(reply), outcome = std::move(outcome)]() mutable {
+                 client->calls().end(call);
+                 client->reply(shared_req->id, call, std::move(reply));
+                 log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model,
+                             outcome, shared_req->received);
+                 job_done();
+               });
   });
   if (!queued) {
     ++busy_rejections_;
-    session->finish(pending, protocol::error_line(shared_req->id, protocol::code::kBusy,
-                                                  "car-inferenced is busy: " +
-                                                      std::to_string(options_.queue_capacity) +
-                                                      " requests are already queued; retry later"));
-    spdlog::info("conn={} id={} op={} model={} outcome=busy ms={:.2f}", session->number(),
-                 id_text(shared_req->id), text(shared_req->op), text(shared_req->model),
-                 ms_since(shared_req->received));
+    client->calls().end(call);
+    client->reply(shared_req->id, call,
+                  Reply::failure(protocol::code::kBusy,
+                                 "car-inferenced is busy: " + std::to_string(options_.queue_capacity) +
+                                     " requests are already queued; retry later"));
+    log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model, "busy",
+                shared_req->received);
     return;
   }
   ++in_flight_;
 }
 
-void Service::job_done() {
+void RequestHandler::job_done() {
   --in_flight_;
-  if (shutting_down_ && in_flight_ == 0 && drained_) {
-    auto cb = std::move(drained_);
-    drained_ = nullptr;
-    cb();
-  }
+  if (shutting_down_ && in_flight_ == 0 && drained_) std::exchange(drained_, nullptr)();
 }
 
-std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, LoadInfo& info, std::string& error_line,
-                                                        std::string& outcome) {
+std::optional<ModelCache::Lease> RequestHandler::acquire_model(const Request& req, LoadInfo& info,
+                                                               Reply& error, std::string& outcome) {
   const ResolvedModel& m = *req.resolved;
   // On a miss the cache makes room for the runtime's estimate (or refuses a model larger than the whole
   // budget) before loading, then charges what the loaded model reports: one size for the cache, `load`
@@ -255,8 +294,8 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
     }
   }
   if (!lease) {
-    outcome = wire_code(lease.error().code);
-    error_line = protocol::error_line(req.id, outcome, lease.error().message);
+    outcome = protocol::wire_code(lease.error().code);
+    error = Reply::failure(outcome, lease.error().message);
     return std::nullopt;
   }
   if (info.loaded) {
@@ -265,20 +304,19 @@ std::optional<ModelCache::Lease> Service::acquire_model(const Request& req, Load
       auto model_lock = lease->lock();
       f.streams_experts = lease->backend()->streams_experts();
     }
-    std::lock_guard lock(facts_mutex_);
+    MutexLock lock(facts_mutex_);
     facts_[m.id] = f;
   }
   return std::move(*lease);
 }
 
-std::string Service::run_load(const std::shared_ptr<Session>&, const std::shared_ptr<Pending>& pending,
-                              const Request& req, std::string& outcome) {
-  if (pending->cancelled.load()) {
+Reply RequestHandler::run_load(const std::shared_ptr<Call>& call, const Request& req, std::string& outcome) {
+  if (call->cancelled.load()) {
     outcome = protocol::code::kCancelled;
-    return protocol::error_line(req.id, outcome, "load cancelled before it started");
+    return Reply::failure(outcome, "load cancelled before it started");
   }
   LoadInfo info;
-  std::string error;
+  Reply error;
   auto lease = acquire_model(req, info, error, outcome);
   if (!lease) return error;
   const ModelFacts f = facts(req.model).value_or(ModelFacts{});
@@ -293,52 +331,43 @@ std::string Service::run_load(const std::shared_ptr<Session>&, const std::shared
             {"retained", info.cached},
             {"streaming", f.streams_experts}};
   outcome = info.hit ? "ok(hit)" : "ok(loaded)";
-  return protocol::ok_line(req.id, r);
+  return Reply::success(std::move(r));
 }
 
-std::string Service::run_infer(const std::shared_ptr<Session>& session, const std::shared_ptr<Pending>& pending,
-                               const Request& req, std::string& outcome) {
+Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std::shared_ptr<Call>& call,
+                                const Request& req, std::string& outcome) {
   const double queue_ms = ms_since(req.received);
-  if (pending->cancelled.load()) {
+  if (call->cancelled.load()) {
     outcome = protocol::code::kCancelled;
-    return protocol::error_line(req.id, outcome, "request cancelled before it started");
+    return Reply::failure(outcome, "request cancelled before it started");
   }
   LoadInfo info;
-  std::string error;
+  Reply error;
   const Clock::time_point acquire_start = Clock::now();
   auto lease = acquire_model(req, info, error, outcome);
   if (!lease) return error;
   const double load_ms = ms_since(acquire_start);  // a warm model: the cache lookup alone
-  if (pending->cancelled.load()) {
+  if (call->cancelled.load()) {
     outcome = protocol::code::kCancelled;
-    return protocol::error_line(req.id, outcome, "request cancelled while its model loaded");
+    return Reply::failure(outcome, "request cancelled while its model loaded");
   }
   // One request at a time per model; a request waiting here for another one can still be cancelled.
-  auto model_lock = lease->lock_unless(pending->cancelled);
+  auto model_lock = lease->lock_unless(call->cancelled);
   if (!model_lock.owns_lock()) {
     lease->reset();
     outcome = protocol::code::kCancelled;
-    return protocol::error_line(req.id, outcome, "request cancelled while it waited for its model");
+    return Reply::failure(outcome, "request cancelled while it waited for its model");
   }
 
-  GenerateParams params;
-  params.prompt = req.infer.prompt;
-  params.max_tokens = req.infer.max_tokens;
-  params.temperature = req.infer.temperature;
-  params.top_k = req.infer.top_k;
-  params.top_p = req.infer.top_p;
-  params.seed = req.infer.seed;
-  params.stop = req.infer.stop;
-  params.ignore_eos = req.infer.ignore_eos;
   TokenSink sink;
   if (req.infer.stream) {
-    sink = [this, session, pending, id = req.id](int32_t token, const std::string& text) {
-      asio::post(io_, [session, pending, line = protocol::token_line(id, text, token)]() mutable {
-        session->send_token(pending, std::move(line));
-      });
+    sink = [this, client, call](int32_t token, const std::string& text) {
+      asio::post(io_, [client, call, text, token] { client->token(call, text, token); });
     };
   }
-  auto out = lease->backend()->generate(params, sink, pending->cancelled);
+  // The request's own parameters, as parse_infer produced them, are what the runtime receives.
+  const GenerateParams& params = req.infer;
+  auto out = lease->backend()->generate(params, sink, call->cancelled);
   model_lock.unlock();
   ModelCache::Handle used = lease->handle();
   lease->reset();
@@ -350,8 +379,8 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
         drop_stale(req.model, used, current.error().message);
       }
     }
-    outcome = wire_code(out.error().code);
-    return protocol::error_line(req.id, outcome, out.error().message);
+    outcome = protocol::wire_code(out.error().code);
+    return Reply::failure(outcome, out.error().message);
   }
   json r = {{"model", req.model},
             {"text", out->text},
@@ -364,10 +393,11 @@ std::string Service::run_infer(const std::shared_ptr<Session>& session, const st
               {"prompt_ms", out->prompt_ms},
               {"decode_ms", out->decode_ms}}}};
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
-  return protocol::ok_line(req.id, r);
+  return Reply::success(std::move(r));
 }
 
-void Service::drop_stale(const std::string& id, const ModelCache::Handle& handle, const std::string& why) {
+void RequestHandler::drop_stale(const std::string& id, const ModelCache::Handle& handle,
+                                const std::string& why) {
   if (cache_.peek(id) != handle) return;  // already dropped (and perhaps reloaded) by another request
   if (!cache_.invalidate(id)) return;
   spdlog::info(
@@ -376,41 +406,20 @@ void Service::drop_stale(const std::string& id, const ModelCache::Handle& handle
       log_quote(id), why);
 }
 
-std::optional<Service::ModelFacts> Service::facts(const std::string& id) const {
-  std::lock_guard lock(facts_mutex_);
+std::optional<RequestHandler::ModelFacts> RequestHandler::facts(const std::string& id) const {
+  MutexLock lock(facts_mutex_);
   auto it = facts_.find(id);
   if (it == facts_.end()) return std::nullopt;
   return it->second;
 }
 
-void Service::begin_shutdown(std::function<void()> drained) {
+void RequestHandler::begin_shutdown(std::function<void()> drained) {
   shutting_down_ = true;
   drained_ = std::move(drained);
-  if (in_flight_ == 0 && drained_) {
-    auto cb = std::move(drained_);
-    drained_ = nullptr;
-    cb();
-  }
+  if (in_flight_ == 0 && drained_) std::exchange(drained_, nullptr)();
 }
 
-void Service::cancel_in_flight() {
-  for (const auto& s : sessions_) s->cancel_all();
-}
-
-void Service::close_sessions(bool graceful, std::function<void()> all_closed) {
-  all_closed_ = std::move(all_closed);
-  auto copy = sessions_;  // closing erases from sessions_
-  for (const auto& s : copy) {
-    if (graceful) {
-      s->close_when_idle();
-    } else {
-      s->close_now();
-    }
-  }
-  if (sessions_.empty() && all_closed_) std::exchange(all_closed_, nullptr)();
-}
-
-void Service::run_shutdown_hooks() {
+void RequestHandler::run_shutdown_hooks() {
   pool_.stop();
   for (const auto& item : cache_.list()) {
     auto handle = cache_.peek(item.key);
@@ -427,23 +436,22 @@ void Service::run_shutdown_hooks() {
   spdlog::info("shutdown: released {} cached model(s), {} bytes", e.entries, e.bytes);
 }
 
-void Service::apply_live(const LiveSettings& live) {
+void RequestHandler::apply_live(const LiveSettings& live) {
   Evicted e = cache_.set_budget(live.cache_budget_bytes);
   cache_.set_idle_ttl(ttl_of(live));
   spdlog::set_level(spdlog::level::from_str(live.log_level));
-  connections_.apply(live);
   spdlog::info("settings reloaded: cache budget {} bytes, idle TTL {} s, log level {} ({} model(s) evicted)",
                live.cache_budget_bytes, live.idle_ttl.count(), live.log_level, e.entries);
 }
 
-std::size_t Service::evict_idle() {
+std::size_t RequestHandler::evict_idle() {
   save_states_if_due();
   Evicted e = cache_.evict_idle();
   if (e.entries > 0) spdlog::info("idle eviction: {} model(s), {} bytes released", e.entries, e.bytes);
   return e.entries;
 }
 
-void Service::save_states_if_due() {
+void RequestHandler::save_states_if_due() {
   const auto now = Clock::now();
   if (now - last_state_save_ < kStateSavePeriod || shutting_down_) return;
   last_state_save_ = now;
@@ -455,7 +463,8 @@ void Service::save_states_if_due() {
   });
 }
 
-void Service::save_unless_busy(const std::string& key, CachedBackend<std::shared_ptr<Backend>>& entry) {
+void RequestHandler::save_unless_busy(const std::string& key,
+                                      CachedBackend<std::shared_ptr<Backend>>& entry) {
   // A model serving a request is skipped: it saves next period, or when it is destroyed.
   std::unique_lock<ModelMutex> lock(entry.mutex(), std::try_to_lock);
   if (!lock.owns_lock()) return;
@@ -466,20 +475,28 @@ void Service::save_unless_busy(const std::string& key, CachedBackend<std::shared
   }
 }
 
-std::string Service::status_line() const {
+std::string RequestHandler::status_line() const {
   CacheStats s = cache_.stats();
-  return std::to_string(s.entries) + " model(s) loaded, cache " + std::to_string(s.total_bytes >> 20) + " of " +
-         std::to_string(s.budget_bytes >> 20) + " MiB, " + std::to_string(in_flight_) + " request(s) in flight" +
-         (shutting_down_ ? ", shutting down" : "");
+  return std::to_string(s.entries) + " model(s) loaded, cache " + std::to_string(s.total_bytes >> 20) +
+         " of " + std::to_string(s.budget_bytes >> 20) + " MiB, " + std::to_string(in_flight_) +
+         " request(s) in flight" + (shutting_down_ ? ", shutting down" : "");
 }
 
-json Service::stats_json() const {
+json RequestHandler::health_json() const {
+  return {{"status", "ok"},
+          {"engine", runtime_.name()},
+          {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
+          {"models_loaded", cache_.entries()},
+          {"in_flight", in_flight_}};
+}
+
+json RequestHandler::stats_json() const {
   CacheStats s = cache_.stats();
   json models = json::array();
   json experts = json::object();
   for (const auto& item : s.items) {
-    json m = {{"model", item.key},   {"size_bytes", item.size_bytes}, {"in_use", item.in_use},
-              {"leases", item.leases}, {"idle_s", item.idle_seconds},  {"age_s", item.age_seconds},
+    json m = {{"model", item.key},     {"size_bytes", item.size_bytes}, {"in_use", item.in_use},
+              {"leases", item.leases}, {"idle_s", item.idle_seconds},   {"age_s", item.age_seconds},
               {"hits", item.hits}};
     if (auto f = facts(item.key)) m["streaming"] = f->streams_experts;
     if (auto handle = cache_.peek(item.key)) {
@@ -510,17 +527,18 @@ json Service::stats_json() const {
                 {"evicted_held_entries", s.evicted_held_entries},
                 {"evicted_held_bytes", s.evicted_held_bytes},
                 {"mean_eviction_age_s", s.mean_eviction_age_seconds}};
-  return {{"cache", cache},
-          {"connections", connections_.stats()},
-          {"models", models},
-          {"experts", experts},  // per MoE model: its expert source's counters (Backend::expert_stats)
-          {"requests", {{"total", requests_}, {"in_flight", in_flight_}, {"busy_rejections", busy_rejections_}}},
-          {"workers", {{"threads", pool_.threads()}, {"queued", pool_.queued()}, {"running", pool_.running()}}},
-          {"engine", runtime_.name()},
-          {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()}};
+  return {
+      {"cache", cache},
+      {"connections", connections_.stats()},
+      {"models", models},
+      {"experts", experts},  // per MoE model: its expert source's counters (Backend::expert_stats)
+      {"requests", {{"total", requests_}, {"in_flight", in_flight_}, {"busy_rejections", busy_rejections_}}},
+      {"workers", {{"threads", pool_.threads()}, {"queued", pool_.queued()}, {"running", pool_.running()}}},
+      {"engine", runtime_.name()},
+      {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()}};
 }
 
-json Service::list_json(std::string& error) const {
+json RequestHandler::list_json(std::string& error) const {
   auto listed = list_models(options_.models_dir);
   if (!listed) {
     error = listed.error().message;
