@@ -784,12 +784,15 @@ TEST_F(DaemonServerTest, AClientThatNeverReadsHoldsBoundedOutput) {
   auto observer = connect();
   std::string batch;
   for (int i = 0; i < kRequests; ++i) {
-    // Long prompts: the requests span several of the daemon's reads, as a real batch would.
+    // Long prompts: the requests span several of the daemon's reads, as a real batch would. The first
+    // stream alone outgrows the socket's buffer plus twice the bound (20,000 token lines of ~40 bytes), so
+    // the cancel past twice the bound is reached whatever the timing of the daemon's reads; the rest are
+    // short, so the ones read after the client starts reading finish quickly.
     batch += json({{"id", "r" + std::to_string(i)},
                    {"op", "infer"},
                    {"model", "a"},
                    {"prompt", std::string(1000, 'p')},
-                   {"max_tokens", 200},
+                   {"max_tokens", i == 0 ? 20000 : 200},
                    {"stream", true}})
                  .dump() +
              "\n";
