@@ -39,19 +39,11 @@ struct BenchFlags {
   int n_prompt = 128;
   int n_gen = 64;
   int reps = 3;
-  int threads = 0;
   double bandwidth_gbs = 0;  // 0 = measure
-  std::string stream_experts = "auto";
-  double expert_ram_gb = 0;
-  std::string state_dir;
-  bool no_prefetch = false;
+  EngineFlags engine;        // --threads, --stream-experts, --expert-ram-gb, --state-dir, --no-prefetch
   uint64_t seed = 1;
   bool no_warmup = false;
   bool json = false;
-  CLI::Option* threads_opt = nullptr;
-  CLI::Option* stream_opt = nullptr;
-  CLI::Option* ram_opt = nullptr;
-  CLI::Option* state_dir_opt = nullptr;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -201,19 +193,9 @@ std::string base_name(const std::string& path) {
 }
 
 void bench(const BenchFlags& f) {
-  if (auto r = apply_isa_from_env(); !r) fail(2, r.error().message);
-  engine::LoadOptions load;
-  load.threads = f.threads;
-  load.stream_experts = f.stream_experts;
-  load.expert_ram_gb = f.expert_ram_gb;
-  load.state_dir = f.state_dir;
-  load.prefetch = !f.no_prefetch;
-  load.context_length = std::max(f.n_prompt, f.n_gen) + 16;
-  if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
-                                     f.ram_opt->count() > 0, f.state_dir_opt->count() > 0);
-      !r) {
-    fail(2, r.error().message);
-  }
+  auto load_or = f.engine.load_options(std::max(f.n_prompt, f.n_gen) + 16);
+  if (!load_or) fail(2, load_or.error().message);
+  engine::LoadOptions load = std::move(*load_or);
   auto figures = model_figures(f.path);
   if (!figures) fail(1, f.path + ": " + figures.error().code + ": " + figures.error().message);
   const ModelFigures& m = *figures;
@@ -327,22 +309,11 @@ void setup_bench(CLI::App& root) {
   cmd->add_option("-n,--n-gen", flags->n_gen, "Tokens generated one at a time; 0 = skip")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-r,--repetitions", flags->reps, "Repetitions of each test")->check(CLI::Range(1, 1000));
-  flags->threads_opt = cmd->add_option("--threads,-t", flags->threads,
-                                       "Compute threads (1-1024, as CAR_INFERENCE_THREADS); unset: all cores")
-                           ->transform(setting_rule("CAR_INFERENCE_THREADS"));
+  flags->engine.add_to(cmd);
   cmd->add_option("--bandwidth-gbs", flags->bandwidth_gbs,
                   "Memory bandwidth for the decode bound, GB/s; 0 = measure this machine's read rate")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
-                          ->transform(setting_rule("CAR_INFERENCE_STREAM_EXPERTS"));
-  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb,
-                                   "Expert cache budget when streaming, GB (unset: from the memory limits)")
-                       ->transform(setting_rule("CAR_INFERENCE_EXPERT_RAM_GB"));
-  flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
-                                         "Where the expert usage sidecar lives (streamed MoE models)");
-  cmd->add_flag("--no-prefetch", flags->no_prefetch,
-                "Do not prefetch the next MoE layer's experts when streaming");
   cmd->add_option("--seed", flags->seed, "Seed for the random prompt ids");
   cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up runs");
   cmd->add_flag("--json", flags->json, "Print one JSON object");

@@ -36,11 +36,7 @@ struct RunFlags {
   engine::SamplingParams sampling;
   std::vector<std::string> stop;
   int top_logprobs = 0;
-  int threads = 0;
-  std::string stream_experts = "auto";
-  double expert_ram_gb = 0;
-  std::string state_dir;
-  bool no_prefetch = false;
+  EngineFlags engine;  // --threads, --stream-experts, --expert-ram-gb, --state-dir, --no-prefetch
   int context = 0;
   bool no_bos = false;
   bool parse_special = false;
@@ -48,11 +44,6 @@ struct RunFlags {
   bool no_stream = false;
   std::string chat;           // --chat: one user message through the model's chat template
   std::string chat_template;  // --chat-template: a Jinja file instead of the model's template
-  // Which of the settings that also come from the environment were given on the command line.
-  CLI::Option* threads_opt = nullptr;
-  CLI::Option* stream_opt = nullptr;
-  CLI::Option* ram_opt = nullptr;
-  CLI::Option* state_dir_opt = nullptr;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -88,19 +79,9 @@ double per_second(size_t n, double ms) {
 }
 
 void run(const RunFlags& f) {
-  if (auto r = apply_isa_from_env(); !r) fail(2, r.error().message);
-  engine::LoadOptions load;
-  load.threads = f.threads;
-  load.stream_experts = f.stream_experts;
-  load.expert_ram_gb = f.expert_ram_gb;
-  load.state_dir = f.state_dir;
-  load.prefetch = !f.no_prefetch;
-  load.context_length = f.context;
-  if (auto r = load_options_from_env(load, f.threads_opt->count() > 0, f.stream_opt->count() > 0,
-                                     f.ram_opt->count() > 0, f.state_dir_opt->count() > 0);
-      !r) {
-    fail(2, r.error().message);
-  }
+  auto load_or = f.engine.load_options(f.context);
+  if (!load_or) fail(2, load_or.error().message);
+  engine::LoadOptions load = std::move(*load_or);
 
   if (!f.prompt.empty() && !f.prompt_flag.empty())
     fail(2, "give the prompt once: PROMPT or --prompt, not both");
@@ -243,18 +224,7 @@ void setup_run(CLI::App& root) {
   cmd->add_option("--stop", flags->stop, "Stop string (repeatable; not included in the output)");
   cmd->add_option("--top-logprobs", flags->top_logprobs, "Report the K most likely ids per position")
       ->check(CLI::Range(0, 1000));
-  flags->threads_opt = cmd->add_option("--threads,-t", flags->threads,
-                                       "Compute threads (1-1024, as CAR_INFERENCE_THREADS); unset: all cores")
-                           ->transform(setting_rule("CAR_INFERENCE_THREADS"));
-  flags->stream_opt = cmd->add_option("--stream-experts", flags->stream_experts, "Stream MoE experts from disk")
-                          ->transform(setting_rule("CAR_INFERENCE_STREAM_EXPERTS"));
-  flags->ram_opt = cmd->add_option("--expert-ram-gb", flags->expert_ram_gb,
-                                   "Expert cache budget when streaming, GB (unset: from the memory limits)")
-                       ->transform(setting_rule("CAR_INFERENCE_EXPERT_RAM_GB"));
-  flags->state_dir_opt = cmd->add_option("--state-dir", flags->state_dir,
-                                         "Where the expert usage sidecar lives (streamed MoE models)");
-  cmd->add_flag("--no-prefetch", flags->no_prefetch,
-                "Do not prefetch the next MoE layer's experts when streaming");
+  flags->engine.add_to(cmd);
   cmd->add_option("--ctx", flags->context, "KV cache size in tokens; 0 = min(model's, 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--no-bos", flags->no_bos, "Do not add BOS to a text prompt");

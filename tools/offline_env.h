@@ -100,6 +100,55 @@ inline Result<void> load_options_from_env(engine::LoadOptions& options, bool fla
   return {};
 }
 
+/// The flags `car run` and `car bench` share for loading a model in-process, and the environment settings
+/// they override (flag > environment > default, each checked by its settings row).
+struct EngineFlags {
+  int threads = 0;  // 0 = all cores (unset)
+  std::string stream_experts = "auto";
+  double expert_ram_gb = 0;  // 0 = from the memory limits (unset)
+  std::string state_dir;
+  bool no_prefetch = false;
+  CLI::Option* threads_opt = nullptr;
+  CLI::Option* stream_opt = nullptr;
+  CLI::Option* ram_opt = nullptr;
+  CLI::Option* state_dir_opt = nullptr;
+
+  /// Add --threads, --stream-experts, --expert-ram-gb, --state-dir and --no-prefetch to `cmd`. The
+  /// object must outlive the command's parse (the commands keep it in a shared_ptr'd flags struct).
+  void add_to(CLI::App* cmd) {
+    threads_opt = cmd->add_option("--threads,-t", threads,
+                                  "Compute threads (1-1024, as CAR_INFERENCE_THREADS); unset: all cores")
+                      ->transform(setting_rule("CAR_INFERENCE_THREADS"));
+    stream_opt = cmd->add_option("--stream-experts", stream_experts, "Stream MoE experts from disk")
+                     ->transform(setting_rule("CAR_INFERENCE_STREAM_EXPERTS"));
+    ram_opt = cmd->add_option("--expert-ram-gb", expert_ram_gb,
+                              "Expert cache budget when streaming, GB (unset: from the memory limits)")
+                  ->transform(setting_rule("CAR_INFERENCE_EXPERT_RAM_GB"));
+    state_dir_opt =
+        cmd->add_option("--state-dir", state_dir, "Where the expert usage sidecar lives (streamed MoE models)");
+    cmd->add_flag("--no-prefetch", no_prefetch, "Do not prefetch the next MoE layer's experts when streaming");
+  }
+
+  /// The load options these flags and the environment give (CAR_INFERENCE_ISA applied too), with the
+  /// context size `context_length`. Errors name the flag's or variable's rule.
+  Result<engine::LoadOptions> load_options(int context_length) const {
+    if (auto r = apply_isa_from_env(); !r) return r.error();
+    engine::LoadOptions load;
+    load.threads = threads;
+    load.stream_experts = stream_experts;
+    load.expert_ram_gb = expert_ram_gb;
+    load.state_dir = state_dir;
+    load.prefetch = !no_prefetch;
+    load.context_length = context_length;
+    if (auto r = load_options_from_env(load, threads_opt->count() > 0, stream_opt->count() > 0,
+                                       ram_opt->count() > 0, state_dir_opt->count() > 0);
+        !r) {
+      return r.error();
+    }
+    return load;
+  }
+};
+
 /// The `--json` `experts` object: the expert source's counters and why it streams, or null (dense model).
 inline nlohmann::json experts_json(const engine::LoadedModel& model) {
   auto s = engine::model_expert_stats(model);
