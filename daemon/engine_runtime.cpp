@@ -1,4 +1,5 @@
-// The ModelRuntime backed by car::engine (compiled only when the car_engine target exists).
+// The ModelRuntime backed by car::engine. An `infer` with `messages` is rendered here, with the loaded
+// model's own chat template and special tokens (core/chat/model_chat.h).
 //
 // One ExpertPool per runtime (so per daemon): every model whose experts are streamed joins it and shares
 // its budget (CAR_INFERENCE_EXPERT_RAM_GB, else the memory limits) and its reader threads. Each backend
@@ -9,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "core/chat/model_chat.h"
 #include "core/engine/engine.h"
 #include "core/engine/expert_stats_json.h"
 #include "core/util/thread_annotations.h"
@@ -17,6 +19,15 @@
 namespace car::daemon {
 
 namespace {
+
+/// A chat rendering error as the client sees it: what went wrong and where (the template's own text for
+/// raise_exception, the construct and position for a template error).
+std::string chat_error_message(const Error& e) {
+  if (e.code == "raise_exception") return "the chat template rejected the conversation: " + e.message;
+  if (e.code == "no_chat_template") return e.message;
+  if (e.code == "bad_messages") return "messages: " + e.message;
+  return "chat template: " + e.message;
+}
 
 class EngineBackend final : public Backend {
  public:
@@ -36,6 +47,19 @@ class EngineBackend final : public Backend {
                                   const std::atomic<bool>& cancelled) override {
     engine::GenerateRequest req;
     req.prompt = params.prompt;
+    std::string template_source;
+    if (params.messages) {
+      // The conversation in the model's own prompt format, its special-token text parsed, and no second
+      // BOS when the template wrote one.
+      auto chat = chat::render_model_chat(engine::model_file(*model_), engine::model_tokenizer(*model_),
+                                          nlohmann::ordered_json(*params.messages), params.chat_template,
+                                          params.add_generation_prompt);
+      if (!chat) return make_error("bad_request", chat_error_message(chat.error()));
+      req.prompt = std::move(chat->text);
+      req.parse_special = true;
+      req.add_bos = !chat->starts_with_bos;
+      template_source = std::move(chat->template_source);
+    }
     req.max_tokens = params.max_tokens;
     if (params.temperature) req.sampling.temperature = static_cast<float>(*params.temperature);
     if (params.top_k) req.sampling.top_k = *params.top_k;
@@ -55,6 +79,7 @@ class EngineBackend final : public Backend {
     out.text = std::move(res->text);
     out.tokens = std::move(res->tokens);
     out.finish_reason = std::move(res->finish_reason);
+    out.chat_template = std::move(template_source);
     out.prompt_tokens = static_cast<int>(res->prompt_tokens.size());
     out.prompt_ms = res->prompt_ms;
     out.decode_ms = res->decode_ms;

@@ -31,6 +31,7 @@ struct GenerateOutput {
   std::string text;
   std::vector<int32_t> tokens;
   std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"
+  std::string chat_template;  ///< for `messages`: "model" or "request" (whose template rendered them); else ""
   int prompt_tokens = 0;
   double prompt_ms = 0;
   double decode_ms = 0;

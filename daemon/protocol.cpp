@@ -224,9 +224,40 @@ Result<InferParams> parse_infer(const json& body) {
   p.model = std::move(*model);
 
   auto prompt = body.find("prompt");
-  if (prompt == body.end()) return bad("field 'prompt' is missing");
-  if (!prompt->is_string()) return bad("field 'prompt' must be a string, got " + type_name(*prompt));
-  p.prompt = prompt->get<std::string>();
+  auto messages = body.find("messages");
+  const bool has_prompt = prompt != body.end() && !prompt->is_null();
+  const bool has_messages = messages != body.end() && !messages->is_null();
+  if (has_prompt && has_messages) return bad("give 'prompt' or 'messages', not both");
+  if (!has_prompt && !has_messages) return bad("field 'prompt' (or 'messages') is missing");
+  if (has_prompt) {
+    if (!prompt->is_string()) return bad("field 'prompt' must be a string, got " + type_name(*prompt));
+    p.prompt = prompt->get<std::string>();
+  } else {
+    if (!messages->is_array() || messages->empty()) {
+      return bad("field 'messages' must be a non-empty array of {\"role\", \"content\"} objects");
+    }
+    for (size_t i = 0; i < messages->size(); ++i) {
+      const json& m = (*messages)[i];
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) return bad("field '" + where + "' must be an object, got " + type_name(m));
+      auto role = m.find("role");
+      if (role == m.end() || !role->is_string()) return bad("field '" + where + ".role' must be a string");
+      if (auto content = m.find("content"); content != m.end() && !content->is_null() && !content->is_string()) {
+        return bad("field '" + where + ".content' must be a string or null, got " + type_name(*content));
+      }
+    }
+    p.messages = *messages;
+  }
+  if (auto it = body.find("add_generation_prompt"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("field 'add_generation_prompt' must be a boolean, got " + type_name(*it));
+    if (!has_messages) return bad("field 'add_generation_prompt' applies to 'messages' only");
+    p.add_generation_prompt = it->get<bool>();
+  }
+  if (auto it = body.find("chat_template"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("field 'chat_template' must be a string, got " + type_name(*it));
+    if (!has_messages) return bad("field 'chat_template' applies to 'messages' only");
+    p.chat_template = it->get<std::string>();
+  }
 
   auto max_tokens = int_field(body, "max_tokens", 0, kMaxTokensLimit);
   if (!max_tokens) return max_tokens.error();

@@ -95,7 +95,12 @@ Result<Request> parse_request(std::string_view line, nlohmann::json* id_out);
 /// What to generate: the part of an `infer` request the runtime receives, parsed once (parse_infer) and
 /// passed to ModelRuntime's Backend::generate as it is. Unset options take the engine's defaults.
 struct GenerateParams {
-  std::string prompt;
+  std::string prompt;  ///< the prompt text; empty when `messages` is given
+  /// A conversation instead of `prompt` (an array of {role, content, ...} objects): rendered with the model's
+  /// chat template, or `chat_template` when given, then tokenized with special-token text parsed.
+  std::optional<nlohmann::json> messages;
+  bool add_generation_prompt = true;         ///< end the rendered prompt with the assistant's turn opening
+  std::optional<std::string> chat_template;  ///< template text used instead of the model's
   int max_tokens = 128;
   std::optional<double> temperature;
   std::optional<int> top_k;

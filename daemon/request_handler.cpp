@@ -392,6 +392,7 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
               {"queue_ms", queue_ms},
               {"prompt_ms", out->prompt_ms},
               {"decode_ms", out->decode_ms}}}};
+  if (!out->chat_template.empty()) r["chat_template"] = out->chat_template;
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
   return Reply::success(std::move(r));
 }

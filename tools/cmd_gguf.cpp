@@ -17,10 +17,12 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -302,6 +304,7 @@ void inspect(const std::string& path, bool as_json, bool full) {
 struct SynthOptions {
   synth::SynthSpec spec;
   std::string out;
+  std::string chat_template_file;
 };
 
 void run_synth(const SynthOptions& o) {
@@ -358,7 +361,18 @@ void setup(CLI::App& root) {
       ->capture_default_str();
   syn->add_flag("--tied", s.tied_embeddings, "No output.weight (tied to token_embd)");
   syn->add_option("--name", s.name, "general.name (default: derived from the shape)");
-  syn->callback([o] { run_synth(*o); });
+  syn->add_option("--chat-template", o->chat_template_file,
+                  "A Jinja file written as tokenizer.chat_template (default: no template)");
+  syn->callback([o] {
+    if (!o->chat_template_file.empty()) {
+      std::ifstream in(o->chat_template_file, std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      if (!in || text.str().empty()) fail("--chat-template: cannot read " + o->chat_template_file);
+      o->spec.chat_template = text.str();
+    }
+    run_synth(*o);
+  });
 }
 
 }  // namespace

@@ -344,6 +344,9 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
   return m;
 }
 
+const gguf::GgufFile& model_file(const LoadedModel& model) { return *model.file; }
+const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model) { return *model.tok; }
+
 MemoryBreakdown model_memory(const LoadedModel& lm) {
   MemoryBreakdown m;
   m.weights = mapped_weight_bytes(lm);

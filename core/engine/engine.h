@@ -18,6 +18,13 @@
 #include "core/experts/streamed_source.h"
 #include "core/util/result.h"
 
+namespace car::gguf {
+class GgufFile;
+}
+namespace car::tokenizer {
+class Tokenizer;
+}
+
 namespace car::engine {
 
 struct LoadOptions {
@@ -120,6 +127,11 @@ struct MemoryBreakdown {
 /// file is mapped and its header parsed; no tensor data is read and no buffer allocated). Equal to the
 /// loaded figure for a model whose experts are resident. Errors: not_found, load_failed.
 Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options);
+/// The model's GGUF file and tokenizer, for what builds on generation (chat prompts: core/chat/model_chat.h).
+/// Valid as long as the model; safe to read while another thread generates.
+const gguf::GgufFile& model_file(const LoadedModel& model);
+const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model);
+
 /// What a loaded model holds now.
 MemoryBreakdown model_memory(const LoadedModel& model);
 /// OK when `path` still names, unchanged, the file the model was loaded from and no read of it faulted.

@@ -290,6 +290,7 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme)
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.seperator_token_id", 0xffffffffu);  // llama.cpp's spelling; unset
   w.set_u32("tokenizer.ggml.padding_token_id", 0xffffffffu);
+  if (!s.chat_template.empty()) w.set_string("tokenizer.chat_template", s.chat_template);
 }
 
 }  // namespace

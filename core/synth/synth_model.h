@@ -55,6 +55,7 @@ struct SynthSpec {
   /// "f32", "f16", "bf16", "q4_k_m", "q5_k_m", or any ggml type name ("q8_0", "q4_0", "q6_k", ...).
   std::string weight_type = "f32";
   std::string name;             ///< general.name; empty = derived from the shape
+  std::string chat_template;    ///< tokenizer.chat_template (Jinja text); empty = the key is not written
   uint32_t alignment = 0;       ///< 0 = no general.alignment key (GGUF default 32)
   uint32_t threads = 0;         ///< threads converting / quantizing rows (0 = all cores); same bytes for any
   uint64_t chunk_values = 0;    ///< weights generated per step, rounded to whole rows (0 = 1 Mi); same bytes

@@ -14,7 +14,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -297,6 +300,142 @@ TEST_F(DaemonBinaryEngineTest, StreamsTokensThenTheResult) {
   json again = call(conn, infer_request(2, 12, false));
   EXPECT_EQ(again["result"]["tokens"], r["result"]["tokens"]);
   EXPECT_EQ(stats(conn)["cache"]["loads"], 1);
+}
+
+TEST_F(DaemonBinaryEngineTest, MessagesAreRenderedWithTheModelsOrTheRequestsTemplate) {
+  const std::string tpl =
+      "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+      "{% if add_generation_prompt %}assistant:{% endif %}";
+  synth::SynthSpec spec = synth::tiny_spec("llama");
+  spec.seed = 5;
+  spec.chat_template = tpl;
+  ASSERT_TRUE(synth::write_synth_model(spec, (models_ / "chatty.gguf").string()).ok());
+  start();
+  auto conn = connect();
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", "Hello world"}}});
+  auto infer = [&](const std::string& model, json fields) {
+    json req = {{"id", "c"}, {"op", "infer"}, {"model", model}, {"max_tokens", 6}, {"temperature", 0}};
+    req.update(fields);
+    return call(conn, req);
+  };
+  json r = infer("chatty", {{"messages", messages}});
+  ASSERT_EQ(r["ok"], true) << r.dump() << daemon_->log();
+  EXPECT_EQ(r["result"]["chat_template"], "model");
+  // The rendered conversation holds no special-token text, so as a plain prompt it gives the same tokens.
+  json plain = infer("chatty", {{"prompt", "system: Be brief.\nuser: Hello world\nassistant:"}});
+  ASSERT_EQ(plain["ok"], true) << plain.dump();
+  EXPECT_FALSE(plain["result"].contains("chat_template"));
+  EXPECT_EQ(r["result"]["usage"]["prompt_tokens"], plain["result"]["usage"]["prompt_tokens"]);
+  EXPECT_EQ(r["result"]["tokens"], plain["result"]["tokens"]);
+  json no_opening = infer("chatty", {{"messages", messages}, {"add_generation_prompt", false}});
+  ASSERT_EQ(no_opening["ok"], true) << no_opening.dump();
+  EXPECT_LT(no_opening["result"]["usage"]["prompt_tokens"].get<int>(),
+            r["result"]["usage"]["prompt_tokens"].get<int>());
+  // A template in the request renders for a model without one, and is named as the one used.
+  json over = infer("tiny", {{"messages", messages}, {"chat_template", "{{ messages[1].content }}"}});
+  ASSERT_EQ(over["ok"], true) << over.dump();
+  EXPECT_EQ(over["result"]["chat_template"], "request");
+  json same = infer("tiny", {{"prompt", "Hello world"}});
+  EXPECT_EQ(over["result"]["tokens"], same["result"]["tokens"]);
+  // Clear errors, and the daemon keeps serving.
+  json none = infer("tiny", {{"messages", messages}});
+  EXPECT_EQ(none["error"]["code"], "bad_request") << none.dump();
+  EXPECT_NE(none["error"]["message"].get<std::string>().find("no chat template"), std::string::npos);
+  json broken = infer("tiny", {{"messages", messages}, {"chat_template", "{% for m in messages %}{{ m.role }"}});
+  EXPECT_EQ(broken["error"]["code"], "bad_request") << broken.dump();
+  EXPECT_NE(broken["error"]["message"].get<std::string>().find("chat template"), std::string::npos);
+  json rejected = infer("tiny", {{"messages", messages}, {"chat_template", "{{ raise_exception('user turns only') }}"}});
+  EXPECT_EQ(rejected["error"]["code"], "bad_request") << rejected.dump();
+  EXPECT_NE(rejected["error"]["message"].get<std::string>().find("user turns only"), std::string::npos);
+  json both = infer("chatty", {{"messages", messages}, {"prompt", "x"}});
+  EXPECT_EQ(both["error"]["code"], "bad_request");
+  EXPECT_EQ(infer("chatty", {{"messages", messages}})["result"]["tokens"], r["result"]["tokens"]);
+}
+
+TEST_F(DaemonBinaryEngineTest, CarChatKeepsTheConversationResetsAndCancelsAnAnswer) {
+  // The streaming model's shape (an answer of ~2000 tokens takes a while) with a template.
+  synth::SynthSpec spec = synth::tiny_spec("llama");
+  spec.seed = 7;
+  spec.n_layer = 4;
+  spec.n_embd = 128;
+  spec.n_ff = 384;
+  spec.n_head = 4;
+  spec.n_head_kv = 2;
+  spec.head_dim = 0;
+  spec.n_vocab = 512;
+  spec.weight_type = "f16";
+  spec.n_ctx = 2048;
+  spec.chat_template =
+      "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}";
+  ASSERT_TRUE(synth::write_synth_model(spec, (models_ / "chatty.gguf").string()).ok());
+  start();
+  auto conn = connect();
+  auto answer = [&](const json& messages) {
+    json r = call(conn, {{"id", "a"}, {"op", "infer"}, {"model", "chatty"}, {"messages", messages},
+                         {"max_tokens", 4}, {"temperature", 0}});
+    EXPECT_EQ(r["ok"], true) << r.dump();
+    return r["result"]["text"].get<std::string>();
+  };
+  const std::string a1 = answer({{{"role", "user"}, {"content", "Hello"}}});
+  const std::string a2 = answer({{{"role", "user"}, {"content", "Hello"}},
+                                 {{"role", "assistant"}, {"content", a1}},
+                                 {{"role", "user"}, {"content", "And then?"}}});
+  const std::string a3 = answer({{{"role", "user"}, {"content", "Fresh start"}}});
+  const std::string sock = " --socket " + socket_;
+  const std::string input = (tmp_.path() / "turns.txt").string();
+  {
+    std::ofstream(input) << "Hello\nAnd then?\n/reset\nFresh start\n";
+  }
+  auto [cc, out] = run_car("chat chatty -n 4 --temperature 0" + sock + " < " + input);
+  ASSERT_EQ(cc, 0) << out;
+  const auto p1 = out.find(a1 + "\n"), p2 = out.find(a2 + "\n", p1 + a1.size());
+  const auto reset = out.find("[conversation reset]"), p3 = out.find(a3 + "\n", reset);
+  EXPECT_NE(p1, std::string::npos) << out;
+  EXPECT_NE(p2, std::string::npos) << out;
+  EXPECT_NE(reset, std::string::npos) << out;
+  EXPECT_NE(p3, std::string::npos) << out;
+  // A model without a template: the daemon's reason, exit 1.
+  auto [nc, none] = run_car("chat tiny" + sock + " < " + input);
+  EXPECT_EQ(nc, 1) << none;
+  EXPECT_NE(none.find("no chat template"), std::string::npos) << none;
+  // Ctrl-C while an answer streams stops that answer, not the program: it goes on reading turns.
+  const std::string text_out = (tmp_.path() / "chat.out").string();
+  const std::string pidfile = (tmp_.path() / "chat.pid").string();
+  const std::string cmd =
+      "sh -c '" + std::string(CAR_BINARY_DIR) + "/tools/car chat chatty -n 2000 --temperature 0" + sock +
+      " > " + text_out + " 2> " + text_out + ".err < " + (tmp_.path() / "fifo").string() + " & echo $! > " +
+      pidfile + "; wait $!'";
+  ASSERT_EQ(::mkfifo((tmp_.path() / "fifo").c_str(), 0600), 0);
+  FILE* runner = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(runner, nullptr);
+  {
+    std::ofstream fifo(tmp_.path() / "fifo");  // opens once car has the read end
+    fifo << "Tell a long story\n" << std::flush;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    std::error_code ec;
+    while (std::filesystem::file_size(text_out, ec) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    std::string pid_text;
+    while (pid_text.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::ifstream(pidfile) >> pid_text;
+      if (pid_text.empty()) std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_FALSE(pid_text.empty());
+    ASSERT_EQ(::kill(static_cast<pid_t>(std::stol(pid_text)), SIGINT), 0);
+    std::this_thread::sleep_for(200ms);
+    fifo << "/reset\n" << std::flush;  // the program still reads turns
+  }  // closing the fifo: end of input, car leaves
+  const int st = ::pclose(runner);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  std::ostringstream err, text;
+  err << std::ifstream(text_out + ".err").rdbuf();
+  text << std::ifstream(text_out).rdbuf();
+  const auto cancelled = err.str().find("[cancelled]");
+  EXPECT_NE(cancelled, std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[conversation reset]", cancelled), std::string::npos) << err.str();
+  EXPECT_FALSE(text.str().empty());
 }
 
 TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {

@@ -121,6 +121,42 @@ TEST(DaemonProtocol, ValidatesInferFields) {
   }
 }
 
+TEST(DaemonProtocol, ValidatesChatMessages) {
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", "Hi"}, {"name", "ann"}},
+                                     {{"role", "assistant"}, {"content", nullptr}}});
+  auto p = protocol::parse_infer({{"model", "m"}, {"messages", messages}, {"add_generation_prompt", false},
+                                  {"chat_template", "{{ messages[0].content }}"}});
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  ASSERT_TRUE(p->messages.has_value());
+  EXPECT_EQ(*p->messages, messages);  // passed on whole, extra fields included
+  EXPECT_TRUE(p->prompt.empty());
+  EXPECT_FALSE(p->add_generation_prompt);
+  EXPECT_EQ(*p->chat_template, "{{ messages[0].content }}");
+  auto defaults = protocol::parse_infer({{"model", "m"}, {"messages", messages}});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_TRUE(defaults->add_generation_prompt);
+  EXPECT_FALSE(defaults->chat_template.has_value());
+
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"model", "m"}, {"prompt", "p"}, {"messages", messages}}, "not both"},
+      {{{"model", "m"}, {"messages", json::array()}}, "messages"},
+      {{{"model", "m"}, {"messages", "hi"}}, "messages"},
+      {{{"model", "m"}, {"messages", {1}}}, "messages[0]"},
+      {{{"model", "m"}, {"messages", {{{"content", "x"}}}}}, "messages[0].role"},
+      {{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", 5}}}}}, "messages[0].content"},
+      {{{"model", "m"}, {"messages", messages}, {"add_generation_prompt", "yes"}}, "add_generation_prompt"},
+      {{{"model", "m"}, {"messages", messages}, {"chat_template", 3}}, "chat_template"},
+      {{{"model", "m"}, {"prompt", "p"}, {"chat_template", "x"}}, "chat_template"},
+  };
+  for (const auto& [body, what] : bad) {
+    auto r = protocol::parse_infer(body);
+    ASSERT_FALSE(r.ok()) << body.dump();
+    EXPECT_EQ(r.error().code, "bad_request");
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(DaemonProtocol, BuildsAndParsesReplies) {
   auto ok = protocol::parse_reply(protocol::ok_line(3, {{"status", "ok"}}));
   ASSERT_TRUE(ok.ok());
