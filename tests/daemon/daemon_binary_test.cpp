@@ -243,9 +243,11 @@ TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
 
 // n_layer 0: the model of the streaming/cancel tests - big enough that ~1900 tokens take a good fraction
 // of a second, so a cancel or a disconnect lands while it still generates.
-void write_model(const std::filesystem::path& path, uint64_t seed, uint32_t n_layer = 0) {
+void write_model(const std::filesystem::path& path, uint64_t seed, uint32_t n_layer = 0,
+                 const std::string& chat_template = "") {
   synth::SynthSpec spec = synth::tiny_spec("llama");
   spec.seed = seed;
+  spec.chat_template = chat_template;
   if (n_layer == 0) {
     spec.n_layer = 4;
     spec.n_embd = 128;
@@ -355,20 +357,9 @@ TEST_F(DaemonBinaryEngineTest, MessagesAreRenderedWithTheModelsOrTheRequestsTemp
 
 TEST_F(DaemonBinaryEngineTest, CarChatKeepsTheConversationResetsAndCancelsAnAnswer) {
   // The streaming model's shape (an answer of ~2000 tokens takes a while) with a template.
-  synth::SynthSpec spec = synth::tiny_spec("llama");
-  spec.seed = 7;
-  spec.n_layer = 4;
-  spec.n_embd = 128;
-  spec.n_ff = 384;
-  spec.n_head = 4;
-  spec.n_head_kv = 2;
-  spec.head_dim = 0;
-  spec.n_vocab = 512;
-  spec.weight_type = "f16";
-  spec.n_ctx = 2048;
-  spec.chat_template =
-      "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}";
-  ASSERT_TRUE(synth::write_synth_model(spec, (models_ / "chatty.gguf").string()).ok());
+  write_model(models_ / "chatty.gguf", 7, 0,
+              "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+              "{% if add_generation_prompt %}a:{% endif %}");
   start();
   auto conn = connect();
   auto answer = [&](const json& messages) {
