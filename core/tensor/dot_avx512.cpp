@@ -119,43 +119,7 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
 }
 
 float dot_q6_K(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const block_q6_K*>(w);
-  const auto* y = static_cast<const block_q8_K*>(a);
-  const int64_t nb = n / QK_K;
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i m30 = _mm512_set1_epi8(0x30);
-  // Per 256-bit half of a register: left shifts 4 | 2 bring qh bits (0,1) | (2,3) to bits (4,5);
-  // right shifts 0 | 2 bring bits (4,5) | (6,7) there.
-  const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-  const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-  const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
-                              {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    // ggml's -32 offset: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]) once per block.
-    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load32(y[i].bsums), sc16), 5);
-    const __m512i sc = _mm512_castsi256_si512(sc16);
-    __m512i sumi = _mm512_setzero_si512();
-    const int8_t* q8 = y[i].qs;
-    for (int h = 0; h < 2; ++h, q8 += 128) {
-      const __m512i l = load64(x[i].ql + 64 * h);  // ql bytes 0..31 | 32..63 of this half
-      const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
-      const __m512i q01 =
-          _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
-      const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                          _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
-      const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
-      // level (0..63) * y in int16 pairs; the offset is subtracted per block.
-      const __m512i p01 = _mm512_maddubs_epi16(q01, y01);
-      const __m512i p23 = _mm512_maddubs_epi16(q23, y23);
-      sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(perm[h][0], sc));
-      sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(perm[h][1], sc));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)),
-                          _mm256_cvtepi32_ps(_mm256_sub_epi32(fold16(sumi), offset)), acc);
-  }
-  return hsum8(acc);
+  return q6_K_row<0>(static_cast<const block_q6_K*>(w), static_cast<const block_q8_K*>(a), n / QK_K);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 // Internal to core/tensor's AVX-512 kernel files - dot_avx512.cpp (dot kernels and the table),
 // matvec_avx512.cpp (multi-row kernels for y = W x) and matmul_avx512.cpp (tile kernels for prompt batches),
 // each compiled with car_simd_source(... AVX512) and only called when CPUID reports AVX-512 F/BW/VL/DQ/VNNI/
-// BF16: the AVX-512 helpers they share (the AVX2-level ones come from simd_x86.h, shared with the AVX2 files),
-// the K-quant scale permutations, and where they meet. Include it from those files only: its inline functions
-// are AVX-512 code.
+// BF16: the AVX-512 helpers they share (the AVX2-level ones come from simd_x86.h, shared with the AVX2
+// files), the K-quant scale permutations, and where they meet. Include it from those files only: its inline
+// functions are AVX-512 code.
 #pragma once
 
 #include <immintrin.h>
@@ -66,6 +66,52 @@ inline __m512i perm_idx(const Perm2& p) {
 /// yields exactly the 8 lanes ggml's AVX2 kernels accumulate (lane k: bytes 4k..4k+3 of every chunk).
 inline __m256i fold16(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/// dot(Q6_K row, Q8_K activations) over `nb` blocks in ggml's AVX2 lane order (8 int32 lanes, the 6-bit
+/// levels kept unsigned and ggml's -32 offset subtracted per lane from the bsums once per block). The one
+/// body behind dot_q6_K (kPrefetchBytes 0) and the matvec rows kernel, which prefetches the weights
+/// kPrefetchBytes ahead: a prefetch changes no arithmetic, so both give the same bits.
+template <int64_t kPrefetchBytes>
+inline float q6_K_row(const block_q6_K* x, const block_q8_K* y, int64_t nb) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  // Per 256-bit half of a register: left shifts 4 | 2 bring qh bits (0,1) | (2,3) to bits (4,5);
+  // right shifts 0 | 2 bring bits (4,5) | (6,7) there.
+  const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
+                              {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    if constexpr (kPrefetchBytes > 0) {
+      const char* ahead = reinterpret_cast<const char*>(&x[i]) + kPrefetchBytes;
+      for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    // ggml's -32 offset: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]) once per block.
+    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load32(y[i].bsums), sc16), 5);
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    __m512i sumi = _mm512_setzero_si512();
+    const int8_t* q8 = y[i].qs;
+    for (int h = 0; h < 2; ++h, q8 += 128) {
+      const __m512i l = load64(x[i].ql + 64 * h);  // ql bytes 0..31 | 32..63 of this half
+      const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
+      const __m512i q01 =
+          _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
+      const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                          _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
+      const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
+      // level (0..63) * y in int16 pairs; the offset is subtracted per block.
+      const __m512i p01 = _mm512_maddubs_epi16(q01, y01);
+      const __m512i p23 = _mm512_maddubs_epi16(q23, y23);
+      sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(perm[h][0], sc));
+      sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(perm[h][1], sc));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)),
+                          _mm256_cvtepi32_ps(_mm256_sub_epi32(fold16(sumi), offset)), acc);
+  }
+  return hsum8(acc);
 }
 
 /// dot(Q8_0 row, Q8_0 activations) in llama.cpp's order (dot_avx512.cpp); the multi-row kernel's odd row.
