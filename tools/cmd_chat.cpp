@@ -90,6 +90,7 @@ std::optional<std::string> ask(protocol::ClientConnection& conn, const ChatFlags
   g_interrupted.store(false);
   if (auto sent = conn.send_line(req.dump()); !sent) fail(kExitUnreachable, sent.error().message);
   bool cancel_sent = false;
+  bool wrote_text = false;  // the answer's line is open on stdout
   for (;;) {
     if (g_interrupted.load() && !cancel_sent) {
       json cancel = {{"id", id + 1}, {"op", "cancel"}, {"target", id}};
@@ -108,11 +109,14 @@ std::optional<std::string> ask(protocol::ClientConnection& conn, const ChatFlags
       const std::string text = reply->raw.value("text", "");
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
+      wrote_text = wrote_text || !text.empty();
       continue;
     }
     if (reply->id != id) continue;  // the cancel's own reply
-    std::printf("\n");
-    std::fflush(stdout);
+    if (wrote_text || reply->ok) {  // end the answer's line; a refusal before any text prints no empty line
+      std::printf("\n");
+      std::fflush(stdout);
+    }
     if (!reply->ok) {
       if (reply->error_code == "cancelled") {
         std::fprintf(stderr, "[cancelled]\n");

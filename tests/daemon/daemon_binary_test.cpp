@@ -390,6 +390,7 @@ TEST_F(DaemonBinaryEngineTest, CarChatKeepsTheConversationResetsAndCancelsAnAnsw
   auto [nc, none] = run_car("chat tiny" + sock + " < " + input);
   EXPECT_EQ(nc, 1) << none;
   EXPECT_NE(none.find("no chat template"), std::string::npos) << none;
+  EXPECT_EQ(none.find("car chat:"), 0u) << "a refusal before any answer text prints no empty line first: " << none;
   // Ctrl-C while an answer streams stops that answer, not the program: it goes on reading turns.
   const std::string text_out = (tmp_.path() / "chat.out").string();
   const std::string pidfile = (tmp_.path() / "chat.pid").string();
