@@ -4,6 +4,8 @@
 #   -R REGEX          run only the ctest tests matching REGEX, and build only the test executables that can
 #                     hold such a test (see below) and what they depend on
 #   --no-deps         skip the dependency check
+# CAR_TEST_DEBUG_INFO=-g1 (set by .ci/run): build/ gets line tables only instead of -g, same -O2 and NDEBUG
+# (so the same code and tests, and the same stripped .deb); unset, build/ keeps CMake's RelWithDebInfo flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""; regex=""; deps=1
@@ -19,6 +21,9 @@ done
 build=build
 # Tests are required here (the build's default, AUTO, would skip them without GoogleTest).
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAR_BUILD_TESTS=ON)
+if [ -n "${CAR_TEST_DEBUG_INFO:-}" ] && [ -z "$sanitize" ]; then
+  cmake_args+=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $CAR_TEST_DEBUG_INFO -DNDEBUG")
+fi
 if [ -n "$sanitize" ]; then
   build="build-${sanitize//,/-}"
   # -g1: line tables and function names - all a sanitizer report's stack needs - without the variable and
