@@ -34,12 +34,16 @@ fi
 cmake -S . -B "$build" "${cmake_args[@]}" >/dev/null
 
 # With -R, only the GoogleTest executables whose sources (or the headers beside them) contain text matching
-# REGEX are built - a test's suite and name are written in its source, so this is a superset of the
-# executables holding a matching test - plus the executable of any other matching test; their
-# add_dependencies (car, car-inferenced) come along. When a matching test's executable cannot be told
-# (a script, or a test whose binary is not built yet), everything is built.
+# REGEX are built - a test's suite, name, instantiation prefix and parameter names are written in its
+# source, so this is a superset of the executables holding a matching test - plus the executable of any
+# other matching test; their add_dependencies (car, car-inferenced) come along. That holds for a REGEX of
+# words, | and parentheses, which cannot match across the '.' or '/' of "Suite.Name"; any other REGEX, or a
+# matching test whose executable cannot be told (a script, a binary not built yet), builds everything.
 targets=()
-if [ -n "$regex" ]; then
+words='^[()|A-Za-z0-9_]+$'
+if [ -n "$regex" ] && ! [[ $regex =~ $words ]]; then
+  targets=(all)
+elif [ -n "$regex" ]; then
   # gtest_discover_tests leaves <target>[1]_include.cmake in the target's binary folder at configure time.
   mapfile -t gtests < <(find "$build" -name '*\[1\]_include.cmake' -printf '%f\n' | sed 's/\[1\]_include\.cmake$//' | sort -u)
   # Source files per target, from the compile database: "target<TAB>file".
@@ -66,8 +70,8 @@ if [ -n "$regex" ]; then
   mapfile -t targets < <(printf '%s\n' "${targets[@]}" | sort -u)
   [ "${#targets[@]}" -eq 0 ] && targets=(all)
   [[ " ${targets[*]} " == *" all "* ]] && targets=(all)
-  echo "test.sh: -R $regex: building ${targets[*]}"
 fi
+[ "${#targets[@]}" -gt 0 ] && echo "test.sh: -R $regex: building ${targets[*]}"
 cmake --build "$build" -j "$(nproc)" ${targets[@]:+--target "${targets[@]}"}
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
