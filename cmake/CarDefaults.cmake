@@ -28,10 +28,18 @@ function(car_simd_source file isa)
   set_source_files_properties(${file} PROPERTIES COMPILE_OPTIONS "${CAR_FLAGS_${isa}}")
 endfunction()
 
+# CAR_TEST_COMPILE_OPTIONS: extra options for the test executables' and the two programs' own files (not the
+# libraries). scripts/test.sh --sanitize passes -O0: GoogleTest-heavy test files and the CLI11-heavy `car`
+# files are most of a sanitizer build's compile time and half of it goes to -O1's optimisation, while the
+# code that runs long in the tests (kernels, engine, cache, daemon) is in the libraries, which stay at -O1.
+# -O0 removes nothing a sanitizer checks (every access stays instrumented).
+set(CAR_TEST_COMPILE_OPTIONS "" CACHE STRING "Extra compile options for test executables, car and car-inferenced")
+
 # car_add_gtest(NAME SOURCES... LIBS ...): one test executable registered with ctest test by test.
 function(car_add_gtest name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
+  target_compile_options(${name} PRIVATE ${CAR_TEST_COMPILE_OPTIONS})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock Threads::Threads)
   target_compile_definitions(${name} PRIVATE CAR_DEFAULT_CONFORMANCE_DIR="${CAR_DEFAULT_CONFORMANCE_DIR}"
                                              CAR_BINARY_DIR="${CMAKE_BINARY_DIR}")

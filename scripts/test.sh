@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up, build and run every test:   bash scripts/test.sh
 #   --sanitize LIST   build with -fsanitize=LIST (address,undefined | thread) in build-<LIST>/
-#   -R REGEX          run only the ctest tests matching REGEX
+#   -R REGEX          run only the ctest tests matching REGEX, and build only the test executables that can
+#                     hold such a test (see below) and what they depend on
 #   --no-deps         skip the dependency check
+# CAR_TEST_DEBUG_INFO=-g1 (set by .ci/run): build/ gets line tables only instead of -g, same -O2 and NDEBUG
+# (so the same code and tests, and the same stripped .deb); unset, build/ keeps CMake's RelWithDebInfo flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""; regex=""; deps=1
@@ -18,12 +21,60 @@ done
 build=build
 # Tests are required here (the build's default, AUTO, would skip them without GoogleTest).
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAR_BUILD_TESTS=ON)
+if [ -n "${CAR_TEST_DEBUG_INFO:-}" ] && [ -z "$sanitize" ]; then
+  cmake_args+=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $CAR_TEST_DEBUG_INFO -DNDEBUG")
+fi
 if [ -n "$sanitize" ]; then
   build="build-${sanitize//,/-}"
-  cmake_args+=(-DCAR_SANITIZE="$sanitize" -DCAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1)
+  # -g1: line tables and function names - all a sanitizer report's stack needs - without the variable and
+  # type information of -g, which costs a quarter of the compile time of a test file here.
+  # The test executables, car and car-inferenced are compiled at -O0, the libraries at -O1
+  # (CAR_TEST_COMPILE_OPTIONS in cmake/CarDefaults.cmake): half the compile time of those files.
+  cmake_args+=(-DCAR_SANITIZE="$sanitize" -DCAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1
+    -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCAR_TEST_COMPILE_OPTIONS=-O0)
 fi
 cmake -S . -B "$build" "${cmake_args[@]}" >/dev/null
-cmake --build "$build" -j "$(nproc)"
+
+# With -R, only the GoogleTest executables whose sources (or the headers beside them) contain text matching
+# REGEX are built - a test's suite, name, instantiation prefix and parameter names are written in its
+# source, so this is a superset of the executables holding a matching test - plus the executable of any
+# other matching test; their add_dependencies (car, car-inferenced) come along. That holds for a REGEX of
+# words, | and parentheses, which cannot match across the '.' or '/' of "Suite.Name"; any other REGEX, or a
+# matching test whose executable cannot be told (a script, a binary not built yet), builds everything.
+targets=()
+words='^[()|A-Za-z0-9_]+$'
+if [ -n "$regex" ] && ! [[ $regex =~ $words ]]; then
+  targets=(all)
+elif [ -n "$regex" ]; then
+  # gtest_discover_tests leaves <target>[1]_include.cmake in the target's binary folder at configure time.
+  mapfile -t gtests < <(find "$build" -name '*\[1\]_include.cmake' -printf '%f\n' | sed 's/\[1\]_include\.cmake$//' | sort -u)
+  # Source files per target, from the compile database: "target<TAB>file".
+  sources=$(awk -F'"' '$2 == "command" && match($0, / -o [^ ]*CMakeFiles\/[^\/ ]*\.dir\//) {
+      t = substr($0, RSTART, RLENGTH - 5); sub(/.*CMakeFiles\//, "", t) } $2 == "file" { print t "\t" $4 }' \
+    "$build/compile_commands.json")
+  for t in "${gtests[@]}"; do
+    mapfile -t files < <(printf '%s\n' "$sources" | awk -F'\t' -v t="$t" '$1 == t { print $2 }')
+    mapfile -t headers < <(for f in "${files[@]}"; do find "$(dirname "$f")" -maxdepth 1 -name '*.h'; done | sort -u)
+    if [ "${#files[@]}" -eq 0 ] || grep -Eq -- "$regex" "${files[@]}" "${headers[@]}" || [[ $t =~ $regex ]]; then
+      targets+=("$t")
+    fi
+  done
+  # Tests the configured tree already lists (scripts, checks run through a test binary, tests of binaries
+  # built before): their executable's target, or everything when that is not a known test executable.
+  # (A test binary not built yet shows an empty command; a gtest target not built yet, <target>_NOT_BUILT.)
+  while read -r name cmd; do
+    exe=${cmd##*/}
+    [[ $name == *_NOT_BUILT ]] && exe=${name%_NOT_BUILT}
+    if [ -n "$exe" ] && [[ " ${gtests[*]} " == *" $exe "* ]]; then targets+=("$exe"); else targets=(all); break; fi
+  done < <(ctest --test-dir "$build" -N -V -R "$regex" | awk '
+      match($0, /^[0-9]+: Test command: /) { cmd = substr($0, RLENGTH + 1); sub(/^"/, "", cmd); sub(/[" ].*/, "", cmd) }
+      match($0, /^ *Test +#[0-9]+: /) { print substr($0, RLENGTH + 1), cmd; cmd = "" }')
+  mapfile -t targets < <(printf '%s\n' "${targets[@]}" | sort -u)
+  [ "${#targets[@]}" -eq 0 ] && targets=(all)
+  [[ " ${targets[*]} " == *" all "* ]] && targets=(all)
+fi
+[ "${#targets[@]}" -gt 0 ] && echo "test.sh: -R $regex: building ${targets[*]}"
+cmake --build "$build" -j "$(nproc)" ${targets[@]:+--target "${targets[@]}"}
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
