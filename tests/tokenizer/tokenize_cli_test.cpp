@@ -1,6 +1,7 @@
 // `car tokenize FILE -` end to end through the built binary (skipped when it is absent): standard input is
 // read whole and exactly, and a closed standard input or a directory fails instead of tokenizing something
-// else (with descriptor 0 closed, the model file used to be opened as descriptor 0 and read as the text).
+// else (with descriptor 0 closed, the model file used to be opened as descriptor 0 and read as the text);
+// the human output escapes pieces that are not printable text.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -89,6 +90,18 @@ TEST_F(TokenizeCli, ReadsAllOfStandardInput) {
       run_shell("printf 'ab a' | " + car_cmd("tokenize --json --no-bos " + model_ + " -"), tmp_);
   ASSERT_EQ(piped.exit_code, 0) << piped.err;
   EXPECT_EQ(ids_of(piped.out), tok_->encode("ab a", false, false));
+}
+
+TEST_F(TokenizeCli, HumanOutputEscapesPiecesThatAreNotPrintableText) {
+  // Byte-fallback pieces: 0xE9 alone is not UTF-8 and 0x01 is a control; neither may reach the terminal raw.
+  std::ofstream(tmp_ / "in.txt", std::ios::binary) << std::string("a\xE9\x01", 3);
+  const auto r =
+      run_shell(car_cmd("tokenize --no-bos " + model_ + " - < " + (tmp_ / "in.txt").string()), tmp_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\t\\xe9\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\t\\x01\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\xE9'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x01'), std::string::npos) << r.out;
 }
 
 TEST_F(TokenizeCli, ClosedStandardInputFails) {
