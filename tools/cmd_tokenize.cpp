@@ -4,7 +4,9 @@
 // special-token text left as plain text unless --parse-special (CONTRACT.md). TEXT "-" reads standard input,
 // whole, before the model is opened (a closed descriptor 0 must not become the model file's); a closed
 // standard input, a directory or a read error fails the command.
-// Human output is one token per line (`id<TAB>piece`, the piece C-escaped); --json prints {"ids": [...],
+// Human output is one token per line (`id<TAB>piece`, the piece escaped by terminal_text: \\ \n \t \r, \xNN
+// for other controls and for bytes that are not UTF-8 (a byte-level piece may be half a character), \u0085
+// style for C1 controls, so no piece can drive the terminal); --json prints {"ids": [...],
 // "pieces": [...]} with pieces as llama_token_to_piece(special = true) gives them (bytes that are not valid
 // UTF-8 become U+FFFD).
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include "core/tokenizer/utf8.h"
 #include "tools/command_registry.h"
 #include "tools/stdin_text.h"
+#include "tools/terminal_text.h"
 
 namespace car::tools {
 namespace {
@@ -36,35 +39,6 @@ struct TokenizeOptions {
 [[noreturn]] void fail(const std::string& msg) {
   std::fprintf(stderr, "car tokenize: %s\n", msg.c_str());
   throw CommandFailed(1);
-}
-
-std::string escape(const std::string& piece) {
-  std::string out;
-  for (unsigned char c : piece) {
-    switch (c) {
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7F) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\x%02x", c);
-          out += buf;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  return out;
 }
 
 void run_tokenize(const TokenizeOptions& o) {
@@ -88,7 +62,8 @@ void run_tokenize(const TokenizeOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  for (int32_t id : ids) std::printf("%d\t%s\n", id, escape((*tok)->token_to_piece(id, true)).c_str());
+  for (int32_t id : ids)
+    std::printf("%d\t%s\n", id, terminal_text((*tok)->token_to_piece(id, true), false).c_str());
 }
 
 void setup(CLI::App& root) {

@@ -1,4 +1,4 @@
-// Internal: the tokens and the AST of a parsed template (core/chat/parse.cpp builds them, eval.cpp runs
+// Internal: the tokens and the AST of a parsed template (core/chat/parse*.cpp build them, eval*.cpp run
 // them).
 #pragma once
 
@@ -11,7 +11,7 @@
 
 namespace car::chat {
 
-/// Thrown inside the module (parse.cpp, eval.cpp) and turned into an Error at its boundary.
+/// Thrown inside the module (parse*.cpp, eval*.cpp) and turned into an Error at its boundary.
 struct TemplateFailure {
   std::string code;
   std::string message;

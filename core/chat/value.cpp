@@ -175,6 +175,11 @@ std::string format_float(double f) {
 
 namespace {
 
+// A JSON string literal (tojson and the js_strip_quirk printing): quotes and the JSON grammar's escapes
+// (\" \\ \n \r \t \b \f, \u00XX for the other controls), every other byte as it is (DEL too), as Python's
+// json.dumps(ensure_ascii=False) and JSON.stringify write them - the conformance outputs depend on it. Not
+// the same job as tools/terminal_text.h, which makes text safe to show on a terminal (\xNN, no quotes, C1 and
+// non-UTF-8 bytes escaped): its output is not JSON, and this one is not terminal-safe.
 void json_string(const std::string& s, std::string& out) {
   out += '"';
   for (unsigned char c : s) {

@@ -8,6 +8,7 @@
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
+#include "core/tensor/online_softmax.h"
 
 namespace car::tensor {
 
@@ -48,15 +49,9 @@ void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, in
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t ic = 0; ic < n_kv; ++ic) {
     const float s = dot_f16_ggml(k + ic * dk, q16, dk) * scale;
-    float ms = 1.0f;
-    float vs = 1.0f;
-    if (s > mx) {
-      const float old = mx;
-      mx = s;
-      ms = std::exp(old - mx);
+    float ms, vs;
+    if (detail::online_softmax_step(s, mx, ms, vs)) {
       for (int64_t d = 0; d < dv; ++d) acc16[d] = fp32_to_fp16(fp16_to_fp32(acc16[d]) * ms);
-    } else {
-      vs = std::exp(s - mx);
     }
     const uint16_t* vr = v + ic * dv;
     for (int64_t d = 0; d < dv; ++d) {

@@ -12,6 +12,7 @@
 
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernel_table.h"
+#include "core/tensor/online_softmax.h"
 
 namespace car::tensor::detail {
 
@@ -52,12 +53,8 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
       dot += static_cast<double>(fp16_to_fp32(kr[d]) * fp16_to_fp32(q16[d]));
     }
     const float s = static_cast<float>(dot) * scale;
-    float ms = 1.0f;
-    float vs = 1.0f;
-    if (s > mx) {
-      const float old = mx;
-      mx = s;
-      ms = std::exp(old - mx);
+    float ms, vs;
+    if (online_softmax_step(s, mx, ms, vs)) {
       const __m256 vms = _mm256_set1_ps(ms);
       for (int64_t d = 0; d < dv8; d += 8) {
         __m128i* p = reinterpret_cast<__m128i*>(acc16 + d);
@@ -65,8 +62,6 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
         _mm_storeu_si128(p, _mm256_cvtps_ph(_mm256_mul_ps(a, vms), _MM_FROUND_TO_NEAREST_INT));
       }
       for (int64_t d = dv8; d < dv; ++d) acc16[d] = fp32_to_fp16(fp16_to_fp32(acc16[d]) * ms);
-    } else {
-      vs = std::exp(s - mx);
     }
     const uint16_t* vr = v + ic * dv;
     const __m256 vvs = _mm256_set1_ps(vs);

@@ -96,20 +96,29 @@ float dot_q5_1(const void* w, const void* a, int64_t n) {
 // ---------------------------------------------------------------------------------------------------------
 // Float formats (any length; scalar tail)
 
-float dot_f32(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const float*>(w);
-  const auto* y = static_cast<const float*>(a);
+// The one order of the float formats: four 8-lane FMA accumulators over each 32 elements, then 8 at a time
+// into the first, their pairwise sum reduced by hsum8, then the tail one element at a time. `load8` widens 8
+// elements to fp32, `load1` one.
+template <typename Elem, typename Load8, typename Load1>
+float dot_float_format(const void* w, const void* a, int64_t n, Load8 load8, Load1 load1) {
+  const auto* x = static_cast<const Elem*>(w);
+  const auto* y = static_cast<const Elem*>(a);
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     for (int k = 0; k < 4; ++k) {
-      acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+      acc[k] = _mm256_fmadd_ps(load8(x + i + 8 * k), load8(y + i + 8 * k), acc[k]);
     }
   }
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load8(x + i), load8(y + i), acc[0]);
   float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += x[i] * y[i];
+  for (; i < n; ++i) sum += load1(x[i]) * load1(y[i]);
   return sum;
+}
+
+float dot_f32(const void* w, const void* a, int64_t n) {
+  return dot_float_format<float>(
+      w, a, n, [](const float* p) { return _mm256_loadu_ps(p); }, [](float v) { return v; });
 }
 
 inline __m256 load_f16x8(const uint16_t* p) {
@@ -117,19 +126,7 @@ inline __m256 load_f16x8(const uint16_t* p) {
 }
 
 float dot_f16(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const uint16_t*>(a);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int k = 0; k < 4; ++k) {
-      acc[k] = _mm256_fmadd_ps(load_f16x8(x + i + 8 * k), load_f16x8(y + i + 8 * k), acc[k]);
-    }
-  }
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc[0]);
-  float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += _cvtsh_ss(x[i]) * _cvtsh_ss(y[i]);
-  return sum;
+  return dot_float_format<uint16_t>(w, a, n, load_f16x8, [](uint16_t v) { return _cvtsh_ss(v); });
 }
 
 inline __m256 load_bf16x8(const uint16_t* p) {
@@ -138,27 +135,12 @@ inline __m256 load_bf16x8(const uint16_t* p) {
 }
 
 float dot_bf16(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const uint16_t*>(a);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int k = 0; k < 4; ++k) {
-      acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), load_bf16x8(y + i + 8 * k), acc[k]);
-    }
-  }
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16x8(x + i), load_bf16x8(y + i), acc[0]);
-  float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  uint32_t ux, uy;
-  for (; i < n; ++i) {
-    ux = static_cast<uint32_t>(x[i]) << 16;
-    uy = static_cast<uint32_t>(y[i]) << 16;
-    float fx, fy;
-    std::memcpy(&fx, &ux, 4);
-    std::memcpy(&fy, &uy, 4);
-    sum += fx * fy;
-  }
-  return sum;
+  return dot_float_format<uint16_t>(w, a, n, load_bf16x8, [](uint16_t v) {
+    const uint32_t u = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  });
 }
 
 DotKernels make_table() {

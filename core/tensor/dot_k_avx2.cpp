@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C dot kernels of the K-quants (256-element super-blocks, Q8_K activations), including Q4_K
-// in llama.cpp's repacked gemv / gemm orders (compiled with car_simd_source(... AVX2); only called when the CPU
-// has them). Integer parts exact, as in dot_avx2.cpp.
+// in llama.cpp's repacked gemv / gemm orders (compiled with car_simd_source(... AVX2); only called when the
+// CPU has them). Integer parts exact, as in dot_avx2.cpp.
 #include <immintrin.h>
 
 #include <cmath>
@@ -14,6 +14,34 @@
 namespace car::tensor::detail {
 namespace {
 
+// The pieces Q4_K (plain and repacked) and Q5_K share. Integer only, so exact whichever kernel adds them up.
+
+// A super-block's eight 6-bit sub-block scales (the mins go to sm[2..3]), widened to int16 for spread1().
+__m256i k4_scales16(const uint8_t* scales, uint32_t sm[4]) {
+  unpack_scale_min_k4_words(scales, sm);
+  return scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
+}
+
+// One 64-element group j of a super-block: levels `lo` (elements 0-31) and `hi` (32-63) times the Q8_K
+// values at q8, each 16-bit pair sum times its sub-block's scale (2j and 2j + 1) as int32x8.
+struct GroupProducts {
+  __m256i lo;
+  __m256i hi;
+};
+GroupProducts k4_group_products(__m256i lo, __m256i hi, const int8_t* q8, __m256i sc16, int j) {
+  const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
+  const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
+  return {_mm256_madd_epi16(pl, spread1(sc16, 2 * j)), _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1))};
+}
+
+// Q4_K's group j: the low and the high nibbles of the 32 bytes at q4 are its two halves.
+GroupProducts q4_group_products(const uint8_t* q4, const int8_t* q8, __m256i sc16, int j) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i bits = load32(q4);
+  return k4_group_products(_mm256_and_si256(bits, m4), _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), q8,
+                           sc16, j);
+}
+
 // Q4_K / Q5_K / Q6_K follow ggml's AVX2 kernels' arithmetic exactly (the same 8 int32 lanes per super-block,
 // the same scale products, the same mins accumulation and final reductions); llama.cpp uses those kernels on
 // AVX-512 machines too, so these results equal its results bit for bit.
@@ -21,27 +49,21 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q4_K*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
   const int64_t nb = n / QK_K;
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
   __m256 acc = _mm256_setzero_ps();
   __m128 acc_m = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t sm[4];
-    unpack_scale_min_k4_words(x[i].scales, sm);
+    const __m256i sc16 = k4_scales16(x[i].scales, sm);
     const float d = y[i].d * h2f(x[i].d);
     const float dmin = -y[i].d * h2f(x[i].dmin);
     acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(sm + 2, y[i].bsums)), acc_m);
-    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
-      const __m256i bits = load32(q4);
-      const __m256i lo = _mm256_and_si256(bits, m4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
-      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, spread1(sc16, 2 * j)));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
+      const GroupProducts p = q4_group_products(q4, q8, sc16, j);
+      sumi = _mm256_add_epi32(sumi, p.lo);
+      sumi = _mm256_add_epi32(sumi, p.hi);
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
@@ -56,26 +78,19 @@ float dot_q4_K_repacked(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q4_K*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
   const int64_t nb = n / QK_K;
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
   float acc = 0.0f, acc_m = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t sm[4];
-    unpack_scale_min_k4_words(x[i].scales, sm);
+    const __m256i sc16 = k4_scales16(x[i].scales, sm);
     const float d = h2f(x[i].d) * y[i].d;
     const float dmin = h2f(x[i].dmin) * y[i].d;
     const __m128i mins = mins_dot_bsums(sm + 2, y[i].bsums);  // lane g: the mins term of elements 64g..64g+63
-    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
-      const __m256i bits = load32(q4);
-      const __m256i lo = _mm256_and_si256(bits, m4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
-      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
-      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pl, spread1(sc16, 2 * j)),
-                                         _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
+      const GroupProducts p = q4_group_products(q4, q8, sc16, j);
+      const __m256i s = _mm256_add_epi32(p.lo, p.hi);
       if constexpr (kGemm) {
         acc = std::fma(static_cast<float>(hsum_i32x8(s)), d, acc);
       } else {
@@ -104,11 +119,10 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
   float summs = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t sm[4];
-    unpack_scale_min_k4_words(x[i].scales, sm);
+    const __m256i sc16 = k4_scales16(x[i].scales, sm);
     const float d = y[i].d * h2f(x[i].d);
     const float dmin = -y[i].d * h2f(x[i].dmin);
     summs += dmin * static_cast<float>(hsum_i32x4(mins_dot_bsums(sm + 2, y[i].bsums)));
-    const __m256i sc16 = scales8_to_16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)), false);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
     const __m256i hbits = load32(x[i].qh);
@@ -119,10 +133,9 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
       const __m256i h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4);
       const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
       const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h_hi);
-      const __m256i pl = _mm256_maddubs_epi16(lo, load32(q8));
-      const __m256i ph = _mm256_maddubs_epi16(hi, load32(q8 + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, spread1(sc16, 2 * j)));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, spread1(sc16, 2 * j + 1)));
+      const GroupProducts p = k4_group_products(lo, hi, q8, sc16, j);
+      sumi = _mm256_add_epi32(sumi, p.lo);
+      sumi = _mm256_add_epi32(sumi, p.hi);
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
@@ -181,8 +194,8 @@ float dot_q2_K(const void* w, const void* a, int64_t n) {
     const float dmin = y[i].d * h2f(x[i].dmin);
     const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, load32(y[i].bsums))),
-                            acc_m);
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
+                            _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, load32(y[i].bsums))), acc_m);
     int16_t sc[16];
     for (int j = 0; j < 16; ++j) sc[j] = static_cast<int16_t>(x[i].scales[j] & 0x0f);
     const int8_t* q8 = y[i].qs;

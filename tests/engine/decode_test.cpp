@@ -10,7 +10,7 @@
 #include <string>
 
 #include "core/engine/forward.h"
-#include "core/experts/resident_source.h"
+#include "tests/engine/loaded_tiny.h"
 #include "tests/engine/tiny_model.h"
 #include "tests/test_support.h"
 
@@ -19,24 +19,10 @@ namespace {
 
 using testing::TinySpec;
 
-struct Loaded {
-  std::shared_ptr<const model::Model> model;
-  std::unique_ptr<experts::ResidentExpertSource> experts;
-};
+using Loaded = testing::LoadedTiny;
 
 Loaded load(const testing::TempDir& dir, const TinySpec& spec) {
-  const std::string path = (dir / ("decode-" + std::to_string(spec.seed) + ".gguf")).string();
-  testing::write_tiny_model(path, spec);
-  auto f = gguf::GgufFile::open(path);
-  EXPECT_TRUE(f.ok());
-  auto m = model::Model::load(*f);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
-  Loaded l;
-  l.model = *m;
-  if (l.model->hparams().is_moe()) {
-    l.experts = std::make_unique<experts::ResidentExpertSource>(l.model->expert_banks());
-  }
-  return l;
+  return testing::load_tiny_model(dir, spec, "decode-" + std::to_string(spec.seed) + ".gguf");
 }
 
 std::vector<float> decode(const Loaded& l, const std::vector<int32_t>& toks, ThreadPool* pool) {

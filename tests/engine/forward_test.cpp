@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/experts/resident_source.h"
+#include "tests/engine/loaded_tiny.h"
 #include "tests/engine/tiny_model.h"
 #include "tests/test_support.h"
 
@@ -16,23 +16,10 @@ namespace {
 
 using testing::TinySpec;
 
-struct Loaded {
-  std::shared_ptr<const model::Model> model;
-  std::unique_ptr<experts::ResidentExpertSource> experts;
-  testing::TinyWeights weights;
-};
+using Loaded = testing::LoadedTiny;
 
 Loaded load_tiny(const testing::TempDir& dir, const TinySpec& spec) {
-  const std::string path = (dir / (spec.arch + "-" + std::to_string(spec.seed) + ".gguf")).string();
-  Loaded l;
-  l.weights = testing::write_tiny_model(path, spec);
-  auto f = gguf::GgufFile::open(path);
-  EXPECT_TRUE(f.ok()) << (f.ok() ? "" : f.error().message);
-  auto m = model::Model::load(*f);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
-  l.model = *m;
-  if (l.model->hparams().is_moe()) l.experts = std::make_unique<experts::ResidentExpertSource>(l.model->expert_banks());
-  return l;
+  return testing::load_tiny_model(dir, spec, spec.arch + "-" + std::to_string(spec.seed) + ".gguf");
 }
 
 std::vector<int32_t> some_tokens(int64_t n, int64_t vocab) {

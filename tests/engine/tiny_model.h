@@ -16,6 +16,7 @@
 #include "core/gguf/gguf_file.h"
 #include "core/gguf/gguf_writer.h"
 #include "core/tensor/kernels.h"
+#include "tests/spm_vocab.h"
 
 namespace car::testing {
 
@@ -82,32 +83,16 @@ inline TinyWeights write_tiny_model(const std::string& path, const TinySpec& s) 
     w.set_u32(a + ".expert_used_count", static_cast<uint32_t>(s.n_expert_used));
   }
   // SPM vocabulary: <unk> <s> </s>, the 256 byte tokens <0xXX>, then words.
-  gguf::ArrayValue tokens{gguf::ValueType::STRING, {}}, scores{gguf::ValueType::FLOAT32, {}},
-      types{gguf::ValueType::INT32, {}};
-  auto add_tok = [&](std::string text, float score, int32_t type) {
-    tokens.items.push_back(Value{std::move(text)});
-    scores.items.push_back(Value{score});
-    types.items.push_back(Value{type});
-  };
-  add_tok("<unk>", 0, 2);
-  add_tok("<s>", 0, 3);
-  add_tok("</s>", 0, 3);
-  for (int b = 0; b < 256; ++b) {
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
-    add_tok(buf, 0, 6);
-  }
+  std::vector<VocabToken> tokens = spm_byte_fallback_tokens();
   const char* words[] = {"\xE2\x96\x81", "a", "b", "c", "\xE2\x96\x81" "a", "\xE2\x96\x81" "b", "ab", "ba", "e", "t"};
   int wi = 0;
-  while (static_cast<int64_t>(tokens.items.size()) < s.n_vocab) {
+  while (static_cast<int64_t>(tokens.size()) < s.n_vocab) {
     std::string t = wi < 10 ? words[wi] : "w" + std::to_string(wi);
-    add_tok(t, -static_cast<float>(wi + 1), 1);
+    tokens.push_back({std::move(t), -static_cast<float>(wi + 1), kTokNormal});
     ++wi;
   }
   w.set_string("tokenizer.ggml.model", "llama");
-  w.set_array("tokenizer.ggml.tokens", tokens);
-  w.set_array("tokenizer.ggml.scores", scores);
-  w.set_array("tokenizer.ggml.token_type", types);
+  set_vocab_tokens(w, tokens);
   w.set_u32("tokenizer.ggml.bos_token_id", 1);
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -221,5 +222,16 @@ class FakeReader {
   int blocked_ = 0;
   std::atomic<bool> refuse_direct_{false};
 };
+
+/// Slot bytes (one expert's three windows) as StreamedExpertSource sizes them, learnt from a cap-1 open
+/// (0, with the failure reported, when the file does not open).
+inline uint64_t slot_bytes(const BankFile& f) {
+  car::experts::StreamOptions o;
+  o.ram_gb = 1e-9;
+  o.io_threads = 1;
+  auto s = car::experts::StreamedExpertSource::open(f.path, f.banks, o);
+  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+  return s.ok() ? (*s)->join_layout().bytes_per_expert : 0;
+}
 
 }  // namespace car::testing

@@ -203,15 +203,8 @@ TEST(Pool, BanksWithFewerExpertsLeaveTheRestToOthers) {
   big.n_expert = 16;
   testing::BankFile a = testing::make_bank_file((dir / "a.bin").string(), small);
   testing::BankFile b = testing::make_bank_file((dir / "b.bin").string(), big);
-  uint64_t slot = 0;
-  {
-    StreamOptions probe;
-    probe.ram_gb = 1e-9;
-    probe.io_threads = 1;
-    auto s = StreamedExpertSource::open(a.path, a.banks, probe);
-    ASSERT_TRUE(s.ok());
-    slot = (*s)->join_layout().bytes_per_expert;  // same matrix sizes in both files
-  }
+  const uint64_t slot = testing::slot_bytes(a);  // same matrix sizes in both files
+  ASSERT_GT(slot, 0u);
   StreamOptions o;
   o.ram_gb = (20.0 * static_cast<double>(slot) + static_cast<double>(slot) / 2) / 1e9;  // 20 slots in all
   o.io_threads = 1;

@@ -23,15 +23,7 @@ using testing::BankFile;
 using testing::BankGeometry;
 using testing::FakeReader;
 
-/// Slot bytes (one expert's three windows) as the source sizes them, learnt from a cap-1 open.
-uint64_t slot_bytes(const BankFile& f) {
-  StreamOptions o;
-  o.ram_gb = 1e-9;
-  o.io_threads = 1;
-  auto s = StreamedExpertSource::open(f.path, f.banks, o);
-  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
-  return s.ok() ? (*s)->join_layout().bytes_per_expert : 0;
-}
+using testing::slot_bytes;
 
 int moe_banks(const BankFile& f) {
   int n = 0;
@@ -63,6 +55,13 @@ uint64_t gate_mid(const BankFile& f, int layer, int e) {
 class StreamedTest : public ::testing::Test {
  protected:
   void SetUp() override { file_ = testing::make_bank_file((dir_ / "banks.bin").string(), geometry_); }
+  /// A source over file_ with room for `cap` experts that reads through `reader`.
+  std::unique_ptr<StreamedExpertSource> open_reading(FakeReader& reader, int cap) {
+    StreamOptions o;
+    o.ram_gb = ram_gb_for(file_, cap);
+    o.reader = reader.fn();
+    return open_ok(file_, o);
+  }
   testing::TempDir dir_;
   BankGeometry geometry_;
   BankFile file_;
@@ -120,10 +119,7 @@ TEST_F(StreamedTest, LeaseBytesEqualResidentSlicesAtEveryCap) {
 
 TEST_F(StreamedTest, LeastRecentlyUsedIsEvictedAndHitsDoNotRead) {
   FakeReader reader;
-  StreamOptions o;
-  o.ram_gb = ram_gb_for(file_, 3);
-  o.reader = reader.fn();
-  auto src = open_ok(file_, o);
+  auto src = open_reading(reader, 3);
   ASSERT_TRUE(src);
   auto use = [&](int e) {
     auto l = src->acquire(1, e);
@@ -176,10 +172,7 @@ TEST_F(StreamedTest, LeasedExpertsAreNeverEvictedAndOverCommitIsGivenBack) {
 
 TEST_F(StreamedTest, DuplicateExpertsInOneRequestAreReadOnce) {
   FakeReader reader;
-  StreamOptions o;
-  o.ram_gb = ram_gb_for(file_, 4);
-  o.reader = reader.fn();
-  auto src = open_ok(file_, o);
+  auto src = open_reading(reader, 4);
   ASSERT_TRUE(src);
   std::vector<ExpertLease> leases;
   const std::vector<int> want = {5, 2, 5, 5};
@@ -193,10 +186,7 @@ TEST_F(StreamedTest, DuplicateExpertsInOneRequestAreReadOnce) {
 
 TEST_F(StreamedTest, TwoThreadsWantingTheSameMissingExpertReadItOnce) {
   FakeReader reader;
-  StreamOptions o;
-  o.ram_gb = ram_gb_for(file_, 4);
-  o.reader = reader.fn();
-  auto src = open_ok(file_, o);
+  auto src = open_reading(reader, 4);
   ASSERT_TRUE(src);
   const uint64_t at = gate_mid(file_, 1, 6);
   reader.gate_at(at);
@@ -215,10 +205,7 @@ TEST_F(StreamedTest, TwoThreadsWantingTheSameMissingExpertReadItOnce) {
 
 TEST_F(StreamedTest, ReadErrorFailsTheRequestAndEveryWaiterThenTheNextFetchWorks) {
   FakeReader reader;
-  StreamOptions o;
-  o.ram_gb = ram_gb_for(file_, 4);
-  o.reader = reader.fn();
-  auto src = open_ok(file_, o);
+  auto src = open_reading(reader, 4);
   ASSERT_TRUE(src);
   // The up matrix fails, so gate was read first: the slot must not be admitted half-filled.
   const uint64_t up_at = file_.banks[2].up_offset + 3 * file_.expert_bytes(1) + file_.expert_bytes(1) / 2;
@@ -347,10 +334,7 @@ TEST_F(StreamedTest, BufferedModeNeverUsesODirect) {
 
 TEST_F(StreamedTest, PrefetchedExpertsAreHitsAndCountForRecall) {
   FakeReader reader;
-  StreamOptions o;
-  o.ram_gb = ram_gb_for(file_, 4);
-  o.reader = reader.fn();
-  auto src = open_ok(file_, o);
+  auto src = open_reading(reader, 4);
   ASSERT_TRUE(src);
   const std::vector<int> next = {1, 2};
   src->prefetch(1, next);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -141,6 +142,21 @@ class SocketDiscoveryCli : public ::testing::Test {
     client_env_ = {{"XDG_RUNTIME_DIR", (tmp_ / "user").string()},
                    {"CAR_INFERENCE_SYSTEM_SOCKET", system_socket_}};
   }
+  /// A daemon serving the system socket; null, with its log reported, when the socket never appears.
+  std::unique_ptr<car::testing::DaemonProcess> start_system_daemon() {
+    auto daemon = std::make_unique<car::testing::DaemonProcess>(
+        std::map<std::string, std::string>{{"CAR_INFERENCE_SOCKET", system_socket_},
+                                           {"CAR_INFERENCE_MODELS_DIR", (tmp_ / "models").string()},
+                                           {"CAR_INFERENCE_STATE_DIR", tmp_.path().string()},
+                                           {"CAR_INFERENCE_THREADS", "1"}},
+        (tmp_ / "daemon.log").string());
+    if (!car::testing::wait_until([&] { return std::filesystem::exists(system_socket_); }, 20s)) {
+      ADD_FAILURE() << "the daemon never made " << system_socket_ << ": " << daemon->log();
+      return nullptr;
+    }
+    return daemon;
+  }
+
   TempDir tmp_;
   std::string system_socket_;
   std::string user_socket_;
@@ -148,17 +164,12 @@ class SocketDiscoveryCli : public ::testing::Test {
 };
 
 TEST_F(SocketDiscoveryCli, PlainHealthReachesTheSystemDaemon) {
-  car::testing::DaemonProcess daemon({{"CAR_INFERENCE_SOCKET", system_socket_},
-                                      {"CAR_INFERENCE_MODELS_DIR", (tmp_ / "models").string()},
-                                      {"CAR_INFERENCE_STATE_DIR", tmp_.path().string()},
-                                      {"CAR_INFERENCE_THREADS", "1"}},
-                                     (tmp_ / "daemon.log").string());
-  ASSERT_TRUE(car::testing::wait_until([&] { return std::filesystem::exists(system_socket_); }, 20s))
-      << daemon.log();
+  const auto daemon = start_system_daemon();
+  ASSERT_TRUE(daemon);
   const auto r = run({kCar, "health", "--json"}, client_env_);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("\"ok\":true"), std::string::npos) << r.out;
-  EXPECT_EQ(daemon.terminate(), 0);
+  EXPECT_EQ(daemon->terminate(), 0);
 }
 
 TEST_F(SocketDiscoveryCli, NoDaemonNamesEveryPathTried) {
@@ -172,19 +183,14 @@ TEST_F(SocketDiscoveryCli, NoDaemonNamesEveryPathTried) {
 }
 
 TEST_F(SocketDiscoveryCli, ExplicitSocketHasNoFallback) {
-  car::testing::DaemonProcess daemon({{"CAR_INFERENCE_SOCKET", system_socket_},
-                                      {"CAR_INFERENCE_MODELS_DIR", (tmp_ / "models").string()},
-                                      {"CAR_INFERENCE_STATE_DIR", tmp_.path().string()},
-                                      {"CAR_INFERENCE_THREADS", "1"}},
-                                     (tmp_ / "daemon.log").string());
-  ASSERT_TRUE(car::testing::wait_until([&] { return std::filesystem::exists(system_socket_); }, 20s))
-      << daemon.log();
+  const auto daemon = start_system_daemon();
+  ASSERT_TRUE(daemon);
   // --socket names a path with no daemon: the system daemon is not tried behind the user's back.
   const auto r = run({kCar, "health", "--socket", (tmp_ / "nothing.sock").string()}, client_env_);
   EXPECT_EQ(r.status, 3);
   EXPECT_NE(r.err.find("nothing.sock"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find(system_socket_), std::string::npos) << r.err;
-  EXPECT_EQ(daemon.terminate(), 0);
+  EXPECT_EQ(daemon->terminate(), 0);
 }
 
 }  // namespace

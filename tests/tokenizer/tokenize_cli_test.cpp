@@ -1,6 +1,7 @@
 // `car tokenize FILE -` end to end through the built binary (skipped when it is absent): standard input is
 // read whole and exactly, and a closed standard input or a directory fails instead of tokenizing something
-// else (with descriptor 0 closed, the model file used to be opened as descriptor 0 and read as the text).
+// else (with descriptor 0 closed, the model file used to be opened as descriptor 0 and read as the text);
+// the human output escapes pieces that are not printable text.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "core/gguf/gguf_file.h"
 #include "core/gguf/gguf_writer.h"
 #include "core/tokenizer/tokenizer.h"
+#include "tests/spm_vocab.h"
 #include "tests/test_support.h"
 
 namespace car::tokenizer {
@@ -25,31 +27,15 @@ class TokenizeCli : public ::testing::Test {
     ASSERT_TRUE(fs::exists(car::testing::car_binary())) << car::testing::car_binary() << " is not built";
     // A small SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then a few pieces.
     gguf::GgufWriter w;
-    gguf::ArrayValue texts{gguf::ValueType::STRING, {}}, scores{gguf::ValueType::FLOAT32, {}},
-        types{gguf::ValueType::INT32, {}};
-    auto add = [&](const std::string& t, float score, int32_t type) {
-      texts.items.push_back(gguf::Value{t});
-      scores.items.push_back(gguf::Value{score});
-      types.items.push_back(gguf::Value{type});
-    };
-    add("<unk>", 0, 2);
-    add("<s>", 0, 3);
-    add("</s>", 0, 3);
-    for (int b = 0; b < 256; ++b) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "<0x%02X>", b);
-      add(buf, 0, 6);
-    }
+    std::vector<car::testing::VocabToken> tokens = car::testing::spm_byte_fallback_tokens();
     const std::string sp = "\xE2\x96\x81";
     for (const std::string& t :
          {sp, std::string("a"), std::string("b"), sp + "a", sp + "ab", std::string("ab")}) {
-      add(t, -1, 1);
+      tokens.push_back({t, -1, car::testing::kTokNormal});
     }
     w.set_string("general.architecture", "llama");
     w.set_string("tokenizer.ggml.model", "llama");
-    w.set_array("tokenizer.ggml.tokens", std::move(texts));
-    w.set_array("tokenizer.ggml.scores", std::move(scores));
-    w.set_array("tokenizer.ggml.token_type", std::move(types));
+    car::testing::set_vocab_tokens(w, tokens);
     w.set_u32("tokenizer.ggml.bos_token_id", 1);
     w.set_u32("tokenizer.ggml.eos_token_id", 2);
     model_ = (tmp_ / "vocab.gguf").string();
@@ -89,6 +75,18 @@ TEST_F(TokenizeCli, ReadsAllOfStandardInput) {
       run_shell("printf 'ab a' | " + car_cmd("tokenize --json --no-bos " + model_ + " -"), tmp_);
   ASSERT_EQ(piped.exit_code, 0) << piped.err;
   EXPECT_EQ(ids_of(piped.out), tok_->encode("ab a", false, false));
+}
+
+TEST_F(TokenizeCli, HumanOutputEscapesPiecesThatAreNotPrintableText) {
+  // Byte-fallback pieces: 0xE9 alone is not UTF-8 and 0x01 is a control; neither may reach the terminal raw.
+  std::ofstream(tmp_ / "in.txt", std::ios::binary) << std::string("a\xE9\x01", 3);
+  const auto r =
+      run_shell(car_cmd("tokenize --no-bos " + model_ + " - < " + (tmp_ / "in.txt").string()), tmp_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\t\\xe9\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\t\\x01\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\xE9'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x01'), std::string::npos) << r.out;
 }
 
 TEST_F(TokenizeCli, ClosedStandardInputFails) {

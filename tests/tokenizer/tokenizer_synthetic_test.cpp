@@ -13,6 +13,7 @@
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/utf8.h"
 #include "core/tokenizer/wordpiece.h"
+#include "tests/spm_vocab.h"
 
 namespace car::tokenizer {
 namespace {
@@ -22,30 +23,17 @@ using gguf::GgufWriter;
 using gguf::Value;
 using gguf::ValueType;
 
-constexpr int kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kByte = 6;
+// The token types, short (tests/spm_vocab.h).
+constexpr int32_t kNormal = testing::kTokNormal, kUnknown = testing::kTokUnknown,
+                  kControl = testing::kTokControl, kUserDefined = testing::kTokUserDefined;
 
-struct Tok {
-  std::string text;
-  float score;
-  int type;
-};
+using Tok = testing::VocabToken;
+using testing::set_vocab_tokens;
 
 ArrayValue strings(const std::vector<std::string>& v) {
   ArrayValue a{ValueType::STRING, {}};
   for (const auto& s : v) a.items.push_back(Value{s});
   return a;
-}
-
-void set_tokens(GgufWriter& w, const std::vector<Tok>& toks) {
-  ArrayValue texts{ValueType::STRING, {}}, scores{ValueType::FLOAT32, {}}, types{ValueType::INT32, {}};
-  for (const auto& t : toks) {
-    texts.items.push_back(Value{t.text});
-    scores.items.push_back(Value{t.score});
-    types.items.push_back(Value{static_cast<int32_t>(t.type)});
-  }
-  w.set_array("tokenizer.ggml.tokens", std::move(texts));
-  w.set_array("tokenizer.ggml.scores", std::move(scores));
-  w.set_array("tokenizer.ggml.token_type", std::move(types));
 }
 
 Result<std::shared_ptr<const Tokenizer>> build(const GgufWriter& w) {
@@ -60,12 +48,7 @@ Result<std::shared_ptr<const Tokenizer>> build(const GgufWriter& w) {
 const std::string kSp = "\xE2\x96\x81";  // U+2581
 
 std::vector<Tok> spm_tokens() {
-  std::vector<Tok> t = {{"<unk>", 0, kUnknown}, {"<s>", 0, kControl}, {"</s>", 0, kControl}};
-  for (int b = 0; b < 256; ++b) {
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
-    t.push_back({buf, 0, kByte});
-  }
+  std::vector<Tok> t = testing::spm_byte_fallback_tokens();
   // ids 259...
   for (const Tok& x : std::vector<Tok>{{kSp, -5, kNormal},             // 259
                                        {"a", -6, kNormal},             // 260
@@ -88,7 +71,7 @@ std::shared_ptr<const Tokenizer> spm(const std::vector<Tok>& tokens = spm_tokens
   GgufWriter w;
   w.set_string("general.architecture", "llama");
   w.set_string("tokenizer.ggml.model", "llama");
-  set_tokens(w, tokens);
+  set_vocab_tokens(w, tokens);
   w.set_u32("tokenizer.ggml.bos_token_id", 1);
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
@@ -244,7 +227,7 @@ std::shared_ptr<const Tokenizer> bpe(const std::string& pre = "gpt-2", bool with
   GgufWriter w;
   w.set_string("tokenizer.ggml.model", "gpt2");
   if (!pre.empty()) w.set_string("tokenizer.ggml.pre", pre);
-  set_tokens(w, toks);
+  set_vocab_tokens(w, toks);
   if (with_merges)
     w.set_array("tokenizer.ggml.merges", strings({"h e", "l l", "he ll", G + " w", G + "w o"}));
   w.set_u32("tokenizer.ggml.bos_token_id", 261);
@@ -293,7 +276,7 @@ TEST(BpeTokenizer, LoadErrorsNameTheProblem) {
     GgufWriter w;
     w.set_string("tokenizer.ggml.model", "gpt2");
     w.set_string("tokenizer.ggml.pre", "no-such-pre");
-    set_tokens(w, {{"a", 0, kNormal}});
+    set_vocab_tokens(w, {{"a", 0, kNormal}});
     w.set_array("tokenizer.ggml.merges", strings({}));
     auto t = build(w);
     ASSERT_FALSE(t.ok());
@@ -303,7 +286,7 @@ TEST(BpeTokenizer, LoadErrorsNameTheProblem) {
   {
     GgufWriter w;
     w.set_string("tokenizer.ggml.model", "sentencepiece-v9");
-    set_tokens(w, {{"a", 0, kNormal}});
+    set_vocab_tokens(w, {{"a", 0, kNormal}});
     auto t = build(w);
     ASSERT_FALSE(t.ok());
     EXPECT_EQ(t.error().code, "tokenizer_unknown_model");
@@ -312,7 +295,7 @@ TEST(BpeTokenizer, LoadErrorsNameTheProblem) {
   {
     GgufWriter w;
     w.set_string("tokenizer.ggml.model", "gpt2");
-    set_tokens(w, {{"a", 0, kNormal}});
+    set_vocab_tokens(w, {{"a", 0, kNormal}});
     auto t = build(w);
     ASSERT_FALSE(t.ok());
     EXPECT_EQ(t.error().code, "tokenizer_missing_key");
@@ -403,18 +386,18 @@ std::shared_ptr<const Tokenizer> wpm(const std::function<void(GgufWriter&)>& ext
   GgufWriter w;
   w.set_string("tokenizer.ggml.model", "bert");
   w.set_string("tokenizer.ggml.pre", "bert-bge");
-  set_tokens(w, {{"[PAD]", 0, kControl},
-                 {"[UNK]", 0, kUnknown},
-                 {"[CLS]", 0, kControl},
-                 {"[SEP]", 0, kControl},
-                 {kSp + "hello", 0, kNormal},
-                 {kSp + "world", 0, kNormal},
-                 {kSp + "un", 0, kNormal},
-                 {"aff", 0, kNormal},
-                 {"able", 0, kNormal},
-                 {kSp + ",", 0, kNormal},
-                 {kSp + "!", 0, kNormal},
-                 {kSp + "\xE4\xBD\xA0", 0, kNormal}});
+  set_vocab_tokens(w, {{"[PAD]", 0, kControl},
+                       {"[UNK]", 0, kUnknown},
+                       {"[CLS]", 0, kControl},
+                       {"[SEP]", 0, kControl},
+                       {kSp + "hello", 0, kNormal},
+                       {kSp + "world", 0, kNormal},
+                       {kSp + "un", 0, kNormal},
+                       {"aff", 0, kNormal},
+                       {"able", 0, kNormal},
+                       {kSp + ",", 0, kNormal},
+                       {kSp + "!", 0, kNormal},
+                       {kSp + "\xE4\xBD\xA0", 0, kNormal}});
   w.set_u32("tokenizer.ggml.bos_token_id", 2);
   w.set_u32("tokenizer.ggml.seperator_token_id", 3);
   w.set_u32("tokenizer.ggml.unknown_token_id", 1);
@@ -484,7 +467,7 @@ TEST(WordPieceTokenizer, NormalizerOptionsComeFromTheVocabulary) {
   auto bad = [] {
     GgufWriter w;
     w.set_string("tokenizer.ggml.model", "bert");
-    set_tokens(w, {{"[UNK]", 0, kUnknown}});
+    set_vocab_tokens(w, {{"[UNK]", 0, kUnknown}});
     w.set_u32("tokenizer.ggml.normalizer.lowercase", 1);
     return build(w);
   }();

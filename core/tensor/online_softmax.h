@@ -1,0 +1,26 @@
+// One step of the online softmax (Milakov and Gimelshein) that attend_head_scalar (attention.cpp) and
+// attend_head_avx2 (attention_avx2.cpp) both run per key, so the two stay the same arithmetic: the score
+// `s` of one more key is folded into the running maximum `mx`. When `s` is a new maximum, `ms` is the
+// factor that rescales everything accumulated so far (exp(old max - s)) and this key's weight `vs` is 1;
+// otherwise `ms` is 1 and `vs` is exp(s - mx). Returns whether the accumulator needs the `ms` rescale.
+// Internal linkage (static): each kernel file compiles its own copy with its own ISA flags.
+#pragma once
+
+#include <cmath>
+
+namespace car::tensor::detail {
+
+static inline bool online_softmax_step(float s, float& mx, float& ms, float& vs) {
+  ms = 1.0f;
+  vs = 1.0f;
+  if (s > mx) {
+    const float old = mx;
+    mx = s;
+    ms = std::exp(old - mx);
+    return true;
+  }
+  vs = std::exp(s - mx);
+  return false;
+}
+
+}  // namespace car::tensor::detail
