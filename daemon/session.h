@@ -88,6 +88,7 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   bool reading_done_ = false;      // no more requests will be read (EOF, error, shutdown)
   bool closed_ = false;            // the socket is closed; sends are dropped
   bool paused_ = false;            // the reader waits for the queue to drain (backpressure)
+  bool writing_ = false;           // the writer has a batch on the socket; send() must queue behind it
   bool line_timer_armed_ = false;
 };
 
