@@ -330,13 +330,19 @@ class LineBuilder {
 
  private:
   std::string out_;  // before serializer_, which appends to it
-  nlohmann::detail::serializer<json> serializer_{nlohmann::detail::output_adapter<char, std::string>(out_), ' ',
-                                                 json::error_handler_t::replace};
+  nlohmann::detail::serializer<json> serializer_{nlohmann::detail::output_adapter<char, std::string>(out_),
+                                                 ' ', json::error_handler_t::replace};
 };
 }  // namespace
 
 std::string ok_line(const json& id, const json& result) {
-  return LineBuilder().raw(R"({"id":)").value(id).raw(R"(,"ok":true,"result":)").value(result).raw("}").take();
+  return LineBuilder()
+      .raw(R"({"id":)")
+      .value(id)
+      .raw(R"(,"ok":true,"result":)")
+      .value(result)
+      .raw("}")
+      .take();
 }
 
 std::string error_line(const json& id, std::string_view code, std::string_view message) {

@@ -181,8 +181,8 @@ TEST(DaemonProtocol, ReplyLinesAreTheSerializedDocuments) {
   // The builders write the members as text; the bytes must equal the serialized document (keys sorted,
   // compact, invalid UTF-8 replaced) for every kind of id and value.
   const nlohmann::json ids[] = {nullptr, 0, -7, 18446744073709551615ull, "r\"1\n", true};
-  const nlohmann::json results[] = {nullptr, nlohmann::json::object(), 2.5,
-                                    {{"status", "ok"}, {"uptime_s", 0.125}, {"engine", "e\xff"}}};
+  const nlohmann::json results[] = {
+      nullptr, nlohmann::json::object(), 2.5, {{"status", "ok"}, {"uptime_s", 0.125}, {"engine", "e\xff"}}};
   for (const auto& id : ids) {
     for (const auto& result : results) {
       EXPECT_EQ(protocol::ok_line(id, result),
@@ -194,8 +194,9 @@ TEST(DaemonProtocol, ReplyLinesAreTheSerializedDocuments) {
                     {"id", id}, {"ok", false}, {"error", {{"code", "not_found"}, {"message", message}}}}));
     }
     for (std::string_view text : {"", " the", "\xe2\x82", "\"\\\t"}) {
-      EXPECT_EQ(protocol::token_line(id, text, -3),
-                protocol::dump(nlohmann::json{{"id", id}, {"event", "token"}, {"text", text}, {"token", -3}}));
+      EXPECT_EQ(
+          protocol::token_line(id, text, -3),
+          protocol::dump(nlohmann::json{{"id", id}, {"event", "token"}, {"text", text}, {"token", -3}}));
     }
   }
 }
