@@ -310,19 +310,63 @@ Result<InferParams> parse_infer(const json& body) {
   return p;
 }
 
+namespace {
+/// One reply line built by appending literal text and serialized values (dump()'s serializer: compact,
+/// invalid UTF-8 replaced), instead of copying the values into a document only to serialize it. The
+/// literals spell the members in the order a document would (nlohmann::json sorts keys), so the bytes
+/// are the same.
+class LineBuilder {
+ public:
+  LineBuilder() { out_.reserve(128); }
+  LineBuilder& raw(std::string_view text) {
+    out_.append(text);
+    return *this;
+  }
+  LineBuilder& value(const json& v) {
+    serializer_.dump(v, /*pretty_print=*/false, /*ensure_ascii=*/false, 0);
+    return *this;
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;  // before serializer_, which appends to it
+  nlohmann::detail::serializer<json> serializer_{nlohmann::detail::output_adapter<char, std::string>(out_),
+                                                 ' ', json::error_handler_t::replace};
+};
+}  // namespace
+
 std::string ok_line(const json& id, const json& result) {
-  json j = {{"id", id}, {"ok", true}, {"result", result}};
-  return dump(j);
+  return LineBuilder()
+      .raw(R"({"id":)")
+      .value(id)
+      .raw(R"(,"ok":true,"result":)")
+      .value(result)
+      .raw("}")
+      .take();
 }
 
 std::string error_line(const json& id, std::string_view code, std::string_view message) {
-  json j = {{"id", id}, {"ok", false}, {"error", {{"code", code}, {"message", message}}}};
-  return dump(j);
+  return LineBuilder()
+      .raw(R"({"error":{"code":)")
+      .value(json(code))
+      .raw(R"(,"message":)")
+      .value(json(message))
+      .raw(R"(},"id":)")
+      .value(id)
+      .raw(R"(,"ok":false})")
+      .take();
 }
 
 std::string token_line(const json& id, std::string_view text, int32_t token) {
-  json j = {{"id", id}, {"event", "token"}, {"text", text}, {"token", token}};
-  return dump(j);
+  return LineBuilder()
+      .raw(R"({"event":"token","id":)")
+      .value(id)
+      .raw(R"(,"text":)")
+      .value(json(text))
+      .raw(R"(,"token":)")
+      .value(json(token))
+      .raw("}")
+      .take();
 }
 
 Result<Reply> parse_reply(std::string_view line) {

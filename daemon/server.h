@@ -58,7 +58,9 @@ class Server {
 
   ServerOptions options_;
   ModelRuntime& runtime_;
-  boost::asio::io_context io_;  // declared before everything that uses its executor
+  // Declared before everything that uses its executor. One thread runs it (hint 1): handlers posted from
+  // that thread skip the scheduler's lock and wake-ups; workers still post to it safely.
+  boost::asio::io_context io_{1};
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::signal_set signals_;
   boost::asio::steady_timer idle_timer_;

@@ -48,6 +48,9 @@ Session::Session(asio::local::stream_protocol::socket socket, RequestHandler& ha
 }
 
 void Session::start() {
+  // Reads (after a wait for readability) and send()'s immediate writes must never block the io thread.
+  boost::system::error_code ec;
+  socket_.non_blocking(true, ec);
   auto self = shared_from_this();
   asio::co_spawn(socket_.get_executor(), [self]() { return self->reader(); }, asio::detached);
   asio::co_spawn(socket_.get_executor(), [self]() { return self->writer(); }, asio::detached);
@@ -61,6 +64,15 @@ void Session::account(std::ptrdiff_t delta) {
 void Session::send(std::string line) {
   if (closed_) return;
   line.push_back('\n');
+  if (queue_.empty() && !writing_) {
+    // Nothing is waiting or being written, so the line can go out now, in order, without waking the
+    // writer; the socket is non-blocking, and what it does not take is queued for the writer. An error
+    // (the peer gone) is left to the writer, whose write of the queued line fails the same way and closes.
+    boost::system::error_code ec;
+    const std::size_t n = socket_.write_some(asio::buffer(line), ec);
+    if (!ec && n == line.size()) return;
+    if (!ec) line.erase(0, n);
+  }
   account(static_cast<std::ptrdiff_t>(line.size()));
   queue_.push_back(std::move(line));
   write_signal_.cancel_one();
@@ -165,7 +177,6 @@ awaitable<void> Session::reader() {
   protocol::LineFramer framer(max_line_bytes_);
   std::vector<protocol::LineFramer::Item> items;
   boost::system::error_code ec;
-  socket_.non_blocking(true, ec);
   while (!reading_done_) {
     auto [wait_ec] = co_await socket_.async_wait(asio::socket_base::wait_read, kTuple);
     if (wait_ec || reading_done_) {
@@ -183,8 +194,16 @@ awaitable<void> Session::reader() {
     }
     items.clear();
     framer.feed(std::string_view(buf.data(), n), items);
-    for (auto& item : items) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      auto& item = items[i];
       if (closed_ || reading_done_) co_return;
+      if (i > 0) {
+        // Let the replies, tokens and other connections that became ready run before the next request of
+        // this chunk, so a batch of requests sees the backpressure its own answers build up. (After the
+        // chunk's last request the wait for more input yields anyway.)
+        co_await asio::post(socket_.get_executor(), use_awaitable);
+        if (closed_ || reading_done_) co_return;
+      }
       // Backpressure: take no new request while the client leaves this much of our output unread.
       if (queued_bytes_ >= manager_.limits().max_pending_output()) {
         paused_ = true;
@@ -214,9 +233,6 @@ awaitable<void> Session::reader() {
       } else {
         handler_.reject(shared_from_this(), id, request.error(), received);
       }
-      // Let the replies, tokens and other connections that became ready run before the next request of
-      // this chunk, so a batch of requests sees the backpressure its own answers build up.
-      co_await asio::post(socket_.get_executor(), use_awaitable);
     }
     items = {};  // an idle connection keeps no item storage either
     update_line_timer(framer.in_line());
@@ -248,7 +264,9 @@ awaitable<void> Session::writer() {
       batch += queue_.front();
       queue_.pop_front();
     }
+    writing_ = true;
     auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(batch), kTuple);
+    writing_ = false;
     if (closed_) break;
     account(-static_cast<std::ptrdiff_t>(batch.size()));
     if (paused_ && queued_bytes_ < manager_.limits().max_pending_output() / 2) drain_signal_.cancel();

@@ -1,7 +1,8 @@
 // Session: one NDJSON client connection - the front end of the Unix socket. A reader coroutine frames
 // request lines (LineFramer), parses them and hands each to the RequestHandler; a writer coroutine drains
-// the session's write queue (Asio's cpp20 chat_server shape). The session is the handler's Client: it
-// puts the handler's replies and token events into reply lines.
+// the session's write queue (Asio's cpp20 chat_server shape). A line sent while nothing is queued or being
+// written goes straight to the (non-blocking) socket; only what the socket does not take is queued. The
+// session is the handler's Client: it puts the handler's replies and token events into reply lines.
 //
 // Lifetime: owned by shared_ptr - by the ConnectionManager, its coroutines, and every job still working
 // for it. Every member runs on the io thread (workers post to it), so there is no lock. Its requests in
@@ -88,6 +89,7 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   bool reading_done_ = false;      // no more requests will be read (EOF, error, shutdown)
   bool closed_ = false;            // the socket is closed; sends are dropped
   bool paused_ = false;            // the reader waits for the queue to drain (backpressure)
+  bool writing_ = false;           // the writer has a batch on the socket; send() must queue behind it
   bool line_timer_armed_ = false;
 };
 

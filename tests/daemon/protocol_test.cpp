@@ -177,6 +177,30 @@ TEST(DaemonProtocol, BuildsAndParsesReplies) {
   EXPECT_FALSE(protocol::parse_reply("garbage").ok());
 }
 
+TEST(DaemonProtocol, ReplyLinesAreTheSerializedDocuments) {
+  // The builders write the members as text; the bytes must equal the serialized document (keys sorted,
+  // compact, invalid UTF-8 replaced) for every kind of id and value.
+  const nlohmann::json ids[] = {nullptr, 0, -7, 18446744073709551615ull, "r\"1\n", true};
+  const nlohmann::json results[] = {
+      nullptr, nlohmann::json::object(), 2.5, {{"status", "ok"}, {"uptime_s", 0.125}, {"engine", "e\xff"}}};
+  for (const auto& id : ids) {
+    for (const auto& result : results) {
+      EXPECT_EQ(protocol::ok_line(id, result),
+                protocol::dump(nlohmann::json{{"id", id}, {"ok", true}, {"result", result}}));
+    }
+    for (std::string_view message : {"", "no such model", "bad \xc3 byte \x01 \u2028"}) {
+      EXPECT_EQ(protocol::error_line(id, "not_found", message),
+                protocol::dump(nlohmann::json{
+                    {"id", id}, {"ok", false}, {"error", {{"code", "not_found"}, {"message", message}}}}));
+    }
+    for (std::string_view text : {"", " the", "\xe2\x82", "\"\\\t"}) {
+      EXPECT_EQ(
+          protocol::token_line(id, text, -3),
+          protocol::dump(nlohmann::json{{"id", id}, {"event", "token"}, {"text", text}, {"token", -3}}));
+    }
+  }
+}
+
 TEST(DaemonProtocol, OpsAndWireCodesComeFromOneTable) {
   EXPECT_EQ(protocol::op_from_name("health"), protocol::Op::kHealth);
   EXPECT_EQ(protocol::op_from_name("invalidate"), protocol::Op::kInvalidate);
