@@ -61,6 +61,7 @@ std::string_view wire_code(std::string_view code);
   X(kLoad, "load")             \
   X(kInfer, "infer")           \
   X(kStats, "stats")           \
+  X(kMetrics, "metrics")       \
   X(kInvalidate, "invalidate") \
   X(kList, "list")             \
   X(kHealth, "health")         \

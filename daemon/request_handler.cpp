@@ -47,6 +47,12 @@ void log_request(uint64_t conn, const json& id, std::string_view op, const std::
                outcome, ms_since(received));
 }
 
+/// The op as a metrics label: its wire name, or "unknown" (never the client's own text).
+std::string_view metrics_op(std::string_view op_text) {
+  auto op = protocol::op_from_name(op_text);
+  return op ? protocol::op_name(*op) : "unknown";
+}
+
 }  // namespace
 
 // ---- CallRegistry ----
@@ -105,7 +111,11 @@ RequestHandler::RequestHandler(asio::io_context& io, const ServerOptions& option
       connections_(connections),
       cache_(options.live.cache_budget_bytes, ttl_of(options.live),
              cache_clock ? std::move(cache_clock) : CacheClock([] { return Clock::now(); })),
-      pool_(std::max<std::size_t>(1, options.workers), std::max<std::size_t>(1, options.queue_capacity)) {}
+      pool_(std::max<std::size_t>(1, options.workers), std::max<std::size_t>(1, options.queue_capacity)) {
+  cache_.set_eviction_listener([this](EvictionCause cause, double age_seconds, uint64_t) {
+    metrics_.observe_eviction(eviction_cause_name(cause), age_seconds);
+  });
+}
 
 RequestHandler::~RequestHandler() {
   pool_.stop();
@@ -140,6 +150,7 @@ void RequestHandler::answer(const std::shared_ptr<Client>& client, const Request
                             std::string_view outcome) {
   client->reply(req.id, nullptr, std::move(reply));
   log_request(client->number(), req.id, req.op_text, req.model, outcome, req.received);
+  metrics_.count_request(metrics_op(req.op_text), outcome);
 }
 
 void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& req) {
@@ -167,6 +178,8 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
       return answer(client, req, Reply::success(health_json()), "ok");
     case Op::kStats:
       return answer(client, req, Reply::success(stats_json()), "ok");
+    case Op::kMetrics:
+      return answer(client, req, Reply::success({{"text", metrics_text()}}), "ok");
     case Op::kList: {
       std::string error;
       json r = list_json(error);
@@ -244,6 +257,7 @@ void RequestHandler::start_job(const std::shared_ptr<Client>& client, Request& r
                  client->reply(shared_req->id, call, std::move(reply));
                  log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model,
                              outcome, shared_req->received);
+                 metrics_.count_request(metrics_op(shared_req->op_text), outcome);
                  job_done();
                });
   });
@@ -256,6 +270,7 @@ void RequestHandler::start_job(const std::shared_ptr<Client>& client, Request& r
                                      " requests are already queued; retry later"));
     log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model, "busy",
                 shared_req->received);
+    metrics_.count_request(metrics_op(shared_req->op_text), "busy");
     return;
   }
   ++in_flight_;
@@ -293,6 +308,7 @@ std::optional<ModelCache::Lease> RequestHandler::acquire_model(const Request& re
       lease = cache_.lease_or_load(m.id, estimate, load, &info);
     }
   }
+  if (info.loaded) metrics_.observe_load(std::chrono::duration<double>(info.load_time).count());
   if (!lease) {
     outcome = protocol::wire_code(lease.error().code);
     error = Reply::failure(outcome, lease.error().message);
@@ -311,6 +327,7 @@ std::optional<ModelCache::Lease> RequestHandler::acquire_model(const Request& re
 }
 
 Reply RequestHandler::run_load(const std::shared_ptr<Call>& call, const Request& req, std::string& outcome) {
+  metrics_.observe_queue_wait(ms_since(req.received) / 1000);
   if (call->cancelled.load()) {
     outcome = protocol::code::kCancelled;
     return Reply::failure(outcome, "load cancelled before it started");
@@ -337,6 +354,7 @@ Reply RequestHandler::run_load(const std::shared_ptr<Call>& call, const Request&
 Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std::shared_ptr<Call>& call,
                                 const Request& req, std::string& outcome) {
   const double queue_ms = ms_since(req.received);
+  metrics_.observe_queue_wait(queue_ms / 1000);
   if (call->cancelled.load()) {
     outcome = protocol::code::kCancelled;
     return Reply::failure(outcome, "request cancelled before it started");
@@ -393,6 +411,8 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
               {"prompt_ms", out->prompt_ms},
               {"decode_ms", out->decode_ms}}}};
   if (!out->chat_template.empty()) r["chat_template"] = out->chat_template;
+  metrics_.observe_generation(static_cast<uint64_t>(out->prompt_tokens), out->prompt_ms / 1000,
+                              out->tokens.size(), out->decode_ms / 1000, out->finish_reason);
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
   return Reply::success(std::move(r));
 }

@@ -31,6 +31,7 @@
 #include "core/util/result.h"
 #include "core/util/thread_annotations.h"
 #include "daemon/connection_limits.h"
+#include "daemon/metrics.h"
 #include "daemon/model_runtime.h"
 #include "daemon/protocol.h"
 #include "daemon/server_options.h"
@@ -125,6 +126,13 @@ class RequestHandler {
   /// One line for systemd's STATUS=.
   std::string status_line() const;
 
+  /// The Prometheus exposition text (format 0.0.4) of every metric: what `GET /metrics` serves and the
+  /// `metrics` op returns (docs/metrics.md). io thread (it reads the in-flight count).
+  std::string metrics_text() const;
+  /// Where the fronts record what the handler does not see, e.g. metrics().count_http(endpoint, status).
+  /// Thread-safe.
+  Metrics& metrics() { return metrics_; }
+
   std::size_t in_flight() const { return in_flight_; }
   bool shutting_down() const { return shutting_down_; }
   ModelCache& cache() { return cache_; }
@@ -160,6 +168,7 @@ class RequestHandler {
   const ServerOptions& options_;
   ModelRuntime& runtime_;
   const ConnectionLimits& connections_;
+  Metrics metrics_;  // before cache_: the cache's eviction listener records into it
   ModelCache cache_;
   WorkerPool pool_;
   const Clock::time_point started_ = Clock::now();

@@ -1,4 +1,4 @@
-// `car load|infer|stats|invalidate|list|health`: the client of car-inferenced (docs/protocol.md).
+// `car load|infer|stats|metrics|invalidate|list|health`: the client of car-inferenced (docs/protocol.md).
 //
 // Each command sends one request over the Unix socket (--socket, else $CAR_INFERENCE_SOCKET, else the
 // per-user default, then the system socket: tools/socket_discovery.h) and prints the answer for a person, or
@@ -212,6 +212,16 @@ void setup_client_commands(CLI::App& root) {
     cmd->callback([] {
       auto reply = exchange(common, {{"op", "stats"}}, nullptr);
       if (!common.json_output) print_stats(reply.result);
+    });
+  }
+
+  {
+    auto* cmd = root.add_subcommand("metrics",
+                                    "The daemon's metrics in the Prometheus text format (docs/metrics.md)");
+    add_common(cmd, common);
+    cmd->callback([] {
+      auto reply = exchange(common, {{"op", "metrics"}}, nullptr);
+      if (!common.json_output) std::fputs(reply.result.value("text", "").c_str(), stdout);
     });
   }
 

@@ -108,6 +108,24 @@ using CacheClock = std::function<std::chrono::steady_clock::time_point()>;
 /// Why an entry left the cache.
 enum class EvictionCause { capacity, idle, invalidate, clear };
 
+/// "capacity", "idle", "invalidate" or "clear" (as `stats` and the metrics name them).
+inline const char* eviction_cause_name(EvictionCause cause) {
+  switch (cause) {
+    case EvictionCause::capacity:
+      return "capacity";
+    case EvictionCause::idle:
+      return "idle";
+    case EvictionCause::invalidate:
+      return "invalidate";
+    case EvictionCause::clear:
+      return "clear";
+  }
+  return "?";
+}
+
+/// Told about each entry that leaves the cache: why, its age since it was loaded, its bytes.
+using EvictionListener = std::function<void(EvictionCause cause, double age_seconds, std::uint64_t bytes)>;
+
 /// What one get_or_load / lease_or_load call did (optional out-parameter).
 struct LoadInfo {
   bool hit = false;     ///< found cached (the protocol's `cached`)
@@ -502,6 +520,14 @@ class BackendCache {
 
   /// Change the idle TTL at runtime; nullopt or zero disables idle eviction. Takes effect on the next
   /// evict_idle().
+  /// Call `listener` for every entry evicted from now on (any cause; empty: none). It runs under the cache's
+  /// lock, on the thread that evicts: it must be quick and must not call into the cache. Observing only:
+  /// what is evicted, and when, does not change.
+  void set_eviction_listener(EvictionListener listener) {
+    MutexLock guard(core_->mutex);
+    eviction_listener_ = std::move(listener);
+  }
+
   void set_idle_ttl(std::optional<std::chrono::milliseconds> ttl) {
     MutexLock guard(core_->mutex);
     idle_ttl_ = normalize_ttl(ttl);
@@ -821,6 +847,7 @@ class BackendCache {
     evictions_[static_cast<int>(cause)] += 1;
     last_eviction_age_s_ = cache_detail::seconds_between(h->loaded_ns_, now);
     eviction_age_sum_s_ += last_eviction_age_s_;
+    if (eviction_listener_) eviction_listener_(cause, last_eviction_age_s_, h->size_bytes());
     h->mark_evicted();
     return h;
   }
@@ -863,6 +890,7 @@ class BackendCache {
   std::uint64_t evictions_[4] CAR_GUARDED_BY(core_->mutex) = {0, 0, 0, 0};  ///< indexed by EvictionCause
   double last_eviction_age_s_ CAR_GUARDED_BY(core_->mutex) = 0;
   double eviction_age_sum_s_ CAR_GUARDED_BY(core_->mutex) = 0;
+  EvictionListener eviction_listener_ CAR_GUARDED_BY(core_->mutex);
 };
 
 }  // namespace car

@@ -622,5 +622,48 @@ TEST(BackendCacheRuntimeTest, IdleTtlCanBeEnabledChangedAndDisabledLive) {
   EXPECT_EQ(cache.evict_idle().entries, 0u);
 }
 
+TEST(BackendCacheListenerTest, TheEvictionListenerSeesEachCauseAgeAndSize) {
+  ManualClock clock;
+  BackendCache<int> cache(250, seconds(60), clock.fn());
+  struct Seen {
+    EvictionCause cause;
+    double age;
+    std::uint64_t bytes;
+  };
+  std::vector<Seen> seen;
+  cache.set_eviction_listener([&](EvictionCause c, double age, std::uint64_t bytes) {
+    seen.push_back({c, age, bytes});
+  });
+  ASSERT_TRUE(cache.get_or_load("a", 100, [] { return value(1); }).ok());
+  clock.advance(seconds(5));
+  ASSERT_TRUE(cache.get_or_load("b", 100, [] { return value(2); }).ok());
+  clock.advance(seconds(5));
+  ASSERT_TRUE(cache.get_or_load("c", 100, [] { return value(3); }).ok());  // a (10 s old) goes for capacity
+  clock.advance(seconds(61));
+  EXPECT_EQ(cache.evict_idle(), (Evicted{2, 200}));  // b (66 s), c (61 s)
+  ASSERT_TRUE(cache.get_or_load("d", 50, [] { return value(4); }).ok());
+  clock.advance(seconds(2));
+  EXPECT_TRUE(cache.invalidate("d"));
+  ASSERT_TRUE(cache.get_or_load("e", 70, [] { return value(5); }).ok());
+  EXPECT_EQ(cache.clear(), (Evicted{1, 70}));
+  ASSERT_EQ(seen.size(), 5u);
+  EXPECT_EQ(seen[0].cause, EvictionCause::capacity);
+  EXPECT_DOUBLE_EQ(seen[0].age, 10);
+  EXPECT_EQ(seen[0].bytes, 100u);
+  EXPECT_EQ(seen[1].cause, EvictionCause::idle);
+  EXPECT_EQ(seen[2].cause, EvictionCause::idle);
+  EXPECT_DOUBLE_EQ(seen[1].age + seen[2].age, 66 + 61);
+  EXPECT_EQ(seen[3].cause, EvictionCause::invalidate);
+  EXPECT_DOUBLE_EQ(seen[3].age, 2);
+  EXPECT_EQ(seen[3].bytes, 50u);
+  EXPECT_EQ(seen[4].cause, EvictionCause::clear);
+  EXPECT_DOUBLE_EQ(seen[4].age, 0);
+  EXPECT_STREQ(eviction_cause_name(EvictionCause::invalidate), "invalidate");
+  // The counters `stats` reports are the same with a listener as without one.
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.evictions_total(), 5u);
+  EXPECT_DOUBLE_EQ(s.mean_eviction_age_seconds, (10 + 66 + 61 + 2 + 0) / 5.0);
+}
+
 }  // namespace
 }  // namespace car

@@ -210,7 +210,7 @@ TEST(DaemonProtocol, OpsAndWireCodesComeFromOneTable) {
                   protocol::Op::kList, protocol::Op::kHealth, protocol::Op::kCancel}) {
     EXPECT_EQ(protocol::op_from_name(protocol::op_name(op)), op);
   }
-  EXPECT_EQ(protocol::known_ops_text(), "load, infer, stats, invalidate, list, health, cancel");
+  EXPECT_EQ(protocol::known_ops_text(), "load, infer, stats, metrics, invalidate, list, health, cancel");
   // Codes a runtime or the cache may report pass through; the rest (and unknown ones) become internal.
   for (const char* code : {"bad_request", "not_found", "forbidden", "load_failed", "context_overflow",
                            "cancelled", "shutting_down", "busy", "io_error"}) {

@@ -1011,5 +1011,132 @@ TEST_F(DaemonServerTest, AFailedStartUpAfterBindingLeavesNoSocketFile) {
   }
 }
 
+// ---- metrics (docs/metrics.md) ----
+
+/// The `metrics` op's page as {series: value}, e.g. {"car_inference_cache_hits_total", 3}; the page must be
+/// well formed (a HELP and TYPE line before each family's samples).
+std::map<std::string, double> scrape(ClientConnection& conn) {
+  json r = call(conn, {{"id", "m"}, {"op", "metrics"}});
+  EXPECT_EQ(r["ok"], true) << r.dump();
+  std::map<std::string, double> out;
+  std::istringstream in(r["result"]["text"].get<std::string>());
+  std::set<std::string> typed;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      typed.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    const auto space = line.rfind(' ');
+    const std::string series = line.substr(0, space);
+    std::string family = series.substr(0, series.find('{'));
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string s = suffix;
+      if (!typed.count(family) && family.size() > s.size() && family.ends_with(s)) {
+        family.resize(family.size() - s.size());
+      }
+    }
+    EXPECT_TRUE(typed.count(family)) << "no TYPE line before " << line;
+    EXPECT_FALSE(out.count(series)) << "twice: " << series;
+    out[series] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+TEST_F(DaemonServerTest, MetricsCountLoadsHitsMissesFailuresEvictionsAndTokens) {
+  options_.live.cache_budget_bytes = 2500;  // room for two 1000-byte models
+  start();
+  auto conn = connect();
+  const auto before = scrape(conn);
+  EXPECT_EQ(before.at("car_inference_cache_budget_bytes"), 2500);
+  EXPECT_EQ(before.at("car_inference_cache_entries"), 0);
+  ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}})["ok"], true);  // miss, load
+  json i =
+      call(conn, {{"id", 2}, {"op", "infer"}, {"model", "a"}, {"prompt", "xy"}, {"max_tokens", 3}});  // hit
+  ASSERT_EQ(i["ok"], true) << i.dump();
+  ASSERT_EQ(call(conn, {{"id", 3}, {"op", "load"}, {"model", "b"}})["ok"], true);  // miss, load
+  clock_skew_ns_ += std::chrono::nanoseconds(120s).count();  // a and b are 2 minutes old
+  ASSERT_EQ(call(conn, {{"id", 4}, {"op", "load"}, {"model", "c"}})["ok"], true);  // miss, load, evicts a
+  ASSERT_EQ(call(conn, {{"id", 5}, {"op", "invalidate"}, {"model", "b"}})["result"]["evicted"], true);
+  EXPECT_EQ(error_code(call(conn, {{"id", 6}, {"op", "load"}, {"model", "broken"}})), "load_failed");
+  EXPECT_EQ(error_code(call(conn, {{"id", 7}, {"op", "no\"such"}})), "unknown_op");
+  const auto after = scrape(conn);
+
+  auto moved = [&](const std::string& series) {
+    const double b = before.count(series) ? before.at(series) : 0.0;
+    EXPECT_TRUE(after.count(series)) << series << " missing";
+    return after.count(series) ? after.at(series) - b : -1.0;
+  };
+  EXPECT_EQ(moved("car_inference_cache_hits_total"), 1);
+  EXPECT_EQ(moved("car_inference_cache_misses_total"), 4);
+  EXPECT_EQ(moved("car_inference_cache_loads_total"), 4);
+  EXPECT_EQ(moved("car_inference_cache_load_failures_total"), 1);
+  EXPECT_EQ(moved("car_inference_cache_evictions_total{cause=\"capacity\"}"), 1);
+  EXPECT_EQ(moved("car_inference_cache_evictions_total{cause=\"invalidate\"}"), 1);
+  EXPECT_EQ(moved("car_inference_cache_evictions_total{cause=\"idle\"}"), 0);
+  EXPECT_EQ(after.at("car_inference_cache_entries"), 1);
+  EXPECT_EQ(after.at("car_inference_cache_bytes"), 1000);
+  // Both evicted models were about 120 s old by the cache's clock: in the le=300 bucket, not le=60.
+  for (const char* cause : {"capacity", "invalidate"}) {
+    const std::string labels = std::string("cause=\"") + cause + "\"";
+    EXPECT_EQ(after.at("car_inference_cache_eviction_age_seconds_bucket{" + labels + ",le=\"60\"}"), 0)
+        << cause;
+    EXPECT_EQ(after.at("car_inference_cache_eviction_age_seconds_bucket{" + labels + ",le=\"300\"}"), 1)
+        << cause;
+    EXPECT_EQ(after.at("car_inference_cache_eviction_age_seconds_count{" + labels + "}"), 1) << cause;
+    EXPECT_GE(after.at("car_inference_cache_eviction_age_seconds_sum{" + labels + "}"), 120) << cause;
+  }
+  EXPECT_EQ(moved("car_inference_model_load_seconds_count"), 4) << "every loader run, the failed one too";
+  EXPECT_EQ(moved("car_inference_request_queue_wait_seconds_count"), 5) << "four loads and one infer";
+  EXPECT_EQ(moved("car_inference_requests_total{op=\"load\",outcome=\"ok\"}"), 3);
+  EXPECT_EQ(moved("car_inference_requests_total{op=\"load\",outcome=\"load_failed\"}"), 1);
+  EXPECT_EQ(moved("car_inference_requests_total{op=\"infer\",outcome=\"ok\"}"), 1);
+  EXPECT_EQ(moved("car_inference_requests_total{op=\"invalidate\",outcome=\"ok\"}"), 1);
+  EXPECT_EQ(moved("car_inference_requests_total{op=\"unknown\",outcome=\"unknown_op\"}"), 1)
+      << "the client's op text is never a label value";
+  EXPECT_EQ(moved("car_inference_requests_total{op=\"metrics\",outcome=\"ok\"}"), 1) << "the first scrape";
+  EXPECT_EQ(moved("car_inference_prompt_tokens_total"), 2);
+  EXPECT_EQ(moved("car_inference_completion_tokens_total"), 3);
+  EXPECT_EQ(moved("car_inference_generations_total{finish_reason=\"length\"}"), 1);
+  EXPECT_EQ(moved("car_inference_prompt_seconds_count"), 1);
+  EXPECT_EQ(moved("car_inference_decode_seconds_per_token_count"), 1);
+  EXPECT_EQ(after.at("car_inference_requests_in_flight"), 0);
+  EXPECT_EQ(after.at("car_inference_connections"), 1);
+  // What `stats` reports agrees.
+  json st = stats(conn);
+  EXPECT_EQ(st["cache"]["hits"].get<double>(), after.at("car_inference_cache_hits_total"));
+  EXPECT_EQ(st["cache"]["loads"].get<double>(), after.at("car_inference_cache_loads_total"));
+}
+
+TEST_F(DaemonServerTest, MetricsCountBusyRejectionsAndShowRequestsInFlight) {
+  options_.workers = 1;
+  options_.queue_capacity = 1;
+  start();
+  auto conn = connect();
+  json hold = {{"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1}, {"stream", true}};
+  hold["id"] = "running";
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");  // the only worker is busy with it
+  hold["id"] = "queued";
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());  // fills the queue
+  EXPECT_EQ(error_code(call(conn, {{"id", "third"}, {"op", "load"}, {"model", "b"}})), "busy");
+  auto observer = connect();
+  auto m = scrape(observer);
+  EXPECT_EQ(m.at("car_inference_requests_in_flight"), 2);
+  EXPECT_EQ(m.at("car_inference_requests_running"), 1);
+  EXPECT_EQ(m.at("car_inference_requests_queued"), 1);
+  EXPECT_EQ(m.at("car_inference_requests_total{op=\"load\",outcome=\"busy\"}"), 1);
+  EXPECT_EQ(m.at("car_inference_connections"), 2);
+  // Cancel the queued one first (see BusyWhenTheQueueIsFull), then the running one.
+  ASSERT_TRUE(conn.send_line(R"({"id": "c2", "op": "cancel", "target": "queued"})").ok());
+  ASSERT_TRUE(conn.send_line(R"({"id": "c1", "op": "cancel", "target": "running"})").ok());
+  std::map<std::string, json> done;
+  ASSERT_TRUE(collect_replies(conn, done, 4));
+  m = scrape(observer);
+  EXPECT_EQ(m.at("car_inference_requests_in_flight"), 0);
+  EXPECT_EQ(m.at("car_inference_requests_total{op=\"infer\",outcome=\"cancelled\"}"), 1);
+  EXPECT_EQ(m.at("car_inference_generations_total{finish_reason=\"cancelled\"}"), 1);
+}
+
 }  // namespace
 }  // namespace car::daemon

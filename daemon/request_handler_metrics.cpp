@@ -1,0 +1,118 @@
+// RequestHandler::metrics_text(): the pushed metrics (daemon/metrics.h) plus the state read from its owners
+// at render time - the requests in flight and queued, the backend cache, the connections, and each cached
+// MoE model's expert cache. docs/metrics.md lists every family.
+#include <chrono>
+
+#include "daemon/request_handler.h"
+
+namespace car::daemon {
+
+namespace {
+
+/// A value from a JSON object of counters, 0 when absent.
+double number(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+}  // namespace
+
+std::string RequestHandler::metrics_text() const {
+  metrics::Writer w;
+  metrics_.render(w);
+
+  const auto gauge = [&](const char* name, const char* help, double value) {
+    w.family(name, help, "gauge");
+    w.sample(name, value);
+  };
+  const auto counter = [&](const char* name, const char* help, double value) {
+    w.family(name, help, "counter");
+    w.sample(name, value);
+  };
+
+  // Requests.
+  gauge("car_inference_requests_in_flight", "Load and infer requests accepted and not yet answered.",
+        static_cast<double>(in_flight_));
+  gauge("car_inference_requests_queued", "Requests waiting for a worker.",
+        static_cast<double>(pool_.queued()));
+  gauge("car_inference_requests_running", "Requests running on a worker.",
+        static_cast<double>(pool_.running()));
+  gauge("car_inference_workers", "Worker threads.", static_cast<double>(pool_.threads()));
+
+  // The backend cache.
+  const CacheStats s = cache_.stats();
+  gauge("car_inference_cache_bytes", "Bytes charged by the cached models.",
+        static_cast<double>(s.total_bytes));
+  gauge("car_inference_cache_budget_bytes", "The cache's byte budget (0: caching off).",
+        static_cast<double>(s.budget_bytes));
+  gauge("car_inference_cache_entries", "Models in the cache.", static_cast<double>(s.entries));
+  gauge("car_inference_cache_loading", "Model loads in progress.", static_cast<double>(s.loading));
+  gauge("car_inference_cache_reserved_bytes", "Bytes kept free for the loads in progress (their estimates).",
+        static_cast<double>(s.reserved_bytes));
+  gauge("car_inference_cache_evicted_held_bytes",
+        "Bytes of evicted models that requests still hold (freed when they finish).",
+        static_cast<double>(s.evicted_held_bytes));
+  counter("car_inference_cache_hits_total", "Model lookups served from the cache.",
+          static_cast<double>(s.hits));
+  counter("car_inference_cache_misses_total", "Model lookups that did not find the model cached.",
+          static_cast<double>(s.misses));
+  counter("car_inference_cache_coalesced_total",
+          "Misses that waited for another request's load of the model.", static_cast<double>(s.coalesced));
+  counter("car_inference_cache_loads_total", "Model loads started.", static_cast<double>(s.loads));
+  counter("car_inference_cache_load_failures_total", "Model loads that failed.",
+          static_cast<double>(s.load_failures));
+  counter("car_inference_cache_refused_total", "Loads refused because the model is larger than the budget.",
+          static_cast<double>(s.refused));
+  w.family("car_inference_cache_evictions_total", "Models that left the cache, by cause.", "counter");
+  for (auto [cause, n] : {std::pair{EvictionCause::capacity, s.evictions_capacity},
+                          std::pair{EvictionCause::idle, s.evictions_idle},
+                          std::pair{EvictionCause::invalidate, s.evictions_invalidate},
+                          std::pair{EvictionCause::clear, s.evictions_clear}}) {
+    w.sample("car_inference_cache_evictions_total", "cause", eviction_cause_name(cause),
+             static_cast<double>(n));
+  }
+
+  // Connections (the NDJSON socket).
+  const nlohmann::json c = connections_.stats();
+  gauge("car_inference_connections", "Open client connections.", number(c, "open"));
+  counter("car_inference_connections_refused_total", "Connections refused past the connection caps.",
+          number(c, "refused"));
+
+  // Expert caches of the cached MoE models (their counters start at the model's load).
+  struct Experts {
+    std::string model;
+    nlohmann::json stats;
+  };
+  std::vector<Experts> experts;
+  for (const auto& item : s.items) {
+    if (auto handle = cache_.peek(item.key)) {
+      nlohmann::json e = handle->backend()->expert_stats();
+      if (e.is_object()) experts.push_back({item.key, std::move(e)});
+    }
+  }
+  const auto per_model = [&](const char* name, const char* help, const char* type, const char* key) {
+    w.family(name, help, type);
+    for (const auto& e : experts) w.sample(name, "model", e.model, number(e.stats, key));
+  };
+  per_model("car_inference_expert_cache_hits_total",
+            "Expert demands served without a disk read, per cached model (since it was loaded).", "counter",
+            "hits");
+  per_model("car_inference_expert_cache_misses_total",
+            "Expert demands that read the disk, per cached model (since it was loaded).", "counter",
+            "misses");
+  per_model("car_inference_expert_read_bytes_total",
+            "Bytes of experts read from disk (demand and prefetch), per cached model (since it was loaded).",
+            "counter", "bytes_read");
+  per_model("car_inference_expert_prefetch_issued_total", "Expert prefetch reads started, per cached model.",
+            "counter", "prefetch_issued");
+  per_model("car_inference_expert_cache_resident_bytes", "Expert slot memory held now, per cached model.",
+            "gauge", "resident_bytes");
+  per_model("car_inference_expert_cache_budget_bytes", "This model's share of the expert cache budget.",
+            "gauge", "cache_bytes");
+
+  gauge("car_inference_uptime_seconds", "Seconds since car-inferenced started.",
+        std::chrono::duration<double>(Clock::now() - started_).count());
+  return w.take();
+}
+
+}  // namespace car::daemon
