@@ -271,8 +271,8 @@ const std::vector<SettingInfo>& rows() {
        .show = show_path<&S::state_dir>},
       {.variable = "CAR_INFERENCE_CONTEXT",
        .flag = "--context",
-       .default_doc = "the model's trained context, shortened so its KV cache takes at most a quarter of the "
-                      "model cache budget",
+       .default_doc = "the model's trained context, shortened so its KV cache takes at most a quarter of "
+                      "MemTotal less the cache reserve",
        .meaning = "context length (KV cache, tokens) models are loaded with ({range}; `0` = the default); a "
                   "request's `num_ctx` may only narrow it",
        .max = 1 << 24,

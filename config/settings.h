@@ -77,7 +77,7 @@ struct SystemFacts {
   uid_t euid = 0;
   unsigned hardware_threads = 1;
   std::uint64_t mem_total_bytes = 0;  ///< MemTotal of /proc/meminfo; 0 = unknown
-  static SystemFacts current();  ///< geteuid(), std::thread::hardware_concurrency(), MemTotal
+  static SystemFacts current();       ///< geteuid(), std::thread::hardware_concurrency(), MemTotal
 };
 
 inline constexpr std::uint64_t kMiB = 1024 * 1024;

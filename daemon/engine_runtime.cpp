@@ -66,7 +66,9 @@ class EngineBackend final : public Backend {
     if (on_token) {
       sink = [&](const engine::TokenEvent& ev) {
         protocol::TokenEvent out{ev.token, ev.text, std::nullopt};
-        if (want_logprobs && ev.token >= 0) out.logprobs = logprob_entry(ev.token, ev.logprob, ev.top_logprobs);
+        if (want_logprobs && ev.token >= 0) {
+          out.logprobs = logprob_entry(ev.token, ev.logprob, ev.top_logprobs);
+        }
         on_token(out);
       };
     }
@@ -104,7 +106,9 @@ class EngineBackend final : public Backend {
     e.text = tok.token_to_piece(token, true);
     e.logprob = logprob;
     e.top_logprobs.reserve(top.size());
-    for (const auto& t : top) e.top_logprobs.push_back({t.token, tok.token_to_piece(t.token, true), t.logprob});
+    for (const auto& t : top) {
+      e.top_logprobs.push_back({t.token, tok.token_to_piece(t.token, true), t.logprob});
+    }
     return e;
   }
 

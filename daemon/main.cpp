@@ -114,8 +114,8 @@ int main(int argc, char** argv) {
   apply_isa(settings->isa);
   spdlog::debug("settings:\n{}", settings->describe());
   if (settings->cache_mb_origin != "set") {
-    spdlog::info("model cache budget {} MiB: {} (set CAR_INFERENCE_MODEL_CACHE_MB to choose)", settings->cache_mb,
-                 settings->cache_mb_origin);
+    spdlog::info("model cache budget {} MiB: {} (set CAR_INFERENCE_MODEL_CACHE_MB to choose)",
+                 settings->cache_mb, settings->cache_mb_origin);
   }
 
   auto listen_fd = car::daemon::systemd::take_listen_fd();
@@ -152,12 +152,11 @@ int main(int argc, char** argv) {
   runtime_options.expert_ram_gb = settings->expert_ram_gb.value_or(0.0);
   runtime_options.state_dir = settings->state_dir.string();
   runtime_options.context_length = static_cast<int>(settings->context);
-  // The default context's KV cache takes at most a quarter of the model cache budget (of the memory-derived
-  // budget when caching is off).
-  const uint64_t budget = settings->cache_budget_bytes() != 0
-                              ? settings->cache_budget_bytes()
-                              : car::config::default_cache_mb(car::config::SystemFacts::current().mem_total_bytes) *
-                                    car::config::kMiB;
+  // The default context's KV cache takes at most a quarter of the memory-derived cache budget (MemTotal less
+  // the reserve), whatever CAR_INFERENCE_MODEL_CACHE_MB says: a small budget refuses a model rather than
+  // shrinking its context.
+  const uint64_t budget =
+      car::config::default_cache_mb(car::config::SystemFacts::current().mem_total_bytes) * car::config::kMiB;
   runtime_options.context_memory_bytes = budget / 4;
   auto runtime = car::daemon::make_default_runtime(runtime_options);
   if (!runtime->available()) {

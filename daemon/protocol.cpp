@@ -20,7 +20,8 @@ std::string type_name(const json& v) { return v.type_name(); }
 /// A client-supplied field name quoted for a message: as a JSON string when it holds anything but plain
 /// printable ASCII, else in single quotes.
 std::string log_name(const std::string& key) {
-  const bool plain = std::all_of(key.begin(), key.end(), [](char c) { return c >= 0x20 && c < 0x7f && c != '\'' && c != '\\'; });
+  const bool plain = std::all_of(key.begin(), key.end(),
+                                 [](char c) { return c >= 0x20 && c < 0x7f && c != '\'' && c != '\\'; });
   if (plain && key.size() <= 64) return "'" + key + "'";
   return json(key.substr(0, 64)).dump(-1, ' ', true, json::error_handler_t::replace);
 }
@@ -236,9 +237,11 @@ const std::vector<std::string_view>& known_fields(Op op) {
   static const std::vector<std::string_view> kInvalidate = {"model"};
   static const std::vector<std::string_view> kCancel = {"target"};
   static const std::vector<std::string_view> kInfer = {
-      "model",       "prompt", "messages", "add_generation_prompt", "chat_template", "max_tokens",
-      "temperature", "top_k",  "top_p",    "seed",                  "stop",          "stream",
-      "ignore_eos",  "stream_experts", "min_p", "repeat_penalty", "repeat_last_n", "logprobs", "top_logprobs", "num_ctx"};
+      "model",         "prompt",         "messages",     "add_generation_prompt",
+      "chat_template", "max_tokens",     "temperature",  "top_k",
+      "top_p",         "seed",           "stop",         "stream",
+      "ignore_eos",    "stream_experts", "min_p",        "repeat_penalty",
+      "repeat_last_n", "logprobs",       "top_logprobs", "num_ctx"};
   switch (op) {
     case Op::kLoad:
       return kLoad;
@@ -358,19 +361,20 @@ Result<InferParams> parse_infer(const json& body) {
   if (*max_tokens) g.max_tokens = static_cast<int>(**max_tokens);
 
   // The sampler's settings (engine/sampler.h): a field absent or null keeps the engine's default.
-  for (auto [name, field, lo, hi] : {std::tuple{"temperature", &sp.temperature, 0.0, 100.0},
-                                     std::tuple{"top_p", &sp.top_p, 0.0, 1.0},
-                                     std::tuple{"min_p", &sp.min_p, 0.0, 1.0},
-                                     std::tuple{"repeat_penalty", &sp.repeat_penalty, 0.0, 100.0}}) {
+  for (auto [name, field, lo, hi] :
+       {std::tuple{"temperature", &sp.temperature, 0.0, 100.0}, std::tuple{"top_p", &sp.top_p, 0.0, 1.0},
+        std::tuple{"min_p", &sp.min_p, 0.0, 1.0},
+        std::tuple{"repeat_penalty", &sp.repeat_penalty, 0.0, 100.0}}) {
     auto v = number_field(body, name, lo, hi);
     if (!v) return v.error();
     if (*v) *field = static_cast<float>(**v);
   }
   if (sp.repeat_penalty <= 0) return bad("field 'repeat_penalty' must be > 0 (1 = off)");
-  for (auto [name, field, hi] : {std::tuple{"top_k", &sp.top_k, int64_t{std::numeric_limits<int32_t>::max()}},
-                                 std::tuple{"repeat_last_n", &sp.repeat_last_n, int64_t{kMaxTokensLimit} * 16},
-                                 std::tuple{"top_logprobs", &g.top_logprobs, int64_t{kMaxTopLogprobs}},
-                                 std::tuple{"num_ctx", &g.num_ctx, int64_t{kMaxContextLimit}}}) {
+  for (auto [name, field, hi] :
+       {std::tuple{"top_k", &sp.top_k, int64_t{std::numeric_limits<int32_t>::max()}},
+        std::tuple{"repeat_last_n", &sp.repeat_last_n, int64_t{kMaxTokensLimit} * 16},
+        std::tuple{"top_logprobs", &g.top_logprobs, int64_t{kMaxTopLogprobs}},
+        std::tuple{"num_ctx", &g.num_ctx, int64_t{kMaxContextLimit}}}) {
     auto v = int_field(body, name, 0, hi);
     if (!v) return v.error();
     if (*v) *field = static_cast<int>(**v);

@@ -211,7 +211,8 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
     auto handle = cache_.peek(req.model);
     if (!handle) {
       // Nothing cached: an id without a model file is not_found, not "was not loaded".
-      if (auto file = resolve_model(options_.models_dir, req.model); !file && file.error().code == "not_found") {
+      if (auto file = resolve_model(options_.models_dir, req.model);
+          !file && file.error().code == "not_found") {
         return fail(protocol::code::kNotFound, file.error().message);
       }
     }

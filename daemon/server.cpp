@@ -125,9 +125,10 @@ void Server::warn_about_models_dir() const {
   std::error_code ec;
   const auto& dir = options_.models_dir;
   if (!std::filesystem::is_directory(dir, ec)) {
-    spdlog::warn("the models directory {} does not exist (or is not a directory): every model id will be "
-                 "not_found until it is created (CAR_INFERENCE_MODELS_DIR)",
-                 dir.string());
+    spdlog::warn(
+        "the models directory {} does not exist (or is not a directory): every model id will be "
+        "not_found until it is created (CAR_INFERENCE_MODELS_DIR)",
+        dir.string());
     return;
   }
   auto models = list_models(dir);

@@ -253,8 +253,8 @@ void setup_client_commands(CLI::App& root) {
         auto it = m.find(key);
         return it == m.end() || !it->is_string() ? std::string("-") : it->get<std::string>();
       };
-      std::printf("  %-32s %-10s %8s %-10s %10s  %-6s  %s\n", "MODEL", "ARCH", "PARAMS", "QUANT", "SIZE", "LOADED",
-                  "IDLE EVICTION");
+      std::printf("  %-32s %-10s %8s %-10s %10s  %-6s  %s\n", "MODEL", "ARCH", "PARAMS", "QUANT", "SIZE",
+                  "LOADED", "IDLE EVICTION");
       for (const auto& m : r["models"]) {
         const json& params = m.contains("params") ? m["params"] : json();
         const std::string p = params.is_number_unsigned() ? gguf::format_count(params.get<uint64_t>()) : "-";
@@ -264,9 +264,10 @@ void setup_client_commands(CLI::App& root) {
         } else if (m.value("loaded", false)) {
           eviction = "no";  // in use, or idle eviction off
         }
-        std::printf("  %-32s %-10s %8s %-10s %10s  %-6s  %s\n", m.value("model", "").c_str(), text(m, "arch").c_str(),
-                    p.c_str(), text(m, "quant").c_str(), human_bytes(m.value("size_bytes", 0.0)).c_str(),
-                    m.value("loaded", false) ? "yes" : "no", eviction.c_str());
+        std::printf("  %-32s %-10s %8s %-10s %10s  %-6s  %s\n", m.value("model", "").c_str(),
+                    text(m, "arch").c_str(), p.c_str(), text(m, "quant").c_str(),
+                    human_bytes(m.value("size_bytes", 0.0)).c_str(), m.value("loaded", false) ? "yes" : "no",
+                    eviction.c_str());
       }
     });
   }

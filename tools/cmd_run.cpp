@@ -11,11 +11,11 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -224,7 +224,8 @@ void setup_run(CLI::App& root) {
   cmd->add_option("--repeat-last-n", flags->sampling.repeat_last_n,
                   "How many recent ids the penalty looks at; -1 = all, 0 = off")
       ->check(CLI::Range(-1, 1 << 30));
-  cmd->add_option("--seed", flags->seed, "Sampling seed (default: a fresh random one, printed with the result)");
+  cmd->add_option("--seed", flags->seed,
+                  "Sampling seed (default: a fresh random one, printed with the result)");
   cmd->add_option("--stop", flags->stop, "Stop string (repeatable; not included in the output)");
   cmd->add_option("--top-logprobs", flags->top_logprobs, "Report the K most likely ids per position")
       ->check(CLI::Range(0, 1000));

@@ -379,7 +379,9 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
 const gguf::GgufFile& model_file(const LoadedModel& model) { return *model.file; }
 const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model) { return *model.tok; }
 
-int64_t model_context_length(const LoadedModel& lm) { return lm.kv->n_ctx(); }
+int64_t model_context_length(const LoadedModel& lm) {
+  return lm.kv->n_ctx();
+}
 
 MemoryBreakdown model_memory(const LoadedModel& lm) {
   MemoryBreakdown m;

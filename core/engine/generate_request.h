@@ -12,18 +12,18 @@
 namespace car::engine {
 
 struct GenerateRequest {
-  std::string prompt;                 ///< tokenized with the model's tokenizer unless prompt_ids is set
-  std::vector<int32_t> prompt_ids;    ///< used as-is when non-empty
-  bool add_bos = true;                ///< add BOS (when the model's vocabulary asks for it)
-  bool parse_special = false;         ///< let special-token text in the prompt become special tokens
+  std::string prompt;               ///< tokenized with the model's tokenizer unless prompt_ids is set
+  std::vector<int32_t> prompt_ids;  ///< used as-is when non-empty
+  bool add_bos = true;              ///< add BOS (when the model's vocabulary asks for it)
+  bool parse_special = false;       ///< let special-token text in the prompt become special tokens
   int max_tokens = 128;
   /// The context window of this request in tokens (prompt + max_tokens must fit): 0 = the whole context
   /// the model is loaded with; larger than that is bad_request.
   int num_ctx = 0;
   SamplingParams sampling;
-  std::vector<std::string> stop;      ///< stop strings (not included in the output)
-  int top_logprobs = 0;               ///< K most likely ids per generated position (implies logprobs)
-  bool logprobs = false;              ///< report each generated id's own logprob (Sampler::logprob_of)
+  std::vector<std::string> stop;  ///< stop strings (not included in the output)
+  int top_logprobs = 0;           ///< K most likely ids per generated position (implies logprobs)
+  bool logprobs = false;          ///< report each generated id's own logprob (Sampler::logprob_of)
   /// Keep generating past end-of-generation tokens until max_tokens (finish_reason "length"); `car bench`
   /// uses it to decode exactly max_tokens tokens after random prompt ids.
   bool ignore_eos = false;

@@ -110,8 +110,13 @@ TEST(DaemonProtocol, ValidatesInferFields) {
   EXPECT_EQ(single_stop->generate.sampling.min_p, defaults.min_p);
   EXPECT_EQ(single_stop->generate.sampling.repeat_last_n, defaults.repeat_last_n);
 
-  auto more = protocol::parse_infer({{"model", "m"}, {"prompt", "p"}, {"min_p", 0.1}, {"repeat_penalty", 1.3},
-                                     {"repeat_last_n", 32}, {"ignore_eos", true}, {"top_logprobs", 3}});
+  auto more = protocol::parse_infer({{"model", "m"},
+                                     {"prompt", "p"},
+                                     {"min_p", 0.1},
+                                     {"repeat_penalty", 1.3},
+                                     {"repeat_last_n", 32},
+                                     {"ignore_eos", true},
+                                     {"top_logprobs", 3}});
   ASSERT_TRUE(more.ok()) << more.error().message;
   EXPECT_FLOAT_EQ(more->generate.sampling.min_p, 0.1f);
   EXPECT_FLOAT_EQ(more->generate.sampling.repeat_penalty, 1.3f);
@@ -157,34 +162,50 @@ TEST(DaemonProtocol, ValidatesInferFields) {
 
 TEST(DaemonProtocol, UnknownFieldsAreBadRequestsNamingThem) {
   using protocol::Op;
-  auto typo = protocol::check_fields(Op::kInfer, {{"op", "infer"}, {"model", "m"}, {"prompt", "p"},
-                                                  {"tempreature", 0.5}});
+  auto typo = protocol::check_fields(
+      Op::kInfer, {{"op", "infer"}, {"model", "m"}, {"prompt", "p"}, {"tempreature", 0.5}});
   ASSERT_FALSE(typo.ok());
   EXPECT_EQ(typo.error().code, "bad_request");
   EXPECT_NE(typo.error().message.find("unknown field 'tempreature' for op 'infer'"), std::string::npos)
       << typo.error().message;
-  EXPECT_NE(typo.error().message.find("did you mean 'temperature'"), std::string::npos) << typo.error().message;
+  EXPECT_NE(typo.error().message.find("did you mean 'temperature'"), std::string::npos)
+      << typo.error().message;
   // Far from every known field: the message lists them instead of guessing.
   auto far = protocol::check_fields(Op::kLoad, {{"op", "load"}, {"model", "m"}, {"xyzzy", 1}});
   ASSERT_FALSE(far.ok());
   EXPECT_NE(far.error().message.find("'xyzzy'"), std::string::npos);
-  EXPECT_NE(far.error().message.find("known: model, stream_experts"), std::string::npos) << far.error().message;
+  EXPECT_NE(far.error().message.find("known: model, stream_experts"), std::string::npos)
+      << far.error().message;
   EXPECT_EQ(far.error().message.find("did you mean"), std::string::npos);
   // Per op: a field of infer is unknown to stats; id, op and strict are known everywhere.
   EXPECT_FALSE(protocol::check_fields(Op::kStats, {{"op", "stats"}, {"model", "m"}}).ok());
   EXPECT_TRUE(protocol::check_fields(Op::kStats, {{"id", 1}, {"op", "stats"}, {"strict", true}}).ok());
   EXPECT_TRUE(protocol::check_fields(Op::kCancel, {{"op", "cancel"}, {"target", 3}}).ok());
   // Every field parse_infer reads is known to infer.
-  EXPECT_TRUE(protocol::check_fields(
-                  Op::kInfer,
-                  {{"op", "infer"}, {"model", "m"}, {"prompt", "p"}, {"messages", nullptr},
-                   {"add_generation_prompt", true}, {"chat_template", "t"}, {"max_tokens", 1}, {"temperature", 0},
-                   {"top_k", 1}, {"top_p", 1}, {"min_p", 0}, {"repeat_penalty", 1}, {"repeat_last_n", 64},
-                   {"seed", 1}, {"stop", "x"}, {"stream", false}, {"ignore_eos", false}, {"logprobs", true},
-                   {"top_logprobs", 2}, {"stream_experts", "auto"}})
+  EXPECT_TRUE(protocol::check_fields(Op::kInfer, {{"op", "infer"},
+                                                  {"model", "m"},
+                                                  {"prompt", "p"},
+                                                  {"messages", nullptr},
+                                                  {"add_generation_prompt", true},
+                                                  {"chat_template", "t"},
+                                                  {"max_tokens", 1},
+                                                  {"temperature", 0},
+                                                  {"top_k", 1},
+                                                  {"top_p", 1},
+                                                  {"min_p", 0},
+                                                  {"repeat_penalty", 1},
+                                                  {"repeat_last_n", 64},
+                                                  {"seed", 1},
+                                                  {"stop", "x"},
+                                                  {"stream", false},
+                                                  {"ignore_eos", false},
+                                                  {"logprobs", true},
+                                                  {"top_logprobs", 2},
+                                                  {"stream_experts", "auto"}})
                   .ok());
   // The escape hatch, and a strict that is not a boolean.
-  EXPECT_TRUE(protocol::check_fields(Op::kInfer, {{"op", "infer"}, {"tempreature", 1}, {"strict", false}}).ok());
+  EXPECT_TRUE(
+      protocol::check_fields(Op::kInfer, {{"op", "infer"}, {"tempreature", 1}, {"strict", false}}).ok());
   auto bad_strict = protocol::check_fields(Op::kHealth, {{"op", "health"}, {"strict", "no"}});
   ASSERT_FALSE(bad_strict.ok());
   EXPECT_NE(bad_strict.error().message.find("strict"), std::string::npos);
@@ -201,7 +222,10 @@ TEST(DaemonProtocol, TokenEventsAndResultsCarryLogprobs) {
   lp.logprob = -0.25;
   lp.top_logprobs = {{7, " a", -0.25}, {9, " b", -1.5}};
   const json entry = protocol::logprobs_json(lp);
-  EXPECT_EQ(entry, json::parse(R"({"token":7,"text":" a","logprob":-0.25,"top_logprobs":[{"token":7,"text":" a","logprob":-0.25},{"token":9,"text":" b","logprob":-1.5}]})"));
+  EXPECT_EQ(
+      entry,
+      json::parse(
+          R"({"token":7,"text":" a","logprob":-0.25,"top_logprobs":[{"token":7,"text":" a","logprob":-0.25},{"token":9,"text":" b","logprob":-1.5}]})"));
   const json with = json::parse(protocol::token_line(3, protocol::TokenEvent{7, " a", lp}));
   EXPECT_EQ(with["logprob"], -0.25);
   EXPECT_EQ(with["top_logprobs"], entry["top_logprobs"]);
@@ -259,7 +283,8 @@ TEST(DaemonProtocol, BuildsAndParsesReplies) {
   EXPECT_EQ(err->error_code, "not_found");
   EXPECT_EQ(err->error_message, "no such model");
   // Token text that is not valid UTF-8 (a model may split a character) still makes a valid line.
-  auto ev = protocol::parse_reply(protocol::token_line(1, protocol::TokenEvent{17, "\xe2\x82", std::nullopt}));
+  auto ev =
+      protocol::parse_reply(protocol::token_line(1, protocol::TokenEvent{17, "\xe2\x82", std::nullopt}));
   ASSERT_TRUE(ev.ok());
   EXPECT_TRUE(ev->is_event);
   EXPECT_EQ(ev->raw["token"], 17);

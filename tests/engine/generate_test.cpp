@@ -135,7 +135,8 @@ TEST_F(GenerateTest, LogprobsAreTheChosenIdsOwnBeforeSampling) {
   auto req = greedy({1, 290, 291}, 5);
   req.top_logprobs = 2;
   std::vector<TokenEvent> events;
-  auto r = generate(*m, req, [&](const TokenEvent& e) { events.push_back(e); }, nullptr);
+  auto r = generate(
+      *m, req, [&](const TokenEvent& e) { events.push_back(e); }, nullptr);
   ASSERT_TRUE(r.ok());
   ASSERT_EQ(r->logprobs.size(), 5u);  // top_logprobs implies logprobs
   ASSERT_GE(events.size(), 5u);
