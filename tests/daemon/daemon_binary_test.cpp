@@ -549,12 +549,21 @@ TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
   const auto row_start = listing.find("  tiny ");
   ASSERT_NE(row_start, std::string::npos) << listing;
   const std::string row = listing.substr(row_start, listing.find('\n', row_start) - row_start);
+  EXPECT_NE(row.find("llama"), std::string::npos) << row;
   EXPECT_NE(row.find(" yes "), std::string::npos) << row;
   EXPECT_NE(row.find(" in "), std::string::npos) << row;  // idle eviction countdown (default TTL 300 s)
   auto [ljc, list_json] = run_car("list --json" + sock);
   ASSERT_EQ(ljc, 0) << list_json;
-  const json lj = json::parse(list_json)["result"]["models"][0];
-  EXPECT_TRUE(lj.contains("arch"));  // header fields: see the report (null from the daemon so far)
+  json lj;
+  const json listed = json::parse(list_json);
+  for (const auto& m : listed["result"]["models"]) {
+    if (m["model"] == "tiny") lj = m;  // "garbage" (not GGUF) sorts first
+  }
+  ASSERT_TRUE(lj.is_object()) << list_json;
+  EXPECT_EQ(lj["arch"], "llama");
+  EXPECT_GT(lj["params"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(lj["quant"].is_string());
+  EXPECT_EQ(lj["context_length"], 2048);
   EXPECT_GT(lj["idle_eviction_s"].get<double>(), 250.0);
   // stats: headers, and the size the load reply gave.
   auto [sc, stats_text] = run_car("stats" + sock);
@@ -564,7 +573,7 @@ TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
   auto [ljc2, load_json] = run_car("load tiny --json" + sock);
   ASSERT_EQ(ljc2, 0) << load_json;
   const json loaded = json::parse(load_json)["result"];
-  EXPECT_EQ(json::parse(stats_json)["result"]["models"][0]["size_bytes"], loaded["size_bytes"]);
+  EXPECT_EQ(json::parse(stats_json)["result"]["models"][0]["size_bytes"], loaded["size_bytes"]);  // only tiny is cached
   EXPECT_EQ(loaded["context_length"], 2048);  // the trained context (it fits the memory cap)
   auto [ic, text] = run_car("infer tiny Hello -n 6 --temperature 0" + sock);
   EXPECT_EQ(ic, 0) << text;
