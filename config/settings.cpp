@@ -14,8 +14,10 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -235,6 +237,8 @@ const std::vector<SettingInfo>& rows() {
   static const std::vector<SettingInfo> table = {
       {.variable = "CAR_INFERENCE_MODEL_CACHE_MB",
        .flag = "--cache-mb",
+       .default_doc = "MemTotal minus a reserve of max(2048 MiB, a tenth of it), at least a quarter of it "
+                      "(`24576` when MemTotal is unknown)",
        .meaning = "backend cache budget in MiB; `0` disables caching (every request loads afresh)",
        .reload = Reload::budget,
        .max = std::numeric_limits<std::uint64_t>::max() / kMiB,  // the budget in bytes fits 64 bits
@@ -265,6 +269,15 @@ const std::vector<SettingInfo>& rows() {
        .meaning = "usage sidecars and other state (the expert usage sidecars live in `<dir>/experts/`)",
        .parse = parse_path<&S::state_dir>,
        .show = show_path<&S::state_dir>},
+      {.variable = "CAR_INFERENCE_CONTEXT",
+       .flag = "--context",
+       .default_doc = "the model's trained context, shortened so its KV cache takes at most a quarter of "
+                      "MemTotal less the cache reserve",
+       .meaning = "context length (KV cache, tokens) models are loaded with ({range}; `0` = the default); a "
+                  "request's `num_ctx` may only narrow it",
+       .max = 1 << 24,
+       .parse = parse_integer<&S::context>,
+       .show = show_number<&S::context>},
       {.variable = "CAR_INFERENCE_THREADS",
        .flag = "--threads",
        .default_doc = "hardware threads",
@@ -467,6 +480,15 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
 
   Settings out;
   out.threads = std::max(1U, facts.hardware_threads);
+  out.cache_mb = default_cache_mb(facts.mem_total_bytes);
+  if (facts.mem_total_bytes != 0) {
+    char origin[128];
+    std::snprintf(origin, sizeof(origin), "MemTotal %.1f GiB minus a reserve of %.1f GiB",
+                  static_cast<double>(facts.mem_total_bytes) / (1024.0 * kMiB),
+                  static_cast<double>(facts.mem_total_bytes / kMiB - out.cache_mb) / 1024.0);
+    out.cache_mb_origin = origin;
+  }
+  if (merged.count(std::string("CAR_INFERENCE_MODEL_CACHE_MB")) != 0) out.cache_mb_origin = "set";
   for (const SettingInfo& row : setting_table()) {
     auto it = merged.find(std::string(row.variable));
     if (it == merged.end()) continue;
@@ -547,7 +569,24 @@ SystemFacts SystemFacts::current() {
   SystemFacts f;
   f.euid = ::geteuid();
   f.hardware_threads = std::max(1U, std::thread::hardware_concurrency());
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemTotal:") {
+      f.mem_total_bytes = kib * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
   return f;
+}
+
+std::uint64_t default_cache_mb(std::uint64_t mem_total_bytes) {
+  if (mem_total_bytes == 0) return defaults::cache_mb;
+  const std::uint64_t total_mb = mem_total_bytes / kMiB;
+  const std::uint64_t reserve_mb = std::max(defaults::cache_reserve_mb, total_mb / 10);
+  return std::max(total_mb / 4, total_mb > reserve_mb ? total_mb - reserve_mb : 0);
 }
 
 std::string Settings::describe() const {

@@ -76,7 +76,8 @@ std::string_view to_string(Isa v);
 struct SystemFacts {
   uid_t euid = 0;
   unsigned hardware_threads = 1;
-  static SystemFacts current();  ///< geteuid(), std::thread::hardware_concurrency()
+  std::uint64_t mem_total_bytes = 0;  ///< MemTotal of /proc/meminfo; 0 = unknown
+  static SystemFacts current();       ///< geteuid(), std::thread::hardware_concurrency(), MemTotal
 };
 
 inline constexpr std::uint64_t kMiB = 1024 * 1024;
@@ -84,7 +85,10 @@ inline constexpr std::uint64_t kMiB = 1024 * 1024;
 /// The built-in defaults, each written once: Settings starts from them, and so do the daemon's
 /// ServerOptions that tests build directly. docs/configuration.md shows them through setting_table().
 namespace defaults {
-inline constexpr std::uint64_t cache_mb = 24576;
+inline constexpr std::uint64_t cache_mb = 24576;  ///< when the machine's memory is unknown
+/// The memory left to the system, the daemon's own buffers and other processes when the cache budget
+/// defaults from MemTotal: the larger of this and a tenth of MemTotal.
+inline constexpr std::uint64_t cache_reserve_mb = 2048;
 inline constexpr std::uint64_t idle_secs = 300;
 inline constexpr LogLevel log_level = LogLevel::info;
 inline constexpr std::string_view models_dir = "/var/lib/car-inference/models";
@@ -98,16 +102,24 @@ inline constexpr std::uint64_t line_timeout_secs = 30;
 inline constexpr std::uint64_t max_pending_output_mb = 1;
 }  // namespace defaults
 
+/// The cache budget default in MiB for a machine with `mem_total_bytes` of memory (0 = unknown:
+/// defaults::cache_mb): MemTotal minus max(cache_reserve_mb, MemTotal / 10), at least a quarter of MemTotal.
+std::uint64_t default_cache_mb(std::uint64_t mem_total_bytes);
+
 /// The resolved configuration. setting_table() has one row per field (variable, flag, range, meaning).
 struct Settings {
   static constexpr std::uint64_t kMiB = config::kMiB;
 
   std::uint64_t cache_mb = defaults::cache_mb;    ///< CAR_INFERENCE_MODEL_CACHE_MB; 0 disables caching
+  /// Where cache_mb came from, for the start-up log: "MemTotal 31.3 GiB minus a reserve of 3.1 GiB", or
+  /// "set" when a layer gave it, or "built-in (MemTotal unknown)".
+  std::string cache_mb_origin = "built-in (MemTotal unknown)";
   std::uint64_t idle_secs = defaults::idle_secs;  ///< CAR_INFERENCE_MODEL_IDLE_SECS; 0 disables idle eviction
   std::filesystem::path socket_path;              ///< CAR_INFERENCE_SOCKET (default: see default_socket_path)
   std::filesystem::path models_dir{defaults::models_dir};  ///< CAR_INFERENCE_MODELS_DIR
   std::filesystem::path state_dir{defaults::state_dir};    ///< CAR_INFERENCE_STATE_DIR
   unsigned threads = 1;  ///< CAR_INFERENCE_THREADS (resolved default: hardware threads)
+  std::uint64_t context = 0;  ///< CAR_INFERENCE_CONTEXT: tokens; 0 = the trained context capped by memory
   StreamExperts stream_experts = StreamExperts::automatic;  ///< CAR_INFERENCE_STREAM_EXPERTS
   std::optional<double>
       expert_ram_gb;         ///< CAR_INFERENCE_EXPERT_RAM_GB / STREAM_EXPERTS_RAM_GB; nullopt: MemAvailable

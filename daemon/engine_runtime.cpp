@@ -13,6 +13,7 @@
 #include "core/chat/model_chat.h"
 #include "core/engine/engine.h"
 #include "core/engine/expert_stats_json.h"
+#include "core/tokenizer/tokenizer.h"
 #include "core/util/thread_annotations.h"
 #include "daemon/model_runtime.h"
 
@@ -45,8 +46,8 @@ class EngineBackend final : public Backend {
 
   Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                   const std::atomic<bool>& cancelled) override {
-    engine::GenerateRequest req;
-    req.prompt = params.prompt;
+    // The request as parse_infer produced it; only a conversation still needs rendering into the prompt.
+    engine::GenerateRequest req = params.generate;
     std::string template_source;
     if (params.messages) {
       // The conversation in the model's own prompt format, its special-token text parsed, and no second
@@ -60,15 +61,17 @@ class EngineBackend final : public Backend {
       req.add_bos = !chat->starts_with_bos;
       template_source = std::move(chat->template_source);
     }
-    req.max_tokens = params.max_tokens;
-    if (params.temperature) req.sampling.temperature = static_cast<float>(*params.temperature);
-    if (params.top_k) req.sampling.top_k = *params.top_k;
-    if (params.top_p) req.sampling.top_p = static_cast<float>(*params.top_p);
-    if (params.seed) req.sampling.seed = *params.seed;
-    req.stop = params.stop;
-    req.ignore_eos = params.ignore_eos;
+    const bool want_logprobs = req.logprobs || req.top_logprobs > 0;
     std::function<void(const engine::TokenEvent&)> sink;
-    if (on_token) sink = [&](const engine::TokenEvent& ev) { on_token(ev.token, ev.text); };
+    if (on_token) {
+      sink = [&](const engine::TokenEvent& ev) {
+        protocol::TokenEvent out{ev.token, ev.text, std::nullopt};
+        if (want_logprobs && ev.token >= 0) {
+          out.logprobs = logprob_entry(ev.token, ev.logprob, ev.top_logprobs);
+        }
+        on_token(out);
+      };
+    }
     if (engine::model_streams_experts(*model_)) dirty_.store(true, std::memory_order_relaxed);
     auto res = engine::generate(*model_, req, sink, &cancelled);
     if (!res) {
@@ -83,11 +86,35 @@ class EngineBackend final : public Backend {
     out.prompt_tokens = static_cast<int>(res->prompt_tokens.size());
     out.prompt_ms = res->prompt_ms;
     out.decode_ms = res->decode_ms;
+    if (want_logprobs) {
+      out.logprobs.reserve(out.tokens.size());
+      for (size_t i = 0; i < out.tokens.size(); ++i) {
+        static const std::vector<engine::TopLogprob> kNone;
+        out.logprobs.push_back(logprob_entry(out.tokens[i], i < res->logprobs.size() ? res->logprobs[i] : 0,
+                                             i < res->top_logprobs.size() ? res->top_logprobs[i] : kNone));
+      }
+    }
     return out;
+  }
+
+  /// A token's logprob entry, its text and its alternatives' texts from the model's vocabulary.
+  protocol::TokenLogprobs logprob_entry(int32_t token, double logprob,
+                                        const std::vector<engine::TopLogprob>& top) const {
+    const tokenizer::Tokenizer& tok = engine::model_tokenizer(*model_);
+    protocol::TokenLogprobs e;
+    e.token = token;
+    e.text = tok.token_to_piece(token, true);
+    e.logprob = logprob;
+    e.top_logprobs.reserve(top.size());
+    for (const auto& t : top) {
+      e.top_logprobs.push_back({t.token, tok.token_to_piece(t.token, true), t.logprob});
+    }
+    return e;
   }
 
   uint64_t memory_bytes() const override { return engine::model_memory_bytes(*model_); }
   bool streams_experts() const override { return engine::model_streams_experts(*model_); }
+  int64_t context_length() const override { return engine::model_context_length(*model_); }
 
   void save_state() override {
     // Only a streamed model has a sidecar, and only requests change its counts.
@@ -124,6 +151,8 @@ class EngineRuntime final : public ModelRuntime {
     options_.stream_experts = options.stream_experts;
     options_.expert_ram_gb = options.expert_ram_gb;
     options_.state_dir = options.state_dir;
+    options_.context_length = options.context_length;
+    options_.context_memory_bytes = options.context_memory_bytes;
   }
 
   Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) override {
@@ -146,6 +175,7 @@ class EngineRuntime final : public ModelRuntime {
                    engine::model_streams_experts(**model) ? "streamed" : "resident", reason);
     }
     for (const auto& w : engine::model_take_warnings(**model)) spdlog::warn("model {}: {}", name, w);
+    spdlog::info("model {}: context {} tokens", name, engine::model_context_length(**model));
     return std::shared_ptr<Backend>(std::make_shared<EngineBackend>(std::move(*model), name));
   }
   Result<uint64_t> estimate_bytes(const std::filesystem::path& path, const LoadRequest& request) override {

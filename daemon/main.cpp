@@ -113,6 +113,10 @@ int main(int argc, char** argv) {
   raise_fd_limit();
   apply_isa(settings->isa);
   spdlog::debug("settings:\n{}", settings->describe());
+  if (settings->cache_mb_origin != "set") {
+    spdlog::info("model cache budget {} MiB: {} (set CAR_INFERENCE_MODEL_CACHE_MB to choose)",
+                 settings->cache_mb, settings->cache_mb_origin);
+  }
 
   auto listen_fd = car::daemon::systemd::take_listen_fd();
   if (!listen_fd) {
@@ -147,6 +151,13 @@ int main(int argc, char** argv) {
   runtime_options.stream_experts = std::string(car::config::to_string(settings->stream_experts));
   runtime_options.expert_ram_gb = settings->expert_ram_gb.value_or(0.0);
   runtime_options.state_dir = settings->state_dir.string();
+  runtime_options.context_length = static_cast<int>(settings->context);
+  // The default context's KV cache takes at most a quarter of the memory-derived cache budget (MemTotal less
+  // the reserve), whatever CAR_INFERENCE_MODEL_CACHE_MB says: a small budget refuses a model rather than
+  // shrinking its context.
+  const uint64_t budget =
+      car::config::default_cache_mb(car::config::SystemFacts::current().mem_total_bytes) * car::config::kMiB;
+  runtime_options.context_memory_bytes = budget / 4;
   auto runtime = car::daemon::make_default_runtime(runtime_options);
   if (!runtime->available()) {
     spdlog::warn("built without the inference engine: load and infer will answer load_failed");

@@ -35,10 +35,13 @@ struct GenerateOutput {
   int prompt_tokens = 0;
   double prompt_ms = 0;
   double decode_ms = 0;
+  /// One entry per generated token when the request asked for logprobs / top_logprobs; else empty.
+  std::vector<protocol::TokenLogprobs> logprobs;
 };
 
-/// Called for each generated token on the generating thread: the token id and the text it released.
-using TokenSink = std::function<void(int32_t token, const std::string& text)>;
+/// Called for each generated token on the generating thread: the token id, the text it released and, when
+/// asked for, its logprob entry.
+using TokenSink = std::function<void(const protocol::TokenEvent& event)>;
 
 /// A loaded model. Destroying it releases its memory.
 class Backend {
@@ -53,6 +56,8 @@ class Backend {
   virtual uint64_t memory_bytes() const = 0;
   /// Whether MoE experts are streamed from disk.
   virtual bool streams_experts() const = 0;
+  /// The context (tokens) the model is loaded with; 0 when the runtime does not say.
+  virtual int64_t context_length() const { return 0; }
   /// Persist state worth keeping across runs (the expert usage sidecar). Called at shutdown and
   /// periodically (under the model's lock); an implementation may also save when it is destroyed (eviction,
   /// invalidate). Cheap when nothing changed since the last save.
@@ -77,6 +82,8 @@ struct RuntimeOptions {
   std::string stream_experts = "auto";
   double expert_ram_gb = 0;
   std::string state_dir;
+  int context_length = 0;  ///< CAR_INFERENCE_CONTEXT; 0 = the model's trained context capped by memory
+  uint64_t context_memory_bytes = 0;  ///< the KV cache cap of that default (engine::LoadOptions)
 };
 
 class ModelRuntime {

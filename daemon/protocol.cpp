@@ -1,7 +1,9 @@
 #include "daemon/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 namespace car::protocol {
 
@@ -14,6 +16,15 @@ Error bad(std::string message) { return make_error(code::kBadRequest, std::move(
 bool is_scalar(const json& v) { return v.is_null() || v.is_boolean() || v.is_number() || v.is_string(); }
 
 std::string type_name(const json& v) { return v.type_name(); }
+
+/// A client-supplied field name quoted for a message: as a JSON string when it holds anything but plain
+/// printable ASCII, else in single quotes.
+std::string log_name(const std::string& key) {
+  const bool plain = std::all_of(key.begin(), key.end(),
+                                 [](char c) { return c >= 0x20 && c < 0x7f && c != '\'' && c != '\\'; });
+  if (plain && key.size() <= 64) return "'" + key + "'";
+  return json(key.substr(0, 64)).dump(-1, ' ', true, json::error_handler_t::replace);
+}
 
 /// An integer field in [lo, hi]. Accepts JSON integers and integral floats (1.0), nothing else.
 Result<std::optional<int64_t>> int_field(const json& body, const char* name, int64_t lo, int64_t hi) {
@@ -200,6 +211,90 @@ const std::string& known_ops_text() {
   return text;
 }
 
+namespace {
+
+/// Levenshtein distance of two short field names (case-sensitive), for did-you-mean suggestions.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+const std::vector<std::string_view>& known_fields(Op op) {
+  static const std::vector<std::string_view> kNone;
+  static const std::vector<std::string_view> kLoad = {"model", "stream_experts"};
+  static const std::vector<std::string_view> kInvalidate = {"model"};
+  static const std::vector<std::string_view> kCancel = {"target"};
+  static const std::vector<std::string_view> kInfer = {
+      "model",         "prompt",         "messages",     "add_generation_prompt",
+      "chat_template", "max_tokens",     "temperature",  "top_k",
+      "top_p",         "seed",           "stop",         "stream",
+      "ignore_eos",    "stream_experts", "min_p",        "repeat_penalty",
+      "repeat_last_n", "logprobs",       "top_logprobs", "num_ctx"};
+  switch (op) {
+    case Op::kLoad:
+      return kLoad;
+    case Op::kInfer:
+      return kInfer;
+    case Op::kInvalidate:
+      return kInvalidate;
+    case Op::kCancel:
+      return kCancel;
+    case Op::kStats:
+    case Op::kList:
+    case Op::kHealth:
+      return kNone;
+  }
+  return kNone;
+}
+
+Result<void> check_fields(Op op, const json& body) {
+  if (!body.is_object()) return {};
+  if (auto it = body.find("strict"); it != body.end()) {
+    if (!it->is_boolean()) return bad("field 'strict' must be a boolean, got " + type_name(*it));
+    if (!it->get<bool>()) return {};
+  }
+  const auto& fields = known_fields(op);
+  for (const auto& [key, value] : body.items()) {
+    (void)value;
+    if (key == "id" || key == "op" || key == "strict") continue;
+    if (std::find(fields.begin(), fields.end(), std::string_view(key)) != fields.end()) continue;
+    std::string message = "unknown field " + log_name(key) + " for op '" + std::string(op_name(op)) + "'";
+    // The closest known field when it is a plausible misspelling: at most a third of its length edited.
+    std::string_view best;
+    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+    for (std::string_view f : fields) {
+      const std::size_t d = edit_distance(key, f);
+      if (d < best_distance) {
+        best_distance = d;
+        best = f;
+      }
+    }
+    if (!best.empty() && best_distance <= std::max<std::size_t>(1, best.size() / 3)) {
+      message += " (did you mean '" + std::string(best) + "'?)";
+    } else if (fields.empty()) {
+      message += " (it takes no fields)";
+    } else {
+      message += " (known: ";
+      for (std::size_t i = 0; i < fields.size(); ++i) message += (i ? ", " : "") + std::string(fields[i]);
+      message += ")";
+    }
+    return bad(message + "; send \"strict\": false to ignore unknown fields");
+  }
+  return {};
+}
+
 Result<std::string> model_field(const json& body) {
   auto it = body.find("model");
   if (it == body.end()) return bad("field 'model' is missing");
@@ -231,7 +326,7 @@ Result<InferParams> parse_infer(const json& body) {
   if (!has_prompt && !has_messages) return bad("field 'prompt' (or 'messages') is missing");
   if (has_prompt) {
     if (!prompt->is_string()) return bad("field 'prompt' must be a string, got " + type_name(*prompt));
-    p.prompt = prompt->get<std::string>();
+    p.generate.prompt = prompt->get<std::string>();
   } else {
     if (!messages->is_array() || messages->empty()) {
       return bad("field 'messages' must be a non-empty array of {\"role\", \"content\"} objects");
@@ -259,51 +354,64 @@ Result<InferParams> parse_infer(const json& body) {
     p.chat_template = it->get<std::string>();
   }
 
+  engine::GenerateRequest& g = p.generate;
+  engine::SamplingParams& sp = g.sampling;
   auto max_tokens = int_field(body, "max_tokens", 0, kMaxTokensLimit);
   if (!max_tokens) return max_tokens.error();
-  if (*max_tokens) p.max_tokens = static_cast<int>(**max_tokens);
+  if (*max_tokens) g.max_tokens = static_cast<int>(**max_tokens);
 
-  auto temperature = number_field(body, "temperature", 0.0, 100.0);
-  if (!temperature) return temperature.error();
-  p.temperature = *temperature;
-
-  auto top_k = int_field(body, "top_k", 0, std::numeric_limits<int32_t>::max());
-  if (!top_k) return top_k.error();
-  if (*top_k) p.top_k = static_cast<int>(**top_k);
-
-  auto top_p = number_field(body, "top_p", 0.0, 1.0);
-  if (!top_p) return top_p.error();
-  p.top_p = *top_p;
+  // The sampler's settings (engine/sampler.h): a field absent or null keeps the engine's default.
+  for (auto [name, field, lo, hi] :
+       {std::tuple{"temperature", &sp.temperature, 0.0, 100.0}, std::tuple{"top_p", &sp.top_p, 0.0, 1.0},
+        std::tuple{"min_p", &sp.min_p, 0.0, 1.0},
+        std::tuple{"repeat_penalty", &sp.repeat_penalty, 0.0, 100.0}}) {
+    auto v = number_field(body, name, lo, hi);
+    if (!v) return v.error();
+    if (*v) *field = static_cast<float>(**v);
+  }
+  if (sp.repeat_penalty <= 0) return bad("field 'repeat_penalty' must be > 0 (1 = off)");
+  for (auto [name, field, hi] :
+       {std::tuple{"top_k", &sp.top_k, int64_t{std::numeric_limits<int32_t>::max()}},
+        std::tuple{"repeat_last_n", &sp.repeat_last_n, int64_t{kMaxTokensLimit} * 16},
+        std::tuple{"top_logprobs", &g.top_logprobs, int64_t{kMaxTopLogprobs}},
+        std::tuple{"num_ctx", &g.num_ctx, int64_t{kMaxContextLimit}}}) {
+    auto v = int_field(body, name, 0, hi);
+    if (!v) return v.error();
+    if (*v) *field = static_cast<int>(**v);
+  }
 
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer() || (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() < 0)) {
       return bad("field 'seed' must be a non-negative integer");
     }
-    p.seed = it->get<uint64_t>();
+    sp.seed = it->get<uint64_t>();
+    p.seed_given = true;
   }
 
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
-      p.stop.push_back(it->get<std::string>());
+      g.stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
       for (const auto& s : *it) {
         if (!s.is_string()) return bad("field 'stop' must be a string or an array of strings");
-        p.stop.push_back(s.get<std::string>());
+        g.stop.push_back(s.get<std::string>());
       }
     } else {
       return bad("field 'stop' must be a string or an array of strings");
     }
-    for (const auto& s : p.stop) {
+    for (const auto& s : g.stop) {
       if (s.empty()) return bad("field 'stop' must not contain an empty string");
     }
   }
 
-  for (auto [name, field] : {std::pair{"stream", &p.stream}, std::pair{"ignore_eos", &p.ignore_eos}}) {
+  for (auto [name, field] : {std::pair{"stream", &p.stream}, std::pair{"ignore_eos", &g.ignore_eos},
+                             std::pair{"logprobs", &g.logprobs}}) {
     if (auto it = body.find(name); it != body.end() && !it->is_null()) {
       if (!it->is_boolean()) return bad(std::string("field '") + name + "' must be a boolean, got " + type_name(*it));
       *field = it->get<bool>();
     }
   }
+  if (g.top_logprobs > 0) g.logprobs = true;  // top_logprobs implies logprobs
   auto stream_experts = stream_experts_field(body);
   if (!stream_experts) return stream_experts.error();
   p.stream_experts = std::move(*stream_experts);
@@ -357,14 +465,38 @@ std::string error_line(const json& id, std::string_view code, std::string_view m
       .take();
 }
 
-std::string token_line(const json& id, std::string_view text, int32_t token) {
+namespace {
+json logprob_entry(const TokenLogprob& lp) {
+  return {{"token", lp.token}, {"text", lp.text}, {"logprob", lp.logprob}};
+}
+json top_json(const TokenLogprobs& lp) {
+  json top = json::array();
+  for (const auto& t : lp.top_logprobs) top.push_back(logprob_entry(t));
+  return top;
+}
+}  // namespace
+
+json logprobs_json(const TokenLogprobs& lp) {
+  json j = logprob_entry(lp);
+  j["top_logprobs"] = top_json(lp);
+  return j;
+}
+
+std::string token_line(const json& id, const TokenEvent& event) {
+  if (event.logprobs) {
+    json j = {{"id", id}, {"event", "token"}, {"text", event.text}, {"token", event.token}};
+    j["logprob"] = event.logprobs->logprob;
+    j["top_logprobs"] = top_json(*event.logprobs);
+    return dump(j);
+  }
+  // The common case without a document (the keys in the order a json object dumps them).
   return LineBuilder()
       .raw(R"({"event":"token","id":)")
       .value(id)
       .raw(R"(,"text":)")
-      .value(json(text))
+      .value(json(event.text))
       .raw(R"(,"token":)")
-      .value(json(token))
+      .value(json(event.token))
       .raw("}")
       .take();
 }

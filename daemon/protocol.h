@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/engine/generate_request.h"
 #include "core/util/result.h"
 
 namespace car::protocol {
@@ -87,6 +88,14 @@ struct Request {
   nlohmann::json body;        ///< the whole object, for op-specific fields
 };
 
+/// Strict schema: every member of a request object must be a field its op knows (`id`, `op` and `strict`
+/// are known to every op). An unknown member is bad_request naming it, with a suggestion when a known field
+/// is close ("unknown field 'tempreature' for op 'infer' (did you mean 'temperature'?)"). A request with
+/// `"strict": false` skips the check; `strict` other than a boolean is bad_request.
+Result<void> check_fields(Op op, const nlohmann::json& body);
+/// The fields `op` knows, besides `id`, `op` and `strict`, in a fixed order (for messages and docs).
+const std::vector<std::string_view>& known_fields(Op op);
+
 /// Parse one line into a Request. Errors (code bad_request): not JSON, not an object, `id` not a scalar or
 /// a number other than an integer in int64/uint64 range (2.5, 1e3, 2^64 and -0 could not be echoed as
 /// sent), `op` missing or not a string. The id is recovered whenever the line is an object, so even a
@@ -94,22 +103,49 @@ struct Request {
 Result<Request> parse_request(std::string_view line, nlohmann::json* id_out);
 
 /// What to generate: the part of an `infer` request the runtime receives, parsed once (parse_infer) and
-/// passed to ModelRuntime's Backend::generate as it is. Unset options take the engine's defaults.
+/// passed to ModelRuntime's Backend::generate as it is. The generation fields are parsed straight into
+/// `generate`, the engine's own request: a new field is one parse step here and nothing in between. Unset
+/// fields keep the engine's defaults.
 struct GenerateParams {
-  std::string prompt;  ///< the prompt text; empty when `messages` is given
+  /// prompt, max_tokens, sampling (temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed),
+  /// stop, ignore_eos, logprobs, top_logprobs. `prompt` is empty when `messages` is given (the runtime
+  /// renders them into it).
+  engine::GenerateRequest generate;
   /// A conversation instead of `prompt` (an array of {role, content, ...} objects): rendered with the model's
   /// chat template, or `chat_template` when given, then tokenized with special-token text parsed.
   std::optional<nlohmann::json> messages;
   bool add_generation_prompt = true;         ///< end the rendered prompt with the assistant's turn opening
   std::optional<std::string> chat_template;  ///< template text used instead of the model's
-  int max_tokens = 128;
-  std::optional<double> temperature;
-  std::optional<int> top_k;
-  std::optional<double> top_p;
-  std::optional<uint64_t> seed;
-  std::vector<std::string> stop;
-  bool ignore_eos = false;  ///< keep generating past end-of-sequence (benchmarks, tests)
+  /// The request gave `seed`; when false the daemon draws a fresh random one into generate.sampling.seed
+  /// (and reports it), so sampled text is reproducible only when asked for.
+  bool seed_given = false;
 };
+
+/// One generated token's logprob entry, as the final result's `logprobs` array and a streamed token event
+/// carry it: the id, its own text (token_to_piece, special tokens as text; may be a partial UTF-8
+/// character, sent with U+FFFD), its full-vocabulary log-probability before penalties and filters, and the
+/// K most likely ids at that position.
+struct TokenLogprob {
+  int32_t token = 0;
+  std::string text;
+  double logprob = 0;
+};
+struct TokenLogprobs : TokenLogprob {
+  std::vector<TokenLogprob> top_logprobs;
+};
+/// `{"token", "text", "logprob", "top_logprobs": [{"token", "text", "logprob"}, ...]}`.
+nlohmann::json logprobs_json(const TokenLogprobs& lp);
+
+/// A streamed token: the id (-1 for the text held back at the end), the text it released, and with
+/// `logprobs` / `top_logprobs` its logprob entry.
+struct TokenEvent {
+  int32_t token = 0;
+  std::string text;
+  std::optional<TokenLogprobs> logprobs;
+};
+
+/// Upper bound on `top_logprobs` (as OpenAI's API).
+inline constexpr int kMaxTopLogprobs = 20;
 
 /// An `infer` request, validated: what to generate plus what the daemon does around it.
 struct InferParams : GenerateParams {
@@ -117,6 +153,10 @@ struct InferParams : GenerateParams {
   bool stream = false;
   std::optional<std::string> stream_experts;  ///< "on" | "off" | "auto" when the request loads the model
 };
+
+/// Upper bound on `num_ctx` and CAR_INFERENCE_CONTEXT (2^24 tokens); the engine bounds num_ctx by the
+/// context the model is loaded with.
+inline constexpr int kMaxContextLimit = 1 << 24;
 
 /// Upper bound on `max_tokens` (a typo such as 1e9 is a bad request, not a day of decoding).
 inline constexpr int kMaxTokensLimit = 1 << 16;
@@ -133,9 +173,10 @@ Result<InferParams> parse_infer(const nlohmann::json& body);
 std::string ok_line(const nlohmann::json& id, const nlohmann::json& result);
 /// `{"id":..., "ok":false, "error":{"code","message"}}` serialized, without the newline.
 std::string error_line(const nlohmann::json& id, std::string_view code, std::string_view message);
-/// `{"id":..., "event":"token", "text":..., "token":...}`. Text that is not valid UTF-8 is replaced
-/// byte-wise (U+FFFD) rather than failing the stream.
-std::string token_line(const nlohmann::json& id, std::string_view text, int32_t token);
+/// `{"id":..., "event":"token", "text":..., "token":...}`, plus `"logprob"` and `"top_logprobs"` when the
+/// event carries logprobs. Text that is not valid UTF-8 is replaced byte-wise (U+FFFD) rather than failing
+/// the stream.
+std::string token_line(const nlohmann::json& id, const TokenEvent& event);
 
 /// Serialize JSON for the wire: compact, invalid UTF-8 replaced instead of throwing.
 std::string dump(const nlohmann::json& value);

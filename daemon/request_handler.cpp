@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <exception>
+#include <random>
 #include <utility>
 
+#include "core/gguf/gguf_file.h"
+#include "core/gguf/model_info.h"
 #include "daemon/model_resolver.h"
 #include "daemon/protocol.h"
 #include "daemon/safe_text.h"
@@ -51,6 +54,13 @@ void log_request(uint64_t conn, const json& id, std::string_view op, const std::
 std::string_view metrics_op(std::string_view op_text) {
   auto op = protocol::op_from_name(op_text);
   return op ? protocol::op_name(*op) : "unknown";
+}
+
+/// A random sampling seed for a request that gave none. At most 2^53 - 1, so clients that read JSON numbers
+/// as doubles can send it back exactly.
+uint64_t fresh_seed() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng() & ((uint64_t{1} << 53) - 1);
 }
 
 }  // namespace
@@ -172,6 +182,9 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
                     "ids must be unique among requests in flight (that request "
                     "carries on)");
   }
+  if (auto known = protocol::check_fields(req.op, req.body); !known) {
+    return fail(protocol::code::kBadRequest, known.error().message);
+  }
 
   switch (req.op) {
     case Op::kHealth:
@@ -209,6 +222,13 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
     if (auto ok = check_model_id(req.model); !ok) return fail(protocol::code::kForbidden, ok.error().message);
     // The model saves its state (expert usage sidecar) and is freed on a worker, not on the io thread.
     auto handle = cache_.peek(req.model);
+    if (!handle) {
+      // Nothing cached: an id without a model file is not_found, not "was not loaded".
+      if (auto file = resolve_model(options_.models_dir, req.model);
+          !file && file.error().code == "not_found") {
+        return fail(protocol::code::kNotFound, file.error().message);
+      }
+    }
     bool evicted = cache_.invalidate(req.model);
     if (handle) {
       (void)pool_.try_submit([handle]() mutable {
@@ -222,6 +242,8 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
     auto params = protocol::parse_infer(req.body);
     if (!params) return fail(protocol::code::kBadRequest, params.error().message);
     req.infer = std::move(*params);
+    // No seed asked for: a fresh one (reported in the result), so sampled text differs run to run.
+    if (!req.infer.seed_given) req.infer.generate.sampling.seed = fresh_seed();
     req.stream_experts = req.infer.stream_experts;
   } else {
     auto stream_experts = protocol::stream_experts_field(req.body);
@@ -319,6 +341,7 @@ std::optional<ModelCache::Lease> RequestHandler::acquire_model(const Request& re
     {
       auto model_lock = lease->lock();
       f.streams_experts = lease->backend()->streams_experts();
+      f.context_length = lease->backend()->context_length();
     }
     MutexLock lock(facts_mutex_);
     facts_[m.id] = f;
@@ -346,7 +369,8 @@ Reply RequestHandler::run_load(const std::shared_ptr<Call>& call, const Request&
             {"cached", info.hit},
             {"waited", info.waited},
             {"retained", info.cached},
-            {"streaming", f.streams_experts}};
+            {"streaming", f.streams_experts},
+            {"context_length", f.context_length}};
   outcome = info.hit ? "ok(hit)" : "ok(loaded)";
   return Reply::success(std::move(r));
 }
@@ -379,8 +403,8 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
 
   TokenSink sink;
   if (req.infer.stream) {
-    sink = [this, client, call](int32_t token, const std::string& text) {
-      asio::post(io_, [client, call, text, token] { client->token(call, text, token); });
+    sink = [this, client, call](const protocol::TokenEvent& event) {
+      asio::post(io_, [client, call, event] { client->token(call, event); });
     };
   }
   // The request's own parameters, as parse_infer produced them, are what the runtime receives.
@@ -404,6 +428,7 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
             {"text", out->text},
             {"tokens", out->tokens},
             {"finish_reason", out->finish_reason},
+            {"seed", params.generate.sampling.seed},
             {"usage", {{"prompt_tokens", out->prompt_tokens}, {"completion_tokens", out->tokens.size()}}},
             {"timings",
              {{"load_ms", load_ms},
@@ -413,6 +438,11 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
   if (!out->chat_template.empty()) r["chat_template"] = out->chat_template;
   metrics_.observe_generation(static_cast<uint64_t>(out->prompt_tokens), out->prompt_ms / 1000,
                               out->tokens.size(), out->decode_ms / 1000, out->finish_reason);
+  if (params.generate.logprobs) {
+    json lps = json::array();
+    for (const auto& lp : out->logprobs) lps.push_back(protocol::logprobs_json(lp));
+    r["logprobs"] = std::move(lps);
+  }
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
   return Reply::success(std::move(r));
 }
@@ -519,7 +549,10 @@ json RequestHandler::stats_json() const {
     json m = {{"model", item.key},     {"size_bytes", item.size_bytes}, {"in_use", item.in_use},
               {"leases", item.leases}, {"idle_s", item.idle_seconds},   {"age_s", item.age_seconds},
               {"hits", item.hits}};
-    if (auto f = facts(item.key)) m["streaming"] = f->streams_experts;
+    if (auto f = facts(item.key)) {
+      m["streaming"] = f->streams_experts;
+      m["context_length"] = f->context_length;
+    }
     if (auto handle = cache_.peek(item.key)) {
       json e = handle->backend()->expert_stats();
       if (!e.is_null()) experts[item.key] = std::move(e);
@@ -565,9 +598,32 @@ json RequestHandler::list_json(std::string& error) const {
     error = listed.error().message;
     return {};
   }
+  const CacheStats cache = cache_.stats();
   json models = json::array();
   for (const auto& m : *listed) {
-    models.push_back({{"model", m.id}, {"size_bytes", m.file_bytes}, {"loaded", cache_.contains(m.id)}});
+    json row = {{"model", m.id}, {"size_bytes", m.file_bytes}, {"loaded", cache_.contains(m.id)}};
+    // What the file holds, from its header (no tensor data read); null fields for a file that is not GGUF.
+    row["arch"] = nullptr;
+    row["params"] = nullptr;
+    row["quant"] = nullptr;
+    row["context_length"] = nullptr;
+    if (auto file = resolve_model(options_.models_dir, m.id)) {
+      if (auto gguf_file = gguf::GgufFile::open(file->path.string())) {
+        const gguf::ModelInfo info = gguf::describe_model(**gguf_file);
+        if (!info.architecture.empty()) row["arch"] = info.architecture;
+        row["params"] = info.parameters;
+        if (!info.quantization.empty()) row["quant"] = info.quantization;
+        if (info.context_length) row["context_length"] = *info.context_length;
+      }
+    }
+    // Seconds until the idle sweep may evict it: null when not loaded, in use, or idle eviction is off.
+    row["idle_eviction_s"] = nullptr;
+    for (const auto& item : cache.items) {
+      if (item.key != m.id || item.in_use || !cache.idle_ttl) continue;
+      const double ttl = static_cast<double>(cache.idle_ttl->count()) / 1000.0;
+      row["idle_eviction_s"] = std::max(0.0, ttl - item.idle_seconds);
+    }
+    models.push_back(std::move(row));
   }
   return {{"models_dir", options_.models_dir.string()}, {"models", models}};
 }

@@ -89,8 +89,9 @@ class Client {
   /// The final answer to the request `id`. `call` is the request in flight it ends (already out of
   /// calls()), or null for a request answered at once.
   virtual void reply(const nlohmann::json& id, const std::shared_ptr<Call>& call, Reply reply) = 0;
-  /// A streamed token of `call` (the request asked for `stream`).
-  virtual void token(const std::shared_ptr<Call>& call, std::string_view text, int32_t token) = 0;
+  /// A streamed token of `call` (the request asked for `stream`): id, released text and, when the request
+  /// asked for logprobs, its logprob entry.
+  virtual void token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) = 0;
   /// The requests in flight on this client.
   virtual CallRegistry& calls() = 0;
   /// The connection's number, for log lines.
@@ -185,6 +186,7 @@ class RequestHandler {
   // are the cache entry's charge). stats/load read this instead of asking a model that may be busy.
   struct ModelFacts {
     bool streams_experts = false;
+    int64_t context_length = 0;
   };
   std::optional<ModelFacts> facts(const std::string& id) const;
   mutable Mutex facts_mutex_;

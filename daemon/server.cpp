@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "daemon/model_resolver.h"
 #include "daemon/peer_credentials.h"
 #include "daemon/protocol.h"
 #include "daemon/session.h"
@@ -119,6 +120,25 @@ Result<void> Server::open() {
   return {};
 }
 
+void Server::warn_about_models_dir() const {
+  // Not fatal (models may be added later), but the first request would only say not_found.
+  std::error_code ec;
+  const auto& dir = options_.models_dir;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    spdlog::warn(
+        "the models directory {} does not exist (or is not a directory): every model id will be "
+        "not_found until it is created (CAR_INFERENCE_MODELS_DIR)",
+        dir.string());
+    return;
+  }
+  auto models = list_models(dir);
+  if (!models) {
+    spdlog::warn("{}", models.error().message);
+  } else if (models->empty()) {
+    spdlog::warn("the models directory {} holds no models (<id>.gguf files) yet", dir.string());
+  }
+}
+
 int Server::run() {
   if (options_.handle_signals) {
     signals_.add(SIGTERM);
@@ -132,6 +152,7 @@ int Server::run() {
   spdlog::info("car-inferenced ready: models in {}, engine: {}, cache budget {} MiB, idle TTL {} s, {} worker(s)",
                options_.models_dir.string(), runtime_.name(), options_.live.cache_budget_bytes >> 20,
                options_.live.idle_ttl.count(), options_.workers);
+  warn_about_models_dir();
   systemd::notify_ready();
   update_status();
   int code = 0;

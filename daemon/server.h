@@ -52,6 +52,8 @@ class Server {
   void arm_watchdog(std::chrono::microseconds period);
   void wait_signals();
   void begin_shutdown(const char* why);
+  /// Log a warning when the models directory is missing or holds no model.
+  void warn_about_models_dir() const;
   void finish_shutdown();
   void update_status();
   void trim_after_closes();

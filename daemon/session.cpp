@@ -78,7 +78,7 @@ void Session::send(std::string line) {
   write_signal_.cancel_one();
 }
 
-void Session::token(const std::shared_ptr<Call>& call, std::string_view text, int32_t token) {
+void Session::token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) {
   if (closed_ || call->overflowed) return;
   const std::size_t bound = manager_.limits().max_pending_output();
   if (queued_bytes_ >= 2 * bound) {
@@ -89,7 +89,7 @@ void Session::token(const std::shared_ptr<Call>& call, std::string_view text, in
                  queued_bytes_, bound, log_id(call->id));
     return;
   }
-  send(protocol::token_line(call->id, text, token));
+  send(protocol::token_line(call->id, event));
 }
 
 void Session::reply(const json& id, const std::shared_ptr<Call>& call, Reply reply) {

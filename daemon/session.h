@@ -54,7 +54,7 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   void reply(const nlohmann::json& id, const std::shared_ptr<Call>& call, Reply reply) override;
   /// Queues the token line; past twice the pending-output bound the request is cancelled instead (and its
   /// later events dropped).
-  void token(const std::shared_ptr<Call>& call, std::string_view text, int32_t token) override;
+  void token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) override;
   CallRegistry& calls() override { return calls_; }
   uint64_t number() const override { return number_; }
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/settings.h"
+#include "core/gguf/model_info.h"
 #include "daemon/client.h"
 #include "daemon/protocol.h"
 #include "tools/command_registry.h"
@@ -114,11 +115,18 @@ void print_stats(const json& r) {
               human_bytes(c.value("total_bytes", 0.0)).c_str(), human_bytes(c.value("budget_bytes", 0.0)).c_str(),
               c.value("entries", 0), c.value("hits", 0ull), c.value("misses", 0ull), c.value("loads", 0ull),
               c.value("load_failures", 0ull), c.value("evictions", 0ull));
+  if (!r["models"].empty()) {
+    // SIZE is what the model holds, as `car load` reports it (the cache's charge).
+    std::printf("  %-32s %10s  %-6s %8s %8s %6s %8s  %s\n", "MODEL", "SIZE", "STATE", "IDLE", "AGE", "HITS",
+                "CONTEXT", "EXPERTS");
+  }
   for (const auto& m : r["models"]) {
-    std::printf("  %-32s %10s  %s  idle %.0f s, age %.0f s, %llu hit(s)%s\n", m.value("model", "").c_str(),
-                human_bytes(m.value("size_bytes", 0.0)).c_str(), m.value("in_use", false) ? "in use" : "idle  ",
-                m.value("idle_s", 0.0), m.value("age_s", 0.0), m.value("hits", 0ull),
-                m.value("streaming", false) ? ", experts streamed" : "");
+    const std::string idle = std::to_string(static_cast<long long>(m.value("idle_s", 0.0))) + " s";
+    const std::string age = std::to_string(static_cast<long long>(m.value("age_s", 0.0))) + " s";
+    std::printf("  %-32s %10s  %-6s %8s %8s %6llu %8lld  %s\n", m.value("model", "").c_str(),
+                human_bytes(m.value("size_bytes", 0.0)).c_str(), m.value("in_use", false) ? "in use" : "idle",
+                idle.c_str(), age.c_str(), m.value("hits", 0ull), m.value("context_length", 0ll),
+                m.value("streaming", false) ? "streamed" : "-");
   }
   const json& q = r["requests"];
   std::printf("requests: %llu total, %llu in flight, %llu refused busy; uptime %.0f s; engine %s\n",
@@ -247,10 +255,29 @@ void setup_client_commands(CLI::App& root) {
       if (common.json_output) return;
       const json& r = reply.result;
       std::printf("models in %s:\n", r.value("models_dir", "?").c_str());
-      if (r["models"].empty()) std::printf("  (none)\n");
+      if (r["models"].empty()) {
+        std::printf("  (none)\n");
+        return;
+      }
+      auto text = [](const json& m, const char* key) {
+        auto it = m.find(key);
+        return it == m.end() || !it->is_string() ? std::string("-") : it->get<std::string>();
+      };
+      std::printf("  %-32s %-10s %8s %-10s %10s  %-6s  %s\n", "MODEL", "ARCH", "PARAMS", "QUANT", "SIZE",
+                  "LOADED", "IDLE EVICTION");
       for (const auto& m : r["models"]) {
-        std::printf("  %-32s %10s  %s\n", m.value("model", "").c_str(), human_bytes(m.value("size_bytes", 0.0)).c_str(),
-                    m.value("loaded", false) ? "loaded" : "");
+        const json& params = m.contains("params") ? m["params"] : json();
+        const std::string p = params.is_number_unsigned() ? gguf::format_count(params.get<uint64_t>()) : "-";
+        std::string eviction = "-";
+        if (const auto it = m.find("idle_eviction_s"); it != m.end() && it->is_number()) {
+          eviction = "in " + std::to_string(static_cast<long long>(it->get<double>())) + " s";
+        } else if (m.value("loaded", false)) {
+          eviction = "no";  // in use, or idle eviction off
+        }
+        std::printf("  %-32s %-10s %8s %-10s %10s  %-6s  %s\n", m.value("model", "").c_str(),
+                    text(m, "arch").c_str(), p.c_str(), text(m, "quant").c_str(),
+                    human_bytes(m.value("size_bytes", 0.0)).c_str(), m.value("loaded", false) ? "yes" : "no",
+                    eviction.c_str());
       }
     });
   }

@@ -11,10 +11,11 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct RunFlags {
   std::string prompt_ids;
   int max_tokens = 128;
   engine::SamplingParams sampling;
+  std::optional<uint64_t> seed;  // absent: a fresh random seed, printed so the run can be repeated
   std::vector<std::string> stop;
   int top_logprobs = 0;
   EngineFlags engine;  // --threads, --stream-experts, --expert-ram-gb, --state-dir, --no-prefetch
@@ -129,6 +131,7 @@ void run(const RunFlags& f) {
   }
   req.max_tokens = f.max_tokens;
   req.sampling = f.sampling;
+  req.sampling.seed = f.seed ? *f.seed : std::random_device{}() & ((uint64_t{1} << 53) - 1);
   req.stop = f.stop;
   req.top_logprobs = f.top_logprobs;
 
@@ -164,6 +167,7 @@ void run(const RunFlags& f) {
     out["tokens"] = g.tokens;
     out["text"] = g.text;
     out["finish_reason"] = g.finish_reason;
+    out["seed"] = req.sampling.seed;
     out["timings"] = {{"load_ms", load_ms},
                       {"prompt_ms", g.prompt_ms},
                       {"decode_ms", g.decode_ms},
@@ -189,9 +193,9 @@ void run(const RunFlags& f) {
   std::fflush(stdout);
   std::fprintf(stderr,
                "[load %.1f ms | prompt %zu tokens, %.1f ms, %.1f tok/s | generated %zu tokens, %.1f ms, "
-               "%.1f tok/s | finish: %s]\n",
+               "%.1f tok/s | finish: %s | seed %llu]\n",
                load_ms, g.prompt_tokens.size(), g.prompt_ms, prompt_tps, g.tokens.size(), g.decode_ms,
-               decode_tps, g.finish_reason.c_str());
+               decode_tps, g.finish_reason.c_str(), static_cast<unsigned long long>(req.sampling.seed));
 }
 
 void setup_run(CLI::App& root) {
@@ -220,7 +224,8 @@ void setup_run(CLI::App& root) {
   cmd->add_option("--repeat-last-n", flags->sampling.repeat_last_n,
                   "How many recent ids the penalty looks at; -1 = all, 0 = off")
       ->check(CLI::Range(-1, 1 << 30));
-  cmd->add_option("--seed", flags->sampling.seed, "Sampling seed");
+  cmd->add_option("--seed", flags->seed,
+                  "Sampling seed (default: a fresh random one, printed with the result)");
   cmd->add_option("--stop", flags->stop, "Stop string (repeatable; not included in the output)");
   cmd->add_option("--top-logprobs", flags->top_logprobs, "Report the K most likely ids per position")
       ->check(CLI::Range(0, 1000));

@@ -39,8 +39,15 @@ uint64_t expert_bank_bytes(const std::vector<experts::ExpertBankInfo>& banks) {
 
 /// The KV cache length a load with `options` gives a model of `hp`.
 int64_t context_tokens(const model::Hparams& hp, const LoadOptions& options) {
-  return options.context_length > 0 ? options.context_length
-                                    : std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
+  if (options.context_length > 0) return options.context_length;
+  if (options.context_memory_bytes == 0 || hp.n_ctx_train <= 0) {
+    return std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
+  }
+  // The trained context, shortened (to a multiple of 256 tokens, at least 256) until its KV cache fits.
+  const uint64_t per_token = std::max<uint64_t>(1, ForwardPass::kv_cache_bytes_for(hp, 1024) / 1024);
+  int64_t fit = static_cast<int64_t>(options.context_memory_bytes / per_token);
+  fit = std::max<int64_t>(256, fit / 256 * 256);
+  return std::min<int64_t>(hp.n_ctx_train, fit);
 }
 int64_t max_batch(int64_t n_ctx) {
   return std::min(kMaxBatch, n_ctx);
@@ -190,7 +197,14 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
     }
   }
   const int64_t n_prompt = static_cast<int64_t>(res.prompt_tokens.size());
-  const int64_t n_ctx = lm.kv->n_ctx();
+  const int64_t loaded_ctx = lm.kv->n_ctx();
+  if (req.num_ctx < 0) return make_error("bad_request", "num_ctx must be >= 0");
+  if (req.num_ctx > loaded_ctx) {
+    return make_error("bad_request", "num_ctx " + std::to_string(req.num_ctx) +
+                                         " exceeds the context the model is loaded with (" +
+                                         std::to_string(loaded_ctx) + " tokens)");
+  }
+  const int64_t n_ctx = req.num_ctx > 0 ? req.num_ctx : loaded_ctx;
   if (n_prompt + req.max_tokens > n_ctx) {
     return make_error("context_overflow", "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
                                               std::to_string(req.max_tokens) + ") exceeds the context of " +
@@ -227,6 +241,7 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   res.prompt_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
 
   Sampler sampler(req.sampling);
+  const bool want_logprobs = req.logprobs || req.top_logprobs > 0;
   StopMatcher stops(req.stop);
   tokenizer::StreamDecoder decoder(lm.tok);
   std::vector<int32_t> history = res.prompt_tokens;
@@ -244,12 +259,24 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
       res.finish_reason = "eos";
       break;
     }
-    if (req.top_logprobs > 0) res.top_logprobs.push_back(Sampler::top_logprobs(logits, req.top_logprobs));
+    TokenEvent event;
+    event.token = id;
+    if (req.top_logprobs > 0) {
+      res.top_logprobs.push_back(Sampler::top_logprobs(logits, req.top_logprobs));
+      event.top_logprobs = res.top_logprobs.back();
+    }
+    if (want_logprobs) {
+      event.logprob = Sampler::logprob_of(logits, id);
+      res.logprobs.push_back(event.logprob);
+    }
     res.tokens.push_back(id);
     history.push_back(id);
     const StopMatcher::Step step = stops.push(decoder.push(id));
     res.text += step.text;
-    if (on_token) on_token(TokenEvent{id, step.text});
+    if (on_token) {
+      event.text = step.text;
+      on_token(event);
+    }
     if (step.stopped) {
       res.finish_reason = "stop";
       break;
@@ -270,7 +297,12 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
     if (!stops.stopped()) tail += stops.flush();
     if (!tail.empty()) {
       res.text += tail;
-      if (on_token) on_token(TokenEvent{-1, tail});
+      if (on_token) {
+        TokenEvent last;
+        last.token = -1;
+        last.text = tail;
+        on_token(last);
+      }
     }
   }
   res.decode_ms = std::chrono::duration<double, std::milli>(clock::now() - t1).count();
@@ -346,6 +378,10 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
 
 const gguf::GgufFile& model_file(const LoadedModel& model) { return *model.file; }
 const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model) { return *model.tok; }
+
+int64_t model_context_length(const LoadedModel& lm) {
+  return lm.kv->n_ctx();
+}
 
 MemoryBreakdown model_memory(const LoadedModel& lm) {
   MemoryBreakdown m;

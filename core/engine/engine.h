@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/engine/generate_request.h"
 #include "core/engine/sampler.h"
 #include "core/experts/streamed_source.h"
 #include "core/util/result.h"
@@ -38,7 +39,11 @@ struct LoadOptions {
   /// when expert_pool is set (the pool has its own budget).
   double expert_ram_gb = 0;
   std::string state_dir;                 ///< usage sidecars live in <state_dir>/experts/; empty = none
-  int context_length = 0;                ///< KV cache size in tokens; 0 = min(model's, 4096)
+  /// KV cache size in tokens; 0 = the default: with context_memory_bytes, the model's trained context
+  /// shortened until its KV cache fits in context_memory_bytes (a multiple of 256, at least 256); without,
+  /// min(model's, 4096).
+  int context_length = 0;
+  uint64_t context_memory_bytes = 0;  ///< see context_length; 0 = the fixed 4096 cap
   /// The budget and readers shared by every streamed model of the process (the daemon's); null = a
   /// private pool for this model.
   std::shared_ptr<experts::ExpertPool> expert_pool;
@@ -59,25 +64,6 @@ struct StreamDecision {
 StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint64_t file_bytes,
                                 const experts::MemoryProbe& memory);
 
-struct GenerateRequest {
-  std::string prompt;                 ///< tokenized with the model's tokenizer unless prompt_ids is set
-  std::vector<int32_t> prompt_ids;    ///< used as-is when non-empty
-  bool add_bos = true;                ///< add BOS (when the model's vocabulary asks for it)
-  bool parse_special = false;         ///< let special-token text in the prompt become special tokens
-  int max_tokens = 128;
-  SamplingParams sampling;
-  std::vector<std::string> stop;      ///< stop strings (not included in the output)
-  int top_logprobs = 0;               ///< K most likely ids per generated position
-  /// Keep generating past end-of-generation tokens until max_tokens (finish_reason "length"); `car bench`
-  /// uses it to decode exactly max_tokens tokens after random prompt ids.
-  bool ignore_eos = false;
-};
-
-struct TokenEvent {
-  int32_t token;
-  std::string text;  ///< decoded bytes released by this token (never a partial UTF-8 character)
-};
-
 struct GenerateResult {
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> tokens;
@@ -85,7 +71,8 @@ struct GenerateResult {
   std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"
   double prompt_ms = 0;
   double decode_ms = 0;
-  std::vector<std::vector<TopLogprob>> top_logprobs;
+  std::vector<std::vector<TopLogprob>> top_logprobs;  ///< per generated token, when request.top_logprobs > 0
+  std::vector<double> logprobs;  ///< per generated token: the chosen id's logprob, when request.logprobs
 };
 
 class LoadedModel;
@@ -132,6 +119,8 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
 const gguf::GgufFile& model_file(const LoadedModel& model);
 const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model);
 
+/// The context (KV cache length, tokens) the model was loaded with.
+int64_t model_context_length(const LoadedModel& model);
 /// What a loaded model holds now.
 MemoryBreakdown model_memory(const LoadedModel& model);
 /// OK when `path` still names, unchanged, the file the model was loaded from and no read of it faulted.

@@ -219,6 +219,24 @@ std::vector<TopLogprob> Sampler::top_logprobs(std::span<const float> logits, int
   return out;
 }
 
+double Sampler::logprob_of(std::span<const float> logits, int32_t id) {
+  constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
+  if (id < 0 || static_cast<size_t>(id) >= logits.size()) return kNegInfD;
+  double max_logit = kNegInfD;
+  for (const float l : logits) max_logit = std::max(max_logit, static_cast<double>(clean_logit(l)));
+  const double mine = clean_logit(logits[static_cast<size_t>(id)]);
+  if (!std::isfinite(max_logit)) {
+    // As top_logprobs: the +inf ids share all the mass; all -inf is no distribution.
+    if (max_logit < 0 || mine != std::numeric_limits<double>::infinity()) return kNegInfD;
+    size_t n_inf = 0;
+    for (const float l : logits) n_inf += (l == std::numeric_limits<float>::infinity()) ? 1 : 0;
+    return -std::log(static_cast<double>(n_inf));
+  }
+  double sum = 0;
+  for (const float l : logits) sum += std::exp(static_cast<double>(clean_logit(l)) - max_logit);
+  return mine - (max_logit + std::log(sum));
+}
+
 StopMatcher::StopMatcher(std::vector<std::string> stops) {
   for (auto& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));

@@ -66,6 +66,10 @@ class Sampler {
   /// their natural-log probabilities computed in double, most likely first (ties: lower id first).
   /// k is clamped to [0, logits.size()].
   static std::vector<TopLogprob> top_logprobs(std::span<const float> logits, int k);
+  /// The natural-log probability of `id` under the same full-vocabulary softmax of `logits` (no penalties or
+  /// filters; what llama.cpp and OpenAI report as a chosen token's logprob). -infinity for an id outside
+  /// the vocabulary or of probability 0.
+  static double logprob_of(std::span<const float> logits, int32_t id);
 
   const SamplingParams& params() const { return params_; }
 

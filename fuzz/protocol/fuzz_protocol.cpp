@@ -49,12 +49,22 @@ void one_line(const std::string& line) {
     if (model.ok()) require(req->body.contains("model"));
     auto infer = car::protocol::parse_infer(req->body);
     if (infer.ok()) {
-      require(infer->max_tokens >= 0 && infer->max_tokens <= car::protocol::kMaxTokensLimit);
-      if (infer->temperature) require(*infer->temperature >= 0);
-      if (infer->top_k) require(*infer->top_k >= 0);
-      if (infer->top_p) require(*infer->top_p >= 0 && *infer->top_p <= 1);
-      for (const auto& s : infer->stop) check_reply(car::protocol::token_line(req->id, s, 1), req->id);
-      check_reply(car::protocol::token_line(req->id, infer->prompt, -1), req->id);
+      const auto& g = infer->generate;
+      require(g.max_tokens >= 0 && g.max_tokens <= car::protocol::kMaxTokensLimit);
+      require(g.sampling.temperature >= 0);
+      require(g.sampling.top_k >= 0);
+      require(g.sampling.top_p >= 0 && g.sampling.top_p <= 1);
+      require(g.sampling.min_p >= 0 && g.sampling.min_p <= 1);
+      require(g.sampling.repeat_penalty > 0);
+      require(g.top_logprobs >= 0 && g.top_logprobs <= car::protocol::kMaxTopLogprobs);
+      require(g.top_logprobs == 0 || g.logprobs);
+      (void)car::protocol::check_fields(car::protocol::Op::kInfer, req->body);
+      for (const auto& s : g.stop) {
+        check_reply(car::protocol::token_line(req->id, car::protocol::TokenEvent{1, s, std::nullopt}),
+                    req->id);
+      }
+      check_reply(car::protocol::token_line(req->id, car::protocol::TokenEvent{-1, g.prompt, std::nullopt}),
+                  req->id);
     }
   }
   (void)car::protocol::parse_reply(line);

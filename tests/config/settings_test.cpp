@@ -56,6 +56,30 @@ class SettingsFileTest : public ::testing::Test {
 
 // --- Defaults ---------------------------------------------------------------------------------------
 
+TEST(SettingsDefaultsTest, CacheBudgetDefaultsFromTheMachinesMemory) {
+  constexpr std::uint64_t kGiB = 1024ULL * 1024 * 1024;
+  // 64 GiB: a tenth (6.4 GiB) is the reserve.
+  SystemFacts big = kUser;
+  big.mem_total_bytes = 64 * kGiB;
+  Settings s = load_ok({}, {}, big);
+  EXPECT_EQ(s.cache_mb, 65536u - 6553u);
+  EXPECT_NE(s.cache_mb_origin.find("MemTotal 64.0 GiB"), std::string::npos) << s.cache_mb_origin;
+  // 8 GiB: the 2 GiB floor of the reserve applies.
+  SystemFacts small = kUser;
+  small.mem_total_bytes = 8 * kGiB;
+  EXPECT_EQ(load_ok({}, {}, small).cache_mb, 8192u - 2048u);
+  // 2 GiB: never less than a quarter of the memory.
+  small.mem_total_bytes = 2 * kGiB;
+  EXPECT_EQ(load_ok({}, {}, small).cache_mb, 512u);
+  // A setting wins, and says so; unknown memory keeps the fixed default.
+  Settings set = load_ok({"--cache-mb", "100"}, {}, big);
+  EXPECT_EQ(set.cache_mb, 100u);
+  EXPECT_EQ(set.cache_mb_origin, "set");
+  EXPECT_EQ(default_cache_mb(0), defaults::cache_mb);
+  // The running machine's figure is read from /proc/meminfo.
+  EXPECT_GT(SystemFacts::current().mem_total_bytes, 0u);
+}
+
 TEST(SettingsDefaultsTest, MatchTheContract) {
   Settings s = load_ok({});
   EXPECT_EQ(s.cache_mb, 24576u);

@@ -117,6 +117,7 @@ TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
   EXPECT_EQ(l["result"]["models"][0]["model"], "garbage");
   EXPECT_EQ(stats(conn)["cache"]["entries"], 0);
   EXPECT_EQ(call(conn, {{"id", 3}, {"op", "invalidate"}, {"model", "garbage"}})["result"]["evicted"], false);
+  EXPECT_EQ(error_code(call(conn, {{"id", 15}, {"op", "invalidate"}, {"model", "absent"}})), "not_found");
   EXPECT_EQ(call(conn, {{"id", 4}, {"op", "cancel"}, {"target", 99}})["result"]["cancelled"], false);
 
   EXPECT_EQ(error_code(call(conn, {{"id", 5}, {"op", "nope"}})), "unknown_op");
@@ -128,6 +129,16 @@ TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
   EXPECT_EQ(error_code(bad), "load_failed") << bad.dump();
   EXPECT_EQ(error_code(call(conn, {{"id", 10}, {"op", "infer"}, {"model", "garbage"}, {"prompt", "hi"}})),
             "load_failed");
+  // Strict schema: a misspelt field is named (with a suggestion), not ignored; "strict": false lets it by.
+  json typo =
+      call(conn, {{"id", 12}, {"op", "infer"}, {"model", "garbage"}, {"prompt", "hi"}, {"tempreature", 0}});
+  EXPECT_EQ(error_code(typo), "bad_request");
+  EXPECT_NE(typo.dump().find("unknown field 'tempreature' for op 'infer' (did you mean 'temperature'?)"),
+            std::string::npos)
+      << typo.dump();
+  EXPECT_EQ(typo["id"], 12);
+  EXPECT_EQ(error_code(call(conn, {{"id", 13}, {"op", "health"}, {"verbose", true}})), "bad_request");
+  EXPECT_EQ(call(conn, {{"id", 14}, {"op", "health"}, {"verbose", true}, {"strict", false}})["ok"], true);
   ASSERT_TRUE(conn.send_raw("{{{\n").ok());
   EXPECT_EQ(error_code(read_json(conn)), "bad_request");
   ASSERT_TRUE(conn.send_raw(std::string((1u << 20) + 100, ' ') + "\n").ok());
@@ -209,6 +220,20 @@ std::pair<int, std::string> run_car(const std::string& args) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
+TEST_F(DaemonBinaryTest, WarnsAtStartUpAboutAMissingOrEmptyModelsDirectory) {
+  start();  // "garbage.gguf" counts as a model file: no warning
+  EXPECT_EQ(daemon_->log().find("holds no models"), std::string::npos) << daemon_->log();
+  ASSERT_EQ(daemon_->terminate(), 0);
+  std::filesystem::remove(models_ / "garbage.gguf");
+  start();
+  EXPECT_NE(daemon_->log().find("holds no models"), std::string::npos) << daemon_->log();
+  ASSERT_EQ(daemon_->terminate(), 0);
+  env_["CAR_INFERENCE_MODELS_DIR"] = (tmp_ / "nowhere").string();
+  start();
+  EXPECT_NE(daemon_->log().find("does not exist"), std::string::npos) << daemon_->log();
+  ASSERT_EQ(daemon_->terminate(), 0);
+}
+
 TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
   start();
   const std::string sock = " --socket " + socket_;
@@ -220,12 +245,17 @@ TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
   json l = json::parse(list, nullptr, false);
   ASSERT_FALSE(l.is_discarded()) << list;
   EXPECT_EQ(l["result"]["models"][0]["model"], "garbage");
+  EXPECT_TRUE(l["result"]["models"][0]["arch"].is_null());  // not a GGUF file
+  EXPECT_TRUE(l["result"]["models"][0]["idle_eviction_s"].is_null());
   auto [sc, stats_out] = run_car("stats" + sock);
   EXPECT_EQ(sc, 0);
   EXPECT_NE(stats_out.find("cache: "), std::string::npos) << stats_out;
   auto [ic, inv] = run_car("invalidate garbage" + sock);
   EXPECT_EQ(ic, 0);
   EXPECT_NE(inv.find("was not loaded"), std::string::npos) << inv;
+  auto [xc, absent] = run_car("invalidate absent" + sock);  // no such model: not "was not loaded"
+  EXPECT_EQ(xc, 1) << absent;
+  EXPECT_NE(absent.find("not_found"), std::string::npos) << absent;
   // Errors: the daemon's code and message, exit 1; no daemon at all, exit 3.
   auto [nc, missing] = run_car("load absent" + sock);
   EXPECT_EQ(nc, 1);
@@ -430,6 +460,78 @@ TEST_F(DaemonBinaryEngineTest, CarChatKeepsTheConversationResetsAndCancelsAnAnsw
   EXPECT_FALSE(text.str().empty());
 }
 
+TEST_F(DaemonBinaryEngineTest, SeedIsReturnedAndLogprobsComeWithEachToken) {
+  start();
+  auto conn = connect();
+  // No seed: a fresh one per request, returned; sending it back reproduces the sampled answer.
+  auto sampled = [&](json id, std::optional<uint64_t> seed) {
+    json req = {{"id", id},
+                {"op", "infer"},
+                {"model", "tiny"},
+                {"prompt", "Hello world"},
+                {"max_tokens", 16},
+                {"temperature", 1.5},
+                {"top_k", 0},
+                {"top_p", 1},
+                {"min_p", 0},
+                {"ignore_eos", true},
+                {"repeat_penalty", 1.1},
+                {"repeat_last_n", 8}};
+    if (seed) req["seed"] = *seed;
+    json r = call(conn, req);
+    EXPECT_EQ(r["ok"], true) << r.dump();
+    return r["result"];
+  };
+  json a = sampled(1, std::nullopt);
+  json b = sampled(2, std::nullopt);
+  ASSERT_TRUE(a["seed"].is_number_unsigned()) << a.dump();
+  EXPECT_NE(a["seed"], b["seed"]);
+  json a_again = sampled(3, a["seed"].get<uint64_t>());
+  EXPECT_EQ(a_again["seed"], a["seed"]);
+  EXPECT_EQ(a_again["tokens"], a["tokens"]);
+  EXPECT_EQ(sampled(4, 42)["seed"], 42);
+
+  // logprobs / top_logprobs: one entry per generated token in the result, the same on each token event.
+  json req = infer_request(5, 6, true);
+  req["top_logprobs"] = 3;
+  std::vector<json> events;
+  json r = call(conn, req, &events);
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  const json& lps = r["result"]["logprobs"];
+  ASSERT_EQ(lps.size(), 6u) << r.dump();
+  std::size_t i = 0;
+  for (const auto& e : events) {
+    if (e["token"] == -1) {
+      EXPECT_FALSE(e.contains("logprob"));
+      continue;
+    }
+    ASSERT_LT(i, lps.size());
+    const json& lp = lps[i];
+    EXPECT_EQ(lp["token"], r["result"]["tokens"][i]);
+    EXPECT_TRUE(lp["text"].is_string());
+    EXPECT_LE(lp["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(lp["top_logprobs"].size(), 3u);
+    // Greedy: the chosen token is the most likely one, with the same logprob.
+    EXPECT_EQ(lp["top_logprobs"][0]["token"], lp["token"]);
+    EXPECT_EQ(lp["top_logprobs"][0]["logprob"], lp["logprob"]);
+    EXPECT_GE(lp["top_logprobs"][1]["logprob"].get<double>(), lp["top_logprobs"][2]["logprob"].get<double>());
+    EXPECT_TRUE(lp["top_logprobs"][1]["text"].is_string());
+    EXPECT_EQ(e["logprob"], lp["logprob"]);
+    EXPECT_EQ(e["top_logprobs"], lp["top_logprobs"]);
+    ++i;
+  }
+  EXPECT_EQ(i, 6u);
+  // Without them: no logprobs key, events without logprob.
+  json plain = call(conn, infer_request(6, 2, false));
+  EXPECT_FALSE(plain["result"].contains("logprobs"));
+  json only = infer_request(7, 2, false);
+  only["logprobs"] = true;
+  json o = call(conn, only);
+  ASSERT_EQ(o["result"]["logprobs"].size(), 2u);
+  EXPECT_TRUE(o["result"]["logprobs"][0]["top_logprobs"].empty());
+  ASSERT_EQ(daemon_->terminate(), 0);
+}
+
 TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
   start();
   const std::string sock = " --socket " + socket_;
@@ -440,6 +542,40 @@ TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
   ASSERT_EQ(jc, 0) << json_out;
   json r = json::parse(json_out, nullptr, false);
   ASSERT_FALSE(r.is_discarded()) << json_out;
+  // list: one row per model with column headers, what its header says, and whether it is loaded.
+  auto [lsc, listing] = run_car("list" + sock);
+  ASSERT_EQ(lsc, 0) << listing;
+  EXPECT_NE(listing.find("MODEL"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("IDLE EVICTION"), std::string::npos) << listing;
+  const auto row_start = listing.find("  tiny ");
+  ASSERT_NE(row_start, std::string::npos) << listing;
+  const std::string row = listing.substr(row_start, listing.find('\n', row_start) - row_start);
+  EXPECT_NE(row.find("llama"), std::string::npos) << row;
+  EXPECT_NE(row.find(" yes "), std::string::npos) << row;
+  EXPECT_NE(row.find(" in "), std::string::npos) << row;  // idle eviction countdown (default TTL 300 s)
+  auto [ljc, list_json] = run_car("list --json" + sock);
+  ASSERT_EQ(ljc, 0) << list_json;
+  json lj;
+  const json listed = json::parse(list_json);
+  for (const auto& m : listed["result"]["models"]) {
+    if (m["model"] == "tiny") lj = m;  // "garbage" (not GGUF) sorts first
+  }
+  ASSERT_TRUE(lj.is_object()) << list_json;
+  EXPECT_EQ(lj["arch"], "llama");
+  EXPECT_GT(lj["params"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(lj["quant"].is_string());
+  EXPECT_EQ(lj["context_length"], 2048);
+  EXPECT_GT(lj["idle_eviction_s"].get<double>(), 250.0);
+  // stats: headers, and the size the load reply gave.
+  auto [sc, stats_text] = run_car("stats" + sock);
+  ASSERT_EQ(sc, 0) << stats_text;
+  EXPECT_NE(stats_text.find("SIZE"), std::string::npos) << stats_text;
+  auto [sjc, stats_json] = run_car("stats --json" + sock);
+  auto [ljc2, load_json] = run_car("load tiny --json" + sock);
+  ASSERT_EQ(ljc2, 0) << load_json;
+  const json loaded = json::parse(load_json)["result"];
+  EXPECT_EQ(json::parse(stats_json)["result"]["models"][0]["size_bytes"], loaded["size_bytes"]);  // only tiny is cached
+  EXPECT_EQ(loaded["context_length"], 2048);  // the trained context (it fits the memory cap)
   auto [ic, text] = run_car("infer tiny Hello -n 6 --temperature 0" + sock);
   EXPECT_EQ(ic, 0) << text;
   // The streamed text, then a newline, then the summary line (stderr, merged here).

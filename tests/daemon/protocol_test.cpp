@@ -86,16 +86,48 @@ TEST(DaemonProtocol, ValidatesInferFields) {
              {"top_p", 0.5}, {"seed", 42}, {"stop", {"\n", "END"}}, {"stream", true}};
   auto p = protocol::parse_infer(ok);
   ASSERT_TRUE(p.ok()) << p.error().message;
-  EXPECT_EQ(p->max_tokens, 8);
-  EXPECT_EQ(*p->temperature, 0.0);
-  EXPECT_EQ(*p->top_k, 5);
-  EXPECT_EQ(*p->seed, 42u);
-  EXPECT_EQ(p->stop, (std::vector<std::string>{"\n", "END"}));
+  // Parsed straight into the engine's request.
+  const engine::GenerateRequest& g = p->generate;
+  EXPECT_EQ(g.prompt, "p");
+  EXPECT_EQ(g.max_tokens, 8);
+  EXPECT_EQ(g.sampling.temperature, 0.0f);
+  EXPECT_EQ(g.sampling.top_k, 5);
+  EXPECT_EQ(g.sampling.top_p, 0.5f);
+  EXPECT_EQ(g.sampling.seed, 42u);
+  EXPECT_TRUE(p->seed_given);
+  EXPECT_EQ(g.stop, (std::vector<std::string>{"\n", "END"}));
   EXPECT_TRUE(p->stream);
+  EXPECT_FALSE(g.logprobs);
+  EXPECT_EQ(g.top_logprobs, 0);
   auto single_stop = protocol::parse_infer({{"model", "m"}, {"prompt", "p"}, {"stop", "x"}, {"max_tokens", 4.0}});
   ASSERT_TRUE(single_stop.ok());
-  EXPECT_EQ(single_stop->stop, std::vector<std::string>{"x"});
-  EXPECT_EQ(single_stop->max_tokens, 4);
+  EXPECT_EQ(single_stop->generate.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(single_stop->generate.max_tokens, 4);
+  EXPECT_FALSE(single_stop->seed_given);
+  // Absent sampling fields keep the engine's defaults.
+  const engine::SamplingParams defaults;
+  EXPECT_EQ(single_stop->generate.sampling.temperature, defaults.temperature);
+  EXPECT_EQ(single_stop->generate.sampling.min_p, defaults.min_p);
+  EXPECT_EQ(single_stop->generate.sampling.repeat_last_n, defaults.repeat_last_n);
+
+  auto more = protocol::parse_infer({{"model", "m"},
+                                     {"prompt", "p"},
+                                     {"min_p", 0.1},
+                                     {"repeat_penalty", 1.3},
+                                     {"repeat_last_n", 32},
+                                     {"ignore_eos", true},
+                                     {"top_logprobs", 3}});
+  ASSERT_TRUE(more.ok()) << more.error().message;
+  EXPECT_FLOAT_EQ(more->generate.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(more->generate.sampling.repeat_penalty, 1.3f);
+  EXPECT_EQ(more->generate.sampling.repeat_last_n, 32);
+  EXPECT_TRUE(more->generate.ignore_eos);
+  EXPECT_EQ(more->generate.top_logprobs, 3);
+  EXPECT_TRUE(more->generate.logprobs);  // implied by top_logprobs
+  auto just_logprobs = protocol::parse_infer({{"model", "m"}, {"prompt", "p"}, {"logprobs", true}});
+  ASSERT_TRUE(just_logprobs.ok());
+  EXPECT_TRUE(just_logprobs->generate.logprobs);
+  EXPECT_EQ(just_logprobs->generate.top_logprobs, 0);
 
   const std::vector<std::pair<json, std::string>> bad = {
       {{{"prompt", "p"}}, "model"},
@@ -112,6 +144,13 @@ TEST(DaemonProtocol, ValidatesInferFields) {
       {{{"model", "m"}, {"prompt", "p"}, {"stop", {""}}}, "stop"},
       {{{"model", "m"}, {"prompt", "p"}, {"stop", 5}}, "stop"},
       {{{"model", "m"}, {"prompt", "p"}, {"stream", "yes"}}, "stream"},
+      {{{"model", "m"}, {"prompt", "p"}, {"min_p", 2}}, "min_p"},
+      {{{"model", "m"}, {"prompt", "p"}, {"repeat_penalty", 0}}, "repeat_penalty"},
+      {{{"model", "m"}, {"prompt", "p"}, {"repeat_penalty", -1}}, "repeat_penalty"},
+      {{{"model", "m"}, {"prompt", "p"}, {"repeat_last_n", -1}}, "repeat_last_n"},
+      {{{"model", "m"}, {"prompt", "p"}, {"logprobs", 1}}, "logprobs"},
+      {{{"model", "m"}, {"prompt", "p"}, {"top_logprobs", 21}}, "top_logprobs"},
+      {{{"model", "m"}, {"prompt", "p"}, {"top_logprobs", -1}}, "top_logprobs"},
   };
   for (const auto& [body, field] : bad) {
     auto r = protocol::parse_infer(body);
@@ -119,6 +158,81 @@ TEST(DaemonProtocol, ValidatesInferFields) {
     EXPECT_EQ(r.error().code, "bad_request");
     EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
   }
+}
+
+TEST(DaemonProtocol, UnknownFieldsAreBadRequestsNamingThem) {
+  using protocol::Op;
+  auto typo = protocol::check_fields(
+      Op::kInfer, {{"op", "infer"}, {"model", "m"}, {"prompt", "p"}, {"tempreature", 0.5}});
+  ASSERT_FALSE(typo.ok());
+  EXPECT_EQ(typo.error().code, "bad_request");
+  EXPECT_NE(typo.error().message.find("unknown field 'tempreature' for op 'infer'"), std::string::npos)
+      << typo.error().message;
+  EXPECT_NE(typo.error().message.find("did you mean 'temperature'"), std::string::npos)
+      << typo.error().message;
+  // Far from every known field: the message lists them instead of guessing.
+  auto far = protocol::check_fields(Op::kLoad, {{"op", "load"}, {"model", "m"}, {"xyzzy", 1}});
+  ASSERT_FALSE(far.ok());
+  EXPECT_NE(far.error().message.find("'xyzzy'"), std::string::npos);
+  EXPECT_NE(far.error().message.find("known: model, stream_experts"), std::string::npos)
+      << far.error().message;
+  EXPECT_EQ(far.error().message.find("did you mean"), std::string::npos);
+  // Per op: a field of infer is unknown to stats; id, op and strict are known everywhere.
+  EXPECT_FALSE(protocol::check_fields(Op::kStats, {{"op", "stats"}, {"model", "m"}}).ok());
+  EXPECT_TRUE(protocol::check_fields(Op::kStats, {{"id", 1}, {"op", "stats"}, {"strict", true}}).ok());
+  EXPECT_TRUE(protocol::check_fields(Op::kCancel, {{"op", "cancel"}, {"target", 3}}).ok());
+  // Every field parse_infer reads is known to infer.
+  EXPECT_TRUE(protocol::check_fields(Op::kInfer, {{"op", "infer"},
+                                                  {"model", "m"},
+                                                  {"prompt", "p"},
+                                                  {"messages", nullptr},
+                                                  {"add_generation_prompt", true},
+                                                  {"chat_template", "t"},
+                                                  {"max_tokens", 1},
+                                                  {"temperature", 0},
+                                                  {"top_k", 1},
+                                                  {"top_p", 1},
+                                                  {"min_p", 0},
+                                                  {"repeat_penalty", 1},
+                                                  {"repeat_last_n", 64},
+                                                  {"seed", 1},
+                                                  {"stop", "x"},
+                                                  {"stream", false},
+                                                  {"ignore_eos", false},
+                                                  {"logprobs", true},
+                                                  {"top_logprobs", 2},
+                                                  {"stream_experts", "auto"}})
+                  .ok());
+  // The escape hatch, and a strict that is not a boolean.
+  EXPECT_TRUE(
+      protocol::check_fields(Op::kInfer, {{"op", "infer"}, {"tempreature", 1}, {"strict", false}}).ok());
+  auto bad_strict = protocol::check_fields(Op::kHealth, {{"op", "health"}, {"strict", "no"}});
+  ASSERT_FALSE(bad_strict.ok());
+  EXPECT_NE(bad_strict.error().message.find("strict"), std::string::npos);
+  // A hostile key is quoted as JSON in the message.
+  auto odd = protocol::check_fields(Op::kHealth, {{"op", "health"}, {"a'\nb", 1}});
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.error().message.find("\"a'\\nb\""), std::string::npos) << odd.error().message;
+}
+
+TEST(DaemonProtocol, TokenEventsAndResultsCarryLogprobs) {
+  protocol::TokenLogprobs lp;
+  lp.token = 7;
+  lp.text = " a";
+  lp.logprob = -0.25;
+  lp.top_logprobs = {{7, " a", -0.25}, {9, " b", -1.5}};
+  const json entry = protocol::logprobs_json(lp);
+  EXPECT_EQ(
+      entry,
+      json::parse(
+          R"({"token":7,"text":" a","logprob":-0.25,"top_logprobs":[{"token":7,"text":" a","logprob":-0.25},{"token":9,"text":" b","logprob":-1.5}]})"));
+  const json with = json::parse(protocol::token_line(3, protocol::TokenEvent{7, " a", lp}));
+  EXPECT_EQ(with["logprob"], -0.25);
+  EXPECT_EQ(with["top_logprobs"], entry["top_logprobs"]);
+  EXPECT_EQ(with["text"], " a");
+  const json without = json::parse(protocol::token_line(3, protocol::TokenEvent{7, " a", std::nullopt}));
+  EXPECT_FALSE(without.contains("logprob"));
+  EXPECT_FALSE(without.contains("top_logprobs"));
 }
 
 TEST(DaemonProtocol, ValidatesChatMessages) {
@@ -130,7 +244,7 @@ TEST(DaemonProtocol, ValidatesChatMessages) {
   ASSERT_TRUE(p.ok()) << p.error().message;
   ASSERT_TRUE(p->messages.has_value());
   EXPECT_EQ(*p->messages, messages);  // passed on whole, extra fields included
-  EXPECT_TRUE(p->prompt.empty());
+  EXPECT_TRUE(p->generate.prompt.empty());
   EXPECT_FALSE(p->add_generation_prompt);
   EXPECT_EQ(*p->chat_template, "{{ messages[0].content }}");
   auto defaults = protocol::parse_infer({{"model", "m"}, {"messages", messages}});
@@ -169,7 +283,8 @@ TEST(DaemonProtocol, BuildsAndParsesReplies) {
   EXPECT_EQ(err->error_code, "not_found");
   EXPECT_EQ(err->error_message, "no such model");
   // Token text that is not valid UTF-8 (a model may split a character) still makes a valid line.
-  auto ev = protocol::parse_reply(protocol::token_line(1, "\xe2\x82", 17));
+  auto ev =
+      protocol::parse_reply(protocol::token_line(1, protocol::TokenEvent{17, "\xe2\x82", std::nullopt}));
   ASSERT_TRUE(ev.ok());
   EXPECT_TRUE(ev->is_event);
   EXPECT_EQ(ev->raw["token"], 17);
@@ -195,7 +310,7 @@ TEST(DaemonProtocol, ReplyLinesAreTheSerializedDocuments) {
     }
     for (std::string_view text : {"", " the", "\xe2\x82", "\"\\\t"}) {
       EXPECT_EQ(
-          protocol::token_line(id, text, -3),
+          protocol::token_line(id, protocol::TokenEvent{-3, std::string(text), std::nullopt}),
           protocol::dump(nlohmann::json{{"id", id}, {"event", "token"}, {"text", text}, {"token", -3}}));
     }
   }

@@ -128,6 +128,54 @@ TEST_F(GenerateTest, TopLogprobsAreSortedNormalizedAndLeadWithGreedyToken) {
   }
 }
 
+TEST_F(GenerateTest, LogprobsAreTheChosenIdsOwnBeforeSampling) {
+  auto m = load(write(TinySpec{}));
+  ASSERT_TRUE(m);
+  // Greedy: the chosen id is the most likely, so its logprob is the first top_logprobs entry's.
+  auto req = greedy({1, 290, 291}, 5);
+  req.top_logprobs = 2;
+  std::vector<TokenEvent> events;
+  auto r = generate(
+      *m, req, [&](const TokenEvent& e) { events.push_back(e); }, nullptr);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->logprobs.size(), 5u);  // top_logprobs implies logprobs
+  ASSERT_GE(events.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(r->logprobs[i], r->top_logprobs[i][0].logprob);
+    EXPECT_EQ(events[i].token, r->tokens[i]);
+    EXPECT_EQ(events[i].logprob, r->logprobs[i]);
+    ASSERT_EQ(events[i].top_logprobs.size(), 2u);
+    EXPECT_EQ(events[i].top_logprobs[1].token, r->top_logprobs[i][1].token);
+  }
+  // Sampled at a high temperature with a strong repetition penalty: the logprob is still the plain
+  // full-vocabulary one (penalties and filters do not change it), and never above the most likely id's.
+  auto sampled = greedy({1, 290, 291}, 8);
+  sampled.sampling.temperature = 5;
+  sampled.sampling.top_k = 0;
+  sampled.sampling.repeat_penalty = 3;
+  sampled.sampling.seed = 9;
+  sampled.logprobs = true;
+  auto s = generate(*m, sampled, {}, nullptr);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->logprobs.size(), s->tokens.size());
+  EXPECT_TRUE(s->top_logprobs.empty());
+  auto again = greedy({1, 290, 291}, 8);
+  again.top_logprobs = 1;
+  again.sampling = sampled.sampling;
+  auto a = generate(*m, again, {}, nullptr);  // same seed, same ids, now with the top id per position
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(a->tokens, s->tokens);
+  for (size_t i = 0; i < s->tokens.size(); ++i) {
+    EXPECT_EQ(a->logprobs[i], s->logprobs[i]);
+    EXPECT_LE(s->logprobs[i], a->top_logprobs[i][0].logprob);
+    EXPECT_LT(s->logprobs[i], 0.0);
+  }
+  // Not asked for: nothing computed.
+  auto plain = generate(*m, greedy({1, 290, 291}, 3), {}, nullptr);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->logprobs.empty());
+}
+
 TEST_F(GenerateTest, TextPromptStreamingAndStopStrings) {
   auto m = load(write(TinySpec{}));
   ASSERT_TRUE(m);
@@ -153,6 +201,56 @@ TEST_F(GenerateTest, TextPromptStreamingAndStopStrings) {
   EXPECT_EQ(s->finish_reason, "stop");
   EXPECT_EQ(s->text.find(stop), std::string::npos);
   EXPECT_EQ(r->text.rfind(s->text, 0), 0u);  // a prefix of the unstopped text
+}
+
+TEST_F(GenerateTest, NumCtxNarrowsTheLoadedContextAndNeverExceedsIt) {
+  auto m = load(write(TinySpec{}), 64);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(model_context_length(*m), 64);
+  auto req = greedy({1, 5, 7}, 10);
+  req.num_ctx = 12;  // 3 + 10 > 12
+  auto over = generate(*m, req, {}, nullptr);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.error().code, "context_overflow");
+  EXPECT_NE(over.error().message.find("12 tokens"), std::string::npos) << over.error().message;
+  req.num_ctx = 13;
+  EXPECT_TRUE(generate(*m, req, {}, nullptr).ok());
+  req.num_ctx = 65;
+  auto wide = generate(*m, req, {}, nullptr);
+  ASSERT_FALSE(wide.ok());
+  EXPECT_EQ(wide.error().code, "bad_request");
+  EXPECT_NE(wide.error().message.find("loaded with (64 tokens)"), std::string::npos) << wide.error().message;
+}
+
+TEST_F(GenerateTest, DefaultContextIsTheTrainedOneCappedByMemory) {
+  TinySpec spec;
+  spec.n_ctx = 1024;
+  const std::string path = write(spec);
+  LoadOptions o;
+  o.threads = 1;
+  auto fixed = load_model(path, o);  // no memory figure: min(trained, 4096)
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(model_context_length(**fixed), 1024);
+  const uint64_t kv_1024 = model_memory(**fixed).kv_cache;
+  o.context_memory_bytes = kv_1024 * 10;  // plenty: the trained context
+  auto roomy = load_model(path, o);
+  ASSERT_TRUE(roomy.ok());
+  EXPECT_EQ(model_context_length(**roomy), 1024);
+  o.context_memory_bytes = kv_1024 / 2 + 1;  // half of it fits: 512 tokens (a multiple of 256)
+  auto capped = load_model(path, o);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(model_context_length(**capped), 512);
+  auto estimate = estimate_memory(path, o);  // the estimate follows the same rule
+  ASSERT_TRUE(estimate.ok());
+  EXPECT_EQ(estimate->kv_cache, model_memory(**capped).kv_cache);
+  o.context_memory_bytes = 1;  // never below 256 tokens
+  auto tiny = load_model(path, o);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(model_context_length(**tiny), 256);
+  o.context_length = 300;  // an explicit context wins
+  auto explicit_ctx = load_model(path, o);
+  ASSERT_TRUE(explicit_ctx.ok());
+  EXPECT_EQ(model_context_length(**explicit_ctx), 300);
 }
 
 TEST_F(GenerateTest, ContextOverflowCancellationAndBadIds) {

@@ -329,6 +329,23 @@ TEST(TopLogprobs, MatchesLogSoftmaxMostLikelyFirst) {
   }
 }
 
+TEST(TopLogprobs, LogprobOfAnyIdIsItsFullVocabularyLogSoftmax) {
+  const std::vector<float> logits{1.0f, 3.0f, -2.0f, 3.0f, 0.5f, std::nanf("")};
+  double z = 0;
+  for (size_t i = 0; i + 1 < logits.size(); ++i) z += std::exp(static_cast<double>(logits[i]));
+  for (int32_t id = 0; id < 5; ++id) {
+    EXPECT_NEAR(Sampler::logprob_of(logits, id),
+                static_cast<double>(logits[static_cast<size_t>(id)]) - std::log(z), 1e-12);
+  }
+  // The same figure top_logprobs reports for the ids it lists.
+  for (const auto& t : Sampler::top_logprobs(logits, 4))
+    EXPECT_EQ(Sampler::logprob_of(logits, t.token), t.logprob);
+  // NaN (treated as -inf) and ids outside the vocabulary have probability 0.
+  EXPECT_EQ(Sampler::logprob_of(logits, 5), -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(Sampler::logprob_of(logits, 6), -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(Sampler::logprob_of(logits, -1), -std::numeric_limits<double>::infinity());
+}
+
 TEST(TopLogprobs, FullVocabularySumsToOneAndKIsClamped) {
   std::vector<float> logits;
   for (int i = 0; i < 1000; ++i) logits.push_back(static_cast<float>(std::sin(i * 0.37) * 10.0));

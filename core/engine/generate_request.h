@@ -1,0 +1,41 @@
+// What engine::generate() takes (GenerateRequest) and streams (TokenEvent), apart from engine.h so that
+// a front end (the daemon's protocol layer) can parse a request straight into it without the engine.
+// Plain aggregates: no code to link.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/engine/sampler.h"
+
+namespace car::engine {
+
+struct GenerateRequest {
+  std::string prompt;               ///< tokenized with the model's tokenizer unless prompt_ids is set
+  std::vector<int32_t> prompt_ids;  ///< used as-is when non-empty
+  bool add_bos = true;              ///< add BOS (when the model's vocabulary asks for it)
+  bool parse_special = false;       ///< let special-token text in the prompt become special tokens
+  int max_tokens = 128;
+  /// The context window of this request in tokens (prompt + max_tokens must fit): 0 = the whole context
+  /// the model is loaded with; larger than that is bad_request.
+  int num_ctx = 0;
+  SamplingParams sampling;
+  std::vector<std::string> stop;  ///< stop strings (not included in the output)
+  int top_logprobs = 0;           ///< K most likely ids per generated position (implies logprobs)
+  bool logprobs = false;          ///< report each generated id's own logprob (Sampler::logprob_of)
+  /// Keep generating past end-of-generation tokens until max_tokens (finish_reason "length"); `car bench`
+  /// uses it to decode exactly max_tokens tokens after random prompt ids.
+  bool ignore_eos = false;
+};
+
+struct TokenEvent {
+  int32_t token = 0;
+  std::string text;  ///< decoded bytes released by this token (never a partial UTF-8 character)
+  /// With request.logprobs / top_logprobs (not for the final token = -1 event): the id's logprob and the
+  /// K most likely ids at its position.
+  double logprob = 0;
+  std::vector<TopLogprob> top_logprobs;
+};
+
+}  // namespace car::engine
