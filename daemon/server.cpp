@@ -57,10 +57,37 @@ Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_cl
                                                 std::move(cache_clock))) {}
 
 Server::~Server() {
+  http_.reset();
   handler_.reset();  // joins the workers before the io_context goes away
 }
 
 Result<void> Server::open() {
+  if (auto ok = open_ndjson(); !ok) return ok;
+  if (options_.http.address.empty() && !options_.http.listen_fd) return {};
+  // The HTTP front shares the socket's models, allow-list and limits.
+  http::HttpOptions h = options_.http;
+  h.models_dir = options_.models_dir;
+  h.socket_group = options_.socket_group;
+  h.allowed_uids = options_.allowed_uids;
+  h.allowed_gids = options_.allowed_gids;
+  h.max_body_bytes = options_.max_line_bytes;
+  h.max_connections = options_.live.max_connections;
+  h.max_pending_bytes = 2 * options_.live.max_pending_output_bytes;
+  http_ = std::make_unique<http::HttpFront>(io_, *handler_, std::move(h));
+  if (auto ok = http_->open(); !ok) {
+    http_.reset();
+    if (created_socket_file_) {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+      ::unlink(options_.socket_path.c_str());
+      created_socket_file_ = false;
+    }
+    return ok;
+  }
+  return {};
+}
+
+Result<void> Server::open_ndjson() {
   boost::system::error_code ec;
   if (options_.listen_fd) {
     acceptor_.assign(stream_protocol(), *options_.listen_fd, ec);
@@ -127,6 +154,7 @@ int Server::run() {
     wait_signals();
   }
   asio::co_spawn(io_, accept_loop(), asio::detached);
+  if (http_) http_->start();
   arm_idle_timer();
   if (auto period = systemd::watchdog_interval()) arm_watchdog(*period);
   spdlog::info("car-inferenced ready: models in {}, engine: {}, cache budget {} MiB, idle TTL {} s, {} worker(s)",
@@ -255,6 +283,7 @@ void Server::begin_shutdown(const char* why) {
   systemd::notify_stopping();
   boost::system::error_code ec;
   acceptor_.close(ec);
+  if (http_) http_->stop_accepting();
   idle_timer_.cancel();
   spdlog::info("{}: shutting down ({} request(s) in flight, grace {} ms)", why, handler_->in_flight(),
                options_.shutdown_grace.count());
@@ -264,6 +293,7 @@ void Server::begin_shutdown(const char* why) {
     if (wait_ec || finished_) return;
     spdlog::warn("grace period over: cancelling {} request(s)", handler_->in_flight());
     connections_.cancel_all();
+    if (http_) http_->cancel_all();
   });
   handler_->begin_shutdown([this] { finish_shutdown(); });
 }
@@ -277,8 +307,11 @@ void Server::finish_shutdown() {
   // Flush what is queued to each client, but do not wait for a client that stopped reading.
   grace_timer_.expires_after(1s);
   grace_timer_.async_wait([this](boost::system::error_code ec) {
-    if (!ec) connections_.close_all(/*graceful=*/false, nullptr);
+    if (ec) return;
+    connections_.close_all(/*graceful=*/false, nullptr);
+    if (http_) http_->close_all(/*graceful=*/false);
   });
+  if (http_) http_->close_all(/*graceful=*/true);
   connections_.close_all(/*graceful=*/true, [this] { grace_timer_.cancel(); });
 }
 
