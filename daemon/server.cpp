@@ -73,6 +73,8 @@ Result<void> Server::open() {
   h.max_body_bytes = options_.max_line_bytes;
   h.max_connections = options_.live.max_connections;
   h.max_pending_bytes = 2 * options_.live.max_pending_output_bytes;
+  // GET /metrics serves h.metrics; once RequestHandler::metrics_text() exists (the Prometheus registry):
+  //   if (!h.metrics) h.metrics = [this] { return handler_->metrics_text(); };
   http_ = std::make_unique<http::HttpFront>(io_, *handler_, std::move(h));
   if (auto ok = http_->open(); !ok) {
     http_.reset();

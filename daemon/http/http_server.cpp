@@ -671,7 +671,8 @@ Result<void> HttpFront::open() {
     if (auto ok = refuse_unkeyed(); !ok) return ok;
     const int family =
         address_.unix_socket ? AF_UNIX : (address_.host.find(':') != std::string::npos ? AF_INET6 : AF_INET);
-    acceptor_.assign(asio::generic::stream_protocol(family, SOCK_STREAM), *options_.listen_fd, ec);
+    acceptor_.assign(asio::generic::stream_protocol(family, family == AF_UNIX ? 0 : IPPROTO_TCP),
+                     *options_.listen_fd, ec);
     if (ec) return make_error("listen_failed", "cannot adopt the HTTP socket-activation fd: " + ec.message());
     spdlog::info("http: listening on {} (passed by systemd, fd {})", address_.to_string(),
                  *options_.listen_fd);
@@ -694,7 +695,7 @@ Result<void> HttpFront::open() {
       if (!g) return make_error(g.error().code, "http socket group: " + g.error().message);
       gid = *g;
     }
-    acceptor_.open(asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), ec);
+    acceptor_.open(asio::generic::stream_protocol(AF_UNIX, 0), ec);
     if (ec) return make_error("listen_failed", "socket(): " + ec.message());
     mode_t old_mask = ::umask(0117);
     acceptor_.bind(asio::local::stream_protocol::endpoint(path), ec);
@@ -708,7 +709,7 @@ Result<void> HttpFront::open() {
     }
   } else {
     asio::ip::tcp::endpoint ep(asio::ip::make_address(address_.host), address_.port);
-    acceptor_.open(asio::generic::stream_protocol(ep.protocol().family(), SOCK_STREAM), ec);
+    acceptor_.open(asio::generic::stream_protocol(ep.protocol().family(), ep.protocol().protocol()), ec);
     if (ec) return make_error("listen_failed", "socket(): " + ec.message());
     acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
     acceptor_.bind(asio::generic::stream_protocol::endpoint(ep), ec);
