@@ -334,6 +334,13 @@ awaitable<bool> Connection::read_request(Request& req, bool first, bool& ok) {
     co_return false;
   }
   if (auto [ec, n] = std::get<0>(h); ec) {
+    if (ec == bhttp::error::body_limit) {  // a Content-Length over the limit is refused with the header
+      co_await send_error(
+          api_error(413, "request body larger than " + std::to_string(o.max_body_bytes) + " bytes",
+                    "request_too_large"),
+          false);
+      co_return false;
+    }
     if (ec != bhttp::error::end_of_stream && ec != asio::error::eof && ec != asio::error::operation_aborted) {
       co_await send_error(api_error(400, "malformed HTTP request: " + ec.message()), false);
     }
@@ -458,7 +465,7 @@ awaitable<bool> Connection::models(const Request& req, std::string_view id) {
 }
 
 void Connection::watch_for_close() {
-  if (watching_ || closed_) return;
+  if (watching_ || closed_ || client_gone_) return;
   watching_ = true;
   socket_.async_wait(asio::socket_base::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
     self->watching_ = false;
