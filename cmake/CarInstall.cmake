@@ -16,11 +16,12 @@ set(car_units_tmp ${CMAKE_BINARY_DIR}/install-units)
 install(CODE "
   set(CAR_SBINDIR \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_SBINDIR}\")
   set(CAR_DOCDIR \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DOCDIR}\")
-  foreach(unit car-inferenced.service car-inferenced.socket)
+  foreach(unit car-inferenced.service car-inferenced.socket car-inferenced-http.socket)
     configure_file(\"${PROJECT_SOURCE_DIR}/systemd/\${unit}.in\" \"${car_units_tmp}/\${unit}\" @ONLY)
   endforeach()
   file(INSTALL DESTINATION \"\${CMAKE_INSTALL_PREFIX}/${CAR_SYSTEMD_UNIT_DIR}\" TYPE FILE PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ
-       FILES \"${car_units_tmp}/car-inferenced.service\" \"${car_units_tmp}/car-inferenced.socket\")
+       FILES \"${car_units_tmp}/car-inferenced.service\" \"${car_units_tmp}/car-inferenced.socket\"
+             \"${car_units_tmp}/car-inferenced-http.socket\")
 ")
 install(FILES ${PROJECT_SOURCE_DIR}/systemd/car-inference.sysusers DESTINATION ${CAR_SYSUSERS_DIR}
         RENAME car-inference.conf)

@@ -2,6 +2,7 @@
 // per-setting fact is in the table at the end of the anonymous namespace; the rest of the file walks it.
 #include "config/settings.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 // CLI11 2.1's inlined string helpers trip GCC 12's -Wnull-dereference (a false positive in a system header).
@@ -230,6 +231,35 @@ std::string show_ids(const Settings& s) {
   return out;
 }
 
+/// CAR_INFERENCE_HTTP: `IPV4:PORT`, `[IPV6]:PORT` or `unix:/ABSOLUTE/PATH` (daemon/http/http_address.h
+/// parses it for binding; this checks the same shape so a typo fails at start-up like any setting).
+std::string parse_http(const SettingInfo&, const std::string& v, Settings& out) {
+  if (v.starts_with("unix:")) {
+    const std::string path = v.substr(5);
+    if (path.empty() || path.front() != '/') return "a unix: address needs an absolute path (unix:/run/x.sock)";
+    if (path.size() > kMaxSocketPath) return "longer than 107 bytes (the Unix socket path limit)";
+    out.http = v;
+    return {};
+  }
+  const auto colon = v.rfind(':');
+  if (colon == std::string::npos) return "not HOST:PORT, [IPV6]:PORT or unix:/PATH";
+  std::string host = v.substr(0, colon);
+  const auto port = parse_u64(v.substr(colon + 1), 65535);
+  if (!all_digits(v.substr(colon + 1)) || !port) return "the port must be 0-65535 (0: any free port, logged)";
+  unsigned char buf[16];
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    if (::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) != 1) return "not an IPv6 address";
+  } else if (::inet_pton(AF_INET, host.c_str(), buf) != 1) {
+    return "the host must be an IPv4 address or a bracketed IPv6 address ([::1])";
+  }
+  out.http = v;
+  return {};
+}
+
+std::string show_http(const Settings& s) {
+  return s.http;
+}
+
 // --- The table --------------------------------------------------------------------------------------
 
 const std::vector<SettingInfo>& rows() {
@@ -389,6 +419,21 @@ const std::vector<SettingInfo>& rows() {
        .max = 4096,
        .parse = parse_integer<&S::max_pending_output_mb>,
        .show = show_number<&S::max_pending_output_mb>},
+      {.variable = "CAR_INFERENCE_HTTP",
+       .flag = "--http",
+       .default_doc = "off",
+       .meaning = "also serve the OpenAI-compatible HTTP API (docs/http.md) on `127.0.0.1:PORT`, `[::1]:PORT` "
+                  "or `unix:/PATH` (a Unix path gets the socket's `0660` mode and allow-list); a non-loopback "
+                  "address needs `CAR_INFERENCE_HTTP_API_KEY_FILE`",
+       .parse = parse_http,
+       .show = show_http},
+      {.variable = "CAR_INFERENCE_HTTP_API_KEY_FILE",
+       .flag = "--http-api-key-file",
+       .default_doc = "none",
+       .meaning = "file holding the API key HTTP clients must send as `Authorization: Bearer KEY` (first "
+                  "line, surrounding blanks ignored)",
+       .parse = parse_path<&S::http_api_key_file>,
+       .show = show_path<&S::http_api_key_file>},
   };
   return table;
 }

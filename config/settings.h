@@ -137,6 +137,10 @@ struct Settings {
   std::uint64_t line_timeout_secs = defaults::line_timeout_secs;  ///< CAR_INFERENCE_LINE_TIMEOUT_SECS (live)
   std::uint64_t max_pending_output_mb =
       defaults::max_pending_output_mb;  ///< CAR_INFERENCE_MAX_PENDING_OUTPUT_MB (live)
+  /// CAR_INFERENCE_HTTP: the OpenAI-compatible HTTP front's address (`HOST:PORT`, `[V6]:PORT`,
+  /// `unix:/PATH`); empty: off.
+  std::string http;
+  std::filesystem::path http_api_key_file;  ///< CAR_INFERENCE_HTTP_API_KEY_FILE; empty: no key
 
   std::optional<std::filesystem::path> config_file;  ///< the file that was read, if any
   std::vector<std::string> warnings;  ///< non-fatal findings (unknown CAR_INFERENCE_* variables ...)

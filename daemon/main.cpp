@@ -17,6 +17,7 @@
 #include "config/settings.h"
 #include "core/tensor/kernels.h"
 #include "core/util/fault_guard.h"
+#include "daemon/http/http_server.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
 #include "daemon/systemd_notify.h"
@@ -118,15 +119,26 @@ int main(int argc, char** argv) {
                  settings->cache_mb, settings->cache_mb_origin);
   }
 
-  auto listen_fd = car::daemon::systemd::take_listen_fd();
-  if (!listen_fd) {
-    spdlog::critical("{}", listen_fd.error().message);
+  auto listen_fds = car::daemon::systemd::take_listen_fds();
+  if (!listen_fds) {
+    spdlog::critical("{}", listen_fds.error().message);
     return 2;
   }
 
   car::daemon::ServerOptions options;
   options.socket_path = settings->socket_path;
-  options.listen_fd = *listen_fd;
+  options.listen_fd = listen_fds->socket;
+  // The OpenAI-compatible HTTP front (docs/http.md): CAR_INFERENCE_HTTP or a socket named http.
+  options.http.address = settings->http;
+  options.http.listen_fd = listen_fds->http;
+  if (!settings->http_api_key_file.empty()) {
+    auto key = car::daemon::http::read_api_key(settings->http_api_key_file);
+    if (!key) {
+      spdlog::critical("{}", key.error().message);
+      return 2;
+    }
+    options.http.api_key = std::move(*key);
+  }
   options.models_dir = settings->models_dir;
   options.state_dir = settings->state_dir;
   options.live = live_of(*settings);

@@ -11,11 +11,17 @@ using nlohmann::json;
 
 namespace {
 
-Error bad(std::string message) { return make_error(code::kBadRequest, std::move(message)); }
+Error bad(std::string message) {
+  return make_error(code::kBadRequest, std::move(message));
+}
 
-bool is_scalar(const json& v) { return v.is_null() || v.is_boolean() || v.is_number() || v.is_string(); }
+bool is_scalar(const json& v) {
+  return v.is_null() || v.is_boolean() || v.is_number() || v.is_string();
+}
 
-std::string type_name(const json& v) { return v.type_name(); }
+std::string type_name(const json& v) {
+  return v.type_name();
+}
 
 /// A client-supplied field name quoted for a message: as a JSON string when it holds anything but plain
 /// printable ASCII, else in single quotes.
@@ -38,7 +44,8 @@ Result<std::optional<int64_t>> int_field(const json& body, const char* name, int
     v = it->get<int64_t>();
   } else if (it->is_number_float()) {
     double d = it->get<double>();
-    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) ||
+        d > static_cast<double>(hi)) {
       return bad(std::string("field '") + name + "' must be an integer in [" + std::to_string(lo) + ", " +
                  std::to_string(hi) + "]");
     }
@@ -56,11 +63,12 @@ Result<std::optional<int64_t>> int_field(const json& body, const char* name, int
 Result<std::optional<double>> number_field(const json& body, const char* name, double lo, double hi) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::optional<double>{};
-  if (!it->is_number()) return bad(std::string("field '") + name + "' must be a number, got " + type_name(*it));
+  if (!it->is_number())
+    return bad(std::string("field '") + name + "' must be a number, got " + type_name(*it));
   double v = it->get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) {
-    return bad(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-               "]");
+    return bad(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "]");
   }
   return std::optional<double>{v};
 }
@@ -134,7 +142,9 @@ std::string_view raw_member(std::string_view line, std::string_view key) {
 
 }  // namespace
 
-std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 Result<Request> parse_request(std::string_view line, json* id_out) {
   if (id_out != nullptr) *id_out = nullptr;
@@ -254,6 +264,7 @@ const std::vector<std::string_view>& known_fields(Op op) {
     case Op::kStats:
     case Op::kList:
     case Op::kHealth:
+    case Op::kMetrics:
       return kNone;
   }
   return kNone;
@@ -337,14 +348,16 @@ Result<InferParams> parse_infer(const json& body) {
       if (!m.is_object()) return bad("field '" + where + "' must be an object, got " + type_name(m));
       auto role = m.find("role");
       if (role == m.end() || !role->is_string()) return bad("field '" + where + ".role' must be a string");
-      if (auto content = m.find("content"); content != m.end() && !content->is_null() && !content->is_string()) {
+      if (auto content = m.find("content");
+          content != m.end() && !content->is_null() && !content->is_string()) {
         return bad("field '" + where + ".content' must be a string or null, got " + type_name(*content));
       }
     }
     p.messages = *messages;
   }
   if (auto it = body.find("add_generation_prompt"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return bad("field 'add_generation_prompt' must be a boolean, got " + type_name(*it));
+    if (!it->is_boolean())
+      return bad("field 'add_generation_prompt' must be a boolean, got " + type_name(*it));
     if (!has_messages) return bad("field 'add_generation_prompt' applies to 'messages' only");
     p.add_generation_prompt = it->get<bool>();
   }
@@ -381,7 +394,8 @@ Result<InferParams> parse_infer(const json& body) {
   }
 
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_integer() || (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() < 0)) {
+    if (!it->is_number_integer() ||
+        (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() < 0)) {
       return bad("field 'seed' must be a non-negative integer");
     }
     sp.seed = it->get<uint64_t>();
@@ -407,7 +421,8 @@ Result<InferParams> parse_infer(const json& body) {
   for (auto [name, field] : {std::pair{"stream", &p.stream}, std::pair{"ignore_eos", &g.ignore_eos},
                              std::pair{"logprobs", &g.logprobs}}) {
     if (auto it = body.find(name); it != body.end() && !it->is_null()) {
-      if (!it->is_boolean()) return bad(std::string("field '") + name + "' must be a boolean, got " + type_name(*it));
+      if (!it->is_boolean())
+        return bad(std::string("field '") + name + "' must be a boolean, got " + type_name(*it));
       *field = it->get<bool>();
     }
   }
@@ -522,7 +537,8 @@ Result<Reply> parse_reply(std::string_view line) {
     if (auto res = doc.find("result"); res != doc.end()) r.result = *res;
   } else {
     auto err = doc.find("error");
-    if (err == doc.end() || !err->is_object()) return make_error("protocol_error", "failed reply has no 'error'");
+    if (err == doc.end() || !err->is_object())
+      return make_error("protocol_error", "failed reply has no 'error'");
     r.error_code = err->value("code", std::string("unknown"));
     r.error_message = err->value("message", std::string());
   }

@@ -29,7 +29,9 @@ namespace {
 
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 /// Is something already answering on `path`? (A stale socket file from a crashed daemon refuses.)
 bool socket_is_live(const std::string& path) {
@@ -58,10 +60,39 @@ Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_cl
                                                 std::move(cache_clock))) {}
 
 Server::~Server() {
+  http_.reset();
   handler_.reset();  // joins the workers before the io_context goes away
 }
 
 Result<void> Server::open() {
+  if (auto ok = open_ndjson(); !ok) return ok;
+  if (options_.http.address.empty() && !options_.http.listen_fd) return {};
+  // The HTTP front shares the socket's models, allow-list and limits.
+  http::HttpOptions h = options_.http;
+  h.models_dir = options_.models_dir;
+  h.socket_group = options_.socket_group;
+  h.allowed_uids = options_.allowed_uids;
+  h.allowed_gids = options_.allowed_gids;
+  h.max_body_bytes = options_.max_line_bytes;
+  h.max_connections = options_.live.max_connections;
+  h.max_pending_bytes = 2 * options_.live.max_pending_output_bytes;
+  // GET /metrics: the Prometheus page (io thread, as metrics_text() requires).
+  if (!h.metrics) h.metrics = [this] { return handler_->metrics_text(); };
+  http_ = std::make_unique<http::HttpFront>(io_, *handler_, std::move(h));
+  if (auto ok = http_->open(); !ok) {
+    http_.reset();
+    if (created_socket_file_) {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+      ::unlink(options_.socket_path.c_str());
+      created_socket_file_ = false;
+    }
+    return ok;
+  }
+  return {};
+}
+
+Result<void> Server::open_ndjson() {
   boost::system::error_code ec;
   if (options_.listen_fd) {
     acceptor_.assign(stream_protocol(), *options_.listen_fd, ec);
@@ -147,11 +178,13 @@ int Server::run() {
     wait_signals();
   }
   asio::co_spawn(io_, accept_loop(), asio::detached);
+  if (http_) http_->start();
   arm_idle_timer();
   if (auto period = systemd::watchdog_interval()) arm_watchdog(*period);
-  spdlog::info("car-inferenced ready: models in {}, engine: {}, cache budget {} MiB, idle TTL {} s, {} worker(s)",
-               options_.models_dir.string(), runtime_.name(), options_.live.cache_budget_bytes >> 20,
-               options_.live.idle_ttl.count(), options_.workers);
+  spdlog::info(
+      "car-inferenced ready: models in {}, engine: {}, cache budget {} MiB, idle TTL {} s, {} worker(s)",
+      options_.models_dir.string(), runtime_.name(), options_.live.cache_budget_bytes >> 20,
+      options_.live.idle_ttl.count(), options_.workers);
   warn_about_models_dir();
   systemd::notify_ready();
   update_status();
@@ -222,9 +255,9 @@ void Server::arm_idle_timer() {
   auto ttl = std::chrono::duration_cast<std::chrono::milliseconds>(options_.live.idle_ttl);
   // Sweep four times per TTL, so a model leaves within 1.25 TTL of its last use; at most every 5 s
   // otherwise (the sweep also refreshes systemd's STATUS=).
-  std::chrono::milliseconds period = ttl.count() > 0 ? std::clamp(ttl / 4, std::chrono::milliseconds(50),
-                                                                  std::chrono::milliseconds(5000))
-                                                     : std::chrono::milliseconds(5000);
+  std::chrono::milliseconds period =
+      ttl.count() > 0 ? std::clamp(ttl / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(5000))
+                      : std::chrono::milliseconds(5000);
   idle_timer_.expires_after(period);
   idle_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
@@ -276,6 +309,7 @@ void Server::begin_shutdown(const char* why) {
   systemd::notify_stopping();
   boost::system::error_code ec;
   acceptor_.close(ec);
+  if (http_) http_->stop_accepting();
   idle_timer_.cancel();
   spdlog::info("{}: shutting down ({} request(s) in flight, grace {} ms)", why, handler_->in_flight(),
                options_.shutdown_grace.count());
@@ -285,6 +319,7 @@ void Server::begin_shutdown(const char* why) {
     if (wait_ec || finished_) return;
     spdlog::warn("grace period over: cancelling {} request(s)", handler_->in_flight());
     connections_.cancel_all();
+    if (http_) http_->cancel_all();
   });
   handler_->begin_shutdown([this] { finish_shutdown(); });
 }
@@ -298,8 +333,11 @@ void Server::finish_shutdown() {
   // Flush what is queued to each client, but do not wait for a client that stopped reading.
   grace_timer_.expires_after(1s);
   grace_timer_.async_wait([this](boost::system::error_code ec) {
-    if (!ec) connections_.close_all(/*graceful=*/false, nullptr);
+    if (ec) return;
+    connections_.close_all(/*graceful=*/false, nullptr);
+    if (http_) http_->close_all(/*graceful=*/false);
   });
+  if (http_) http_->close_all(/*graceful=*/true);
   connections_.close_all(/*graceful=*/true, [this] { grace_timer_.cancel(); });
 }
 

@@ -23,6 +23,7 @@
 
 #include "core/util/result.h"
 #include "daemon/connection_manager.h"
+#include "daemon/http/http_server.h"
 #include "daemon/model_runtime.h"
 #include "daemon/request_handler.h"
 #include "daemon/server_options.h"
@@ -45,8 +46,11 @@ class Server {
   void request_stop();
 
   const ServerOptions& options() const { return options_; }
+  /// The HTTP front's TCP port (after open(); 0 when off or on a Unix socket).
+  uint16_t http_port() const { return http_ ? http_->port() : 0; }
 
  private:
+  Result<void> open_ndjson();
   boost::asio::awaitable<void> accept_loop();
   void arm_idle_timer();
   void arm_watchdog(std::chrono::microseconds period);
@@ -70,6 +74,7 @@ class Server {
   boost::asio::steady_timer grace_timer_;
   ConnectionManager connections_;  // before handler_, which reads its counts for `stats`
   std::unique_ptr<RequestHandler> handler_;
+  std::unique_ptr<http::HttpFront> http_;  // the OpenAI-compatible HTTP front, when configured
   bool created_socket_file_ = false;  // we bound it (not socket-activated): unlink it at exit
   bool stopping_ = false;
   bool finished_ = false;

@@ -15,6 +15,7 @@
 
 #include "config/settings.h"
 #include "core/util/result.h"
+#include "daemon/http/http_options.h"
 #include "daemon/protocol.h"
 
 namespace car::daemon {
@@ -50,6 +51,8 @@ struct ServerOptions {
   bool handle_signals = true;          ///< install SIGTERM/SIGINT/SIGHUP handlers (tests may not want them)
   /// Re-read the live settings on SIGHUP (config file and environment). Empty: SIGHUP only logs.
   std::function<Result<LiveSettings>()> reload;
+  /// The OpenAI-compatible HTTP front (docs/http.md); off unless an address or an fd is set.
+  http::HttpOptions http;
 };
 
 }  // namespace car::daemon

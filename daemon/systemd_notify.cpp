@@ -5,6 +5,7 @@
 #include <systemd/sd-daemon.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace car::daemon::systemd {
@@ -20,22 +21,44 @@ std::optional<std::chrono::microseconds> watchdog_interval() {
   return std::nullopt;
 }
 
-Result<std::optional<int>> take_listen_fd() {
-  int n = sd_listen_fds(/*unset_environment=*/1);
+Result<ListenFds> take_listen_fds() {
+  char** names = nullptr;
+  int n = sd_listen_fds_with_names(/*unset_environment=*/1, &names);
   if (n < 0) return make_error("activation_failed", std::string("sd_listen_fds: ") + std::strerror(-n));
-  if (n == 0) return std::optional<int>{};
-  if (n > 1) {
-    return make_error("activation_failed", "socket activation passed " + std::to_string(n) +
-                                               " sockets; car-inferenced listens on exactly one");
+  ListenFds fds;
+  Result<ListenFds> result = fds;
+  for (int i = 0; i < n && result; ++i) {
+    const int fd = SD_LISTEN_FDS_START + i;
+    const bool http = names != nullptr && names[i] != nullptr && std::strcmp(names[i], "http") == 0;
+    const std::string where = "the socket passed by systemd (fd " + std::to_string(fd) + ")";
+    if (http) {
+      if (fds.http) {
+        result = make_error("activation_failed", "socket activation passed two sockets named http");
+      } else if (sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, /*listening=*/1) <= 0) {
+        result = make_error("activation_failed", where + " named http is not a listening stream socket (check "
+                                                         "ListenStream= in car-inferenced-http.socket)");
+      } else {
+        fds.http = fd;
+      }
+    } else if (fds.socket) {
+      result = make_error("activation_failed", "socket activation passed " + std::to_string(n) +
+                                                   " sockets; car-inferenced listens on one Unix socket and "
+                                                   "one named http (FileDescriptorName=http)");
+    } else if (sd_is_socket_unix(fd, SOCK_STREAM, /*listening=*/1, nullptr, 0) <= 0) {
+      result = make_error("activation_failed", where + " is not a listening Unix stream socket (check "
+                                                       "ListenStream= in car-inferenced.socket)");
+    } else {
+      fds.socket = fd;
+    }
+    int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
   }
-  int fd = SD_LISTEN_FDS_START;
-  if (sd_is_socket_unix(fd, SOCK_STREAM, /*listening=*/1, nullptr, 0) <= 0) {
-    return make_error("activation_failed", "the socket passed by systemd (fd 3) is not a listening Unix stream "
-                                           "socket (check ListenStream= in car-inferenced.socket)");
+  if (names != nullptr) {
+    for (int i = 0; i < n; ++i) std::free(names[i]);
+    std::free(names);
   }
-  int flags = ::fcntl(fd, F_GETFD);
-  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
-  return std::optional<int>{fd};
+  if (!result) return result;
+  return fds;
 }
 
 }  // namespace car::daemon::systemd

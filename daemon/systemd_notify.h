@@ -2,7 +2,7 @@
 // and socket activation (sd_listen_fds). Every call is a no-op outside systemd (no NOTIFY_SOCKET, no
 // LISTEN_FDS), so the daemon runs the same in a terminal, in tests and under a unit.
 //
-// Thread safety: the notify calls are safe from any thread; take_listen_fd() is called once at start-up.
+// Thread safety: the notify calls are safe from any thread; take_listen_fds() is called once at start-up.
 #pragma once
 
 #include <chrono>
@@ -21,10 +21,16 @@ void notify_watchdog();
 /// The watchdog period systemd asked for (WATCHDOG_USEC for this pid), if any.
 std::optional<std::chrono::microseconds> watchdog_interval();
 
-/// The socket passed by socket activation (LISTEN_FDS=1, LISTEN_PID = our pid), made close-on-exec, or
-/// nullopt when the daemon was not socket-activated. The LISTEN_* variables are unset either way so a
-/// child never inherits them. Errors (code activation_failed): more than one fd, or an
-/// fd that is not a listening Unix stream socket.
-Result<std::optional<int>> take_listen_fd();
+/// The sockets passed by socket activation (LISTEN_FDS, LISTEN_PID = our pid), made close-on-exec: the one
+/// named `http` (FileDescriptorName=http, car-inferenced-http.socket) is the HTTP front's, a listening TCP
+/// or Unix stream socket; the other is the NDJSON socket. Each is nullopt when not passed. The LISTEN_*
+/// variables are unset either way so a child never inherits them. Errors (code activation_failed): two
+/// NDJSON or two HTTP fds, an NDJSON fd that is not a listening Unix stream socket, an HTTP fd that is not
+/// a listening stream socket.
+struct ListenFds {
+  std::optional<int> socket;  ///< the NDJSON socket
+  std::optional<int> http;    ///< the HTTP front's socket
+};
+Result<ListenFds> take_listen_fds();
 
 }  // namespace car::daemon::systemd

@@ -43,7 +43,8 @@ installed=1
 say "installed"
 
 for f in /usr/bin/car /usr/sbin/car-inferenced /usr/lib/systemd/system/car-inferenced.service \
-  /usr/lib/systemd/system/car-inferenced.socket /usr/lib/sysusers.d/car-inference.conf \
+  /usr/lib/systemd/system/car-inferenced.socket /usr/lib/systemd/system/car-inferenced-http.socket \
+  /usr/lib/sysusers.d/car-inference.conf \
   /usr/share/man/man1/car.1.gz /usr/share/man/man8/car-inferenced.8.gz \
   /usr/share/bash-completion/completions/car /usr/share/doc/car-inference/operations.md \
   /usr/share/doc/car-inference/car-inference.env.example /usr/share/doc/car-inference/LICENSE; do

@@ -13,7 +13,7 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for unit in car-inferenced.service car-inferenced.socket; do
+for unit in car-inferenced.service car-inferenced.socket car-inferenced-http.socket; do
   sed -e 's|@CAR_SBINDIR@|/usr/local/sbin|g' -e 's|@CAR_DOCDIR@|/usr/local/share/doc/car-inference|g' \
     "systemd/$unit.in" >"$tmp/$unit"
 done
@@ -32,6 +32,12 @@ if ! grep -qx "Environment=CAR_INFERENCE_SOCKET=$sock" "$tmp/car-inferenced.serv
   echo "check-units: FAILED - the service's CAR_INFERENCE_SOCKET does not match ListenStream=$sock" >&2
   exit 1
 fi
+# The HTTP socket must reach the daemon under the name it adopts (daemon/systemd_notify.h: `http`).
+if ! grep -qx 'FileDescriptorName=http' "$tmp/car-inferenced-http.socket" ||
+  ! grep -qx 'Service=car-inferenced.service' "$tmp/car-inferenced-http.socket"; then
+  echo "check-units: FAILED - car-inferenced-http.socket must name its fd http and its service car-inferenced.service" >&2
+  exit 1
+fi
 binary=""
 for b in build/daemon/car-inferenced build-*/daemon/car-inferenced; do
   if [ -x "$b" ]; then binary="$(cd "$(dirname "$b")" && pwd)/car-inferenced"; break; fi
@@ -42,7 +48,7 @@ if [ -n "$binary" ]; then
 fi
 
 status=0
-out=$(cd "$tmp" && systemd-analyze verify ./car-inferenced.socket ./car-inferenced.service 2>&1) || status=$?
+out=$(cd "$tmp" && systemd-analyze verify ./car-inferenced.socket ./car-inferenced-http.socket ./car-inferenced.service 2>&1) || status=$?
 # Drop lines about things this machine does not have (the installed binary and man page, the car-inference
 # user) and lines about the host's own units. scripts/check-package.sh verifies the installed units strictly.
 unexpected=$(printf '%s\n' "$out" | grep -v -e '^$' \

@@ -5,7 +5,8 @@
 #   bash scripts/install-deps.sh [SETS...] [--allow-boost-replace] [--list]
 #     --runtime   what the built binaries need to run (shared libraries; systemd for the units/sysusers)
 #     --build     compilers, CMake and the headers to build car and car-inferenced (the demo needs no more)
-#     --test      GoogleTest/GoogleMock, systemd-analyze (unit check), promtool (metrics check), dpkg-dev (the .deb check)
+#     --test      GoogleTest/GoogleMock, systemd-analyze (unit check), promtool (metrics check), dpkg-dev (the
+#                 .deb check), Node.js and npm (the HTTP front's test with the `openai` client)
 #     --bench     Google Benchmark (bench/)
 #     --fuzz      clang-14 and its libFuzzer/sanitizer runtimes (scripts/fuzz.sh)
 #     --all       every set
@@ -75,7 +76,10 @@ if [ "$want_test" -eq 1 ]; then
   pkgs+=(libgtest-dev libgmock-dev
     systemd                   # systemd-analyze verifies the units (scripts/check-units.sh)
     prometheus                # promtool checks the daemon's metrics page (tests/daemon/check_metrics_page.sh)
-    dpkg-dev fakeroot)        # cpack -G DEB: dpkg-shlibdeps computes Depends (scripts/check-package.sh)
+    dpkg-dev fakeroot         # cpack -G DEB: dpkg-shlibdeps computes Depends (scripts/check-package.sh)
+    nodejs)                   # the HTTP front's test with the official `openai` npm client (tests/http/node)
+  # Debian's nodejs has no npm; a Node from elsewhere (NodeSource) brings its own.
+  command -v npm >/dev/null || pkgs+=(npm)
 fi
 [ "$want_bench" -eq 1 ] && pkgs+=(libbenchmark-dev)
 [ "$want_fuzz" -eq 1 ] && pkgs+=(clang-14 libclang-rt-14-dev)  # libFuzzer and sanitizer runtimes

@@ -32,6 +32,8 @@ const std::map<std::string_view, std::vector<std::string>> kSamples = {
     {"CAR_INFERENCE_STREAM_EXPERTS", {"on", "off", "on"}},
     {"CAR_INFERENCE_EXPERT_RAM_GB", {"1.5", "0.25", "3"}},
     {"CAR_INFERENCE_ISA", {"scalar", "avx2", "avx512"}},
+    {"CAR_INFERENCE_HTTP", {"127.0.0.1:8080", "[::1]:9090", "unix:/run/x/http.sock"}},
+    {"CAR_INFERENCE_HTTP_API_KEY_FILE", {"/k/file", "/k/env", "/k/flag"}},
     {"CAR_INFERENCE_LOG_LEVEL", {"debug", "warn", "error"}},
     {"CAR_INFERENCE_SOCKET_GROUP", {"file-group", "1001", "flag_group"}},
     {"CAR_INFERENCE_ALLOW_UIDS", {"1,2", "3", "4,5,6"}},

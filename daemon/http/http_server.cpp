@@ -1,0 +1,819 @@
+#include "daemon/http/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <fstream>
+#include <random>
+
+#include "daemon/http/openai.h"
+#include "daemon/model_resolver.h"
+#include "daemon/peer_credentials.h"
+#include "daemon/protocol.h"
+#include "daemon/safe_text.h"
+
+namespace car::daemon::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using asio::awaitable;
+using asio::use_awaitable;
+using nlohmann::json;
+using Socket = asio::generic::stream_protocol::socket;
+using Clock = std::chrono::steady_clock;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr auto kTuple = asio::as_tuple(use_awaitable);
+constexpr uint64_t kFirstConnectionNumber = 1'000'000;  // apart from the NDJSON connections in log lines
+
+openai::ApiError api_error(int status, std::string message, std::string code = {},
+                           std::string type = "invalid_request_error", std::string param = {}) {
+  openai::ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+// GCC 12 cannot compile braced lists of string literals inside coroutines ("array used as initializer"):
+// the coroutines build their JSON and header lists through these.
+json status_json(const std::string& status) {
+  return json{{"status", status}};
+}
+std::vector<std::pair<std::string, std::string>> one_header(const std::string& k, const std::string& v) {
+  return {{k, v}};
+}
+/// One /v1/models entry; `created` is the file's modification time.
+json model_entry(const std::filesystem::path& dir, const ListedModel& m, bool loaded) {
+  struct stat st {};
+  const int64_t created =
+      ::stat((dir / (m.id + ".gguf")).c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
+  return json{{"id", m.id},         {"object", "model"},
+              {"created", created}, {"owned_by", "car-inference"},
+              {"loaded", loaded},   {"size_bytes", m.file_bytes}};
+}
+json models_list(json data) {
+  return json{{"object", "list"}, {"data", std::move(data)}};
+}
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// The local address of a listening socket as an Address (systemd-passed fds).
+Result<Address> address_of_fd(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    return make_error("listen_failed",
+                      std::string("getsockname on the HTTP socket fd: ") + std::strerror(errno));
+  }
+  Address a;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_UNIX) {
+    a.unix_socket = true;
+    a.path = reinterpret_cast<sockaddr_un*>(&ss)->sun_path;
+  } else if (ss.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    a.host = text;
+    a.port = ntohs(in->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    a.host = text;
+    a.port = ntohs(in6->sin6_port);
+  } else {
+    return make_error("listen_failed", "the HTTP socket fd is neither a Unix nor a TCP socket");
+  }
+  return a;
+}
+
+}  // namespace
+
+// ---- Address ----
+
+bool Address::loopback() const {
+  if (unix_socket) return true;
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(host, ec);
+  if (ec) return false;
+  if (addr.is_v6() && addr.to_v6().is_v4_mapped()) {
+    return asio::ip::make_address_v4(asio::ip::v4_mapped, addr.to_v6()).is_loopback();
+  }
+  return addr.is_loopback();
+}
+
+std::string Address::to_string() const {
+  if (unix_socket) return "unix:" + path;
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+Result<Address> parse_address(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return make_error("invalid_setting", "CAR_INFERENCE_HTTP=" + text + ": " + why);
+  };
+  Address a;
+  if (text.starts_with("unix:")) {
+    a.unix_socket = true;
+    a.path = text.substr(5);
+    if (a.path.empty() || a.path.front() != '/') return bad("a unix: address needs an absolute path");
+    if (a.path.size() >= sizeof(sockaddr_un::sun_path)) return bad("the socket path is too long");
+    return a;
+  }
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return bad("not HOST:PORT, [IPV6]:PORT or unix:/PATH");
+  std::string host = text.substr(0, colon);
+  const std::string port = text.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535) {
+    return bad("the port must be 0-65535");
+  }
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  boost::system::error_code ec;
+  asio::ip::make_address(host, ec);
+  if (ec) return bad("'" + host + "' is not an IP address");
+  a.host = host;
+  a.port = static_cast<uint16_t>(std::stoul(port));
+  return a;
+}
+
+Result<std::string> read_api_key(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return make_error("invalid_setting", "CAR_INFERENCE_HTTP_API_KEY_FILE=" + path.string() +
+                                             ": cannot read it: " + std::strerror(errno));
+  }
+  std::string line;
+  std::getline(in, line);
+  const auto b = line.find_first_not_of(" \t\r");
+  const auto e = line.find_last_not_of(" \t\r");
+  if (b == std::string::npos) {
+    return make_error("invalid_setting", "CAR_INFERENCE_HTTP_API_KEY_FILE=" + path.string() +
+                                             ": the first line (the key) is empty");
+  }
+  return line.substr(b, e - b + 1);
+}
+
+// ---- Connection ----
+
+class Connection final : public Client, public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Socket socket, HttpFront& front, uint64_t number)
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        signal_(socket_.get_executor()),
+        front_(front),
+        number_(number) {
+    signal_.expires_at(asio::steady_timer::time_point::max());
+  }
+
+  void start() {
+    auto self = shared_from_this();
+    asio::co_spawn(
+        socket_.get_executor(), [self]() { return self->run(); }, asio::detached);
+  }
+
+  void close_now() {
+    if (closed_) return;
+    closed_ = true;
+    calls_.cancel_all();
+    boost::system::error_code ec;
+    socket_.shutdown(asio::socket_base::shutdown_both, ec);
+    socket_.close(ec);
+    timer_.cancel();
+    signal_.cancel();
+  }
+
+  /// Close now unless a request is being served; then close once its response is written.
+  void close_when_idle() {
+    closing_ = true;
+    if (!serving_) close_now();
+  }
+
+  // Client:
+  void reply(const json&, const std::shared_ptr<Call>&, Reply reply) override {
+    final_ = std::move(reply);
+    signal_.cancel();
+  }
+  void token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) override {
+    // A token whose bytes are held back (inside a UTF-8 character) still carries its logprob.
+    if (closed_ || overflowed_ || (event.text.empty() && !event.logprobs)) return;
+    pending_bytes_ += event.text.size();
+    if (pending_bytes_ > front_.options().max_pending_bytes) {
+      overflowed_ = true;
+      call->cancelled.store(true);
+      spdlog::info("http conn {}: {} bytes of the stream unread: cancelling the completion", number_,
+                   pending_bytes_);
+      return;
+    }
+    tokens_.emplace_back(event.text, event.logprobs ? protocol::logprobs_json(*event.logprobs) : json());
+    signal_.cancel();
+  }
+  CallRegistry& calls() override { return calls_; }
+  uint64_t number() const override { return number_; }
+
+ private:
+  using Request = bhttp::request<bhttp::string_body>;
+  using Response = bhttp::response<bhttp::string_body>;
+
+  awaitable<void> run();
+  /// Wait for `op` with `timeout`; false (and the connection closed) on timeout.
+  awaitable<bool> read_request(Request& req, bool first, bool& ok);
+  awaitable<bool> serve(Request& req);
+  awaitable<bool> send(Response res, bool keep_alive);
+  awaitable<bool> send_json(bhttp::status status, const json& body, bool keep_alive,
+                            const std::vector<std::pair<std::string, std::string>>& headers = {});
+  awaitable<bool> send_error(const openai::ApiError& e, bool keep_alive);
+  awaitable<bool> write_raw(std::string data);
+  awaitable<bool> complete(openai::Endpoint endpoint, Request& req);
+  awaitable<bool> models(const Request& req, std::string_view id);
+  bool authorized(const Request& req) const;
+  void watch_for_close();
+  awaitable<void> wait_signal() {
+    co_await signal_.async_wait(kTuple);
+    signal_.expires_at(asio::steady_timer::time_point::max());
+  }
+
+  Socket socket_;
+  asio::steady_timer timer_;
+  asio::steady_timer signal_;  // cancelled when a token or the final reply arrives
+  HttpFront& front_;
+  const uint64_t number_;
+  beast::flat_buffer buffer_;
+  CallRegistry calls_;
+  bool closed_ = false;
+  bool serving_ = false;  // a request was read and its response is not written yet
+  bool closing_ = false;  // close after the current response
+  // The completion in progress:
+  std::deque<std::pair<std::string, json>> tokens_;
+  std::string_view endpoint_ = "other";  ///< the request's endpoint as a metrics label (a fixed string)  ///<
+                                         ///< streamed text and its car logprobs entry (or null)
+  std::size_t pending_bytes_ = 0;
+  std::optional<Reply> final_;
+  bool overflowed_ = false;
+  bool client_gone_ = false;
+  bool watching_ = false;
+  int64_t next_id_ = 1;
+};
+
+awaitable<void> Connection::run() {
+  auto self = shared_from_this();
+  bool first = true;
+  while (!closed_) {
+    Request req;
+    bool ok = false;
+    co_await read_request(req, first, ok);
+    if (!ok) break;
+    first = false;
+    bool keep = false;
+    serving_ = true;
+    try {
+      keep = co_await serve(req);
+    } catch (const std::exception& e) {
+      spdlog::error("http conn {}: {}", number_, e.what());
+      keep = false;
+    }
+    serving_ = false;
+    if (!keep || closing_) break;
+  }
+  // Wait for what is in flight to report (a cancelled completion ends within one token).
+  while (!calls_.empty() && !closed_) co_await wait_signal();
+  close_now();
+  front_.closed(self);
+}
+
+awaitable<bool> Connection::read_request(Request& req, bool first, bool& ok) {
+  const auto& o = front_.options();
+  ok = false;
+  // 1. Wait for the first byte: an idle keep-alive connection may wait idle_timeout.
+  if (buffer_.size() == 0) {
+    timer_.expires_after(first ? o.header_timeout : o.idle_timeout);
+    auto r = co_await (socket_.async_wait(asio::socket_base::wait_read, kTuple) || timer_.async_wait(kTuple));
+    if (r.index() == 1 || std::get<0>(r) != std::tuple<boost::system::error_code>{}) co_return false;
+  }
+  // 2. The header, then the body, each within header_timeout.
+  bhttp::request_parser<bhttp::string_body> parser;
+  parser.header_limit(16 * 1024);
+  parser.body_limit(o.max_body_bytes);
+  timer_.expires_after(o.header_timeout);
+  auto h = co_await (bhttp::async_read_header(socket_, buffer_, parser, kTuple) || timer_.async_wait(kTuple));
+  if (h.index() == 1) {
+    co_await send_error(
+        api_error(408,
+                  "request header not complete within " + std::to_string(o.header_timeout.count()) + " s",
+                  "timeout"),
+        false);
+    co_return false;
+  }
+  if (auto [ec, n] = std::get<0>(h); ec) {
+    if (ec == bhttp::error::body_limit) {  // a Content-Length over the limit is refused with the header
+      co_await send_error(
+          api_error(413, "request body larger than " + std::to_string(o.max_body_bytes) + " bytes",
+                    "request_too_large"),
+          false);
+      co_return false;
+    }
+    if (ec != bhttp::error::end_of_stream && ec != asio::error::eof && ec != asio::error::operation_aborted) {
+      co_await send_error(api_error(400, "malformed HTTP request: " + ec.message()), false);
+    }
+    co_return false;
+  }
+  if (parser.get()[bhttp::field::expect] == "100-continue") {
+    if (!co_await write_raw("HTTP/1.1 100 Continue\r\n\r\n")) co_return false;
+  }
+  timer_.expires_after(o.header_timeout);
+  auto b = co_await (bhttp::async_read(socket_, buffer_, parser, kTuple) || timer_.async_wait(kTuple));
+  if (b.index() == 1) {
+    co_await send_error(
+        api_error(408, "request body not complete within " + std::to_string(o.header_timeout.count()) + " s",
+                  "timeout"),
+        false);
+    co_return false;
+  }
+  if (auto [ec, n] = std::get<0>(b); ec) {
+    if (ec == bhttp::error::body_limit) {
+      co_await send_error(
+          api_error(413, "request body larger than " + std::to_string(o.max_body_bytes) + " bytes",
+                    "request_too_large"),
+          false);
+    } else if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
+      co_await send_error(api_error(400, "malformed HTTP request: " + ec.message()), false);
+    }
+    co_return false;
+  }
+  req = parser.release();
+  ok = true;
+  co_return true;
+}
+
+bool Connection::authorized(const Request& req) const {
+  const std::string& key = front_.options().api_key;
+  if (key.empty()) return true;
+  const auto auth = req[bhttp::field::authorization];
+  constexpr std::string_view kBearer = "Bearer ";
+  if (auth.size() <= kBearer.size() || !beast::iequals(auth.substr(0, kBearer.size()), kBearer)) return false;
+  return constant_time_equal(std::string_view(auth.data() + kBearer.size(), auth.size() - kBearer.size()),
+                             key);
+}
+
+/// The endpoint label of car_inference_http_requests_total: one of a fixed set, never the client's text.
+static std::string_view metrics_endpoint(std::string_view target) {
+  for (std::string_view e :
+       {"/health", "/ready", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"})
+    if (target == e) return e;
+  if (target.starts_with("/v1/models/")) return "/v1/models/{id}";
+  return "other";
+}
+
+awaitable<bool> Connection::serve(Request& req) {
+  const bool keep = req.keep_alive();
+  std::string_view target(req.target().data(), req.target().size());
+  target = target.substr(0, target.find('?'));
+  endpoint_ = metrics_endpoint(target);
+  const bool get = req.method() == bhttp::verb::get || req.method() == bhttp::verb::head;
+  const bool post = req.method() == bhttp::verb::post;
+  const openai::ApiError not_allowed =
+      api_error(405, "method " + std::string(req.method_string()) + " not allowed on " + std::string(target),
+                "method_not_allowed");
+  if (target == "/health") {
+    if (!get) co_return co_await send_error(not_allowed, keep);
+    co_return co_await send_json(bhttp::status::ok, status_json("ok"), keep);
+  }
+  if (target == "/ready") {
+    if (!get) co_return co_await send_error(not_allowed, keep);
+    const auto& ready = front_.options().ready;
+    const bool is_ready = !front_.handler().shutting_down() && (!ready || ready());
+    co_return co_await send_json(is_ready ? bhttp::status::ok : bhttp::status::service_unavailable,
+                                 status_json(is_ready ? "ready" : "not ready"), keep);
+  }
+  const bool known = target == "/metrics" || target == "/v1/models" || target.starts_with("/v1/models/") ||
+                     target == "/v1/completions" || target == "/v1/chat/completions";
+  if (!known) {
+    co_return co_await send_error(
+        api_error(404, "no such endpoint: " + std::string(req.method_string()) + " " + std::string(target),
+                  "unknown_url"),
+        keep);
+  }
+  if (!authorized(req)) {
+    const openai::ApiError e =
+        api_error(401, "missing or incorrect API key (send Authorization: Bearer KEY)", "invalid_api_key");
+    co_return co_await send_json(bhttp::status::unauthorized, openai::error_body(e), keep,
+                                 one_header("WWW-Authenticate", "Bearer"));
+  }
+  if (target == "/metrics") {
+    if (!get) co_return co_await send_error(not_allowed, keep);
+    const auto& metrics = front_.options().metrics;
+    if (!metrics) {
+      co_return co_await send_error(api_error(404, "metrics are not available in this build"), keep);
+    }
+    Response res{bhttp::status::ok, req.version()};
+    res.set(bhttp::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    res.body() = metrics();
+    co_return co_await send(std::move(res), keep);
+  }
+  if (target == "/v1/models") {
+    if (!get) co_return co_await send_error(not_allowed, keep);
+    co_return co_await models(req, {});
+  }
+  if (target.starts_with("/v1/models/")) {
+    if (!get) co_return co_await send_error(not_allowed, keep);
+    co_return co_await models(req, target.substr(std::string_view("/v1/models/").size()));
+  }
+  if (!post) co_return co_await send_error(not_allowed, keep);
+  co_return co_await complete(
+      target == "/v1/chat/completions" ? openai::Endpoint::kChat : openai::Endpoint::kCompletions, req);
+}
+
+awaitable<bool> Connection::models(const Request& req, std::string_view id) {
+  const bool keep = req.keep_alive();
+  auto listed = list_models(front_.options().models_dir);
+  if (!listed) {
+    co_return co_await send_error(api_error(500, listed.error().message, "", "server_error"), keep);
+  }
+  auto entry = [this](const ListedModel& m) {
+    return model_entry(front_.options().models_dir, m, front_.handler().cache().contains(m.id));
+  };
+  if (!id.empty()) {
+    for (const auto& m : *listed) {
+      if (m.id == id) co_return co_await send_json(bhttp::status::ok, entry(m), keep);
+    }
+    co_return co_await send_error(api_error(404, "The model '" + std::string(id) + "' does not exist",
+                                            "model_not_found", "invalid_request_error", "model"),
+                                  keep);
+  }
+  json data = json::array();
+  for (const auto& m : *listed) data.push_back(entry(m));
+  co_return co_await send_json(bhttp::status::ok, models_list(std::move(data)), keep);
+}
+
+void Connection::watch_for_close() {
+  if (watching_ || closed_ || client_gone_) return;
+  watching_ = true;
+  socket_.async_wait(asio::socket_base::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
+    self->watching_ = false;
+    if (ec || self->closed_ || self->calls_.empty()) return;
+    char c = 0;
+    const ssize_t n = ::recv(self->socket_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return;  // the client sent more (a pipelined request): it is still there
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      self->watch_for_close();
+      return;
+    }
+    // End of file or a reset: nobody will read the answer.
+    spdlog::info("http conn {}: the client closed the connection: cancelling its completion", self->number_);
+    self->client_gone_ = true;
+    self->calls_.cancel_all();
+    self->signal_.cancel();
+  });
+}
+
+awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
+  bool keep = req.keep_alive();
+  const auto received = Clock::now();
+  openai::Mapped m;
+  if (auto e = openai::map_request(endpoint, req.body(), m)) co_return co_await send_error(*e, keep);
+  const json id = next_id_++;
+  m.car["id"] = id;
+  // The socket protocol's own parser and validation (protocol::parse_infer, in the handler) see the
+  // request exactly as a socket client's.
+  json parsed_id;
+  auto parsed = protocol::parse_request(protocol::dump(m.car), &parsed_id);
+  tokens_.clear();
+  pending_bytes_ = 0;
+  final_.reset();
+  overflowed_ = false;
+  client_gone_ = false;
+  auto self = shared_from_this();
+  if (parsed) {
+    front_.handler().handle(self, std::move(*parsed), received);
+  } else {
+    front_.handler().reject(self, parsed_id, parsed.error(), received);
+  }
+  const std::string cid =
+      (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
+      hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(id.get<int64_t>()) ^
+            static_cast<uint64_t>(received.time_since_epoch().count()));
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  const bool chunked = req.version() >= 11;
+  if (!chunked) keep = false;
+  bool header_sent = false;
+  bool first = true;
+  auto frame = [&](std::string data) {
+    if (!chunked || data.empty()) return data;
+    char size[32];
+    std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+    return std::string(size) + data + "\r\n";
+  };
+  auto header = [&]() {
+    front_.handler().metrics().count_http(endpoint_, 200);
+    std::string h =
+        "HTTP/1.1 200 OK\r\nServer: car-inferenced\r\nContent-Type: text/event-stream\r\n"
+        "Cache-Control: no-cache\r\n";
+    h += chunked ? "Transfer-Encoding: chunked\r\n" : "";
+    h += keep ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    return h;
+  };
+  while (!closed_) {
+    if (!final_ && calls_.empty() && tokens_.empty()) {
+      // Registered nothing and replied nothing yet: cannot happen (handle answers or registers at once).
+    }
+    if (!final_ && !calls_.empty()) watch_for_close();
+    if (client_gone_) {
+      if (final_ || calls_.empty()) break;
+      co_await wait_signal();
+      continue;
+    }
+    if (m.stream && !tokens_.empty() && !(final_ && !final_->ok && !header_sent)) {
+      std::string out;
+      if (!header_sent) {
+        out += header();
+        header_sent = true;
+        out +=
+            frame(openai::sse_event(protocol::dump(openai::text_chunk(endpoint, m, cid, created, "", true))));
+        first = false;
+      }
+      std::string events;
+      while (!tokens_.empty()) {
+        pending_bytes_ -= tokens_.front().first.size();
+        events += openai::sse_event(protocol::dump(openai::text_chunk(
+            endpoint, m, cid, created, tokens_.front().first, first, tokens_.front().second)));
+        tokens_.pop_front();
+      }
+      out += frame(std::move(events));
+      if (!co_await write_raw(std::move(out))) {
+        calls_.cancel_all();
+        client_gone_ = true;
+      }
+      continue;
+    }
+    if (final_) break;
+    co_await wait_signal();
+  }
+  if (client_gone_ || closed_) co_return false;
+  Reply reply = std::move(*final_);
+  if (!m.stream) {
+    if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
+    co_return co_await send_json(bhttp::status::ok, openai::response(endpoint, m, reply.result, cid, created),
+                                 keep);
+  }
+  if (!reply.ok && overflowed_) {
+    reply = Reply::failure(protocol::code::kOutputOverflow, "cancelled: the client did not read the stream");
+  }
+  if (!header_sent) {
+    if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
+    std::string out = header();
+    out += frame(openai::sse_event(protocol::dump(openai::text_chunk(endpoint, m, cid, created, "", true))));
+    header_sent = true;
+    if (!co_await write_raw(std::move(out))) co_return false;
+  }
+  std::string events;
+  if (reply.ok) {
+    events += openai::sse_event(protocol::dump(openai::finish_chunk(
+        endpoint, m, cid, created, reply.result.value("finish_reason", std::string("stop")))));
+    if (m.include_usage) {
+      events += openai::sse_event(protocol::dump(
+          openai::usage_chunk(endpoint, m, cid, created, reply.result.value("usage", json::object()))));
+    }
+  } else {
+    events += openai::sse_event(
+        protocol::dump(openai::error_body(openai::from_car_error(reply.code, reply.message))));
+  }
+  events += openai::sse_done();
+  std::string out = frame(std::move(events));
+  if (chunked) out += "0\r\n\r\n";
+  if (!co_await write_raw(std::move(out))) co_return false;
+  co_return keep;
+}
+
+awaitable<bool> Connection::write_raw(std::string data) {
+  if (closed_) co_return false;
+  auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(data), kTuple);
+  if (ec) {
+    spdlog::debug("http conn {}: write error: {}", number_, ec.message());
+    co_return false;
+  }
+  co_return true;
+}
+
+awaitable<bool> Connection::send(Response res, bool keep_alive) {
+  front_.handler().metrics().count_http(endpoint_, static_cast<int>(res.result_int()));
+  res.set(bhttp::field::server, "car-inferenced");
+  res.keep_alive(keep_alive);
+  res.prepare_payload();
+  auto [ec, n] = co_await bhttp::async_write(socket_, res, kTuple);
+  if (ec) co_return false;
+  co_return keep_alive;
+}
+
+awaitable<bool> Connection::send_json(bhttp::status status, const json& body, bool keep_alive,
+                                      const std::vector<std::pair<std::string, std::string>>& headers) {
+  Response res{status, 11};
+  res.set(bhttp::field::content_type, "application/json");
+  for (const auto& [k, v] : headers) res.set(k, v);
+  res.body() = protocol::dump(body);
+  co_return co_await send(std::move(res), keep_alive);
+}
+
+awaitable<bool> Connection::send_error(const openai::ApiError& e, bool keep_alive) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (e.status == 429) headers.emplace_back("Retry-After", "1");
+  co_return co_await send_json(static_cast<bhttp::status>(e.status), openai::error_body(e), keep_alive,
+                               headers);
+}
+
+// ---- HttpFront ----
+
+HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, HttpOptions options)
+    : io_(io), handler_(handler), options_(std::move(options)), acceptor_(io) {}
+
+HttpFront::~HttpFront() {
+  for (const auto& c : connections_) c->close_now();
+  if (created_socket_file_) ::unlink(address_.path.c_str());
+}
+
+uint16_t HttpFront::port() const {
+  if (!acceptor_.is_open()) return 0;
+  boost::system::error_code ec;
+  auto ep = acceptor_.local_endpoint(ec);
+  if (ec) return 0;
+  if (ep.data()->sa_family == AF_INET)
+    return ntohs(reinterpret_cast<const sockaddr_in*>(ep.data())->sin_port);
+  if (ep.data()->sa_family == AF_INET6)
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(ep.data())->sin6_port);
+  return 0;
+}
+
+Result<void> HttpFront::open() {
+  boost::system::error_code ec;
+  auto refuse_unkeyed = [&]() -> Result<void> {
+    if (!address_.loopback() && options_.api_key.empty()) {
+      return make_error("listen_failed",
+                        "refusing to serve HTTP on " + address_.to_string() +
+                            ", which is not a loopback address, without an API key: set "
+                            "CAR_INFERENCE_HTTP_API_KEY_FILE, or listen on 127.0.0.1, [::1] or a "
+                            "unix: path");
+    }
+    return {};
+  };
+  if (options_.listen_fd) {
+    auto a = address_of_fd(*options_.listen_fd);
+    if (!a) return a.error();
+    address_ = *a;
+    if (auto ok = refuse_unkeyed(); !ok) return ok;
+    const int family =
+        address_.unix_socket ? AF_UNIX : (address_.host.find(':') != std::string::npos ? AF_INET6 : AF_INET);
+    acceptor_.assign(asio::generic::stream_protocol(family, family == AF_UNIX ? 0 : IPPROTO_TCP),
+                     *options_.listen_fd, ec);
+    if (ec) return make_error("listen_failed", "cannot adopt the HTTP socket-activation fd: " + ec.message());
+    spdlog::info("http: listening on {} (passed by systemd, fd {})", address_.to_string(),
+                 *options_.listen_fd);
+    return {};
+  }
+  auto parsed = parse_address(options_.address);
+  if (!parsed) return parsed.error();
+  address_ = *parsed;
+  if (auto ok = refuse_unkeyed(); !ok) return ok;
+  if (address_.unix_socket) {
+    const std::string& path = address_.path;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) return make_error("listen_failed", path + " exists and is not a socket");
+      ::unlink(path.c_str());  // a stale socket (the NDJSON socket's liveness check applies there)
+    }
+    std::optional<gid_t> gid;
+    if (!options_.socket_group.empty()) {
+      auto g = resolve_group(options_.socket_group);
+      if (!g) return make_error(g.error().code, "http socket group: " + g.error().message);
+      gid = *g;
+    }
+    acceptor_.open(asio::generic::stream_protocol(AF_UNIX, 0), ec);
+    if (ec) return make_error("listen_failed", "socket(): " + ec.message());
+    mode_t old_mask = ::umask(0117);
+    acceptor_.bind(asio::local::stream_protocol::endpoint(path), ec);
+    ::umask(old_mask);
+    if (ec) return make_error("listen_failed", "cannot bind " + path + ": " + ec.message());
+    created_socket_file_ = true;
+    if (::chmod(path.c_str(), 0660) != 0)
+      return make_error("listen_failed", "chmod 0660 " + path + ": " + std::strerror(errno));
+    if (gid && ::chown(path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
+      return make_error("listen_failed", "chown " + path + ": " + std::strerror(errno));
+    }
+  } else {
+    asio::ip::tcp::endpoint ep(asio::ip::make_address(address_.host), address_.port);
+    acceptor_.open(asio::generic::stream_protocol(ep.protocol().family(), ep.protocol().protocol()), ec);
+    if (ec) return make_error("listen_failed", "socket(): " + ec.message());
+    acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    acceptor_.bind(asio::generic::stream_protocol::endpoint(ep), ec);
+    if (ec) return make_error("listen_failed", "cannot bind " + address_.to_string() + ": " + ec.message());
+    address_.port = port();
+  }
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return make_error("listen_failed", "listen on " + address_.to_string() + ": " + ec.message());
+  spdlog::info("http: listening on {}{}", address_.to_string(),
+               options_.api_key.empty() ? " (no API key)" : " (API key required)");
+  return {};
+}
+
+void HttpFront::start() {
+  if (acceptor_.is_open()) asio::co_spawn(io_, accept_loop(), asio::detached);
+}
+
+void HttpFront::stop_accepting() {
+  stopping_ = true;
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+}
+
+void HttpFront::cancel_all() {
+  for (const auto& c : connections_) c->calls().cancel_all();
+}
+
+void HttpFront::close_all(bool graceful) {
+  auto copy = connections_;
+  for (const auto& c : copy) {
+    if (graceful) {
+      c->close_when_idle();
+    } else {
+      c->close_now();
+    }
+  }
+}
+
+void HttpFront::closed(const std::shared_ptr<Connection>& c) {
+  connections_.erase(c);
+}
+
+awaitable<void> HttpFront::accept_loop() {
+  asio::steady_timer backoff(io_);
+  while (acceptor_.is_open() && !stopping_) {
+    auto [ec, socket] = co_await acceptor_.async_accept(kTuple);
+    if (stopping_ || ec == asio::error::operation_aborted) break;
+    if (ec) {
+      spdlog::warn("http: accept failed: {} (retrying)", ec.message());
+      backoff.expires_after(std::chrono::milliseconds(100));
+      co_await backoff.async_wait(kTuple);
+      continue;
+    }
+    const uint64_t number = kFirstConnectionNumber + next_number_++;
+    if (address_.unix_socket) {
+      auto creds = peer_credentials(socket.native_handle());
+      if (!creds) {
+        spdlog::warn("http: rejecting a connection: {}", creds.error().message);
+        continue;
+      }
+      if (!peer_allowed(*creds, options_.allowed_uids, options_.allowed_gids)) {
+        spdlog::warn("http conn {}: rejected peer {} (not in the allow-list)", number, creds->to_string());
+        continue;
+      }
+    }
+    if (connections_.size() >= options_.max_connections) {
+      const std::string body = protocol::dump(openai::error_body(api_error(
+          503,
+          "too many HTTP connections to car-inferenced (" + std::to_string(options_.max_connections) + ")",
+          "too_many_connections", "server_error")));
+      const std::string kRefusal =
+          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+          "Retry-After: 1\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body;
+      (void)::send(socket.native_handle(), kRefusal.data(), kRefusal.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      continue;
+    }
+    spdlog::debug("http conn {}: accepted", number);
+    auto c = std::make_shared<Connection>(std::move(socket), *this, number);
+    connections_.insert(c);
+    c->start();
+  }
+}
+
+}  // namespace car::daemon::http

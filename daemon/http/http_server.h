@@ -1,0 +1,97 @@
+// HttpFront: the OpenAI-compatible HTTP/1.1 front end (Boost.Beast) of car-inferenced, beside the NDJSON
+// socket and on the same io_context. Each connection is a Client of the RequestHandler: a completion is an
+// `infer` request built from the OpenAI body (openai.h) and handled like any socket request - the same
+// worker pool, model cache, model locks, queue limit and cancellation.
+//
+// Listening: `HOST:PORT` / `[V6]:PORT` (TCP) or `unix:/PATH` (a 0660 socket file, optional group, peers
+// checked against the allow-list like the NDJSON socket), or an fd passed by systemd socket activation.
+// A TCP address that is not loopback needs an API key (open() refuses otherwise). With a key, every
+// endpoint but /health and /ready needs `Authorization: Bearer KEY`.
+//
+// Limits: request bodies up to max_body_bytes (413 past it), headers must arrive within header_timeout,
+// a keep-alive connection idle for idle_timeout is closed, at most max_connections connections (more get
+// a 503 and are closed). A client that closes its connection while its completion runs (streamed or not)
+// cancels it: the daemon watches the socket for end-of-file while it generates. A streaming client that
+// leaves more than max_pending_bytes unread is cancelled too.
+//
+// Every member runs on the io thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "core/util/result.h"
+#include "daemon/http/http_options.h"
+#include "daemon/request_handler.h"
+
+namespace car::daemon::http {
+
+/// Where to listen, parsed from CAR_INFERENCE_HTTP.
+struct Address {
+  bool unix_socket = false;
+  std::string path;  ///< unix_socket
+  std::string host;  ///< TCP: the IP literal (without brackets)
+  uint16_t port = 0;
+  bool loopback() const;  ///< a Unix socket, 127.0.0.0/8 or ::1
+  std::string to_string() const;
+};
+/// Parse `127.0.0.1:8080`, `[::1]:8080` or `unix:/run/x.sock`. Error invalid_setting naming the value.
+Result<Address> parse_address(const std::string& text);
+
+/// The API key in `path`: its first line, blanks trimmed. Errors: unreadable, empty.
+Result<std::string> read_api_key(const std::filesystem::path& path);
+
+class Connection;
+
+class HttpFront {
+ public:
+  HttpFront(boost::asio::io_context& io, RequestHandler& handler, HttpOptions options);
+  ~HttpFront();
+  HttpFront(const HttpFront&) = delete;
+  HttpFront& operator=(const HttpFront&) = delete;
+
+  /// Bind and listen (or adopt listen_fd). Errors name the address and the cause.
+  Result<void> open();
+  /// Start accepting (after open()).
+  void start();
+  /// Stop accepting (shutdown).
+  void stop_accepting();
+  /// Cancel every request in flight (the grace period is over).
+  void cancel_all();
+  /// Close every connection: now, or (graceful) each once its current response is written.
+  void close_all(bool graceful);
+
+  std::size_t connections() const { return connections_.size(); }
+  /// The bound TCP port (tests bind port 0... through an fd); 0 for a Unix socket.
+  uint16_t port() const;
+  const HttpOptions& options() const { return options_; }
+  RequestHandler& handler() { return handler_; }
+  void closed(const std::shared_ptr<Connection>& c);
+
+ private:
+  boost::asio::awaitable<void> accept_loop();
+
+  boost::asio::io_context& io_;
+  RequestHandler& handler_;
+  HttpOptions options_;
+  Address address_;
+  boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol> acceptor_;
+  std::unordered_set<std::shared_ptr<Connection>> connections_;
+  bool created_socket_file_ = false;
+  bool stopping_ = false;
+  uint64_t next_number_ = 1;
+};
+
+}  // namespace car::daemon::http

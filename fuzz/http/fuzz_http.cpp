@@ -1,0 +1,96 @@
+// fuzz_http: bytes as an HTTP client would send them. The first byte picks the chunk size the bytes are
+// fed to Beast's request parser in (a socket delivers any split). A complete request's body goes through
+// openai::map_request for both endpoints; a mapped request must be a car `infer` the protocol parser takes
+// (parse_request), and whatever parse_infer says, the response, chunk, usage and error builders must make
+// JSON that serializes, and every SSE event must end with a blank line. Nothing may throw.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "daemon/http/openai.h"
+#include "daemon/protocol.h"
+
+namespace {
+
+namespace bhttp = boost::beast::http;
+using nlohmann::json;
+namespace openai = car::daemon::http::openai;
+
+void require(bool ok) {
+  if (!ok) std::abort();
+}
+
+void check_event(const std::string& event) {
+  require(event.size() >= 8 && event.compare(0, 6, "data: ") == 0);
+  require(event.compare(event.size() - 2, 2, "\n\n") == 0);
+}
+
+void map_body(openai::Endpoint endpoint, std::string_view body) {
+  openai::Mapped m;
+  auto err = openai::map_request(endpoint, body, m);
+  if (err) {
+    require(err->status == 400 && !err->message.empty());
+    check_event(openai::sse_event(car::protocol::dump(openai::error_body(*err))));
+    return;
+  }
+  require(m.car.is_object() && m.car["op"] == "infer" && m.car.contains("model"));
+  json id;
+  auto req = car::protocol::parse_request(car::protocol::dump(m.car), &id);
+  require(req.ok());
+  auto infer = car::protocol::parse_infer(req->body);
+  if (!infer.ok()) {
+    auto e = openai::from_car_error(infer.error().code, infer.error().message);
+    require(e.status == 400);
+    return;
+  }
+  const json result = {{"text", infer->prompt},
+                       {"finish_reason", "eos"},
+                       {"usage", {{"prompt_tokens", 1}, {"completion_tokens", 2}}},
+                       {"logprobs", {{{"token", 1}, {"text", infer->prompt}, {"logprob", -1.0}}}}};
+  (void)car::protocol::dump(openai::response(endpoint, m, result, "id", 0));
+  check_event(
+      openai::sse_event(car::protocol::dump(openai::text_chunk(endpoint, m, "id", 0, infer->prompt, true))));
+  check_event(openai::sse_event(car::protocol::dump(openai::finish_chunk(endpoint, m, "id", 0, "length"))));
+  check_event(
+      openai::sse_event(car::protocol::dump(openai::usage_chunk(endpoint, m, "id", 0, result["usage"]))));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const std::size_t chunk = 1 + data[0] % 97;
+  const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
+
+  bhttp::request_parser<bhttp::string_body> parser;
+  parser.header_limit(16 * 1024);
+  parser.body_limit(1u << 20);
+  parser.eager(true);
+  boost::beast::error_code ec;
+  std::string pending;
+  for (std::size_t at = 0; at < bytes.size() && !parser.is_done(); at += chunk) {
+    pending.append(bytes.substr(at, chunk));
+    while (!pending.empty() && !parser.is_done()) {
+      const std::size_t used = parser.put(boost::asio::buffer(pending), ec);
+      if (ec == bhttp::error::need_more) {
+        ec = {};
+        pending.erase(0, used);
+        break;
+      }
+      if (ec) return 0;  // malformed: the front answers 400 and closes
+      pending.erase(0, used);
+      if (used == 0) break;
+    }
+  }
+  if (!parser.is_done()) return 0;
+  const auto& req = parser.get();
+  require(req.body().size() <= (1u << 20));
+  map_body(openai::Endpoint::kChat, req.body());
+  map_body(openai::Endpoint::kCompletions, req.body());
+  return 0;
+}

@@ -1,0 +1,448 @@
+// The HTTP front in-process over real sockets: the Server with a scripted runtime (no engine), driven by a
+// small blocking HTTP/1.1 client. Covers the endpoints' statuses and shapes, SSE framing over chunked
+// encoding, the API key, the non-loopback refusal, the body limit, keep-alive, the Unix socket's mode, and
+// cancellation when the client closes mid-stream.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "daemon/server.h"
+#include "tests/daemon/daemon_test_support.h"
+#include "tests/test_support.h"
+
+namespace car::daemon {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+using car::testing::TempDir;
+
+struct Script {
+  std::atomic<int> cancelled{0};
+  std::atomic<int> generating{0};
+};
+
+/// Emits " w0", " w1", ... one per max_tokens, ending with eos; the prompt "hold" keeps going (slowly)
+/// until cancelled.
+class ScriptedBackend final : public Backend {
+ public:
+  explicit ScriptedBackend(Script& s) : script_(s) {}
+  Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
+                                  const std::atomic<bool>& cancelled) override {
+    GenerateOutput out;
+    out.prompt_tokens = params.messages ? 7 : static_cast<int>(params.generate.prompt.size());
+    const bool hold = params.generate.prompt == "hold";
+    ++script_.generating;
+    for (int i = 0; i < (hold ? 100000 : params.generate.max_tokens); ++i) {
+      if (cancelled.load()) {
+        ++script_.cancelled;
+        out.finish_reason = "cancelled";
+        return out;
+      }
+      std::string text = " w" + std::to_string(i);
+      if (!params.generate.stop.empty() && text.find(params.generate.stop[0]) != std::string::npos) {
+        out.finish_reason = "stop";
+        return out;
+      }
+      out.text += text;
+      out.tokens.push_back(100 + i);
+      if (on_token) on_token(protocol::TokenEvent{100 + i, text, std::nullopt});
+      if (hold) std::this_thread::sleep_for(2ms);
+    }
+    out.finish_reason = params.generate.max_tokens >= 5 ? "eos" : "length";
+    return out;
+  }
+  uint64_t memory_bytes() const override { return 1000; }
+  bool streams_experts() const override { return false; }
+  void save_state() override {}
+
+ private:
+  Script& script_;
+};
+
+class ScriptedRuntime final : public ModelRuntime {
+ public:
+  explicit ScriptedRuntime(Script& s) : script_(s) {}
+  Result<std::shared_ptr<Backend>> load(const std::filesystem::path&) override {
+    return std::shared_ptr<Backend>(std::make_shared<ScriptedBackend>(script_));
+  }
+  Result<uint64_t> estimate_bytes(const std::filesystem::path&, const LoadRequest&) override { return 1000; }
+  bool available() const override { return true; }
+  std::string name() const override { return "scripted"; }
+
+ private:
+  Script& script_;
+};
+
+struct HttpReply {
+  int status = 0;
+  std::string headers;  // lower-cased
+  std::string body;     // de-chunked
+  json json_body() const { return json::parse(body, nullptr, false); }
+};
+
+/// A blocking HTTP/1.1 client on one connection.
+class HttpClient {
+ public:
+  explicit HttpClient(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    timeval tv{20, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  explicit HttpClient(const std::string& unix_path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", unix_path.c_str());
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  ~HttpClient() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  bool connected() const { return connected_; }
+
+  void send_raw(const std::string& s) {
+    ASSERT_EQ(::send(fd_, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
+  }
+
+  HttpReply request(const std::string& method, const std::string& target, const std::string& body = {},
+                    const std::string& extra_headers = {}) {
+    send_raw(method + " " + target + " HTTP/1.1\r\nHost: localhost\r\n" + extra_headers +
+             (body.empty() && method == "GET" ? ""
+                                              : "Content-Type: application/json\r\nContent-Length: " +
+                                                    std::to_string(body.size()) + "\r\n") +
+             "\r\n" + body);
+    return read_reply();
+  }
+
+  /// Read until `needle` appears in what arrived (the raw bytes); false on close/timeout.
+  bool read_until(const std::string& needle) {
+    while (buf_.find(needle) == std::string::npos) {
+      if (!fill()) return false;
+    }
+    return true;
+  }
+
+  HttpReply read_reply() {
+    HttpReply r;
+    if (!read_until("\r\n\r\n")) return r;
+    const std::size_t end = buf_.find("\r\n\r\n");
+    std::string head = buf_.substr(0, end);
+    buf_.erase(0, end + 4);
+    r.status = std::atoi(head.substr(9, 3).c_str());
+    for (char& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    r.headers = head;
+    if (head.find("transfer-encoding: chunked") != std::string::npos) {
+      for (;;) {
+        if (!read_until("\r\n")) return r;
+        const std::size_t eol = buf_.find("\r\n");
+        const std::size_t n = std::stoul(buf_.substr(0, eol), nullptr, 16);
+        while (buf_.size() < eol + 2 + n + 2) {
+          if (!fill()) return r;
+        }
+        r.body += buf_.substr(eol + 2, n);
+        buf_.erase(0, eol + 2 + n + 2);
+        if (n == 0) break;
+      }
+    } else if (auto p = head.find("content-length: "); p != std::string::npos) {
+      const std::size_t n = std::stoul(head.substr(p + 16));
+      while (buf_.size() < n) {
+        if (!fill()) return r;
+      }
+      r.body = buf_.substr(0, n);
+      buf_.erase(0, n);
+    }
+    return r;
+  }
+
+  /// Does the server close the connection (EOF) within `timeout`?
+  bool closed_by_server() {
+    char c;
+    return ::recv(fd_, &c, 1, 0) <= 0;
+  }
+
+ private:
+  bool fill() {
+    char tmp[4096];
+    const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n <= 0) return false;
+    buf_.append(tmp, static_cast<std::size_t>(n));
+    return true;
+  }
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string buf_;
+};
+
+/// The JSON payloads of an SSE body's `data:` lines (`[DONE]` as the string "[DONE]").
+std::vector<json> sse_payloads(const std::string& body) {
+  std::vector<json> out;
+  std::size_t at = 0;
+  while (at < body.size()) {
+    const std::size_t end = body.find("\n\n", at);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "an event does not end with a blank line: " << body.substr(at);
+      break;
+    }
+    std::string ev = body.substr(at, end - at);
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+    ev = ev.substr(6);
+    out.push_back(ev == "[DONE]" ? json("[DONE]") : json::parse(ev, nullptr, false));
+    at = end + 2;
+  }
+  return out;
+}
+
+class HttpFrontTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spdlog::set_level(spdlog::level::warn);
+    models_ = tmp_ / "models";
+    std::filesystem::create_directories(models_);
+    for (const char* name : {"alpha", "beta"}) std::ofstream(models_ / (std::string(name) + ".gguf")) << "x";
+    options_.socket_path = tmp_ / "d.sock";
+    options_.models_dir = models_;
+    options_.state_dir = tmp_.path();
+    options_.live.idle_ttl = 0s;
+    options_.handle_signals = false;
+    options_.shutdown_grace = 5000ms;
+    options_.http.address = "127.0.0.1:0";
+  }
+  void TearDown() override {
+    if (thread_.joinable()) {
+      server_->request_stop();
+      thread_.join();
+    }
+  }
+  void start() {
+    server_ = std::make_unique<Server>(options_, runtime_);
+    auto ok = server_->open();
+    ASSERT_TRUE(ok.ok()) << ok.error().message;
+    thread_ = std::thread([this] { (void)server_->run(); });
+  }
+  uint16_t port() const { return server_->http_port(); }
+
+  TempDir tmp_;
+  std::filesystem::path models_;
+  ServerOptions options_;
+  Script script_;
+  ScriptedRuntime runtime_{script_};
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+};
+
+const std::string kChat = R"({"model":"alpha","messages":[{"role":"user","content":"hi"}],"max_tokens":3})";
+
+TEST_F(HttpFrontTest, HealthModelsAndUnknownEndpoints) {
+  start();
+  ASSERT_NE(port(), 0);
+  HttpClient c(port());
+  ASSERT_TRUE(c.connected());
+  HttpReply h = c.request("GET", "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.json_body()["status"], "ok");
+  EXPECT_EQ(c.request("GET", "/ready").status, 200);
+  HttpReply m = c.request("GET", "/v1/models");  // the same connection: keep-alive
+  ASSERT_EQ(m.status, 200);
+  json list = m.json_body();
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 2u);
+  EXPECT_EQ(list["data"][0]["id"], "alpha");
+  EXPECT_EQ(list["data"][0]["owned_by"], "car-inference");
+  EXPECT_EQ(list["data"][0]["loaded"], false);
+  EXPECT_EQ(c.request("GET", "/v1/models/beta").json_body()["id"], "beta");
+  HttpReply missing = c.request("GET", "/v1/models/gamma");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.json_body()["error"]["code"], "model_not_found");
+  EXPECT_EQ(c.request("GET", "/v2/nothing").status, 404);
+  EXPECT_EQ(c.request("GET", "/v1/chat/completions").status, 405);
+  // The Prometheus page, counting this connection's requests by endpoint and status.
+  HttpReply metrics = c.request("GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("car_inference_http_requests_total{endpoint=\"/v1/models/{id}\",status=\"404\"} 1"),
+            std::string::npos)
+      << metrics.body;
+  EXPECT_NE(metrics.body.find("car_inference_http_requests_total{endpoint=\"other\",status=\"404\"} 1"),
+            std::string::npos)
+      << metrics.body;
+}
+
+TEST_F(HttpFrontTest, ChatAndCompletionResponses) {
+  start();
+  HttpClient c(port());
+  HttpReply r = c.request("POST", "/v1/chat/completions", kChat);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.json_body();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "alpha");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], " w0 w1 w2");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 10);
+  HttpReply p = c.request("POST", "/v1/completions", R"({"model":"beta","prompt":"abc","max_tokens":6})");
+  ASSERT_EQ(p.status, 200) << p.body;
+  EXPECT_EQ(p.json_body()["choices"][0]["text"], " w0 w1 w2 w3 w4 w5");
+  EXPECT_EQ(p.json_body()["choices"][0]["finish_reason"], "stop");  // car's eos
+  EXPECT_EQ(c.request("GET", "/v1/models").json_body()["data"][1]["loaded"], true);
+}
+
+TEST_F(HttpFrontTest, ErrorsHaveOpenAiShapeAndStatus) {
+  start();
+  HttpClient c(port());
+  HttpReply unknown = c.request("POST", "/v1/completions", R"({"model":"gamma","prompt":"x"})");
+  EXPECT_EQ(unknown.status, 404);
+  json e = unknown.json_body()["error"];
+  EXPECT_TRUE(e.contains("message") && e.contains("type") && e.contains("param") && e.contains("code"));
+  HttpReply n2 = c.request("POST", "/v1/chat/completions",
+                           R"({"model":"alpha","messages":[{"role":"user","content":"x"}],"n":2})");
+  EXPECT_EQ(n2.status, 400);
+  EXPECT_EQ(n2.json_body()["error"]["param"], "n");
+  HttpReply range = c.request("POST", "/v1/completions", R"({"model":"alpha","prompt":"x","top_p":7})");
+  EXPECT_EQ(range.status, 400);
+  EXPECT_NE(range.json_body()["error"]["message"].get<std::string>().find("top_p"), std::string::npos);
+  EXPECT_EQ(c.request("POST", "/v1/completions", "{oops").status, 400);
+}
+
+TEST_F(HttpFrontTest, StreamIsSseOverChunkedEncodingAndConcatenatesToTheText) {
+  start();
+  HttpClient c(port());
+  HttpReply r = c.request(
+      "POST", "/v1/chat/completions",
+      R"({"model":"alpha","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.headers.find("content-type: text/event-stream"), std::string::npos);
+  auto events = sse_payloads(r.body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  std::string finish;
+  json usage;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_EQ(events[i]["object"], "chat.completion.chunk");
+    if (!events[i]["usage"].is_null()) usage = events[i]["usage"];
+    for (const auto& ch : events[i]["choices"]) {
+      text += ch["delta"].value("content", "");
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(text, " w0 w1 w2 w3");
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["completion_tokens"], 4);
+  // The connection is still usable after the stream.
+  EXPECT_EQ(c.request("GET", "/health").status, 200);
+  // A streamed request that fails before any token is a plain JSON error.
+  HttpReply bad = c.request("POST", "/v1/completions", R"({"model":"gamma","prompt":"x","stream":true})");
+  EXPECT_EQ(bad.status, 404);
+}
+
+TEST_F(HttpFrontTest, ClosingTheConnectionCancelsTheGeneration) {
+  start();
+  for (bool stream : {true, false}) {
+    const int before = script_.cancelled.load();
+    HttpClient c(port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+               std::to_string(std::string(R"({"model":"alpha","prompt":"hold","stream":false})").size()) +
+               "\r\n\r\n" +
+               (stream ? R"({"model":"alpha","prompt":"hold","stream":true })"
+                       : R"({"model":"alpha","prompt":"hold","stream":false})"));
+    if (stream) {
+      ASSERT_TRUE(c.read_until("w3"));  // it is generating
+    } else {
+      ASSERT_TRUE(car::testing::wait_until([&] { return script_.generating.load() >= 2; }, 10s));
+    }
+    c.close();
+    EXPECT_TRUE(car::testing::wait_until([&] { return script_.cancelled.load() > before; }, 10s))
+        << "stream=" << stream;
+  }
+}
+
+TEST_F(HttpFrontTest, ApiKeyIsRequiredExceptForHealth) {
+  std::ofstream(tmp_ / "key") << "  s3cret \n";
+  auto key = http::read_api_key(tmp_ / "key");
+  ASSERT_TRUE(key.ok());
+  EXPECT_EQ(*key, "s3cret");
+  options_.http.api_key = *key;
+  start();
+  HttpClient c(port());
+  HttpReply none = c.request("GET", "/v1/models");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(none.json_body()["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(c.request("GET", "/v1/models", "", "Authorization: Bearer wrong\r\n").status, 401);
+  EXPECT_EQ(c.request("GET", "/v1/models", "", "Authorization: Bearer s3cret\r\n").status, 200);
+  EXPECT_EQ(c.request("GET", "/health").status, 200);
+}
+
+TEST_F(HttpFrontTest, NonLoopbackWithoutAKeyIsRefused) {
+  options_.http.address = "0.0.0.0:0";
+  Server server(options_, runtime_);
+  auto ok = server.open();
+  ASSERT_FALSE(ok.ok());
+  EXPECT_NE(ok.error().message.find("CAR_INFERENCE_HTTP_API_KEY_FILE"), std::string::npos)
+      << ok.error().message;
+  EXPECT_FALSE(std::filesystem::exists(options_.socket_path));  // the NDJSON socket file was removed again
+  options_.http.api_key = "k";
+  Server keyed(options_, runtime_);
+  EXPECT_TRUE(keyed.open().ok());
+}
+
+TEST_F(HttpFrontTest, BodyOverTheLimitIs413AndCloses) {
+  options_.max_line_bytes = 1000;
+  start();
+  HttpClient c(port());
+  const std::string big = R"({"model":"alpha","prompt":")" + std::string(2000, 'a') + "\"}";
+  HttpReply r = c.request("POST", "/v1/completions", big);
+  EXPECT_EQ(r.status, 413);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST_F(HttpFrontTest, UnixSocketIs0660) {
+  options_.http.address = "unix:" + (tmp_ / "http.sock").string();
+  start();
+  struct stat st {};
+  ASSERT_EQ(::stat((tmp_ / "http.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  HttpClient c((tmp_ / "http.sock").string());
+  ASSERT_TRUE(c.connected());
+  EXPECT_EQ(c.request("GET", "/health").status, 200);
+}
+
+TEST(HttpAddress, Parses) {
+  auto a = http::parse_address("127.0.0.1:8080");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->port, 8080);
+  EXPECT_TRUE(a->loopback());
+  auto b = http::parse_address("[::1]:9");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->host, "::1");
+  EXPECT_TRUE(b->loopback());
+  EXPECT_EQ(b->to_string(), "[::1]:9");
+  EXPECT_FALSE(http::parse_address("0.0.0.0:80")->loopback());
+  EXPECT_TRUE(http::parse_address("unix:/run/x.sock")->loopback());
+  EXPECT_FALSE(http::parse_address("localhost:80").ok());
+  EXPECT_FALSE(http::parse_address("127.0.0.1:99999").ok());
+  EXPECT_FALSE(http::parse_address("unix:relative").ok());
+}
+
+}  // namespace
+}  // namespace car::daemon
