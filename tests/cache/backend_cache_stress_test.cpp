@@ -27,14 +27,39 @@ struct Model {
 };
 using ModelPtr = std::unique_ptr<Model>;
 
-void check_invariants(const CacheStats& s) {
+void check_sums(const CacheStats& s) {
   std::uint64_t sum = 0;
   for (const auto& item : s.items) sum += item.size_bytes;
   ASSERT_EQ(s.items.size(), s.entries);
   ASSERT_EQ(sum, s.total_bytes);
-  // Within budget, except one entry that alone exceeds it (never evicting the entry just inserted).
+}
+
+/// Within budget, except one entry that alone exceeds it (never evicting the entry just inserted).
+void check_invariants(const CacheStats& s) {
+  ASSERT_NO_FATAL_FAILURE(check_sums(s));
   ASSERT_TRUE(s.total_bytes <= s.budget_bytes || s.entries <= 1)
       << s.total_bytes << " bytes in " << s.entries << " entries, budget " << s.budget_bytes;
+}
+
+/// While leases are held the cache may be over budget: a load goes ahead when entries in use hold the
+/// room, and a shrunk budget waits for their leases; the lease that ends last trims the excess. So during
+/// the storm, more than one entry over budget needs an entry in use. A snapshot taken between a lease's
+/// end and the trim it runs can see the excess with nothing in use; such a snapshot is taken again once.
+void check_invariants_during(BackendCache<ModelPtr>& cache) {
+  auto within = [](const CacheStats& s) {
+    if (s.total_bytes <= s.budget_bytes || s.entries <= 1) return true;
+    for (const auto& item : s.items)
+      if (item.in_use) return true;
+    return false;
+  };
+  CacheStats s = cache.stats();
+  ASSERT_NO_FATAL_FAILURE(check_sums(s));
+  if (!within(s)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    s = cache.stats();
+  }
+  ASSERT_TRUE(within(s)) << s.total_bytes << " bytes in " << s.entries << " entries, budget "
+                         << s.budget_bytes << ", none in use";
 }
 
 TEST(BackendCacheStressTest, ConcurrentHitLoadInvalidateEvict) {
@@ -84,7 +109,7 @@ TEST(BackendCacheStressTest, ConcurrentHitLoadInvalidateEvict) {
           now_ns.fetch_add(1'000'000);  // 1 ms
           (void)cache.evict_idle();
         } else if (op < 94) {
-          check_invariants(cache.stats());
+          check_invariants_during(cache);
         } else if (op < 97) {
           (void)cache.set_budget(150 + (rng() % 3) * 100);
         } else if (op < 98) {
