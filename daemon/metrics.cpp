@@ -4,43 +4,11 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "daemon/safe_text.h"
+
 namespace car::daemon {
 
 namespace metrics {
-
-namespace {
-
-// Length of the valid UTF-8 sequence at s[i], or 0 when it is not one (overlong forms, surrogates and
-// code points past U+10FFFF are invalid).
-std::size_t utf8_length(std::string_view s, std::size_t i) {
-  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const unsigned char c = b(0);
-  if (c < 0x80) return 1;
-  std::size_t n = 0;
-  uint32_t cp = 0;
-  if ((c & 0xE0) == 0xC0) {
-    n = 2;
-    cp = c & 0x1F;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 3;
-    cp = c & 0x0F;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  for (std::size_t k = 1; k < n; ++k) {
-    if ((b(k) & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b(k) & 0x3F);
-  }
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return n;
-}
-
-}  // namespace
 
 std::string escape_label_value(std::string_view value) {
   std::string out;
@@ -54,7 +22,7 @@ std::string escape_label_value(std::string_view value) {
     } else if (c == '\n') {
       out += "\\n";
     } else {
-      const std::size_t n = utf8_length(value, i);
+      const std::size_t n = utf8_sequence_length(value.substr(i));
       if (n == 0) {
         out += "\xEF\xBF\xBD";  // U+FFFD for one invalid byte
         ++i;

@@ -15,6 +15,7 @@ struct Decoded {
 };
 
 Decoded decode(std::string_view s) {
+  if (s.empty()) return {};
   const auto b0 = static_cast<unsigned char>(s[0]);
   if (b0 < 0x80) return {b0, 1};
   std::size_t n = 0;
@@ -46,6 +47,10 @@ std::string hex(unsigned v, int digits) {
 }
 
 }  // namespace
+
+std::size_t utf8_sequence_length(std::string_view s) {
+  return decode(s).length;
+}
 
 bool is_unsafe_code_point(char32_t cp) {
   if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) return true;       // C0, DEL, C1

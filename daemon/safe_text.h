@@ -16,6 +16,10 @@
 
 namespace car::daemon {
 
+/// The length of the valid UTF-8 sequence at the start of `s`, or 0 when its first bytes are not one
+/// (overlong forms, surrogates and code points above U+10FFFF are invalid; an empty `s` gives 0).
+std::size_t utf8_sequence_length(std::string_view s);
+
 /// Whether `cp` is one of the unsafe characters above.
 bool is_unsafe_code_point(char32_t cp);
 

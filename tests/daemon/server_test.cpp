@@ -60,7 +60,9 @@ struct Script {
 
 class ScriptedBackend final : public Backend {
  public:
-  ScriptedBackend(Script& script, uint64_t bytes) : script_(script), bytes_(bytes) { ++script_.live_backends; }
+  ScriptedBackend(Script& script, uint64_t bytes) : script_(script), bytes_(bytes) {
+    ++script_.live_backends;
+  }
   ~ScriptedBackend() override { --script_.live_backends; }
 
   Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
@@ -80,7 +82,8 @@ class ScriptedBackend final : public Backend {
     if (prompt == "hold") {
       // Wait for cancellation (bounded, so a broken test cannot hang the suite).
       auto deadline = std::chrono::steady_clock::now() + 30s;
-      while (!cancelled.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      while (!cancelled.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
       if (cancelled.load()) return finish_cancelled(out);
     }
     out.finish_reason = "length";
@@ -135,7 +138,8 @@ class DaemonServerTest : public ::testing::Test {
     spdlog::set_level(spdlog::level::warn);
     models_ = tmp_ / "models";
     std::filesystem::create_directories(models_);
-    for (const char* name : {"a", "b", "c", "broken", "gated"}) write_file(models_ / (std::string(name) + ".gguf"), 1000);
+    for (const char* name : {"a", "b", "c", "broken", "gated"})
+      write_file(models_ / (std::string(name) + ".gguf"), 1000);
     write_file(tmp_ / "outside.gguf", 1000);
     std::filesystem::create_symlink(tmp_ / "outside.gguf", models_ / "escape.gguf");
     options_.socket_path = tmp_ / "d.sock";
@@ -169,6 +173,17 @@ class DaemonServerTest : public ::testing::Test {
       thread_.join();
     }
     return exit_code_;
+  }
+
+  /// With one worker and a queue of one: "running" holds the worker (its first token was read), "queued"
+  /// fills the queue, both streaming the `hold` prompt until cancelled.
+  void hold_worker_and_queue(ClientConnection& conn) {
+    json hold = {{"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1}, {"stream", true}};
+    hold["id"] = "running";
+    ASSERT_TRUE(conn.send_line(hold.dump()).ok());
+    ASSERT_EQ(read_json(conn)["event"], "token");  // the only worker is busy with it
+    hold["id"] = "queued";
+    ASSERT_TRUE(conn.send_line(hold.dump()).ok());  // fills the queue
   }
 
   ClientConnection connect() {
@@ -231,16 +246,19 @@ TEST_F(DaemonServerTest, EveryErrorCode) {
   auto conn = connect();
   auto code_of = [&](json req) { return error_code(call(conn, req)); };
   EXPECT_EQ(code_of({{"id", 1}, {"op", "frobnicate"}}), "unknown_op");
-  EXPECT_EQ(code_of({{"id", 2}}), "bad_request");                          // no op
-  EXPECT_EQ(code_of({{"id", 3}, {"op", 7}}), "bad_request");               // op not a string
-  EXPECT_EQ(code_of({{"id", 4}, {"op", "load"}}), "bad_request");          // no model
+  EXPECT_EQ(code_of({{"id", 2}}), "bad_request");                                   // no op
+  EXPECT_EQ(code_of({{"id", 3}, {"op", 7}}), "bad_request");                        // op not a string
+  EXPECT_EQ(code_of({{"id", 4}, {"op", "load"}}), "bad_request");                   // no model
   EXPECT_EQ(code_of({{"id", 5}, {"op", "infer"}, {"model", "a"}}), "bad_request");  // no prompt
   EXPECT_EQ(code_of({{"id", 6}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"max_tokens", -1}}),
             "bad_request");
-  EXPECT_EQ(code_of({{"id", 7}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"top_p", 2}}), "bad_request");
-  EXPECT_EQ(code_of({{"id", 8}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"stop", {1}}}), "bad_request");
-  EXPECT_EQ(code_of({{"id", 9}, {"op", "cancel"}}), "bad_request");        // no target
-  for (const std::string& bad_id : std::vector<std::string>{"../a", "a/b", "", ".hidden", "..", std::string("a\0b", 3), "x\\y"}) {
+  EXPECT_EQ(code_of({{"id", 7}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"top_p", 2}}),
+            "bad_request");
+  EXPECT_EQ(code_of({{"id", 8}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"stop", {1}}}),
+            "bad_request");
+  EXPECT_EQ(code_of({{"id", 9}, {"op", "cancel"}}), "bad_request");  // no target
+  for (const std::string& bad_id :
+       std::vector<std::string>{"../a", "a/b", "", ".hidden", "..", std::string("a\0b", 3), "x\\y"}) {
     EXPECT_EQ(code_of({{"id", 10}, {"op", "load"}, {"model", bad_id}}), "forbidden") << bad_id;
   }
   EXPECT_EQ(code_of({{"id", 11}, {"op", "load"}, {"model", "escape"}}), "forbidden");  // symlink out
@@ -250,7 +268,8 @@ TEST_F(DaemonServerTest, EveryErrorCode) {
   json failed = call(conn, {{"id", 15}, {"op", "load"}, {"model", "broken"}});
   EXPECT_EQ(error_code(failed), "load_failed");
   EXPECT_NE(failed["error"]["message"].get<std::string>().find("blk.0.attn_q.weight"), std::string::npos);
-  EXPECT_EQ(code_of({{"id", 16}, {"op", "infer"}, {"model", "a"}, {"prompt", "overflow"}}), "context_overflow");
+  EXPECT_EQ(code_of({{"id", 16}, {"op", "infer"}, {"model", "a"}, {"prompt", "overflow"}}),
+            "context_overflow");
   EXPECT_EQ(code_of({{"id", 17}, {"op", "infer"}, {"model", "a"}, {"prompt", "throw"}}), "internal");
   // The connection survived all of that.
   EXPECT_EQ(call(conn, {{"id", 18}, {"op", "health"}})["ok"], true);
@@ -336,8 +355,10 @@ TEST_F(DaemonServerTest, StreamingSendsEachTokenThenTheResult) {
   start();
   auto conn = connect();
   std::vector<json> events;
-  json r = call(conn, {{"id", 1}, {"op", "infer"}, {"model", "a"}, {"prompt", "hi"}, {"max_tokens", 5}, {"stream", true}},
-                &events);
+  json r = call(
+      conn,
+      {{"id", 1}, {"op", "infer"}, {"model", "a"}, {"prompt", "hi"}, {"max_tokens", 5}, {"stream", true}},
+      &events);
   ASSERT_EQ(r["ok"], true) << r.dump();
   ASSERT_EQ(events.size(), 5u);
   std::string joined;
@@ -352,11 +373,13 @@ TEST_F(DaemonServerTest, StreamingSendsEachTokenThenTheResult) {
   EXPECT_EQ(r["result"]["finish_reason"], "length");
   EXPECT_EQ(r["result"]["usage"]["completion_tokens"], 5);
   EXPECT_EQ(r["result"]["usage"]["prompt_tokens"], 2);
-  for (const char* t : {"load_ms", "queue_ms", "prompt_ms", "decode_ms"}) EXPECT_TRUE(r["result"]["timings"].contains(t));
+  for (const char* t : {"load_ms", "queue_ms", "prompt_ms", "decode_ms"})
+    EXPECT_TRUE(r["result"]["timings"].contains(t));
 
   // Without "stream", no events: the next line is the final reply.
   std::vector<json> none;
-  json r2 = call(conn, {{"id", 2}, {"op", "infer"}, {"model", "a"}, {"prompt", "hi"}, {"max_tokens", 3}}, &none);
+  json r2 =
+      call(conn, {{"id", 2}, {"op", "infer"}, {"model", "a"}, {"prompt", "hi"}, {"max_tokens", 3}}, &none);
   EXPECT_EQ(r2["result"]["text"], " w0 w1 w2");
   EXPECT_TRUE(none.empty());
 }
@@ -364,7 +387,11 @@ TEST_F(DaemonServerTest, StreamingSendsEachTokenThenTheResult) {
 TEST_F(DaemonServerTest, CancelStopsAnInferWithinOneToken) {
   start();
   auto conn = connect();
-  ASSERT_TRUE(conn.send_line(json({{"id", 7}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 2},
+  ASSERT_TRUE(conn.send_line(json({{"id", 7},
+                                   {"op", "infer"},
+                                   {"model", "a"},
+                                   {"prompt", "hold"},
+                                   {"max_tokens", 2},
                                    {"stream", true}})
                                  .dump())
                   .ok());
@@ -387,7 +414,11 @@ TEST_F(DaemonServerTest, DisconnectCancelsInFlightRequests) {
   auto observer = connect();
   {
     auto conn = connect();
-    ASSERT_TRUE(conn.send_line(json({{"id", 1}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1},
+    ASSERT_TRUE(conn.send_line(json({{"id", 1},
+                                     {"op", "infer"},
+                                     {"model", "a"},
+                                     {"prompt", "hold"},
+                                     {"max_tokens", 1},
                                      {"stream", true}})
                                    .dump())
                     .ok());
@@ -403,12 +434,7 @@ TEST_F(DaemonServerTest, BusyWhenTheQueueIsFull) {
   options_.queue_capacity = 1;
   start();
   auto conn = connect();
-  json hold = {{"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1}, {"stream", true}};
-  hold["id"] = "running";
-  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
-  EXPECT_EQ(read_json(conn)["event"], "token");  // the only worker is busy with it
-  hold["id"] = "queued";
-  ASSERT_TRUE(conn.send_line(hold.dump()).ok());  // fills the queue
+  ASSERT_NO_FATAL_FAILURE(hold_worker_and_queue(conn));
   json busy = call(conn, {{"id", "third"}, {"op", "load"}, {"model", "b"}});
   EXPECT_EQ(error_code(busy), "busy");
   EXPECT_EQ(stats(conn)["requests"]["busy_rejections"], 1);
@@ -479,7 +505,8 @@ TEST_F(DaemonServerTest, BudgetEvictsTheLeastRecentlyUsedOfThreeModels) {
   options_.live.cache_budget_bytes = 2500;  // room for two 1000-byte models
   start();
   auto conn = connect();
-  for (const char* m : {"a", "b", "c"}) ASSERT_EQ(call(conn, {{"id", m}, {"op", "load"}, {"model", m}})["ok"], true);
+  for (const char* m : {"a", "b", "c"})
+    ASSERT_EQ(call(conn, {{"id", m}, {"op", "load"}, {"model", m}})["ok"], true);
   json s = stats(conn);
   EXPECT_EQ(s["cache"]["entries"], 2);
   EXPECT_EQ(s["cache"]["total_bytes"], 2000);
@@ -487,7 +514,8 @@ TEST_F(DaemonServerTest, BudgetEvictsTheLeastRecentlyUsedOfThreeModels) {
   auto loaded = [&] {
     std::map<std::string, bool> out;
     json reply = call(conn, {{"id", "l"}, {"op", "list"}});  // keep the reply alive over the loop
-    for (const auto& m : reply["result"]["models"]) out[m["model"].get<std::string>()] = m["loaded"].get<bool>();
+    for (const auto& m : reply["result"]["models"])
+      out[m["model"].get<std::string>()] = m["loaded"].get<bool>();
     return out;
   };
   auto l = loaded();
@@ -568,8 +596,12 @@ TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
   start();
   auto conn = connect();
   // b is in use for the whole test (a held infer); a is loaded and left alone.
-  ASSERT_TRUE(conn.send_line(json({{"id", "hold"}, {"op", "infer"}, {"model", "b"}, {"prompt", "hold"},
-                                   {"max_tokens", 1}, {"stream", true}})
+  ASSERT_TRUE(conn.send_line(json({{"id", "hold"},
+                                   {"op", "infer"},
+                                   {"model", "b"},
+                                   {"prompt", "hold"},
+                                   {"max_tokens", 1},
+                                   {"stream", true}})
                                  .dump())
                   .ok());
   EXPECT_EQ(read_json(conn)["event"], "token");
@@ -606,8 +638,12 @@ TEST_F(DaemonServerTest, ShutdownAnswersShuttingDownThenCancelsAfterTheGrace) {
   start();
   auto conn = connect();
   ASSERT_EQ(call(conn, {{"id", 0}, {"op", "load"}, {"model", "c"}})["ok"], true);
-  ASSERT_TRUE(conn.send_line(json({{"id", "long"}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"},
-                                   {"max_tokens", 1}, {"stream", true}})
+  ASSERT_TRUE(conn.send_line(json({{"id", "long"},
+                                   {"op", "infer"},
+                                   {"model", "a"},
+                                   {"prompt", "hold"},
+                                   {"max_tokens", 1},
+                                   {"stream", true}})
                                  .dump())
                   .ok());
   EXPECT_EQ(read_json(conn)["event"], "token");
@@ -615,7 +651,9 @@ TEST_F(DaemonServerTest, ShutdownAnswersShuttingDownThenCancelsAfterTheGrace) {
   ASSERT_EQ(call(late, {{"id", "early"}, {"op", "health"}})["ok"], true);  // accepted before the stop
   server_->request_stop();
   // New requests are refused while the held one runs out its grace period.
-  EXPECT_TRUE(wait_until([&] { return error_code(call(late, {{"id", "late"}, {"op", "health"}})) == "shutting_down"; }));
+  EXPECT_TRUE(wait_until([&] {
+    return error_code(call(late, {{"id", "late"}, {"op", "health"}})) == "shutting_down";
+  }));
   json r;
   do {
     r = read_json(conn);
@@ -853,8 +891,8 @@ TEST_F(DaemonServerTest, AClientThatNeverReadsHoldsBoundedOutput) {
     if (it != done.end()) allowance += it->second.dump().size() + 1;
   }
   allowance += static_cast<std::size_t>(n_read) * 128;  // a token line: {"id":"rN","event":"token",...}
-  EXPECT_LE(queued, 2 * kBound + allowance) << "unread output beyond twice the bound (plus final lines), "
-                                            << n_read << " requests read";
+  EXPECT_LE(queued, 2 * kBound + allowance)
+      << "unread output beyond twice the bound (plus final lines), " << n_read << " requests read";
   EXPECT_TRUE(wait_until([&] { return stats(observer)["connections"]["queued_bytes"] == 0; }));
 }
 
@@ -1115,12 +1153,7 @@ TEST_F(DaemonServerTest, MetricsCountBusyRejectionsAndShowRequestsInFlight) {
   options_.queue_capacity = 1;
   start();
   auto conn = connect();
-  json hold = {{"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1}, {"stream", true}};
-  hold["id"] = "running";
-  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
-  EXPECT_EQ(read_json(conn)["event"], "token");  // the only worker is busy with it
-  hold["id"] = "queued";
-  ASSERT_TRUE(conn.send_line(hold.dump()).ok());  // fills the queue
+  ASSERT_NO_FATAL_FAILURE(hold_worker_and_queue(conn));
   EXPECT_EQ(error_code(call(conn, {{"id", "third"}, {"op", "load"}, {"model", "b"}})), "busy");
   auto observer = connect();
   auto m = scrape(observer);
