@@ -48,13 +48,13 @@ void map_body(openai::Endpoint endpoint, std::string_view body) {
     require(e.status == 400);
     return;
   }
-  const json result = {{"text", infer->prompt},
+  const json result = {{"text", infer->generate.prompt},
                        {"finish_reason", "eos"},
                        {"usage", {{"prompt_tokens", 1}, {"completion_tokens", 2}}},
-                       {"logprobs", {{{"token", 1}, {"text", infer->prompt}, {"logprob", -1.0}}}}};
+                       {"logprobs", {{{"token", 1}, {"text", infer->generate.prompt}, {"logprob", -1.0}}}}};
   (void)car::protocol::dump(openai::response(endpoint, m, result, "id", 0));
-  check_event(
-      openai::sse_event(car::protocol::dump(openai::text_chunk(endpoint, m, "id", 0, infer->prompt, true))));
+  check_event(openai::sse_event(
+      car::protocol::dump(openai::text_chunk(endpoint, m, "id", 0, infer->generate.prompt, true))));
   check_event(openai::sse_event(car::protocol::dump(openai::finish_chunk(endpoint, m, "id", 0, "length"))));
   check_event(
       openai::sse_event(car::protocol::dump(openai::usage_chunk(endpoint, m, "id", 0, result["usage"]))));
