@@ -65,6 +65,8 @@ Server::~Server() {
 }
 
 Result<void> Server::open() {
+  // Before listening: once a client can connect, the warning is already in the log.
+  warn_about_models_dir();
   if (auto ok = open_ndjson(); !ok) return ok;
   if (options_.http.address.empty() && !options_.http.listen_fd) return {};
   // The HTTP front shares the socket's models, allow-list and limits.
@@ -185,7 +187,6 @@ int Server::run() {
       "car-inferenced ready: models in {}, engine: {}, cache budget {} MiB, idle TTL {} s, {} worker(s)",
       options_.models_dir.string(), runtime_.name(), options_.live.cache_budget_bytes >> 20,
       options_.live.idle_ttl.count(), options_.workers);
-  warn_about_models_dir();
   systemd::notify_ready();
   update_status();
   int code = 0;
