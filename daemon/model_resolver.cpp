@@ -36,7 +36,8 @@ Result<void> check_model_id(const std::string& id) {
     if (c == '/' || c == '\\')
       return make_error("forbidden", "model id '" + id + "' contains a path separator");
   }
-  if (id.find("..") != std::string::npos) return make_error("forbidden", "model id '" + id + "' contains '..'");
+  if (id.find("..") != std::string::npos)
+    return make_error("forbidden", "model id '" + id + "' contains '..'");
   return {};
 }
 
@@ -52,7 +53,8 @@ Result<ResolvedModel> resolve_model(const fs::path& models_dir, const std::strin
   }
   auto status = fs::status(file, ec);
   if (ec || !fs::exists(status)) {
-    return make_error("not_found", "model '" + id + "' not found (no " + (dir / (id + ".gguf")).string() + ")");
+    return make_error("not_found",
+                      "model '" + id + "' not found (no " + (dir / (id + ".gguf")).string() + ")");
   }
   if (!fs::is_regular_file(status)) {
     return make_error("not_found", "model '" + id + "': " + file.string() + " is not a regular file");
@@ -67,14 +69,16 @@ Result<std::vector<ListedModel>> list_models(const fs::path& models_dir) {
   std::error_code ec;
   if (!fs::exists(models_dir, ec)) return out;
   fs::directory_iterator it(models_dir, ec);
-  if (ec) return make_error("internal", "cannot read models directory " + models_dir.string() + ": " + ec.message());
+  if (ec)
+    return make_error("internal",
+                      "cannot read models directory " + models_dir.string() + ": " + ec.message());
   for (const auto& entry : it) {
     const fs::path& p = entry.path();
     if (p.extension() != ".gguf") continue;
     std::string id = p.stem().string();
     auto resolved = resolve_model(models_dir, id);
     if (!resolved) continue;  // forbidden names and dangling links are not models
-    out.push_back({id, resolved->file_bytes});
+    out.push_back({id, resolved->path, resolved->file_bytes});
   }
   std::sort(out.begin(), out.end(), [](const ListedModel& a, const ListedModel& b) { return a.id < b.id; });
   return out;

@@ -30,6 +30,7 @@ Result<ResolvedModel> resolve_model(const std::filesystem::path& models_dir, con
 
 struct ListedModel {
   std::string id;
+  std::filesystem::path path;  ///< as resolve_model gives it
   uint64_t file_bytes = 0;
 };
 /// The models directory's *.gguf files whose id resolves (sorted by id). A missing directory is an empty

@@ -607,14 +607,12 @@ json RequestHandler::list_json(std::string& error) const {
     row["params"] = nullptr;
     row["quant"] = nullptr;
     row["context_length"] = nullptr;
-    if (auto file = resolve_model(options_.models_dir, m.id)) {
-      if (auto gguf_file = gguf::GgufFile::open(file->path.string())) {
-        const gguf::ModelInfo info = gguf::describe_model(**gguf_file);
-        if (!info.architecture.empty()) row["arch"] = info.architecture;
-        row["params"] = info.parameters;
-        if (!info.quantization.empty()) row["quant"] = info.quantization;
-        if (info.context_length) row["context_length"] = *info.context_length;
-      }
+    if (auto gguf_file = gguf::GgufFile::open(m.path.string())) {
+      const gguf::ModelInfo info = gguf::describe_model(**gguf_file);
+      if (!info.architecture.empty()) row["arch"] = info.architecture;
+      row["params"] = info.parameters;
+      if (!info.quantization.empty()) row["quant"] = info.quantization;
+      if (info.context_length) row["context_length"] = *info.context_length;
     }
     // Seconds until the idle sweep may evict it: null when not loaded, in use, or idle eviction is off.
     row["idle_eviction_s"] = nullptr;

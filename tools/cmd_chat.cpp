@@ -35,9 +35,6 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-constexpr int kExitDaemonError = 1;
-constexpr int kExitUnreachable = 3;
-
 std::atomic<bool> g_interrupted{false};
 
 extern "C" void on_sigint(int) { g_interrupted.store(true); }

@@ -31,9 +31,6 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-constexpr int kExitDaemonError = 1;
-constexpr int kExitUnreachable = 3;
-
 struct ClientOptions {
   std::string socket;
   bool json_output = false;

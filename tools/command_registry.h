@@ -13,6 +13,11 @@ namespace car::tools {
 
 using CommandSetup = void (*)(CLI::App& root);
 
+/// Exit codes of the commands that talk to the daemon (man page car.1, EXIT STATUS: 1 the daemon answered an
+/// error, 3 no daemon could be reached; 2 is CLI11's usage error).
+inline constexpr int kExitDaemonError = 1;
+inline constexpr int kExitUnreachable = 3;
+
 struct CommandFailed : std::runtime_error {
   explicit CommandFailed(int code) : std::runtime_error("command failed"), exit_code(code) {}
   int exit_code;
