@@ -27,6 +27,11 @@
 // handle drops - never under the cache's lock. `stats()` reports the bytes of evicted entries that
 // handles still hold.
 //
+// Keep-alive and pins. An entry's idle TTL is the cache's (`set_idle_ttl`) unless the entry has its own
+// (`CachedBackend::set_keep_alive`, e.g. a request's `keep_alive`; 0 = expire as soon as it is not in use,
+// which `evict_if_expired` does at once); a pinned key (`set_pinned`) is never evicted for idleness, and for
+// capacity only after every unpinned entry not in use.
+//
 // Use. A request takes a Lease (`handle->acquire()` or `cache.lease_or_load(...)`), which marks the entry
 // in use: an entry with a live lease is never evicted for capacity or idleness, and its idle time counts
 // from the END of its last use. To serialize with other requests on the same backend, lock it:
@@ -40,6 +45,7 @@
 // clock is injectable so idle eviction is tested without sleeping; it must be callable from any thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -56,6 +62,7 @@
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -159,6 +166,11 @@ struct CacheEntryInfo {
   double idle_seconds = 0;   ///< since the end of the last use (0 while in use)
   double age_seconds = 0;    ///< since it was loaded
   std::uint64_t hits = 0;    ///< cache hits on this entry
+  bool pinned = false;       ///< never evicted for idleness (set_pinned)
+  /// The idle TTL that applies to it (its keep-alive, else the cache's); nullopt: never evicted for
+  /// idleness (pinned, or no TTL at all).
+  std::optional<std::chrono::milliseconds> idle_ttl;
+  bool keep_alive_set = false;  ///< idle_ttl is the entry's own keep-alive, not the cache's TTL
 };
 
 /// Counters and the per-entry listing. Counters are cumulative since construction.
@@ -273,6 +285,18 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   bool in_use() const { return leases_.load(std::memory_order_acquire) > 0; }
   /// True once the cache dropped its reference (the handle still works).
   bool evicted() const { return evicted_.load(std::memory_order_acquire); }
+  /// This entry's own idle TTL from now on (a request's keep-alive; zero: expire as soon as it is not in
+  /// use); nullopt: the cache's TTL again. The last caller wins. Pinned keys ignore it.
+  void set_keep_alive(std::optional<std::chrono::milliseconds> ttl) {
+    keep_alive_ms_.store(ttl ? std::max<std::int64_t>(0, ttl->count()) : kNoKeepAlive,
+                         std::memory_order_release);
+  }
+  /// The entry's own idle TTL; nullopt when it follows the cache's.
+  std::optional<std::chrono::milliseconds> keep_alive() const {
+    const std::int64_t ms = keep_alive_ms_.load(std::memory_order_acquire);
+    if (ms == kNoKeepAlive) return std::nullopt;
+    return std::chrono::milliseconds(ms);
+  }
 
  private:
   friend class BackendCache<T>;
@@ -319,6 +343,8 @@ class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
   // analysis, which cannot tell that an entry's core_ is its cache's.
   std::atomic<std::uint64_t> hits_{0};
   std::atomic<bool> evicted_{false};
+  static constexpr std::int64_t kNoKeepAlive = -1;
+  std::atomic<std::int64_t> keep_alive_ms_{kNoKeepAlive};  ///< set_keep_alive; kNoKeepAlive: the cache's TTL
 };
 
 /// RAII "in use" mark on one backend, held for the length of a request. Move-only; holds the handle, so
@@ -469,28 +495,67 @@ class BackendCache {
     return out;
   }
 
-  /// Evict entries not in use and idle (since the end of their last use) for at least the TTL.
-  /// A no-op returning {0, 0} when the TTL is unset. Meant to be driven by a timer.
-  Evicted evict_idle() {
+  /// Evict entries not in use and idle (since the end of their last use) for at least their idle TTL (their
+  /// keep-alive, else the cache's); pinned keys never. Meant to be driven by a timer. `next_due`, when given,
+  /// receives how long until the next entry not in use would expire (nullopt: none would).
+  Evicted evict_idle(std::optional<std::chrono::nanoseconds>* next_due = nullptr) {
     std::vector<Handle> dropped;
     Evicted out;
+    std::optional<std::int64_t> soonest;
     {
       MutexLock guard(core_->mutex);
-      if (!idle_ttl_) return out;
       const std::int64_t now = now_ns();
-      const std::int64_t ttl_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(*idle_ttl_).count();
       // One walk over the entries (O(entries)); each removal is O(1).
       for (auto pos = lru_.begin(); pos != lru_.end();) {
         const Handle& e = *pos;
         ++pos;
         if (e->leases_.load(std::memory_order_acquire) > 0) continue;
-        if (now - e->last_used_ns_.load(std::memory_order_acquire) < ttl_ns) continue;
+        const std::optional<std::int64_t> ttl_ns = ttl_ns_locked(*e);
+        if (!ttl_ns) continue;
+        const std::int64_t idle_ns = now - e->last_used_ns_.load(std::memory_order_acquire);
+        if (idle_ns < *ttl_ns) {
+          soonest = std::min(soonest.value_or(*ttl_ns - idle_ns), *ttl_ns - idle_ns);
+          continue;
+        }
         out.entries += 1;
         out.bytes += e->size_bytes();
         dropped.push_back(evict_locked(map_.find(e->key()), EvictionCause::idle, now));
       }
     }
+    if (next_due != nullptr) {
+      *next_due = soonest ? std::optional<std::chrono::nanoseconds>(std::chrono::nanoseconds(*soonest))
+                          : std::nullopt;
+    }
     return out;
+  }
+
+  /// Evict `key` now (cause: idle) when it is cached, not in use, not pinned and idle for at least its idle
+  /// TTL - at once for a keep-alive of 0, which is what a request asking to unload its model afterwards
+  /// calls this for. Returns whether it was evicted.
+  bool evict_if_expired(std::string_view key) {
+    Handle dropped;  // released after the lock
+    MutexLock guard(core_->mutex);
+    auto it = map_.find(std::string(key));
+    if (it == map_.end()) return false;
+    const Handle& e = *it->second;
+    if (e->leases_.load(std::memory_order_acquire) > 0) return false;
+    const std::optional<std::int64_t> ttl_ns = ttl_ns_locked(*e);
+    const std::int64_t now = now_ns();
+    if (!ttl_ns || now - e->last_used_ns_.load(std::memory_order_acquire) < *ttl_ns) return false;
+    dropped = evict_locked(it, EvictionCause::idle, now);
+    guard.unlock();
+    return true;
+  }
+
+  /// The keys never evicted for idleness (an admin's list; replaces the previous one). Keys need not be
+  /// cached; one loaded later is pinned from its load. Capacity eviction takes pinned entries last.
+  void set_pinned(const std::vector<std::string>& keys) {
+    MutexLock guard(core_->mutex);
+    pinned_ = std::unordered_set<std::string>(keys.begin(), keys.end());
+  }
+  bool is_pinned(std::string_view key) const {
+    MutexLock guard(core_->mutex);
+    return pinned_.count(std::string(key)) != 0;
   }
 
   /// Change the budget at runtime (SIGHUP). Shrinking evicts LRU entries not in use (cause: capacity)
@@ -518,8 +583,6 @@ class BackendCache {
     return out;
   }
 
-  /// Change the idle TTL at runtime; nullopt or zero disables idle eviction. Takes effect on the next
-  /// evict_idle().
   /// Call `listener` for every entry evicted from now on (any cause; empty: none). It runs under the cache's
   /// lock, on the thread that evicts: it must be quick and must not call into the cache. Observing only:
   /// what is evicted, and when, does not change.
@@ -528,6 +591,8 @@ class BackendCache {
     eviction_listener_ = std::move(listener);
   }
 
+  /// Change the idle TTL at runtime; nullopt or zero disables idle eviction (of entries without a
+  /// keep-alive of their own). Takes effect on the next evict_idle().
   void set_idle_ttl(std::optional<std::chrono::milliseconds> ttl) {
     MutexLock guard(core_->mutex);
     idle_ttl_ = normalize_ttl(ttl);
@@ -606,6 +671,15 @@ class BackendCache {
   }
 
   std::int64_t now_ns() const { return cache_detail::to_ns(core_->clock()); }
+
+  // The idle TTL that applies to `e` in nanoseconds: nullopt when it is pinned or has no TTL at all.
+  std::optional<std::int64_t> ttl_ns_locked(const CachedBackend<T>& e) const CAR_REQUIRES(core_->mutex) {
+    if (pinned_.count(e.key()) != 0) return std::nullopt;
+    std::optional<std::chrono::milliseconds> ttl = e.keep_alive();
+    if (!ttl) ttl = idle_ttl_;
+    if (!ttl) return std::nullopt;
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(*ttl).count();
+  }
 
   template <typename X>
   struct is_sized : std::false_type {};
@@ -813,13 +887,17 @@ class BackendCache {
     // Raise the flag BEFORE reading any lease count: a lease that ends after we read it as held then sees
     // the flag and trims again (store-then-load on both sides, all seq_cst), so no excess outlives it.
     core_->over_budget.store(true);
-    for (auto pos = lru_.end(); over() && pos != lru_.begin();) {
-      --pos;
-      const Handle& e = *pos;
-      if (e.get() == keep || e->leases_.load() > 0) continue;  // seq_cst: pairs with Core::over_budget
-      auto victim = pos;
-      ++pos;  // evict_locked erases `victim`; `pos` stays valid
-      dropped.push_back(evict_locked(map_.find((*victim)->key()), EvictionCause::capacity, now));
+    // Unpinned entries first, least recently used first; pinned ones only when that was not enough.
+    for (const bool take_pinned : {false, true}) {
+      for (auto pos = lru_.end(); over() && pos != lru_.begin();) {
+        --pos;
+        const Handle& e = *pos;
+        if (e.get() == keep || e->leases_.load() > 0) continue;  // seq_cst: pairs with Core::over_budget
+        if (!take_pinned && pinned_.count(e->key()) != 0) continue;
+        auto victim = pos;
+        ++pos;  // evict_locked erases `victim`; `pos` stays valid
+        dropped.push_back(evict_locked(map_.find((*victim)->key()), EvictionCause::capacity, now));
+      }
     }
     core_->over_budget.store(total_bytes_ > budget_bytes_);
   }
@@ -864,6 +942,9 @@ class BackendCache {
       i.idle_seconds = i.in_use ? 0.0 : cache_detail::seconds_between(e->last_used_ns_.load(), now);
       i.age_seconds = cache_detail::seconds_between(e->loaded_ns_, now);
       i.hits = e->hits_.load(std::memory_order_relaxed);
+      i.pinned = pinned_.count(i.key) != 0;
+      i.keep_alive_set = e->keep_alive().has_value();
+      if (!i.pinned) i.idle_ttl = i.keep_alive_set ? e->keep_alive() : idle_ttl_;
       items.push_back(std::move(i));
     }
     return items;
@@ -882,6 +963,7 @@ class BackendCache {
   std::uint64_t refused_ CAR_GUARDED_BY(core_->mutex) = 0;
   std::uint64_t budget_bytes_ CAR_GUARDED_BY(core_->mutex);
   std::optional<std::chrono::milliseconds> idle_ttl_ CAR_GUARDED_BY(core_->mutex);
+  std::unordered_set<std::string> pinned_ CAR_GUARDED_BY(core_->mutex);  ///< set_pinned
   std::uint64_t hits_ CAR_GUARDED_BY(core_->mutex) = 0;
   std::uint64_t misses_ CAR_GUARDED_BY(core_->mutex) = 0;
   std::uint64_t coalesced_ CAR_GUARDED_BY(core_->mutex) = 0;
