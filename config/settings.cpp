@@ -224,6 +224,32 @@ std::string parse_ids(const SettingInfo& row, const std::string& v, Settings& ou
   return {};
 }
 
+/// CAR_INFERENCE_PIN_MODELS: comma-separated model ids (spaces around items ignored, duplicates dropped).
+/// The spelling is checked here as far as a path goes; the daemon applies the full id rule at start-up.
+std::string parse_pins(const SettingInfo&, const std::string& v, Settings& out) {
+  std::vector<std::string> ids;
+  std::string_view rest = v;
+  while (true) {
+    const auto comma = rest.find(',');
+    const std::string item = trim(rest.substr(0, comma));
+    if (item.empty()) return "empty item in the comma-separated list";
+    if (item.find('/') != std::string::npos) return "'" + item + "' is a path, not a model id";
+    ids.push_back(item);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  out.pinned_models = std::move(ids);
+  return {};
+}
+
+std::string show_pins(const Settings& s) {
+  std::string out;
+  for (const auto& id : s.pinned_models) out += (out.empty() ? "" : ",") + id;
+  return out;
+}
+
 template <auto Field>
 std::string show_ids(const Settings& s) {
   std::string out;
@@ -282,6 +308,22 @@ const std::vector<SettingInfo>& rows() {
        .max = kMaxIdleSecs,
        .parse = parse_integer<&S::idle_secs>,
        .show = show_number<&S::idle_secs>},
+      {.variable = "CAR_INFERENCE_MAX_KEEP_ALIVE_SECS",
+       .flag = "--max-keep-alive-secs",
+       .meaning = "the longest `keep_alive` a request may ask for (seconds a model stays loaded after it; "
+                  "longer ones are cut to this); `0` lets requests only ask to unload at once",
+       .reload = Reload::idle_ttl,
+       .max = kMaxIdleSecs,
+       .parse = parse_integer<&S::max_keep_alive_secs>,
+       .show = show_number<&S::max_keep_alive_secs>},
+      {.variable = "CAR_INFERENCE_PIN_MODELS",
+       .flag = "--pin-models",
+       .default_doc = "empty",
+       .meaning = "comma-separated model ids never evicted for idleness (whatever a request's `keep_alive`), "
+                  "and evicted for room only after every unpinned model not in use; pinning does not load",
+       .reload = Reload::idle_ttl,
+       .parse = parse_pins,
+       .show = show_pins},
       {.variable = kSocket,
        .flag = "--socket",
        .default_doc = "`$RUNTIME_DIRECTORY/car-inference.sock`, else `/run/car-inference/car-inference.sock` "

@@ -90,6 +90,7 @@ inline constexpr std::uint64_t cache_mb = 24576;  ///< when the machine's memory
 /// defaults from MemTotal: the larger of this and a tenth of MemTotal.
 inline constexpr std::uint64_t cache_reserve_mb = 2048;
 inline constexpr std::uint64_t idle_secs = 300;
+inline constexpr std::uint64_t max_keep_alive_secs = 3600;
 inline constexpr LogLevel log_level = LogLevel::info;
 inline constexpr std::string_view models_dir = "/var/lib/car-inference/models";
 inline constexpr std::string_view state_dir = "/var/lib/car-inference";
@@ -115,6 +116,9 @@ struct Settings {
   /// "set" when a layer gave it, or "built-in (MemTotal unknown)".
   std::string cache_mb_origin = "built-in (MemTotal unknown)";
   std::uint64_t idle_secs = defaults::idle_secs;  ///< CAR_INFERENCE_MODEL_IDLE_SECS; 0 disables idle eviction
+  /// CAR_INFERENCE_MAX_KEEP_ALIVE_SECS: the longest per-request `keep_alive`.
+  std::uint64_t max_keep_alive_secs = defaults::max_keep_alive_secs;
+  std::vector<std::string> pinned_models;  ///< CAR_INFERENCE_PIN_MODELS: never idle-evicted (sorted, unique)
   std::filesystem::path socket_path;              ///< CAR_INFERENCE_SOCKET (default: see default_socket_path)
   std::filesystem::path models_dir{defaults::models_dir};  ///< CAR_INFERENCE_MODELS_DIR
   std::filesystem::path state_dir{defaults::state_dir};    ///< CAR_INFERENCE_STATE_DIR
@@ -191,7 +195,8 @@ const std::vector<SettingInfo>& setting_table();
 /// The row of `variable` (canonical name or alias); nullptr when there is none.
 const SettingInfo* find_setting(std::string_view variable);
 
-/// The variables that SIGHUP changes live: CAR_INFERENCE_MODEL_CACHE_MB, _MODEL_IDLE_SECS, _LOG_LEVEL and the
+/// The variables that SIGHUP changes live: CAR_INFERENCE_MODEL_CACHE_MB, _MODEL_IDLE_SECS,
+/// _MAX_KEEP_ALIVE_SECS, _PIN_MODELS, _LOG_LEVEL and the
 /// connection limits (_MAX_CONNECTIONS, _MAX_CONNECTIONS_PER_UID, _LINE_TIMEOUT_SECS,
 /// _MAX_PENDING_OUTPUT_MB).
 std::vector<std::string_view> live_reloadable_settings();

@@ -18,6 +18,7 @@
 #include "core/tensor/kernels.h"
 #include "core/util/fault_guard.h"
 #include "daemon/http/http_server.h"
+#include "daemon/model_resolver.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
 #include "daemon/systemd_notify.h"
@@ -30,6 +31,8 @@ LiveSettings live_of(const car::config::Settings& s) {
   LiveSettings live;
   live.cache_budget_bytes = s.cache_budget_bytes();
   live.idle_ttl = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(s.idle_secs));
+  live.max_keep_alive = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(s.max_keep_alive_secs));
+  live.pinned_models = s.pinned_models;
   live.log_level = std::string(car::config::to_string(s.log_level));
   live.max_connections = s.max_connections;
   live.max_connections_per_uid = s.max_connections_per_uid;
@@ -37,6 +40,16 @@ LiveSettings live_of(const car::config::Settings& s) {
   live.max_pending_output_bytes =
       static_cast<std::size_t>(s.max_pending_output_mb * car::config::Settings::kMiB);
   return live;
+}
+
+/// CAR_INFERENCE_PIN_MODELS holds model ids: each must pass the same rule as an id on the socket.
+car::Result<void> check_pinned(const car::config::Settings& s) {
+  for (const auto& id : s.pinned_models) {
+    if (auto ok = car::daemon::check_model_id(id); !ok) {
+      return car::make_error("invalid_setting", "CAR_INFERENCE_PIN_MODELS: " + ok.error().message);
+    }
+  }
+  return {};
 }
 
 void setup_logging(const car::config::Settings& s) {
@@ -103,6 +116,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "car-inferenced: %s\n", settings.error().message.c_str());
     return 2;
   }
+  if (auto pins = check_pinned(*settings); !pins) {
+    std::fprintf(stderr, "car-inferenced: %s: %s\n", pins.error().code.c_str(), pins.error().message.c_str());
+    return 2;
+  }
   setup_logging(*settings);
   spdlog::info("car-inferenced {} (commit {})", CAR_VERSION, CAR_GIT_COMMIT);
   // Process-wide, so the owner of main installs it: a model file truncated or rewritten in place while
@@ -152,6 +169,7 @@ int main(int argc, char** argv) {
   options.reload = [current, argc, argv]() -> car::Result<LiveSettings> {
     auto next = car::config::reload_settings(*current, argc, argv, car::config::current_environment());
     if (!next) return next.error();
+    if (auto pins = check_pinned(*next); !pins) return pins.error();
     auto plan = car::config::plan_reload(*current, *next);
     for (const auto& name : plan.needs_restart) spdlog::warn("SIGHUP: {} changed; it takes effect on restart", name);
     *current = *next;

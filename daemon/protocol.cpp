@@ -243,7 +243,7 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 
 const std::vector<std::string_view>& known_fields(Op op) {
   static const std::vector<std::string_view> kNone;
-  static const std::vector<std::string_view> kLoad = {"model", "stream_experts"};
+  static const std::vector<std::string_view> kLoad = {"model", "stream_experts", "keep_alive"};
   static const std::vector<std::string_view> kInvalidate = {"model"};
   static const std::vector<std::string_view> kCancel = {"target"};
   static const std::vector<std::string_view> kInfer = {
@@ -251,7 +251,8 @@ const std::vector<std::string_view>& known_fields(Op op) {
       "chat_template", "max_tokens",     "temperature",  "top_k",
       "top_p",         "seed",           "stop",         "stream",
       "ignore_eos",    "stream_experts", "min_p",        "repeat_penalty",
-      "repeat_last_n", "logprobs",       "top_logprobs", "num_ctx"};
+      "repeat_last_n", "logprobs",       "top_logprobs", "num_ctx",
+      "keep_alive"};
   switch (op) {
     case Op::kLoad:
       return kLoad;
@@ -321,6 +322,15 @@ Result<std::optional<std::string>> stream_experts_field(const json& body) {
     if (v == "on" || v == "off" || v == "auto") return std::optional<std::string>{v};
   }
   return bad("field 'stream_experts' must be \"on\", \"off\" or \"auto\", got " + dump(*it));
+}
+
+Result<std::optional<int64_t>> keep_alive_field(const json& body) {
+  auto it = body.find("keep_alive");
+  if (it != body.end() && !it->is_null() && !it->is_number()) {
+    return bad("field 'keep_alive' must be a number of seconds (0: unload after this request), got " +
+               type_name(*it));
+  }
+  return int_field(body, "keep_alive", 0, kMaxKeepAliveSecs);
 }
 
 Result<InferParams> parse_infer(const json& body) {

@@ -166,6 +166,12 @@ Result<std::string> model_field(const nlohmann::json& body);
 /// Read the optional `stream_experts` field of load / infer: "on", "off" or "auto"; nullopt when absent or
 /// null. Error bad_request for anything else.
 Result<std::optional<std::string>> stream_experts_field(const nlohmann::json& body);
+/// Upper bound on a request's `keep_alive` in seconds (ten years, as CAR_INFERENCE_MAX_KEEP_ALIVE_SECS); the
+/// daemon then cuts it to its CAR_INFERENCE_MAX_KEEP_ALIVE_SECS.
+inline constexpr int64_t kMaxKeepAliveSecs = int64_t{10} * 365 * 24 * 3600;
+/// Read the optional `keep_alive` field of load / infer: whole seconds the model stays loaded after the
+/// request (0: unload it when the request ends); nullopt when absent or null. Error bad_request otherwise.
+Result<std::optional<int64_t>> keep_alive_field(const nlohmann::json& body);
 /// Read and validate every infer field (types and ranges). Error bad_request naming the field.
 Result<InferParams> parse_infer(const nlohmann::json& body);
 

@@ -29,6 +29,10 @@ double ms_of(std::chrono::nanoseconds d) {
   return std::chrono::duration<double, std::milli>(d).count();
 }
 
+double seconds_of(std::chrono::milliseconds d) {
+  return static_cast<double>(d.count()) / 1000.0;
+}
+
 std::optional<std::chrono::milliseconds> ttl_of(const LiveSettings& live) {
   if (live.idle_ttl.count() <= 0) return std::nullopt;
   return std::chrono::duration_cast<std::chrono::milliseconds>(live.idle_ttl);
@@ -110,6 +114,8 @@ struct RequestHandler::Request {
   std::optional<ResolvedModel> resolved;
   protocol::InferParams infer;
   std::optional<std::string> stream_experts;  // the request's choice for a load it triggers
+  /// The request's `keep_alive`, cut to CAR_INFERENCE_MAX_KEEP_ALIVE_SECS; nullopt: the cache's idle TTL.
+  std::optional<std::chrono::seconds> keep_alive;
   Clock::time_point received;
 };
 
@@ -125,6 +131,7 @@ RequestHandler::RequestHandler(asio::io_context& io, const ServerOptions& option
   cache_.set_eviction_listener([this](EvictionCause cause, double age_seconds, uint64_t) {
     metrics_.observe_eviction(eviction_cause_name(cause), age_seconds);
   });
+  cache_.set_pinned(options.live.pinned_models);
 }
 
 RequestHandler::~RequestHandler() {
@@ -250,6 +257,12 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
     if (!stream_experts) return fail(protocol::code::kBadRequest, stream_experts.error().message);
     req.stream_experts = std::move(*stream_experts);
   }
+  auto keep_alive = protocol::keep_alive_field(req.body);
+  if (!keep_alive) return fail(protocol::code::kBadRequest, keep_alive.error().message);
+  if (*keep_alive) {
+    // Longer than the admin allows: cut, and the reply's keep_alive_s says what applies.
+    req.keep_alive = std::min(std::chrono::seconds(**keep_alive), options_.live.max_keep_alive);
+  }
   auto resolved = resolve_model(options_.models_dir, req.model);
   if (!resolved) return fail(protocol::wire_code(resolved.error().code), resolved.error().message);
   req.resolved = std::move(*resolved);
@@ -268,6 +281,7 @@ void RequestHandler::start_job(const std::shared_ptr<Client>& client, Request& r
     try {
       reply = shared_req->op == Op::kLoad ? run_load(call, *shared_req, outcome)
                                           : run_infer(client, call, *shared_req, outcome);
+      if (shared_req->op == Op::kInfer) unload_if_asked(*shared_req);
     } catch (const std::exception& e) {
       outcome = protocol::code::kInternal;
       reply = Reply::failure(protocol::code::kInternal, e.what());
@@ -331,6 +345,8 @@ std::optional<ModelCache::Lease> RequestHandler::acquire_model(const Request& re
     }
   }
   if (info.loaded) metrics_.observe_load(std::chrono::duration<double>(info.load_time).count());
+  // The latest request to start on a model sets how long it stays after its last use (Ollama's rule).
+  if (lease) (*lease)->set_keep_alive(req.keep_alive);
   if (!lease) {
     outcome = protocol::wire_code(lease.error().code);
     error = Reply::failure(outcome, lease.error().message);
@@ -362,13 +378,16 @@ Reply RequestHandler::run_load(const std::shared_ptr<Call>& call, const Request&
   const ModelFacts f = facts(req.model).value_or(ModelFacts{});
   const uint64_t size_bytes = (*lease)->size_bytes();  // the cache's charge, as `stats` reports it
   lease->reset();
+  const bool unloaded = unload_if_asked(req);
   json r = {{"model", req.model},
             {"size_bytes", size_bytes},
             {"file_bytes", req.resolved->file_bytes},
             {"load_ms", ms_of(info.load_time)},
             {"cached", info.hit},
             {"waited", info.waited},
-            {"retained", info.cached},
+            {"retained", info.cached && !unloaded},
+            {"pinned", cache_.is_pinned(req.model)},
+            {"keep_alive_s", keep_alive_json(req)},
             {"streaming", f.streams_experts},
             {"context_length", f.context_length}};
   outcome = info.hit ? "ok(hit)" : "ok(loaded)";
@@ -436,6 +455,7 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
               {"prompt_ms", out->prompt_ms},
               {"decode_ms", out->decode_ms}}}};
   if (!out->chat_template.empty()) r["chat_template"] = out->chat_template;
+  if (req.keep_alive) r["keep_alive_s"] = keep_alive_json(req);
   metrics_.observe_generation(static_cast<uint64_t>(out->prompt_tokens), out->prompt_ms / 1000,
                               out->tokens.size(), out->decode_ms / 1000, out->finish_reason);
   if (params.generate.logprobs) {
@@ -455,6 +475,22 @@ void RequestHandler::drop_stale(const std::string& id, const ModelCache::Handle&
       "model {}: its file changed on disk ({}); dropped the cached model, the next request loads the "
       "file again",
       log_quote(id), why);
+}
+
+bool RequestHandler::unload_if_asked(const Request& req) {
+  if (!req.keep_alive || req.keep_alive->count() != 0) return false;
+  // Not when another request still uses it, or it is pinned (evict_if_expired checks both).
+  const bool unloaded = cache_.evict_if_expired(req.model);
+  if (unloaded) spdlog::debug("model {} unloaded after the request (keep_alive 0)", log_quote(req.model));
+  return unloaded;
+}
+
+json RequestHandler::keep_alive_json(const Request& req) const {
+  // What now applies to the model: null when it is never evicted for idleness (pinned, or no TTL at all).
+  if (cache_.is_pinned(req.model)) return nullptr;
+  if (req.keep_alive) return req.keep_alive->count();
+  const auto ttl = cache_.idle_ttl();
+  return ttl ? json(static_cast<double>(ttl->count()) / 1000.0) : json(nullptr);
 }
 
 std::optional<RequestHandler::ModelFacts> RequestHandler::facts(const std::string& id) const {
@@ -490,14 +526,15 @@ void RequestHandler::run_shutdown_hooks() {
 void RequestHandler::apply_live(const LiveSettings& live) {
   Evicted e = cache_.set_budget(live.cache_budget_bytes);
   cache_.set_idle_ttl(ttl_of(live));
+  cache_.set_pinned(live.pinned_models);
   spdlog::set_level(spdlog::level::from_str(live.log_level));
   spdlog::info("settings reloaded: cache budget {} bytes, idle TTL {} s, log level {} ({} model(s) evicted)",
                live.cache_budget_bytes, live.idle_ttl.count(), live.log_level, e.entries);
 }
 
-std::size_t RequestHandler::evict_idle() {
+std::size_t RequestHandler::evict_idle(std::optional<std::chrono::nanoseconds>* next_due) {
   save_states_if_due();
-  Evicted e = cache_.evict_idle();
+  Evicted e = cache_.evict_idle(next_due);
   if (e.entries > 0) spdlog::info("idle eviction: {} model(s), {} bytes released", e.entries, e.bytes);
   return e.entries;
 }
@@ -548,7 +585,10 @@ json RequestHandler::stats_json() const {
   for (const auto& item : s.items) {
     json m = {{"model", item.key},     {"size_bytes", item.size_bytes}, {"in_use", item.in_use},
               {"leases", item.leases}, {"idle_s", item.idle_seconds},   {"age_s", item.age_seconds},
-              {"hits", item.hits}};
+              {"hits", item.hits},     {"pinned", item.pinned}};
+    const json ttl = item.idle_ttl ? json(seconds_of(*item.idle_ttl)) : json(nullptr);
+    m["keep_alive_s"] = item.keep_alive_set ? ttl : json(nullptr);
+    m["idle_ttl_s"] = ttl;
     if (auto f = facts(item.key)) {
       m["streaming"] = f->streams_experts;
       m["context_length"] = f->context_length;
@@ -614,12 +654,13 @@ json RequestHandler::list_json(std::string& error) const {
       if (!info.quantization.empty()) row["quant"] = info.quantization;
       if (info.context_length) row["context_length"] = *info.context_length;
     }
-    // Seconds until the idle sweep may evict it: null when not loaded, in use, or idle eviction is off.
+    // Seconds until the idle sweep may evict it (its keep-alive, else the idle TTL): null when not loaded, in
+    // use, pinned, or idle eviction is off.
     row["idle_eviction_s"] = nullptr;
+    row["pinned"] = cache_.is_pinned(m.id);
     for (const auto& item : cache.items) {
-      if (item.key != m.id || item.in_use || !cache.idle_ttl) continue;
-      const double ttl = static_cast<double>(cache.idle_ttl->count()) / 1000.0;
-      row["idle_eviction_s"] = std::max(0.0, ttl - item.idle_seconds);
+      if (item.key != m.id || item.in_use || !item.idle_ttl) continue;
+      row["idle_eviction_s"] = std::max(0.0, seconds_of(*item.idle_ttl) - item.idle_seconds);
     }
     models.push_back(std::move(row));
   }

@@ -123,7 +123,7 @@ class RequestHandler {
   /// Apply the cache and log settings that may change live (SIGHUP).
   void apply_live(const LiveSettings& live);
   /// Sweep idle models (the idle timer calls it). Returns how many were evicted.
-  std::size_t evict_idle();
+  std::size_t evict_idle(std::optional<std::chrono::nanoseconds>* next_due = nullptr);
   /// One line for systemd's STATUS=.
   std::string status_line() const;
 
@@ -154,6 +154,11 @@ class RequestHandler {
   // Drop `id` from the cache if `handle` is still what it holds there (its file changed); logs `why` at info
   // when it did. Another request that saw the same change and already dropped (or reloaded) it wins.
   void drop_stale(const std::string& id, const ModelCache::Handle& handle, const std::string& why);
+  /// After a request asking for `keep_alive: 0`: evict its model now unless another request uses it or it
+  /// is pinned. Returns whether it was evicted. Worker side.
+  bool unload_if_asked(const Request& req);
+  /// The idle TTL in seconds that applies to the request's model after it (null: never idle-evicted).
+  nlohmann::json keep_alive_json(const Request& req) const;
   void job_done();
   nlohmann::json health_json() const;
   nlohmann::json stats_json() const;

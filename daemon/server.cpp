@@ -252,20 +252,27 @@ asio::awaitable<void> Server::accept_loop() {
   }
 }
 
-void Server::arm_idle_timer() {
+void Server::arm_idle_timer(std::optional<std::chrono::nanoseconds> next_due) {
   auto ttl = std::chrono::duration_cast<std::chrono::milliseconds>(options_.live.idle_ttl);
   // Sweep four times per TTL, so a model leaves within 1.25 TTL of its last use; at most every 5 s
-  // otherwise (the sweep also refreshes systemd's STATUS=).
+  // otherwise (the sweep also refreshes systemd's STATUS=). Sooner when a model's own keep-alive ends
+  // first (next_due, from the last sweep).
   std::chrono::milliseconds period =
       ttl.count() > 0 ? std::clamp(ttl / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(5000))
                       : std::chrono::milliseconds(5000);
+  if (next_due) {
+    period = std::min(period, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(*next_due) +
+                                           std::chrono::milliseconds(1),
+                                       std::chrono::milliseconds(50)));
+  }
   idle_timer_.expires_after(period);
   idle_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
-    if (handler_->evict_idle() > 0) spdlog::debug("after idle sweep: {}", handler_->status_line());
+    std::optional<std::chrono::nanoseconds> due;
+    if (handler_->evict_idle(&due) > 0) spdlog::debug("after idle sweep: {}", handler_->status_line());
     trim_after_closes();
     update_status();
-    arm_idle_timer();
+    arm_idle_timer(due);
   });
 }
 

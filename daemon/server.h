@@ -52,7 +52,8 @@ class Server {
  private:
   Result<void> open_ndjson();
   boost::asio::awaitable<void> accept_loop();
-  void arm_idle_timer();
+  /// Arm the idle sweep: its usual period, or sooner when a model's keep-alive ends in `next_due`.
+  void arm_idle_timer(std::optional<std::chrono::nanoseconds> next_due = std::nullopt);
   void arm_watchdog(std::chrono::microseconds period);
   void wait_signals();
   void begin_shutdown(const char* why);

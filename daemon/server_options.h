@@ -24,6 +24,9 @@ namespace car::daemon {
 struct LiveSettings {
   uint64_t cache_budget_bytes = config::defaults::cache_mb * config::kMiB;
   std::chrono::seconds idle_ttl{config::defaults::idle_secs};  ///< 0 disables idle eviction
+  /// The longest `keep_alive` a request may ask for (longer ones are cut to it).
+  std::chrono::seconds max_keep_alive{config::defaults::max_keep_alive_secs};
+  std::vector<std::string> pinned_models;  ///< never idle-evicted (ids, checked by check_model_id)
   std::string log_level{config::to_string(config::defaults::log_level)};
   // Connection limits (connection_limits.h).
   std::size_t max_connections = config::defaults::max_connections;  ///< lowered to fit RLIMIT_NOFILE

@@ -114,15 +114,20 @@ void print_stats(const json& r) {
               c.value("load_failures", 0ull), c.value("evictions", 0ull));
   if (!r["models"].empty()) {
     // SIZE is what the model holds, as `car load` reports it (the cache's charge).
-    std::printf("  %-32s %10s  %-6s %8s %8s %6s %8s  %s\n", "MODEL", "SIZE", "STATE", "IDLE", "AGE", "HITS",
-                "CONTEXT", "EXPERTS");
+    // IDLE TTL: how long it may stay unused (its request's keep_alive, else the daemon's idle TTL).
+    std::printf("  %-32s %10s  %-6s %8s %9s %8s %6s %8s  %s\n", "MODEL", "SIZE", "STATE", "IDLE", "IDLE TTL",
+                "AGE", "HITS", "CONTEXT", "EXPERTS");
   }
   for (const auto& m : r["models"]) {
     const std::string idle = std::to_string(static_cast<long long>(m.value("idle_s", 0.0))) + " s";
     const std::string age = std::to_string(static_cast<long long>(m.value("age_s", 0.0))) + " s";
-    std::printf("  %-32s %10s  %-6s %8s %8s %6llu %8lld  %s\n", m.value("model", "").c_str(),
+    std::string ttl = m.value("pinned", false) ? "pinned" : "off";
+    if (const auto it = m.find("idle_ttl_s"); it != m.end() && it->is_number()) {
+      ttl = std::to_string(static_cast<long long>(it->get<double>())) + " s";
+    }
+    std::printf("  %-32s %10s  %-6s %8s %9s %8s %6llu %8lld  %s\n", m.value("model", "").c_str(),
                 human_bytes(m.value("size_bytes", 0.0)).c_str(), m.value("in_use", false) ? "in use" : "idle",
-                idle.c_str(), age.c_str(), m.value("hits", 0ull), m.value("context_length", 0ll),
+                idle.c_str(), ttl.c_str(), age.c_str(), m.value("hits", 0ull), m.value("context_length", 0ll),
                 m.value("streaming", false) ? "streamed" : "-");
   }
   const json& q = r["requests"];
@@ -268,6 +273,8 @@ void setup_client_commands(CLI::App& root) {
         std::string eviction = "-";
         if (const auto it = m.find("idle_eviction_s"); it != m.end() && it->is_number()) {
           eviction = "in " + std::to_string(static_cast<long long>(it->get<double>())) + " s";
+        } else if (m.value("pinned", false)) {
+          eviction = "pinned";  // never idle-evicted (CAR_INFERENCE_PIN_MODELS)
         } else if (m.value("loaded", false)) {
           eviction = "no";  // in use, or idle eviction off
         }

@@ -38,6 +38,7 @@ const std::map<std::string_view, std::vector<std::string>> kSamples = {
     {"CAR_INFERENCE_SOCKET_GROUP", {"file-group", "1001", "flag_group"}},
     {"CAR_INFERENCE_ALLOW_UIDS", {"1,2", "3", "4,5,6"}},
     {"CAR_INFERENCE_ALLOW_GIDS", {"7", "8,9", "10"}},
+    {"CAR_INFERENCE_PIN_MODELS", {"chat", "chat,embed", "qwen3-8b"}},
 };
 
 std::vector<std::string> samples(const SettingInfo& row) {

@@ -167,7 +167,9 @@ TEST_F(SettingsFileTest, EveryFlagOverridesItsVariable) {
                       {"CAR_INFERENCE_MAX_CONNECTIONS", "1"},
                       {"CAR_INFERENCE_MAX_CONNECTIONS_PER_UID", "1"},
                       {"CAR_INFERENCE_LINE_TIMEOUT_SECS", "1"},
-                      {"CAR_INFERENCE_MAX_PENDING_OUTPUT_MB", "1"}};
+                      {"CAR_INFERENCE_MAX_PENDING_OUTPUT_MB", "1"},
+                      {"CAR_INFERENCE_MAX_KEEP_ALIVE_SECS", "1"},
+                      {"CAR_INFERENCE_PIN_MODELS", "envmodel"}};
   Settings e = load_ok({}, env);
   EXPECT_EQ(e.cache_mb, 1u);
   EXPECT_EQ(e.stream_experts, StreamExperts::on);
@@ -210,7 +212,11 @@ TEST_F(SettingsFileTest, EveryFlagOverridesItsVariable) {
                         "--line-timeout-secs",
                         "0",
                         "--max-pending-output-mb",
-                        "8"},
+                        "8",
+                        "--max-keep-alive-secs",
+                        "600",
+                        "--pin-models",
+                        " chat , embed,chat"},
                        env);
   EXPECT_EQ(s.cache_mb, 2u);
   EXPECT_EQ(s.idle_secs, 2u);
@@ -231,9 +237,16 @@ TEST_F(SettingsFileTest, EveryFlagOverridesItsVariable) {
   EXPECT_EQ(s.max_connections_per_uid, 10u);
   EXPECT_EQ(s.line_timeout_secs, 0u);
   EXPECT_EQ(s.max_pending_output_mb, 8u);
+  EXPECT_EQ(s.max_keep_alive_secs, 600u);
+  EXPECT_EQ(s.pinned_models, (std::vector<std::string>{"chat", "embed"})) << "trimmed, duplicates dropped";
   EXPECT_EQ(e.max_connections, 1u);
   EXPECT_EQ(e.max_connections_per_uid, 1u);
   EXPECT_EQ(e.line_timeout_secs, 1u);
+  EXPECT_EQ(e.max_keep_alive_secs, 1u);
+  EXPECT_EQ(e.pinned_models, (std::vector<std::string>{"envmodel"}));
+  Settings d = load_ok({});
+  EXPECT_EQ(d.max_keep_alive_secs, 3600u);
+  EXPECT_TRUE(d.pinned_models.empty());
 }
 
 TEST_F(SettingsFileTest, ConfigFileFromEnvironmentAndFlagBeatsIt) {
@@ -376,6 +389,10 @@ TEST(SettingsValidationTest, EveryBadValueNamesTheVariableAndTheValue) {
       {"CAR_INFERENCE_LINE_TIMEOUT_SECS", "86401", "out of range (0 to 86400)"},
       {"CAR_INFERENCE_MAX_PENDING_OUTPUT_MB", "0", "out of range (1 to 4096)"},
       {"CAR_INFERENCE_MAX_PENDING_OUTPUT_MB", "4097", "out of range (1 to 4096)"},
+      {"CAR_INFERENCE_MAX_KEEP_ALIVE_SECS", "1h", "not a non-negative integer"},
+      {"CAR_INFERENCE_MAX_KEEP_ALIVE_SECS", "315360001", "out of range (0 to 315360000)"},
+      {"CAR_INFERENCE_PIN_MODELS", "a,,b", "empty item in the comma-separated list"},
+      {"CAR_INFERENCE_PIN_MODELS", "models/a", "'models/a' is a path, not a model id"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(env_error(c.var, c.value),
@@ -435,7 +452,8 @@ TEST(SettingsReloadTest, LiveSettingsAreBudgetTtlLogLevelAndConnectionLimits) {
   auto live = live_reloadable_settings();
   EXPECT_EQ(live,
             (std::vector<std::string_view>{
-                "CAR_INFERENCE_MODEL_CACHE_MB", "CAR_INFERENCE_MODEL_IDLE_SECS", "CAR_INFERENCE_LOG_LEVEL",
+                "CAR_INFERENCE_MODEL_CACHE_MB", "CAR_INFERENCE_MODEL_IDLE_SECS",
+                "CAR_INFERENCE_MAX_KEEP_ALIVE_SECS", "CAR_INFERENCE_PIN_MODELS", "CAR_INFERENCE_LOG_LEVEL",
                 "CAR_INFERENCE_MAX_CONNECTIONS", "CAR_INFERENCE_MAX_CONNECTIONS_PER_UID",
                 "CAR_INFERENCE_LINE_TIMEOUT_SECS", "CAR_INFERENCE_MAX_PENDING_OUTPUT_MB"}));
 }
@@ -455,6 +473,13 @@ TEST(SettingsReloadTest, PlanReloadSeparatesLiveFromRestartOnly) {
   EXPECT_TRUE(p.log_level_changed);
   EXPECT_EQ(p.needs_restart, (std::vector<std::string>{"CAR_INFERENCE_MODELS_DIR", "CAR_INFERENCE_WORKERS"}));
   EXPECT_FALSE(p.connection_limits_changed);
+  for (auto change : {+[](Settings& s) { s.max_keep_alive_secs = 5; },
+                      +[](Settings& s) { s.pinned_models = {"m"}; }}) {
+    Settings c = a;
+    change(c);
+    EXPECT_TRUE(plan_reload(a, c).idle_ttl_changed);
+    EXPECT_TRUE(plan_reload(a, c).needs_restart.empty());
+  }
   for (auto change :
        {+[](Settings& s) { s.max_connections = 1; }, +[](Settings& s) { s.max_connections_per_uid = 1; },
         +[](Settings& s) { s.line_timeout_secs = 1; }, +[](Settings& s) { s.max_pending_output_mb = 2; }}) {

@@ -648,6 +648,41 @@ TEST_F(DaemonBinaryEngineTest, IdleEvictionWithAOneSecondTtl) {
   EXPECT_EQ(stats(conn)["cache"]["evictions_by_cause"]["idle"], 1);
 }
 
+TEST_F(DaemonBinaryEngineTest, PinsComeFromTheSettingsAndChangeOnSighup) {
+  const auto config = tmp_ / "car.env";
+  std::ofstream(config) << "CAR_INFERENCE_PIN_MODELS=tiny\n";
+  env_["CAR_INFERENCE_CONFIG"] = config.string();
+  env_["CAR_INFERENCE_MODEL_IDLE_SECS"] = "1";
+  start();
+  auto conn = connect();
+  json r = call(conn, {{"id", 1}, {"op", "load"}, {"model", "tiny"}});
+  ASSERT_EQ(r["ok"], true) << r;
+  EXPECT_EQ(r["result"]["pinned"], true);
+  // Several sweeps of a 1 s TTL pass: the pinned model stays.
+  std::this_thread::sleep_for(2500ms);
+  json s = stats(conn);
+  ASSERT_EQ(s["models"].size(), 1u) << daemon_->log();
+  EXPECT_EQ(s["models"][0]["pinned"], true);
+  // Unpinned by an edit and SIGHUP: the next sweeps evict it.
+  std::ofstream(config) << "CAR_INFERENCE_PIN_MODELS=other\n";
+  ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
+  EXPECT_TRUE(wait_until([&] { return stats(conn)["cache"]["entries"] == 0; }, 10s)) << daemon_->log();
+  // An invalid id in a reload is refused and the previous pins stay in force.
+  std::ofstream(config) << "CAR_INFERENCE_PIN_MODELS=.hidden\n";
+  ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
+  const auto refused = [&] { return daemon_->log().find("settings not reloaded") != std::string::npos; };
+  EXPECT_TRUE(wait_until(refused, 10s)) << daemon_->log();
+}
+
+TEST_F(DaemonBinaryTest, AnInvalidPinnedIdStopsStartUp) {
+  env_["CAR_INFERENCE_PIN_MODELS"] = "ok,.hidden";
+  DaemonProcess p(env_, (tmp_ / "bad.log").string());
+  auto code = p.wait_exit(20s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(p.log().find("CAR_INFERENCE_PIN_MODELS"), std::string::npos) << p.log();
+}
+
 TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   // What the daemon charges a model: the engine's estimate, which equals what the loaded model holds
   // (weights + KV cache for the context + scratch + logits), not the file size.

@@ -174,7 +174,7 @@ TEST(DaemonProtocol, UnknownFieldsAreBadRequestsNamingThem) {
   auto far = protocol::check_fields(Op::kLoad, {{"op", "load"}, {"model", "m"}, {"xyzzy", 1}});
   ASSERT_FALSE(far.ok());
   EXPECT_NE(far.error().message.find("'xyzzy'"), std::string::npos);
-  EXPECT_NE(far.error().message.find("known: model, stream_experts"), std::string::npos)
+  EXPECT_NE(far.error().message.find("known: model, stream_experts, keep_alive"), std::string::npos)
       << far.error().message;
   EXPECT_EQ(far.error().message.find("did you mean"), std::string::npos);
   // Per op: a field of infer is unknown to stats; id, op and strict are known everywhere.
@@ -201,8 +201,11 @@ TEST(DaemonProtocol, UnknownFieldsAreBadRequestsNamingThem) {
                                                   {"ignore_eos", false},
                                                   {"logprobs", true},
                                                   {"top_logprobs", 2},
-                                                  {"stream_experts", "auto"}})
+                                                  {"stream_experts", "auto"},
+                                                  {"num_ctx", 64},
+                                                  {"keep_alive", 0}})
                   .ok());
+  EXPECT_TRUE(protocol::check_fields(Op::kLoad, {{"op", "load"}, {"model", "m"}, {"keep_alive", 30}}).ok());
   // The escape hatch, and a strict that is not a boolean.
   EXPECT_TRUE(
       protocol::check_fields(Op::kInfer, {{"op", "infer"}, {"tempreature", 1}, {"strict", false}}).ok());
@@ -213,6 +216,20 @@ TEST(DaemonProtocol, UnknownFieldsAreBadRequestsNamingThem) {
   auto odd = protocol::check_fields(Op::kHealth, {{"op", "health"}, {"a'\nb", 1}});
   ASSERT_FALSE(odd.ok());
   EXPECT_NE(odd.error().message.find("\"a'\\nb\""), std::string::npos) << odd.error().message;
+}
+
+TEST(DaemonProtocol, KeepAliveIsWholeSecondsOrAbsent) {
+  EXPECT_EQ(protocol::keep_alive_field(json{{"model", "m"}}).value(), std::nullopt);
+  EXPECT_EQ(protocol::keep_alive_field(json{{"keep_alive", nullptr}}).value(), std::nullopt);
+  EXPECT_EQ(protocol::keep_alive_field(json{{"keep_alive", 0}}).value(), std::optional<int64_t>(0));
+  EXPECT_EQ(protocol::keep_alive_field(json{{"keep_alive", 300.0}}).value(), std::optional<int64_t>(300));
+  for (const json& bad : {json(-1), json(1.5), json("5m"), json(true), json::array()}) {
+    auto r = protocol::keep_alive_field(json{{"keep_alive", bad}});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, "bad_request");
+    EXPECT_NE(r.error().message.find("keep_alive"), std::string::npos) << r.error().message;
+  }
+  EXPECT_FALSE(protocol::keep_alive_field(json{{"keep_alive", protocol::kMaxKeepAliveSecs + 1}}).ok());
 }
 
 TEST(DaemonProtocol, TokenEventsAndResultsCarryLogprobs) {

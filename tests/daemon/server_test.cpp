@@ -621,6 +621,126 @@ TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
   EXPECT_EQ(call(conn, {{"id", 2}, {"op", "cancel"}, {"target", "hold"}})["result"]["cancelled"], true);
 }
 
+TEST_F(DaemonServerTest, KeepAliveZeroUnloadsAfterTheRequestLoadAndInfer) {
+  start();
+  auto conn = connect();
+  // Ollama's idiom: `load` with keep_alive 0 loads (checking the model) and unloads right after.
+  json r = call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}, {"keep_alive", 0}});
+  ASSERT_EQ(r["ok"], true) << r;
+  EXPECT_EQ(r["result"]["retained"], false);
+  EXPECT_EQ(r["result"]["keep_alive_s"], 0);
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 0);
+  // An infer with keep_alive 0 answers, then its model is gone; one without it stays.
+  r = call(conn, {{"id", 2}, {"op", "infer"}, {"model", "b"}, {"prompt", "x"}, {"keep_alive", 0}});
+  ASSERT_EQ(r["ok"], true) << r;
+  EXPECT_EQ(r["result"]["keep_alive_s"], 0);
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 0);
+  ASSERT_EQ(call(conn, {{"id", 3}, {"op", "infer"}, {"model", "b"}, {"prompt", "x"}})["ok"], true);
+  EXPECT_EQ(stats(conn)["models"].size(), 1u);
+  EXPECT_EQ(stats(conn)["cache"]["evictions_by_cause"]["idle"], 2);
+  // Bad values are named.
+  r = call(conn, {{"id", 4}, {"op", "load"}, {"model", "a"}, {"keep_alive", "5m"}});
+  EXPECT_EQ(error_code(r), "bad_request");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("keep_alive"), std::string::npos) << r;
+  EXPECT_EQ(error_code(call(conn, {{"id", 5}, {"op", "load"}, {"model", "a"}, {"keep_alive", -1}})),
+            "bad_request");
+}
+
+TEST_F(DaemonServerTest, KeepAliveZeroSparesAModelAnotherRequestIsUsing) {
+  start();
+  auto conn = connect();
+  ASSERT_TRUE(conn.send_line(json({{"id", "hold"},
+                                   {"op", "infer"},
+                                   {"model", "a"},
+                                   {"prompt", "hold"},
+                                   {"max_tokens", 1},
+                                   {"stream", true}})
+                                 .dump())
+                  .ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");
+  auto other = connect();
+  json r = call(other, {{"id", 1}, {"op", "load"}, {"model", "a"}, {"keep_alive", 0}});
+  ASSERT_EQ(r["ok"], true) << r;
+  EXPECT_EQ(r["result"]["retained"], true) << "in use by the held request";
+  EXPECT_EQ(stats(other)["cache"]["entries"], 1);
+  EXPECT_EQ(call(conn, {{"id", 2}, {"op", "cancel"}, {"target", "hold"}})["result"]["cancelled"], true);
+}
+
+TEST_F(DaemonServerTest, KeepAliveIsCutToTheAdminMaximumAndOutlivesTheIdleTtl) {
+  options_.live.idle_ttl = 1s;  // sweeps every 250 ms
+  options_.live.max_keep_alive = 60s;
+  start();
+  auto conn = connect();
+  json r = call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}, {"keep_alive", 100000}});
+  ASSERT_EQ(r["ok"], true) << r;
+  EXPECT_EQ(r["result"]["keep_alive_s"], 60) << "cut to CAR_INFERENCE_MAX_KEEP_ALIVE_SECS";
+  ASSERT_EQ(call(conn, {{"id", 2}, {"op", "load"}, {"model", "b"}})["result"]["keep_alive_s"], 1.0);
+  json m = stats(conn)["models"];
+  ASSERT_EQ(m.size(), 2u);
+  for (const auto& row : m) {
+    if (row["model"] == "a") {
+      EXPECT_EQ(row["keep_alive_s"], 60.0);
+      EXPECT_EQ(row["idle_ttl_s"], 60.0);
+    } else {
+      EXPECT_TRUE(row["keep_alive_s"].is_null()) << row;
+      EXPECT_EQ(row["idle_ttl_s"], 1.0);
+    }
+  }
+  // Ten seconds on by the cache's clock: b (the 1 s TTL) goes, a (kept alive 60 s) stays.
+  clock_skew_ns_ += std::chrono::nanoseconds(10s).count();
+  ASSERT_TRUE(wait_until([&] { return stats(conn)["cache"]["evictions_by_cause"]["idle"] == 1; }, 5s));
+  m = stats(conn)["models"];
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["model"], "a");
+  // Past its keep-alive it goes too.
+  clock_skew_ns_ += std::chrono::nanoseconds(60s).count();
+  EXPECT_TRUE(wait_until([&] { return stats(conn)["cache"]["entries"] == 0; }, 5s));
+}
+
+TEST_F(DaemonServerTest, AKeepAliveWorksWithIdleEvictionOff) {
+  // No cache TTL: the sweep still ends a request's keep-alive (the timer runs at its due time).
+  options_.live.idle_ttl = 0s;
+  start();
+  auto conn = connect();
+  ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}, {"keep_alive", 2}})["ok"], true);
+  ASSERT_EQ(call(conn, {{"id", 2}, {"op", "load"}, {"model", "b"}})["result"]["keep_alive_s"], nullptr);
+  clock_skew_ns_ += std::chrono::nanoseconds(5s).count();
+  ASSERT_TRUE(wait_until([&] { return stats(conn)["cache"]["entries"] == 1; }, 10s));
+  EXPECT_EQ(stats(conn)["models"][0]["model"], "b") << "no TTL: b is never idle-evicted";
+}
+
+TEST_F(DaemonServerTest, PinnedModelsAreNeverIdleEvictedAndShownInStatsAndList) {
+  options_.live.idle_ttl = 1s;
+  options_.live.pinned_models = {"a"};
+  start();
+  auto conn = connect();
+  json r = call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}, {"keep_alive", 0}});
+  ASSERT_EQ(r["ok"], true) << r;
+  EXPECT_EQ(r["result"]["pinned"], true);
+  EXPECT_EQ(r["result"]["retained"], true) << "keep_alive 0 does not unload a pinned model";
+  EXPECT_TRUE(r["result"]["keep_alive_s"].is_null());
+  ASSERT_EQ(call(conn, {{"id", 2}, {"op", "load"}, {"model", "b"}})["result"]["pinned"], false);
+  clock_skew_ns_ += std::chrono::nanoseconds(3600s).count();
+  ASSERT_TRUE(wait_until([&] { return stats(conn)["cache"]["evictions_by_cause"]["idle"] == 1; }, 5s));
+  json m = stats(conn)["models"];
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["model"], "a");
+  EXPECT_EQ(m[0]["pinned"], true);
+  EXPECT_TRUE(m[0]["idle_ttl_s"].is_null());
+  json list = call(conn, {{"id", 3}, {"op", "list"}})["result"]["models"];
+  bool seen = false;
+  for (const auto& row : list) {
+    if (row["model"] != "a") {
+      EXPECT_EQ(row["pinned"], false) << row;
+      continue;
+    }
+    seen = true;
+    EXPECT_EQ(row["pinned"], true);
+    EXPECT_EQ(row["loaded"], true);
+    EXPECT_TRUE(row["idle_eviction_s"].is_null()) << row;
+  }
+  EXPECT_TRUE(seen) << list;
+}
 TEST_F(DaemonServerTest, InvalidateEvictsAndReportsWhetherCached) {
   start();
   auto conn = connect();
