@@ -147,8 +147,11 @@ void print_logprobs(const json& entries) {
         top += (top.empty() ? "" : ", ") + quoted(alt.value("text", json())) + lp;
       }
     }
-    std::printf("%-24s %9.3f  %s\n", quoted(e.value("text", json())).c_str(), e.value("logprob", 0.0),
-                top.empty() ? "-" : top.c_str());
+    // Padded by characters, not bytes, so a U+FFFD or any non-ASCII token keeps the columns aligned.
+    std::string token = quoted(e.value("text", json()));
+    const auto chars = std::count_if(token.begin(), token.end(), [](char c) { return (c & 0xC0) != 0x80; });
+    if (chars < 24) token.append(static_cast<std::size_t>(24 - chars), ' ');
+    std::printf("%s %9.3f  %s\n", token.c_str(), e.value("logprob", 0.0), top.empty() ? "-" : top.c_str());
   }
 }
 
