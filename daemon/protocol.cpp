@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <tuple>
 
@@ -60,6 +61,13 @@ Result<std::optional<int64_t>> int_field(const json& body, const char* name, int
   return std::optional<int64_t>{v};
 }
 
+/// A range bound as a person writes it ("0", "0.5", "100"), not std::to_string's "0.000000".
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
 Result<std::optional<double>> number_field(const json& body, const char* name, double lo, double hi) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::optional<double>{};
@@ -67,8 +75,8 @@ Result<std::optional<double>> number_field(const json& body, const char* name, d
     return bad(std::string("field '") + name + "' must be a number, got " + type_name(*it));
   double v = it->get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) {
-    return bad(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " +
-               std::to_string(hi) + "]");
+    return bad(std::string("field '") + name + "' must be in [" + number_text(lo) + ", " + number_text(hi) +
+               "]");
   }
   return std::optional<double>{v};
 }

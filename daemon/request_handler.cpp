@@ -7,8 +7,6 @@
 #include <random>
 #include <utility>
 
-#include "core/gguf/gguf_file.h"
-#include "core/gguf/model_info.h"
 #include "daemon/model_resolver.h"
 #include "daemon/protocol.h"
 #include "daemon/safe_text.h"
@@ -647,12 +645,12 @@ json RequestHandler::list_json(std::string& error) const {
     row["params"] = nullptr;
     row["quant"] = nullptr;
     row["context_length"] = nullptr;
-    if (auto gguf_file = gguf::GgufFile::open(m.path.string())) {
-      const gguf::ModelInfo info = gguf::describe_model(**gguf_file);
-      if (!info.architecture.empty()) row["arch"] = info.architecture;
-      row["params"] = info.parameters;
-      if (!info.quantization.empty()) row["quant"] = info.quantization;
-      if (info.context_length) row["context_length"] = *info.context_length;
+    // Read once per file version (model_catalog.h): a repeated `list` does not parse the headers again.
+    if (const auto info = catalog_.describe(m.path)) {
+      if (!info->architecture.empty()) row["arch"] = info->architecture;
+      row["params"] = info->parameters;
+      if (!info->quantization.empty()) row["quant"] = info->quantization;
+      if (info->context_length) row["context_length"] = *info->context_length;
     }
     // Seconds until the idle sweep may evict it (its keep-alive, else the idle TTL): null when not loaded, in
     // use, pinned, or idle eviction is off.

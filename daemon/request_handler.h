@@ -32,6 +32,7 @@
 #include "core/util/thread_annotations.h"
 #include "daemon/connection_limits.h"
 #include "daemon/metrics.h"
+#include "daemon/model_catalog.h"
 #include "daemon/model_runtime.h"
 #include "daemon/protocol.h"
 #include "daemon/server_options.h"
@@ -177,6 +178,8 @@ class RequestHandler {
   Metrics metrics_;  // before cache_: the cache's eviction listener records into it
   ModelCache cache_;
   WorkerPool pool_;
+  // The model files' header facts for `list` (list_json is const; the catalog is its own lock).
+  mutable ModelCatalog catalog_;
   const Clock::time_point started_ = Clock::now();
 
   // io thread only:

@@ -3,11 +3,13 @@
 // Each command sends one request over the Unix socket (--socket, else $CAR_INFERENCE_SOCKET, else the
 // per-user default, then the system socket: tools/socket_discovery.h) and prints the answer for a person, or
 // with --json the daemon's raw reply line. `infer` prints tokens as they stream; `load` shows elapsed time on
-// a terminal while a load takes long. Exit codes: 0 success, 1 the daemon answered an error (its code and
-// message go to stderr), 2 bad input (an unreadable stdin), 3 the daemon could not be reached or broke the
-// protocol. A model id typed with its ".gguf" suffix is sent without it.
+// a terminal while a load takes long; `infer --logprobs` adds a table of each token's logprob. Exit codes:
+// 0 success, 1 the daemon answered an error (its code and message go to stderr), 2 bad input (an unreadable
+// stdin, an infer option out of range - checked before connecting), 3 the daemon could not be reached or
+// broke the protocol. A model id typed with its ".gguf" suffix is sent without it.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -106,6 +108,58 @@ void add_common(CLI::App* cmd, ClientOptions& o) {
   cmd->add_option("--timeout", o.timeout_s, "give up after this many seconds (default: wait)");
 }
 
+/// Reject an infer request the daemon would refuse as bad_request before connecting, with exit 2 (bad input)
+/// and the protocol's own message with the field named as its flag ("--min-p must be in [0, 1]"): the
+/// ranges live once, in protocol::parse_infer, which the daemon runs on the same request.
+void check_request(const json& req) {
+  std::string message;
+  if (req.value("op", "") == "infer") {
+    if (auto parsed = protocol::parse_infer(req); !parsed) message = parsed.error().message;
+  }
+  if (auto keep_alive = protocol::keep_alive_field(req); message.empty() && !keep_alive) {
+    message = keep_alive.error().message;
+  }
+  if (message.empty()) return;
+  // "field 'repeat_last_n'" -> "--repeat-last-n": every infer field the CLI sends has the flag of that name.
+  const std::string::size_type at = message.find("field '");
+  if (at != std::string::npos) {
+    const std::string::size_type end = message.find('\'', at + 7);
+    if (end != std::string::npos) {
+      std::string flag = "--" + message.substr(at + 7, end - at - 7);
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      message.replace(at, end + 1 - at, flag);
+    }
+  }
+  fail(2, message);
+}
+
+/// A token's text as a JSON string, so spaces, newlines and U+FFFD halves of a character stay visible.
+std::string quoted(const json& text) {
+  return json(text.is_string() ? text.get<std::string>() : std::string())
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+/// `car infer --logprobs`: one line per generated token - its text, its logprob and, with --top-logprobs,
+/// the most likely tokens at that position (docs/protocol.md, the result's `logprobs` array).
+void print_logprobs(const json& entries) {
+  std::printf("%-24s %9s  %s\n", "TOKEN", "LOGPROB", "TOP LOGPROBS");
+  for (const auto& e : entries) {
+    std::string top;
+    if (const auto it = e.find("top_logprobs"); it != e.end() && it->is_array()) {
+      for (const auto& alt : *it) {
+        char lp[32];
+        std::snprintf(lp, sizeof(lp), " %.3f", alt.value("logprob", 0.0));
+        top += (top.empty() ? "" : ", ") + quoted(alt.value("text", json())) + lp;
+      }
+    }
+    // Padded by characters, not bytes, so a U+FFFD or any non-ASCII token keeps the columns aligned.
+    std::string token = quoted(e.value("text", json()));
+    const auto chars = std::count_if(token.begin(), token.end(), [](char c) { return (c & 0xC0) != 0x80; });
+    if (chars < 24) token.append(static_cast<std::size_t>(24 - chars), ' ');
+    std::printf("%s %9.3f  %s\n", token.c_str(), e.value("logprob", 0.0), top.empty() ? "-" : top.c_str());
+  }
+}
+
 void print_stats(const json& r) {
   const json& c = r["cache"];
   std::printf("cache: %s of %s in %d model(s); hits %llu, misses %llu, loads %llu (%llu failed), evictions %llu\n",
@@ -142,14 +196,21 @@ void setup_client_commands(CLI::App& root) {
 
   {
     static std::string model;
+    static std::optional<int64_t> keep_alive;
     auto* cmd = root.add_subcommand("load", "Ask the daemon to load MODEL into its cache");
     cmd->add_option("model", model, "model id (<models dir>/<id>.gguf)")->required();
+    cmd->add_option("--keep-alive", keep_alive,
+                    "seconds the model stays loaded after this request, 0 = unload after it (default: the "
+                    "daemon's)");
     add_common(cmd, common);
     cmd->callback([] {
       const bool tty = ::isatty(STDERR_FILENO) != 0 && !common.json_output;
       bool shown = false;
       model = model_id(model);
-      auto reply = exchange(common, {{"op", "load"}, {"model", model}}, nullptr, [&](double elapsed) {
+      json req = {{"op", "load"}, {"model", model}};
+      if (keep_alive) req["keep_alive"] = *keep_alive;
+      check_request(req);
+      auto reply = exchange(common, req, nullptr, [&](double elapsed) {
         if (tty && elapsed >= 1.0) {
           std::fprintf(stderr, "\rloading %s... %.1f s", model.c_str(), elapsed);
           std::fflush(stderr);
@@ -159,29 +220,57 @@ void setup_client_commands(CLI::App& root) {
       if (shown) std::fprintf(stderr, "\r\033[K");
       if (common.json_output) return;
       const json& r = reply.result;
-      std::printf("%s: %s (%s, %.0f ms%s)\n", model.c_str(), r.value("cached", false) ? "already loaded" : "loaded",
-                  human_bytes(r.value("size_bytes", 0.0)).c_str(), r.value("load_ms", 0.0),
-                  r.value("streaming", false) ? ", experts streamed from disk" : "");
+      // How long it stays: pinned, for its keep-alive / the idle TTL after its last use, or not at all.
+      std::string stays;
+      if (!r.value("retained", true)) {
+        stays = "; not kept loaded";
+      } else if (r.value("pinned", false)) {
+        stays = "; pinned";
+      } else if (const auto it = r.find("keep_alive_s"); it != r.end() && it->is_number()) {
+        stays = "; unloaded after " + std::to_string(static_cast<long long>(it->get<double>())) + " s unused";
+      }
+      std::printf("%s: %s (%s, %.0f ms%s%s)\n", model.c_str(),
+                  r.value("cached", false) ? "already loaded" : "loaded", human_bytes(r.value("size_bytes", 0.0)).c_str(),
+                  r.value("load_ms", 0.0), r.value("streaming", false) ? ", experts streamed from disk" : "",
+                  stays.c_str());
     });
   }
 
   {
     static std::string model, prompt;
     static int max_tokens = 128;
-    static std::optional<double> temperature, top_p;
-    static std::optional<int> top_k;
+    static std::optional<double> temperature, top_p, min_p, repeat_penalty;
+    static std::optional<int> top_k, repeat_last_n, top_logprobs, num_ctx;
     static std::optional<uint64_t> seed;
+    static std::optional<int64_t> keep_alive;
     static std::vector<std::string> stop;
-    static bool no_stream = false;
+    static bool no_stream = false, ignore_eos = false, logprobs = false;
     auto* cmd = root.add_subcommand("infer", "Generate from MODEL through the daemon, printing tokens as they come");
     cmd->add_option("model", model, "model id")->required();
     cmd->add_option("prompt", prompt, "the prompt ('-' reads standard input)")->required();
     cmd->add_option("--max-tokens,-n", max_tokens, "tokens to generate at most")->capture_default_str();
-    cmd->add_option("--temperature", temperature, "sampling temperature (0 = greedy)");
-    cmd->add_option("--top-k", top_k, "top-k (0 = off)");
-    cmd->add_option("--top-p", top_p, "top-p (1 = off)");
-    cmd->add_option("--seed", seed, "sampling seed");
+    // The sampler's settings: sent only when given, so an absent one keeps the daemon's default
+    // (docs/protocol.md lists them); their ranges are checked by the protocol's own parser before sending.
+    cmd->add_option("--temperature", temperature, "sampling temperature, 0 = greedy (default: the daemon's)");
+    cmd->add_option("--top-k", top_k, "top-k, 0 = off (default: the daemon's)");
+    cmd->add_option("--top-p", top_p, "top-p, 1 = off (default: the daemon's)");
+    cmd->add_option("--min-p", min_p, "min-p, 0 = off (default: the daemon's)");
+    cmd->add_option("--repeat-penalty", repeat_penalty, "repetition penalty, 1 = off (default: the daemon's)");
+    cmd->add_option("--repeat-last-n", repeat_last_n,
+                    "how many of the last tokens the penalty looks at (default: the daemon's)");
+    cmd->add_option("--seed", seed, "sampling seed (default: a fresh one, reported with --json)");
     cmd->add_option("--stop", stop, "stop string (repeatable)");
+    cmd->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
+    cmd->add_flag("--logprobs", logprobs, "print each generated token's log-probability after the text");
+    cmd->add_option("--top-logprobs", top_logprobs,
+                    "also the N most likely tokens at each position, at most " +
+                        std::to_string(protocol::kMaxTopLogprobs) + " (implies --logprobs; default: 0)");
+    cmd->add_option("--num-ctx", num_ctx,
+                    "this request's context window in tokens, 0 = the context the model is loaded with "
+                    "(default: the daemon's)");
+    cmd->add_option("--keep-alive", keep_alive,
+                    "seconds the model stays loaded after this request, 0 = unload after it (default: the "
+                    "daemon's)");
     cmd->add_flag("--no-stream", no_stream, "print the text only when generation ends");
     add_common(cmd, common);
     cmd->callback([] {
@@ -194,10 +283,19 @@ void setup_client_commands(CLI::App& root) {
       if (temperature) req["temperature"] = *temperature;
       if (top_k) req["top_k"] = *top_k;
       if (top_p) req["top_p"] = *top_p;
+      if (min_p) req["min_p"] = *min_p;
+      if (repeat_penalty) req["repeat_penalty"] = *repeat_penalty;
+      if (repeat_last_n) req["repeat_last_n"] = *repeat_last_n;
       if (seed) req["seed"] = *seed;
       if (!stop.empty()) req["stop"] = stop;
+      if (ignore_eos) req["ignore_eos"] = true;
+      if (logprobs) req["logprobs"] = true;
+      if (top_logprobs) req["top_logprobs"] = *top_logprobs;
+      if (num_ctx) req["num_ctx"] = *num_ctx;
+      if (keep_alive) req["keep_alive"] = *keep_alive;
       const bool stream = !no_stream && !common.json_output;
       req["stream"] = stream;
+      check_request(req);
       auto reply = exchange(common, req, [&](const protocol::Reply& ev) {
         if (ev.event != "token") return;
         std::string text = ev.raw.value("text", "");
@@ -208,6 +306,8 @@ void setup_client_commands(CLI::App& root) {
       const json& r = reply.result;
       if (!stream) std::fputs(r.value("text", "").c_str(), stdout);
       std::fputc('\n', stdout);
+      // The streamed events carried the same entries; the result's array has them all in one place.
+      if (const auto it = r.find("logprobs"); it != r.end() && it->is_array()) print_logprobs(*it);
       std::fflush(stdout);  // the text before the summary on stderr
       const json& t = r["timings"];
       std::fprintf(stderr, "[%zu token(s), finish: %s; load %.0f ms, queue %.0f ms, prompt %.0f ms, decode %.0f ms]\n",

@@ -583,6 +583,122 @@ TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
   EXPECT_NE(text.find("finish: "), std::string::npos);
 }
 
+TEST_F(DaemonBinaryEngineTest, CarInferSendsTheSamplerAndLogprobOptions) {
+  start();
+  const std::string sock = " --socket " + socket_;
+  // --ignore-eos: exactly -n tokens; --top-logprobs 2: an entry per token with two alternatives. The other
+  // options in range are accepted by the daemon's strict parser (an unknown field would be bad_request).
+  auto [jc, out] = run_car("infer tiny Hello -n 5 --temperature 0 --ignore-eos --top-logprobs 2 --min-p 0.01 "
+                           "--repeat-penalty 1.1 --repeat-last-n 8 --num-ctx 256 --json" + sock);
+  ASSERT_EQ(jc, 0) << out;
+  const json r = json::parse(out, nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << out;
+  EXPECT_EQ(r["result"]["finish_reason"], "length") << out;
+  EXPECT_EQ(r["result"]["tokens"].size(), 5u) << out;
+  ASSERT_EQ(r["result"]["logprobs"].size(), 5u) << out;
+  EXPECT_EQ(r["result"]["logprobs"][0]["top_logprobs"].size(), 2u) << out;
+  // Without --json: the text, then one table row per token (the token quoted, its logprob, alternatives).
+  auto [tc, table] = run_car("infer tiny Hello -n 3 --temperature 0 --ignore-eos --logprobs" + sock);
+  ASSERT_EQ(tc, 0) << table;
+  EXPECT_NE(table.find("TOKEN"), std::string::npos) << table;
+  EXPECT_NE(table.find("LOGPROB"), std::string::npos) << table;
+  std::size_t rows = 0;
+  for (std::size_t at = table.find("\n\""); at != std::string::npos; at = table.find("\n\"", at + 1)) ++rows;
+  EXPECT_EQ(rows, 3u) << table;
+  // --num-ctx reaches the daemon: a window too small for the prompt and -n is the daemon's error (exit 1).
+  auto [nc, narrow] = run_car("infer tiny Hello -n 8 --num-ctx 4" + sock);
+  EXPECT_EQ(nc, 1) << narrow;
+  EXPECT_NE(narrow.find("context_overflow"), std::string::npos) << narrow;
+  // Out of range: refused before connecting, exit 2, the option named as typed.
+  auto [mc, bad_min_p] = run_car("infer tiny Hello --min-p 2" + sock);
+  EXPECT_EQ(mc, 2) << bad_min_p;
+  EXPECT_NE(bad_min_p.find("--min-p must be in [0, 1]"), std::string::npos) << bad_min_p;
+  auto [kc, bad_top] = run_car("infer tiny Hello --top-logprobs 21" + sock);
+  EXPECT_EQ(kc, 2) << bad_top;
+  EXPECT_NE(bad_top.find("--top-logprobs"), std::string::npos) << bad_top;
+  auto [pc, bad_penalty] = run_car("infer tiny Hello --repeat-penalty 0" + sock);
+  EXPECT_EQ(pc, 2) << bad_penalty;
+  EXPECT_NE(bad_penalty.find("--repeat-penalty must be > 0"), std::string::npos) << bad_penalty;
+  auto [ka, bad_keep_alive] = run_car("infer tiny Hello --keep-alive -5" + sock);
+  EXPECT_EQ(ka, 2) << bad_keep_alive;
+  EXPECT_NE(bad_keep_alive.find("--keep-alive"), std::string::npos) << bad_keep_alive;
+  // --keep-alive reaches the daemon: 0 unloads the model after the request, a number is shown back.
+  auto [lc, kept] = run_car("load tiny --keep-alive 60" + sock);
+  ASSERT_EQ(lc, 0) << kept;
+  EXPECT_NE(kept.find("unloaded after 60 s unused"), std::string::npos) << kept;
+  auto conn = connect();
+  EXPECT_EQ(stats(conn)["models"][0]["keep_alive_s"], 60.0);
+  auto [uc, unloaded] = run_car("infer tiny Hello -n 1 --keep-alive 0" + sock);
+  ASSERT_EQ(uc, 0) << unloaded;
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 0);
+  auto [zc, not_kept] = run_car("load tiny --keep-alive 0" + sock);
+  ASSERT_EQ(zc, 0) << not_kept;
+  EXPECT_NE(not_kept.find("not kept loaded"), std::string::npos) << not_kept;
+  EXPECT_EQ(stats(conn)["cache"]["entries"], 0);
+}
+
+/// Accepts one connection on `path`, reads one request line into `request`, answers `reply` and closes: a
+/// stand-in daemon for checking exactly what `car` sends.
+std::thread record_one_request(const std::string& path, std::string& request, const std::string& reply) {
+  ::unlink(path.c_str());  // the previous recorder's socket file
+  int fd = listening_socket(path);
+  EXPECT_GE(fd, 0) << "cannot listen on " << path;
+  return std::thread([fd, &request, reply] {
+    if (fd < 0) return;
+    int conn = ::accept(fd, nullptr, nullptr);
+    char c = 0;
+    while (conn >= 0 && ::read(conn, &c, 1) == 1 && c != '\n') request += c;
+    if (conn >= 0) {
+      const std::string line = reply + "\n";
+      (void)!::write(conn, line.data(), line.size());
+      ::close(conn);
+    }
+    ::close(fd);
+  });
+}
+
+TEST_F(DaemonBinaryTest, CarInferAndLoadSendEachOptionAsItsField) {
+  const std::string path = (tmp_ / "recorder.sock").string();
+  std::string request;
+  std::thread daemon = record_one_request(
+      path, request,
+      R"({"id":1,"ok":true,"result":{"text":"","tokens":[],"finish_reason":"length","timings":{}}})");
+  auto [ic, out] = run_car(
+      "infer m hi -n 7 --temperature 0.5 --top-k 3 --top-p 0.9 --min-p 0.1 --repeat-penalty 1.2 "
+      "--repeat-last-n 16 --seed 9 --stop x --ignore-eos --logprobs --top-logprobs 4 --num-ctx 128 "
+      "--keep-alive 30 --no-stream --socket " + path);
+  daemon.join();
+  EXPECT_EQ(ic, 0) << out;
+  const json req = json::parse(request, nullptr, false);
+  ASSERT_TRUE(req.is_object()) << request;
+  const json expected = {{"op", "infer"},        {"id", 1},          {"model", "m"},          {"prompt", "hi"},
+                         {"max_tokens", 7},      {"temperature", 0.5}, {"top_k", 3},          {"top_p", 0.9},
+                         {"min_p", 0.1},         {"repeat_penalty", 1.2}, {"repeat_last_n", 16}, {"seed", 9},
+                         {"stop", {"x"}},        {"ignore_eos", true}, {"logprobs", true},    {"top_logprobs", 4},
+                         {"num_ctx", 128},       {"keep_alive", 30},   {"stream", false}};
+  EXPECT_EQ(req, expected) << request;
+  // Options not given are not sent: the daemon's defaults apply.
+  request.clear();
+  daemon = record_one_request(
+      path, request,
+      R"({"id":1,"ok":true,"result":{"text":"","tokens":[],"finish_reason":"length","timings":{}}})");
+  auto [pc, plain] = run_car("infer m hi --no-stream --socket " + path);
+  daemon.join();
+  EXPECT_EQ(pc, 0) << plain;
+  EXPECT_EQ(json::parse(request, nullptr, false),
+            json({{"op", "infer"}, {"id", 1}, {"model", "m"}, {"prompt", "hi"}, {"max_tokens", 128},
+                  {"stream", false}}))
+      << request;
+  request.clear();
+  daemon = record_one_request(path, request, R"({"id":1,"ok":true,"result":{"size_bytes":1}})");
+  auto [lc, load] = run_car("load m --keep-alive 0 --socket " + path);
+  daemon.join();
+  EXPECT_EQ(lc, 0) << load;
+  EXPECT_EQ(json::parse(request, nullptr, false),
+            json({{"op", "load"}, {"id", 1}, {"model", "m"}, {"keep_alive", 0}}))
+      << request;
+}
+
 TEST_F(DaemonBinaryEngineTest, CancelAndContextOverflow) {
   start();
   auto conn = connect();
