@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
 
@@ -23,8 +24,8 @@ constexpr std::size_t kWriteBatchBytes = 64 * 1024;
 /// After a line timeout, how long the error line may take to reach a client that does not read.
 constexpr auto kTimeoutCloseDelay = 2s;
 
-/// The io thread's read buffer, shared by every session on it: a reader fills it and frames its bytes with
-/// no co_await in between, so an idle connection holds no buffer of its own.
+/// The io thread's large read buffer, shared by every session on it: a reader fills it and frames its bytes
+/// with no co_await in between, so no connection holds a buffer this size.
 std::array<char, 64 * 1024>& read_buffer() {
   thread_local auto buf = std::make_unique<std::array<char, 64 * 1024>>();  // allocated on the io thread only
   return *buf;
@@ -173,27 +174,51 @@ void Session::line_timed_out() {
   });
 }
 
+void Session::consume(std::size_t& bytes) {
+  // Peeked bytes are on the socket for this reader alone, so they are there to take; a failure (the peer
+  // gone) shows again at the next read, which ends the reader.
+  std::array<char, 4096> sink;
+  while (bytes > 0) {
+    boost::system::error_code ec;
+    const std::size_t n = socket_.receive(asio::buffer(sink.data(), std::min(bytes, sink.size())), 0, ec);
+    if (ec || n == 0) break;
+    bytes -= n;
+  }
+  bytes = 0;
+}
+
 awaitable<void> Session::reader() {
   protocol::LineFramer framer(max_line_bytes_);
   std::vector<protocol::LineFramer::Item> items;
+  auto& small = read_small_;
   boost::system::error_code ec;
   while (!reading_done_) {
-    auto [wait_ec] = co_await socket_.async_wait(asio::socket_base::wait_read, kTuple);
-    if (wait_ec || reading_done_) {
-      if (wait_ec && wait_ec != asio::error::operation_aborted) {
-        spdlog::debug("conn {}: read error: {}", number_, wait_ec.message());
+    // The request bytes are peeked, answered, and only then taken off the socket. Taking bytes off a Unix
+    // socket frees the sender's buffer space, and Linux then wakes every thread sleeping on the sender's
+    // socket - including a client blocked reading for its reply, which wakes for nothing and sleeps
+    // again. Consuming after the reply went out turns that spurious wake-up (a context switch for the
+    // client and a cross-CPU wake for the io thread, per request) into a wake-up with the reply: a
+    // second recv call is cheaper. (An asynchronous read, not a wait for readability: Asio re-arms a
+    // wait with an epoll_ctl call every time, while a pending read costs nothing until data arrives.)
+    auto [read_ec, n] =
+        co_await socket_.async_receive(asio::buffer(small), asio::socket_base::message_peek, kTuple);
+    if (read_ec || reading_done_) {
+      if (read_ec && read_ec != asio::error::operation_aborted && read_ec != asio::error::eof) {
+        spdlog::debug("conn {}: read error: {}", number_, read_ec.message());
       }
       break;
     }
-    auto& buf = read_buffer();
-    std::size_t n = socket_.read_some(asio::buffer(buf), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
-    if (ec) {
-      if (ec != asio::error::eof) spdlog::debug("conn {}: read error: {}", number_, ec.message());
-      break;
-    }
     items.clear();
-    framer.feed(std::string_view(buf.data(), n), items);
+    framer.feed(std::string_view(small.data(), n), items);
+    std::size_t unconsumed = n;  // peeked bytes framed and still on the socket
+    if (n == small.size()) {
+      // A long line or a burst: take the chunk now and read what else is waiting into the large buffer.
+      // Whatever that read finds besides data (nothing, an error, end of input) the next read finds again.
+      consume(unconsumed);
+      auto& buf = read_buffer();
+      const std::size_t more = socket_.read_some(asio::buffer(buf), ec);
+      if (!ec) framer.feed(std::string_view(buf.data(), more), items);
+    }
     for (std::size_t i = 0; i < items.size(); ++i) {
       auto& item = items[i];
       if (closed_ || reading_done_) co_return;
@@ -234,6 +259,7 @@ awaitable<void> Session::reader() {
         handler_.reject(shared_from_this(), id, request.error(), received);
       }
     }
+    consume(unconsumed);
     items = {};  // an idle connection keeps no item storage either
     update_line_timer(framer.in_line());
   }

@@ -11,8 +11,10 @@
 // all reported and the queue is flushed, the socket is closed and the ConnectionManager told.
 //
 // Limits (ConnectionLimits, read at each use so SIGHUP changes them):
-// - An idle connection holds no read buffer: the reader waits for readability, then reads into the io
-//   thread's one buffer and frames what it got before it waits again.
+// - An idle connection holds a 1 KiB read buffer: the reader's pending read peeks into it; a chunk that
+//   fills it is followed at once by a read into the io thread's shared 64 KiB buffer. A chunk that fits is
+//   taken off the socket only after its requests were handled, so a client waiting for its reply is woken
+//   once, by the reply (see reader()).
 // - Backpressure: while the replies queued and not yet written reach max_pending_output, the reader stops
 //   taking requests (the kernel's buffers then fill and the client's writes block); it resumes when the
 //   client has read the queue down to half. A streamed request whose token arrives while the queue holds
@@ -21,6 +23,7 @@
 //   closed. A connection without a partial line is never timed out.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -67,6 +70,8 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   /// Queue one line (the newline is added). Dropped when the connection is already broken.
   void send(std::string line);
   boost::asio::awaitable<void> reader();
+  /// Take `bytes` already peeked off the socket (sets it to 0).
+  void consume(std::size_t& bytes);
   boost::asio::awaitable<void> writer();
   void maybe_close();
   void account(std::ptrdiff_t delta);
@@ -83,6 +88,10 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   const PeerCredentials peer_;
   const uint64_t number_;
   const std::size_t max_line_bytes_;
+  // The connection's own read buffer: small, so an idle connection costs little, and big enough for a
+  // typical request line. A chunk that fills it is followed at once by a read into the io thread's large
+  // buffer, so a long line is not taken in small bites.
+  std::array<char, 1024> read_small_;
   std::deque<std::string> queue_;  // lines waiting for the writer
   std::size_t queued_bytes_ = 0;   // bytes of queue_ plus the batch being written
   CallRegistry calls_;             // requests in flight

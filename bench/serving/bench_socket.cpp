@@ -6,10 +6,12 @@
 //   BM_InferWarm          `infer` of one token from a warm synthetic model; counter load_ms is the reply's
 //                         timings.load_ms (the time to get the cached model)
 // items_per_second is the total round-trip rate over all connections. BM_Health's io_cpu_us is the CPU
-// time the daemon's io thread spent per round trip (a steadier figure than the rate on a loaded machine).
+// time the daemon's io thread spent per round trip (a steadier figure than the rate on a loaded machine);
+// csw_per_trip counts the process's context switches per round trip.
 // Usage: bench_socket [--benchmark_filter=Health|Echo] [--benchmark_min_time=1]
 #include <benchmark/benchmark.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <pthread.h>
 #include <sys/un.h>
@@ -207,10 +209,29 @@ void round_trips(benchmark::State& state, const fs::path& socket, const std::str
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(request.size() + line.size() + 1));
 }
 
+/// Context switches so far of every thread of the process (clients, server and echo alike).
+int64_t context_switches() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_nvcsw) + static_cast<int64_t>(ru.ru_nivcsw);
+}
+
+/// Round trips, with counter csw_per_trip: the process's context switches per round trip (a client blocked
+/// in read that is woken for nothing shows here).
+void counted_round_trips(benchmark::State& state, const fs::path& socket) {
+  const int64_t csw_start = state.thread_index() == 0 ? context_switches() : 0;
+  round_trips(state, socket, kHealth);
+  if (state.thread_index() == 0) {
+    const double trips = static_cast<double>(state.iterations()) * state.threads();
+    state.counters["csw_per_trip"] =
+        benchmark::Counter(static_cast<double>(context_switches() - csw_start) / std::max(1.0, trips));
+  }
+}
+
 void BM_Health(benchmark::State& state) {
   // The io thread serves every connection: its CPU time over the run, per round trip of all threads.
   const int64_t io_start = state.thread_index() == 0 ? thread_cpu_ns(g_daemon->thread) : 0;
-  round_trips(state, g_daemon->options.socket_path, kHealth);
+  counted_round_trips(state, g_daemon->options.socket_path);
   if (state.thread_index() == 0) {
     const double trips = static_cast<double>(state.iterations()) * state.threads();
     state.counters["io_cpu_us"] =
@@ -219,7 +240,7 @@ void BM_Health(benchmark::State& state) {
   }
 }
 void BM_Echo(benchmark::State& state) {
-  round_trips(state, g_echo->path, kHealth);
+  counted_round_trips(state, g_echo->path);
 }
 
 void BM_InferWarm(benchmark::State& state) {

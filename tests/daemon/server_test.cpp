@@ -307,6 +307,47 @@ TEST_F(DaemonServerTest, InvalidJsonAndOversizedLinesKeepTheConnection) {
   EXPECT_EQ(call(conn, exact)["ok"], true);
 }
 
+TEST_F(DaemonServerTest, EveryRequestIsAnsweredOnceWhateverTheChunking) {
+  // The reader peeks a chunk into a 1 KiB buffer, handles it, and only then takes it off the socket; a
+  // chunk that fills the buffer is taken at once and followed by a read into a larger one. Lines of every
+  // length around those sizes, sent in writes of every size around them, must each be answered exactly
+  // once and in order - a chunk taken twice or not at all would show as a repeated or missing id.
+  start();
+  auto conn = connect();
+  std::string stream;
+  constexpr int kRequests = 240;
+  for (int i = 0; i < kRequests; ++i) {
+    json r = {{"id", i}, {"op", "health"}, {"strict", false}, {"pad", std::string((i * 37) % 2100, 'x')}};
+    stream += r.dump() + "\n";
+  }
+  const std::size_t sizes[] = {1, 7, 1023, 1024, 1025, 2047, 2048, 2049, 5000, 65536};
+  std::size_t off = 0;
+  for (std::size_t k = 0; off < stream.size(); ++k) {
+    const std::size_t n = std::min(sizes[k % std::size(sizes)], stream.size() - off);
+    ASSERT_TRUE(conn.send_raw(stream.substr(off, n)).ok());
+    off += n;
+    if (k % 5 == 0) std::this_thread::sleep_for(1ms);  // let some writes arrive as chunks of their own
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    json j = read_json(conn);
+    ASSERT_FALSE(j.is_null()) << "no reply for request " << i;
+    ASSERT_EQ(j["id"], i);
+    EXPECT_EQ(j["ok"], true);
+  }
+  // Nothing more: a chunk handled twice would have left a reply behind.
+  EXPECT_EQ(call(conn, {{"id", "last"}, {"op", "health"}})["id"], "last");
+  // One line at a time, each the whole chunk: lengths either side of the buffer's size.
+  for (std::size_t len : {1000, 1022, 1023, 1024, 1025, 1026, 2047, 2048, 2049, 3000}) {
+    json r = {{"id", len}, {"op", "health"}, {"strict", false}, {"pad", ""}};
+    r["pad"] = std::string(len - r.dump().size(), 'y');  // the line is len bytes before its newline
+    ASSERT_EQ(r.dump().size(), len);
+    json reply = call(conn, r);
+    EXPECT_EQ(reply["id"], len);
+    EXPECT_EQ(reply["ok"], true) << reply.dump();
+  }
+  EXPECT_EQ(call(conn, {{"id", "after"}, {"op", "health"}})["id"], "after");
+}
+
 TEST_F(DaemonServerTest, PipelinedRequestsEchoTheirIds) {
   start();
   auto conn = connect();
