@@ -194,6 +194,20 @@ class DaemonServerTest : public ::testing::Test {
 
   json stats(ClientConnection& conn) { return call(conn, {{"id", "stats"}, {"op", "stats"}})["result"]; }
 
+  /// Start a streamed infer of `model` that the fake runtime holds (prompt "hold": it runs until cancelled)
+  /// and wait for its first token, so the model is in use from here on.
+  static void hold(ClientConnection& conn, const json& id, const std::string& model) {
+    ASSERT_TRUE(conn.send_line(json({{"id", id},
+                                     {"op", "infer"},
+                                     {"model", model},
+                                     {"prompt", "hold"},
+                                     {"max_tokens", 1},
+                                     {"stream", true}})
+                                   .dump())
+                    .ok());
+    EXPECT_EQ(read_json(conn)["event"], "token");
+  }
+
   /// Read lines until `done` holds `n` final replies (token events skipped), keyed by id; false when the
   /// connection ends or times out first.
   static bool collect_replies(ClientConnection& conn, std::map<std::string, json>& done, std::size_t n) {
@@ -455,15 +469,7 @@ TEST_F(DaemonServerTest, DisconnectCancelsInFlightRequests) {
   auto observer = connect();
   {
     auto conn = connect();
-    ASSERT_TRUE(conn.send_line(json({{"id", 1},
-                                     {"op", "infer"},
-                                     {"model", "a"},
-                                     {"prompt", "hold"},
-                                     {"max_tokens", 1},
-                                     {"stream", true}})
-                                   .dump())
-                    .ok());
-    EXPECT_EQ(read_json(conn)["event"], "token");
+    hold(conn, 1, "a");
     EXPECT_EQ(stats(observer)["requests"]["in_flight"], 1);
   }  // closes the connection
   EXPECT_TRUE(wait_until([&] { return script_.cancelled_generations.load() == 1; }));
@@ -637,15 +643,7 @@ TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
   start();
   auto conn = connect();
   // b is in use for the whole test (a held infer); a is loaded and left alone.
-  ASSERT_TRUE(conn.send_line(json({{"id", "hold"},
-                                   {"op", "infer"},
-                                   {"model", "b"},
-                                   {"prompt", "hold"},
-                                   {"max_tokens", 1},
-                                   {"stream", true}})
-                                 .dump())
-                  .ok());
-  EXPECT_EQ(read_json(conn)["event"], "token");
+  hold(conn, "hold", "b");
   ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}})["ok"], true);
   auto observer = connect();
   // Sweeps pass while the cache's clock says less than the TTL went by: nothing is evicted.
@@ -690,15 +688,7 @@ TEST_F(DaemonServerTest, KeepAliveZeroUnloadsAfterTheRequestLoadAndInfer) {
 TEST_F(DaemonServerTest, KeepAliveZeroSparesAModelAnotherRequestIsUsing) {
   start();
   auto conn = connect();
-  ASSERT_TRUE(conn.send_line(json({{"id", "hold"},
-                                   {"op", "infer"},
-                                   {"model", "a"},
-                                   {"prompt", "hold"},
-                                   {"max_tokens", 1},
-                                   {"stream", true}})
-                                 .dump())
-                  .ok());
-  EXPECT_EQ(read_json(conn)["event"], "token");
+  hold(conn, "hold", "a");
   auto other = connect();
   json r = call(other, {{"id", 1}, {"op", "load"}, {"model", "a"}, {"keep_alive", 0}});
   ASSERT_EQ(r["ok"], true) << r;
@@ -799,15 +789,7 @@ TEST_F(DaemonServerTest, ShutdownAnswersShuttingDownThenCancelsAfterTheGrace) {
   start();
   auto conn = connect();
   ASSERT_EQ(call(conn, {{"id", 0}, {"op", "load"}, {"model", "c"}})["ok"], true);
-  ASSERT_TRUE(conn.send_line(json({{"id", "long"},
-                                   {"op", "infer"},
-                                   {"model", "a"},
-                                   {"prompt", "hold"},
-                                   {"max_tokens", 1},
-                                   {"stream", true}})
-                                 .dump())
-                  .ok());
-  EXPECT_EQ(read_json(conn)["event"], "token");
+  hold(conn, "long", "a");
   auto late = connect();
   ASSERT_EQ(call(late, {{"id", "early"}, {"op", "health"}})["ok"], true);  // accepted before the stop
   server_->request_stop();
