@@ -44,6 +44,13 @@ void one_line(const std::string& line) {
   auto req = car::protocol::parse_request(line, &id);
   check_reply(car::protocol::error_line(id, car::protocol::code::kBadRequest, line.substr(0, 64)), id);
   if (req.ok()) {
+    // Whether the compact form was read by hand or the line went through the full parser, the request is
+    // what the JSON document says.
+    json doc = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    require(!doc.is_discarded() && doc.is_object());
+    require(doc.contains("op") && doc["op"] == req->op);
+    const json doc_id = doc.contains("id") ? doc["id"] : json();
+    require(doc_id.type() == req->id.type() && doc_id == req->id);
     check_reply(car::protocol::ok_line(req->id, req->body), req->id);
     auto model = car::protocol::model_field(req->body);
     if (model.ok()) require(req->body.contains("model"));

@@ -67,6 +67,56 @@ TEST(DaemonProtocol, NumericIdsAreIntegersEchoedAsSentOrRejected) {
       << "the last wins";
 }
 
+TEST(DaemonProtocol, CompactRequestsParseAsTheDocumentSays) {
+  // parse_request reads `{"id":N,"op":"NAME"}` of a field-less op by hand; for every line, hand-read or
+  // not, the result must be what the JSON document says: the same op, the same id of the same JSON type,
+  // and the same error where the full parser refuses. The lines cover the compact form's every edge.
+  const std::vector<std::string> ids = {"",  "0",  "7",  "-7", "-0", "01", "-01", "123456789012345678",
+                                        "-123456789012345678", "1234567890123456789", "18446744073709551615",
+                                        "-9223372036854775808", "1.5", "1e3", "\"s\"", "true", "null", "-"};
+  const std::vector<std::string> ops = {"health", "stats", "list", "metrics", "infer", "cancel", "load",
+                                        "healthy", "Health", "", "heal\u0074h"};
+  int compact = 0;
+  for (const auto& id_text : ids) {
+    for (const auto& op : ops) {
+      for (const std::string& tail : {std::string("}"), std::string(" }"), std::string("}\r"), std::string("},"),
+                                      std::string(R"(,"strict":false})")}) {
+        const std::string line =
+            (id_text.empty() ? std::string("{") : R"({"id":)" + id_text + ",") + R"("op":")" + op + "\"" + tail;
+        json id = "before";
+        auto r = protocol::parse_request(line, &id);
+        json doc = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        const bool valid = !doc.is_discarded() && doc.is_object();
+        if (!valid) {
+          EXPECT_FALSE(r.ok()) << line;
+          continue;
+        }
+        const json expected_id = doc.contains("id") ? doc["id"] : json();
+        if (!r.ok()) {
+          // Refused by the full parser (a -0, a fraction, a non-scalar...): never by the compact one.
+          EXPECT_TRUE(expected_id.is_number() || !doc["op"].is_string()) << line << ": " << r.error().message;
+          continue;
+        }
+        ++compact;
+        EXPECT_EQ(r->op, doc["op"].get<std::string>()) << line;
+        EXPECT_EQ(r->id, expected_id) << line;
+        EXPECT_EQ(r->id.type(), expected_id.type()) << line;
+        EXPECT_EQ(id, expected_id) << line;
+        EXPECT_EQ(protocol::dump(r->id), protocol::dump(expected_id)) << line;
+        EXPECT_TRUE(r->body.is_object()) << line;
+        // What the handler reads from the body: the fields check, and for ops with fields the fields.
+        if (auto op_known = protocol::op_from_name(r->op)) {
+          EXPECT_EQ(protocol::check_fields(*op_known, r->body).ok(),
+                    protocol::check_fields(*op_known, doc).ok())
+              << line;
+          EXPECT_EQ(protocol::model_field(r->body).ok(), protocol::model_field(doc).ok()) << line;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compact, 100);
+}
+
 TEST(DaemonProtocol, RejectsMalformedRequestsWithTheirId) {
   json id;
   auto no_op = protocol::parse_request(R"({"id": 9})", &id);
