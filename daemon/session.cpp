@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <array>
 #include <memory>
 
@@ -176,11 +175,11 @@ void Session::line_timed_out() {
 
 void Session::consume(std::size_t& bytes) {
   // Peeked bytes are on the socket for this reader alone, so they are there to take; a failure (the peer
-  // gone) shows again at the next read, which ends the reader.
-  std::array<char, 4096> sink;
+  // gone) shows again at the next read, which ends the reader. They were peeked into read_small_ and framed
+  // (the framer copied them), so they go back into it: at most its size.
   while (bytes > 0) {
     boost::system::error_code ec;
-    const std::size_t n = socket_.receive(asio::buffer(sink.data(), std::min(bytes, sink.size())), 0, ec);
+    const std::size_t n = socket_.receive(asio::buffer(read_small_.data(), bytes), 0, ec);
     if (ec || n == 0) break;
     bytes -= n;
   }
@@ -190,7 +189,6 @@ void Session::consume(std::size_t& bytes) {
 awaitable<void> Session::reader() {
   protocol::LineFramer framer(max_line_bytes_);
   std::vector<protocol::LineFramer::Item> items;
-  auto& small = read_small_;
   boost::system::error_code ec;
   while (!reading_done_) {
     // The request bytes are peeked, answered, and only then taken off the socket. Taking bytes off a Unix
@@ -201,7 +199,7 @@ awaitable<void> Session::reader() {
     // second recv call is cheaper. (An asynchronous read, not a wait for readability: Asio re-arms a
     // wait with an epoll_ctl call every time, while a pending read costs nothing until data arrives.)
     auto [read_ec, n] =
-        co_await socket_.async_receive(asio::buffer(small), asio::socket_base::message_peek, kTuple);
+        co_await socket_.async_receive(asio::buffer(read_small_), asio::socket_base::message_peek, kTuple);
     if (read_ec || reading_done_) {
       if (read_ec && read_ec != asio::error::operation_aborted && read_ec != asio::error::eof) {
         spdlog::debug("conn {}: read error: {}", number_, read_ec.message());
@@ -209,9 +207,9 @@ awaitable<void> Session::reader() {
       break;
     }
     items.clear();
-    framer.feed(std::string_view(small.data(), n), items);
+    framer.feed(std::string_view(read_small_.data(), n), items);
     std::size_t unconsumed = n;  // peeked bytes framed and still on the socket
-    if (n == small.size()) {
+    if (n == read_small_.size()) {
       // A long line or a burst: take the chunk now and read what else is waiting into the large buffer.
       // Whatever that read finds besides data (nothing, an error, end of input) the next read finds again.
       consume(unconsumed);

@@ -76,7 +76,7 @@ TEST(DaemonProtocol, CompactRequestsParseAsTheDocumentSays) {
                                         "-9223372036854775808", "1.5", "1e3", "\"s\"", "true", "null", "-"};
   const std::vector<std::string> ops = {"health", "stats", "list", "metrics", "infer", "cancel", "load",
                                         "healthy", "Health", "", "heal\u0074h"};
-  int compact = 0;
+  int accepted = 0;
   for (const auto& id_text : ids) {
     for (const auto& op : ops) {
       for (const std::string& tail : {std::string("}"), std::string(" }"), std::string("}\r"), std::string("},"),
@@ -97,7 +97,7 @@ TEST(DaemonProtocol, CompactRequestsParseAsTheDocumentSays) {
           EXPECT_TRUE(expected_id.is_number() || !doc["op"].is_string()) << line << ": " << r.error().message;
           continue;
         }
-        ++compact;
+        ++accepted;
         EXPECT_EQ(r->op, doc["op"].get<std::string>()) << line;
         EXPECT_EQ(r->id, expected_id) << line;
         EXPECT_EQ(r->id.type(), expected_id.type()) << line;
@@ -114,7 +114,7 @@ TEST(DaemonProtocol, CompactRequestsParseAsTheDocumentSays) {
       }
     }
   }
-  EXPECT_GT(compact, 100);
+  EXPECT_GT(accepted, 100);
 }
 
 TEST(DaemonProtocol, RejectsMalformedRequestsWithTheirId) {
