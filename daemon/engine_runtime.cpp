@@ -185,7 +185,24 @@ class EngineRuntime final : public ModelRuntime {
       if (e.code == "not_found") return e;
       return make_error("load_failed", e.message.empty() ? e.code : e.code + ": " + e.message);
     }
-    return m->total();
+    return m->charged();
+  }
+  void share_room(std::function<std::optional<uint64_t>()> room) override {
+    std::shared_ptr<experts::ExpertPool> pool;
+    {
+      MutexLock lock(pool_mutex_);
+      room_ = std::move(room);
+      pool = pool_;
+    }
+    if (pool) pool->set_room(room_);
+  }
+  void room_changed() override {
+    std::shared_ptr<experts::ExpertPool> pool;
+    {
+      MutexLock lock(pool_mutex_);
+      pool = pool_;
+    }
+    if (pool) pool->refresh();  // shrinks (giving slots back) or grows the streamed models' caches
   }
   bool available() const override { return true; }
   std::string name() const override { return "engine"; }
@@ -206,6 +223,7 @@ class EngineRuntime final : public ModelRuntime {
       experts::StreamOptions so;
       so.ram_gb = options_.expert_ram_gb;
       pool_ = std::make_shared<experts::ExpertPool>(so);
+      if (room_) pool_->set_room(room_);
     }
     return pool_;
   }
@@ -213,6 +231,7 @@ class EngineRuntime final : public ModelRuntime {
   engine::LoadOptions options_;
   Mutex pool_mutex_;
   std::shared_ptr<experts::ExpertPool> pool_ CAR_GUARDED_BY(pool_mutex_);
+  std::function<std::optional<uint64_t>()> room_ CAR_GUARDED_BY(pool_mutex_);  // share_room
 };
 
 }  // namespace

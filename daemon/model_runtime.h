@@ -51,8 +51,9 @@ class Backend {
   /// model file changed or was truncated under it; the caller drops the backend), internal.
   virtual Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                           const std::atomic<bool>& cancelled) = 0;
-  /// Bytes the model holds (weights, KV cache, scratch, expert cache): what the cache charges it, and the
-  /// `size_bytes` that `load` and `stats` report. Fixed once loaded.
+  /// Bytes the model holds (weights, KV cache, scratch, expert cache at its floor): what the cache charges
+  /// it, and the `size_bytes` that `load` and `stats` report. Fixed once loaded. A streamed expert cache
+  /// above its floor is not in it: it lives in the room the cache's budget leaves (share_room).
   virtual uint64_t memory_bytes() const = 0;
   /// Whether MoE experts are streamed from disk.
   virtual bool streams_experts() const = 0;
@@ -100,6 +101,12 @@ class ModelRuntime {
   /// header): the cache makes room for it, or refuses a model larger than the whole budget, before loading.
   /// Errors: not_found, load_failed.
   virtual Result<uint64_t> estimate_bytes(const std::filesystem::path& path, const LoadRequest& request) = 0;
+  /// One budget: memory the runtime keeps outside its backends' charges (streamed expert caches above their
+  /// floor) may only use `room()` - what the model cache's budget leaves (nullopt: no limit) - and shrinks
+  /// when room_changed() is called after the room shrank. Called once, before any load. Default: nothing
+  /// kept outside the charges.
+  virtual void share_room(std::function<std::optional<uint64_t>()> room) { (void)room; }
+  virtual void room_changed() {}
   /// True when this runtime can actually run models (false: built without the engine).
   virtual bool available() const = 0;
   /// One word for logs and `health`: "engine" or "none".

@@ -130,10 +130,15 @@ RequestHandler::RequestHandler(asio::io_context& io, const ServerOptions& option
     metrics_.observe_eviction(eviction_cause_name(cause), age_seconds);
   });
   cache_.set_pinned(options.live.pinned_models);
+  // One budget: the streamed models' expert caches grow into the room the cache leaves and give it back
+  // (down to one slot per bank) before a load evicts a whole model.
+  runtime_.share_room([this] { return cache_.room_bytes(); });
+  cache_.set_room_listener([this] { runtime_.room_changed(); });
 }
 
 RequestHandler::~RequestHandler() {
   pool_.stop();
+  runtime_.share_room({});  // the runtime may outlive us (and our cache, whose models leave its pool)
 }
 
 void RequestHandler::reject(const std::shared_ptr<Client>& client, const json& id, const Error& error,

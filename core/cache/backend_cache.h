@@ -22,6 +22,13 @@
 // estimate; a backend that turns out larger than the whole budget is refused like an oversized estimate.
 // A budget of 0 disables caching: every call loads, nothing is retained, nothing is refused.
 //
+// Room. `room_bytes()` is what the budget leaves beside the cached bytes and the loads in flight; a user
+// that keeps memory outside the entries' charges (the daemon's streamed expert caches, which grow into the
+// room and shrink out of it) registers a RoomListener and follows it. The room shrinks only when a load
+// reserves its estimate (the listener runs before the loader), a load is charged more than it reserved,
+// or the budget shrinks - each followed by the listener - so such a user gives memory back before a new
+// backend allocates, and a whole entry is evicted only when the charges alone exceed the budget.
+//
 // Ownership. The cache holds one shared_ptr per entry; eviction (capacity, idle, invalidate, clear) only
 // drops that reference. A handle keeps working after eviction, and the backend is destroyed when the last
 // handle drops - never under the cache's lock. `stats()` reports the bytes of evicted entries that
@@ -132,6 +139,10 @@ inline const char* eviction_cause_name(EvictionCause cause) {
 
 /// Told about each entry that leaves the cache: why, its age since it was loaded, its bytes.
 using EvictionListener = std::function<void(EvictionCause cause, double age_seconds, std::uint64_t bytes)>;
+
+/// Told that the room the cache leaves in its budget (BackendCache::room_bytes) may have changed: called
+/// after the cache's lock is released, on the thread that changed it; it may call into the cache.
+using RoomListener = std::function<void()>;
 
 /// What one get_or_load / lease_or_load call did (optional out-parameter).
 struct LoadInfo {
@@ -462,6 +473,7 @@ class BackendCache {
   /// Remove `key` (e.g. its file changed). Returns whether it was cached. A load of `key` in flight is
   /// not cached when it completes (its callers still get the backend).
   bool invalidate(std::string_view key) {
+    RoomNotice notice{this};
     std::vector<Handle> dropped;
     bool was_cached = false;
     {
@@ -479,6 +491,7 @@ class BackendCache {
 
   /// Evict every entry (and keep loads in flight from being cached). Returns what was evicted.
   Evicted clear() {
+    RoomNotice notice{this};
     std::vector<Handle> dropped;
     Evicted out;
     {
@@ -499,6 +512,7 @@ class BackendCache {
   /// keep-alive, else the cache's); pinned keys never. Meant to be driven by a timer. `next_due`, when given,
   /// receives how long until the next entry not in use would expire (nullopt: none would).
   Evicted evict_idle(std::optional<std::chrono::nanoseconds>* next_due = nullptr) {
+    RoomNotice notice{this};
     std::vector<Handle> dropped;
     Evicted out;
     std::optional<std::int64_t> soonest;
@@ -533,6 +547,7 @@ class BackendCache {
   /// TTL - at once for a keep-alive of 0, which is what a request asking to unload its model afterwards
   /// calls this for. Returns whether it was evicted.
   bool evict_if_expired(std::string_view key) {
+    RoomNotice notice{this};
     Handle dropped;  // released after the lock
     MutexLock guard(core_->mutex);
     auto it = map_.find(std::string(key));
@@ -562,6 +577,7 @@ class BackendCache {
   /// until within the new budget, and the entries in use as their leases end; 0 disables caching and
   /// evicts every entry, in use or not (a request in flight keeps its backend through its lease).
   Evicted set_budget(std::uint64_t budget_bytes) {
+    RoomNotice notice{this};
     std::vector<Handle> dropped;
     {
       MutexLock guard(core_->mutex);
@@ -612,6 +628,21 @@ class BackendCache {
   std::size_t entries() const {
     MutexLock guard(core_->mutex);
     return map_.size();
+  }
+
+  /// The budget less the cached bytes and the loads in flight (0 when they exceed it); nullopt when caching
+  /// is disabled (budget 0: no budget to share).
+  std::optional<std::uint64_t> room_bytes() const {
+    MutexLock guard(core_->mutex);
+    if (budget_bytes_ == 0) return std::nullopt;
+    const std::uint64_t used = total_bytes_ + reserved_bytes_;
+    return used >= budget_bytes_ ? 0 : budget_bytes_ - used;
+  }
+
+  /// Call `listener` whenever the room may have changed (see the contract above; empty: none).
+  void set_room_listener(RoomListener listener) {
+    MutexLock guard(core_->mutex);
+    room_listener_ = std::move(listener);
   }
 
   /// The cached entries, most recently used first. Refreshes nothing.
@@ -819,6 +850,8 @@ class BackendCache {
       MutexLock guard(core_->mutex);
       loads_ += 1;
     }
+    // The room shrank by the estimate: whoever grows into it gives memory back before the loader runs.
+    if (flight) notify_room();
 
     // Load outside the lock.
     Result<Loaded> loaded = run_loader(loader);
@@ -834,6 +867,7 @@ class BackendCache {
       }
     }
 
+    RoomNotice notice{this};      // the reservation became a charge (or was released)
     std::vector<Handle> dropped;  // released after the lock
     MutexLock guard(core_->mutex);
     const std::int64_t now = now_ns();
@@ -900,6 +934,23 @@ class BackendCache {
       }
     }
     core_->over_budget.store(total_bytes_ > budget_bytes_);
+  }
+
+  // Tells the room listener when it goes out of scope: declared before a function's lock and dropped
+  // references, so it runs after both are gone.
+  struct RoomNotice {
+    BackendCache* cache;
+    ~RoomNotice() { cache->notify_room(); }
+  };
+
+  // Tells the room listener, if any; called with the lock NOT held.
+  void notify_room() CAR_EXCLUDES(core_->mutex) {
+    RoomListener listener;
+    {
+      MutexLock guard(core_->mutex);
+      listener = room_listener_;
+    }
+    if (listener) listener();
   }
 
   // Publishes a load's outcome to its waiters and forgets the flight.
@@ -973,6 +1024,7 @@ class BackendCache {
   double last_eviction_age_s_ CAR_GUARDED_BY(core_->mutex) = 0;
   double eviction_age_sum_s_ CAR_GUARDED_BY(core_->mutex) = 0;
   EvictionListener eviction_listener_ CAR_GUARDED_BY(core_->mutex);
+  RoomListener room_listener_ CAR_GUARDED_BY(core_->mutex);
 };
 
 }  // namespace car

@@ -330,6 +330,27 @@ uint64_t expert_bank_bytes(const gguf::GgufFile& file) {
   }
   return total;
 }
+/// A streamed model's expert cache at one slot per bank, from the tensor table: what its source reports as
+/// ExpertStats::floor_bytes once open (the same slot arithmetic, experts::expert_slot_bytes).
+uint64_t expert_floor_bytes(const gguf::GgufFile& file, int64_t n_layer, int64_t n_expert) {
+  if (n_expert <= 0) return 0;
+  uint64_t total = 0;
+  for (int64_t l = 0; l < n_layer; ++l) {
+    uint64_t proj[3] = {0, 0, 0};
+    const char* names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    bool bank = true;
+    for (int p = 0; p < 3; ++p) {
+      const gguf::TensorInfo* t = file.find_tensor("blk." + std::to_string(l) + "." + names[p] + ".weight");
+      if (t == nullptr) {
+        bank = false;
+        break;
+      }
+      proj[p] = t->n_bytes / static_cast<uint64_t>(n_expert);
+    }
+    if (bank) total += experts::expert_slot_bytes(proj);
+  }
+  return total;
+}
 }  // namespace
 
 Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options) {
@@ -367,7 +388,8 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
                                   : experts::budget_from_available(
                                         experts::probe_memory("/proc", "/sys/fs/cgroup").effective_available);
       m.weights -= std::min(m.weights, banks);
-      m.experts = std::min(banks, budget);
+      m.experts_floor = expert_floor_bytes(**file, hp->n_layer, hp->n_expert);
+      m.experts = std::max(m.experts_floor, std::min(banks, budget));
     }
   }
   m.kv_cache = ForwardPass::kv_cache_bytes_for(*hp, n_ctx);
@@ -390,6 +412,7 @@ MemoryBreakdown model_memory(const LoadedModel& lm) {
   m.scratch = lm.forward->scratch_bytes();
   m.logits = lm.logits.size() * sizeof(float);
   m.experts = expert_cache_bytes(lm);
+  if (lm.streamed != nullptr) m.experts_floor = std::min(m.experts, lm.streamed->stats().floor_bytes);
   return m;
 }
 
@@ -398,7 +421,7 @@ Result<void> model_check_file(const LoadedModel& lm, const std::string& path) {
 }
 
 uint64_t model_memory_bytes(const LoadedModel& lm) {
-  return model_memory(lm).total();
+  return model_memory(lm).charged();
 }
 
 bool model_streams_experts(const LoadedModel& lm) {

@@ -107,7 +107,13 @@ struct MemoryBreakdown {
   uint64_t scratch = 0;   ///< the forward pass's activation buffers
   uint64_t logits = 0;    ///< one row of n_vocab floats
   uint64_t experts = 0;   ///< bytes an expert source keeps beyond the mapping (0 for resident experts)
+  /// The part of `experts` that cannot shrink: a streamed model's cache at one slot per bank. The rest
+  /// grows and shrinks with the expert pool's budget (ExpertPool::set_room).
+  uint64_t experts_floor = 0;
   uint64_t total() const { return weights + kv_cache + scratch + logits + experts; }
+  /// What a budget that shares its room with the expert pool charges the model: everything but the
+  /// streamed expert cache above its floor. Equal to total() for resident experts.
+  uint64_t charged() const { return total() - experts + experts_floor; }
 };
 
 /// The memory load_model(path, options) will report in model_memory(), from the GGUF header alone (the
@@ -127,8 +133,10 @@ MemoryBreakdown model_memory(const LoadedModel& model);
 /// Safe to call while another thread generates. Errors: not_found, io_error (the message says what changed).
 Result<void> model_check_file(const LoadedModel& model, const std::string& path);
 
-/// model_memory(model).total(): the bytes the daemon charges the model against its cache budget. A streamed
-/// model's expert banks are not counted (never touched through the mapping); its expert cache share is.
+/// model_memory(model).charged(): the bytes the daemon charges the model against its cache budget. A
+/// streamed model's expert banks are not counted (never touched through the mapping), nor its expert cache
+/// above one slot per bank: the pool grows that into the room the cache leaves (ExpertPool::set_room).
+/// estimate_memory(...).charged() gives the same figure before loading, from the header alone.
 uint64_t model_memory_bytes(const LoadedModel& model);
 /// True when the model's experts are streamed from disk.
 bool model_streams_experts(const LoadedModel& model);

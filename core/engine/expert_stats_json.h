@@ -15,6 +15,7 @@ inline nlohmann::json expert_stats_json(const experts::ExpertStats& s) {
   return {{"mode", s.mode},
           {"budget_bytes", s.budget_bytes},
           {"cache_bytes", s.cache_bytes},
+          {"floor_bytes", s.floor_bytes},
           {"resident_bytes", s.resident_bytes},
           {"bytes_read", s.bytes_read},
           {"banks", s.banks},

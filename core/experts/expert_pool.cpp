@@ -140,7 +140,7 @@ std::string PoolLayout::line() const {
                 "expert stream: %d banks x %.1f MB/expert; budget %.1f GB%s -> cap %d/bank (cache %.1f GB), "
                 "pinned %d%s",
                 banks, static_cast<double>(bytes_per_expert) / 1e6, static_cast<double>(budget_bytes) / 1e9,
-                forced ? " (forced)" : "", cap, static_cast<double>(cache_bytes) / 1e9, pinned,
+                roomed ? " (the model cache's room)" : forced ? " (forced)" : "", cap, static_cast<double>(cache_bytes) / 1e9, pinned,
                 sources > 1 ? (", shared by " + std::to_string(sources) + " models").c_str() : "");
   return buf;
 }
@@ -168,6 +168,17 @@ PoolLayout ExpertPool::layout() const {
 
 uint64_t ExpertPool::budget_bytes() const {
   return layout().budget_bytes;
+}
+
+void ExpertPool::set_room(RoomFn room) {
+  MutexLock lock(mutex_);
+  room_ = std::move(room);
+  resize_locked();
+}
+
+void ExpertPool::refresh() {
+  MutexLock lock(mutex_);
+  resize_locked();
 }
 
 void ExpertPool::join(StreamedExpertSource* source) {
@@ -203,7 +214,19 @@ void ExpertPool::resize_locked() {
   int max_experts = 1;
   for (const auto& b : shapes) {
     L.bytes_per_expert = std::max(L.bytes_per_expert, b.slot_bytes);
+    L.floor_bytes += b.slot_bytes;
     max_experts = std::max(max_experts, b.n_expert);
+  }
+  // One budget with the owner's (the daemon's model cache): the floors are charged to the models, and the
+  // caches may grow beyond them only into the room the owner's budget leaves.
+  if (room_) {
+    if (const std::optional<uint64_t> room = room_()) {
+      const uint64_t limit = L.floor_bytes + *room;
+      if (limit < L.budget_bytes) {
+        L.budget_bytes = limit;
+        L.roomed = true;
+      }
+    }
   }
   auto cost = [&](int cap) {
     uint64_t total = 0;

@@ -36,6 +36,7 @@ struct ExpertStats {
   std::string mode = "resident";            ///< "resident" | "streamed"
   uint64_t budget_bytes = 0;                ///< the pool's budget (shared by every streamed model)
   uint64_t cache_bytes = 0;                 ///< this source's share: sum over its banks of cap x slot bytes
+  uint64_t floor_bytes = 0;                 ///< its share at the smallest cap (one slot per bank)
   uint64_t resident_bytes = 0;              ///< slot memory held now (pinned + cached + in flight)
   uint64_t bytes_read = 0;                  ///< from disk, demand and prefetch
   int banks = 0;                            ///< MoE layers

@@ -28,6 +28,11 @@ uint64_t round_up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
 
+/// One projection's window in a slot: its bytes rounded up to the alignment, plus one block for any start.
+uint64_t window_bytes(uint64_t bytes) {
+  return round_up(bytes, kAlign) + kAlign;
+}
+
 /// Anonymous page-aligned memory for one slot (RAII, move-only). mmap'd so memory given back on eviction
 /// returns to the system rather than to a fragmented heap.
 class SlotMemory {
@@ -130,6 +135,10 @@ struct Projection {
 };
 
 }  // namespace
+
+uint64_t expert_slot_bytes(const uint64_t (&proj_bytes)[3]) {
+  return window_bytes(proj_bytes[0]) + window_bytes(proj_bytes[1]) + window_bytes(proj_bytes[2]);
+}
 
 // All bank state below `mutex` except the geometry (n_expert, proj, slot_bytes), fixed at open.
 struct StreamedExpertSource::Impl {
@@ -458,7 +467,7 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
       pj.view.data = nullptr;
       pj.base = bases[p];
       pj.bytes = total / static_cast<uint64_t>(n);
-      pj.window = round_up(pj.bytes, kAlign) + kAlign;  // any alignment of the start fits
+      pj.window = window_bytes(pj.bytes);
       pj.slot_offset = b.slot_bytes;
       b.slot_bytes += pj.window;
     }
@@ -646,6 +655,7 @@ ExpertStats StreamedExpertSource::stats() const {
     ++s.banks;
     s.cap = s.banks == 1 ? b.cap : std::min(s.cap, b.cap);
     s.cache_bytes += static_cast<uint64_t>(b.cap) * b.slot_bytes;
+    s.floor_bytes += b.slot_bytes;
     s.resident_bytes += static_cast<uint64_t>(b.held) * b.slot_bytes;
     for (const auto& slot : b.index) {
       if (!slot || slot->state != Slot::State::ready) continue;

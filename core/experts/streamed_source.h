@@ -98,6 +98,15 @@ MemoryProbe probe_memory(const std::string& proc_root, const std::string& cgroup
 /// cgroups, where the fixed reserves would leave no budget at all).
 uint64_t budget_from_available(uint64_t available);
 
+/// The bytes of one expert's slot: each projection's `proj_bytes` rounded up to the O_DIRECT alignment,
+/// plus one alignment block (any alignment of its start in the file fits). What a bank's cap is charged per
+/// slot; estimates of a streamed model's memory use it too.
+uint64_t expert_slot_bytes(const uint64_t (&proj_bytes)[3]);
+
+/// The bytes the pool may use beyond its sources' floors (one slot per bank); nullopt: no such limit.
+/// The daemon passes the room its model cache's budget leaves (BackendCache::room_bytes).
+using RoomFn = std::function<std::optional<uint64_t>()>;
+
 /// The pool's sizing as of the last join or leave, for the one log line the caller writes.
 struct PoolLayout {
   int sources = 0;                ///< streamed models sharing the budget
@@ -105,6 +114,8 @@ struct PoolLayout {
   uint64_t bytes_per_expert = 0;  ///< largest slot (gate + up + down, with their alignment windows)
   uint64_t budget_bytes = 0;
   bool forced = false;       ///< budget from ram_gb rather than from available memory
+  bool roomed = false;       ///< budget cut to the floors plus the room the owner gives (set_room)
+  uint64_t floor_bytes = 0;  ///< sum over banks of one slot: what the caches hold at the smallest cap
   int cap = 0;               ///< slots per bank (banks with fewer experts are clamped to their count)
   uint64_t cache_bytes = 0;  ///< sum over banks of cap x slot bytes
   int pinned = 0;            ///< pin-set sizes over all banks
@@ -117,6 +128,10 @@ struct PoolLayout {
 /// memory available now plus what the pool's caches already hold) and every bank's cap is re-sized: one
 /// uniform cap c, the largest with sum over banks of min(c, n_expert) x slot bytes <= budget, at least 1 -
 /// with identical banks that is budget / (banks x bytes per expert), clamped to [1, experts].
+/// With a room function (set_room) the budget is also at most the floors plus the room, and refresh()
+/// re-sizes when the room changed: the daemon's model cache and its streamed expert caches share one
+/// budget, the caches growing into what the models leave and shrinking (to one slot per bank) before a
+/// whole model is evicted.
 class ExpertPool {
  public:
   explicit ExpertPool(const StreamOptions& options = {});
@@ -126,6 +141,11 @@ class ExpertPool {
 
   PoolLayout layout() const;
   uint64_t budget_bytes() const;
+  /// Limit the budget to the floors plus `room()` from now on (empty: no limit), and re-size. `room` is
+  /// called with the pool's lock held: it must not call into the pool.
+  void set_room(RoomFn room);
+  /// Re-size now (the room changed). Slots beyond a smaller cap are given back unless leased.
+  void refresh();
   const StreamOptions& options() const { return options_; }
 
  private:
@@ -149,6 +169,7 @@ class ExpertPool {
   mutable Mutex mutex_;  // taken before a source's mutex, never after
   /// Non-owning; each source leaves in its destructor.
   std::vector<StreamedExpertSource*> sources_ CAR_GUARDED_BY(mutex_);
+  RoomFn room_ CAR_GUARDED_BY(mutex_);
   PoolLayout layout_ CAR_GUARDED_BY(mutex_);
 
   Mutex queue_mutex_;                     // a leaf lock

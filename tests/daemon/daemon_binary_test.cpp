@@ -850,6 +850,95 @@ TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   EXPECT_TRUE(loaded["m4"]);
 }
 
+// One budget for the models and the streamed expert caches (issue #23, item 5): a streamed MoE is charged
+// its expert cache at the floor (one slot per bank) and grows the rest into the room the budget leaves; a
+// later load shrinks that share before it evicts a whole model, and a load refused for size leaves the
+// cache as it was.
+TEST_F(DaemonBinaryEngineTest, StreamedExpertCachesShareTheModelBudgetAndShrinkBeforeAnEviction) {
+  auto write_moe = [](const std::filesystem::path& p, uint32_t n_layer, int n_expert) {
+    synth::SynthSpec spec = synth::tiny_spec("qwen3moe");
+    spec.n_layer = n_layer;
+    spec.n_expert = n_expert;
+    spec.n_ctx = 256;
+    auto ok = synth::write_synth_model(spec, p.string());
+    ASSERT_TRUE(ok.ok()) << ok.error().message;
+  };
+  engine::LoadOptions streamed;
+  streamed.stream_experts = "on";
+  auto estimate = [](const std::filesystem::path& p, const engine::LoadOptions& o) {
+    auto e = engine::estimate_memory(p.string(), o);
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return e.ok() ? *e : engine::MemoryBreakdown{};
+  };
+  write_moe(models_ / "moe.gguf", 4, 8);
+  const engine::MemoryBreakdown moe = estimate(models_ / "moe.gguf", streamed);
+  const uint64_t floor = moe.experts_floor;
+  const uint64_t full = floor * 8;  // every expert of every bank cached
+  ASSERT_GT(floor, 0u);
+  // A budget (whole MiB, the setting's unit) that holds a dense model beside the MoE with its whole cache,
+  write_model(models_ / "d1.gguf", 2, 1);
+  const uint64_t d1 = estimate(models_ / "d1.gguf", {}).total();
+  const uint64_t budget = ((d1 + moe.charged() - floor + full) / (1u << 20) + 1) << 20;
+  // and a second dense model that fits beside the first and the MoE's charge, but not beside its cache too.
+  uint64_t d2 = 0;
+  for (uint32_t layers = 1; layers < 256; ++layers) {
+    write_model(models_ / "d2.gguf", 3, layers);
+    d2 = estimate(models_ / "d2.gguf", {}).total();
+    if (d1 + moe.charged() + d2 + (full - floor) / 2 > budget) break;
+  }
+  ASSERT_LE(d1 + moe.charged() + d2, budget) << "the second dense model must fit beside the floor";
+  ASSERT_GT(d1 + moe.charged() + d2 + (full - floor) / 2, budget);
+  write_moe(models_ / "huge.gguf", 40, 64);  // its charge alone is over the budget
+  ASSERT_GT(estimate(models_ / "huge.gguf", streamed).charged(), budget);
+
+  env_["CAR_INFERENCE_MODEL_CACHE_MB"] = std::to_string(budget >> 20);
+  start();
+  auto conn = connect();
+  auto within_budget = [&](const json& st) {
+    uint64_t total = st["cache"]["total_bytes"].get<uint64_t>();
+    for (const auto& [model, e] : st["experts"].items()) {
+      if (e["mode"] == "streamed") total += e["cache_bytes"].get<uint64_t>() - e["floor_bytes"].get<uint64_t>();
+    }
+    return total <= budget;
+  };
+  json r = call(conn, {{"id", 1}, {"op", "load"}, {"model", "d1"}});
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  r = call(conn, {{"id", 2}, {"op", "load"}, {"model", "moe"}, {"stream_experts", "on"}});
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  EXPECT_EQ(r["result"]["size_bytes"].get<uint64_t>(), moe.charged()) << "charged at the floor, as estimated";
+  json st = stats(conn);
+  ASSERT_TRUE(st["experts"].contains("moe")) << st.dump();
+  EXPECT_EQ(st["experts"]["moe"]["floor_bytes"].get<uint64_t>(), floor) << st.dump();
+  EXPECT_EQ(st["experts"]["moe"]["cache_bytes"].get<uint64_t>(), full) << "room for every expert" << st.dump();
+  EXPECT_TRUE(within_budget(st)) << st.dump();
+
+  // A load refused for its size evicts nothing and leaves the shares as they were.
+  r = call(conn, {{"id", 3}, {"op", "load"}, {"model", "huge"}, {"stream_experts", "on"}});
+  EXPECT_EQ(r["ok"], false) << r.dump();
+  EXPECT_EQ(r["error"]["code"], "load_failed") << r.dump();
+  st = stats(conn);
+  EXPECT_EQ(st["cache"]["entries"], 2) << st.dump();
+  EXPECT_EQ(st["cache"]["evictions"], 0) << st.dump();
+  EXPECT_EQ(st["experts"]["moe"]["cache_bytes"].get<uint64_t>(), full) << st.dump();
+
+  // The second dense model fits only if the expert cache gives room back: it shrinks, nothing is evicted.
+  r = call(conn, {{"id", 4}, {"op", "load"}, {"model", "d2"}});
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  st = stats(conn);
+  EXPECT_EQ(st["cache"]["entries"], 3) << st.dump();
+  EXPECT_EQ(st["cache"]["evictions"], 0) << st.dump();
+  EXPECT_LT(st["experts"]["moe"]["cache_bytes"].get<uint64_t>(), full) << st.dump();
+  EXPECT_GE(st["experts"]["moe"]["cache_bytes"].get<uint64_t>(), floor) << st.dump();
+  EXPECT_TRUE(within_budget(st)) << st.dump();
+  // The MoE still answers (from its smaller cache), and the share comes back when a model leaves.
+  r = call(conn, {{"id", 5}, {"op", "infer"}, {"model", "moe"}, {"prompt", "hello"}, {"max_tokens", 4}});
+  EXPECT_EQ(r["ok"], true) << r.dump();
+  r = call(conn, {{"id", 6}, {"op", "invalidate"}, {"model", "d2"}});
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  EXPECT_TRUE(wait_until([&] { return stats(conn)["experts"]["moe"]["cache_bytes"].get<uint64_t>() == full; }, 10s))
+      << stats(conn).dump();
+}
+
 // --- Connection limits and start-up failures ---------------------------------------------------------
 
 TEST_F(DaemonBinaryTest, ABadSocketGroupFailsStartUpWithoutLeavingTheSocketFile) {

@@ -63,6 +63,41 @@ TEST_P(MemoryEstimateTest, EstimateEqualsWhatTheLoadedModelReports) {
   EXPECT_EQ(model_memory_bytes(**model), estimate->total());
 }
 
+// A streamed model is charged its expert cache at the floor (one slot per bank), whatever the pool's budget:
+// the estimate made before loading gives that charge exactly, so a cache that makes room for the estimate
+// never finds the loaded model larger and refuses it after evicting others (issue #23, item 5).
+TEST(MemoryEstimate, StreamedChargeIsEstimatedExactlyAtEveryBudget) {
+  car::testing::TempDir dir;
+  synth::SynthSpec spec = synth::tiny_spec("qwen3moe");
+  spec.n_ctx = 256;
+  const std::string path = (dir.path() / "moe.gguf").string();
+  ASSERT_TRUE(synth::write_synth_model(spec, path).ok());
+  // From a budget below one slot per bank (cap 1) to one above the banks (every expert).
+  for (const double ram_gb : {1e-9, 1e-4, 1e-3, 10.0}) {
+    SCOPED_TRACE(ram_gb);
+    LoadOptions options;
+    options.threads = 1;
+    options.stream_experts = "on";
+    options.expert_ram_gb = ram_gb;
+    auto estimate = estimate_memory(path, options);
+    ASSERT_TRUE(estimate.ok()) << estimate.error().message;
+    auto model = load_model(path, options);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    ASSERT_TRUE(model_streams_experts(**model));
+    const MemoryBreakdown actual = model_memory(**model);
+    EXPECT_EQ(estimate->experts_floor, actual.experts_floor);
+    EXPECT_EQ(estimate->charged(), model_memory_bytes(**model));
+    EXPECT_GT(actual.experts_floor, 0u);
+    EXPECT_GE(actual.experts, actual.experts_floor);
+    EXPECT_EQ(actual.experts_floor, model_expert_stats(**model)->floor_bytes);
+    GenerateRequest req;
+    req.prompt = "hello";
+    req.max_tokens = 4;
+    ASSERT_TRUE(generate(**model, req, nullptr, nullptr).ok());
+    EXPECT_EQ(model_memory_bytes(**model), estimate->charged()) << "a generation does not change the charge";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, MemoryEstimateTest,
                          ::testing::Values(Case{"llama", "f32", 0}, Case{"llama", "q4_k_m", 300},
                                            Case{"qwen3", "q8_0", 0}, Case{"llama-moe", "f32", 0},

@@ -2,6 +2,7 @@
 // shared by several streamed sources (caps re-sized when one joins or leaves).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
@@ -215,6 +216,54 @@ TEST(Pool, BanksWithFewerExpertsLeaveTheRestToOthers) {
   // Small banks take their 2 each (4 slots); the big model's 2 banks share the other 16: 8 each.
   EXPECT_EQ((*A)->stats().cap, 2);
   EXPECT_EQ((*B)->stats().cap, 8);
+}
+
+// One budget with the daemon's model cache (issue #23, item 5): the room function limits the pool to the
+// floors (one slot per bank) plus the room, and refresh() follows it down - giving back unleased slots -
+// and up again.
+TEST(Pool, TheRoomLimitsTheBudgetAboveTheFloorsAndRefreshFollowsIt) {
+  testing::TempDir dir;
+  const BankGeometry g;  // 2 MoE layers of 8 experts
+  testing::BankFile a = testing::make_bank_file((dir / "a.bin").string(), g);
+  const uint64_t slot = testing::slot_bytes(a);
+  ASSERT_GT(slot, 0u);
+  StreamOptions o;
+  o.ram_gb = 1.0;  // far above the banks: only the room limits
+  o.io_threads = 1;
+  auto pool = std::make_shared<ExpertPool>(o);
+  o.pool = pool;
+  auto room = std::make_shared<std::atomic<uint64_t>>(6 * slot);
+  pool->set_room([room] { return std::optional<uint64_t>(room->load()); });
+  auto A = StreamedExpertSource::open(a.path, a.banks, o);
+  ASSERT_TRUE(A.ok());
+  // Floors: 2 slots; room: 6 more -> 8 slots over 2 banks, cap 4.
+  EXPECT_EQ((*A)->stats().floor_bytes, 2 * slot);
+  EXPECT_EQ(pool->layout().floor_bytes, 2 * slot);
+  EXPECT_TRUE(pool->layout().roomed);
+  EXPECT_EQ(pool->layout().budget_bytes, 8 * slot);
+  EXPECT_EQ((*A)->stats().cap, 4);
+  for (int e = 0; e < 4; ++e) ASSERT_TRUE((*A)->acquire(1, e).ok());  // layer 0 is dense
+  EXPECT_EQ((*A)->resident_bytes(), 4 * slot);
+  EXPECT_NE(pool->layout().line().find("room"), std::string::npos) << pool->layout().line();
+
+  // A load takes the room: the caches shrink to their floor and give the memory back at once.
+  room->store(0);
+  pool->refresh();
+  EXPECT_EQ((*A)->stats().cap, 1);
+  EXPECT_EQ((*A)->resident_bytes(), 1 * slot);
+  EXPECT_EQ(pool->layout().budget_bytes, 2 * slot);
+
+  // The room comes back (a model evicted): the caches may grow again.
+  room->store(14 * slot);
+  pool->refresh();
+  EXPECT_EQ((*A)->stats().cap, 8);
+
+  // Without a room function (or with no limit) the pool's own budget applies.
+  pool->set_room([] { return std::optional<uint64_t>(); });
+  EXPECT_FALSE(pool->layout().roomed);
+  pool->set_room({});
+  EXPECT_FALSE(pool->layout().roomed);
+  EXPECT_EQ((*A)->stats().cap, 8);
 }
 
 }  // namespace
