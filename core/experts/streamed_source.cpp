@@ -309,10 +309,13 @@ struct StreamedExpertSource::Impl {
                               std::to_string(at + got) + " failed: " + std::strerror(err));
       }
       if (got < need) {
+        // Count in the matrix's own bytes: an O_DIRECT read starts `lead` bytes before it, and those are
+        // not the matrix's (counting them made the shortfall larger than the matrix).
+        const uint64_t have = std::min(pj.bytes, use_direct ? got - std::min(got, lead) : got);
         return read_error(layer, p, expert,
-                          "the file ends " + std::to_string(need - std::min(need, got)) +
-                              " bytes short of the " + std::to_string(pj.bytes) + " bytes at offset " +
-                              std::to_string(off) + " (truncated after load?)");
+                          "the file ends " + std::to_string(pj.bytes - have) + " bytes short of the " +
+                              std::to_string(pj.bytes) + "-byte matrix at offset " + std::to_string(off) +
+                              " (" + std::to_string(have) + " of its bytes are there; truncated after load?)");
       }
       if (!use_direct)
         (void)::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(pj.bytes), POSIX_FADV_DONTNEED);
