@@ -754,9 +754,13 @@ Result<Settings> reload_settings(const Settings& current, int argc, const char* 
   return finish(std::move(in.value()), env, facts, &current.file_values);
 }
 
-ReloadPlan plan_reload(const Settings& current, const Settings& next) {
+ReloadPlan plan_reload(const Settings& current, const Settings& next, const Settings* running) {
   ReloadPlan p;
   for (const SettingInfo& row : setting_table()) {
+    if (row.reload == Reload::restart && running != nullptr) {
+      if (row.show(*running) != row.show(next)) p.needs_restart.emplace_back(row.variable);
+      continue;
+    }
     if (row.show(current) == row.show(next)) continue;
     switch (row.reload) {
       case Reload::budget:

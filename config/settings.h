@@ -236,7 +236,11 @@ struct ReloadPlan {
     return budget_changed || idle_ttl_changed || log_level_changed || connection_limits_changed;
   }
 };
-ReloadPlan plan_reload(const Settings& current, const Settings& next);
+/// `running`, when given, holds the values the process started with: a setting that is not live is
+/// reported in needs_restart when `next` differs from it (an edit put back to the running value is not a
+/// change that awaits a restart, whatever an earlier reload read); without it, when it differs from
+/// `current`.
+ReloadPlan plan_reload(const Settings& current, const Settings& next, const Settings* running = nullptr);
 
 /// The help text (usage, flags, variables, precedence).
 std::string settings_help(std::string_view program = "car-inferenced");

@@ -166,11 +166,13 @@ int main(int argc, char** argv) {
   options.queue_capacity = settings->queue_depth;
   options.shutdown_grace = std::chrono::seconds(static_cast<std::chrono::seconds::rep>(settings->shutdown_grace_secs));
   auto current = std::make_shared<car::config::Settings>(*settings);
-  options.reload = [current, argc, argv]() -> car::Result<LiveSettings> {
+  // What runs: the settings that are not live keep their start-up values until a restart.
+  auto running = std::make_shared<const car::config::Settings>(*settings);
+  options.reload = [current, running, argc, argv]() -> car::Result<LiveSettings> {
     auto next = car::config::reload_settings(*current, argc, argv, car::config::current_environment());
     if (!next) return next.error();
     if (auto pins = check_pinned(*next); !pins) return pins.error();
-    auto plan = car::config::plan_reload(*current, *next);
+    auto plan = car::config::plan_reload(*current, *next, running.get());
     for (const auto& name : plan.needs_restart) spdlog::warn("SIGHUP: {} changed; it takes effect on restart", name);
     *current = *next;
     return live_of(*next);

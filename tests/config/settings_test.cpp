@@ -490,6 +490,15 @@ TEST(SettingsReloadTest, PlanReloadSeparatesLiveFromRestartOnly) {
     EXPECT_TRUE(q.any_live_change());
     EXPECT_TRUE(q.needs_restart.empty());
   }
+  // Against the running values (issue #23): a setting edited and then put back to the value the daemon runs
+  // with is no longer reported; one still different from it is, whatever the previous reload read.
+  Settings edited = a;
+  edited.workers = 9;
+  Settings back = edited;
+  back.workers = a.workers;
+  EXPECT_TRUE(plan_reload(edited, back, &a).needs_restart.empty());
+  EXPECT_EQ(plan_reload(edited, edited, &a).needs_restart, (std::vector<std::string>{"CAR_INFERENCE_WORKERS"}));
+  EXPECT_EQ(plan_reload(a, edited, &a).needs_restart, (std::vector<std::string>{"CAR_INFERENCE_WORKERS"}));
 }
 
 TEST_F(SettingsFileTest, ReloadPicksUpEditedLiveSettingsOverStaleEnvironment) {
