@@ -290,5 +290,48 @@ TEST(BackendCacheBudgetTest, LeasesEndingWhileOthersLoadLeaveNoExcessBehind) {
   for (const auto& item : s.items) EXPECT_FALSE(item.in_use);
 }
 
+// The room (budget less charges and loads in flight) and its listener: the listener runs after the
+// estimate is reserved and before the loader, so memory kept outside the charges can be given back before
+// the new backend allocates; and after every change that moves the room.
+TEST(BackendCacheBudgetTest, TheRoomListenerRunsBeforeTheLoaderAndAfterEveryChange) {
+  BackendCache<int> cache(1000);
+  std::vector<std::optional<std::uint64_t>> seen;
+  cache.set_room_listener([&] { seen.push_back(cache.room_bytes()); });
+  EXPECT_EQ(cache.room_bytes(), std::optional<std::uint64_t>(1000));
+  std::size_t seen_at_load = 0;
+  ASSERT_TRUE(cache
+                  .get_or_load("a", std::uint64_t{300},
+                               [&] {
+                                 seen_at_load = seen.size();
+                                 return value(1);
+                               })
+                  .ok());
+  ASSERT_GE(seen_at_load, 1u) << "told before the loader ran";
+  EXPECT_EQ(seen[seen_at_load - 1], std::optional<std::uint64_t>(700)) << "the estimate is reserved";
+  EXPECT_EQ(seen.back(), std::optional<std::uint64_t>(700));
+  // A load charged more than it reserved shrinks the room again; the listener hears of it.
+  ASSERT_TRUE(cache.get_or_load("b", std::uint64_t{100}, [] { return sized(2, 400); }).ok());
+  EXPECT_EQ(seen.back(), std::optional<std::uint64_t>(300));
+  EXPECT_EQ(cache.room_bytes(), std::optional<std::uint64_t>(300));
+  // Invalidation, a budget change and clear each move it and tell.
+  const std::size_t before = seen.size();
+  EXPECT_TRUE(cache.invalidate("a"));
+  EXPECT_EQ(seen.back(), std::optional<std::uint64_t>(600));
+  cache.set_budget(500);
+  EXPECT_EQ(seen.back(), std::optional<std::uint64_t>(100));
+  cache.clear();
+  EXPECT_EQ(seen.back(), std::optional<std::uint64_t>(500));
+  EXPECT_EQ(seen.size(), before + 3);
+  // A refused estimate reserves nothing: the room it reports is unchanged, and no entry was evicted.
+  ASSERT_TRUE(cache.get_or_load("c", std::uint64_t{200}, [] { return value(3); }).ok());
+  EXPECT_FALSE(cache.get_or_load("big", std::uint64_t{600}, [] { return value(4); }).ok());
+  EXPECT_TRUE(cache.contains("c"));
+  EXPECT_EQ(cache.room_bytes(), std::optional<std::uint64_t>(300));
+  // Caching disabled: no budget to share.
+  cache.set_budget(0);
+  EXPECT_EQ(cache.room_bytes(), std::nullopt);
+  EXPECT_EQ(seen.back(), std::nullopt);
+}
+
 }  // namespace
 }  // namespace car
