@@ -25,6 +25,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/util/limits.h"
+
 extern char** environ;  // NOLINT: POSIX
 
 namespace car::config {
@@ -36,7 +38,7 @@ constexpr std::string_view kConfigMeaning =
     "the config file to read (KEY=VALUE lines, systemd EnvironmentFile= syntax)";
 constexpr std::string_view kSocket = "CAR_INFERENCE_SOCKET";
 constexpr std::string_view kPrefix = "CAR_INFERENCE_";
-constexpr std::uint64_t kMaxIdleSecs = 10ULL * 365 * 24 * 3600;  // ten years: far beyond any use
+constexpr std::uint64_t kMaxIdleSecs = limits::kMaxIdleSecs;
 constexpr std::size_t kMaxSocketPath = 107;                      // sizeof(sockaddr_un::sun_path) - 1
 
 /// A raw value and where it came from ("environment", "--cache-mb", "FILE:LINE").
@@ -347,7 +349,7 @@ const std::vector<SettingInfo>& rows() {
                       "MemTotal less the cache reserve",
        .meaning = "context length (KV cache, tokens) models are loaded with ({range}; `0` = the default); a "
                   "request's `num_ctx` may only narrow it",
-       .max = 1 << 24,
+       .max = limits::kMaxContextTokens,
        .parse = parse_integer<&S::context>,
        .show = show_number<&S::context>},
       {.variable = "CAR_INFERENCE_THREADS",
@@ -609,8 +611,11 @@ Result<SettingsFlags> parse_args(int argc, const char* const* argv) {
   CLI::App app("car-inferenced: serve GGUF models over a Unix socket");
   bind_settings_flags(app, flags);
   bool markdown = false;
+  bool env_example = false;
   app.add_flag("--print-settings-markdown", markdown,
                "print the settings table of docs/configuration.md (generated from the settings table)");
+  app.add_flag("--print-env-example", env_example,
+               "print the example environment file (generated from the settings table)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -621,6 +626,7 @@ Result<SettingsFlags> parse_args(int argc, const char* const* argv) {
     return make_error("bad_flag", std::string(e.what()) + " (see --help)");
   }
   if (markdown) return make_error("help", settings_markdown());
+  if (env_example) return make_error("help", settings_env_example());
   return flags;
 }
 
@@ -799,6 +805,7 @@ std::string settings_help(std::string_view program) {
       << "      default: " << strip_backticks(s.default_value()) << "\n";
   }
   o << "  --print-settings-markdown\n      print this table as docs/configuration.md has it\n"
+    << "  --print-env-example\n      print the example environment file (every setting, commented out)\n"
     << "  -h, --help\n      print this help\n\n"
     << "An empty value counts as unset. A malformed value stops start-up with a message naming it.\n";
   return o.str();
@@ -813,6 +820,51 @@ std::string settings_markdown() {
          (s.live() ? "yes" : "no") + " |\n";
   }
   o += "| `" + std::string(kConfig) + "` | `--config` | none | the config file to read (see below) | - |\n";
+  return o;
+}
+
+namespace {
+/// `text` as '# ' comment lines of at most `width` characters, broken at spaces.
+std::string comment_lines(std::string_view text, std::size_t width = 108) {
+  std::string out;
+  std::string line;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    std::size_t j = text.find(' ', i);
+    if (j == std::string_view::npos) j = text.size();
+    const std::string_view word = text.substr(i, j - i);
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += "# " + line + "\n";
+      line.clear();
+    }
+    if (!line.empty()) line += ' ';
+    line += word;
+    i = j + 1;
+  }
+  if (!line.empty()) out += "# " + line + "\n";
+  return out;
+}
+}  // namespace
+
+std::string settings_env_example() {
+  std::string o =
+      "# /etc/car-inference/car-inference.env - read by car-inferenced.service (EnvironmentFile=) and usable as\n"
+      "# `car-inferenced --config FILE`. KEY=VALUE lines; '#' starts a comment. Every setting is optional: each\n"
+      "# commented line below shows the built-in default (empty where it is computed at start-up). A malformed\n"
+      "# value stops the daemon at start-up with a message naming the variable. After editing: `systemctl\n"
+      "# reload car-inferenced` applies the settings marked live (SIGHUP); the others need `systemctl restart\n"
+      "# car-inferenced`. Under the packaged units, enable car-inferenced-http.socket rather than setting\n"
+      "# CAR_INFERENCE_HTTP (docs/http.md), and leave CAR_INFERENCE_SOCKET to the socket unit's ListenStream=.\n"
+      "#\n"
+      "# Generated from the settings table: `car-inferenced --print-env-example` (docs/configuration.md).\n";
+  for (const SettingInfo& s : setting_table()) {
+    std::string meaning = strip_backticks(s.description());
+    if (!meaning.empty()) meaning[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(meaning[0])));
+    meaning += std::string(s.live() ? " (live)." : ".");
+    if (!s.alias.empty()) meaning += " Also read as " + std::string(s.alias) + ".";
+    o += "\n" + comment_lines(meaning) + comment_lines("Default: " + strip_backticks(s.default_value()) + ".");
+    o += "#" + std::string(s.variable) + "=" + (s.default_doc.empty() ? s.show(Settings{}) : std::string()) + "\n";
+  }
   return o;
 }
 
@@ -840,7 +892,7 @@ std::optional<std::filesystem::path> default_socket_path(const EnvMap& env, uid_
     const std::string first = it->second.substr(0, it->second.find(':'));
     if (!first.empty()) return std::filesystem::path(first) / kName;
   }
-  if (euid == 0) return std::filesystem::path("/run/car-inference") / kName;
+  if (euid == 0) return std::filesystem::path(limits::kSystemSocketPath);
   if (auto it = env.find("XDG_RUNTIME_DIR"); it != env.end() && !it->second.empty()) {
     return std::filesystem::path(it->second) / kName;
   }

@@ -249,6 +249,11 @@ std::string settings_help(std::string_view program = "car-inferenced");
 /// --print-settings-markdown` prints it (reported like --help: an Error with code "help").
 std::string settings_markdown();
 
+/// systemd/car-inference.env.example (installed to share/doc), made from the rows: each setting's meaning,
+/// its default, whether SIGHUP applies it, and a commented KEY=VALUE line; `car-inferenced
+/// --print-env-example` prints it (reported like --help), and a test checks the committed file is this.
+std::string settings_env_example();
+
 /// One setting from the environment alone (its canonical name, else its alias), validated by its row
 /// exactly as the daemon validates it, stored in `out`. For the offline tools (car run, car bench), which
 /// apply their own flags over it. false: unset or empty (`out` unchanged). Error "invalid_setting" naming

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/engine/generate_request.h"
+#include "core/util/limits.h"
 #include "core/util/result.h"
 
 namespace car::protocol {
@@ -154,21 +155,21 @@ struct InferParams : GenerateParams {
   std::optional<std::string> stream_experts;  ///< "on" | "off" | "auto" when the request loads the model
 };
 
-/// Upper bound on `num_ctx` and CAR_INFERENCE_CONTEXT (2^24 tokens); the engine bounds num_ctx by the
-/// context the model is loaded with.
-inline constexpr int kMaxContextLimit = 1 << 24;
+/// Upper bound on `num_ctx` (the one CAR_INFERENCE_CONTEXT has); the engine bounds num_ctx by the context
+/// the model is loaded with.
+inline constexpr int kMaxContextLimit = limits::kMaxContextTokens;
 
-/// Upper bound on `max_tokens` (a typo such as 1e9 is a bad request, not a day of decoding).
-inline constexpr int kMaxTokensLimit = 1 << 16;
+/// Upper bound on `max_tokens` (core/util/limits.h).
+inline constexpr int kMaxTokensLimit = limits::kMaxGenerateTokens;
 
 /// Read `model` (required string). Error bad_request naming the field.
 Result<std::string> model_field(const nlohmann::json& body);
 /// Read the optional `stream_experts` field of load / infer: "on", "off" or "auto"; nullopt when absent or
 /// null. Error bad_request for anything else.
 Result<std::optional<std::string>> stream_experts_field(const nlohmann::json& body);
-/// Upper bound on a request's `keep_alive` in seconds (ten years, as CAR_INFERENCE_MAX_KEEP_ALIVE_SECS); the
+/// Upper bound on a request's `keep_alive` in seconds (the range of CAR_INFERENCE_MAX_KEEP_ALIVE_SECS); the
 /// daemon then cuts it to its CAR_INFERENCE_MAX_KEEP_ALIVE_SECS.
-inline constexpr int64_t kMaxKeepAliveSecs = int64_t{10} * 365 * 24 * 3600;
+inline constexpr int64_t kMaxKeepAliveSecs = limits::kMaxIdleSecs;
 /// Read the optional `keep_alive` field of load / infer: whole seconds the model stays loaded after the
 /// request (0: unload it when the request ends); nullopt when absent or null. Error bad_request otherwise.
 Result<std::optional<int64_t>> keep_alive_field(const nlohmann::json& body);

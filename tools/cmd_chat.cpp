@@ -26,6 +26,7 @@
 #include "config/settings.h"
 #include "daemon/client.h"
 #include "daemon/protocol.h"
+#include "core/util/limits.h"
 #include "tools/command_registry.h"
 #include "tools/socket_discovery.h"
 
@@ -200,7 +201,7 @@ void setup_chat(CLI::App& root) {
   cmd->add_option("model", flags->model, "model id")->required();
   cmd->add_option("--system", flags->system, "A system message that opens the conversation");
   cmd->add_option("--chat-template", flags->chat_template_file, "A Jinja file used instead of the model's template");
-  cmd->add_option("--max-tokens,-n", flags->max_tokens, "Tokens per answer at most")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--max-tokens,-n", flags->max_tokens, "Tokens per answer at most")->check(CLI::Range(1, limits::kMaxGenerateTokens));
   cmd->add_option("--temperature", flags->temperature, "Sampling temperature (0 = greedy)");
   cmd->add_option("--seed", flags->seed, "Sampling seed");
   cmd->add_option("--socket", flags->socket, "The daemon's socket (default: as for the other client commands)");

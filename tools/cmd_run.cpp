@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "core/util/limits.h"
 #include "tools/chat_prompt.h"
 #include "tools/command_registry.h"
 #include "tools/offline_env.h"
@@ -210,7 +211,8 @@ void setup_run(CLI::App& root) {
                   "A user message, rendered with the model's chat template (docs/chat.md) as the prompt");
   cmd->add_option("--chat-template", flags->chat_template,
                   "With --chat: a Jinja file instead of the model's template");
-  cmd->add_option("--max-tokens,-n", flags->max_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--max-tokens,-n", flags->max_tokens, "Tokens to generate")
+      ->check(CLI::Range(0, limits::kMaxGenerateTokens));
   cmd->add_option("--temperature", flags->sampling.temperature, "Temperature; 0 = greedy")
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-k", flags->sampling.top_k, "Keep the k most likely ids; 0 = off")
@@ -231,7 +233,7 @@ void setup_run(CLI::App& root) {
       ->check(CLI::Range(0, 1000));
   flags->engine.add_to(cmd);
   cmd->add_option("--ctx", flags->context, "KV cache size in tokens; 0 = min(model's, 4096)")
-      ->check(CLI::Range(0, 1 << 24));
+      ->check(CLI::Range(0, limits::kMaxContextTokens));
   cmd->add_flag("--no-bos", flags->no_bos, "Do not add BOS to a text prompt");
   cmd->add_flag("--parse-special", flags->parse_special,
                 "Let special-token text in the prompt become special tokens");

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/engine/engine.h"
+#include "core/util/limits.h"
 #include "core/gguf/model_info.h"
 #include "tools/command_registry.h"
 #include "tools/offline_env.h"
@@ -168,7 +169,7 @@ void setup_show(CLI::App& root) {
   cmd->add_option("--models-dir", flags->models_dir,
                   "Where model ids are looked up (default: CAR_INFERENCE_MODELS_DIR, else the daemon's default)");
   cmd->add_option("--ctx", flags->context, "Context the memory figure assumes; 0 = min(model's, 4096)")
-      ->check(CLI::Range(0, 1 << 24));
+      ->check(CLI::Range(0, limits::kMaxContextTokens));
   cmd->add_flag("--json", flags->json, "Print one JSON object");
   cmd->callback([flags] { show(*flags); });
 }

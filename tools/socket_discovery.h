@@ -13,10 +13,11 @@
 #include <vector>
 
 #include "config/settings.h"
+#include "core/util/limits.h"
 
 namespace car::tools {
 
-inline constexpr const char* kSystemSocketPath = "/run/car-inference/car-inference.sock";
+inline constexpr const char* kSystemSocketPath = limits::kSystemSocketPath;
 
 /// The socket paths to try, in order (never empty, no duplicates). `flag` is --socket ("" = not given).
 inline std::vector<std::string> socket_candidates(const std::string& flag, const config::EnvMap& env,

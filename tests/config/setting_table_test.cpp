@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -278,4 +279,32 @@ TEST_F(SettingTableTest, DocsTableIsTheGeneratedOne) {
 }
 
 }  // namespace
+TEST_F(SettingTableTest, EnvExampleIsTheGeneratedOne) {
+  auto r = load({"--print-env-example"}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, "help");
+  const std::string generated = settings_env_example();
+  EXPECT_EQ(r.error().message, generated);
+  std::ifstream in(std::string(CAR_SOURCE_DIR) + "/systemd/car-inference.env.example");
+  ASSERT_TRUE(in.good()) << "cannot read systemd/car-inference.env.example";
+  const std::string committed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(committed, generated) << "systemd/car-inference.env.example differs from the rows: replace it with "
+                                     "the output of `car-inferenced --print-env-example`";
+  // Every row has its commented line, and the file is one the daemon reads: uncommenting every line that
+  // carries a value gives a valid config (the defaults).
+  std::string uncommented;
+  for (const SettingInfo& row : setting_table()) {
+    const std::string key = "\n#" + std::string(row.variable) + "=";
+    const std::size_t at = generated.find(key);
+    ASSERT_NE(at, std::string::npos) << row.variable;
+    const std::size_t end = generated.find('\n', at + 1);
+    const std::string value = generated.substr(at + key.size(), end - at - key.size());
+    if (!value.empty()) uncommented += std::string(row.variable) + "=" + value + "\n";
+  }
+  const std::string path = (dir_.path() / "defaults.env").string();
+  std::ofstream(path) << uncommented;
+  auto loaded = load({"--config", path}, {});
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message << "\n" << uncommented;
+}
+
 }  // namespace car::config
