@@ -191,10 +191,10 @@ class EngineRuntime final : public ModelRuntime {
     std::shared_ptr<experts::ExpertPool> pool;
     {
       MutexLock lock(pool_mutex_);
-      room_ = std::move(room);
+      room_ = room;
       pool = pool_;
     }
-    if (pool) pool->set_room(room_);
+    if (pool) pool->set_room(std::move(room));
   }
   void room_changed() override {
     std::shared_ptr<experts::ExpertPool> pool;
