@@ -632,17 +632,6 @@ Result<SettingsFlags> parse_args(int argc, const char* const* argv) {
 
 }  // namespace
 
-std::string_view to_string(StreamExperts v) {
-  switch (v) {
-    case StreamExperts::on:
-      return "on";
-    case StreamExperts::off:
-      return "off";
-    case StreamExperts::automatic:
-      return "auto";
-  }
-  return "auto";
-}
 
 std::string_view to_string(Isa v) {
   switch (v) {

@@ -38,6 +38,7 @@
 
 #include "config/env_file.h"
 #include "core/util/result.h"
+#include "core/util/stream_experts.h"
 
 namespace CLI {
 class App;
@@ -48,13 +49,13 @@ namespace car::config {
 /// Environment variables by name (the real one comes from current_environment()).
 using EnvMap = std::map<std::string, std::string>;
 
-enum class StreamExperts { on, off, automatic };  ///< `on`, `off`, `auto`
+using car::StreamExperts;  ///< `on`, `off`, `auto` (core/util/stream_experts.h: one type for every layer)
+using car::to_string;
 enum class LogLevel { trace, debug, info, warn, error };
 /// The compute kernels (CAR_INFERENCE_ISA): `auto` is the best the CPU supports; the others are applied
 /// with tensor::set_isa, which caps them at what the CPU supports.
 enum class Isa { automatic, scalar, avx2, avx512 };
 
-std::string_view to_string(StreamExperts v);
 constexpr std::string_view to_string(LogLevel v) {
   switch (v) {
     case LogLevel::trace:

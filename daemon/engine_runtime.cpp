@@ -212,7 +212,7 @@ class EngineRuntime final : public ModelRuntime {
   engine::LoadOptions options_for(const LoadRequest& request) {
     engine::LoadOptions options = options_;
     if (request.stream_experts) options.stream_experts = *request.stream_experts;
-    if (options.stream_experts != "off") options.expert_pool = pool();
+    if (options.stream_experts != StreamExperts::off) options.expert_pool = pool();
     return options;
   }
   /// The daemon's one expert pool, made by the first load that may stream (its reader threads are not

@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
 
   car::daemon::RuntimeOptions runtime_options;
   runtime_options.threads = static_cast<int>(settings->threads);
-  runtime_options.stream_experts = std::string(car::config::to_string(settings->stream_experts));
+  runtime_options.stream_experts = settings->stream_experts;
   runtime_options.expert_ram_gb = settings->expert_ram_gb.value_or(0.0);
   runtime_options.state_dir = settings->state_dir.string();
   runtime_options.context_length = static_cast<int>(settings->context);

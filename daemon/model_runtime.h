@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/util/result.h"
+#include "core/util/stream_experts.h"
 #include "daemon/protocol.h"
 
 namespace car::daemon {
@@ -74,13 +75,13 @@ class Backend {
 
 /// What one request may choose about the load it triggers; unset fields take the runtime's settings.
 struct LoadRequest {
-  std::optional<std::string> stream_experts;  ///< "on" | "off" | "auto"
+  std::optional<StreamExperts> stream_experts;
 };
 
 /// Settings the runtime passes to the engine when loading.
 struct RuntimeOptions {
   int threads = 0;
-  std::string stream_experts = "auto";
+  StreamExperts stream_experts = StreamExperts::automatic;
   double expert_ram_gb = 0;
   std::string state_dir;
   int context_length = 0;  ///< CAR_INFERENCE_CONTEXT; 0 = the model's trained context capped by memory

@@ -365,12 +365,11 @@ Result<std::string> model_field(const json& body) {
   return it->get<std::string>();
 }
 
-Result<std::optional<std::string>> stream_experts_field(const json& body) {
+Result<std::optional<StreamExperts>> stream_experts_field(const json& body) {
   auto it = body.find("stream_experts");
-  if (it == body.end() || it->is_null()) return std::optional<std::string>{};
+  if (it == body.end() || it->is_null()) return std::optional<StreamExperts>{};
   if (it->is_string()) {
-    const auto& v = it->get_ref<const std::string&>();
-    if (v == "on" || v == "off" || v == "auto") return std::optional<std::string>{v};
+    if (auto v = parse_stream_experts(it->get_ref<const std::string&>())) return std::optional<StreamExperts>{*v};
   }
   return bad("field 'stream_experts' must be \"on\", \"off\" or \"auto\", got " + dump(*it));
 }

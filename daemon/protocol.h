@@ -19,6 +19,7 @@
 #include "core/engine/generate_request.h"
 #include "core/util/limits.h"
 #include "core/util/result.h"
+#include "core/util/stream_experts.h"
 
 namespace car::protocol {
 
@@ -152,7 +153,7 @@ inline constexpr int kMaxTopLogprobs = 20;
 struct InferParams : GenerateParams {
   std::string model;
   bool stream = false;
-  std::optional<std::string> stream_experts;  ///< "on" | "off" | "auto" when the request loads the model
+  std::optional<StreamExperts> stream_experts;  ///< the request's choice when it loads the model
 };
 
 /// Upper bound on `num_ctx` (the one CAR_INFERENCE_CONTEXT has); the engine bounds num_ctx by the context
@@ -166,7 +167,7 @@ inline constexpr int kMaxTokensLimit = limits::kMaxGenerateTokens;
 Result<std::string> model_field(const nlohmann::json& body);
 /// Read the optional `stream_experts` field of load / infer: "on", "off" or "auto"; nullopt when absent or
 /// null. Error bad_request for anything else.
-Result<std::optional<std::string>> stream_experts_field(const nlohmann::json& body);
+Result<std::optional<StreamExperts>> stream_experts_field(const nlohmann::json& body);
 /// Upper bound on a request's `keep_alive` in seconds (the range of CAR_INFERENCE_MAX_KEEP_ALIVE_SECS); the
 /// daemon then cuts it to its CAR_INFERENCE_MAX_KEEP_ALIVE_SECS.
 inline constexpr int64_t kMaxKeepAliveSecs = limits::kMaxIdleSecs;

@@ -111,7 +111,7 @@ struct RequestHandler::Request {
   std::string model;
   std::optional<ResolvedModel> resolved;
   protocol::InferParams infer;
-  std::optional<std::string> stream_experts;  // the request's choice for a load it triggers
+  std::optional<StreamExperts> stream_experts;  // the request's choice for a load it triggers
   /// The request's `keep_alive`, cut to CAR_INFERENCE_MAX_KEEP_ALIVE_SECS; nullopt: the cache's idle TTL.
   std::optional<std::chrono::seconds> keep_alive;
   Clock::time_point received;

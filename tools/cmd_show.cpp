@@ -72,7 +72,7 @@ void show(const ShowFlags& f) {
 
   engine::LoadOptions load;
   load.context_length = f.context;
-  load.stream_experts = "off";  // the resident figure: what the whole model needs
+  load.stream_experts = StreamExperts::off;  // the resident figure: what the whole model needs
   const auto memory = engine::estimate_memory(path, load);
 
   if (f.json) {

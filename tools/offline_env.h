@@ -93,7 +93,7 @@ inline Result<void> load_options_from_env(engine::LoadOptions& options, bool fla
   if (*threads) options.threads = static_cast<int>(s.threads);
   auto stream = read("CAR_INFERENCE_STREAM_EXPERTS", flag_stream);
   if (!stream) return stream.error();
-  if (*stream) options.stream_experts = std::string(config::to_string(s.stream_experts));
+  if (*stream) options.stream_experts = s.stream_experts;
   auto ram = read("CAR_INFERENCE_EXPERT_RAM_GB", flag_ram);
   if (!ram) return ram.error();
   if (*ram) options.expert_ram_gb = s.expert_ram_gb.value_or(0.0);
@@ -135,7 +135,8 @@ struct EngineFlags {
     if (auto r = apply_isa_from_env(); !r) return r.error();
     engine::LoadOptions load;
     load.threads = threads;
-    load.stream_experts = stream_experts;
+    // The flag's text is the settings row's spelling by now (setting_rule): one parse at the edge.
+    load.stream_experts = parse_stream_experts(stream_experts).value_or(StreamExperts::automatic);
     load.expert_ram_gb = expert_ram_gb;
     load.state_dir = state_dir;
     load.prefetch = !no_prefetch;

@@ -54,11 +54,11 @@ int64_t max_batch(int64_t n_ctx) {
 }
 }  // namespace
 
-StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint64_t file_bytes,
+StreamDecision decide_streaming(StreamExperts mode, bool has_experts, uint64_t file_bytes,
                                 const experts::MemoryProbe& memory) {
   if (!has_experts) return {false, "no routed experts"};
-  if (mode == "on") return {true, "stream_experts=on"};
-  if (mode == "off") return {false, "stream_experts=off"};
+  if (mode == StreamExperts::on) return {true, "stream_experts=on"};
+  if (mode == StreamExperts::off) return {false, "stream_experts=off"};
   const uint64_t avail = memory.effective_available;
   std::string where = memory.cgroup_remaining && *memory.cgroup_remaining <= memory.mem_available
                           ? "available (memory cgroup " + memory.cgroup_version + " limit)"
@@ -103,9 +103,6 @@ Result<void> check_weights(LoadedModel& lm) {
 }  // namespace
 
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options) {
-  if (options.stream_experts != "auto" && options.stream_experts != "on" && options.stream_experts != "off") {
-    return make_error("load_failed", "stream_experts must be on, off or auto (got '" + options.stream_experts + "')");
-  }
   if (options.context_length < 0) {
     return make_error("load_failed", "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
   }
@@ -134,7 +131,9 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   if (hp.is_moe()) {
     lm->expert_bank_bytes = expert_bank_bytes(lm->model->expert_banks());
     experts::MemoryProbe memory;
-    if (options.stream_experts == "auto") memory = experts::probe_memory("/proc", "/sys/fs/cgroup");
+    if (options.stream_experts == StreamExperts::automatic) {
+      memory = experts::probe_memory("/proc", "/sys/fs/cgroup");
+    }
     StreamDecision d = decide_streaming(options.stream_experts, true, lm->file->file_size(), memory);
     lm->stream_reason = d.reason;
     if (d.stream) {
@@ -379,7 +378,9 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
   if (hp->is_moe()) {
     // The same decision load_model makes; a streamed model holds at most its banks or the pool's budget.
     experts::MemoryProbe memory;
-    if (options.stream_experts == "auto") memory = experts::probe_memory("/proc", "/sys/fs/cgroup");
+    if (options.stream_experts == StreamExperts::automatic) {
+      memory = experts::probe_memory("/proc", "/sys/fs/cgroup");
+    }
     if (decide_streaming(options.stream_experts, true, (*file)->file_size(), memory).stream) {
       const uint64_t banks = expert_bank_bytes(**file);
       const uint64_t budget = options.expert_pool != nullptr ? options.expert_pool->budget_bytes()

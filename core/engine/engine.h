@@ -18,6 +18,7 @@
 #include "core/engine/sampler.h"
 #include "core/experts/streamed_source.h"
 #include "core/util/result.h"
+#include "core/util/stream_experts.h"
 
 namespace car::gguf {
 class GgufFile;
@@ -30,11 +31,11 @@ namespace car::engine {
 
 struct LoadOptions {
   int threads = 0;                       ///< compute threads; 0 = hardware concurrency
-  /// MoE experts: "on" streams them from disk into a bounded cache (StreamedExpertSource), "off" serves
-  /// them from the mapping, "auto" streams when the model file is larger than the memory the process may
+  /// MoE experts: `on` streams them from disk into a bounded cache (StreamedExpertSource), `off` serves
+  /// them from the mapping, `auto` streams when the model file is larger than the memory the process may
   /// use (MemAvailable and the memory cgroup's remaining limit; see decide_streaming). Dense models ignore
   /// it.
-  std::string stream_experts = "auto";
+  StreamExperts stream_experts = StreamExperts::automatic;
   /// Forced expert cache budget in GB (1e9 bytes) for a private pool; 0 = from the memory limits. Ignored
   /// when expert_pool is set (the pool has its own budget).
   double expert_ram_gb = 0;
@@ -58,10 +59,10 @@ struct StreamDecision {
   std::string
       reason;  ///< "stream_experts=on", "auto: model file 80.0 GB > 31.2 GB available (cgroup v2)", ...
 };
-/// The stream_experts rule: "on"/"off" as asked; "auto" streams when `file_bytes` exceeds
+/// The stream_experts rule: `on`/`off` as asked; `auto` streams when `file_bytes` exceeds
 /// memory.effective_available (resident when that is unknown, i.e. 0). A model without routed experts is
 /// never streamed.
-StreamDecision decide_streaming(const std::string& mode, bool has_experts, uint64_t file_bytes,
+StreamDecision decide_streaming(StreamExperts mode, bool has_experts, uint64_t file_bytes,
                                 const experts::MemoryProbe& memory);
 
 struct GenerateResult {

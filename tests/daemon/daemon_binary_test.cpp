@@ -864,7 +864,7 @@ TEST_F(DaemonBinaryEngineTest, StreamedExpertCachesShareTheModelBudgetAndShrinkB
     ASSERT_TRUE(ok.ok()) << ok.error().message;
   };
   engine::LoadOptions streamed;
-  streamed.stream_experts = "on";
+  streamed.stream_experts = StreamExperts::on;
   auto estimate = [](const std::filesystem::path& p, const engine::LoadOptions& o) {
     auto e = engine::estimate_memory(p.string(), o);
     EXPECT_TRUE(e.ok()) << e.error().message;

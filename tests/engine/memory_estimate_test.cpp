@@ -77,7 +77,7 @@ TEST(MemoryEstimate, StreamedChargeIsEstimatedExactlyAtEveryBudget) {
     SCOPED_TRACE(ram_gb);
     LoadOptions options;
     options.threads = 1;
-    options.stream_experts = "on";
+    options.stream_experts = StreamExperts::on;
     options.expert_ram_gb = ram_gb;
     auto estimate = estimate_memory(path, options);
     ASSERT_TRUE(estimate.ok()) << estimate.error().message;

@@ -196,9 +196,9 @@ TEST(StreamedExperts, EngineStreamsOnRequestAndAccountsTheCacheNotTheBanks) {
   const std::string path = write_moe(dir, "m.gguf");
   LoadOptions off;
   off.threads = 1;
-  off.stream_experts = "off";
+  off.stream_experts = StreamExperts::off;
   LoadOptions on = off;
-  on.stream_experts = "on";
+  on.stream_experts = StreamExperts::on;
   on.expert_ram_gb = 0.0001;  // 100 kB: a few experts per bank
   auto resident = load_model(path, off);
   ASSERT_TRUE(resident.ok()) << resident.error().message;
@@ -245,7 +245,7 @@ TEST(StreamedExperts, ReadErrorFailsTheRequestAndTheModelStaysUsable) {
   auto failing = std::make_shared<std::atomic<bool>>(false);
   LoadOptions on;
   on.threads = 1;
-  on.stream_experts = "on";
+  on.stream_experts = StreamExperts::on;
   on.expert_ram_gb = 0.0001;
   on.direct_io = false;
   on.expert_reader = [failing](int fd, void* buf, size_t count, off_t offset) -> ssize_t {
@@ -280,7 +280,7 @@ TEST(StreamedExperts, SavesTheUsageSidecarInTheStateDir) {
   const std::string path = write_moe(dir, "m.gguf");
   LoadOptions on;
   on.threads = 1;
-  on.stream_experts = "on";
+  on.stream_experts = StreamExperts::on;
   on.expert_ram_gb = 0.0001;
   on.state_dir = (dir / "state").string();
   auto m = load_model(path, on);
@@ -298,30 +298,32 @@ TEST(StreamedExperts, AutoStreamsOnlyWhatDoesNotFit) {
   experts::MemoryProbe mem;
   mem.mem_available = 16'000'000'000;
   mem.effective_available = 16'000'000'000;
-  EXPECT_FALSE(decide_streaming("auto", true, 8'000'000'000, mem).stream);
-  EXPECT_TRUE(decide_streaming("auto", true, 20'000'000'000, mem).stream);
-  EXPECT_FALSE(decide_streaming("auto", false, 20'000'000'000, mem).stream) << "dense models never stream";
-  EXPECT_TRUE(decide_streaming("on", true, 1, mem).stream);
-  EXPECT_FALSE(decide_streaming("off", true, 20'000'000'000, mem).stream);
+  EXPECT_FALSE(decide_streaming(StreamExperts::automatic, true, 8'000'000'000, mem).stream);
+  EXPECT_TRUE(decide_streaming(StreamExperts::automatic, true, 20'000'000'000, mem).stream);
+  EXPECT_FALSE(decide_streaming(StreamExperts::automatic, false, 20'000'000'000, mem).stream) << "dense models never stream";
+  EXPECT_TRUE(decide_streaming(StreamExperts::on, true, 1, mem).stream);
+  EXPECT_FALSE(decide_streaming(StreamExperts::off, true, 20'000'000'000, mem).stream);
   // A memory cgroup tighter than MemAvailable decides, and the reason says so.
   mem.cgroup_remaining = 4'000'000'000;
   mem.cgroup_version = "v2";
   mem.effective_available = 4'000'000'000;
-  const StreamDecision d = decide_streaming("auto", true, 8'000'000'000, mem);
+  const StreamDecision d = decide_streaming(StreamExperts::automatic, true, 8'000'000'000, mem);
   EXPECT_TRUE(d.stream);
   EXPECT_NE(d.reason.find("cgroup v2"), std::string::npos) << d.reason;
   // Unknown memory: resident.
-  EXPECT_FALSE(decide_streaming("auto", true, 8'000'000'000, experts::MemoryProbe{}).stream);
+  EXPECT_FALSE(decide_streaming(StreamExperts::automatic, true, 8'000'000'000, experts::MemoryProbe{}).stream);
 }
 
-TEST(StreamedExperts, BadModeIsALoadError) {
-  testing::TempDir dir;
-  const std::string path = write_moe(dir, "m.gguf");
-  LoadOptions o;
-  o.stream_experts = "sometimes";
-  auto m = load_model(path, o);
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.error().code, "load_failed");
+// The mode is a type from the wire and the settings to the engine (a bad mode cannot reach load_model); the
+// text becomes it in one place, which takes exactly the spellings the wire documents.
+TEST(StreamedExperts, ModeTextParsesOnceAndRoundTrips) {
+  for (StreamExperts m : {StreamExperts::on, StreamExperts::off, StreamExperts::automatic}) {
+    EXPECT_EQ(parse_stream_experts(to_string(m)), m);
+  }
+  EXPECT_EQ(to_string(StreamExperts::automatic), "auto");
+  for (const char* bad : {"sometimes", "", "ON", "automatic", "on "}) {
+    EXPECT_EQ(parse_stream_experts(bad), std::nullopt) << bad;
+  }
 }
 
 }  // namespace
