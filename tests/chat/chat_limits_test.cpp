@@ -1,0 +1,175 @@
+// A template and a conversation are request input: whatever they hold, rendering ends in a result or a
+// clear error, never a crash (issue #23). Each case here killed the process by stack overflow before the
+// tree depth bound, the stack check, the JSON depth bound and the iterative freeing of values; the
+// cancellation cases held a thread until the step limit (17-18 s).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "core/chat/chat.h"
+#include "core/chat/jinja.h"
+
+namespace {
+
+using car::chat::RenderOptions;
+using car::chat::Value;
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+// "ERROR[code] message" or the output.
+std::string render(const std::string& src, const json& ctx = json::object(), const RenderOptions& o = {}) {
+  auto r = car::chat::render_template(src, Value::from_json(ctx), o);
+  if (!r.ok()) return "ERROR[" + r.error().code + "] " + r.error().message;
+  return *r;
+}
+
+std::string repeat(const std::string& s, int n) {
+  std::string out;
+  out.reserve(s.size() * static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+// The exact repros of the issue and their relatives: each is refused at parse time with template_syntax.
+TEST(ChatLimits, LongChainsAreRefusedNotRecursedInto) {
+  const json ctx = {{"x", {{"a", 1}}}, {"xs", json::array({1})}};
+  const std::string cases[] = {
+      "{{ 1" + repeat("+1", 9999) + " }}",              // 10,000 terms (20 KB)
+      "{{ x" + repeat(".a", 30000) + " }}",             // attribute chain
+      "{{ x" + repeat("|e", 60000) + " }}",             // filter chain
+      "{{ x" + repeat("|default(1)", 5000) + " }}",     // filter chain with arguments
+      "{{ 'a'" + repeat(" ~ 'a'", 10000) + " }}",       // concatenation
+      "{{ 2" + repeat(" ** 1", 10000) + " }}",          // power
+      "{{ 1" + repeat(" * 1", 10000) + " }}",           // multiplication
+      "{{ true" + repeat(" and true", 10000) + " }}",   // and
+      "{{ false" + repeat(" or false", 10000) + " }}",  // or
+      "{{ xs" + repeat("[0]", 30000) + " }}",           // subscripts
+      "{{ xs" + repeat("[0:1]", 30000) + " }}",         // slices
+      "{{ range" + repeat("()", 30000) + " }}",         // calls
+      "{{ x" + repeat(" is defined", 30000) + " }}",    // tests
+      "{{ 1" + repeat(" if 1", 30000) + " }}",          // conditional without else
+      "{% set y = x" + repeat(".a", 30000) + " %}",     // in a statement
+      "{% for i in xs" + repeat("|list", 30000) + " %}{% endfor %}",
+      "{% filter upper" + repeat("|lower", 30000) + " %}a{% endfilter %}",
+  };
+  for (const std::string& src : cases) {
+    const std::string out = render(src, ctx);
+    EXPECT_EQ(out.rfind("ERROR[template_syntax]", 0), 0u) << src.substr(0, 40) << ": " << out.substr(0, 200);
+    EXPECT_NE(out.find("nests deeper than"), std::string::npos) << out.substr(0, 200);
+  }
+}
+
+// Chained comparisons are one node (Python style), so a long chain is no deeper than a short one.
+TEST(ChatLimits, FlatChainsStillRender) {
+  std::string src = "{{ 0";
+  for (int i = 1; i < 10000; ++i) src += " < " + std::to_string(i);
+  EXPECT_EQ(render(src + " }}"), "True");
+  // What real templates write is far inside the limits.
+  EXPECT_EQ(render("{{ 1" + repeat("+1", 99) + " }}"), "100");
+  EXPECT_EQ(render("{{ x" + repeat(".a", 1) + repeat("|string", 100) + " }}", {{"x", {{"a", 7}}}}), "7");
+}
+
+// A conversation nested deeper than the conversion into template values allows is bad_messages, before
+// anything recurses over it. 30,000 levels in `content` crashed the daemon.
+TEST(ChatLimits, DeepMessageIsBadMessages) {
+  const int depth = 30000;
+  const json deep = json::parse(std::string(depth, '[') + std::string(depth, ']'));
+  const json messages = json::array({{{"role", "user"}, {"content", deep}}});
+  car::chat::ChatOptions co;
+  auto r = car::chat::render_chat("{{ messages[0].content }}", messages, co);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, "bad_messages");
+  EXPECT_NE(r.error().message.find("nest deeper than 128"), std::string::npos) << r.error().message;
+  // tools too
+  co.tools = deep;
+  r = car::chat::render_chat("x", json::array({{{"role", "user"}}}), co);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, "bad_messages");
+  // Just inside the limit works: the array is one level, the message object another.
+  const json ok = json::parse(std::string(126, '[') + std::string(126, ']'));
+  r = car::chat::render_chat("{{ messages[0].content|length }}",
+                             json::array({{{"role", "user"}, {"content", ok}}}), car::chat::ChatOptions{});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "1");
+  EXPECT_THROW(Value::from_json(deep), std::invalid_argument);
+  EXPECT_EQ(car::chat::json_depth(json::parse("[[1],{\"a\":[2]}]")), 3);
+}
+
+// Values a template nests itself, in a loop: freeing them (when replaced mid-render, or at the end) and
+// printing them must not recurse without bound.
+TEST(ChatLimits, DeepValuesBuiltByATemplate) {
+  const std::string wrap =
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+  EXPECT_EQ(render(wrap + "{{ ns.x|length }}"), "1");
+  EXPECT_EQ(render(wrap + "{% set ns.x = 0 %}done"), "done");  // the old value freed mid-render
+  const std::string printed = render(wrap + "{{ ns.x }}");
+  EXPECT_NE(printed.find("..."), std::string::npos);  // repr stops at its depth bound
+  EXPECT_EQ(render(wrap + "{{ ns.x|tojson }}").rfind("ERROR[template_error]", 0), 0u);
+  EXPECT_EQ(render(wrap + "{{ ns.x == ns.x }}").substr(0, 5), "False");  // equal stops at its depth bound
+  // The same with dicts, and with the outermost made first (freed first at the end of the render).
+  EXPECT_EQ(render("{% set ns = namespace(x={}) %}{% for i in range(100000) %}{% set ns.x = {'k': ns.x} %}"
+                   "{% endfor %}{{ ns.x|length }}"),
+            "1");
+  EXPECT_EQ(render("{% set root = [] %}{% set ns = namespace(c=root) %}{% for i in range(100000) %}"
+                   "{% set n = [] %}{% if ns.c.append(n) %}{% endif %}{% set ns.c = n %}{% endfor %}"
+                   "{{ root|length }}"),
+            "1");
+  // A list holding itself: printing stops, freeing breaks the cycle.
+  EXPECT_NE(render("{% set l = [] %}{% if l.append(l) %}{% endif %}{{ l }}").find("..."), std::string::npos);
+}
+
+// The stack check behind the depth limits: recursion through macros, each level within every limit, still
+// stops cleanly when the stack budget is spent.
+TEST(ChatLimits, StackBudgetStopsDeepRecursion) {
+  const std::string src = "{% macro m(n) %}{{ 1" + repeat("+1", 200) + " }}{% if n > 0 %}{{ m(n - 1) }}"
+                          "{% endif %}{% endmacro %}{{ m(60) }}";
+  RenderOptions o;
+  o.limits.max_stack_bytes = 64u << 10;
+  const std::string out = render(src, json::object(), o);
+  EXPECT_EQ(out.rfind("ERROR[template_error]", 0), 0u) << out.substr(0, 200);
+  EXPECT_NE(out.find("too deeply for the stack"), std::string::npos) << out.substr(0, 200);
+  // With the default budget the same template renders.
+  EXPECT_EQ(render(src).substr(0, 3), "201");
+}
+
+const std::string kNestedLoops =
+    "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}{% endfor %}"
+    "{% endfor %}";
+
+// Cancellation is seen inside the render: set from another thread, the render stops within ~1024 steps.
+TEST(ChatLimits, CancelStopsARenderPromptly) {
+  std::atomic<bool> cancelled{false};
+  RenderOptions o;
+  o.cancelled = &cancelled;
+  o.limits.max_steps = UINT64_MAX;  // only the flag (or the deadline, far away) can stop it
+  o.limits.max_duration = std::chrono::minutes(10);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    cancelled.store(true);
+  });
+  const auto start = Clock::now();
+  auto r = car::chat::render_template(kNestedLoops, Value::dict(), o);
+  const auto took = Clock::now() - start;
+  setter.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, "cancelled");
+  EXPECT_LT(took, std::chrono::seconds(3));  // without the check: the whole loop, far longer
+}
+
+// The render's own deadline (RenderLimits::max_duration).
+TEST(ChatLimits, DeadlineStopsARender) {
+  RenderOptions o;
+  o.limits.max_steps = UINT64_MAX;
+  o.limits.max_duration = std::chrono::milliseconds(100);
+  const auto start = Clock::now();
+  const std::string out = render(kNestedLoops, json::object(), o);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(out.rfind("ERROR[template_error]", 0), 0u) << out;
+  EXPECT_NE(out.find("ran longer than 100 ms"), std::string::npos) << out;
+}
+
+}  // namespace
