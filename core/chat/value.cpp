@@ -102,28 +102,29 @@ const char* Value::kind_name() const {
 }
 
 namespace {
-// Lists and dicts whose last owner went away while another one was being freed: freed by the loop in
-// free_containers() that is already running on this thread, not by recursion.
-struct Graveyard {
-  std::vector<std::shared_ptr<void>> pending;
-  bool draining = false;
-};
-thread_local Graveyard graveyard;
+// While free_containers() runs on this thread, the worklist it drains: lists and dicts whose last owner
+// went away while another was being freed are queued there instead of freed by recursion. A plain pointer
+// (to the outermost call's local vector), so that nothing here is destroyed at thread exit before the last
+// Values (a static one is destroyed after the thread's thread_locals).
+thread_local std::vector<std::shared_ptr<void>>* t_pending = nullptr;
 }  // namespace
 
 void Value::free_containers() noexcept {
-  Graveyard& g = graveyard;
-  // The items of a container freed here run this again; they only queue their own containers.
-  if (list_.use_count() == 1) g.pending.push_back(std::move(list_));
-  if (dict_.use_count() == 1) g.pending.push_back(std::move(dict_));
-  if (g.draining) return;
-  g.draining = true;
-  while (!g.pending.empty()) {
-    std::shared_ptr<void> p = std::move(g.pending.back());
-    g.pending.pop_back();
+  if (t_pending != nullptr) {
+    if (list_.use_count() == 1) t_pending->push_back(std::move(list_));
+    if (dict_.use_count() == 1) t_pending->push_back(std::move(dict_));
+    return;
+  }
+  std::vector<std::shared_ptr<void>> pending;  // allocates only when the container holds containers
+  t_pending = &pending;
+  list_.reset();  // its items queue their own containers
+  dict_.reset();
+  while (!pending.empty()) {
+    std::shared_ptr<void> p = std::move(pending.back());
+    pending.pop_back();
     p.reset();  // may queue more
   }
-  g.draining = false;
+  t_pending = nullptr;
 }
 
 namespace {
