@@ -54,7 +54,12 @@ class EngineBackend final : public Backend {
       // BOS when the template wrote one.
       auto chat = chat::render_model_chat(engine::model_file(*model_), engine::model_tokenizer(*model_),
                                           nlohmann::ordered_json(*params.messages), params.chat_template,
-                                          params.add_generation_prompt);
+                                          params.add_generation_prompt, &cancelled);
+      // A render stopped by `cancel` or a disconnect is answered as a request cancelled before its
+      // generation began; anything else the template or the conversation did wrong is the client's.
+      if (!chat && chat.error().code == "cancelled") {
+        return make_error("cancelled", "request cancelled while its chat template rendered");
+      }
       if (!chat) return make_error("bad_request", chat_error_message(chat.error()));
       req.prompt = std::move(chat->text);
       req.parse_special = true;

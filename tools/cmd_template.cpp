@@ -71,7 +71,8 @@ void run_render(const TemplateOptions& o) {
   chat::RenderOptions ro;
   ro.js_strip_quirk = o.js_compat;
   if (chat::json_depth(ctx) > chat::kMaxJsonDepth) {
-    fail(o.context_file + ": the context nests deeper than " + std::to_string(chat::kMaxJsonDepth) + " levels");
+    fail(o.context_file + ": the context nests deeper than " + std::to_string(chat::kMaxJsonDepth) +
+         " levels");
   }
   auto out = chat::render_template(source, chat::Value::from_json(ctx), ro);
   if (!out) report(out.error());

@@ -19,7 +19,8 @@ Result<void> validate_messages(const nlohmann::ordered_json& messages) {
   // The conversion into template values recurses (Value::from_json): refuse what it would refuse, here,
   // with a clear error. The array itself is one level.
   if (json_depth(messages) > kMaxJsonDepth) {
-    return make_error("bad_messages", "messages nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return make_error("bad_messages",
+                      "messages nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   return {};
 }
