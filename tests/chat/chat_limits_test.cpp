@@ -75,46 +75,61 @@ TEST(ChatLimits, FlatChainsStillRender) {
 
 // A conversation nested deeper than the conversion into template values allows is bad_messages, before
 // anything recurses over it. 30,000 levels in `content` crashed the daemon.
+// (The deep documents are parsed and moved, never copied: nlohmann's copy recurses.)
+json nested(int depth) {
+  return json::parse(std::string(static_cast<size_t>(depth), '[') +
+                     std::string(static_cast<size_t>(depth), ']'));
+}
+json user_message_with(json content) {
+  json m = json::object();
+  m["role"] = "user";
+  m["content"] = std::move(content);
+  json messages = json::array();
+  messages.push_back(std::move(m));
+  return messages;
+}
+
 TEST(ChatLimits, DeepMessageIsBadMessages) {
-  const int depth = 30000;
-  const json deep = json::parse(std::string(depth, '[') + std::string(depth, ']'));
-  const json messages = json::array({{{"role", "user"}, {"content", deep}}});
+  const json messages = user_message_with(nested(30000));
   car::chat::ChatOptions co;
   auto r = car::chat::render_chat("{{ messages[0].content }}", messages, co);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, "bad_messages");
   EXPECT_NE(r.error().message.find("nest deeper than 128"), std::string::npos) << r.error().message;
   // tools too
-  co.tools = deep;
+  co.tools = nested(30000);
   r = car::chat::render_chat("x", json::array({{{"role", "user"}}}), co);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, "bad_messages");
   // Just inside the limit works: the array is one level, the message object another.
-  const json ok = json::parse(std::string(126, '[') + std::string(126, ']'));
-  r = car::chat::render_chat("{{ messages[0].content|length }}",
-                             json::array({{{"role", "user"}, {"content", ok}}}), car::chat::ChatOptions{});
+  r = car::chat::render_chat("{{ messages[0].content|length }}", user_message_with(nested(126)),
+                             car::chat::ChatOptions{});
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(*r, "1");
-  EXPECT_THROW(Value::from_json(deep), std::invalid_argument);
+  EXPECT_THROW(Value::from_json(nested(30000)), std::invalid_argument);
   EXPECT_EQ(car::chat::json_depth(json::parse("[[1],{\"a\":[2]}]")), 3);
 }
 
 // Values a template nests itself, in a loop: freeing them (when replaced mid-render, or at the end) and
-// printing them must not recurse without bound.
+// printing them must not recurse without bound. (100,000 and 50,000 levels: freeing them recursively
+// overflowed an 8 MiB stack; past a few hundred levels is enough for the printing bounds.)
 TEST(ChatLimits, DeepValuesBuiltByATemplate) {
-  const std::string wrap =
-      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
-  EXPECT_EQ(render(wrap + "{{ ns.x|length }}"), "1");
-  EXPECT_EQ(render(wrap + "{% set ns.x = 0 %}done"), "done");  // the old value freed mid-render
+  auto wrap_of = [](int depth) {
+    return "{% set ns = namespace(x=[]) %}{% for i in range(" + std::to_string(depth) +
+           ") %}{% set ns.x = [ns.x] %}{% endfor %}";
+  };
+  EXPECT_EQ(render(wrap_of(100000) + "{{ ns.x|length }}"), "1");
+  EXPECT_EQ(render(wrap_of(100000) + "{% set ns.x = 0 %}done"), "done");  // the old value freed mid-render
+  const std::string wrap = wrap_of(1000);
   const std::string printed = render(wrap + "{{ ns.x }}");
   EXPECT_NE(printed.find("..."), std::string::npos);  // repr stops at its depth bound
   EXPECT_EQ(render(wrap + "{{ ns.x|tojson }}").rfind("ERROR[template_error]", 0), 0u);
   EXPECT_EQ(render(wrap + "{{ ns.x == ns.x }}").substr(0, 5), "False");  // equal stops at its depth bound
   // The same with dicts, and with the outermost made first (freed first at the end of the render).
-  EXPECT_EQ(render("{% set ns = namespace(x={}) %}{% for i in range(100000) %}{% set ns.x = {'k': ns.x} %}"
+  EXPECT_EQ(render("{% set ns = namespace(x={}) %}{% for i in range(50000) %}{% set ns.x = {'k': ns.x} %}"
                    "{% endfor %}{{ ns.x|length }}"),
             "1");
-  EXPECT_EQ(render("{% set root = [] %}{% set ns = namespace(c=root) %}{% for i in range(100000) %}"
+  EXPECT_EQ(render("{% set root = [] %}{% set ns = namespace(c=root) %}{% for i in range(50000) %}"
                    "{% set n = [] %}{% if ns.c.append(n) %}{% endif %}{% set ns.c = n %}{% endfor %}"
                    "{{ root|length }}"),
             "1");
