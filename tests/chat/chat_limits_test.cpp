@@ -3,9 +3,11 @@
 // tree depth bound, the stack check, the JSON depth bound and the iterative freeing of values; the
 // cancellation cases held a thread until the step limit (17-18 s).
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -110,29 +112,51 @@ TEST(ChatLimits, DeepMessageIsBadMessages) {
   EXPECT_EQ(car::chat::json_depth(json::parse("[[1],{\"a\":[2]}]")), 3);
 }
 
+// Runs `fn` on a thread with a 1 MiB stack (a daemon worker has 8 MiB): the freeing below recursed about
+// 64 bytes per level, which an 8 MiB stack survived up to ~100,000 levels but 1 MiB not past ~15,000.
+void on_small_stack(const std::function<void()>& fn) {
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 1u << 20), 0);
+  pthread_t t;
+  auto run = [](void* f) -> void* {
+    (*static_cast<const std::function<void()>*>(f))();
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&t, &attr, run, const_cast<std::function<void()>*>(&fn)), 0);
+  pthread_join(t, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
 // Values a template nests itself, in a loop: freeing them (when replaced mid-render, or at the end) and
-// printing them must not recurse without bound. (100,000 and 50,000 levels: freeing them recursively
-// overflowed an 8 MiB stack; past a few hundred levels is enough for the printing bounds.)
+// printing them must not recurse without bound.
 TEST(ChatLimits, DeepValuesBuiltByATemplate) {
   auto wrap_of = [](int depth) {
     return "{% set ns = namespace(x=[]) %}{% for i in range(" + std::to_string(depth) +
            ") %}{% set ns.x = [ns.x] %}{% endfor %}";
   };
-  EXPECT_EQ(render(wrap_of(100000) + "{{ ns.x|length }}"), "1");
-  EXPECT_EQ(render(wrap_of(100000) + "{% set ns.x = 0 %}done"), "done");  // the old value freed mid-render
+  std::string results[4];
+  on_small_stack([&] {
+    results[0] = render(wrap_of(30000) + "{% set ns.x = 0 %}done");  // the old value freed mid-render
+    results[1] = render(wrap_of(30000) + "{{ ns.x|length }}");       // freed when the render ends
+    // The same with dicts, and with the outermost made first.
+    results[2] = render(
+        "{% set ns = namespace(x={}) %}{% for i in range(30000) %}{% set ns.x = {'k': ns.x} %}"
+        "{% endfor %}{{ ns.x|length }}");
+    results[3] = render(
+        "{% set root = [] %}{% set ns = namespace(c=root) %}{% for i in range(30000) %}"
+        "{% set n = [] %}{% if ns.c.append(n) %}{% endif %}{% set ns.c = n %}{% endfor %}"
+        "{{ root|length }}");
+  });
+  EXPECT_EQ(results[0], "done");
+  EXPECT_EQ(results[1], "1");
+  EXPECT_EQ(results[2], "1");
+  EXPECT_EQ(results[3], "1");
+  // Printing stops at its depth bounds (past a few hundred levels is enough to reach them).
   const std::string wrap = wrap_of(1000);
-  const std::string printed = render(wrap + "{{ ns.x }}");
-  EXPECT_NE(printed.find("..."), std::string::npos);  // repr stops at its depth bound
+  EXPECT_NE(render(wrap + "{{ ns.x }}").find("..."), std::string::npos);  // repr stops at 200 levels
   EXPECT_EQ(render(wrap + "{{ ns.x|tojson }}").rfind("ERROR[template_error]", 0), 0u);
   EXPECT_EQ(render(wrap + "{{ ns.x == ns.x }}").substr(0, 5), "False");  // equal stops at its depth bound
-  // The same with dicts, and with the outermost made first (freed first at the end of the render).
-  EXPECT_EQ(render("{% set ns = namespace(x={}) %}{% for i in range(50000) %}{% set ns.x = {'k': ns.x} %}"
-                   "{% endfor %}{{ ns.x|length }}"),
-            "1");
-  EXPECT_EQ(render("{% set root = [] %}{% set ns = namespace(c=root) %}{% for i in range(50000) %}"
-                   "{% set n = [] %}{% if ns.c.append(n) %}{% endif %}{% set ns.c = n %}{% endfor %}"
-                   "{{ root|length }}"),
-            "1");
   // A list holding itself: printing stops, freeing breaks the cycle.
   EXPECT_NE(render("{% set l = [] %}{% if l.append(l) %}{% endif %}{{ l }}").find("..."), std::string::npos);
 }
