@@ -6,7 +6,7 @@
 //
 // Issue #23: a custom mutator (one mutation in eight) grows what the byte-level mutations practically never
 // build: an operator, attribute, subscript, call, filter or test chain hundreds to tens of thousands of
-// links long, and a context JSON nested up to 40,000 deep. A context deeper than Value::from_json takes is
+// links long, and a context JSON nested as deep. A context deeper than Value::from_json takes is
 // checked to be refused (and the conversation then rendered through render_chat, which must say
 // bad_messages). scripts/fuzz.sh runs this under a small stack, so an unbounded recursion crashes here.
 #include <algorithm>
@@ -145,8 +145,10 @@ size_t pick_count(std::minstd_rand& rng) {
       return 1 + rng() % 64;  // short: what real templates write
     case 1:
       return 240 + rng() % 32;  // around the tree depth limit (256)
+    case 2:
+      return 256 + rng() % 4000;  // past it, far enough to overflow a 1 MiB stack without the limit
     default:
-      return 256 + rng() % 40000;  // far past it
+      return rng() % 8 == 0 ? 4256 + rng() % 36000 : 256 + rng() % 4000;  // now and then, the issue's sizes
   }
 }
 
