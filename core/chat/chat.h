@@ -34,7 +34,8 @@ Result<void> validate_messages(const nlohmann::ordered_json& messages);
 Value chat_context(const nlohmann::ordered_json& messages, const ChatOptions& options);
 
 /// Validates `messages`, parses `template_text` and renders it. Errors: "bad_messages", "template_syntax",
-/// "template_error", "raise_exception" (the template rejected the conversation; message = its text).
+/// "template_error", "raise_exception" (the template rejected the conversation; message = its text),
+/// "cancelled" (options.render.cancelled was set).
 Result<std::string> render_chat(std::string_view template_text, const nlohmann::ordered_json& messages,
                                 const ChatOptions& options);
 
