@@ -21,6 +21,10 @@ namespace car::daemon {
 
 namespace {
 
+/// The longest a request's chat template may render. Real templates take milliseconds even on long
+/// conversations; the 50 M step limit alone would let a hostile one hold a worker for many seconds.
+constexpr std::chrono::milliseconds kChatRenderTimeLimit{5000};
+
 /// A chat rendering error as the client sees it: what went wrong and where (the template's own text for
 /// raise_exception, the construct and position for a template error).
 std::string chat_error_message(const Error& e) {
@@ -52,9 +56,17 @@ class EngineBackend final : public Backend {
     if (params.messages) {
       // The conversation in the model's own prompt format, its special-token text parsed, and no second
       // BOS when the template wrote one.
+      chat::RenderOptions render;
+      render.cancelled = &cancelled;
+      render.limits.max_duration = kChatRenderTimeLimit;
       auto chat = chat::render_model_chat(engine::model_file(*model_), engine::model_tokenizer(*model_),
                                           nlohmann::ordered_json(*params.messages), params.chat_template,
-                                          params.add_generation_prompt);
+                                          params.add_generation_prompt, render);
+      // A render stopped by `cancel` or a disconnect is answered as a request cancelled before its
+      // generation began; anything else the template or the conversation did wrong is the client's.
+      if (!chat && chat.error().code == "cancelled") {
+        return make_error("cancelled", "request cancelled while its chat template rendered");
+      }
       if (!chat) return make_error("bad_request", chat_error_message(chat.error()));
       req.prompt = std::move(chat->text);
       req.parse_special = true;

@@ -189,6 +189,21 @@ std::optional<Request> parse_compact(std::string_view s) {
 
 }  // namespace
 
+bool nests_deeper_than(std::string_view text, int limit) {
+  int depth = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '"') {
+      i = skip_string(text, i) - 1;
+    } else if (c == '{' || c == '[') {
+      if (++depth > limit) return true;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 std::string dump(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -199,6 +214,18 @@ Result<Request> parse_request(std::string_view line, json* id_out) {
     return std::move(*compact);
   }
   if (id_out != nullptr) *id_out = nullptr;
+  if (nests_deeper_than(line, kMaxRequestDepth)) {
+    // Not parsed; the id is still echoed when it is a plain string or integer at the top level.
+    if (id_out != nullptr) {
+      const std::string_view raw = raw_member(line, "id");
+      json id = json::parse(raw.begin(), raw.end(), nullptr, false);
+      if (id.is_string() || (id.is_number_integer() && !(id.get<int64_t>() == 0 && raw.starts_with("-")))) {
+        *id_out = std::move(id);
+      }
+    }
+    return bad("request nests deeper than " + std::to_string(kMaxRequestDepth) +
+               " levels of arrays and objects");
+  }
   json doc = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return bad("request is not valid JSON");
   if (!doc.is_object()) return bad(std::string("request must be a JSON object, got ") + type_name(doc));

@@ -98,7 +98,18 @@ Result<void> check_fields(Op op, const nlohmann::json& body);
 /// The fields `op` knows, besides `id`, `op` and `strict`, in a fixed order (for messages and docs).
 const std::vector<std::string_view>& known_fields(Op op);
 
-/// Parse one line into a Request. Errors (code bad_request): not JSON, not an object, `id` not a scalar or
+/// How deep a request document may nest (objects and arrays; the request object counts one). A deeper line
+/// is bad_request before it is parsed: copying, dumping and comparing a document recurse over it, and so
+/// does converting `messages` for a chat template (which accepts 128 levels, the messages array counting
+/// one). Real requests (conversations with tool calls, JSON schemas in tools) stay within a few tens.
+constexpr int kMaxRequestDepth = 128;
+
+/// True when the JSON text nests deeper than `limit` arrays and objects: one pass that skips strings (the
+/// text need not be valid JSON; an invalid one is the parser's to refuse).
+bool nests_deeper_than(std::string_view text, int limit);
+
+/// Parse one line into a Request. Errors (code bad_request): nested deeper than kMaxRequestDepth, not
+/// JSON, not an object, `id` not a scalar or
 /// a number other than an integer in int64/uint64 range (2.5, 1e3, 2^64 and -0 could not be echoed as
 /// sent), `op` missing or not a string. The id is recovered whenever the line is an object, so even a
 /// rejected request's error reply carries it (`id_out`).

@@ -7,7 +7,23 @@ namespace car::daemon {
 WorkerPool::WorkerPool(std::size_t threads, std::size_t queue_capacity) : capacity_(queue_capacity) {
   CAR_CHECK(threads >= 1);
   threads_.reserve(threads);
-  for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  // pthreads, not std::thread: only they take a stack size.
+  pthread_attr_t attr;
+  CAR_CHECK(pthread_attr_init(&attr) == 0);
+  CAR_CHECK(pthread_attr_setstacksize(&attr, kStackBytes) == 0);
+  for (std::size_t i = 0; i < threads; ++i) {
+    pthread_t t;
+    const int rc = pthread_create(
+        &t, &attr,
+        [](void* pool) -> void* {
+          static_cast<WorkerPool*>(pool)->run();
+          return nullptr;
+        },
+        this);
+    CAR_CHECK(rc == 0);
+    threads_.push_back(t);
+  }
+  pthread_attr_destroy(&attr);
 }
 
 WorkerPool::~WorkerPool() { stop(); }
@@ -28,9 +44,7 @@ void WorkerPool::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
-  for (auto& t : threads_) {
-    if (t.joinable()) t.join();
-  }
+  for (pthread_t t : threads_) pthread_join(t, nullptr);
   threads_.clear();
 }
 

@@ -7,11 +7,12 @@
 // jobs run, then joins the threads.
 #pragma once
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "core/util/thread_annotations.h"
@@ -21,6 +22,11 @@ namespace car::daemon {
 class WorkerPool {
  public:
   using Job = std::function<void()>;
+
+  /// Each worker's stack, set explicitly rather than inherited from RLIMIT_STACK (which a unit file or a
+  /// shell may make anything): jobs render untrusted chat templates, whose limits (core/chat: at most 2 MiB
+  /// of stack for a render, checked) are sized against it with a wide margin.
+  static constexpr std::size_t kStackBytes = 8u << 20;
 
   /// `threads` >= 1 workers; at most `queue_capacity` jobs waiting (not counting running ones).
   WorkerPool(std::size_t threads, std::size_t queue_capacity);
@@ -46,7 +52,7 @@ class WorkerPool {
   std::deque<Job> queue_ CAR_GUARDED_BY(mutex_);
   std::size_t running_ CAR_GUARDED_BY(mutex_) = 0;  // jobs being executed right now
   bool stopping_ CAR_GUARDED_BY(mutex_) = false;
-  std::vector<std::thread> threads_;
+  std::vector<pthread_t> threads_;
 };
 
 }  // namespace car::daemon

@@ -4,6 +4,11 @@
 # time. Exits non-zero when a fuzzer finds a crash, leak, timeout or UB report; the reproducer is left in
 # build-fuzz/artifacts/<name>/.
 #
+# Each fuzzer runs under a small stack (ulimit -s CAR_FUZZ_STACK_KB, default 1024 KiB, an eighth of the
+# usual 8 MiB): an input that recurses without a bound (a long operator chain in a chat template, a deeply
+# nested JSON request) overflows it and is reported as a crash, where under 8 MiB it might pass unnoticed.
+# The value leaves room for ASan's larger frames on every legitimate input (the seeds all pass).
+#
 # Conventions (fuzz/README.md): fuzz/<name>/CMakeLists.txt defines the fuzzer `fuzz_<name>` and optionally a
 # seed writer `corpus_<name>` run as `corpus_<name> OUT_DIR [CONFORMANCE_DIR]`; files in fuzz/<name>/seeds/
 # are seeds too; fuzz/<name>/<name>.dict, when present, is passed as -dict.
@@ -13,6 +18,7 @@ root=$(pwd)
 total=${1:-120}
 build=${CAR_FUZZ_BUILD_DIR:-$root/build-fuzz}
 jobs=${CAR_FUZZ_JOBS:-2}
+stack_kb=${CAR_FUZZ_STACK_KB:-1024}
 cxx=${CAR_FUZZ_CXX:-clang++-14}
 conformance=${CAR_CONFORMANCE_DIR:-$root/../shared/conformance}
 
@@ -59,10 +65,13 @@ run_one() {  # run_one FUZZER: writes $build/FUZZER.log and $build/FUZZER.rc
     if [ -d "$conformance" ]; then "$gen" "$seeds" "$conformance"; else "$gen" "$seeds"; fi
   fi
   if [ -f "fuzz/$name/$name.dict" ]; then dict=(-dict="fuzz/$name/$name.dict"); fi
-  echo "fuzz.sh: running $fuzzer for ${per}s ($(ls "$seeds" | wc -l) seeds, $(ls "$corpus" | wc -l) corpus files)"
+  echo "fuzz.sh: running $fuzzer for ${per}s ($(ls "$seeds" | wc -l) seeds, $(ls "$corpus" | wc -l) corpus files, ${stack_kb} KiB stack)"
   set +e
-  "$bin" "$corpus" "$seeds" -max_total_time="$per" -max_len="${CAR_FUZZ_MAX_LEN:-65536}" -rss_limit_mb=2048 \
-    -timeout=10 -print_final_stats=1 -artifact_prefix="$artifacts/" "${dict[@]}" >"$build/$fuzzer.log" 2>&1
+  (
+    ulimit -s "$stack_kb"
+    exec "$bin" "$corpus" "$seeds" -max_total_time="$per" -max_len="${CAR_FUZZ_MAX_LEN:-65536}" \
+      -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 -artifact_prefix="$artifacts/" "${dict[@]}"
+  ) >"$build/$fuzzer.log" 2>&1
   rc=$?
   set -e
   echo "$rc" >"$build/$fuzzer.rc"

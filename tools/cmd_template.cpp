@@ -70,6 +70,10 @@ void run_render(const TemplateOptions& o) {
     fail(o.context_file + ": the context must be a JSON object (its keys are the variables)");
   chat::RenderOptions ro;
   ro.js_strip_quirk = o.js_compat;
+  if (chat::json_depth(ctx) > chat::kMaxJsonDepth) {
+    fail(o.context_file + ": the context nests deeper than " + std::to_string(chat::kMaxJsonDepth) +
+         " levels");
+  }
   auto out = chat::render_template(source, chat::Value::from_json(ctx), ro);
   if (!out) report(out.error());
   write_all(*out);

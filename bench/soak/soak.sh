@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Soak car-inferenced: write three synthetic models with `car gguf synth`, start the real daemon on them
 # with a cache budget that holds two of the three (so load/invalidate/infer churn evicts), run
-# soak_client.py (64 clients x 10,000 mixed requests by default), and report errors (must be 0 besides
-# `busy`), p50/p99 per op, the daemon's RSS before and after and its peak, and whether it stayed up.
+# soak_client.py (64 clients x 10,000 mixed requests by default, among them chat requests with templates
+# in the request, some hostile and expecting bad_request or a prompt cancel), and report errors (must be 0
+# besides `busy`), p50/p99 per op, the daemon's RSS before and after and its peak, and whether it stayed up.
 #
 #   bench/soak/soak.sh [--clients N] [--requests N] [--max-seconds S] [...soak_client.py options]
 #   BUILD=build (where car and car-inferenced are)   KEEP=1 (keep the work directory)

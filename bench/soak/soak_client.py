@@ -2,8 +2,13 @@
 """Soak client for car-inferenced: C concurrent connections issue N mixed requests in total.
 
 Mix (weights): infer (20), streamed infer (15), stats (12), list (6), health (6), load (12),
-invalidate (9) on three models, cancel (10: a streamed infer cancelled after its first token) and
-disconnect (10: a streamed infer whose connection is closed after its first token, then reopened).
+invalidate (9) on three models, cancel (10: a streamed infer cancelled after its first token),
+disconnect (10: a streamed infer whose connection is closed after its first token, then reopened), and
+chat requests with a template in the request (issue #23): chat (8: a conversation rendered with an ordinary
+template), chat_hostile (4: a template or a conversation that once crashed the daemon - 10,000-term
+operator chains, 30,000-step attribute chains, 60,000 chained filters, a message nested 30,000 deep - each
+must be answered bad_request) and chat_cancel (2: a template that would loop for a billion steps, cancelled
+while it renders - must be answered cancelled, promptly).
 Every reply is checked: an error other than `busy` (or `cancelled` for a request this client cancelled)
 counts as an error, as does a reply that does not arrive within --timeout. `stats` replies are checked
 against the budget. Prints p50/p99 latency per op and a JSON summary line; exits 1 on any error.
@@ -16,7 +21,17 @@ import sys
 import time
 
 MIX = [("infer", 20), ("infer_stream", 15), ("stats", 12), ("list", 6), ("health", 6), ("load", 12),
-       ("invalidate", 9), ("cancel", 10), ("disconnect", 10)]
+       ("invalidate", 9), ("cancel", 10), ("disconnect", 10), ("chat", 8), ("chat_hostile", 4),
+       ("chat_cancel", 2)]
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world"}]
+# Templates that crashed the daemon before issue #23 (their request lines are 20-120 KB).
+HOSTILE_TEMPLATES = ["{{ 1" + "+1" * 9999 + " }}", "{{ messages" + ".a" * 30000 + " }}",
+                     "{{ messages" + "|e" * 60000 + " }}", "{{ messages" + "[0]" * 20000 + " }}"]
+LOOPS = ("{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}"
+         "{% endfor %}{% endfor %}")
 
 
 class Conn:
@@ -34,7 +49,10 @@ class Conn:
         return self.next_id
 
     async def send(self, obj):
-        self.w.write((json.dumps(obj) + "\n").encode())
+        await self.send_raw(json.dumps(obj))
+
+    async def send_raw(self, line):
+        self.w.write((line + "\n").encode())
         await self.w.drain()
 
     async def line(self):
@@ -192,6 +210,53 @@ async def one(op, model, conn, rng, stats, args):
             got[j["id"]] = j
         ok = check(stats, op, got[cid]) and check(stats, op, got[rid], allow=("cancelled",))
         if ok and got[rid].get("ok") and got[rid]["result"]["finish_reason"] == "cancelled":
+            stats.cancelled += 1
+        conn.last_ok = ok
+        return conn
+    if op == "chat":
+        await conn.send({"id": rid, "op": "infer", "model": model, "messages": MESSAGES,
+                         "chat_template": CHAT_TEMPLATE, "max_tokens": args.max_tokens, "ignore_eos": True,
+                         "temperature": 0})
+        reply, _ = await conn.final(rid)
+        if check(stats, op, reply):
+            if reply["result"].get("chat_template") != "request":
+                stats.error(op, "chat", f"rendered with {reply['result'].get('chat_template')!r}")
+                return conn
+            conn.last_ok = True
+        return conn
+    if op == "chat_hostile":
+        if rng.random() < 0.2:
+            # A message nested 30,000 deep, written by hand (json.dumps recurses).
+            deep = "[" * 30000 + "]" * 30000
+            await conn.send_raw(json.dumps({"id": rid, "op": "infer", "model": model, "chat_template": "{{ messages }}",
+                                            "messages": [{"role": "user", "content": "X"}]})
+                                .replace('"X"', deep))
+        else:
+            await conn.send({"id": rid, "op": "infer", "model": model, "messages": MESSAGES,
+                             "chat_template": rng.choice(HOSTILE_TEMPLATES), "max_tokens": args.max_tokens})
+        reply, _ = await conn.final(rid)
+        if reply.get("ok"):
+            stats.error(op, "accepted", "a hostile chat request was served")
+        elif check(stats, op, reply, allow=("bad_request",)):
+            conn.last_ok = True
+        return conn
+    if op == "chat_cancel":
+        await conn.send({"id": rid, "op": "infer", "model": model, "messages": MESSAGES, "chat_template": LOOPS,
+                         "max_tokens": args.max_tokens})
+        await asyncio.sleep(0.05)
+        cid = conn.new_id()
+        await conn.send({"id": cid, "op": "cancel", "target": rid})
+        got = {}
+        while len(got) < 2:
+            j = await conn.line()
+            if "event" in j:
+                continue
+            got[j["id"]] = j
+        if got[rid].get("ok"):
+            stats.error(op, "not_cancelled", "a render of a billion steps was not cancelled")
+            return conn
+        ok = check(stats, op, got[cid]) and check(stats, op, got[rid], allow=("cancelled",))
+        if ok and got[rid].get("error", {}).get("code") == "cancelled":
             stats.cancelled += 1
         conn.last_ok = ok
         return conn

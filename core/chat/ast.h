@@ -53,6 +53,9 @@ enum class NodeType {
 struct Node {
   NodeType type;
   int line = 0, col = 0;
+  /// 1 + the deepest child's depth, set by the parser once the node is complete (Parser::seal), which
+  /// refuses a tree deeper than kMaxAstDepth: the evaluator and the tree's destructor recurse over it.
+  mutable int depth = 1;
   std::string name;
   std::string attr;  // kSet on a namespace attribute
   bool negate = false;

@@ -1,5 +1,7 @@
 #include "core/chat/chat.h"
 
+#include <stdexcept>
+
 namespace car::chat {
 
 Result<void> validate_messages(const nlohmann::ordered_json& messages) {
@@ -13,6 +15,12 @@ Result<void> validate_messages(const nlohmann::ordered_json& messages) {
     if (role == m.end() || !role->is_string()) {
       return make_error("bad_messages", "messages[" + std::to_string(i) + "] has no string \"role\"");
     }
+  }
+  // The conversion into template values recurses (Value::from_json): refuse what it would refuse, here,
+  // with a clear error. The array itself is one level.
+  if (json_depth(messages) > kMaxJsonDepth) {
+    return make_error("bad_messages",
+                      "messages nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   return {};
 }
@@ -37,7 +45,13 @@ Value chat_context(const nlohmann::ordered_json& messages, const ChatOptions& op
 Result<std::string> render_chat(std::string_view template_text, const nlohmann::ordered_json& messages,
                                 const ChatOptions& options) {
   if (auto v = validate_messages(messages); !v.ok()) return v.error();
-  return render_template(template_text, chat_context(messages, options), options.render);
+  Value context;
+  try {
+    context = chat_context(messages, options);
+  } catch (const std::invalid_argument& e) {  // tools or extra nest too deep (messages were checked)
+    return make_error("bad_messages", std::string("tools or extra variables: ") + e.what());
+  }
+  return render_template(template_text, context, options.render);
 }
 
 const std::vector<std::string>& end_of_turn_markers() {

@@ -24,15 +24,18 @@ struct ChatOptions {
 };
 
 /// Checks `messages` is a non-empty array of objects, each with a string "role" (other fields are passed
-/// through untouched: content, tool_calls, tool_call_id, name, ...). Error code "bad_messages".
+/// through untouched: content, tool_calls, tool_call_id, name, ...), nesting at most kMaxJsonDepth levels
+/// (the array counts one). Error code "bad_messages".
 Result<void> validate_messages(const nlohmann::ordered_json& messages);
 
 /// The context transformers builds: messages, add_generation_prompt, tools, documents (null), then
-/// bos_token / eos_token when set, then `extra`.
+/// bos_token / eos_token when set, then `extra`. Throws std::invalid_argument where one nests deeper than
+/// kMaxJsonDepth (validate_messages checks `messages`).
 Value chat_context(const nlohmann::ordered_json& messages, const ChatOptions& options);
 
 /// Validates `messages`, parses `template_text` and renders it. Errors: "bad_messages", "template_syntax",
-/// "template_error", "raise_exception" (the template rejected the conversation; message = its text).
+/// "template_error", "raise_exception" (the template rejected the conversation; message = its text),
+/// "cancelled" (options.render.cancelled was set).
 Result<std::string> render_chat(std::string_view template_text, const nlohmann::ordered_json& messages,
                                 const ChatOptions& options);
 

@@ -96,6 +96,7 @@ Value Renderer::eval(const Node& n, const ScopeP& scope) {
 
 Value Renderer::eval_filter_chain(const Node& n, const Value& input, const ScopeP& scope) {
   if (n.type != NodeType::kFilter) return eval(n, scope);
+  check_stack(n);
   const Value v = n.a ? eval_filter_chain(*n.a, input, scope) : input;
   CallArgs args = eval_args(n, scope);
   return filter(n, n.name, v, args, scope);

@@ -14,6 +14,7 @@
 
 #include "core/chat/ast.h"
 #include "core/chat/jinja.h"
+#include "core/chat/stack_limit.h"
 
 namespace car::chat::eval_internal {
 
@@ -52,7 +53,11 @@ struct Macro {
 
 class Renderer {
  public:
-  Renderer(const RenderOptions& o, const Value& context) : opt_(o), context_(context) {}
+  Renderer(const RenderOptions& o, const Value& context)
+      : opt_(o),
+        context_(context),
+        deadline_(std::chrono::steady_clock::now() + o.limits.max_duration),
+        stack_(o.limits.max_stack_bytes) {}
 
   std::string run(const Node& root) {
     std::string out;
@@ -60,6 +65,14 @@ class Renderer {
     auto top = new_scope(nullptr);
     exec(root, top);
     return out;
+  }
+
+  // The stack check on its own, where the recursion does not pass through step() (a filter chain).
+  void check_stack(const Node& n) const {
+    if (stack_.exceeded()) {
+      fail(n, "the template nests too deeply for the stack (" + std::to_string(opt_.limits.max_stack_bytes) +
+                  " bytes at most)");
+    }
   }
 
   // Every scope the render makes, so that release() can break cycles through them (a macro's closure).
@@ -72,9 +85,21 @@ class Renderer {
  private:
   bool js() const { return opt_.js_strip_quirk; }
 
+  // Every statement and expression evaluated passes here: the step limit, the stack check (each level of
+  // the evaluator's recursion evaluates a node) and, every 1024 steps, cancellation and the deadline.
   void step(const Node& n) {
     if (++steps_ > opt_.limits.max_steps) {
       fail(n, "the template ran more than " + std::to_string(opt_.limits.max_steps) + " steps");
+    }
+    check_stack(n);
+    if ((steps_ & 1023u) == 0) poll(n);
+  }
+  void poll(const Node& n) const {
+    if (opt_.cancelled != nullptr && opt_.cancelled->load(std::memory_order_relaxed)) {
+      throw TemplateFailure{"cancelled", "the render was cancelled"};
+    }
+    if (std::chrono::steady_clock::now() > deadline_) {
+      fail(n, "the template ran longer than " + std::to_string(opt_.limits.max_duration.count()) + " ms");
     }
   }
 
@@ -155,6 +180,8 @@ class Renderer {
   uint64_t steps_ = 0;
   int call_depth_ = 0;
   std::vector<std::weak_ptr<Scope>> scopes_;
+  std::chrono::steady_clock::time_point deadline_;
+  StackLimit stack_;
 };
 
 // ---- argument helpers for builtins (eval_builtins.cpp; errors are thrown as strings and located by

@@ -8,6 +8,8 @@
 // the output are bounded (RenderLimits). docs/chat.md lists the supported subset.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
@@ -27,6 +29,12 @@ struct RenderLimits {
   size_t max_list_items = 1u << 20;     ///< any one list (and range())
   uint64_t max_steps = 50'000'000;      ///< statements + expressions evaluated
   int max_call_depth = 64;              ///< nested macro calls
+  /// Wall-clock time of one render (the deadline): the step limit alone lets a hostile template hold a
+  /// thread for many seconds.
+  std::chrono::milliseconds max_duration{10'000};
+  /// Stack the evaluator's recursion may use below the render's entry (also never the thread's last
+  /// StackLimit::kReserveBytes). The depth limits keep real templates far below it.
+  size_t max_stack_bytes = 2u << 20;
 };
 
 struct RenderOptions {
@@ -37,6 +45,8 @@ struct RenderOptions {
   /// Jinja2 in ways real templates reach: str.strip/lstrip/rstrip(chars) ignore `chars` and strip
   /// whitespace. Off: Python's behaviour (strip exactly those characters).
   bool js_strip_quirk = false;
+  /// Set (from another thread) to stop the render: it fails with code "cancelled" within ~1024 steps.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 struct Node;
@@ -48,7 +58,8 @@ class Template {
   static Result<Template> parse(std::string_view source);
 
   /// Renders with `context` (a dict: the top-level variables). Errors: "template_error" (type errors,
-  /// unknown filters, limits), "raise_exception" (the template's own raise_exception(msg); message = msg).
+  /// unknown filters, limits: steps, time, stack, sizes), "raise_exception" (the template's own
+  /// raise_exception(msg); message = msg), "cancelled" (options.cancelled was set).
   Result<std::string> render(const Value& context, const RenderOptions& options = {}) const;
 
  private:

@@ -14,7 +14,7 @@ std::optional<std::string> model_chat_template(const gguf::GgufFile& file) {
 Result<ModelChatPrompt> render_model_chat(const gguf::GgufFile& file, const tokenizer::Tokenizer& tok,
                                           const nlohmann::ordered_json& messages,
                                           const std::optional<std::string>& template_override,
-                                          bool add_generation_prompt) {
+                                          bool add_generation_prompt, const RenderOptions& render) {
   ModelChatPrompt p;
   std::string tpl;
   if (template_override) {
@@ -29,6 +29,7 @@ Result<ModelChatPrompt> render_model_chat(const gguf::GgufFile& file, const toke
   }
   ChatOptions co;
   co.add_generation_prompt = add_generation_prompt;
+  co.render = render;
   if (tok.bos() >= 0) co.bos_token = tok.token_to_piece(tok.bos(), true);
   if (tok.eos() >= 0) co.eos_token = tok.token_to_piece(tok.eos(), true);
   auto text = render_chat(tpl, messages, co);

@@ -25,10 +25,11 @@ std::optional<std::string> model_chat_template(const gguf::GgufFile& file);
 
 /// Render `messages` with `template_override` when set, else the file's template. Errors:
 /// "no_chat_template" (the file has none and none was given), and render_chat's ("bad_messages",
-/// "template_syntax", "template_error", "raise_exception").
+/// "template_syntax", "template_error", "raise_exception", "cancelled" once `render.cancelled` is set).
+/// `render` carries the limits (the daemon's own deadline) and the cancel flag.
 Result<ModelChatPrompt> render_model_chat(const gguf::GgufFile& file, const tokenizer::Tokenizer& tok,
                                           const nlohmann::ordered_json& messages,
                                           const std::optional<std::string>& template_override,
-                                          bool add_generation_prompt);
+                                          bool add_generation_prompt, const RenderOptions& render = {});
 
 }  // namespace car::chat

@@ -49,7 +49,7 @@ NodeP Parser::parse_body(const std::set<std::string>& stops, std::string& stop) 
         fail("missing " + want + " before the end of the template");
       }
       stop.clear();
-      return block;
+      return sealed(block);
     }
     if (t.kind == Tok::kText) {
       auto n = make(NodeType::kText, t.pos);
@@ -62,7 +62,7 @@ NodeP Parser::parse_body(const std::set<std::string>& stops, std::string& stop) 
       n->a = parse_expr();
       if (cur().kind != Tok::kOutClose) fail("unexpected " + describe(cur()) + " in '{{ ... }}'");
       advance();
-      block->kids.push_back(n);
+      block->kids.push_back(sealed(n));
     } else if (t.kind == Tok::kStmtOpen) {
       advance();
       if (cur().kind != Tok::kName) fail("expected a statement name after '{%', found " + describe(cur()));
@@ -70,10 +70,10 @@ NodeP Parser::parse_body(const std::set<std::string>& stops, std::string& stop) 
       if (stops.count(kw) != 0) {
         stop = kw;
         advance();
-        return block;
+        return sealed(block);
       }
       NodeP s = parse_statement();
-      if (s) block->kids.push_back(s);
+      if (s) block->kids.push_back(sealed(s));
     } else {
       fail("unexpected " + describe(t));
     }

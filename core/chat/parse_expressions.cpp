@@ -18,7 +18,7 @@ NodeP Parser::parse_tuple(bool with_cond) {
     if (cur().kind == Tok::kStmtClose || cur().kind == Tok::kOutClose || is_name("if")) break;
     n->kids.push_back(parse_expr(with_cond));
   }
-  return n;
+  return sealed(n);
 }
 
 NodeP Parser::parse_expr(bool with_cond) {
@@ -35,7 +35,7 @@ NodeP Parser::parse_expr(bool with_cond) {
       advance();
       n->c = parse_expr();
     }
-    e = n;
+    e = sealed(n);
   }
   return e;
 }
@@ -45,7 +45,7 @@ NodeP Parser::binary(const std::string& op, NodeP l, NodeP r, size_t pos) {
   n->name = op;
   n->a = std::move(l);
   n->b = std::move(r);
-  return n;
+  return sealed(n);
 }
 
 NodeP Parser::parse_or() {
@@ -75,7 +75,7 @@ NodeP Parser::parse_not() {
     advance();
     n->name = "not";
     n->a = parse_not();
-    return n;
+    return sealed(n);
   }
   return parse_compare();
 }
@@ -106,6 +106,7 @@ NodeP Parser::parse_compare() {
     }
     n->ops.push_back(op);
     n->kids.push_back(parse_math1());
+    seal(*n);
   }
   return n ? NodeP(n) : first;
 }
@@ -160,7 +161,7 @@ NodeP Parser::parse_unary(bool with_filter) {
     n->name = cur().text;
     advance();
     n->a = parse_unary(false);
-    node = n;
+    node = sealed(n);
   } else {
     node = parse_primary();
   }
@@ -211,7 +212,7 @@ NodeP Parser::parse_primary() {
             if (is_op(")")) break;
             n->kids.push_back(parse_expr());
           }
-          e = n;
+          e = sealed(n);
         }
         expect_op(")");
         return e;
@@ -225,7 +226,7 @@ NodeP Parser::parse_primary() {
           advance();
         }
         expect_op("]");
-        return n;
+        return sealed(n);
       }
       if (t.text == "{") {
         advance();
@@ -238,13 +239,34 @@ NodeP Parser::parse_primary() {
           advance();
         }
         expect_op("}");
-        return n;
+        return sealed(n);
       }
       break;
     default:
       break;
   }
   fail("expected an expression, found " + describe(t));
+}
+
+void Parser::seal(const Node& n) const {
+  int deepest = 0;
+  for (const NodeP* c : {&n.a, &n.b, &n.c, &n.d}) {
+    if (*c) deepest = std::max(deepest, (*c)->depth);
+  }
+  for (const NodeP& k : n.kids) {
+    if (k) deepest = std::max(deepest, k->depth);
+  }
+  for (const auto& kw : n.kwargs) {
+    if (kw.second) deepest = std::max(deepest, kw.second->depth);
+  }
+  n.depth = deepest + 1;
+  if (n.depth > kMaxAstDepth) {
+    throw TemplateFailure{"template_syntax", "line " + std::to_string(n.line) + ":" + std::to_string(n.col) +
+                                                 ": the expression nests deeper than " +
+                                                 std::to_string(kMaxAstDepth) +
+                                                 " levels (a chain of operators, attributes, "
+                                                 "subscripts, calls, filters or tests that long)"};
+  }
 }
 
 NodeP Parser::literal(Value v, size_t pos) {
@@ -284,11 +306,11 @@ NodeP Parser::parse_postfix(NodeP node) {
         idx->a = node;
         idx->b = literal(Value::integer(cur().ival), pos);
         advance();
-        node = idx;
+        node = sealed(idx);
         continue;
       }
       n->name = expect_name("an attribute name after '.'");
-      node = n;
+      node = sealed(n);
     } else if (is_op("[")) {
       advance();
       NodeP parts[3] = {nullptr, nullptr, nullptr};
@@ -305,20 +327,20 @@ NodeP Parser::parse_postfix(NodeP node) {
         auto n = make(NodeType::kIndex, pos);
         n->a = node;
         n->b = parts[0];
-        node = n;
+        node = sealed(n);
       } else {
         auto n = make(NodeType::kSlice, pos);
         n->a = node;
         n->b = parts[0];
         n->c = parts[1];
         n->d = parts[2];
-        node = n;
+        node = sealed(n);
       }
     } else if (is_op("(")) {
       auto n = make(NodeType::kCall, pos);
       n->a = node;
       parse_call_args(*n);
-      node = n;
+      node = sealed(n);
     } else {
       return node;
     }
@@ -334,7 +356,7 @@ NodeP Parser::parse_filter(NodeP operand) {
     n->name += "." + expect_name("a filter name");
   }
   if (is_op("(")) parse_call_args(*n);
-  return n;
+  return sealed(n);
 }
 
 NodeP Parser::parse_filter_chain(NodeP node) {
@@ -360,12 +382,12 @@ NodeP Parser::parse_filter_chain(NodeP node) {
         DepthGuard g(*this);
         n->kids.push_back(parse_postfix(parse_primary()));
       }
-      node = n;
+      node = sealed(n);
     } else if (is_op("(")) {
       auto n = make(NodeType::kCall, cur().pos);
       n->a = node;
       parse_call_args(*n);
-      node = n;
+      node = sealed(n);
     } else {
       return node;
     }

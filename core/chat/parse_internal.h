@@ -12,10 +12,17 @@
 #include <vector>
 
 #include "core/chat/ast.h"
+#include "core/chat/stack_limit.h"
 
 namespace car::chat::parse_internal {
 
 constexpr int kMaxNesting = 96;  // expression and block nesting (a template is untrusted input)
+// The depth of the syntax tree. kMaxNesting bounds the parser's recursion, but left-associative chains
+// (`1+1+...`, `x.a.a...`, `x|f|f...`, `a is t is t...`) are parsed in a loop and still build a tree as deep
+// as the chain is long; the evaluator and the destructor of the tree recurse over it, so it is bounded too.
+constexpr int kMaxAstDepth = 256;
+// The stack the parser's recursion may use (StackLimit); kMaxNesting keeps it to a small part of this.
+constexpr size_t kParseStackBytes = 1u << 20;
 
 enum class Tok { kText, kOutOpen, kOutClose, kStmtOpen, kStmtClose, kName, kInt, kFloat, kString, kOp, kEnd };
 
@@ -108,9 +115,18 @@ class Parser {
     return n;
   }
 
+  // Sets n.depth from its children (each already sealed) and refuses a tree deeper than kMaxAstDepth.
+  // Every node with children is sealed once it is complete.
+  void seal(const Node& n) const;
+  NodeP sealed(NodeP n) const {
+    seal(*n);
+    return n;
+  }
+
   struct DepthGuard {
     DepthGuard(Parser& p) : p_(p) {  // NOLINT
       if (++p_.depth_ > kMaxNesting) p_.fail("the template nests deeper than " + std::to_string(kMaxNesting));
+      if (p_.stack_.exceeded()) p_.fail("the template nests too deeply for the parser's stack");
     }
     ~DepthGuard() { --p_.depth_; }
     Parser& p_;
@@ -156,6 +172,7 @@ class Parser {
   const Positions& p_;
   int depth_ = 0;
   int loop_depth_ = 0;
+  StackLimit stack_{kParseStackBytes};
 };
 
 }  // namespace car::chat::parse_internal

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 
 namespace car::chat {
 
@@ -100,38 +101,97 @@ const char* Value::kind_name() const {
   return "?";
 }
 
+namespace {
+// While free_containers() runs on this thread, the worklist it drains: lists and dicts whose last owner
+// went away while another was being freed are queued there instead of freed by recursion. A plain pointer
+// (to the outermost call's local vector), so that nothing here is destroyed at thread exit before the last
+// Values (a static one is destroyed after the thread's thread_locals).
+thread_local std::vector<std::shared_ptr<void>>* t_pending = nullptr;
+}  // namespace
+
+void Value::free_containers() noexcept {
+  if (t_pending != nullptr) {
+    if (list_.use_count() == 1) t_pending->push_back(std::move(list_));
+    if (dict_.use_count() == 1) t_pending->push_back(std::move(dict_));
+    return;
+  }
+  std::vector<std::shared_ptr<void>> pending;  // allocates only when the container holds containers
+  t_pending = &pending;
+  list_.reset();  // its items queue their own containers
+  dict_.reset();
+  while (!pending.empty()) {
+    std::shared_ptr<void> p = std::move(pending.back());
+    pending.pop_back();
+    p.reset();  // may queue more
+  }
+  t_pending = nullptr;
+}
+
+namespace {
+Value from_json_at(const nlohmann::ordered_json& j, int depth);
+}  // namespace
+
 Value Value::from_json(const nlohmann::ordered_json& j) {
+  return from_json_at(j, 0);
+}
+
+int json_depth(const nlohmann::ordered_json& j, int limit) {
+  // Depth-first with an explicit stack of (container, depth).
+  int deepest = 0;
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> todo{{&j, 0}};
+  while (!todo.empty()) {
+    const auto [v, d] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    deepest = std::max(deepest, d + 1);
+    if (deepest > limit) return deepest;
+    for (const auto& e : *v) {
+      if (e.is_structured()) todo.emplace_back(&e, d + 1);
+    }
+  }
+  return deepest;
+}
+
+namespace {
+
+Value from_json_at(const nlohmann::ordered_json& j, int depth) {
+  if (j.is_structured() && depth >= kMaxJsonDepth) {
+    throw std::invalid_argument("the JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+  using V = Value;
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
-      return none();
+      return V::none();
     case nlohmann::ordered_json::value_t::boolean:
-      return boolean(j.get<bool>());
+      return V::boolean(j.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer:
-      return integer(j.get<int64_t>());
+      return V::integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
-      if (u <= static_cast<uint64_t>(INT64_MAX)) return integer(static_cast<int64_t>(u));
-      return floating(static_cast<double>(u));
+      if (u <= static_cast<uint64_t>(INT64_MAX)) return V::integer(static_cast<int64_t>(u));
+      return V::floating(static_cast<double>(u));
     }
     case nlohmann::ordered_json::value_t::number_float:
-      return floating(j.get<double>());
+      return V::floating(j.get<double>());
     case nlohmann::ordered_json::value_t::string:
-      return string(j.get<std::string>());
+      return V::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
-      return list(std::move(items));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
+      return V::list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       auto d = std::make_shared<Dict>();
-      for (auto it = j.begin(); it != j.end(); ++it) d->set(it.key(), from_json(it.value()));
-      return dict(std::move(d));
+      for (auto it = j.begin(); it != j.end(); ++it) d->set(it.key(), from_json_at(it.value(), depth + 1));
+      return V::dict(std::move(d));
     }
     default:
-      return none();
+      return V::none();
   }
 }
+
+}  // namespace
 
 std::string format_float(double f) {
   if (std::isnan(f)) return "nan";

@@ -46,6 +46,16 @@ class Value {
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kCallable };
 
   Value() = default;  // undefined
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  /// Frees a list or dict it held last without recursing: its items are freed one at a time from a
+  /// worklist, so a value nested 100,000 deep (a template can build one in a loop) does not exhaust the
+  /// stack on its way out.
+  ~Value() {
+    if ((list_ && list_.use_count() == 1) || (dict_ && dict_.use_count() == 1)) free_containers();
+  }
   static Value none() { return Value(Kind::kNone); }
   static Value boolean(bool b) {
     Value v(Kind::kBool);
@@ -111,10 +121,13 @@ class Value {
   const char* kind_name() const;
 
   /// From JSON (objects keep key order; null is none; integers stay int unless out of int64 range).
+  /// Throws std::invalid_argument when `j` nests deeper than kMaxJsonDepth (the conversion recurses; check
+  /// with json_depth() first to report it).
   static Value from_json(const nlohmann::ordered_json& j);
 
  private:
   explicit Value(Kind k) : kind_(k) {}
+  void free_containers() noexcept;
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   int64_t i_ = 0;
@@ -147,6 +160,14 @@ inline Value Value::dict(std::shared_ptr<Dict> d) {
   if (detail::current_arena != nullptr) detail::arena_note(v.dict_);
   return v;
 }
+
+/// How deep a JSON document converted to template values may nest (arrays and objects, the outermost
+/// counting 1). Real conversations and tool schemas stay within a few tens.
+constexpr int kMaxJsonDepth = 128;
+
+/// The nesting depth of `j` (a scalar: 0, `[]`: 1, `[[1]]`: 2), computed without recursion and stopping
+/// once it passes `limit`.
+int json_depth(const nlohmann::ordered_json& j, int limit = kMaxJsonDepth);
 
 /// A float as the interpreter prints it: the shortest text that reads back to the same double, with ".0"
 /// added to whole numbers (Python's repr: 2.0, 0.30000000000000004, 1e+20, inf, nan).

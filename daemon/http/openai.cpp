@@ -110,6 +110,11 @@ json error_body(const ApiError& e) {
 
 std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Mapped& out) {
   out = Mapped{};
+  // As on the socket (protocol.h): copying and converting a document recurse over it.
+  if (protocol::nests_deeper_than(text, protocol::kMaxRequestDepth)) {
+    return bad("the request body nests deeper than " + std::to_string(protocol::kMaxRequestDepth) +
+               " levels of arrays and objects");
+  }
   json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return bad("the request body is not valid JSON");
   if (!body.is_object()) return bad("the request body must be a JSON object");

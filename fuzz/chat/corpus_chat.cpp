@@ -1,6 +1,7 @@
 // corpus_chat OUT_DIR [CONFORMANCE_DIR]: seeds for fuzz_chat (a flags byte, then template text): built-in
 // templates using each construct, and with the conformance folder every chat/templates/*.jinja and every
-// language.json template (with its context after a NUL).
+// language.json template (with its context after a NUL); long operator/attribute/filter chains and deeply
+// nested contexts (issue #23).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -48,6 +49,30 @@ int main(int argc, char** argv) {
     emit(b, 0);
     emit(b, 3);
   }
+  // Issue #23: chains around and past the tree depth limit (256), and contexts nested around and past the
+  // JSON depth limit (128), for the mutator to grow and vary.
+  auto repeat = [](const std::string& link, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += link;
+    return out;
+  };
+  for (int links : {50, 250, 300, 3000}) {
+    for (const char* link : {"+1", ".a", "|e", "[0]", "()", " is defined", " ~ 'a'", "|default(1)"}) {
+      emit("{{ x" + repeat(link, links) + " }}", 0);
+    }
+  }
+  for (int depth : {100, 127, 129, 3000}) {
+    const std::string arrays = repeat("[", depth) + "1" + repeat("]", depth);
+    const std::string objects = repeat("{\"a\":", depth) + "1" + repeat("}", depth);
+    emit(std::string("{{ messages[0].content }}") + '\0' + R"({"messages":[{"role":"user","content":)" +
+             arrays + "}]}",
+         0);
+    emit(std::string("{{ x|tojson }}") + '\0' + R"({"x":)" + objects + "}", 0);
+  }
+  emit(
+      "{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x "
+      "}}",
+      0);
   if (argc > 2) {
     const fs::path chat = fs::path(argv[2]) / "chat";
     std::error_code ec;

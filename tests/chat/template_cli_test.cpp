@@ -65,6 +65,30 @@ TEST(TemplateCli, TemplateErrorsGoToStderrWithAFailingExit) {
   EXPECT_NE(r.err.find("not JSON"), std::string::npos) << r.err;
 }
 
+// Issue #23: the offline command takes the same bounds as the daemon - a chain too long and a context too
+// deep are errors on stderr, not a crash.
+TEST(TemplateCli, HostileTemplatesAndContextsAreErrors) {
+  TempDir tmp;
+  write(tmp / "c.json", R"({"x": 1})");
+  std::string chain = "{{ x";
+  for (int i = 0; i < 30000; ++i) chain += "|e";
+  write(tmp / "chain.jinja", chain + " }}");
+  auto r = run_shell(car_cmd() + " template render " + (tmp / "chain.jinja").string() + " --context " +
+                         (tmp / "c.json").string(),
+                     tmp);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("nests deeper than 256"), std::string::npos) << r.err;
+
+  write(tmp / "x.jinja", "{{ x }}");
+  write(tmp / "deep.json", R"({"x": )" + std::string(30000, '[') + std::string(30000, ']') + "}");
+  r = run_shell(car_cmd() + " template render " + (tmp / "x.jinja").string() + " --context " +
+                    (tmp / "deep.json").string(),
+                tmp);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("nests deeper than 128"), std::string::npos) << r.err;
+}
+
 TEST(TemplateCli, GgufTemplateWithItsOwnSpecialTokens) {
   CAR_CONFORMANCE_DIR_OR_SKIP(dir);
   TempDir tmp;

@@ -385,6 +385,71 @@ TEST_F(DaemonBinaryEngineTest, MessagesAreRenderedWithTheModelsOrTheRequestsTemp
   EXPECT_EQ(infer("chatty", {{"messages", messages}})["result"]["tokens"], r["result"]["tokens"]);
 }
 
+// Issue #23: a request's template or conversation cannot crash the daemon or hold a worker. Each of these
+// killed car-inferenced (stack overflow) or kept a worker for 17-18 s after a cancel.
+TEST_F(DaemonBinaryEngineTest, HostileChatRequestsAreRefusedAndCancellable) {
+  start();
+  auto conn = connect();
+  const json messages = json::array({{{"role", "user"}, {"content", "Hello world"}}});
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  auto infer = [&](const json& id, const std::string& tpl) {
+    return call(conn, {{"id", id},
+                       {"op", "infer"},
+                       {"model", "tiny"},
+                       {"max_tokens", 2},
+                       {"messages", messages},
+                       {"chat_template", tpl}});
+  };
+  for (const std::string& tpl :
+       {"{{ 1" + repeat("+1", 9999) + " }}", "{{ messages" + repeat(".a", 30000) + " }}",
+        "{{ messages" + repeat("|e", 60000) + " }}"}) {
+    json r = infer("t", tpl);
+    EXPECT_EQ(error_code(r), "bad_request") << r.dump().substr(0, 300) << daemon_->log();
+    EXPECT_NE(r.dump().find("nests deeper than"), std::string::npos) << r.dump().substr(0, 300);
+  }
+  // A message nested 30,000 deep: refused before it is parsed, with its id echoed. (Sent as text: the
+  // test's own json::dump recurses.)
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  ASSERT_TRUE(
+      conn.send_line(
+              R"({"id":"d","op":"infer","model":"tiny","max_tokens":2,"chat_template":"{{ messages[0].content }}","messages":[{"role":"user","content":)" +
+              deep + "}]}")
+          .ok());
+  json r = read_json(conn);
+  EXPECT_EQ(r["id"], "d") << r.dump().substr(0, 300);
+  EXPECT_EQ(error_code(r), "bad_request") << r.dump().substr(0, 300);
+  EXPECT_NE(r.dump().find("nests deeper than 128"), std::string::npos) << r.dump().substr(0, 300);
+  // A template that would loop for a billion steps: `cancel` stops the render, answered as cancelled.
+  const std::string loops =
+      "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}{% endfor %}"
+      "{% endfor %}";
+  ASSERT_TRUE(conn.send_line(json({{"id", "slow"},
+                                   {"op", "infer"},
+                                   {"model", "tiny"},
+                                   {"max_tokens", 2},
+                                   {"messages", messages},
+                                   {"chat_template", loops}})
+                                 .dump())
+                  .ok());
+  std::this_thread::sleep_for(300ms);  // the render is under way (the model loads first)
+  const auto cancel_at = std::chrono::steady_clock::now();
+  json c = call(conn, {{"id", "c"}, {"op", "cancel"}, {"target", "slow"}});
+  EXPECT_EQ(c["result"]["cancelled"], true) << c.dump();
+  r = read_json(conn, 10s);
+  EXPECT_EQ(r["id"], "slow") << r.dump();
+  EXPECT_EQ(error_code(r), "cancelled") << r.dump();
+  EXPECT_NE(r.dump().find("while its chat template rendered"), std::string::npos) << r.dump();
+  EXPECT_LT(std::chrono::steady_clock::now() - cancel_at, 3s);
+  // The daemon still answers.
+  EXPECT_EQ(call(conn, {{"id", "h"}, {"op", "health"}})["ok"], true);
+  json ok = infer("ok", "{{ messages[0].content }}");
+  EXPECT_EQ(ok["ok"], true) << ok.dump();
+}
+
 TEST_F(DaemonBinaryEngineTest, CarChatKeepsTheConversationResetsAndCancelsAnAnswer) {
   // The streaming model's shape (an answer of ~2000 tokens takes a while) with a template.
   write_model(models_ / "chatty.gguf", 7, 0,

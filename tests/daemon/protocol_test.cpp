@@ -1,5 +1,6 @@
 // The wire protocol's pure parts: request parsing and validation, reply builders, line framing; model id
 // resolution; the worker pool's bounded queue.
+#include <pthread.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -128,6 +129,34 @@ TEST(DaemonProtocol, RejectsMalformedRequestsWithTheirId) {
     auto r = protocol::parse_request(line, &id);
     ASSERT_FALSE(r.ok()) << line;
     EXPECT_EQ(r.error().code, "bad_request") << line;
+  }
+}
+
+// Issue #23: copying, dumping and comparing a document recurse, and so does converting messages for a chat
+// template, so a line nesting deeper than kMaxRequestDepth is refused before it is parsed (its id still
+// echoed); anything up to it parses.
+TEST(DaemonProtocol, RefusesRequestsNestedTooDeep) {
+  EXPECT_FALSE(protocol::nests_deeper_than(R"({"a":[[1]]})", 3));
+  EXPECT_TRUE(protocol::nests_deeper_than(R"({"a":[[[1]]]})", 3));
+  EXPECT_FALSE(protocol::nests_deeper_than(R"({"a":"[[[[[[\"[[[["})", 1));  // brackets in strings
+  EXPECT_FALSE(protocol::nests_deeper_than(R"({"a\\":"[[[["})", 1));        // an escaped backslash
+  const int limit = protocol::kMaxRequestDepth;
+  auto line = [](int content_depth, const std::string& id) {
+    return R"({"id":)" + id + R"(,"op":"infer","model":"m","messages":[{"role":"user","content":)" +
+           std::string(static_cast<size_t>(content_depth), '[') +
+           std::string(static_cast<size_t>(content_depth), ']') + "}]}";
+  };
+  json id;
+  auto ok = protocol::parse_request(line(limit - 3, "1"), &id);  // object, messages, message: 3 levels
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  for (const std::string& sid : {std::string("7"), std::string(R"("seven")")}) {
+    for (int depth : {limit - 2, 30000}) {
+      auto r = protocol::parse_request(line(depth, sid), &id);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.error().code, "bad_request");
+      EXPECT_NE(r.error().message.find("nests deeper than 128"), std::string::npos) << r.error().message;
+      EXPECT_EQ(id, json::parse(sid));
+    }
   }
 }
 
@@ -659,6 +688,23 @@ TEST(DaemonWorkerPool, ParallelWorkersRunConcurrently) {
   pool.stop();
   EXPECT_EQ(done.load(), 3);
   EXPECT_EQ(peak.load(), 3);
+}
+
+// Workers get an explicit stack (chat templates are rendered there), whatever RLIMIT_STACK says.
+TEST(DaemonWorkerPool, WorkersHaveTheExplicitStackSize) {
+  daemon::WorkerPool pool(1, 1);
+  std::atomic<size_t> size{0};
+  ASSERT_TRUE(pool.try_submit([&] {
+    pthread_attr_t attr;
+    size_t s = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      pthread_attr_getstacksize(&attr, &s);
+      pthread_attr_destroy(&attr);
+    }
+    size = s;
+  }));
+  pool.stop();
+  EXPECT_GE(size.load(), daemon::WorkerPool::kStackBytes);
 }
 
 }  // namespace

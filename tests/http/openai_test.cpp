@@ -162,6 +162,14 @@ TEST(OpenAiMapping, OutOfRangeValuesFailInTheSharedProtocolValidation) {
   EXPECT_EQ(e.type, "invalid_request_error");
 }
 
+// As on the socket (issue #23): a body nesting deeper than the protocol's limit is refused unparsed.
+TEST(OpenAiMapping, DeeplyNestedBodiesAre400) {
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  const ApiError e =
+      map_err(Endpoint::kChat, R"({"model":"m","messages":[{"role":"user","content":)" + deep + "}]}");
+  EXPECT_NE(e.message.find("nests deeper than 128"), std::string::npos) << e.message;
+}
+
 TEST(OpenAiErrors, CarCodesMapToStatuses) {
   EXPECT_EQ(from_car_error("not_found", "no model").status, 404);
   EXPECT_EQ(from_car_error("not_found", "no model").code, "model_not_found");
