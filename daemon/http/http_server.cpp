@@ -659,7 +659,9 @@ HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, HttpOptions 
 
 HttpFront::~HttpFront() {
   for (const auto& c : connections_) c->close_now();
-  if (created_socket_file_) ::unlink(address_.path.c_str());
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  remove_owned_socket_file(socket_file_);
 }
 
 uint16_t HttpFront::port() const {
@@ -705,30 +707,24 @@ Result<void> HttpFront::open() {
   address_ = *parsed;
   if (auto ok = refuse_unkeyed(); !ok) return ok;
   if (address_.unix_socket) {
-    const std::string& path = address_.path;
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0) {
-      if (!S_ISSOCK(st.st_mode)) return make_error("listen_failed", path + " exists and is not a socket");
-      ::unlink(path.c_str());  // a stale socket (the NDJSON socket's liveness check applies there)
-    }
     std::optional<gid_t> gid;
     if (!options_.socket_group.empty()) {
       auto g = resolve_group(options_.socket_group);
       if (!g) return make_error(g.error().code, "http socket group: " + g.error().message);
       gid = *g;
     }
-    acceptor_.open(asio::generic::stream_protocol(AF_UNIX, 0), ec);
-    if (ec) return make_error("listen_failed", "socket(): " + ec.message());
-    mode_t old_mask = ::umask(0117);
-    acceptor_.bind(asio::local::stream_protocol::endpoint(path), ec);
-    ::umask(old_mask);
-    if (ec) return make_error("listen_failed", "cannot bind " + path + ": " + ec.message());
-    created_socket_file_ = true;
-    if (::chmod(path.c_str(), 0660) != 0)
-      return make_error("listen_failed", "chmod 0660 " + path + ": " + std::strerror(errno));
-    if (gid && ::chown(path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
-      return make_error("listen_failed", "chown " + path + ": " + std::strerror(errno));
+    // Claimed like the NDJSON socket: never another process's live socket (or the daemon's own).
+    auto fd = listen_unix(address_.path, gid, "the HTTP socket", socket_file_);
+    if (!fd) return fd.error();
+    acceptor_.assign(asio::generic::stream_protocol(AF_UNIX, 0), *fd, ec);
+    if (ec) {
+      ::close(*fd);
+      remove_owned_socket_file(socket_file_);
+      return make_error("listen_failed", "cannot adopt the HTTP socket on " + address_.path + ": " + ec.message());
     }
+    spdlog::info("http: listening on {}{}", address_.to_string(),
+                 options_.api_key.empty() ? " (no API key)" : " (API key required)");
+    return {};
   } else {
     asio::ip::tcp::endpoint ep(asio::ip::make_address(address_.host), address_.port);
     acceptor_.open(asio::generic::stream_protocol(ep.protocol().family(), ep.protocol().protocol()), ec);

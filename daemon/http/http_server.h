@@ -14,6 +14,9 @@
 // cancels it: the daemon watches the socket for end-of-file while it generates. A streaming client that
 // leaves more than max_pending_bytes unread is cancelled too.
 //
+// A `unix:` path is claimed like the NDJSON socket's (daemon/socket_file.h): refused while another
+// process listens on it, and removed at exit only while it is still the file this front bound.
+//
 // Every member runs on the io thread.
 #pragma once
 
@@ -35,6 +38,7 @@
 #include "core/util/result.h"
 #include "daemon/http/http_options.h"
 #include "daemon/request_handler.h"
+#include "daemon/socket_file.h"
 
 namespace car::daemon::http {
 
@@ -89,7 +93,7 @@ class HttpFront {
   Address address_;
   boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol> acceptor_;
   std::unordered_set<std::shared_ptr<Connection>> connections_;
-  bool created_socket_file_ = false;
+  OwnedSocketFile socket_file_;  // a unix: path this front bound (removed at exit while still its own)
   bool stopping_ = false;
   uint64_t next_number_ = 1;
 };
