@@ -64,8 +64,7 @@ Result<void> Server::open() {
   h.max_connections = options_.live.max_connections;
   // GET /metrics: the Prometheus page (io thread, as metrics_text() requires).
   if (!h.metrics) h.metrics = [this] { return handler_->metrics_text(); };
-  h.max_pending_bytes = 2 * options_.live.max_pending_output_bytes;
-  http_ = std::make_unique<http::HttpFront>(io_, *handler_, std::move(h));
+  http_ = std::make_unique<http::HttpFront>(io_, *handler_, connections_.limits(), std::move(h));
   if (auto ok = http_->open(); !ok) {
     http_.reset();
     boost::system::error_code ec;

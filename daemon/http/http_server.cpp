@@ -228,16 +228,25 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   }
   void token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) override {
     // A token whose bytes are held back (inside a UTF-8 character) still carries its logprob.
-    if (closed_ || overflowed_ || (event.text.empty() && !event.logprobs)) return;
-    pending_bytes_ += event.text.size();
-    if (pending_bytes_ > front_.options().max_pending_bytes) {
+    if (closed_ || !stream_ || overflowed_ || (event.text.empty() && !event.logprobs)) return;
+    // Encoded now, so the bound counts the bytes as they will be written (an SSE event is some 150 bytes
+    // of JSON around a token of a few).
+    std::string ev = openai::sse_event(protocol::dump(
+        openai::text_chunk(stream_->endpoint, *stream_->mapped, stream_->id, stream_->created, event.text,
+                           false, event.logprobs ? protocol::logprobs_json(*event.logprobs) : json())));
+    const std::size_t bound = front_.max_pending_bytes();
+    if (buffered_ + ev.size() > bound) {
       overflowed_ = true;
+      call->overflowed = true;
       call->cancelled.store(true);
-      spdlog::info("http conn {}: {} bytes of the stream unread: cancelling the completion", number_,
-                   pending_bytes_);
+      front_.limits().count_output_overflow();
+      spdlog::info("http conn {}: {} bytes of the stream unread (bound {}): cancelling the completion",
+                   number_, buffered_, bound);
+      signal_.cancel();
       return;
     }
-    tokens_.emplace_back(event.text, event.logprobs ? protocol::logprobs_json(*event.logprobs) : json());
+    account(static_cast<std::ptrdiff_t>(ev.size()));
+    queued_ += ev;
     signal_.cancel();
   }
   CallRegistry& calls() override { return calls_; }
@@ -252,11 +261,17 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   awaitable<bool> read_request(Request& req, bool first, bool& ok);
   awaitable<bool> serve(Request& req);
   awaitable<bool> send(Response res, bool keep_alive);
+  /// Bytes of output held for this connection (queued or being written) changed by `delta`.
+  void account(std::ptrdiff_t delta) {
+    buffered_ = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(buffered_) + delta);
+    front_.limits().add_queued(delta);
+  }
   awaitable<bool> send_json(bhttp::status status, const json& body, bool keep_alive,
                             const std::vector<std::pair<std::string, std::string>>& headers = {});
   awaitable<bool> send_error(const openai::ApiError& e, bool keep_alive);
   awaitable<bool> write_raw(std::string data);
   awaitable<bool> complete(openai::Endpoint endpoint, Request& req);
+  awaitable<bool> generate(openai::Endpoint endpoint, Request& req);
   awaitable<bool> models(const Request& req, std::string_view id);
   bool authorized(const Request& req) const;
   void watch_for_close();
@@ -275,13 +290,19 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   bool closed_ = false;
   bool serving_ = false;  // a request was read and its response is not written yet
   bool closing_ = false;  // close after the current response
-  // The completion in progress:
-  std::deque<std::pair<std::string, json>> tokens_;
-  std::string_view endpoint_ = "other";  ///< the request's endpoint as a metrics label (a fixed string)  ///<
-                                         ///< streamed text and its car logprobs entry (or null)
-  std::size_t pending_bytes_ = 0;
+  std::string_view endpoint_ = "other";  ///< the request's endpoint as a metrics label (a fixed string)
+  // The completion in progress. A streamed one encodes each token's SSE event as it arrives (token()).
+  struct Stream {
+    openai::Endpoint endpoint;
+    const openai::Mapped* mapped;  // complete()'s, while it runs
+    std::string id;
+    int64_t created;
+  };
+  std::optional<Stream> stream_;
+  std::string queued_;        // SSE events not yet handed to a write
+  std::size_t buffered_ = 0;  // queued_ plus the write in flight: bounded by max_pending_bytes()
   std::optional<Reply> final_;
-  bool overflowed_ = false;
+  bool overflowed_ = false;  // the stream reached the bound: the completion was cancelled
   bool client_gone_ = false;
   bool watching_ = false;
   int64_t next_id_ = 1;
@@ -499,36 +520,53 @@ void Connection::watch_for_close() {
 }
 
 awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
+  bool keep = false;
+  try {
+    keep = co_await generate(endpoint, req);
+  } catch (...) {
+    stream_.reset();
+    account(-static_cast<std::ptrdiff_t>(queued_.size()));
+    queued_ = std::string();
+    throw;
+  }
+  // What a stream left queued (the client went away) is dropped, and its memory given back.
+  stream_.reset();
+  account(-static_cast<std::ptrdiff_t>(queued_.size()));
+  queued_ = std::string();
+  co_return keep;
+}
+
+awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   bool keep = req.keep_alive();
+  const bool chunked = req.version() >= 11;
   const auto received = Clock::now();
   openai::Mapped m;
   if (auto e = openai::map_request(endpoint, req.body(), m)) co_return co_await send_error(*e, keep);
+  req.body() = std::string();  // mapped: the body is not needed any more
   const json id = next_id_++;
   m.car["id"] = id;
   // The socket protocol's own parser and validation (protocol::parse_infer, in the handler) see the
   // request exactly as a socket client's.
   json parsed_id;
   auto parsed = protocol::parse_request(protocol::dump(m.car), &parsed_id);
-  tokens_.clear();
-  pending_bytes_ = 0;
+  m.car = json();
+  const std::string cid =
+      (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
+      hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(id.get<int64_t>()) ^
+            static_cast<uint64_t>(received.time_since_epoch().count()));
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
   final_.reset();
-  overflowed_ = false;
   client_gone_ = false;
+  if (m.stream) stream_ = Stream{endpoint, &m, cid, created};
+  overflowed_ = false;
   auto self = shared_from_this();
   if (parsed) {
     front_.handler().handle(self, std::move(*parsed), received);
   } else {
     front_.handler().reject(self, parsed_id, parsed.error(), received);
   }
-  const std::string cid =
-      (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
-      hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(id.get<int64_t>()) ^
-            static_cast<uint64_t>(received.time_since_epoch().count()));
-  const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  const bool chunked = req.version() >= 11;
   if (!chunked) keep = false;
   bool header_sent = false;
-  bool first = true;
   auto frame = [&](std::string data) {
     if (!chunked || data.empty()) return data;
     char size[32];
@@ -545,33 +583,29 @@ awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
     return h;
   };
   while (!closed_) {
-    if (!final_ && calls_.empty() && tokens_.empty()) {
-      // Registered nothing and replied nothing yet: cannot happen (handle answers or registers at once).
-    }
     if (!final_ && !calls_.empty()) watch_for_close();
     if (client_gone_) {
       if (final_ || calls_.empty()) break;
       co_await wait_signal();
       continue;
     }
-    if (m.stream && !tokens_.empty() && !(final_ && !final_->ok && !header_sent)) {
+    if (m.stream && !queued_.empty() && !(final_ && !final_->ok && !header_sent)) {
+      // The queued events go into one write; until it is done they are still counted (buffered_), so
+      // the events queued meanwhile and this write together stay within the bound.
       std::string out;
       if (!header_sent) {
         out += header();
         header_sent = true;
         out +=
             frame(openai::sse_event(protocol::dump(openai::text_chunk(endpoint, m, cid, created, "", true))));
-        first = false;
       }
-      std::string events;
-      while (!tokens_.empty()) {
-        pending_bytes_ -= tokens_.front().first.size();
-        events += openai::sse_event(protocol::dump(openai::text_chunk(
-            endpoint, m, cid, created, tokens_.front().first, first, tokens_.front().second)));
-        tokens_.pop_front();
-      }
-      out += frame(std::move(events));
-      if (!co_await write_raw(std::move(out))) {
+      const std::size_t moved = queued_.size();
+      out += frame(std::exchange(queued_, std::string()));
+      const auto size = static_cast<std::ptrdiff_t>(out.size());
+      account(size - static_cast<std::ptrdiff_t>(moved));
+      const bool written = co_await write_raw(std::move(out));
+      account(-size);
+      if (!written) {
         calls_.cancel_all();
         client_gone_ = true;
       }
@@ -582,13 +616,21 @@ awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
   }
   if (client_gone_ || closed_) co_return false;
   Reply reply = std::move(*final_);
+  final_.reset();
   if (!m.stream) {
     if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
-    co_return co_await send_json(bhttp::status::ok, openai::response(endpoint, m, reply.result, cid, created),
-                                 keep);
+    // Only the response text is held while a slow client reads it: the result and the document go first.
+    Response res{bhttp::status::ok, 11};
+    res.set(bhttp::field::content_type, "application/json");
+    res.body() = protocol::dump(openai::response(endpoint, m, reply.result, cid, created));
+    reply.result = json();
+    co_return co_await send(std::move(res), keep);
   }
-  if (!reply.ok && overflowed_) {
-    reply = Reply::failure(protocol::code::kOutputOverflow, "cancelled: the client did not read the stream");
+  if (overflowed_) {  // however the generation ended (a cancelled one may end ok)
+    reply = Reply::failure(protocol::code::kOutputOverflow,
+                           "cancelled: the client left more than " + std::to_string(front_.max_pending_bytes()) +
+                               " bytes of the stream unread (twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB); read "
+                               "the stream as it arrives");
   }
   if (!header_sent) {
     if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
@@ -631,7 +673,10 @@ awaitable<bool> Connection::send(Response res, bool keep_alive) {
   res.set(bhttp::field::server, "car-inferenced");
   res.keep_alive(keep_alive);
   res.prepare_payload();
+  const auto size = static_cast<std::ptrdiff_t>(res.body().size());
+  account(size);  // a response being written to a client that reads slowly is held output too
   auto [ec, n] = co_await bhttp::async_write(socket_, res, kTuple);
+  account(-size);
   if (ec) co_return false;
   co_return keep_alive;
 }
@@ -654,8 +699,9 @@ awaitable<bool> Connection::send_error(const openai::ApiError& e, bool keep_aliv
 
 // ---- HttpFront ----
 
-HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, HttpOptions options)
-    : io_(io), handler_(handler), options_(std::move(options)), acceptor_(io) {}
+HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, ConnectionLimits& limits,
+                     HttpOptions options)
+    : io_(io), handler_(handler), limits_(limits), options_(std::move(options)), acceptor_(io) {}
 
 HttpFront::~HttpFront() {
   for (const auto& c : connections_) c->close_now();
