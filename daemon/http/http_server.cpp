@@ -89,6 +89,42 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+/// The request's transfer codings (every Transfer-Encoding line, in order) when they are anything but
+/// `chunked` alone - "gzip", "gzip, chunked", "deflate", an unknown one - as the client wrote them; empty
+/// when there is no Transfer-Encoding or it is just chunked. The parser frames a body by the final coding
+/// only: "gzip" would read as a request without a body and "gzip, chunked" as plain chunked, handing on
+/// bytes nobody decoded.
+template <class Fields>
+std::string unsupported_transfer_coding(const Fields& fields) {
+  std::string all;
+  std::size_t codings = 0;
+  bool only_chunked = true;
+  for (auto it = fields.find(bhttp::field::transfer_encoding); it != fields.end() &&
+                                                                it->name() == bhttp::field::transfer_encoding;
+       ++it) {
+    const std::string_view value(it->value().data(), it->value().size());
+    all += all.empty() ? "" : ", ";
+    all += value;
+    std::size_t at = 0;
+    while (at <= value.size()) {
+      std::size_t end = value.find(',', at);
+      if (end == std::string_view::npos) end = value.size();
+      std::string_view coding = value.substr(at, end - at);
+      coding = coding.substr(0, coding.find(';'));  // transfer parameters
+      const auto b = coding.find_first_not_of(" \t");
+      const auto e = coding.find_last_not_of(" \t");
+      coding = b == std::string_view::npos ? std::string_view() : coding.substr(b, e - b + 1);
+      if (!coding.empty()) {  // empty list elements are allowed (RFC 9110 5.6.1)
+        ++codings;
+        if (!beast::iequals(coding, "chunked")) only_chunked = false;
+      }
+      at = end + 1;
+    }
+  }
+  if (all.empty() || (codings == 1 && only_chunked)) return {};
+  return all.empty() ? std::string("(empty)") : all;
+}
+
 /// The local address of a listening socket as an Address (systemd-passed fds).
 Result<Address> address_of_fd(int fd) {
   sockaddr_storage ss{};
@@ -368,6 +404,14 @@ awaitable<bool> Connection::read_request(Request& req, bool first, bool& ok) {
     if (ec != bhttp::error::end_of_stream && ec != asio::error::eof && ec != asio::error::operation_aborted) {
       co_await send_error(api_error(400, "malformed HTTP request: " + ec.message()), false);
     }
+    co_return false;
+  }
+  if (std::string codings = unsupported_transfer_coding(parser.get()); !codings.empty()) {
+    // Before the body: what follows the header cannot be framed, so the connection closes after the 501.
+    co_await send_error(api_error(501, "Transfer-Encoding '" + codings.substr(0, 200) +
+                                           "' is not supported: send the body as is, or chunked alone",
+                                  "unsupported_transfer_encoding"),
+                        false);
     co_return false;
   }
   if (parser.get()[bhttp::field::expect] == "100-continue") {

@@ -463,6 +463,41 @@ TEST_F(HttpFrontTest, BodyOverTheLimitIs413AndCloses) {
   EXPECT_TRUE(c.closed_by_server());
 }
 
+// issue #23: a transfer coding other than chunked alone is a 501 before the body is read (it was read as no
+// body, or "gzip, chunked" as plain chunked), and the connection closes (what follows the header cannot be
+// framed); chunked alone still works.
+TEST_F(HttpFrontTest, TransferCodingsOtherThanChunkedAre501) {
+  start();
+  const std::string body = R"({"model":"alpha","prompt":"abc","max_tokens":2})";
+  char size[16];
+  std::snprintf(size, sizeof size, "%zx", body.size());
+  const std::string chunked = std::string(size) + "\r\n" + body + "\r\n0\r\n\r\n";
+  for (const std::string& te : {std::string("Transfer-Encoding: gzip\r\n"),
+                                std::string("Transfer-Encoding: gzip, chunked\r\n"),
+                                std::string("Transfer-Encoding: deflate\r\n"),
+                                std::string("Transfer-Encoding: x-custom\r\n"),
+                                std::string("Transfer-Encoding: chunked, chunked\r\n")}) {
+    HttpClient c(port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + te + "\r\n" + chunked);
+    HttpReply r = c.read_reply();
+    EXPECT_EQ(r.status, 501) << te;
+    EXPECT_EQ(r.json_body()["error"]["code"], "unsupported_transfer_encoding") << te << r.body;
+    EXPECT_TRUE(c.closed_by_server()) << te;
+  }
+  {  // chunked not last: the parser's own 400, as RFC 9112 6.3 requires
+    HttpClient c(port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               "Transfer-Encoding: gzip\r\n\r\n" + chunked);
+    EXPECT_EQ(c.read_reply().status, 400);
+    EXPECT_TRUE(c.closed_by_server());
+  }
+  HttpClient c(port());
+  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n" + chunked);
+  HttpReply r = c.read_reply();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json_body()["choices"][0]["text"], " w0 w1");
+}
+
 TEST_F(HttpFrontTest, UnixSocketIs0660) {
   options_.http.address = "unix:" + (tmp_ / "http.sock").string();
   start();
