@@ -937,6 +937,26 @@ TEST_F(DaemonBinaryTest, HttpOnTheSocketsOwnPathIsAConfigurationError) {
   EXPECT_FALSE(std::filesystem::exists(socket_));
 }
 
+// issue #23: `car` at the connection cap reports the daemon's too_many_connections (exit 1), not the
+// EPIPE of writing its request to a connection the daemon already closed (which about half the runs hit).
+TEST_F(DaemonBinaryTest, CarAtTheConnectionCapReportsTooManyConnections) {
+  env_["CAR_INFERENCE_MAX_CONNECTIONS"] = "1";
+  start();
+  std::optional<ClientConnection> held;
+  ASSERT_TRUE(wait_until([&] {  // refused until the daemon saw start()'s probe connection close
+    held.emplace(connect());
+    if (!held->send_line(R"({"id": 1, "op": "health"})").ok()) return false;
+    auto line = held->read_line(5s);
+    return line.ok() && line.value() && json::parse(**line, nullptr, false).value("ok", false);
+  }));
+  for (int i = 0; i < 10; ++i) {
+    auto [code, out] = run_car("health --socket " + socket_);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("too_many_connections"), std::string::npos) << out;
+  }
+  EXPECT_EQ(daemon_->terminate(), 0);
+}
+
 TEST_F(DaemonBinaryTest, ConnectionSettingsReachTheServer) {
   env_["CAR_INFERENCE_MAX_CONNECTIONS_PER_UID"] = "1";
   env_["CAR_INFERENCE_LINE_TIMEOUT_SECS"] = "1";
