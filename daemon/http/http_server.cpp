@@ -663,11 +663,16 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   final_.reset();
   if (!m.stream) {
     if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
-    // Only the response text is held while a slow client reads it: the result and the document go first.
+    // Only the response text is held while a slow client reads it. Each document is freed as soon as
+    // the next form exists: car's result (with logprobs some 1.5 KB a token) before the response is
+    // serialized, the response document before the write.
     Response res{bhttp::status::ok, 11};
     res.set(bhttp::field::content_type, "application/json");
-    res.body() = protocol::dump(openai::response(endpoint, m, reply.result, cid, created));
-    reply.result = json();
+    {
+      json doc = openai::response(endpoint, m, reply.result, cid, created);
+      reply.result = json();
+      res.body() = protocol::dump(doc);
+    }
     co_return co_await send(std::move(res), keep);
   }
   if (overflowed_) {  // however the generation ended (a cancelled one may end ok)
