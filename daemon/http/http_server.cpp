@@ -96,13 +96,14 @@ std::string hex64(uint64_t v) {
 /// bytes nobody decoded.
 template <class Fields>
 std::string unsupported_transfer_coding(const Fields& fields) {
+  bool present = false;
   std::string all;
   std::size_t codings = 0;
   bool only_chunked = true;
-  for (auto it = fields.find(bhttp::field::transfer_encoding); it != fields.end() &&
-                                                                it->name() == bhttp::field::transfer_encoding;
-       ++it) {
-    const std::string_view value(it->value().data(), it->value().size());
+  for (const auto& field : fields) {  // every line, in order (equal_range need not give them in order)
+    if (field.name() != bhttp::field::transfer_encoding) continue;
+    present = true;
+    const std::string_view value(field.value().data(), field.value().size());
     all += all.empty() ? "" : ", ";
     all += value;
     std::size_t at = 0;
@@ -121,7 +122,7 @@ std::string unsupported_transfer_coding(const Fields& fields) {
       at = end + 1;
     }
   }
-  if (all.empty() || (codings == 1 && only_chunked)) return {};
+  if (!present || (codings == 1 && only_chunked)) return {};
   return all.empty() ? std::string("(empty)") : all;
 }
 
