@@ -599,6 +599,14 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
     }
     out.socket_path = *def;
   }
+  // Both front doors on one path: the second bind would find the first listening (or, before the daemon
+  // checked that, replace it). A configuration error, not a start-up failure.
+  if (out.http.starts_with("unix:") &&
+      std::filesystem::path(out.http.substr(5)).lexically_normal() == out.socket_path.lexically_normal()) {
+    return make_error("invalid_setting", "CAR_INFERENCE_HTTP=" + out.http +
+                                             " is the NDJSON socket's own path (" + std::string(kSocket) +
+                                             "): give the HTTP front a socket path of its own");
+  }
   if (in.config_path) out.config_file = *in.config_path;
   // The baseline stays the start-up file across reloads: the environment mirrors that one, not the last.
   out.file_values = previous_file_values != nullptr ? *previous_file_values : std::move(in.file_values);

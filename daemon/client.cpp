@@ -111,6 +111,14 @@ Result<void> ClientConnection::send_line(std::string_view line) {
   return send_raw(data);
 }
 
+std::optional<Reply> ClientConnection::pending_error(std::chrono::milliseconds timeout) {
+  auto line = read_line(timeout);
+  if (!line || !line->has_value()) return std::nullopt;
+  auto reply = parse_reply(**line);
+  if (!reply || reply->is_event || reply->ok) return std::nullopt;
+  return std::move(*reply);
+}
+
 Result<std::optional<std::string>> ClientConnection::read_line(std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/util/result.h"
+#include "daemon/protocol.h"
 
 namespace car::protocol {
 
@@ -36,6 +37,10 @@ class ClientConnection {
   /// The next line without '\n'. nullopt when the timeout passed first. Errors: closed (the daemon closed
   /// the connection), io_error. A negative timeout waits forever.
   Result<std::optional<std::string>> read_line(std::chrono::milliseconds timeout);
+  /// After a failed write: the error reply the daemon sent before it closed the connection, if one arrives
+  /// within `timeout`. A refused connection (too_many_connections) gets its error line at once and is
+  /// closed, so a request written after that fails with EPIPE while the daemon's reason waits unread.
+  std::optional<Reply> pending_error(std::chrono::milliseconds timeout);
   /// Close the write side (the daemon sees end-of-file).
   void shutdown_write();
   /// Close the connection now.

@@ -77,6 +77,9 @@ std::string RequestHandler::metrics_text() const {
   gauge("car_inference_connections", "Open client connections.", number(c, "open"));
   counter("car_inference_connections_refused_total", "Connections refused past the connection caps.",
           number(c, "refused"));
+  counter("car_inference_connections_output_overflows_total",
+          "Streamed requests cancelled because the client left their output unread (socket and HTTP).",
+          number(c, "output_overflows"));
 
   // Expert caches of the cached MoE models (their counters start at the model's load).
   struct Experts {

@@ -17,6 +17,7 @@
 #include "daemon/peer_credentials.h"
 #include "daemon/protocol.h"
 #include "daemon/session.h"
+#include "daemon/socket_file.h"
 #include "daemon/systemd_notify.h"
 
 namespace car::daemon {
@@ -28,22 +29,6 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
-
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
-/// Is something already answering on `path`? (A stale socket file from a crashed daemon refuses.)
-bool socket_is_live(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return live;
-}
 
 }  // namespace
 
@@ -77,18 +62,14 @@ Result<void> Server::open() {
   h.allowed_gids = options_.allowed_gids;
   h.max_body_bytes = options_.max_line_bytes;
   h.max_connections = options_.live.max_connections;
-  h.max_pending_bytes = 2 * options_.live.max_pending_output_bytes;
   // GET /metrics: the Prometheus page (io thread, as metrics_text() requires).
   if (!h.metrics) h.metrics = [this] { return handler_->metrics_text(); };
-  http_ = std::make_unique<http::HttpFront>(io_, *handler_, std::move(h));
+  http_ = std::make_unique<http::HttpFront>(io_, *handler_, connections_.limits(), std::move(h));
   if (auto ok = http_->open(); !ok) {
     http_.reset();
-    if (created_socket_file_) {
-      boost::system::error_code ec;
-      acceptor_.close(ec);
-      ::unlink(options_.socket_path.c_str());
-      created_socket_file_ = false;
-    }
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    remove_owned_socket_file(socket_file_);
     return ok;
   }
   return {};
@@ -104,21 +85,6 @@ Result<void> Server::open_ndjson() {
   }
   const std::string path = options_.socket_path.string();
   if (path.empty()) return make_error("listen_failed", "no socket path configured (CAR_INFERENCE_SOCKET)");
-  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return make_error("listen_failed", "socket path " + path + " is longer than " +
-                                           std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
-  }
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return make_error("listen_failed", path + " exists and is not a socket; refusing to replace it");
-    }
-    if (socket_is_live(path)) {
-      return make_error("listen_failed", "another process is already listening on " + path);
-    }
-    spdlog::info("removing stale socket {}", path);
-    ::unlink(path.c_str());
-  }
   // Resolve the group before the socket file exists, so a bad group leaves nothing behind.
   std::optional<gid_t> gid;
   if (!options_.socket_group.empty()) {
@@ -126,28 +92,14 @@ Result<void> Server::open_ndjson() {
     if (!g) return make_error(g.error().code, "socket group: " + g.error().message);
     gid = *g;
   }
-  acceptor_.open(stream_protocol(), ec);
-  if (ec) return make_error("listen_failed", "socket(): " + ec.message());
-  // From bind on, a failure removes the file it made.
-  auto fail = [&](std::string message) -> Result<void> {
-    boost::system::error_code close_ec;
-    acceptor_.close(close_ec);
-    if (created_socket_file_) ::unlink(path.c_str());
-    created_socket_file_ = false;
-    return make_error("listen_failed", std::move(message));
-  };
-  // Bind with a umask that leaves the file 0660 from its first moment, then chmod to be explicit.
-  mode_t old_mask = ::umask(0117);
-  acceptor_.bind(stream_protocol::endpoint(path), ec);
-  ::umask(old_mask);
-  if (ec) return fail("cannot bind " + path + ": " + ec.message());
-  created_socket_file_ = true;
-  if (::chmod(path.c_str(), 0660) != 0) return fail("chmod 0660 " + path + ": " + errno_text());
-  if (gid && ::chown(path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
-    return fail("chown " + path + " to group " + options_.socket_group + ": " + errno_text());
+  auto fd = listen_unix(path, gid, "the socket", socket_file_);
+  if (!fd) return fd.error();
+  acceptor_.assign(stream_protocol(), *fd, ec);
+  if (ec) {
+    ::close(*fd);
+    remove_owned_socket_file(socket_file_);
+    return make_error("listen_failed", "cannot adopt the socket on " + path + ": " + ec.message());
   }
-  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return fail("listen on " + path + ": " + ec.message());
   spdlog::info("listening on {} (mode 0660{}{})", path, options_.socket_group.empty() ? "" : ", group ",
                options_.socket_group);
   return {};
@@ -197,12 +149,10 @@ int Server::run() {
     code = 1;
   }
   handler_->run_shutdown_hooks();
-  if (created_socket_file_) {
+  if (socket_file_.owned()) {
     boost::system::error_code ec;
     acceptor_.close(ec);
-    if (::unlink(options_.socket_path.c_str()) != 0 && errno != ENOENT) {
-      spdlog::warn("cannot remove {}: {}", options_.socket_path.string(), errno_text());
-    }
+    remove_owned_socket_file(socket_file_);
   }
   spdlog::info("car-inferenced stopped");
   return code;

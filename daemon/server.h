@@ -27,6 +27,7 @@
 #include "daemon/model_runtime.h"
 #include "daemon/request_handler.h"
 #include "daemon/server_options.h"
+#include "daemon/socket_file.h"
 
 namespace car::daemon {
 
@@ -76,7 +77,7 @@ class Server {
   ConnectionManager connections_;  // before handler_, which reads its counts for `stats`
   std::unique_ptr<RequestHandler> handler_;
   std::unique_ptr<http::HttpFront> http_;  // the OpenAI-compatible HTTP front, when configured
-  bool created_socket_file_ = false;  // we bound it (not socket-activated): unlink it at exit
+  OwnedSocketFile socket_file_;  // we bound it (not socket-activated): removed at exit while still ours
   bool stopping_ = false;
   bool finished_ = false;
   uint64_t next_session_ = 1;

@@ -86,7 +86,13 @@ std::optional<std::string> ask(protocol::ClientConnection& conn, const ChatFlags
   if (f.seed) req["seed"] = *f.seed;
   if (tpl) req["chat_template"] = *tpl;
   g_interrupted.store(false);
-  if (auto sent = conn.send_line(req.dump()); !sent) fail(kExitUnreachable, sent.error().message);
+  if (auto sent = conn.send_line(req.dump()); !sent) {
+    // Refused (too_many_connections): the daemon wrote why and closed before the request went out.
+    if (auto refusal = conn.pending_error(1s)) {
+      fail(kExitDaemonError, refusal->error_code + ": " + refusal->error_message);
+    }
+    fail(kExitUnreachable, sent.error().message);
+  }
   bool cancel_sent = false;
   bool wrote_text = false;  // the answer's line is open on stdout
   for (;;) {

@@ -76,7 +76,14 @@ protocol::Reply exchange(const ClientOptions& o, json request, const std::functi
   auto conn = protocol::ClientConnection::connect_first(socket_paths(o));
   if (!conn) fail(kExitUnreachable, conn.error().message);
   request["id"] = 1;
-  if (auto sent = conn->send_line(request.dump()); !sent) fail(kExitUnreachable, sent.error().message);
+  if (auto sent = conn->send_line(request.dump()); !sent) {
+    // Refused (too_many_connections): the daemon wrote why and closed before the request went out.
+    if (auto refusal = conn->pending_error(1s)) {
+      if (o.json_output) std::printf("%s\n", refusal->raw.dump().c_str());
+      fail(kExitDaemonError, refusal->error_code + ": " + refusal->error_message);
+    }
+    fail(kExitUnreachable, sent.error().message);
+  }
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     auto line = conn->read_line(200ms);

@@ -22,7 +22,6 @@ struct HttpOptions {
   std::chrono::seconds header_timeout{30};  ///< from accept (or the previous response) to a complete header
   std::chrono::seconds idle_timeout{60};    ///< keep-alive connections idle this long are closed
   std::size_t max_connections = 256;
-  std::size_t max_pending_bytes = 2u << 20;  ///< unread stream bytes before the completion is cancelled
   // Unix socket only (as the NDJSON socket):
   std::string socket_group;
   std::vector<uid_t> allowed_uids;

@@ -89,6 +89,43 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+/// The request's transfer codings (every Transfer-Encoding line, in order) when they are anything but
+/// `chunked` alone - "gzip", "gzip, chunked", "deflate", an unknown one - as the client wrote them; empty
+/// when there is no Transfer-Encoding or it is just chunked. The parser frames a body by the final coding
+/// only: "gzip" would read as a request without a body and "gzip, chunked" as plain chunked, handing on
+/// bytes nobody decoded.
+template <class Fields>
+std::string unsupported_transfer_coding(const Fields& fields) {
+  bool present = false;
+  std::string all;
+  std::size_t codings = 0;
+  bool only_chunked = true;
+  for (const auto& field : fields) {  // every line, in order (equal_range need not give them in order)
+    if (field.name() != bhttp::field::transfer_encoding) continue;
+    present = true;
+    const std::string_view value(field.value().data(), field.value().size());
+    all += all.empty() ? "" : ", ";
+    all += value;
+    std::size_t at = 0;
+    while (at <= value.size()) {
+      std::size_t end = value.find(',', at);
+      if (end == std::string_view::npos) end = value.size();
+      std::string_view coding = value.substr(at, end - at);
+      coding = coding.substr(0, coding.find(';'));  // transfer parameters
+      const auto b = coding.find_first_not_of(" \t");
+      const auto e = coding.find_last_not_of(" \t");
+      coding = b == std::string_view::npos ? std::string_view() : coding.substr(b, e - b + 1);
+      if (!coding.empty()) {  // empty list elements are allowed (RFC 9110 5.6.1)
+        ++codings;
+        if (!beast::iequals(coding, "chunked")) only_chunked = false;
+      }
+      at = end + 1;
+    }
+  }
+  if (!present || (codings == 1 && only_chunked)) return {};
+  return all.empty() ? std::string("(empty)") : all;
+}
+
 /// The local address of a listening socket as an Address (systemd-passed fds).
 Result<Address> address_of_fd(int fd) {
   sockaddr_storage ss{};
@@ -228,16 +265,25 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   }
   void token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) override {
     // A token whose bytes are held back (inside a UTF-8 character) still carries its logprob.
-    if (closed_ || overflowed_ || (event.text.empty() && !event.logprobs)) return;
-    pending_bytes_ += event.text.size();
-    if (pending_bytes_ > front_.options().max_pending_bytes) {
+    if (closed_ || !stream_ || overflowed_ || (event.text.empty() && !event.logprobs)) return;
+    // Encoded now, so the bound counts the bytes as they will be written (an SSE event is some 150 bytes
+    // of JSON around a token of a few).
+    std::string ev = openai::sse_event(protocol::dump(
+        openai::text_chunk(stream_->endpoint, *stream_->mapped, stream_->id, stream_->created, event.text,
+                           false, event.logprobs ? protocol::logprobs_json(*event.logprobs) : json())));
+    const std::size_t bound = front_.max_pending_bytes();
+    if (buffered_ + ev.size() > bound) {
       overflowed_ = true;
+      call->overflowed = true;
       call->cancelled.store(true);
-      spdlog::info("http conn {}: {} bytes of the stream unread: cancelling the completion", number_,
-                   pending_bytes_);
+      front_.limits().count_output_overflow();
+      spdlog::info("http conn {}: {} bytes of the stream unread (bound {}): cancelling the completion",
+                   number_, buffered_, bound);
+      signal_.cancel();
       return;
     }
-    tokens_.emplace_back(event.text, event.logprobs ? protocol::logprobs_json(*event.logprobs) : json());
+    account(static_cast<std::ptrdiff_t>(ev.size()));
+    queued_ += ev;
     signal_.cancel();
   }
   CallRegistry& calls() override { return calls_; }
@@ -252,11 +298,17 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   awaitable<bool> read_request(Request& req, bool first, bool& ok);
   awaitable<bool> serve(Request& req);
   awaitable<bool> send(Response res, bool keep_alive);
+  /// Bytes of output held for this connection (queued or being written) changed by `delta`.
+  void account(std::ptrdiff_t delta) {
+    buffered_ = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(buffered_) + delta);
+    front_.limits().add_queued(delta);
+  }
   awaitable<bool> send_json(bhttp::status status, const json& body, bool keep_alive,
                             const std::vector<std::pair<std::string, std::string>>& headers = {});
   awaitable<bool> send_error(const openai::ApiError& e, bool keep_alive);
   awaitable<bool> write_raw(std::string data);
   awaitable<bool> complete(openai::Endpoint endpoint, Request& req);
+  awaitable<bool> generate(openai::Endpoint endpoint, Request& req);
   awaitable<bool> models(const Request& req, std::string_view id);
   bool authorized(const Request& req) const;
   void watch_for_close();
@@ -275,13 +327,19 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   bool closed_ = false;
   bool serving_ = false;  // a request was read and its response is not written yet
   bool closing_ = false;  // close after the current response
-  // The completion in progress:
-  std::deque<std::pair<std::string, json>> tokens_;
-  std::string_view endpoint_ = "other";  ///< the request's endpoint as a metrics label (a fixed string)  ///<
-                                         ///< streamed text and its car logprobs entry (or null)
-  std::size_t pending_bytes_ = 0;
+  std::string_view endpoint_ = "other";  ///< the request's endpoint as a metrics label (a fixed string)
+  // The completion in progress. A streamed one encodes each token's SSE event as it arrives (token()).
+  struct Stream {
+    openai::Endpoint endpoint;
+    const openai::Mapped* mapped;  // complete()'s, while it runs
+    std::string id;
+    int64_t created;
+  };
+  std::optional<Stream> stream_;
+  std::string queued_;        // SSE events not yet handed to a write
+  std::size_t buffered_ = 0;  // queued_ plus the write in flight: bounded by max_pending_bytes()
   std::optional<Reply> final_;
-  bool overflowed_ = false;
+  bool overflowed_ = false;  // the stream reached the bound: the completion was cancelled
   bool client_gone_ = false;
   bool watching_ = false;
   int64_t next_id_ = 1;
@@ -347,6 +405,14 @@ awaitable<bool> Connection::read_request(Request& req, bool first, bool& ok) {
     if (ec != bhttp::error::end_of_stream && ec != asio::error::eof && ec != asio::error::operation_aborted) {
       co_await send_error(api_error(400, "malformed HTTP request: " + ec.message()), false);
     }
+    co_return false;
+  }
+  if (std::string codings = unsupported_transfer_coding(parser.get()); !codings.empty()) {
+    // Before the body: what follows the header cannot be framed, so the connection closes after the 501.
+    co_await send_error(api_error(501, "Transfer-Encoding '" + codings.substr(0, 200) +
+                                           "' is not supported: send the body as is, or chunked alone",
+                                  "unsupported_transfer_encoding"),
+                        false);
     co_return false;
   }
   if (parser.get()[bhttp::field::expect] == "100-continue") {
@@ -499,36 +565,53 @@ void Connection::watch_for_close() {
 }
 
 awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
+  bool keep = false;
+  try {
+    keep = co_await generate(endpoint, req);
+  } catch (...) {
+    stream_.reset();
+    account(-static_cast<std::ptrdiff_t>(queued_.size()));
+    queued_ = std::string();
+    throw;
+  }
+  // What a stream left queued (the client went away) is dropped, and its memory given back.
+  stream_.reset();
+  account(-static_cast<std::ptrdiff_t>(queued_.size()));
+  queued_ = std::string();
+  co_return keep;
+}
+
+awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   bool keep = req.keep_alive();
+  const bool chunked = req.version() >= 11;
   const auto received = Clock::now();
   openai::Mapped m;
   if (auto e = openai::map_request(endpoint, req.body(), m)) co_return co_await send_error(*e, keep);
+  req.body() = std::string();  // mapped: the body is not needed any more
   const json id = next_id_++;
   m.car["id"] = id;
   // The socket protocol's own parser and validation (protocol::parse_infer, in the handler) see the
   // request exactly as a socket client's.
   json parsed_id;
   auto parsed = protocol::parse_request(protocol::dump(m.car), &parsed_id);
-  tokens_.clear();
-  pending_bytes_ = 0;
+  m.car = json();
+  const std::string cid =
+      (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
+      hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(id.get<int64_t>()) ^
+            static_cast<uint64_t>(received.time_since_epoch().count()));
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
   final_.reset();
-  overflowed_ = false;
   client_gone_ = false;
+  if (m.stream) stream_ = Stream{endpoint, &m, cid, created};
+  overflowed_ = false;
   auto self = shared_from_this();
   if (parsed) {
     front_.handler().handle(self, std::move(*parsed), received);
   } else {
     front_.handler().reject(self, parsed_id, parsed.error(), received);
   }
-  const std::string cid =
-      (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
-      hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(id.get<int64_t>()) ^
-            static_cast<uint64_t>(received.time_since_epoch().count()));
-  const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  const bool chunked = req.version() >= 11;
   if (!chunked) keep = false;
   bool header_sent = false;
-  bool first = true;
   auto frame = [&](std::string data) {
     if (!chunked || data.empty()) return data;
     char size[32];
@@ -545,33 +628,29 @@ awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
     return h;
   };
   while (!closed_) {
-    if (!final_ && calls_.empty() && tokens_.empty()) {
-      // Registered nothing and replied nothing yet: cannot happen (handle answers or registers at once).
-    }
     if (!final_ && !calls_.empty()) watch_for_close();
     if (client_gone_) {
       if (final_ || calls_.empty()) break;
       co_await wait_signal();
       continue;
     }
-    if (m.stream && !tokens_.empty() && !(final_ && !final_->ok && !header_sent)) {
+    if (m.stream && !queued_.empty() && !(final_ && !final_->ok && !header_sent)) {
+      // The queued events go into one write; until it is done they are still counted (buffered_), so
+      // the events queued meanwhile and this write together stay within the bound.
       std::string out;
       if (!header_sent) {
         out += header();
         header_sent = true;
         out +=
             frame(openai::sse_event(protocol::dump(openai::text_chunk(endpoint, m, cid, created, "", true))));
-        first = false;
       }
-      std::string events;
-      while (!tokens_.empty()) {
-        pending_bytes_ -= tokens_.front().first.size();
-        events += openai::sse_event(protocol::dump(openai::text_chunk(
-            endpoint, m, cid, created, tokens_.front().first, first, tokens_.front().second)));
-        tokens_.pop_front();
-      }
-      out += frame(std::move(events));
-      if (!co_await write_raw(std::move(out))) {
+      const std::size_t moved = queued_.size();
+      out += frame(std::exchange(queued_, std::string()));
+      const auto size = static_cast<std::ptrdiff_t>(out.size());
+      account(size - static_cast<std::ptrdiff_t>(moved));
+      const bool written = co_await write_raw(std::move(out));
+      account(-size);
+      if (!written) {
         calls_.cancel_all();
         client_gone_ = true;
       }
@@ -582,13 +661,26 @@ awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
   }
   if (client_gone_ || closed_) co_return false;
   Reply reply = std::move(*final_);
+  final_.reset();
   if (!m.stream) {
     if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
-    co_return co_await send_json(bhttp::status::ok, openai::response(endpoint, m, reply.result, cid, created),
-                                 keep);
+    // Only the response text is held while a slow client reads it. Each document is freed as soon as
+    // the next form exists: car's result (with logprobs some 1.5 KB a token) before the response is
+    // serialized, the response document before the write.
+    Response res{bhttp::status::ok, 11};
+    res.set(bhttp::field::content_type, "application/json");
+    {
+      json doc = openai::response(endpoint, m, reply.result, cid, created);
+      reply.result = json();
+      res.body() = protocol::dump(doc);
+    }
+    co_return co_await send(std::move(res), keep);
   }
-  if (!reply.ok && overflowed_) {
-    reply = Reply::failure(protocol::code::kOutputOverflow, "cancelled: the client did not read the stream");
+  if (overflowed_) {  // however the generation ended (a cancelled one may end ok)
+    reply = Reply::failure(protocol::code::kOutputOverflow,
+                           "cancelled: the client left more than " + std::to_string(front_.max_pending_bytes()) +
+                               " bytes of the stream unread (twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB); read "
+                               "the stream as it arrives");
   }
   if (!header_sent) {
     if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
@@ -631,7 +723,10 @@ awaitable<bool> Connection::send(Response res, bool keep_alive) {
   res.set(bhttp::field::server, "car-inferenced");
   res.keep_alive(keep_alive);
   res.prepare_payload();
+  const auto size = static_cast<std::ptrdiff_t>(res.body().size());
+  account(size);  // a response being written to a client that reads slowly is held output too
   auto [ec, n] = co_await bhttp::async_write(socket_, res, kTuple);
+  account(-size);
   if (ec) co_return false;
   co_return keep_alive;
 }
@@ -654,12 +749,15 @@ awaitable<bool> Connection::send_error(const openai::ApiError& e, bool keep_aliv
 
 // ---- HttpFront ----
 
-HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, HttpOptions options)
-    : io_(io), handler_(handler), options_(std::move(options)), acceptor_(io) {}
+HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, ConnectionLimits& limits,
+                     HttpOptions options)
+    : io_(io), handler_(handler), limits_(limits), options_(std::move(options)), acceptor_(io) {}
 
 HttpFront::~HttpFront() {
   for (const auto& c : connections_) c->close_now();
-  if (created_socket_file_) ::unlink(address_.path.c_str());
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  remove_owned_socket_file(socket_file_);
 }
 
 uint16_t HttpFront::port() const {
@@ -705,30 +803,24 @@ Result<void> HttpFront::open() {
   address_ = *parsed;
   if (auto ok = refuse_unkeyed(); !ok) return ok;
   if (address_.unix_socket) {
-    const std::string& path = address_.path;
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0) {
-      if (!S_ISSOCK(st.st_mode)) return make_error("listen_failed", path + " exists and is not a socket");
-      ::unlink(path.c_str());  // a stale socket (the NDJSON socket's liveness check applies there)
-    }
     std::optional<gid_t> gid;
     if (!options_.socket_group.empty()) {
       auto g = resolve_group(options_.socket_group);
       if (!g) return make_error(g.error().code, "http socket group: " + g.error().message);
       gid = *g;
     }
-    acceptor_.open(asio::generic::stream_protocol(AF_UNIX, 0), ec);
-    if (ec) return make_error("listen_failed", "socket(): " + ec.message());
-    mode_t old_mask = ::umask(0117);
-    acceptor_.bind(asio::local::stream_protocol::endpoint(path), ec);
-    ::umask(old_mask);
-    if (ec) return make_error("listen_failed", "cannot bind " + path + ": " + ec.message());
-    created_socket_file_ = true;
-    if (::chmod(path.c_str(), 0660) != 0)
-      return make_error("listen_failed", "chmod 0660 " + path + ": " + std::strerror(errno));
-    if (gid && ::chown(path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
-      return make_error("listen_failed", "chown " + path + ": " + std::strerror(errno));
+    // Claimed like the NDJSON socket: never another process's live socket (or the daemon's own).
+    auto fd = listen_unix(address_.path, gid, "the HTTP socket", socket_file_);
+    if (!fd) return fd.error();
+    acceptor_.assign(asio::generic::stream_protocol(AF_UNIX, 0), *fd, ec);
+    if (ec) {
+      ::close(*fd);
+      remove_owned_socket_file(socket_file_);
+      return make_error("listen_failed", "cannot adopt the HTTP socket on " + address_.path + ": " + ec.message());
     }
+    spdlog::info("http: listening on {}{}", address_.to_string(),
+                 options_.api_key.empty() ? " (no API key)" : " (API key required)");
+    return {};
   } else {
     asio::ip::tcp::endpoint ep(asio::ip::make_address(address_.host), address_.port);
     acceptor_.open(asio::generic::stream_protocol(ep.protocol().family(), ep.protocol().protocol()), ec);

@@ -11,8 +11,14 @@
 // Limits: request bodies up to max_body_bytes (413 past it), headers must arrive within header_timeout,
 // a keep-alive connection idle for idle_timeout is closed, at most max_connections connections (more get
 // a 503 and are closed). A client that closes its connection while its completion runs (streamed or not)
-// cancels it: the daemon watches the socket for end-of-file while it generates. A streaming client that
-// leaves more than max_pending_bytes unread is cancelled too.
+// cancels it: the daemon watches the socket for end-of-file while it generates. A stream's output is held
+// as encoded (the SSE events queued and the write in flight) up to max_pending_bytes() - twice
+// CAR_INFERENCE_MAX_PENDING_OUTPUT_MB, as on the socket; a token past it cancels the completion, which
+// ends with an `output_overflow` error event and is counted (ConnectionLimits: `stats`, /metrics). The
+// output held is counted in the socket's `connections.queued_bytes` too.
+//
+// A `unix:` path is claimed like the NDJSON socket's (daemon/socket_file.h): refused while another
+// process listens on it, and removed at exit only while it is still the file this front bound.
 //
 // Every member runs on the io thread.
 #pragma once
@@ -33,8 +39,10 @@
 #include <boost/asio.hpp>
 
 #include "core/util/result.h"
+#include "daemon/connection_limits.h"
 #include "daemon/http/http_options.h"
 #include "daemon/request_handler.h"
+#include "daemon/socket_file.h"
 
 namespace car::daemon::http {
 
@@ -57,7 +65,9 @@ class Connection;
 
 class HttpFront {
  public:
-  HttpFront(boost::asio::io_context& io, RequestHandler& handler, HttpOptions options);
+  /// `limits`: the socket's connection limits - the pending-output bound (read at each use, so SIGHUP
+  /// changes it) and the counts of queued bytes and overflows.
+  HttpFront(boost::asio::io_context& io, RequestHandler& handler, ConnectionLimits& limits, HttpOptions options);
   ~HttpFront();
   HttpFront(const HttpFront&) = delete;
   HttpFront& operator=(const HttpFront&) = delete;
@@ -78,6 +88,10 @@ class HttpFront {
   uint16_t port() const;
   const HttpOptions& options() const { return options_; }
   RequestHandler& handler() { return handler_; }
+  ConnectionLimits& limits() { return limits_; }
+  /// Stream bytes a connection may hold for a client that does not read before its completion is
+  /// cancelled: twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB (the socket cancels a stream at the same size).
+  std::size_t max_pending_bytes() const { return 2 * limits_.max_pending_output(); }
   void closed(const std::shared_ptr<Connection>& c);
 
  private:
@@ -85,11 +99,12 @@ class HttpFront {
 
   boost::asio::io_context& io_;
   RequestHandler& handler_;
+  ConnectionLimits& limits_;
   HttpOptions options_;
   Address address_;
   boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol> acceptor_;
   std::unordered_set<std::shared_ptr<Connection>> connections_;
-  bool created_socket_file_ = false;
+  OwnedSocketFile socket_file_;  // a unix: path this front bound (removed at exit while still its own)
   bool stopping_ = false;
   uint64_t next_number_ = 1;
 };

@@ -1016,6 +1016,101 @@ TEST_F(DaemonBinaryTest, ABadSocketGroupFailsStartUpWithoutLeavingTheSocketFile)
   EXPECT_FALSE(std::filesystem::exists(socket_)) << "the socket file was left behind";
 }
 
+/// GET /health over the HTTP front's Unix socket at `path`: the status line ("" when nothing answers).
+std::string http_health(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n = 0;
+      while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return got.substr(0, got.find("\r\n"));
+}
+
+// issue #23: a second daemon given the first one's --http unix: path must not take the socket over (nor
+// delete it when it exits); the first keeps answering on it.
+TEST_F(DaemonBinaryTest, ASecondDaemonRefusesTheFirstOnesHttpSocket) {
+  const std::string http = (tmp_ / "http.sock").string();
+  env_["CAR_INFERENCE_HTTP"] = "unix:" + http;
+  start();
+  ASSERT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
+  auto second_env = env_;
+  second_env["CAR_INFERENCE_SOCKET"] = (tmp_ / "second.sock").string();
+  DaemonProcess second(second_env, (tmp_ / "second.log").string());
+  auto code = second.wait_exit(20s);
+  ASSERT_TRUE(code.has_value()) << "the second daemon runs; log:\n" << second.log();
+  EXPECT_EQ(*code, 1) << second.log();
+  EXPECT_NE(second.log().find("another process is already listening on " + http), std::string::npos)
+      << second.log();
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "second.sock")) << "the second daemon left its socket file";
+  // The first still answers on both of its sockets.
+  EXPECT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
+  auto conn = connect();
+  EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true);
+  ASSERT_EQ(daemon_->terminate(), 0);
+  EXPECT_FALSE(std::filesystem::exists(http));  // its own: removed at exit
+}
+
+// A daemon removes at exit only the socket files it bound: one another process put at the path since
+// (after removing the daemon's) is left alone.
+TEST_F(DaemonBinaryTest, ExitLeavesASocketFileItDidNotCreate) {
+  const std::string http = (tmp_ / "http.sock").string();
+  env_["CAR_INFERENCE_HTTP"] = "unix:" + http;
+  start();
+  ASSERT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
+  ASSERT_TRUE(std::filesystem::remove(http));
+  ASSERT_TRUE(std::filesystem::remove(socket_));
+  const int other_http = listening_socket(http);
+  const int other_socket = listening_socket(socket_);
+  ASSERT_GE(other_http, 0);
+  ASSERT_GE(other_socket, 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
+  EXPECT_TRUE(std::filesystem::exists(http)) << daemon_->log();
+  EXPECT_TRUE(std::filesystem::exists(socket_)) << daemon_->log();
+  ::close(other_http);
+  ::close(other_socket);
+}
+
+TEST_F(DaemonBinaryTest, HttpOnTheSocketsOwnPathIsAConfigurationError) {
+  env_["CAR_INFERENCE_HTTP"] = "unix:" + socket_;
+  DaemonProcess p(env_, (tmp_ / "bad.log").string());
+  auto code = p.wait_exit(20s);
+  ASSERT_TRUE(code.has_value()) << "still running; log:\n" << p.log();
+  EXPECT_EQ(*code, 2) << p.log();
+  EXPECT_NE(p.log().find("CAR_INFERENCE_HTTP=unix:" + socket_), std::string::npos) << p.log();
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}
+
+// issue #23: `car` at the connection cap reports the daemon's too_many_connections (exit 1), not the
+// EPIPE of writing its request to a connection the daemon already closed (which about half the runs hit).
+TEST_F(DaemonBinaryTest, CarAtTheConnectionCapReportsTooManyConnections) {
+  env_["CAR_INFERENCE_MAX_CONNECTIONS"] = "1";
+  start();
+  std::optional<ClientConnection> held;
+  ASSERT_TRUE(wait_until([&] {  // refused until the daemon saw start()'s probe connection close
+    held.emplace(connect());
+    if (!held->send_line(R"({"id": 1, "op": "health"})").ok()) return false;
+    auto line = held->read_line(5s);
+    return line.ok() && line.value() && json::parse(**line, nullptr, false).value("ok", false);
+  }));
+  for (int i = 0; i < 10; ++i) {
+    auto [code, out] = run_car("health --socket " + socket_);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("too_many_connections"), std::string::npos) << out;
+  }
+  EXPECT_EQ(daemon_->terminate(), 0);
+}
+
 TEST_F(DaemonBinaryTest, ConnectionSettingsReachTheServer) {
   env_["CAR_INFERENCE_MAX_CONNECTIONS_PER_UID"] = "1";
   env_["CAR_INFERENCE_LINE_TIMEOUT_SECS"] = "1";

@@ -36,7 +36,7 @@ struct Script {
 };
 
 /// Emits " w0", " w1", ... one per max_tokens, ending with eos; the prompt "hold" keeps going (slowly)
-/// until cancelled.
+/// until cancelled, the prompt "flood" as fast as it can.
 class ScriptedBackend final : public Backend {
  public:
   explicit ScriptedBackend(Script& s) : script_(s) {}
@@ -45,8 +45,9 @@ class ScriptedBackend final : public Backend {
     GenerateOutput out;
     out.prompt_tokens = params.messages ? 7 : static_cast<int>(params.generate.prompt.size());
     const bool hold = params.generate.prompt == "hold";
+    const bool flood = params.generate.prompt == "flood";
     ++script_.generating;
-    for (int i = 0; i < (hold ? 100000 : params.generate.max_tokens); ++i) {
+    for (int i = 0; i < (flood ? 2000000 : hold ? 100000 : params.generate.max_tokens); ++i) {
       if (cancelled.load()) {
         ++script_.cancelled;
         out.finish_reason = "cancelled";
@@ -175,6 +176,9 @@ class HttpClient {
     return r;
   }
 
+  /// Bytes received on this connection so far.
+  std::size_t received() const { return received_; }
+
   /// Does the server close the connection (EOF) within `timeout`?
   bool closed_by_server() {
     char c;
@@ -187,9 +191,11 @@ class HttpClient {
     const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
     if (n <= 0) return false;
     buf_.append(tmp, static_cast<std::size_t>(n));
+    received_ += static_cast<std::size_t>(n);
     return true;
   }
   int fd_ = -1;
+  std::size_t received_ = 0;
   bool connected_ = false;
   std::string buf_;
 };
@@ -377,6 +383,47 @@ TEST_F(HttpFrontTest, ClosingTheConnectionCancelsTheGeneration) {
   }
 }
 
+// A streaming client that never reads: the daemon buffers at most twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB
+// of the stream (the SSE events queued and the write in flight, as encoded) - as the socket does - then
+// cancels the completion, ends the stream with an output_overflow error event and counts it.
+TEST_F(HttpFrontTest, StreamingClientThatNeverReadsIsCancelledAtTheBound) {
+  constexpr std::size_t kBound = 32 * 1024;
+  options_.live.max_pending_output_bytes = kBound;
+  const std::string path = (tmp_ / "http.sock").string();
+  options_.http.address = "unix:" + path;  // a Unix socket: the kernel holds at most its send buffer
+  start();
+  HttpClient c(path);
+  ASSERT_TRUE(c.connected());
+  const std::string body = R"({"model":"alpha","prompt":"flood","stream":true})";
+  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+             "\r\n\r\n" + body);
+  // Not reading: the generation floods until the daemon's buffer for this stream reaches the bound.
+  ASSERT_TRUE(car::testing::wait_until([&] { return script_.cancelled.load() == 1; }, 60s));
+  auto conn = protocol::ClientConnection::connect(options_.socket_path.string());
+  ASSERT_TRUE(conn.ok());
+  json stats = car::testing::call(*conn, json{{"id", 1}, {"op", "stats"}});
+  EXPECT_EQ(stats["result"]["connections"]["output_overflows"], 1) << stats.dump();
+  // What the daemon still holds for the unread stream, as it counts it.
+  EXPECT_LE(stats["result"]["connections"]["queued_bytes"].get<std::size_t>(), 2 * kBound + 4096)
+      << stats.dump();
+  HttpClient m(path);
+  HttpReply page = m.request("GET", "/metrics");
+  EXPECT_NE(page.body.find("car_inference_connections_output_overflows_total 1"), std::string::npos)
+      << page.body;
+  // Read it all now: everything buffered anywhere (the daemon, the socket) arrives. Over a Unix socket the
+  // kernel holds at most the daemon's send buffer (net.core.wmem_default, 208 KiB by default).
+  HttpReply r = c.read_reply();
+  ASSERT_EQ(r.status, 200);
+  RecordProperty("received_bytes", static_cast<int>(c.received()));
+  EXPECT_LE(c.received(), 2 * kBound + 512 * 1024) << "bytes the daemon buffered for a client that did not read";
+  auto events = sse_payloads(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(events[events.size() - 2]["error"]["code"], "output_overflow") << events[events.size() - 2];
+  // The connection stays usable.
+  EXPECT_EQ(c.request("GET", "/health").status, 200);
+}
+
 TEST_F(HttpFrontTest, ApiKeyIsRequiredExceptForHealth) {
   std::ofstream(tmp_ / "key") << "  s3cret \n";
   auto key = http::read_api_key(tmp_ / "key");
@@ -414,6 +461,41 @@ TEST_F(HttpFrontTest, BodyOverTheLimitIs413AndCloses) {
   HttpReply r = c.request("POST", "/v1/completions", big);
   EXPECT_EQ(r.status, 413);
   EXPECT_TRUE(c.closed_by_server());
+}
+
+// issue #23: a transfer coding other than chunked alone is a 501 before the body is read (it was read as no
+// body, or "gzip, chunked" as plain chunked), and the connection closes (what follows the header cannot be
+// framed); chunked alone still works.
+TEST_F(HttpFrontTest, TransferCodingsOtherThanChunkedAre501) {
+  start();
+  const std::string body = R"({"model":"alpha","prompt":"abc","max_tokens":2})";
+  char size[16];
+  std::snprintf(size, sizeof size, "%zx", body.size());
+  const std::string chunked = std::string(size) + "\r\n" + body + "\r\n0\r\n\r\n";
+  for (const std::string& te : {std::string("Transfer-Encoding: gzip\r\n"),
+                                std::string("Transfer-Encoding: gzip, chunked\r\n"),
+                                std::string("Transfer-Encoding: deflate\r\n"),
+                                std::string("Transfer-Encoding: x-custom\r\n"),
+                                std::string("Transfer-Encoding: chunked, chunked\r\n")}) {
+    HttpClient c(port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + te + "\r\n" + chunked);
+    HttpReply r = c.read_reply();
+    EXPECT_EQ(r.status, 501) << te;
+    EXPECT_EQ(r.json_body()["error"]["code"], "unsupported_transfer_encoding") << te << r.body;
+    EXPECT_TRUE(c.closed_by_server()) << te;
+  }
+  {  // chunked not last: the parser's own 400, as RFC 9112 6.3 requires
+    HttpClient c(port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               "Transfer-Encoding: gzip\r\n\r\n" + chunked);
+    EXPECT_EQ(c.read_reply().status, 400);
+    EXPECT_TRUE(c.closed_by_server());
+  }
+  HttpClient c(port());
+  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n" + chunked);
+  HttpReply r = c.read_reply();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json_body()["choices"][0]["text"], " w0 w1");
 }
 
 TEST_F(HttpFrontTest, UnixSocketIs0660) {
