@@ -158,14 +158,7 @@ class EngineBackend final : public Backend {
 
 class EngineRuntime final : public ModelRuntime {
  public:
-  explicit EngineRuntime(const RuntimeOptions& options) {
-    options_.threads = options.threads;
-    options_.stream_experts = options.stream_experts;
-    options_.expert_ram_gb = options.expert_ram_gb;
-    options_.state_dir = options.state_dir;
-    options_.context_length = options.context_length;
-    options_.context_memory_bytes = options.context_memory_bytes;
-  }
+  explicit EngineRuntime(const RuntimeOptions& options) : options_(options) {}
 
   Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) override {
     return load_with(path, {});

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/engine/engine.h"
 #include "core/util/result.h"
 #include "core/util/stream_experts.h"
 #include "daemon/protocol.h"
@@ -78,15 +79,10 @@ struct LoadRequest {
   std::optional<StreamExperts> stream_experts;
 };
 
-/// Settings the runtime passes to the engine when loading.
-struct RuntimeOptions {
-  int threads = 0;
-  StreamExperts stream_experts = StreamExperts::automatic;
-  double expert_ram_gb = 0;
-  std::string state_dir;
-  int context_length = 0;  ///< CAR_INFERENCE_CONTEXT; 0 = the model's trained context capped by memory
-  uint64_t context_memory_bytes = 0;  ///< the KV cache cap of that default (engine::LoadOptions)
-};
+/// The daemon's settings for every load are the engine's load options themselves (threads, stream_experts,
+/// expert_ram_gb, state_dir, context_length, context_memory_bytes), so no field is copied between two
+/// structs on the way; a request's choices (LoadRequest) and the daemon's expert pool are applied per load.
+using RuntimeOptions = engine::LoadOptions;
 
 class ModelRuntime {
  public:
