@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/util/error_codes.h"
 #include "daemon/model_resolver.h"
 #include "daemon/peer_credentials.h"
 #include "daemon/protocol.h"
@@ -98,23 +99,24 @@ Result<void> Server::open_ndjson() {
   boost::system::error_code ec;
   if (options_.listen_fd) {
     acceptor_.assign(stream_protocol(), *options_.listen_fd, ec);
-    if (ec) return make_error("listen_failed", "cannot adopt the socket-activation fd: " + ec.message());
+    if (ec) return make_error(errc::kListenFailed, "cannot adopt the socket-activation fd: " + ec.message());
     spdlog::info("listening on the socket passed by systemd (fd {})", *options_.listen_fd);
     return {};
   }
   const std::string path = options_.socket_path.string();
-  if (path.empty()) return make_error("listen_failed", "no socket path configured (CAR_INFERENCE_SOCKET)");
+  if (path.empty())
+    return make_error(errc::kListenFailed, "no socket path configured (CAR_INFERENCE_SOCKET)");
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return make_error("listen_failed", "socket path " + path + " is longer than " +
-                                           std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
+    return make_error(errc::kListenFailed, "socket path " + path + " is longer than " +
+                                               std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
   }
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return make_error("listen_failed", path + " exists and is not a socket; refusing to replace it");
+      return make_error(errc::kListenFailed, path + " exists and is not a socket; refusing to replace it");
     }
     if (socket_is_live(path)) {
-      return make_error("listen_failed", "another process is already listening on " + path);
+      return make_error(errc::kListenFailed, "another process is already listening on " + path);
     }
     spdlog::info("removing stale socket {}", path);
     ::unlink(path.c_str());
@@ -127,14 +129,14 @@ Result<void> Server::open_ndjson() {
     gid = *g;
   }
   acceptor_.open(stream_protocol(), ec);
-  if (ec) return make_error("listen_failed", "socket(): " + ec.message());
+  if (ec) return make_error(errc::kListenFailed, "socket(): " + ec.message());
   // From bind on, a failure removes the file it made.
   auto fail = [&](std::string message) -> Result<void> {
     boost::system::error_code close_ec;
     acceptor_.close(close_ec);
     if (created_socket_file_) ::unlink(path.c_str());
     created_socket_file_ = false;
-    return make_error("listen_failed", std::move(message));
+    return make_error(errc::kListenFailed, std::move(message));
   };
   // Bind with a umask that leaves the file 0660 from its first moment, then chmod to be explicit.
   mode_t old_mask = ::umask(0117);
