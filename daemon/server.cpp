@@ -48,12 +48,14 @@ bool socket_is_live(const std::string& path) {
 
 }  // namespace
 
-Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock)
+Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock,
+               const TimerClock& timer_clock)
     : options_(std::move(options)),
       runtime_(runtime),
       acceptor_(io_),
       signals_(io_),
-      idle_timer_(io_),
+      timer_clock_(timer_clock),
+      idle_timer_(io_.get_executor(), timer_clock),
       watchdog_timer_(io_),
       grace_timer_(io_),
       connections_(options_.live),
@@ -250,7 +252,7 @@ asio::awaitable<void> Server::accept_loop() {
     }
     spdlog::info("conn {}: accepted peer {}", number, creds->to_string());
     connections_.start(std::make_shared<Session>(std::move(socket), *handler_, connections_, *creds, number,
-                                                 options_.max_line_bytes));
+                                                 options_.max_line_bytes, timer_clock_));
   }
 }
 
