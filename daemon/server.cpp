@@ -57,7 +57,7 @@ Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_cl
       timer_clock_(timer_clock),
       idle_timer_(io_.get_executor(), timer_clock),
       watchdog_timer_(io_),
-      grace_timer_(io_),
+      grace_timer_(io_.get_executor(), timer_clock),
       connections_(options_.live),
       handler_(std::make_unique<RequestHandler>(io_, options_, runtime_, connections_.limits(),
                                                 std::move(cache_clock))) {}

@@ -34,8 +34,8 @@ namespace car::daemon {
 class Server {
  public:
   /// `cache_clock`: the model cache's clock (tests advance a fake one); empty: the steady clock.
-  /// `timer_clock`: the clock of the idle sweep and the sessions' line timers (tests pass one that jumps);
-  /// it must outlive the server.
+  /// `timer_clock`: the clock of the idle sweep, the shutdown grace and the sessions' line timers (tests
+  /// pass one that jumps); it must outlive the server.
   Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock = {},
          const TimerClock& timer_clock = steady_timer_clock());
   ~Server();
@@ -77,7 +77,7 @@ class Server {
   const TimerClock& timer_clock_;
   Timer idle_timer_;
   boost::asio::steady_timer watchdog_timer_;
-  boost::asio::steady_timer grace_timer_;
+  Timer grace_timer_;  // the shutdown grace, then the flush before the forced close
   ConnectionManager connections_;  // before handler_, which reads its counts for `stats`
   std::unique_ptr<RequestHandler> handler_;
   std::unique_ptr<http::HttpFront> http_;  // the OpenAI-compatible HTTP front, when configured
