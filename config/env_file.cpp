@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/util/error_codes.h"
+
 namespace car::config {
 namespace {
 
@@ -34,18 +36,18 @@ bool valid_key(std::string_view k) {
 Result<std::string> read_env_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return make_error("config_file", "cannot read config file " + path + ": " + std::strerror(errno));
+    return make_error(errc::kConfigFile, "cannot read config file " + path + ": " + std::strerror(errno));
   }
   std::string text;
   char buf[8192];
   while (in.read(buf, sizeof buf) || in.gcount() > 0) {
     text.append(buf, static_cast<std::size_t>(in.gcount()));
     if (text.size() > kMaxEnvFileBytes) {
-      return make_error("config_file", "config file " + path + " is larger than " +
-                                           std::to_string(kMaxEnvFileBytes >> 20) + " MiB");
+      return make_error(errc::kConfigFile, "config file " + path + " is larger than " +
+                                               std::to_string(kMaxEnvFileBytes >> 20) + " MiB");
     }
   }
-  if (in.bad()) return make_error("config_file", "error reading config file " + path);
+  if (in.bad()) return make_error(errc::kConfigFile, "error reading config file " + path);
   return text;
 }
 
@@ -76,7 +78,7 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
     value.resize(value_keep);
     std::string k = trim(key);
     if (!valid_key(k)) {
-      return make_error("config_file", where(start_line) + ": '" + k + "' is not a valid variable name");
+      return make_error(errc::kConfigFile, where(start_line) + ": '" + k + "' is not a valid variable name");
     }
     out.push_back(EnvAssignment{std::move(k), value, start_line});
     key.clear();
@@ -88,7 +90,7 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
   for (std::size_t i = 0; i <= text.size(); ++i) {
     const bool eof = i == text.size();
     const char c = eof ? '\n' : text[i];
-    if (!eof && c == '\0') return make_error("config_file", where(line) + ": NUL byte in config file");
+    if (!eof && c == '\0') return make_error(errc::kConfigFile, where(line) + ": NUL byte in config file");
     const bool newline = c == '\n';
     switch (state) {
       case State::pre_key:
@@ -145,7 +147,7 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
         }
         break;
       case State::value_escape:
-        if (eof) return make_error("config_file", where(line) + ": backslash at end of file");
+        if (eof) return make_error(errc::kConfigFile, where(line) + ": backslash at end of file");
         if (!newline) {  // backslash-newline is a continuation; otherwise the next char is literal
           value.push_back(c);
           value_keep = value.size();
@@ -153,7 +155,7 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
         state = State::value;
         break;
       case State::single_quote:
-        if (eof) return make_error("config_file", where(start_line) + ": unterminated ' quote");
+        if (eof) return make_error(errc::kConfigFile, where(start_line) + ": unterminated ' quote");
         if (c == '\'') {
           state = State::pre_value;
         } else {
@@ -162,7 +164,7 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
         }
         break;
       case State::double_quote:
-        if (eof) return make_error("config_file", where(start_line) + ": unterminated \" quote");
+        if (eof) return make_error(errc::kConfigFile, where(start_line) + ": unterminated \" quote");
         if (c == '"') {
           state = State::pre_value;
         } else if (c == '\\') {
@@ -173,7 +175,7 @@ Result<std::vector<EnvAssignment>> parse_env_file(std::string_view text, std::st
         }
         break;
       case State::double_quote_escape:
-        if (eof) return make_error("config_file", where(start_line) + ": unterminated \" quote");
+        if (eof) return make_error(errc::kConfigFile, where(start_line) + ": unterminated \" quote");
         if (c == '"' || c == '\\' || c == '`' || c == '$') {
           value.push_back(c);
         } else if (!newline) {

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/util/error_codes.h"
 #include "core/util/limits.h"
 
 extern char** environ;  // NOLINT: POSIX
@@ -60,7 +61,7 @@ void put(Layer& layer, const SettingInfo& s, std::string_view name, RawValue val
 }
 
 Error invalid(std::string_view var, const RawValue& v, std::string_view why) {
-  return make_error("invalid_setting",
+  return make_error(errc::kInvalidSetting,
                     std::string(var) + "=" + v.value + ": " + std::string(why) + " (from " + v.origin + ")");
 }
 
@@ -519,7 +520,7 @@ Result<Inputs> gather(const SettingsFlags& flags, const EnvMap& env) {
     in.config_path = it->second;
   }
   if (in.config_path) {
-    if (in.config_path->empty()) return make_error("config_file", "--config: empty file name");
+    if (in.config_path->empty()) return make_error(errc::kConfigFile, "--config: empty file name");
     Result<std::string> text = read_env_file(*in.config_path);
     if (!text.ok()) return text.error();
     auto parsed = parse_env_file(text.value(), *in.config_path);
@@ -533,7 +534,7 @@ Result<Inputs> gather(const SettingsFlags& flags, const EnvMap& env) {
       const SettingInfo* s = find_setting(a.key);
       if (s == nullptr) {
         if (a.key.rfind(kPrefix, 0) == 0) {
-          return make_error("unknown_setting", where + ": unknown setting " + a.key);
+          return make_error(errc::kUnknownSetting, where + ": unknown setting " + a.key);
         }
         continue;  // another program's variable (the file doubles as systemd's EnvironmentFile=)
       }
@@ -588,14 +589,14 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
   if (out.socket_path.empty()) {
     auto def = default_socket_path(env, facts.euid);
     if (!def) {
-      return make_error("invalid_setting",
+      return make_error(errc::kInvalidSetting,
                         "no socket path: set " + std::string(kSocket) +
                             " or --socket (neither RUNTIME_DIRECTORY nor XDG_RUNTIME_DIR is "
                             "set and the daemon does not run as root)");
     }
     if (def->native().size() > kMaxSocketPath) {
-      return make_error("invalid_setting", "default socket path " + def->native() +
-                                               " is longer than 107 bytes; set " + std::string(kSocket));
+      return make_error(errc::kInvalidSetting, "default socket path " + def->native() +
+                                                   " is longer than 107 bytes; set " + std::string(kSocket));
     }
     out.socket_path = *def;
   }
@@ -603,7 +604,7 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
   // checked that, replace it). A configuration error, not a start-up failure.
   if (out.http.starts_with("unix:") &&
       std::filesystem::path(out.http.substr(5)).lexically_normal() == out.socket_path.lexically_normal()) {
-    return make_error("invalid_setting", "CAR_INFERENCE_HTTP=" + out.http +
+    return make_error(errc::kInvalidSetting, "CAR_INFERENCE_HTTP=" + out.http +
                                              " is the NDJSON socket's own path (" + std::string(kSocket) +
                                              "): give the HTTP front a socket path of its own");
   }
@@ -627,14 +628,14 @@ Result<SettingsFlags> parse_args(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    return make_error("help", settings_help(argc > 0 && argv[0] != nullptr
-                                                ? std::filesystem::path(argv[0]).filename().string()
-                                                : std::string("car-inferenced")));
+    return make_error(errc::kHelp, settings_help(argc > 0 && argv[0] != nullptr
+                                                     ? std::filesystem::path(argv[0]).filename().string()
+                                                     : std::string("car-inferenced")));
   } catch (const CLI::ParseError& e) {
-    return make_error("bad_flag", std::string(e.what()) + " (see --help)");
+    return make_error(errc::kBadFlag, std::string(e.what()) + " (see --help)");
   }
-  if (markdown) return make_error("help", settings_markdown());
-  if (env_example) return make_error("help", settings_env_example());
+  if (markdown) return make_error(errc::kHelp, settings_markdown());
+  if (env_example) return make_error(errc::kHelp, settings_env_example());
   return flags;
 }
 
@@ -867,7 +868,7 @@ std::string settings_env_example() {
 
 Result<bool> setting_from_environment(std::string_view variable, const EnvMap& env, Settings& out) {
   const SettingInfo* row = find_setting(variable);
-  if (row == nullptr) return make_error("unknown_setting", "unknown setting " + std::string(variable));
+  if (row == nullptr) return make_error(errc::kUnknownSetting, "unknown setting " + std::string(variable));
   Layer layer;
   for (std::string_view name : {row->variable, row->alias}) {
     if (name.empty()) continue;

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/util/error_codes.h"
+
 namespace car::protocol {
 
 namespace {
@@ -21,11 +23,11 @@ namespace {
 Result<int> connect_fd(const std::string& path) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return make_error("connect_failed", "the path is empty or longer than " +
-                                            std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+    return make_error(errc::kConnectFailed, "the path is empty or longer than " +
+                                                std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return make_error("connect_failed", "socket(): " + errno_text(errno));
+  if (fd < 0) return make_error(errc::kConnectFailed, "socket(): " + errno_text(errno));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -34,7 +36,7 @@ Result<int> connect_fd(const std::string& path) {
     std::string why = errno_text(err);
     if (err == EACCES)
       why += " (the system daemon's socket is for the car-inference group: see docs/operations.md)";
-    return make_error("connect_failed", why);
+    return make_error(errc::kConnectFailed, why);
   }
   return fd;
 }
@@ -43,9 +45,9 @@ Result<int> connect_fd(const std::string& path) {
 Result<ClientConnection> ClientConnection::connect(const std::string& path) {
   auto fd = connect_fd(path);
   if (!fd) {
-    return make_error("connect_failed", "cannot connect to car-inferenced at '" + path +
-                                            "': " + fd.error().message +
-                                            " (is the daemon running? --socket / CAR_INFERENCE_SOCKET)");
+    return make_error(errc::kConnectFailed, "cannot connect to car-inferenced at '" + path +
+                                                "': " + fd.error().message +
+                                                " (is the daemon running? --socket / CAR_INFERENCE_SOCKET)");
   }
   return ClientConnection(*fd);
 }
@@ -59,8 +61,8 @@ Result<ClientConnection> ClientConnection::connect_first(const std::vector<std::
     tried += "\n  " + path + ": " + fd.error().message;
   }
   if (paths.empty())
-    return make_error("connect_failed", "no socket path to try (--socket / CAR_INFERENCE_SOCKET)");
-  return make_error("connect_failed",
+    return make_error(errc::kConnectFailed, "no socket path to try (--socket / CAR_INFERENCE_SOCKET)");
+  return make_error(errc::kConnectFailed,
                     "cannot reach car-inferenced; tried" + tried +
                         "\nIs the daemon running? Pass --socket or set CAR_INFERENCE_SOCKET.");
 }
@@ -98,7 +100,7 @@ Result<void> ClientConnection::send_raw(std::string_view bytes) {
     ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return make_error("io_error", "write to car-inferenced failed: " + errno_text(errno));
+      return make_error(errc::kIoError, "write to car-inferenced failed: " + errno_text(errno));
     }
     bytes.remove_prefix(static_cast<std::size_t>(n));
   }
@@ -138,17 +140,17 @@ Result<std::optional<std::string>> ClientConnection::read_line(std::chrono::mill
     int r = ::poll(&pfd, 1, wait_ms);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return make_error("io_error", "poll failed: " + errno_text(errno));
+      return make_error(errc::kIoError, "poll failed: " + errno_text(errno));
     }
     if (r == 0) return std::optional<std::string>{};
     char chunk[65536];
     ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      if (errno == ECONNRESET) return make_error("closed", "car-inferenced closed the connection");
-      return make_error("io_error", "read from car-inferenced failed: " + errno_text(errno));
+      if (errno == ECONNRESET) return make_error(errc::kClosed, "car-inferenced closed the connection");
+      return make_error(errc::kIoError, "read from car-inferenced failed: " + errno_text(errno));
     }
-    if (n == 0) return make_error("closed", "car-inferenced closed the connection");
+    if (n == 0) return make_error(errc::kClosed, "car-inferenced closed the connection");
     buffer_.append(chunk, static_cast<std::size_t>(n));
   }
 }

@@ -14,6 +14,7 @@
 #include "core/engine/engine.h"
 #include "core/engine/expert_stats_json.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/error_codes.h"
 #include "core/util/thread_annotations.h"
 #include "daemon/model_runtime.h"
 
@@ -28,9 +29,9 @@ constexpr std::chrono::milliseconds kChatRenderTimeLimit{5000};
 /// A chat rendering error as the client sees it: what went wrong and where (the template's own text for
 /// raise_exception, the construct and position for a template error).
 std::string chat_error_message(const Error& e) {
-  if (e.code == "raise_exception") return "the chat template rejected the conversation: " + e.message;
-  if (e.code == "no_chat_template") return e.message;
-  if (e.code == "bad_messages") return "messages: " + e.message;
+  if (e.code == errc::kRaiseException) return "the chat template rejected the conversation: " + e.message;
+  if (e.code == errc::kNoChatTemplate) return e.message;
+  if (e.code == errc::kBadMessages) return "messages: " + e.message;
   return "chat template: " + e.message;
 }
 
@@ -64,10 +65,10 @@ class EngineBackend final : public Backend {
                                           params.add_generation_prompt, render);
       // A render stopped by `cancel` or a disconnect is answered as a request cancelled before its
       // generation began; anything else the template or the conversation did wrong is the client's.
-      if (!chat && chat.error().code == "cancelled") {
-        return make_error("cancelled", "request cancelled while its chat template rendered");
+      if (!chat && chat.error().code == errc::kCancelled) {
+        return make_error(errc::kCancelled, "request cancelled while its chat template rendered");
       }
-      if (!chat) return make_error("bad_request", chat_error_message(chat.error()));
+      if (!chat) return make_error(errc::kBadRequest, chat_error_message(chat.error()));
       req.prompt = std::move(chat->text);
       req.parse_special = true;
       req.add_bos = !chat->starts_with_bos;
@@ -87,7 +88,7 @@ class EngineBackend final : public Backend {
     if (engine::model_streams_experts(*model_)) dirty_.store(true, std::memory_order_relaxed);
     auto res = engine::generate(*model_, req, sink, &cancelled);
     if (!res) {
-      if (res.error().code == "io_error") spdlog::error("model {}: {}", name_, res.error().message);
+      if (res.error().code == errc::kIoError) spdlog::error("model {}: {}", name_, res.error().message);
       return res.error();
     }
     GenerateOutput out;
@@ -170,8 +171,8 @@ class EngineRuntime final : public ModelRuntime {
     if (!model) {
       const auto& e = model.error();
       // The engine's own codes (gguf_truncated, ...) are details; the wire codes are load_failed, io_error.
-      if (e.code == "not_found" || e.code == "io_error") return e;
-      return make_error("load_failed", e.message.empty() ? e.code : e.code + ": " + e.message);
+      if (e.code == errc::kNotFound || e.code == errc::kIoError) return e;
+      return make_error(errc::kLoadFailed, e.message.empty() ? e.code : e.code + ": " + e.message);
     }
     const std::string name = path.stem().string();
     const std::string& reason = engine::model_stream_reason(**model);
@@ -187,8 +188,8 @@ class EngineRuntime final : public ModelRuntime {
     auto m = engine::estimate_memory(path.string(), options_for(request));
     if (!m) {
       const auto& e = m.error();
-      if (e.code == "not_found") return e;
-      return make_error("load_failed", e.message.empty() ? e.code : e.code + ": " + e.message);
+      if (e.code == errc::kNotFound) return e;
+      return make_error(errc::kLoadFailed, e.message.empty() ? e.code : e.code + ": " + e.message);
     }
     return m->charged();
   }

@@ -16,6 +16,7 @@
 #include "car_version.h"
 #include "config/settings.h"
 #include "core/tensor/kernels.h"
+#include "core/util/error_codes.h"
 #include "core/util/fault_guard.h"
 #include "daemon/http/http_server.h"
 #include "daemon/model_resolver.h"
@@ -46,7 +47,7 @@ LiveSettings live_of(const car::config::Settings& s) {
 car::Result<void> check_pinned(const car::config::Settings& s) {
   for (const auto& id : s.pinned_models) {
     if (auto ok = car::daemon::check_model_id(id); !ok) {
-      return car::make_error("invalid_setting", "CAR_INFERENCE_PIN_MODELS: " + ok.error().message);
+      return car::make_error(car::errc::kInvalidSetting, "CAR_INFERENCE_PIN_MODELS: " + ok.error().message);
     }
   }
   return {};
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
   }
   auto settings = car::config::load_settings(argc, argv, car::config::current_environment());
   if (!settings) {
-    if (settings.error().code == "help") {
+    if (settings.error().code == car::errc::kHelp) {
       std::fputs(settings.error().message.c_str(), stdout);
       return 0;
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <system_error>
 
+#include "core/util/error_codes.h"
 #include "daemon/safe_text.h"
 
 namespace car::daemon {
@@ -25,19 +26,20 @@ bool inside(const fs::path& dir, const fs::path& file) {
 }  // namespace
 
 Result<void> check_model_id(const std::string& id) {
-  if (id.empty()) return make_error("forbidden", "model id is empty");
+  if (id.empty()) return make_error(errc::kForbidden, "model id is empty");
   if (id.size() > kMaxIdBytes) {
-    return make_error("forbidden", "model id is " + std::to_string(id.size()) + " bytes, the limit is 255");
+    return make_error(errc::kForbidden,
+                      "model id is " + std::to_string(id.size()) + " bytes, the limit is 255");
   }
   // The id is echoed in the messages below only once it is known to hold no unsafe character.
-  if (auto why = unsafe_text_reason(id)) return make_error("forbidden", "model id rejected: " + *why);
-  if (id.front() == '.') return make_error("forbidden", "model id '" + id + "' starts with '.'");
+  if (auto why = unsafe_text_reason(id)) return make_error(errc::kForbidden, "model id rejected: " + *why);
+  if (id.front() == '.') return make_error(errc::kForbidden, "model id '" + id + "' starts with '.'");
   for (unsigned char c : id) {
     if (c == '/' || c == '\\')
-      return make_error("forbidden", "model id '" + id + "' contains a path separator");
+      return make_error(errc::kForbidden, "model id '" + id + "' contains a path separator");
   }
   if (id.find("..") != std::string::npos)
-    return make_error("forbidden", "model id '" + id + "' contains '..'");
+    return make_error(errc::kForbidden, "model id '" + id + "' contains '..'");
   return {};
 }
 
@@ -45,22 +47,22 @@ Result<ResolvedModel> resolve_model(const fs::path& models_dir, const std::strin
   if (auto ok = check_model_id(id); !ok) return ok.error();
   std::error_code ec;
   fs::path dir = fs::weakly_canonical(models_dir, ec);
-  if (ec) return make_error("not_found", "models directory " + models_dir.string() + ": " + ec.message());
+  if (ec) return make_error(errc::kNotFound, "models directory " + models_dir.string() + ": " + ec.message());
   fs::path file = fs::weakly_canonical(dir / (id + ".gguf"), ec);
-  if (ec) return make_error("not_found", "model '" + id + "': " + ec.message());
+  if (ec) return make_error(errc::kNotFound, "model '" + id + "': " + ec.message());
   if (!inside(dir, file)) {
-    return make_error("forbidden", "model '" + id + "' resolves outside the models directory");
+    return make_error(errc::kForbidden, "model '" + id + "' resolves outside the models directory");
   }
   auto status = fs::status(file, ec);
   if (ec || !fs::exists(status)) {
-    return make_error("not_found",
+    return make_error(errc::kNotFound,
                       "model '" + id + "' not found (no " + (dir / (id + ".gguf")).string() + ")");
   }
   if (!fs::is_regular_file(status)) {
-    return make_error("not_found", "model '" + id + "': " + file.string() + " is not a regular file");
+    return make_error(errc::kNotFound, "model '" + id + "': " + file.string() + " is not a regular file");
   }
   uint64_t size = fs::file_size(file, ec);
-  if (ec) return make_error("not_found", "model '" + id + "': " + ec.message());
+  if (ec) return make_error(errc::kNotFound, "model '" + id + "': " + ec.message());
   return ResolvedModel{id, file, size};
 }
 
@@ -70,7 +72,7 @@ Result<std::vector<ListedModel>> list_models(const fs::path& models_dir) {
   if (!fs::exists(models_dir, ec)) return out;
   fs::directory_iterator it(models_dir, ec);
   if (ec)
-    return make_error("internal",
+    return make_error(errc::kInternal,
                       "cannot read models directory " + models_dir.string() + ": " + ec.message());
   for (const auto& entry : it) {
     const fs::path& p = entry.path();

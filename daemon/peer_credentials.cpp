@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/util/error_codes.h"
+
 namespace car::daemon {
 
 std::string PeerCredentials::to_string() const {
@@ -19,7 +21,8 @@ Result<PeerCredentials> peer_credentials(int fd) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    return make_error("peer_credentials", std::string("getsockopt(SO_PEERCRED): ") + std::strerror(errno));
+    return make_error(errc::kPeerCredentials,
+                      std::string("getsockopt(SO_PEERCRED): ") + std::strerror(errno));
   }
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
 }
@@ -36,7 +39,7 @@ Result<gid_t> resolve_group(const std::string& group) {
     constexpr auto kMax = static_cast<unsigned long long>(std::numeric_limits<gid_t>::max()) - 1;
     errno = 0;
     const unsigned long long n = group.size() <= 20 ? std::strtoull(group.c_str(), nullptr, 10) : kMax + 1;
-    if (errno != 0 || n > kMax) return make_error("bad_group", "group id " + group + " is out of range");
+    if (errno != 0 || n > kMax) return make_error(errc::kBadGroup, "group id " + group + " is out of range");
     return static_cast<gid_t>(n);
   }
   const long size_hint = ::sysconf(_SC_GETGR_R_SIZE_MAX);
@@ -48,8 +51,8 @@ Result<gid_t> resolve_group(const std::string& group) {
          buf.size() < (std::size_t{1} << 20)) {
     buf.resize(buf.size() * 2);
   }
-  if (rc != 0) return make_error("bad_group", "looking up group " + group + ": " + std::strerror(rc));
-  if (result == nullptr) return make_error("bad_group", "no such group: " + group);
+  if (rc != 0) return make_error(errc::kBadGroup, "looking up group " + group + ": " + std::strerror(rc));
+  if (result == nullptr) return make_error(errc::kBadGroup, "no such group: " + group);
   return result->gr_gid;
 }
 

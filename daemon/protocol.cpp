@@ -6,6 +6,8 @@
 #include <limits>
 #include <tuple>
 
+#include "core/util/error_codes.h"
+
 namespace car::protocol {
 
 using nlohmann::json;
@@ -253,19 +255,8 @@ Result<Request> parse_request(std::string_view line, json* id_out) {
 }
 
 std::string_view wire_code(std::string_view code) {
-  struct Row {
-    std::string_view name;
-    bool from_runtime;
-  };
-  static constexpr Row kRows[] = {
-#define CAR_PROTOCOL_CODE_ROW(constant, name, from_runtime) {name, from_runtime},
-      CAR_PROTOCOL_ERROR_CODES(CAR_PROTOCOL_CODE_ROW)
-#undef CAR_PROTOCOL_CODE_ROW
-  };
-  for (const Row& row : kRows) {
-    if (row.from_runtime && row.name == code) return row.name;
-  }
-  return code::kInternal;
+  const ErrorCodeInfo* row = find_error_code(code);
+  return row != nullptr && row->reach == Reach::kWire ? row->name : code::kInternal;
 }
 
 namespace {
@@ -625,26 +616,27 @@ std::string token_line(const json& id, const TokenEvent& event) {
 Result<Reply> parse_reply(std::string_view line) {
   json doc = json::parse(line.begin(), line.end(), nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {
-    return make_error("protocol_error", "the daemon sent a line that is not a JSON object");
+    return make_error(errc::kProtocolError, "the daemon sent a line that is not a JSON object");
   }
   Reply r;
   if (auto it = doc.find("id"); it != doc.end()) r.id = *it;
   if (auto ev = doc.find("event"); ev != doc.end()) {
-    if (!ev->is_string()) return make_error("protocol_error", "event name is not a string");
+    if (!ev->is_string()) return make_error(errc::kProtocolError, "event name is not a string");
     r.is_event = true;
     r.event = ev->get<std::string>();
     r.raw = std::move(doc);
     return r;
   }
   auto ok = doc.find("ok");
-  if (ok == doc.end() || !ok->is_boolean()) return make_error("protocol_error", "reply has no boolean 'ok'");
+  if (ok == doc.end() || !ok->is_boolean())
+    return make_error(errc::kProtocolError, "reply has no boolean 'ok'");
   r.ok = ok->get<bool>();
   if (r.ok) {
     if (auto res = doc.find("result"); res != doc.end()) r.result = *res;
   } else {
     auto err = doc.find("error");
     if (err == doc.end() || !err->is_object())
-      return make_error("protocol_error", "failed reply has no 'error'");
+      return make_error(errc::kProtocolError, "failed reply has no 'error'");
     r.error_code = err->value("code", std::string("unknown"));
     r.error_message = err->value("message", std::string());
   }

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/engine/generate_request.h"
+#include "core/util/error_codes.h"
 #include "core/util/limits.h"
 #include "core/util/result.h"
 #include "core/util/stream_experts.h"
@@ -26,37 +27,13 @@ namespace car::protocol {
 /// Longest request line the server accepts (the newline excluded).
 inline constexpr std::size_t kMaxLineBytes = 1u << 20;
 
-/// The error codes (CONTRACT.md), one row each: constant, wire name, and whether an error reported by the
-/// runtime or the cache with this code reaches the client as such (any other code there becomes
-/// `internal`). Stable: clients and tests match on them.
-#define CAR_PROTOCOL_ERROR_CODES(X)                       \
-  X(kBadRequest, "bad_request", true)                     \
-  X(kUnknownOp, "unknown_op", false)                      \
-  X(kNotFound, "not_found", true)                         \
-  X(kForbidden, "forbidden", true)                        \
-  X(kLoadFailed, "load_failed", true)                     \
-  X(kContextOverflow, "context_overflow", true)           \
-  X(kCancelled, "cancelled", true)                        \
-  X(kShuttingDown, "shutting_down", true)                 \
-  X(kInternal, "internal", false)                         \
-  X(kBusy, "busy", true)                                  \
-  /* a streamed MoE expert could not be read from disk */ \
-  X(kIoError, "io_error", true)                           \
-  /* then the connection closes */                        \
-  X(kTooManyConnections, "too_many_connections", false)   \
-  /* then the connection closes */                        \
-  X(kLineTimeout, "line_timeout", false)                  \
-  /* a stream the client did not read */                  \
-  X(kOutputOverflow, "output_overflow", false)
+/// The error codes (CONTRACT.md): the wire rows of car's one code table (core/util/error_codes.h, Reach
+/// kWire and kWireDaemon), under the names the daemon has always used (`protocol::code::kBadRequest`).
+/// Stable: clients and tests match on them.
+namespace code = ::car::errc;
 
-namespace code {
-#define CAR_PROTOCOL_CODE_CONSTANT(constant, name, from_runtime) inline constexpr const char* constant = name;
-CAR_PROTOCOL_ERROR_CODES(CAR_PROTOCOL_CODE_CONSTANT)
-#undef CAR_PROTOCOL_CODE_CONSTANT
-}  // namespace code
-
-/// The wire code for an error code reported by the runtime or the cache: itself when the table lets it
-/// through, else `internal`.
+/// The wire code for an error code reported by the runtime or the cache: itself when its row's Reach is
+/// kWire, else `internal`.
 std::string_view wire_code(std::string_view code);
 
 /// The request ops, one row each: enumerator and wire name.

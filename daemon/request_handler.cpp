@@ -7,6 +7,7 @@
 #include <random>
 #include <utility>
 
+#include "core/util/error_codes.h"
 #include "daemon/model_resolver.h"
 #include "daemon/protocol.h"
 #include "daemon/safe_text.h"
@@ -162,7 +163,7 @@ void RequestHandler::handle(const std::shared_ptr<Client>& client, protocol::Req
     dispatch(client, req);
   } catch (const std::exception& e) {
     spdlog::error("conn {}: op {} threw: {}", client->number(), text(req.op_text), e.what());
-    answer(client, req, Reply::failure(protocol::code::kInternal, e.what()), "internal");
+    answer(client, req, Reply::failure(protocol::code::kInternal, e.what()), protocol::code::kInternal);
   }
 }
 
@@ -235,7 +236,7 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
     if (!handle) {
       // Nothing cached: an id without a model file is not_found, not "was not loaded".
       if (auto file = resolve_model(options_.models_dir, req.model);
-          !file && file.error().code == "not_found") {
+          !file && file.error().code == errc::kNotFound) {
         return fail(protocol::code::kNotFound, file.error().message);
       }
     }
@@ -307,9 +308,9 @@ void RequestHandler::start_job(const std::shared_ptr<Client>& client, Request& r
                   Reply::failure(protocol::code::kBusy,
                                  "car-inferenced is busy: " + std::to_string(options_.queue_capacity) +
                                      " requests are already queued; retry later"));
-    log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model, "busy",
-                shared_req->received);
-    metrics_.count_request(metrics_op(shared_req->op_text), "busy");
+    log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model,
+                protocol::code::kBusy, shared_req->received);
+    metrics_.count_request(metrics_op(shared_req->op_text), protocol::code::kBusy);
     return;
   }
   ++in_flight_;
@@ -438,7 +439,7 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
   if (!out) {
     // The file changed under the model while it computed: the next request must load it afresh. (A streamed
     // expert that could not be read from an unchanged file is also io_error; that model stays cached.)
-    if (out.error().code == "io_error") {
+    if (out.error().code == errc::kIoError) {
       if (auto current = used->backend()->check_file(req.resolved->path); !current) {
         drop_stale(req.model, used, current.error().message);
       }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/util/error_codes.h"
 #include "daemon/model_resolver.h"
 #include "daemon/peer_credentials.h"
 #include "daemon/protocol.h"
@@ -32,14 +33,16 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 
 }  // namespace
 
-Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock)
+Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock,
+               const TimerClock& timer_clock)
     : options_(std::move(options)),
       runtime_(runtime),
       acceptor_(io_),
       signals_(io_),
-      idle_timer_(io_),
+      timer_clock_(timer_clock),
+      idle_timer_(io_.get_executor(), timer_clock),
       watchdog_timer_(io_),
-      grace_timer_(io_),
+      grace_timer_(io_.get_executor(), timer_clock),
       connections_(options_.live),
       handler_(std::make_unique<RequestHandler>(io_, options_, runtime_, connections_.limits(),
                                                 std::move(cache_clock))) {}
@@ -79,12 +82,12 @@ Result<void> Server::open_ndjson() {
   boost::system::error_code ec;
   if (options_.listen_fd) {
     acceptor_.assign(stream_protocol(), *options_.listen_fd, ec);
-    if (ec) return make_error("listen_failed", "cannot adopt the socket-activation fd: " + ec.message());
+    if (ec) return make_error(errc::kListenFailed, "cannot adopt the socket-activation fd: " + ec.message());
     spdlog::info("listening on the socket passed by systemd (fd {})", *options_.listen_fd);
     return {};
   }
   const std::string path = options_.socket_path.string();
-  if (path.empty()) return make_error("listen_failed", "no socket path configured (CAR_INFERENCE_SOCKET)");
+  if (path.empty()) return make_error(errc::kListenFailed, "no socket path configured (CAR_INFERENCE_SOCKET)");
   // Resolve the group before the socket file exists, so a bad group leaves nothing behind.
   std::optional<gid_t> gid;
   if (!options_.socket_group.empty()) {
@@ -98,7 +101,7 @@ Result<void> Server::open_ndjson() {
   if (ec) {
     ::close(*fd);
     remove_owned_socket_file(socket_file_);
-    return make_error("listen_failed", "cannot adopt the socket on " + path + ": " + ec.message());
+    return make_error(errc::kListenFailed, "cannot adopt the socket on " + path + ": " + ec.message());
   }
   spdlog::info("listening on {} (mode 0660{}{})", path, options_.socket_group.empty() ? "" : ", group ",
                options_.socket_group);
@@ -198,7 +201,7 @@ asio::awaitable<void> Server::accept_loop() {
     }
     spdlog::info("conn {}: accepted peer {}", number, creds->to_string());
     connections_.start(std::make_shared<Session>(std::move(socket), *handler_, connections_, *creds, number,
-                                                 options_.max_line_bytes));
+                                                 options_.max_line_bytes, timer_clock_));
   }
 }
 

@@ -28,13 +28,17 @@
 #include "daemon/request_handler.h"
 #include "daemon/server_options.h"
 #include "daemon/socket_file.h"
+#include "daemon/timer_clock.h"
 
 namespace car::daemon {
 
 class Server {
  public:
   /// `cache_clock`: the model cache's clock (tests advance a fake one); empty: the steady clock.
-  Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock = {});
+  /// `timer_clock`: the clock of the idle sweep, the shutdown grace and the sessions' line timers (tests
+  /// pass one that jumps); it must outlive the server.
+  Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock = {},
+         const TimerClock& timer_clock = steady_timer_clock());
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -71,9 +75,10 @@ class Server {
   boost::asio::io_context io_{1};
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::signal_set signals_;
-  boost::asio::steady_timer idle_timer_;
+  const TimerClock& timer_clock_;
+  Timer idle_timer_;
   boost::asio::steady_timer watchdog_timer_;
-  boost::asio::steady_timer grace_timer_;
+  Timer grace_timer_;  // the shutdown grace, then the flush before the forced close
   ConnectionManager connections_;  // before handler_, which reads its counts for `stats`
   std::unique_ptr<RequestHandler> handler_;
   std::unique_ptr<http::HttpFront> http_;  // the OpenAI-compatible HTTP front, when configured

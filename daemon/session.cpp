@@ -33,11 +33,11 @@ std::array<char, 64 * 1024>& read_buffer() {
 
 Session::Session(asio::local::stream_protocol::socket socket, RequestHandler& handler,
                  ConnectionManager& manager, PeerCredentials peer, uint64_t number,
-                 std::size_t max_line_bytes)
+                 std::size_t max_line_bytes, const TimerClock& timer_clock)
     : socket_(std::move(socket)),
       write_signal_(socket_.get_executor()),
       drain_signal_(socket_.get_executor()),
-      line_timer_(socket_.get_executor()),
+      line_timer_(socket_.get_executor(), timer_clock),
       handler_(handler),
       manager_(manager),
       peer_(peer),

@@ -36,6 +36,7 @@
 
 #include "daemon/peer_credentials.h"
 #include "daemon/request_handler.h"
+#include "daemon/timer_clock.h"
 
 namespace car::daemon {
 
@@ -44,7 +45,8 @@ class ConnectionManager;
 class Session final : public Client, public std::enable_shared_from_this<Session> {
  public:
   Session(boost::asio::local::stream_protocol::socket socket, RequestHandler& handler,
-          ConnectionManager& manager, PeerCredentials peer, uint64_t number, std::size_t max_line_bytes);
+          ConnectionManager& manager, PeerCredentials peer, uint64_t number, std::size_t max_line_bytes,
+          const TimerClock& timer_clock = steady_timer_clock());
 
   /// Spawn the reader and writer coroutines.
   void start();
@@ -82,7 +84,7 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   boost::asio::steady_timer write_signal_;  // expires at max; cancelled to wake the writer
   boost::asio::steady_timer
       drain_signal_;                      // expires at max; cancelled to wake a reader paused by backpressure
-  boost::asio::steady_timer line_timer_;  // armed while a request line is incomplete; then the forced close
+  Timer line_timer_;                      // armed while a request line is incomplete; then the forced close
   RequestHandler& handler_;
   ConnectionManager& manager_;
   const PeerCredentials peer_;

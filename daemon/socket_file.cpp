@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/util/error_codes.h"
+
 namespace car::daemon {
 
 namespace {
@@ -43,32 +45,32 @@ Result<int> listen_unix(const std::string& path, std::optional<gid_t> gid, std::
   file = {};
   const std::string name = std::string(what) + " " + path;
   if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return make_error("listen_failed", name + ": the path is empty or longer than " +
+    return make_error(errc::kListenFailed, name + ": the path is empty or longer than " +
                                            std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
   }
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return make_error("listen_failed", path + " exists and is not a socket; refusing to replace it");
+      return make_error(errc::kListenFailed, path + " exists and is not a socket; refusing to replace it");
     }
     if (socket_is_live(path)) {
-      return make_error("listen_failed", "another process is already listening on " + path +
+      return make_error(errc::kListenFailed, "another process is already listening on " + path +
                                              "; refusing to take over " + std::string(what));
     }
     spdlog::info("removing stale socket {}", path);
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return make_error("listen_failed", "cannot remove the stale socket " + path + ": " + errno_text());
+      return make_error(errc::kListenFailed, "cannot remove the stale socket " + path + ": " + errno_text());
     }
   }
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return make_error("listen_failed", "socket(): " + errno_text());
+  if (fd < 0) return make_error(errc::kListenFailed, "socket(): " + errno_text());
   bool bound = false;
   // From bind on, a failure removes the file it made.
   auto fail = [&](std::string message) -> Result<int> {
     ::close(fd);
     if (bound) remove_owned_socket_file(file);
     file = {};
-    return make_error("listen_failed", std::move(message));
+    return make_error(errc::kListenFailed, std::move(message));
   };
   // Bind with a umask that leaves the file 0660 from its first moment, then chmod to be explicit.
   const sockaddr_un addr = unix_address(path);

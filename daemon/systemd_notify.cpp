@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/util/error_codes.h"
+
 namespace car::daemon::systemd {
 
 void notify_ready() { sd_notify(0, "READY=1"); }
@@ -24,7 +26,7 @@ std::optional<std::chrono::microseconds> watchdog_interval() {
 Result<ListenFds> take_listen_fds() {
   char** names = nullptr;
   int n = sd_listen_fds_with_names(/*unset_environment=*/1, &names);
-  if (n < 0) return make_error("activation_failed", std::string("sd_listen_fds: ") + std::strerror(-n));
+  if (n < 0) return make_error(errc::kActivationFailed, std::string("sd_listen_fds: ") + std::strerror(-n));
   ListenFds fds;
   Result<ListenFds> result = fds;
   for (int i = 0; i < n && result; ++i) {
@@ -33,19 +35,23 @@ Result<ListenFds> take_listen_fds() {
     const std::string where = "the socket passed by systemd (fd " + std::to_string(fd) + ")";
     if (http) {
       if (fds.http) {
-        result = make_error("activation_failed", "socket activation passed two sockets named http");
+        result = make_error(errc::kActivationFailed, "socket activation passed two sockets named http");
       } else if (sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, /*listening=*/1) <= 0) {
-        result = make_error("activation_failed", where + " named http is not a listening stream socket (check "
-                                                         "ListenStream= in car-inferenced-http.socket)");
+        result =
+            make_error(errc::kActivationFailed, where +
+                                                    " named http is not a listening stream socket (check "
+                                                    "ListenStream= in car-inferenced-http.socket)");
       } else {
         fds.http = fd;
       }
     } else if (fds.socket) {
-      result = make_error("activation_failed", "socket activation passed " + std::to_string(n) +
-                                                   " sockets; car-inferenced listens on one Unix socket and "
-                                                   "one named http (FileDescriptorName=http)");
+      result =
+          make_error(errc::kActivationFailed, "socket activation passed " + std::to_string(n) +
+                                                  " sockets; car-inferenced listens on one Unix socket and "
+                                                  "one named http (FileDescriptorName=http)");
     } else if (sd_is_socket_unix(fd, SOCK_STREAM, /*listening=*/1, nullptr, 0) <= 0) {
-      result = make_error("activation_failed", where + " is not a listening Unix stream socket (check "
+      result = make_error(errc::kActivationFailed, where +
+                                                       " is not a listening Unix stream socket (check "
                                                        "ListenStream= in car-inferenced.socket)");
     } else {
       fds.socket = fd;

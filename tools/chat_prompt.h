@@ -10,6 +10,7 @@
 #include "core/chat/model_chat.h"
 #include "core/gguf/gguf_file.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/error_codes.h"
 #include "core/util/result.h"
 
 namespace car::tools {
@@ -24,8 +25,9 @@ inline Result<chat::ModelChatPrompt> render_model_chat(const std::string& path,
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
   if (!tok) return tok.error();
   auto p = chat::render_model_chat(**file, **tok, messages, template_override, add_generation_prompt);
-  if (!p && p.error().code == "no_chat_template") {
-    return make_error("no_chat_template", path + ": the model has no tokenizer.chat_template (give a template)");
+  if (!p && p.error().code == errc::kNoChatTemplate) {
+    return make_error(errc::kNoChatTemplate,
+                      path + ": the model has no tokenizer.chat_template (give a template)");
   }
   return p;
 }

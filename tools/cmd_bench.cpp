@@ -28,6 +28,7 @@
 
 #include "core/engine/engine.h"
 #include "core/gguf/gguf_file.h"
+#include "core/util/error_codes.h"
 #include "tools/command_registry.h"
 #include "tools/offline_env.h"
 
@@ -79,7 +80,7 @@ Result<ModelFigures> model_figures(const std::string& path) {
   m.n_expert = static_cast<int64_t>(*n_expert);
   m.n_expert_used = static_cast<int64_t>(*n_used);
   const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
-  if (embd == nullptr) return make_error("load_failed", path + ": no tensor token_embd.weight");
+  if (embd == nullptr) return make_error(errc::kLoadFailed, path + ": no tensor token_embd.weight");
   m.vocab = static_cast<int64_t>(embd->rows());
   const bool tied = f.find_tensor("output.weight") == nullptr;
 

@@ -24,9 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "config/settings.h"
+#include "core/util/error_codes.h"
+#include "core/util/limits.h"
 #include "daemon/client.h"
 #include "daemon/protocol.h"
-#include "core/util/limits.h"
 #include "tools/command_registry.h"
 #include "tools/socket_discovery.h"
 
@@ -122,13 +123,13 @@ std::optional<std::string> ask(protocol::ClientConnection& conn, const ChatFlags
       std::fflush(stdout);
     }
     if (!reply->ok) {
-      if (reply->error_code == "cancelled") {
+      if (reply->error_code == errc::kCancelled) {
         std::fprintf(stderr, "[cancelled]\n");
         return std::nullopt;
       }
       std::fprintf(stderr, "car chat: %s: %s\n", reply->error_code.c_str(), reply->error_message.c_str());
-      if (reply->error_code == "bad_request" || reply->error_code == "not_found" ||
-          reply->error_code == "forbidden" || reply->error_code == "load_failed") {
+      if (reply->error_code == errc::kBadRequest || reply->error_code == errc::kNotFound ||
+          reply->error_code == errc::kForbidden || reply->error_code == errc::kLoadFailed) {
         throw CommandFailed(kExitDaemonError);  // nothing later in this conversation can succeed
       }
       return std::nullopt;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "core/util/error_codes.h"
 #include "core/util/limits.h"
 #include "tools/chat_prompt.h"
 #include "tools/command_registry.h"
@@ -116,7 +117,7 @@ void run(const RunFlags& f) {
         nlohmann::ordered_json::array({{{"role", "user"}, {"content", f.chat}}});
     auto p = render_model_chat(f.path, messages, tpl, true);
     if (!p) {
-      const bool input = p.error().code == "raise_exception" || p.error().code == "no_chat_template";
+      const bool input = p.error().code == errc::kRaiseException || p.error().code == errc::kNoChatTemplate;
       fail(input ? 2 : 1, p.error().code + ": " + p.error().message);
     }
     req.prompt = p->text;

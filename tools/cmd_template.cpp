@@ -17,6 +17,7 @@
 #include "core/chat/jinja.h"
 #include "core/gguf/gguf_file.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/error_codes.h"
 #include "tools/command_registry.h"
 
 namespace car::tools {
@@ -54,7 +55,7 @@ void write_all(const std::string& s) {
 }
 
 void report(const Error& e) {
-  if (e.code == "raise_exception") fail("the template raised: " + e.message);
+  if (e.code == errc::kRaiseException) fail("the template raised: " + e.message);
   fail(e.message);
 }
 

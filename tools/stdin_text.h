@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/util/error_codes.h"
 #include "core/util/result.h"
 
 namespace car::tools {
@@ -24,7 +25,8 @@ inline Result<std::string> read_stdin_text() {
     } else if (n == 0) {
       return text;
     } else if (errno != EINTR) {
-      return make_error("bad_request", std::string("cannot read standard input: ") + std::strerror(errno));
+      return make_error(errc::kBadRequest,
+                        std::string("cannot read standard input: ") + std::strerror(errno));
     }
   }
 }

@@ -73,6 +73,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/util/error_codes.h"
 #include "core/util/result.h"
 #include "core/util/thread_annotations.h"
 
@@ -739,9 +740,9 @@ class BackendCache {
         return Loaded{T(loader()), std::nullopt};
       }
     } catch (const std::exception& e) {
-      return make_error("load_failed", e.what());
+      return make_error(errc::kLoadFailed, e.what());
     } catch (...) {
-      return make_error("load_failed", "loader threw a non-standard exception");
+      return make_error(errc::kLoadFailed, "loader threw a non-standard exception");
     }
   }
 
@@ -760,9 +761,9 @@ class BackendCache {
           return Result<std::uint64_t>(estimate());
         }
       } catch (const std::exception& e) {
-        return make_error("load_failed", e.what());
+        return make_error(errc::kLoadFailed, e.what());
       } catch (...) {
-        return make_error("load_failed", "the size estimate threw a non-standard exception");
+        return make_error(errc::kLoadFailed, "the size estimate threw a non-standard exception");
       }
     }
   }
@@ -838,7 +839,7 @@ class BackendCache {
       estimated = *e;
       if (budget_bytes_ != 0 && *estimated > budget_bytes_) {
         refused_ += 1;
-        Error err = make_error("load_failed", too_large(key, *estimated, budget_bytes_, false));
+        Error err = make_error(errc::kLoadFailed, too_large(key, *estimated, budget_bytes_, false));
         finish_flight(key, flight, err, nullptr);
         return err;
       }
@@ -883,7 +884,7 @@ class BackendCache {
     }
     if (flight && budget_bytes_ != 0 && size_bytes > budget_bytes_) {
       refused_ += 1;
-      Error err = make_error("load_failed", too_large(key, size_bytes, budget_bytes_, true));
+      Error err = make_error(errc::kLoadFailed, too_large(key, size_bytes, budget_bytes_, true));
       finish_flight(key, flight, err, nullptr);
       guard.unlock();
       return err;  // `loaded` is destroyed outside the lock

@@ -2,24 +2,26 @@
 
 #include <stdexcept>
 
+#include "core/util/error_codes.h"
+
 namespace car::chat {
 
 Result<void> validate_messages(const nlohmann::ordered_json& messages) {
-  if (!messages.is_array()) return make_error("bad_messages", "messages must be a JSON array");
-  if (messages.empty()) return make_error("bad_messages", "messages is empty");
+  if (!messages.is_array()) return make_error(errc::kBadMessages, "messages must be a JSON array");
+  if (messages.empty()) return make_error(errc::kBadMessages, "messages is empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const auto& m = messages[i];
     if (!m.is_object())
-      return make_error("bad_messages", "messages[" + std::to_string(i) + "] is not an object");
+      return make_error(errc::kBadMessages, "messages[" + std::to_string(i) + "] is not an object");
     const auto role = m.find("role");
     if (role == m.end() || !role->is_string()) {
-      return make_error("bad_messages", "messages[" + std::to_string(i) + "] has no string \"role\"");
+      return make_error(errc::kBadMessages, "messages[" + std::to_string(i) + "] has no string \"role\"");
     }
   }
   // The conversion into template values recurses (Value::from_json): refuse what it would refuse, here,
   // with a clear error. The array itself is one level.
   if (json_depth(messages) > kMaxJsonDepth) {
-    return make_error("bad_messages",
+    return make_error(errc::kBadMessages,
                       "messages nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   return {};
@@ -49,7 +51,7 @@ Result<std::string> render_chat(std::string_view template_text, const nlohmann::
   try {
     context = chat_context(messages, options);
   } catch (const std::invalid_argument& e) {  // tools or extra nest too deep (messages were checked)
-    return make_error("bad_messages", std::string("tools or extra variables: ") + e.what());
+    return make_error(errc::kBadMessages, std::string("tools or extra variables: ") + e.what());
   }
   return render_template(template_text, context, options.render);
 }

@@ -7,6 +7,7 @@
 // Renderer is declared in eval_internal.h; its statements, expressions, builtins, tests and filters live
 // in the eval_*.cpp files named there.
 #include "core/chat/eval_internal.h"
+#include "core/util/error_codes.h"
 
 namespace car::chat::eval_internal {
 
@@ -215,7 +216,7 @@ Result<Template> Template::parse(std::string_view source) {
 }
 
 Result<std::string> Template::render(const Value& context, const RenderOptions& options) const {
-  if (!root_) return make_error("template_error", "render of an empty (unparsed) template");
+  if (!root_) return make_error(errc::kTemplateError, "render of an empty (unparsed) template");
   detail::Arena arena;
   detail::Arena* const saved = detail::current_arena;
   detail::current_arena = &arena;

@@ -1,6 +1,7 @@
 // The evaluator's builtins: the globals a chat template may call (range, namespace, raise_exception,
 // strftime_now ...) and the methods of strings, lists and dicts (value.attribute / value.method()).
 #include "core/chat/eval_internal.h"
+#include "core/util/error_codes.h"
 
 namespace car::chat::eval_internal {
 
@@ -80,9 +81,9 @@ Value Renderer::global(const std::string& name) const {
     return Value::callable(
         [](CallArgs& a) -> Value {
           std::string msg = a.positional.empty() || !a.positional[0].is_string()
-                                ? std::string("raise_exception")
+                                ? std::string(errc::kRaiseException)
                                 : a.positional[0].as_string();
-          throw TemplateFailure{"raise_exception", std::move(msg)};
+          throw TemplateFailure{errc::kRaiseException, std::move(msg)};
         },
         "raise_exception");
   }

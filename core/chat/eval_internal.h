@@ -15,6 +15,7 @@
 #include "core/chat/ast.h"
 #include "core/chat/jinja.h"
 #include "core/chat/stack_limit.h"
+#include "core/util/error_codes.h"
 
 namespace car::chat::eval_internal {
 
@@ -31,7 +32,7 @@ inline std::string where(const Node& n) {
 }
 
 [[noreturn]] inline void fail(const Node& n, const std::string& msg) {
-  throw TemplateFailure{"template_error", where(n) + ": " + msg};
+  throw TemplateFailure{errc::kTemplateError, where(n) + ": " + msg};
 }
 
 // ---- UTF-8 and string helpers (eval.cpp; string length, indexing and slicing count code points) ----
@@ -96,7 +97,7 @@ class Renderer {
   }
   void poll(const Node& n) const {
     if (opt_.cancelled != nullptr && opt_.cancelled->load(std::memory_order_relaxed)) {
-      throw TemplateFailure{"cancelled", "the render was cancelled"};
+      throw TemplateFailure{errc::kCancelled, "the render was cancelled"};
     }
     if (std::chrono::steady_clock::now() > deadline_) {
       fail(n, "the template ran longer than " + std::to_string(opt_.limits.max_duration.count()) + " ms");

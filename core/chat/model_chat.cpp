@@ -1,6 +1,8 @@
 // render_model_chat: the model's template and special-token texts around render_chat.
 #include "core/chat/model_chat.h"
 
+#include "core/util/error_codes.h"
+
 namespace car::chat {
 
 std::optional<std::string> model_chat_template(const gguf::GgufFile& file) {
@@ -24,7 +26,7 @@ Result<ModelChatPrompt> render_model_chat(const gguf::GgufFile& file, const toke
     tpl = std::move(*own);
     p.template_source = "model";
   } else {
-    return make_error("no_chat_template",
+    return make_error(errc::kNoChatTemplate,
                       "the model has no chat template (tokenizer.chat_template); give one with the request");
   }
   ChatOptions co;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/chat/parse_internal.h"
+#include "core/util/error_codes.h"
 
 namespace car::chat::parse_internal {
 
@@ -261,11 +262,11 @@ void Parser::seal(const Node& n) const {
   }
   n.depth = deepest + 1;
   if (n.depth > kMaxAstDepth) {
-    throw TemplateFailure{"template_syntax", "line " + std::to_string(n.line) + ":" + std::to_string(n.col) +
-                                                 ": the expression nests deeper than " +
-                                                 std::to_string(kMaxAstDepth) +
-                                                 " levels (a chain of operators, attributes, "
-                                                 "subscripts, calls, filters or tests that long)"};
+    throw TemplateFailure{errc::kTemplateSyntax,
+                          "line " + std::to_string(n.line) + ":" + std::to_string(n.col) +
+                              ": the expression nests deeper than " + std::to_string(kMaxAstDepth) +
+                              " levels (a chain of operators, attributes, "
+                              "subscripts, calls, filters or tests that long)"};
   }
 }
 

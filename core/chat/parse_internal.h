@@ -13,6 +13,7 @@
 
 #include "core/chat/ast.h"
 #include "core/chat/stack_limit.h"
+#include "core/util/error_codes.h"
 
 namespace car::chat::parse_internal {
 
@@ -66,7 +67,7 @@ class Positions {
 };
 
 [[noreturn]] inline void fail_at(const Positions& p, size_t pos, const std::string& msg) {
-  throw TemplateFailure{"template_syntax", p.where(pos) + ": " + msg};
+  throw TemplateFailure{errc::kTemplateSyntax, p.where(pos) + ": " + msg};
 }
 
 // The source cut into text and tag tokens, whitespace control applied, ending in a kEnd token

@@ -13,6 +13,7 @@
 #include "core/gguf/gguf_file.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/error_codes.h"
 #include "core/util/thread_pool.h"
 
 namespace car::engine {
@@ -98,31 +99,35 @@ Result<void> check_weights(LoadedModel& lm) {
   lm.cached.clear();
   static const std::string what =
       "model file changed or was truncated while in use (replace model files by atomic rename): ";
-  return make_error("io_error", what + intact.error().message);
+  return make_error(errc::kIoError, what + intact.error().message);
 }
 }  // namespace
 
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options) {
   if (options.context_length < 0) {
-    return make_error("load_failed", "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
+    return make_error(errc::kLoadFailed,
+                      "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
   }
   auto file = gguf::GgufFile::open(path);
   if (!file.ok()) {
-    if (file.error().code == "not_found") return make_error("not_found", path + ": " + file.error().message);
-    return make_error("load_failed", path + ": " + file.error().message);
+    if (file.error().code == errc::kNotFound)
+      return make_error(errc::kNotFound, path + ": " + file.error().message);
+    return make_error(errc::kLoadFailed, path + ": " + file.error().message);
   }
   auto m = model::Model::load(*file);
-  if (!m.ok()) return make_error("load_failed", path + ": " + m.error().message);
+  if (!m.ok()) return make_error(errc::kLoadFailed, path + ": " + m.error().message);
   const model::Hparams& hp = (*m)->hparams();
   if (hp.head_dim_k > kMaxHeadDim || hp.head_dim_v > kMaxHeadDim) {
-    return make_error("load_failed", path + ": head dimension " + std::to_string(std::max(hp.head_dim_k, hp.head_dim_v)) +
-                                         " larger than the supported " + std::to_string(kMaxHeadDim));
+    return make_error(errc::kLoadFailed, path + ": head dimension " +
+                                             std::to_string(std::max(hp.head_dim_k, hp.head_dim_v)) +
+                                             " larger than the supported " + std::to_string(kMaxHeadDim));
   }
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
-  if (!tok.ok()) return make_error("load_failed", path + ": tokenizer: " + tok.error().message);
+  if (!tok.ok()) return make_error(errc::kLoadFailed, path + ": tokenizer: " + tok.error().message);
   if ((*tok)->n_vocab() > hp.n_vocab) {
-    return make_error("load_failed", path + ": tokenizer has " + std::to_string((*tok)->n_vocab()) +
-                                         " tokens but token_embd.weight only " + std::to_string(hp.n_vocab) + " rows");
+    return make_error(errc::kLoadFailed, path + ": tokenizer has " + std::to_string((*tok)->n_vocab()) +
+                                             " tokens but token_embd.weight only " +
+                                             std::to_string(hp.n_vocab) + " rows");
   }
   auto lm = std::make_shared<LoadedModel>();
   lm->file = *file;
@@ -145,12 +150,12 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
       if (!options.state_dir.empty()) {
         auto sidecar = experts::sidecar_path(options.state_dir, path);
         if (!sidecar.ok())
-          return make_error("load_failed", path + ": usage sidecar: " + sidecar.error().message);
+          return make_error(errc::kLoadFailed, path + ": usage sidecar: " + sidecar.error().message);
         so.sidecar_path = *sidecar;
       }
       auto src = experts::StreamedExpertSource::open(path, lm->model->expert_banks(), std::move(so));
       if (!src.ok()) {
-        const std::string code = src.error().code == "io_error" ? "io_error" : "load_failed";
+        const char* code = src.error().code == errc::kIoError ? errc::kIoError : errc::kLoadFailed;
         return make_error(code, path + ": streamed experts: " + src.error().message);
       }
       lm->streamed = src->get();
@@ -169,7 +174,7 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   lm->logits.resize(static_cast<size_t>(hp.n_vocab));
   // The tokenizer and model read the mapping; a file cut or rewritten meanwhile gave them zeros.
   if (auto intact = lm->file->check_intact(); !intact) {
-    return make_error("load_failed", path + ": changed while loading: " + intact.error().message);
+    return make_error(errc::kLoadFailed, path + ": changed while loading: " + intact.error().message);
   }
   return lm;
 }
@@ -179,8 +184,8 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
                                 const std::atomic<bool>* cancelled) {
   using clock = std::chrono::steady_clock;
   const int64_t n_vocab = lm.model->hparams().n_vocab;
-  if (req.max_tokens < 0) return make_error("bad_request", "max_tokens must be >= 0");
-  if (req.top_logprobs < 0) return make_error("bad_request", "top_logprobs must be >= 0");
+  if (req.max_tokens < 0) return make_error(errc::kBadRequest, "max_tokens must be >= 0");
+  if (req.top_logprobs < 0) return make_error(errc::kBadRequest, "top_logprobs must be >= 0");
 
   GenerateResult res;
   if (!req.prompt_ids.empty()) {
@@ -188,26 +193,27 @@ Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
   } else {
     res.prompt_tokens = lm.tok->encode(req.prompt, req.add_bos, req.parse_special);
   }
-  if (res.prompt_tokens.empty()) return make_error("bad_request", "the prompt is empty (no tokens)");
+  if (res.prompt_tokens.empty()) return make_error(errc::kBadRequest, "the prompt is empty (no tokens)");
   for (int32_t id : res.prompt_tokens) {
     if (id < 0 || id >= n_vocab) {
-      return make_error("bad_request", "prompt token id " + std::to_string(id) + " outside [0, " +
-                                           std::to_string(n_vocab) + ")");
+      return make_error(errc::kBadRequest, "prompt token id " + std::to_string(id) + " outside [0, " +
+                                               std::to_string(n_vocab) + ")");
     }
   }
   const int64_t n_prompt = static_cast<int64_t>(res.prompt_tokens.size());
   const int64_t loaded_ctx = lm.kv->n_ctx();
-  if (req.num_ctx < 0) return make_error("bad_request", "num_ctx must be >= 0");
+  if (req.num_ctx < 0) return make_error(errc::kBadRequest, "num_ctx must be >= 0");
   if (req.num_ctx > loaded_ctx) {
-    return make_error("bad_request", "num_ctx " + std::to_string(req.num_ctx) +
-                                         " exceeds the context the model is loaded with (" +
-                                         std::to_string(loaded_ctx) + " tokens)");
+    return make_error(errc::kBadRequest, "num_ctx " + std::to_string(req.num_ctx) +
+                                             " exceeds the context the model is loaded with (" +
+                                             std::to_string(loaded_ctx) + " tokens)");
   }
   const int64_t n_ctx = req.num_ctx > 0 ? req.num_ctx : loaded_ctx;
   if (n_prompt + req.max_tokens > n_ctx) {
-    return make_error("context_overflow", "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
-                                              std::to_string(req.max_tokens) + ") exceeds the context of " +
-                                              std::to_string(n_ctx) + " tokens");
+    return make_error(errc::kContextOverflow, "prompt (" + std::to_string(n_prompt) +
+                                                  " tokens) + max_tokens (" + std::to_string(req.max_tokens) +
+                                                  ") exceeds the context of " + std::to_string(n_ctx) +
+                                                  " tokens");
   }
 
   // Reuse the cached prefix; at least the last prompt token is evaluated again for its logits.
@@ -354,20 +360,21 @@ uint64_t expert_floor_bytes(const gguf::GgufFile& file, int64_t n_layer, int64_t
 
 Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptions& options) {
   if (options.context_length < 0) {
-    return make_error("load_failed",
+    return make_error(errc::kLoadFailed,
                       "context_length must be >= 0 (got " + std::to_string(options.context_length) + ")");
   }
   auto file = gguf::GgufFile::open(path);
   if (!file.ok()) {
-    if (file.error().code == "not_found") return make_error("not_found", path + ": " + file.error().message);
-    return make_error("load_failed", path + ": " + file.error().message);
+    if (file.error().code == errc::kNotFound)
+      return make_error(errc::kNotFound, path + ": " + file.error().message);
+    return make_error(errc::kLoadFailed, path + ": " + file.error().message);
   }
   auto hp = model::read_hparams(**file);
-  if (!hp.ok()) return make_error("load_failed", path + ": " + hp.error().message);
+  if (!hp.ok()) return make_error(errc::kLoadFailed, path + ": " + hp.error().message);
   // n_vocab is token_embd's row count, as Model::load takes it.
   const gguf::TensorInfo* embd = (*file)->find_tensor("token_embd.weight");
   if (embd == nullptr || embd->n_dims != 2) {
-    return make_error("load_failed", path + ": tensor token_embd.weight missing or not 2-D");
+    return make_error(errc::kLoadFailed, path + ": tensor token_embd.weight missing or not 2-D");
   }
   hp->n_vocab = static_cast<int64_t>(embd->ne[1]);
   const int64_t n_ctx = context_tokens(*hp, options);

@@ -15,6 +15,7 @@
 #include <list>
 
 #include "core/experts/usage_sidecar.h"
+#include "core/util/error_codes.h"
 
 namespace car::experts {
 namespace {
@@ -41,8 +42,8 @@ class SlotMemory {
   static Result<SlotMemory> allocate(size_t bytes) {
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-      return make_error("io_error", "cannot allocate " + std::to_string(bytes) +
-                                        " bytes for an expert slot: " + std::strerror(errno));
+      return make_error(errc::kIoError, "cannot allocate " + std::to_string(bytes) +
+                                            " bytes for an expert slot: " + std::strerror(errno));
     }
     SlotMemory m;
     m.data_ = static_cast<uint8_t*>(p);
@@ -264,9 +265,9 @@ struct StreamedExpertSource::Impl {
   // --- reading (no lock held) ---
 
   Error read_error(int layer, int p, int expert, const std::string& what) const {
-    return make_error("io_error", "reading expert " + std::to_string(expert) + " of layer " +
-                                      std::to_string(layer) + " (" + bank_tensor_name(layer, p) + ") from " +
-                                      path + ": " + what);
+    return make_error(errc::kIoError, "reading expert " + std::to_string(expert) + " of layer " +
+                                          std::to_string(layer) + " (" + bank_tensor_name(layer, p) +
+                                          ") from " + path + ": " + what);
   }
 
   /// Read projection p of `expert` into its window of the slot at `slot_mem`.
@@ -420,11 +421,11 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
   impl->sidecar = options.sidecar_path;
   impl->fd_buffered = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (impl->fd_buffered < 0) {
-    return make_error("io_error", path + ": cannot open for expert streaming: " + std::strerror(errno));
+    return make_error(errc::kIoError, path + ": cannot open for expert streaming: " + std::strerror(errno));
   }
   struct stat st {};
   if (::fstat(impl->fd_buffered, &st) != 0) {
-    return make_error("io_error", path + ": fstat: " + std::strerror(errno));
+    return make_error(errc::kIoError, path + ": fstat: " + std::strerror(errno));
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   // No other thread sees `impl` yet; the lock is taken so the guarded state is only ever touched under it.
@@ -455,14 +456,15 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
       const tensor::MatrixView& v = *views[p];
       const std::string name = bank_tensor_name(static_cast<int>(l), p);
       if (v.rows <= 0 || v.rows % n != 0 || v.row_bytes == 0) {
-        return make_error("load_failed", path + ": " + name + ": " + std::to_string(v.rows) +
-                                             " rows do not split into " + std::to_string(n) + " experts");
+        return make_error(errc::kLoadFailed, path + ": " + name + ": " + std::to_string(v.rows) +
+                                                 " rows do not split into " + std::to_string(n) + " experts");
       }
       const uint64_t total = static_cast<uint64_t>(v.rows) * v.row_bytes;
       if (bases[p] > file_size || total > file_size - bases[p]) {
-        return make_error("load_failed", path + ": " + name + ": data [" + std::to_string(bases[p]) + ", " +
-                                             std::to_string(bases[p] + total) + ") past end of file (size " +
-                                             std::to_string(file_size) + ")");
+        return make_error(errc::kLoadFailed, path + ": " + name + ": data [" + std::to_string(bases[p]) +
+                                                 ", " + std::to_string(bases[p] + total) +
+                                                 ") past end of file (size " + std::to_string(file_size) +
+                                                 ")");
       }
       Projection& pj = b.proj[static_cast<size_t>(p)];
       pj.view = v;

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/experts/streamed_source.h"
+#include "core/util/error_codes.h"
 
 namespace car::experts {
 namespace {
@@ -192,13 +193,13 @@ Result<void> write_file_atomic(const std::string& path, std::string_view text) {
   std::error_code ec;
   if (!dir.empty()) {
     fs::create_directories(dir, ec);
-    if (ec) return make_error("io_error", "creating " + dir.string() + ": " + ec.message());
+    if (ec) return make_error(errc::kIoError, "creating " + dir.string() + ": " + ec.message());
   }
   static std::atomic<uint64_t> counter{0};
   const std::string tmp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return make_error("io_error", "creating " + tmp + ": " + errno_text(errno));
+  if (fd < 0) return make_error(errc::kIoError, "creating " + tmp + ": " + errno_text(errno));
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -207,7 +208,7 @@ Result<void> write_file_atomic(const std::string& path, std::string_view text) {
       const int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return make_error("io_error", "writing " + tmp + ": " + errno_text(err));
+      return make_error(errc::kIoError, "writing " + tmp + ": " + errno_text(err));
     }
     done += static_cast<size_t>(n);
   }
@@ -215,13 +216,13 @@ Result<void> write_file_atomic(const std::string& path, std::string_view text) {
     const int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
-    return make_error("io_error", "fsync " + tmp + ": " + errno_text(err));
+    return make_error(errc::kIoError, "fsync " + tmp + ": " + errno_text(err));
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    return make_error("io_error", "renaming " + tmp + " to " + path + ": " + errno_text(err));
+    return make_error(errc::kIoError, "renaming " + tmp + " to " + path + ": " + errno_text(err));
   }
   sync_directory(dir);
   return {};
@@ -234,16 +235,16 @@ Result<void> merge_into_sidecar(const std::string& path, std::span<const int> n_
   std::error_code ec;
   if (!dir.empty()) {
     fs::create_directories(dir, ec);
-    if (ec) return make_error("io_error", "creating " + dir.string() + ": " + ec.message());
+    if (ec) return make_error(errc::kIoError, "creating " + dir.string() + ": " + ec.message());
   }
   const std::string lock_path = path + ".lock";
   const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd < 0) return make_error("io_error", "opening " + lock_path + ": " + errno_text(errno));
+  if (lock_fd < 0) return make_error(errc::kIoError, "opening " + lock_path + ": " + errno_text(errno));
   while (::flock(lock_fd, LOCK_EX) != 0) {
     if (errno != EINTR) {
       const int err = errno;
       ::close(lock_fd);
-      return make_error("io_error", "locking " + lock_path + ": " + errno_text(err));
+      return make_error(errc::kIoError, "locking " + lock_path + ": " + errno_text(err));
     }
   }
   SidecarContents merged = read_sidecar(path, n_expert);
@@ -264,7 +265,7 @@ Result<std::string> sidecar_path(const std::string& state_dir, const std::string
   if (ec) abs = fs::path(model_path).lexically_normal();
   struct stat st {};
   if (::stat(abs.c_str(), &st) != 0) {
-    return make_error("not_found",
+    return make_error(errc::kNotFound,
                       model_path + ": cannot stat the model for its usage sidecar: " + errno_text(errno));
   }
   const uint64_t h = fnv1a64(std::to_string(static_cast<uint64_t>(st.st_size)), fnv1a64(abs.string() + '\n'));

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/util/checked_math.h"
+#include "core/util/error_codes.h"
 
 namespace car::gguf {
 namespace {
@@ -55,9 +56,10 @@ class Cursor {
     if (remaining() < 8) return truncated(field + " length", 8);
     auto len = read<uint64_t>(field);
     if (*len > remaining()) {
-      return make_error(errc::truncated, field + ": string length " + num(*len) + " at offset " + num(pos_ - 8) +
-                                             " runs past end of file (" + num(remaining()) + " bytes left, size " +
-                                             num(size()) + ")");
+      return make_error(errc::kGgufTruncated, field + ": string length " + num(*len) + " at offset " +
+                                                  num(pos_ - 8) + " runs past end of file (" +
+                                                  num(remaining()) + " bytes left, size " + num(size()) +
+                                                  ")");
     }
     std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), static_cast<size_t>(*len));
     pos_ += *len;
@@ -66,8 +68,8 @@ class Cursor {
 
  private:
   Error truncated(const std::string& field, uint64_t want) const {
-    return make_error(errc::truncated, field + ": needs " + num(want) + " bytes at offset " + num(pos_) +
-                                           ", past end of file (size " + num(size()) + ")");
+    return make_error(errc::kGgufTruncated, field + ": needs " + num(want) + " bytes at offset " + num(pos_) +
+                                                ", past end of file (size " + num(size()) + ")");
   }
 
   std::span<const uint8_t> bytes_;
@@ -84,24 +86,24 @@ Result<Value> read_value(Cursor& c, ValueType type, const std::string& field, in
 
 Result<Value> read_array(Cursor& c, const std::string& field, int depth) {
   if (depth >= kMaxArrayDepth) {
-    return make_error(errc::bad_value_type,
+    return make_error(errc::kGgufBadValueType,
                       field + ": arrays nested deeper than " + std::to_string(kMaxArrayDepth) + " levels");
   }
   auto elem = c.read<uint32_t>(field + " element type");
   if (!elem) return elem.error();
   if (!valid_value_type(*elem)) {
-    return make_error(errc::bad_value_type, field + ": unknown array element type " + num(*elem));
+    return make_error(errc::kGgufBadValueType, field + ": unknown array element type " + num(*elem));
   }
   const auto elem_type = static_cast<ValueType>(*elem);
   auto count = c.read<uint64_t>(field + " array count");
   if (!count) return count.error();
   const uint64_t min_size = min_encoded_size(elem_type);
   if (*count > c.remaining() / min_size) {
-    return make_error(errc::too_large, field + ": array of " + num(*count) + " " +
-                                           std::string(value_type_name(elem_type)) + " needs at least " +
-                                           (checked_mul(*count, min_size) ? num(*count * min_size) : "> 2^64") +
-                                           " bytes, only " + num(c.remaining()) + " left (file size " +
-                                           num(c.size()) + ")");
+    return make_error(errc::kGgufTooLarge,
+                      field + ": array of " + num(*count) + " " + std::string(value_type_name(elem_type)) +
+                          " needs at least " +
+                          (checked_mul(*count, min_size) ? num(*count * min_size) : "> 2^64") +
+                          " bytes, only " + num(c.remaining()) + " left (file size " + num(c.size()) + ")");
   }
   ArrayValue arr;
   arr.elem_type = elem_type;
@@ -140,7 +142,7 @@ Result<Value> read_value(Cursor& c, ValueType type, const std::string& field, in
       auto b = c.read<uint8_t>(field);
       if (!b) return b.error();
       if (*b > 1) {
-        return make_error(errc::bad_value_type, field + ": bool value " + num(*b) + " is neither 0 nor 1");
+        return make_error(errc::kGgufBadValueType, field + ": bool value " + num(*b) + " is neither 0 nor 1");
       }
       return Value{*b == 1};
     }
@@ -151,7 +153,7 @@ Result<Value> read_value(Cursor& c, ValueType type, const std::string& field, in
     }
     case ValueType::ARRAY: return read_array(c, field, depth);
   }
-  return make_error(errc::bad_value_type, field + ": unknown value type");
+  return make_error(errc::kGgufBadValueType, field + ": unknown value type");
 }
 
 }  // namespace
@@ -248,18 +250,18 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
     }
     char hex[16];
     std::snprintf(hex, sizeof hex, "%08x", *magic);
-    return make_error(errc::bad_magic,
-                      "bad magic 0x" + std::string(hex) + " (\"" + std::string(shown) + "\"), expected \"GGUF\"");
+    return make_error(errc::kGgufBadMagic, "bad magic 0x" + std::string(hex) + " (\"" + std::string(shown) +
+                                               "\"), expected \"GGUF\"");
   }
   auto version = c.read<uint32_t>("version");
   if (!version) return version.error();
   if (*version == 1) {
-    return make_error(errc::bad_version, "GGUF version 1 is not supported (only versions 2 and 3)");
+    return make_error(errc::kGgufBadVersion, "GGUF version 1 is not supported (only versions 2 and 3)");
   }
   if (*version != 2 && *version != 3) {
     std::string msg = "unknown GGUF version " + num(*version) + " (supported: 2 and 3)";
     if (*version == 0x02000000u || *version == 0x03000000u) msg += "; the file looks big-endian";
-    return make_error(errc::bad_version, msg);
+    return make_error(errc::kGgufBadVersion, msg);
   }
   f->version_ = *version;
   auto tensor_count = c.read<uint64_t>("tensor_count");
@@ -272,14 +274,15 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
   constexpr uint64_t kMinKv = 8 + 4 + 1;
   constexpr uint64_t kMinTensorInfo = 8 + 4 + 8 + 4 + 8;
   if (*kv_count > c.remaining() / kMinKv) {
-    return make_error(errc::too_large, "kv_count " + num(*kv_count) + " needs at least " + num(kMinKv) +
-                                           " bytes each, only " + num(c.remaining()) + " bytes left (file size " +
-                                           num(c.size()) + ")");
+    return make_error(errc::kGgufTooLarge, "kv_count " + num(*kv_count) + " needs at least " + num(kMinKv) +
+                                               " bytes each, only " + num(c.remaining()) +
+                                               " bytes left (file size " + num(c.size()) + ")");
   }
   if (*tensor_count > c.remaining() / kMinTensorInfo) {
-    return make_error(errc::too_large, "tensor_count " + num(*tensor_count) + " needs at least " +
-                                           num(kMinTensorInfo) + " bytes each, only " + num(c.remaining()) +
-                                           " bytes left (file size " + num(c.size()) + ")");
+    return make_error(errc::kGgufTooLarge, "tensor_count " + num(*tensor_count) + " needs at least " +
+                                               num(kMinTensorInfo) + " bytes each, only " +
+                                               num(c.remaining()) + " bytes left (file size " +
+                                               num(c.size()) + ")");
   }
 
   // Metadata.
@@ -292,13 +295,13 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
     auto type = c.read<uint32_t>(field + " value type");
     if (!type) return type.error();
     if (!valid_value_type(*type)) {
-      return make_error(errc::bad_value_type, field + ": unknown value type " + num(*type));
+      return make_error(errc::kGgufBadValueType, field + ": unknown value type " + num(*type));
     }
     auto value = read_value(c, static_cast<ValueType>(*type), field, 0);
     if (!value) return value.error();
     if (f->kv_index_.count(*key) != 0) {
-      return make_error(errc::duplicate_key, "duplicate metadata key '" + *key + "' (entries " +
-                                                 num(f->kv_index_[*key]) + " and " + num(i) + ")");
+      return make_error(errc::kGgufDuplicateKey, "duplicate metadata key '" + *key + "' (entries " +
+                                                     num(f->kv_index_[*key]) + " and " + num(i) + ")");
     }
     f->kv_index_.emplace(*key, f->kv_.size());
     f->kv_.push_back(KeyValue{std::move(*key), std::move(*value)});
@@ -308,10 +311,11 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
   if (const Value* a = f->find("general.alignment")) {
     const auto* u = a->get_if<uint32_t>();
     if (u == nullptr) {
-      return make_error(errc::bad_alignment, "general.alignment has type " + type_desc(*a) + ", expected uint32");
+      return make_error(errc::kGgufBadAlignment,
+                        "general.alignment has type " + type_desc(*a) + ", expected uint32");
     }
     if (*u == 0 || (*u & (*u - 1)) != 0) {
-      return make_error(errc::bad_alignment, "general.alignment " + num(*u) + " is not a power of two");
+      return make_error(errc::kGgufBadAlignment, "general.alignment " + num(*u) + " is not a power of two");
     }
     f->alignment_ = *u;
   }
@@ -328,21 +332,23 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
     auto n_dims = c.read<uint32_t>(field + " n_dims");
     if (!n_dims) return n_dims.error();
     if (*n_dims == 0 || *n_dims > static_cast<uint32_t>(kMaxDims)) {
-      return make_error(errc::bad_dims, field + ": n_dims " + num(*n_dims) + " not in 1.." + num(kMaxDims));
+      return make_error(errc::kGgufBadDims,
+                        field + ": n_dims " + num(*n_dims) + " not in 1.." + num(kMaxDims));
     }
     t.n_dims = *n_dims;
     uint64_t n_elements = 1;
     for (uint32_t d = 0; d < t.n_dims; ++d) {
       auto ne = c.read<uint64_t>(field + " ne[" + num(d) + "]");
       if (!ne) return ne.error();
-      if (*ne == 0) return make_error(errc::bad_dims, field + ": ne[" + num(d) + "] is 0");
+      if (*ne == 0) return make_error(errc::kGgufBadDims, field + ": ne[" + num(d) + "] is 0");
       if (*ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return make_error(errc::bad_dims, field + ": ne[" + num(d) + "] = " + num(*ne) + " exceeds 2^63-1");
+        return make_error(errc::kGgufBadDims,
+                          field + ": ne[" + num(d) + "] = " + num(*ne) + " exceeds 2^63-1");
       }
       auto prod = checked_mul(n_elements, *ne);
       if (!prod || *prod > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return make_error(errc::bad_dims, field + ": element count overflows 2^63-1 at ne[" + num(d) + "] = " +
-                                              num(*ne));
+        return make_error(errc::kGgufBadDims,
+                          field + ": element count overflows 2^63-1 at ne[" + num(d) + "] = " + num(*ne));
       }
       n_elements = *prod;
       t.ne[d] = *ne;
@@ -351,27 +357,29 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
     auto type_id = c.read<uint32_t>(field + " type");
     if (!type_id) return type_id.error();
     auto traits = ggml_type_traits(*type_id);
-    if (!traits) return make_error(errc::unknown_type, field + ": unknown ggml type id " + num(*type_id));
+    if (!traits) return make_error(errc::kGgufUnknownType, field + ": unknown ggml type id " + num(*type_id));
     t.type = traits->type;
     if (t.ne[0] % traits->block_size != 0) {
-      return make_error(errc::bad_shape, field + ": row length ne[0] = " + num(t.ne[0]) +
-                                             " is not a multiple of " + std::string(traits->name) +
-                                             "'s block size " + num(traits->block_size));
+      return make_error(errc::kGgufBadShape, field + ": row length ne[0] = " + num(t.ne[0]) +
+                                                 " is not a multiple of " + std::string(traits->name) +
+                                                 "'s block size " + num(traits->block_size));
     }
     auto bytes = checked_mul(t.ne[0] / traits->block_size, traits->bytes_per_block);
     if (bytes) bytes = checked_mul(*bytes, t.rows());
-    if (!bytes) return make_error(errc::bad_dims, field + ": data size overflows 64 bits");
+    if (!bytes) return make_error(errc::kGgufBadDims, field + ": data size overflows 64 bits");
     t.n_bytes = *bytes;
     auto offset = c.read<uint64_t>(field + " offset");
     if (!offset) return offset.error();
     if (*offset % f->alignment_ != 0) {
-      return make_error(errc::misaligned, field + ": data offset " + num(*offset) + " is not a multiple of the " +
-                                              "alignment " + num(f->alignment_));
+      return make_error(errc::kGgufMisaligned, field + ": data offset " + num(*offset) +
+                                                   " is not a multiple of the " + "alignment " +
+                                                   num(f->alignment_));
     }
     t.offset = *offset;
     if (f->tensor_index_.count(t.name) != 0) {
-      return make_error(errc::duplicate_tensor, "duplicate tensor name '" + t.name + "' (tensor_info " +
-                                                    num(f->tensor_index_[t.name]) + " and " + num(i) + ")");
+      return make_error(errc::kGgufDuplicateTensor, "duplicate tensor name '" + t.name + "' (tensor_info " +
+                                                        num(f->tensor_index_[t.name]) + " and " + num(i) +
+                                                        ")");
     }
     f->tensor_index_.emplace(t.name, f->tensors_.size());
     f->tensors_.push_back(std::move(t));
@@ -379,14 +387,14 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
 
   // Data section: starts at the next multiple of the alignment after the tensor infos.
   auto data_offset = checked_align_up(c.pos(), f->alignment_);
-  if (!data_offset) return make_error(errc::too_large, "data section offset overflows 64 bits");
+  if (!data_offset) return make_error(errc::kGgufTooLarge, "data section offset overflows 64 bits");
   f->data_offset_ = *data_offset;
 
   for (const auto& t : f->tensors_) {
     auto begin = checked_add(f->data_offset_, t.offset);
     auto end = begin ? checked_add(*begin, t.n_bytes) : std::nullopt;
     if (!end || *end > c.size()) {
-      return make_error(errc::out_of_bounds,
+      return make_error(errc::kGgufOutOfBounds,
                         "tensor " + t.name + ": data [" + num(t.offset) + ", " +
                             (checked_add(t.offset, t.n_bytes) ? num(t.offset + t.n_bytes) : "> 2^64") +
                             ") at data section " + num(f->data_offset_) + " past end of file (size " +
@@ -404,9 +412,10 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse_into(std::shared_ptr<Ggu
     const TensorInfo& prev = *by_offset[i - 1];
     const TensorInfo& cur = *by_offset[i];
     if (prev.offset + prev.n_bytes > cur.offset) {
-      return make_error(errc::overlap, "tensor " + cur.name + ": data [" + num(cur.offset) + ", " +
-                                           num(cur.offset + cur.n_bytes) + ") overlaps tensor " + prev.name +
-                                           " [" + num(prev.offset) + ", " + num(prev.offset + prev.n_bytes) + ")");
+      return make_error(errc::kGgufOverlap, "tensor " + cur.name + ": data [" + num(cur.offset) + ", " +
+                                                num(cur.offset + cur.n_bytes) + ") overlaps tensor " +
+                                                prev.name + " [" + num(prev.offset) + ", " +
+                                                num(prev.offset + prev.n_bytes) + ")");
     }
   }
   return std::shared_ptr<const GgufFile>(std::move(f));
@@ -429,12 +438,12 @@ std::span<const uint8_t> GgufFile::tensor_data(const TensorInfo& t) const {
 namespace {
 
 Error missing(std::string_view key) {
-  return make_error(errc::missing_key, "metadata key '" + std::string(key) + "' is missing");
+  return make_error(errc::kGgufMissingKey, "metadata key '" + std::string(key) + "' is missing");
 }
 
 Error mismatch(std::string_view key, std::string_view expected, const Value& v) {
-  return make_error(errc::type_mismatch, "metadata key '" + std::string(key) + "': expected " +
-                                             std::string(expected) + ", found " + type_desc(v));
+  return make_error(errc::kGgufTypeMismatch, "metadata key '" + std::string(key) + "': expected " +
+                                                 std::string(expected) + ", found " + type_desc(v));
 }
 
 bool is_integer(ValueType t) {
@@ -454,9 +463,11 @@ Result<uint64_t> GgufFile::get_uint(std::string_view key) const {
   if (const auto* u = v->get_if<uint64_t>()) return *u;
   int64_t i = *v->as_int();
   if (i < 0) {
-    return make_error(errc::type_mismatch, "metadata key '" + std::string(key) + "': expected an unsigned integer, "
-                                               "found negative " + std::string(value_type_name(v->type())) + " " +
-                                               std::to_string(i));
+    return make_error(errc::kGgufTypeMismatch, "metadata key '" + std::string(key) +
+                                                   "': expected an unsigned integer, "
+                                                   "found negative " +
+                                                   std::string(value_type_name(v->type())) + " " +
+                                                   std::to_string(i));
   }
   return static_cast<uint64_t>(i);
 }
@@ -468,8 +479,9 @@ Result<int64_t> GgufFile::get_int(std::string_view key) const {
   auto i = v->as_int();
   if (!i) {
     const auto* u = v->get_if<uint64_t>();
-    return make_error(errc::type_mismatch, "metadata key '" + std::string(key) + "': uint64 value " +
-                                               (u != nullptr ? num(*u) : std::string("?")) + " does not fit int64");
+    return make_error(errc::kGgufTypeMismatch, "metadata key '" + std::string(key) + "': uint64 value " +
+                                                   (u != nullptr ? num(*u) : std::string("?")) +
+                                                   " does not fit int64");
   }
   return *i;
 }

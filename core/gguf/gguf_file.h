@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "core/gguf/ggml_type.h"
+#include "core/util/error_codes.h"
 #include "core/util/mapped_file.h"
 #include "core/util/result.h"
 
@@ -52,25 +53,7 @@ inline constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian 
 inline constexpr uint32_t kDefaultAlignment = 32;
 inline constexpr int kMaxDims = 4;
 
-/// Error codes returned by the reader (Error::code).
-namespace errc {
-inline constexpr const char* bad_magic = "gguf_bad_magic";
-inline constexpr const char* bad_version = "gguf_bad_version";
-inline constexpr const char* truncated = "gguf_truncated";           // a read past end of file
-inline constexpr const char* bad_value_type = "gguf_bad_value_type";
-inline constexpr const char* too_large = "gguf_too_large";           // a count/length no file of this size holds
-inline constexpr const char* duplicate_key = "gguf_duplicate_key";
-inline constexpr const char* bad_alignment = "gguf_bad_alignment";
-inline constexpr const char* bad_dims = "gguf_bad_dims";             // n_dims 0 or > 4, a zero dim, overflow
-inline constexpr const char* unknown_type = "gguf_unknown_type";
-inline constexpr const char* bad_shape = "gguf_bad_shape";           // row not a multiple of the block size
-inline constexpr const char* duplicate_tensor = "gguf_duplicate_tensor";
-inline constexpr const char* misaligned = "gguf_misaligned";
-inline constexpr const char* out_of_bounds = "gguf_out_of_bounds";   // tensor data past end of file
-inline constexpr const char* overlap = "gguf_overlap";               // two tensors' data overlap
-inline constexpr const char* type_mismatch = "gguf_type_mismatch";   // typed accessor: wrong value type
-inline constexpr const char* missing_key = "gguf_missing_key";
-}  // namespace errc
+// Error codes returned by the reader and the writer: car::errc::kGguf* (core/util/error_codes.h).
 
 enum class ValueType : uint32_t {
   UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/util/checked_math.h"
+#include "core/util/error_codes.h"
 
 namespace car::gguf {
 namespace {
@@ -91,28 +92,30 @@ void GgufWriter::set(std::string key, Value value) {
 Result<uint64_t> GgufWriter::check_tensor(const std::string& name, GgmlType type,
                                           const std::vector<uint64_t>& shape) const {
   if (shape.empty() || shape.size() > static_cast<size_t>(kMaxDims)) {
-    return make_error(errc::bad_dims, "tensor " + name + ": " + std::to_string(shape.size()) +
-                                          " dims, expected 1.." + std::to_string(kMaxDims));
+    return make_error(errc::kGgufBadDims, "tensor " + name + ": " + std::to_string(shape.size()) +
+                                              " dims, expected 1.." + std::to_string(kMaxDims));
   }
   uint64_t n = 1;
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 0) return make_error(errc::bad_dims, "tensor " + name + ": dim " + std::to_string(d) + " is 0");
+    if (shape[d] == 0)
+      return make_error(errc::kGgufBadDims, "tensor " + name + ": dim " + std::to_string(d) + " is 0");
     auto p = checked_mul(n, shape[d]);
     if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return make_error(errc::bad_dims, "tensor " + name + ": element count overflows");
+      return make_error(errc::kGgufBadDims, "tensor " + name + ": element count overflows");
     }
     n = *p;
   }
   auto row = ggml_row_bytes(type, shape[0]);
   if (!row) {
-    return make_error(errc::bad_shape, "tensor " + name + ": row length " + std::to_string(shape[0]) +
-                                           " is not a multiple of " + std::string(ggml_type_name(type)) +
-                                           "'s block size " + std::to_string(ggml_traits(type).block_size));
+    return make_error(errc::kGgufBadShape, "tensor " + name + ": row length " + std::to_string(shape[0]) +
+                                               " is not a multiple of " + std::string(ggml_type_name(type)) +
+                                               "'s block size " +
+                                               std::to_string(ggml_traits(type).block_size));
   }
   auto want = checked_mul(*row, n / shape[0]);
-  if (!want) return make_error(errc::bad_dims, "tensor " + name + ": byte size overflows");
+  if (!want) return make_error(errc::kGgufBadDims, "tensor " + name + ": byte size overflows");
   for (const auto& t : tensors_) {
-    if (t.name == name) return make_error(errc::duplicate_tensor, "duplicate tensor name '" + name + "'");
+    if (t.name == name) return make_error(errc::kGgufDuplicateTensor, "duplicate tensor name '" + name + "'");
   }
   return *want;
 }
@@ -122,9 +125,9 @@ Result<void> GgufWriter::add_tensor(std::string name, GgmlType type, std::vector
   auto want = check_tensor(name, type, shape);
   if (!want) return want.error();
   if (*want != data.size()) {
-    return make_error(errc::bad_shape, "tensor " + name + ": " + std::to_string(data.size()) +
-                                           " bytes of data, " + std::string(ggml_type_name(type)) +
-                                           " of this shape needs " + std::to_string(*want));
+    return make_error(errc::kGgufBadShape, "tensor " + name + ": " + std::to_string(data.size()) +
+                                               " bytes of data, " + std::string(ggml_type_name(type)) +
+                                               " of this shape needs " + std::to_string(*want));
   }
   tensors_.push_back(PendingTensor{std::move(name), type, std::move(shape), *want, std::move(data), {}});
   return {};
@@ -212,7 +215,7 @@ Result<void> GgufWriter::write(const std::string& path) const {
   int fd = ::mkstemp(tmp.data());
   if (fd < 0) {
     int err = errno;
-    return make_error("io_error", "create temporary file for " + path + ": " + std::strerror(err));
+    return make_error(errc::kIoError, "create temporary file for " + path + ": " + std::strerror(err));
   }
   int write_errno = 0;
   auto write_all = [&](const uint8_t* p, size_t n) {
@@ -253,7 +256,7 @@ Result<void> GgufWriter::write(const std::string& path) const {
   if (write_errno == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) write_errno = errno;
   if (write_errno != 0) {
     ::unlink(tmp.c_str());
-    return make_error("io_error", "write " + path + ": " + std::strerror(write_errno));
+    return make_error(errc::kIoError, "write " + path + ": " + std::strerror(write_errno));
   }
   return {};
 }

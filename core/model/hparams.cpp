@@ -4,14 +4,16 @@
 #include <string>
 
 #include "core/model/architecture.h"
+#include "core/util/error_codes.h"
 
 namespace car::model {
 namespace {
 
-constexpr const char* kLoadFailed = "load_failed";
 constexpr int64_t kMaxDim = int64_t{1} << 24;  // no real model has a dimension near 16M
 
-Error load_error(std::string message) { return make_error(kLoadFailed, std::move(message)); }
+Error load_error(std::string message) {
+  return make_error(errc::kLoadFailed, std::move(message));
+}
 
 /// Reads `<arch>.<suffix>` keys, turning reader errors into load_failed errors that name the key.
 class KeyReader {

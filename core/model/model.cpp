@@ -4,11 +4,14 @@
 #include <string>
 
 #include "core/model/architecture.h"
+#include "core/util/error_codes.h"
 
 namespace car::model {
 namespace {
 
-Error load_error(std::string message) { return make_error("load_failed", std::move(message)); }
+Error load_error(std::string message) {
+  return make_error(errc::kLoadFailed, std::move(message));
+}
 
 std::string shape_string(const gguf::TensorInfo& t) {
   std::string s = "[";

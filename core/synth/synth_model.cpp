@@ -11,6 +11,7 @@
 
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
+#include "core/util/error_codes.h"
 #include "core/util/thread_pool.h"
 
 namespace car::synth {
@@ -43,8 +44,9 @@ Result<WeightScheme> parse_scheme(std::string_view name) {
   if (lower == "q5_k_m") return WeightScheme{GgmlType::Q5_K, true, 17};
   auto t = ggml_type_from_name(lower);
   if (!t) {
-    return make_error("bad_weight_type", "unknown weight type '" + std::string(name) +
-                                             "' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m, q5_k_m, ...)");
+    return make_error(errc::kBadWeightType,
+                      "unknown weight type '" + std::string(name) +
+                          "' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m, q5_k_m, ...)");
   }
   // llama_ftype values for files whose weights are mostly of one type.
   std::optional<uint32_t> ft;
@@ -179,14 +181,14 @@ class ModelBuilder {
     auto type = resolve_tensor_type(spec_, role, layer, shape[0]);
     if (!type) return type.error();
     if (!quantizable(*type)) {
-      return make_error("unsupported_type", "tensor " + name + ": cannot write " +
-                                                std::string(ggml_type_name(*type)) +
-                                                " weights (no quantizer for it in this build)");
+      return make_error(errc::kUnsupportedType, "tensor " + name + ": cannot write " +
+                                                    std::string(ggml_type_name(*type)) +
+                                                    " weights (no quantizer for it in this build)");
     }
     if (!ggml_row_bytes(*type, shape[0])) {
-      return make_error("bad_shape", "tensor " + name + ": row length " + std::to_string(shape[0]) +
-                                         " is not a multiple of " + std::string(ggml_type_name(*type)) +
-                                         "'s block size");
+      return make_error(errc::kBadShape, "tensor " + name + ": row length " + std::to_string(shape[0]) +
+                                             " is not a multiple of " + std::string(ggml_type_name(*type)) +
+                                             "'s block size");
     }
     any_quantized_ = any_quantized_ || !is_float_type(*type);
     const uint64_t cols = shape[0];
@@ -330,7 +332,7 @@ Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uin
 }
 
 Result<void> validate(const SynthSpec& s) {
-  auto bad = [](const std::string& msg) { return make_error("bad_spec", msg); };
+  auto bad = [](const std::string& msg) { return make_error(errc::kBadSpec, msg); };
   if (s.arch != "llama" && s.arch != "qwen3" && s.arch != "qwen3moe") {
     return bad("unknown arch '" + s.arch + "' (llama, qwen3, qwen3moe)");
   }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/tokenizer/utf8.h"
+#include "core/util/error_codes.h"
 
 namespace car::tokenizer {
 
@@ -124,7 +125,7 @@ Result<PreTypeInfo> pre_type_from_name(std::string_view name) {
   for (const auto& e : kNames) {
     if (name == e.name) return e.info;
   }
-  return make_error("tokenizer_unknown_pre",
+  return make_error(errc::kTokenizerUnknownPre,
                     "unknown pre-tokenizer type '" + std::string(name) + "' (tokenizer.ggml.pre)");
 }
 
@@ -210,9 +211,9 @@ Result<std::shared_ptr<const Pretokenizer>> Pretokenizer::create(const std::vect
     if (re->code == nullptr) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof msg);
-      return make_error("tokenizer_bad_regex", "pre-tokenizer regex '" + pat + "' at offset " +
-                                                   std::to_string(err_off) + ": " +
-                                                   reinterpret_cast<const char*>(msg));
+      return make_error(errc::kTokenizerBadRegex, "pre-tokenizer regex '" + pat + "' at offset " +
+                                                      std::to_string(err_off) + ": " +
+                                                      reinterpret_cast<const char*>(msg));
     }
     // JIT is an optimisation: when unavailable pcre2_match interprets the pattern.
     (void)pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);

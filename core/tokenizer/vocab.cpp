@@ -5,17 +5,16 @@
 #include <cstdio>
 #include <initializer_list>
 
+#include "core/util/error_codes.h"
+
 namespace car::tokenizer {
 namespace {
 
 using gguf::GgufFile;
 using gguf::ValueType;
 
-constexpr const char* kErrMissing = "tokenizer_missing_key";
-constexpr const char* kErrBadValue = "tokenizer_bad_value";
-
 Error bad_value(const std::string& key, const std::string& what) {
-  return make_error(kErrBadValue, "tokenizer key '" + key + "': " + what);
+  return make_error(errc::kTokenizerBadValue, "tokenizer key '" + key + "': " + what);
 }
 
 // llama.cpp's token types (tokenizer.ggml.token_type) -> attributes.
@@ -46,7 +45,8 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
   auto tokens = f.get_array("tokenizer.ggml.tokens", ValueType::STRING);
   if (!tokens) {
     if (!f.has("tokenizer.ggml.tokens")) {
-      return make_error(kErrMissing, "no tokenizer.ggml.tokens in the file: it has no vocabulary");
+      return make_error(errc::kTokenizerMissingKey,
+                        "no tokenizer.ggml.tokens in the file: it has no vocabulary");
     }
     return tokens.error();
   }
@@ -110,7 +110,8 @@ Result<void> read_tokens(const GgufFile& f, Vocab& v) {
 
 Result<void> read_merges(const GgufFile& f, Vocab& v) {
   if (!f.has("tokenizer.ggml.merges")) {
-    return make_error(kErrMissing, "tokenizer.ggml.model is gpt2 but the file has no tokenizer.ggml.merges");
+    return make_error(errc::kTokenizerMissingKey,
+                      "tokenizer.ggml.model is gpt2 but the file has no tokenizer.ggml.merges");
   }
   auto merges = f.get_array("tokenizer.ggml.merges", ValueType::STRING);
   if (!merges) return merges.error();
@@ -280,7 +281,8 @@ Result<Vocab> Vocab::load(const GgufFile& f) {
   auto model = f.get_string("tokenizer.ggml.model");
   if (!model) {
     if (!f.has("tokenizer.ggml.model")) {
-      return make_error(kErrMissing, "no tokenizer.ggml.model in the file: it has no tokenizer");
+      return make_error(errc::kTokenizerMissingKey,
+                        "no tokenizer.ggml.model in the file: it has no tokenizer");
     }
     return model.error();
   }
@@ -308,7 +310,7 @@ Result<Vocab> Vocab::load(const GgufFile& f) {
     v.bos = 101, v.unk = 100, v.sep = 102, v.pad = 0, v.mask = 103;
     v.add_space_prefix = false, v.clean_spaces = true, v.add_bos = true, v.add_eos = false, v.add_sep = true;
   } else {
-    return make_error("tokenizer_unknown_model",
+    return make_error(errc::kTokenizerUnknownModel,
                       "unknown tokenizer model '" + v.model_name +
                           "' (tokenizer.ggml.model; supported: llama, gpt2, bert)");
   }

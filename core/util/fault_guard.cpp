@@ -10,6 +10,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/util/error_codes.h"
+
 namespace car::fault_guard {
 
 namespace {
@@ -104,11 +106,11 @@ Result<void> install() {
   sigemptyset(&action.sa_mask);
   struct sigaction previous {};
   if (::sigaction(SIGBUS, nullptr, &previous) != 0) {
-    return make_error("io_error", std::string("sigaction(SIGBUS): ") + std::strerror(errno));
+    return make_error(errc::kIoError, std::string("sigaction(SIGBUS): ") + std::strerror(errno));
   }
   g_previous = previous;
   if (::sigaction(SIGBUS, &action, nullptr) != 0) {
-    return make_error("io_error", std::string("sigaction(SIGBUS): ") + std::strerror(errno));
+    return make_error(errc::kIoError, std::string("sigaction(SIGBUS): ") + std::strerror(errno));
   }
   g_installed.store(true);
   return {};

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/util/error_codes.h"
+
 namespace car {
 
 namespace {
@@ -24,7 +26,8 @@ Result<FileIdentity> FileIdentity::of_path(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     int e = errno;
-    return make_error(e == ENOENT ? "not_found" : "io_error", "stat " + path + ": " + std::strerror(e));
+    return make_error(e == ENOENT ? errc::kNotFound : errc::kIoError,
+                      "stat " + path + ": " + std::strerror(e));
   }
   return identity_of(st);
 }
@@ -33,7 +36,7 @@ Result<FileIdentity> FileIdentity::of_fd(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
-    return make_error("io_error", "fstat fd " + std::to_string(fd) + ": " + std::strerror(e));
+    return make_error(errc::kIoError, "fstat fd " + std::to_string(fd) + ": " + std::strerror(e));
   }
   return identity_of(st);
 }

@@ -9,23 +9,26 @@
 #include <cstring>
 #include <utility>
 
+#include "core/util/error_codes.h"
+
 namespace car {
 
 Result<MappedFile> MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
-    return make_error(e == ENOENT ? "not_found" : "io_error", "open " + path + ": " + std::strerror(e));
+    return make_error(e == ENOENT ? errc::kNotFound : errc::kIoError,
+                      "open " + path + ": " + std::strerror(e));
   }
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
-    return make_error("io_error", "stat " + path + ": " + std::strerror(e));
+    return make_error(errc::kIoError, "stat " + path + ": " + std::strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return make_error("io_error", path + ": not a regular file");
+    return make_error(errc::kIoError, path + ": not a regular file");
   }
   MappedFile f;
   f.fd_ = fd;
@@ -38,7 +41,7 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       int e = errno;
-      return make_error("io_error", "mmap " + path + ": " + std::strerror(e));
+      return make_error(errc::kIoError, "mmap " + path + ": " + std::strerror(e));
     }
     f.data_ = static_cast<const uint8_t*>(p);
     f.region_ = fault_guard::Region::add(f.data_, f.size_);
@@ -48,15 +51,15 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
 
 Result<void> MappedFile::check_unchanged() const {
   if (faulted()) {
-    return make_error("io_error", path_ + " shrank while mapped: a read past its new end faulted");
+    return make_error(errc::kIoError, path_ + " shrank while mapped: a read past its new end faulted");
   }
   if (fd_ < 0) return {};
   auto now = FileIdentity::of_fd(fd_);
-  if (!now) return make_error("io_error", path_ + ": " + now.error().message);
+  if (!now) return make_error(errc::kIoError, path_ + ": " + now.error().message);
   if (now->size != identity_.size || now->mtime_sec != identity_.mtime_sec ||
       now->mtime_nsec != identity_.mtime_nsec) {
-    return make_error("io_error", path_ + " was modified in place while mapped (was " + identity_.describe() +
-                                      ", now " + now->describe() + ")");
+    return make_error(errc::kIoError, path_ + " was modified in place while mapped (was " +
+                                          identity_.describe() + ", now " + now->describe() + ")");
   }
   return {};
 }
@@ -65,8 +68,8 @@ Result<void> MappedFile::matches(const std::string& path) const {
   auto now = FileIdentity::of_path(path);
   if (!now) return now.error();
   if (*now != identity_) {
-    return make_error("io_error", path + " changed on disk (mapped: " + identity_.describe() +
-                                      "; now: " + now->describe() + ")");
+    return make_error(errc::kIoError, path + " changed on disk (mapped: " + identity_.describe() +
+                                          "; now: " + now->describe() + ")");
   }
   return {};
 }

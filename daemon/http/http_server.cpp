@@ -20,6 +20,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/util/error_codes.h"
 #include "daemon/http/openai.h"
 #include "daemon/model_resolver.h"
 #include "daemon/peer_credentials.h"
@@ -131,7 +132,7 @@ Result<Address> address_of_fd(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-    return make_error("listen_failed",
+    return make_error(errc::kListenFailed,
                       std::string("getsockname on the HTTP socket fd: ") + std::strerror(errno));
   }
   Address a;
@@ -150,7 +151,7 @@ Result<Address> address_of_fd(int fd) {
     a.host = text;
     a.port = ntohs(in6->sin6_port);
   } else {
-    return make_error("listen_failed", "the HTTP socket fd is neither a Unix nor a TCP socket");
+    return make_error(errc::kListenFailed, "the HTTP socket fd is neither a Unix nor a TCP socket");
   }
   return a;
 }
@@ -178,7 +179,7 @@ std::string Address::to_string() const {
 
 Result<Address> parse_address(const std::string& text) {
   auto bad = [&](const std::string& why) {
-    return make_error("invalid_setting", "CAR_INFERENCE_HTTP=" + text + ": " + why);
+    return make_error(errc::kInvalidSetting, "CAR_INFERENCE_HTTP=" + text + ": " + why);
   };
   Address a;
   if (text.starts_with("unix:")) {
@@ -208,16 +209,16 @@ Result<Address> parse_address(const std::string& text) {
 Result<std::string> read_api_key(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) {
-    return make_error("invalid_setting", "CAR_INFERENCE_HTTP_API_KEY_FILE=" + path.string() +
-                                             ": cannot read it: " + std::strerror(errno));
+    return make_error(errc::kInvalidSetting, "CAR_INFERENCE_HTTP_API_KEY_FILE=" + path.string() +
+                                                 ": cannot read it: " + std::strerror(errno));
   }
   std::string line;
   std::getline(in, line);
   const auto b = line.find_first_not_of(" \t\r");
   const auto e = line.find_last_not_of(" \t\r");
   if (b == std::string::npos) {
-    return make_error("invalid_setting", "CAR_INFERENCE_HTTP_API_KEY_FILE=" + path.string() +
-                                             ": the first line (the key) is empty");
+    return make_error(errc::kInvalidSetting, "CAR_INFERENCE_HTTP_API_KEY_FILE=" + path.string() +
+                                                 ": the first line (the key) is empty");
   }
   return line.substr(b, e - b + 1);
 }
@@ -776,7 +777,7 @@ Result<void> HttpFront::open() {
   boost::system::error_code ec;
   auto refuse_unkeyed = [&]() -> Result<void> {
     if (!address_.loopback() && options_.api_key.empty()) {
-      return make_error("listen_failed",
+      return make_error(errc::kListenFailed,
                         "refusing to serve HTTP on " + address_.to_string() +
                             ", which is not a loopback address, without an API key: set "
                             "CAR_INFERENCE_HTTP_API_KEY_FILE, or listen on 127.0.0.1, [::1] or a "
@@ -793,7 +794,8 @@ Result<void> HttpFront::open() {
         address_.unix_socket ? AF_UNIX : (address_.host.find(':') != std::string::npos ? AF_INET6 : AF_INET);
     acceptor_.assign(asio::generic::stream_protocol(family, family == AF_UNIX ? 0 : IPPROTO_TCP),
                      *options_.listen_fd, ec);
-    if (ec) return make_error("listen_failed", "cannot adopt the HTTP socket-activation fd: " + ec.message());
+    if (ec)
+      return make_error(errc::kListenFailed, "cannot adopt the HTTP socket-activation fd: " + ec.message());
     spdlog::info("http: listening on {} (passed by systemd, fd {})", address_.to_string(),
                  *options_.listen_fd);
     return {};
@@ -816,7 +818,7 @@ Result<void> HttpFront::open() {
     if (ec) {
       ::close(*fd);
       remove_owned_socket_file(socket_file_);
-      return make_error("listen_failed", "cannot adopt the HTTP socket on " + address_.path + ": " + ec.message());
+      return make_error(errc::kListenFailed, "cannot adopt the HTTP socket on " + address_.path + ": " + ec.message());
     }
     spdlog::info("http: listening on {}{}", address_.to_string(),
                  options_.api_key.empty() ? " (no API key)" : " (API key required)");
@@ -824,14 +826,15 @@ Result<void> HttpFront::open() {
   } else {
     asio::ip::tcp::endpoint ep(asio::ip::make_address(address_.host), address_.port);
     acceptor_.open(asio::generic::stream_protocol(ep.protocol().family(), ep.protocol().protocol()), ec);
-    if (ec) return make_error("listen_failed", "socket(): " + ec.message());
+    if (ec) return make_error(errc::kListenFailed, "socket(): " + ec.message());
     acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
     acceptor_.bind(asio::generic::stream_protocol::endpoint(ep), ec);
-    if (ec) return make_error("listen_failed", "cannot bind " + address_.to_string() + ": " + ec.message());
+    if (ec)
+      return make_error(errc::kListenFailed, "cannot bind " + address_.to_string() + ": " + ec.message());
     address_.port = port();
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return make_error("listen_failed", "listen on " + address_.to_string() + ": " + ec.message());
+  if (ec) return make_error(errc::kListenFailed, "listen on " + address_.to_string() + ": " + ec.message());
   spdlog::info("http: listening on {}{}", address_.to_string(),
                options_.api_key.empty() ? " (no API key)" : " (API key required)");
   return {};

@@ -9,13 +9,22 @@
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
 
+#include "core/util/error_codes.h"
 #include "daemon/connection_limits.h"
 #include "daemon/model_resolver.h"
 #include "daemon/protocol.h"
 #include "daemon/safe_text.h"
 #include "daemon/worker_pool.h"
 #include "tests/test_support.h"
+
+#ifndef CAR_SOURCE_DIR
+#error "CAR_SOURCE_DIR must name the source tree (tests/daemon/CMakeLists.txt)"
+#endif
 
 namespace car {
 namespace {
@@ -431,6 +440,53 @@ TEST(DaemonProtocol, OpsAndWireCodesComeFromOneTable) {
        {"gguf_truncated", "", "unknown_op", "line_timeout", "output_overflow", "too_many_connections"}) {
     EXPECT_EQ(protocol::wire_code(code), protocol::code::kInternal) << code;
   }
+}
+
+TEST(DaemonProtocol, TheErrorCodeTableSpellsEachCodeOnce) {
+  std::set<std::string_view> names;
+  for (const ErrorCodeInfo& row : kErrorCodes) {
+    EXPECT_TRUE(names.insert(row.name).second) << "code " << row.name << " appears twice";
+    EXPECT_FALSE(row.meaning.empty()) << row.name;
+    for (char c : row.name)
+      EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_') << row.name;
+    EXPECT_EQ(find_error_code(row.name), &row);
+  }
+  EXPECT_EQ(find_error_code("no_such_code"), nullptr);
+  EXPECT_STREQ(protocol::code::kLineTimeout, errc::kLineTimeout) << "the protocol's codes are the table's";
+}
+
+/// The codes in docs/protocol.md's "Error codes" table, in order.
+std::vector<std::string> documented_wire_codes() {
+  std::ifstream in(std::string(CAR_SOURCE_DIR) + "/docs/protocol.md");
+  EXPECT_TRUE(in.good()) << "cannot read docs/protocol.md";
+  std::vector<std::string> codes;
+  std::string line;
+  bool in_section = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("## ", 0) == 0) {
+      if (in_section) break;
+      in_section = line == "## Error codes";
+      continue;
+    }
+    // Rows look like "| `bad_request` | when ... |".
+    if (!in_section || line.rfind("| `", 0) != 0) continue;
+    const auto end = line.find('`', 3);
+    if (end != std::string::npos) codes.push_back(line.substr(3, end - 3));
+  }
+  return codes;
+}
+
+TEST(DaemonProtocol, DocsListTheTablesWireCodes) {
+  std::set<std::string> documented;
+  for (const std::string& code : documented_wire_codes()) {
+    EXPECT_TRUE(documented.insert(code).second) << "docs/protocol.md lists " << code << " twice";
+  }
+  std::set<std::string> wire;
+  for (const ErrorCodeInfo& row : kErrorCodes) {
+    if (row.reach != Reach::kLocal) wire.insert(std::string(row.name));
+  }
+  EXPECT_EQ(documented, wire) << "docs/protocol.md's \"Error codes\" table and the wire rows of "
+                                 "core/util/error_codes.h differ";
 }
 
 TEST(DaemonProtocol, FramerSaysWhetherALineIsOpen) {

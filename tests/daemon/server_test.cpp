@@ -158,10 +158,10 @@ class DaemonServerTest : public ::testing::Test {
   }
 
   void start() {
-    // The cache reads a clock the test can move forward (idle eviction without waiting real seconds).
-    server_ = std::make_unique<Server>(options_, runtime_, [this] {
-      return std::chrono::steady_clock::now() + std::chrono::nanoseconds(clock_skew_ns_.load());
-    });
+    // The cache and the server's timers read a clock the test moves forward (idle eviction, keep-alives and
+    // line timeouts without waiting real seconds).
+    server_ = std::make_unique<Server>(
+        options_, runtime_, [this] { return clock_.now(); }, clock_);
     auto ok = server_->open();
     ASSERT_TRUE(ok.ok()) << ok.error().message;
     thread_ = std::thread([this] { exit_code_ = server_->run(); });
@@ -227,7 +227,23 @@ class DaemonServerTest : public ::testing::Test {
   std::unique_ptr<Server> server_;
   std::thread thread_;
   int exit_code_ = -1;
-  std::atomic<int64_t> clock_skew_ns_{0};  // how far the cache's clock runs ahead of the steady clock
+  /// The steady clock plus a skew the test adds to. Timers on it wait in 1 ms slices, so an advance reaches
+  /// them at once; real time passing still counts, so waits on it end as they would in production.
+  struct SkewedClock final : TimerClock {
+    time_point now() const override { return std::chrono::steady_clock::now() + duration(skew.load()); }
+    duration poll_interval() const override { return 1ms; }
+    void advance(duration d) { skew += d.count(); }
+    std::atomic<duration::rep> skew{0};
+  };
+  SkewedClock clock_;
+
+  /// Move the clock on and let the io thread act on it: a timer due by then has fired (its slice ends
+  /// within a millisecond) and its handler has run before `conn`'s round trip through the io thread returns.
+  void advance_and_settle(std::chrono::nanoseconds d, ClientConnection& conn) {
+    clock_.advance(std::chrono::duration_cast<TimerClock::duration>(d));
+    std::this_thread::sleep_for(5ms);
+    ASSERT_EQ(call(conn, {{"id", "settle"}, {"op", "health"}})["ok"], true);
+  }
 };
 
 TEST_F(DaemonServerTest, HealthListStatsAnswer) {
@@ -646,12 +662,13 @@ TEST_F(DaemonServerTest, IdleEvictionWithAOneSecondTtlSparesModelsInUse) {
   hold(conn, "hold", "b");
   ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}})["ok"], true);
   auto observer = connect();
-  // Sweeps pass while the cache's clock says less than the TTL went by: nothing is evicted.
-  std::this_thread::sleep_for(600ms);
+  // Sweeps pass while the clock says less than the TTL went by: nothing is evicted.
+  advance_and_settle(300ms, observer);
+  advance_and_settle(300ms, observer);
   EXPECT_EQ(stats(observer)["cache"]["evictions_by_cause"]["idle"], 0);
   EXPECT_EQ(stats(observer)["models"].size(), 2u);
-  // Two seconds later by the cache's clock, the next sweep evicts `a`, idle past its TTL, and spares `b`.
-  clock_skew_ns_ += std::chrono::nanoseconds(2s).count();
+  // Two seconds later by the clock, the next sweep evicts `a`, idle past its TTL, and spares `b`.
+  clock_.advance(2s);
   EXPECT_TRUE(wait_until([&] { return stats(observer)["cache"]["evictions_by_cause"]["idle"] == 1; }, 5s));
   json s = stats(observer);
   ASSERT_EQ(s["models"].size(), 1u);
@@ -718,13 +735,13 @@ TEST_F(DaemonServerTest, KeepAliveIsCutToTheAdminMaximumAndOutlivesTheIdleTtl) {
     }
   }
   // Ten seconds on by the cache's clock: b (the 1 s TTL) goes, a (kept alive 60 s) stays.
-  clock_skew_ns_ += std::chrono::nanoseconds(10s).count();
+  clock_.advance(10s);
   ASSERT_TRUE(wait_until([&] { return stats(conn)["cache"]["evictions_by_cause"]["idle"] == 1; }, 5s));
   m = stats(conn)["models"];
   ASSERT_EQ(m.size(), 1u);
   EXPECT_EQ(m[0]["model"], "a");
   // Past its keep-alive it goes too.
-  clock_skew_ns_ += std::chrono::nanoseconds(60s).count();
+  clock_.advance(60s);
   EXPECT_TRUE(wait_until([&] { return stats(conn)["cache"]["entries"] == 0; }, 5s));
 }
 
@@ -735,7 +752,7 @@ TEST_F(DaemonServerTest, AKeepAliveWorksWithIdleEvictionOff) {
   auto conn = connect();
   ASSERT_EQ(call(conn, {{"id", 1}, {"op", "load"}, {"model", "a"}, {"keep_alive", 2}})["ok"], true);
   ASSERT_EQ(call(conn, {{"id", 2}, {"op", "load"}, {"model", "b"}})["result"]["keep_alive_s"], nullptr);
-  clock_skew_ns_ += std::chrono::nanoseconds(5s).count();
+  clock_.advance(5s);
   ASSERT_TRUE(wait_until([&] { return stats(conn)["cache"]["entries"] == 1; }, 10s));
   EXPECT_EQ(stats(conn)["models"][0]["model"], "b") << "no TTL: b is never idle-evicted";
 }
@@ -751,7 +768,7 @@ TEST_F(DaemonServerTest, PinnedModelsAreNeverIdleEvictedAndShownInStatsAndList) 
   EXPECT_EQ(r["result"]["retained"], true) << "keep_alive 0 does not unload a pinned model";
   EXPECT_TRUE(r["result"]["keep_alive_s"].is_null());
   ASSERT_EQ(call(conn, {{"id", 2}, {"op", "load"}, {"model", "b"}})["result"]["pinned"], false);
-  clock_skew_ns_ += std::chrono::nanoseconds(3600s).count();
+  clock_.advance(3600s);
   ASSERT_TRUE(wait_until([&] { return stats(conn)["cache"]["evictions_by_cause"]["idle"] == 1; }, 5s));
   json m = stats(conn)["models"];
   ASSERT_EQ(m.size(), 1u);
@@ -785,7 +802,7 @@ TEST_F(DaemonServerTest, InvalidateEvictsAndReportsWhetherCached) {
 }
 
 TEST_F(DaemonServerTest, ShutdownAnswersShuttingDownThenCancelsAfterTheGrace) {
-  options_.shutdown_grace = 300ms;
+  options_.shutdown_grace = 60s;  // on the test's clock, moved past it below
   start();
   auto conn = connect();
   ASSERT_EQ(call(conn, {{"id", 0}, {"op", "load"}, {"model", "c"}})["ok"], true);
@@ -797,6 +814,8 @@ TEST_F(DaemonServerTest, ShutdownAnswersShuttingDownThenCancelsAfterTheGrace) {
   EXPECT_TRUE(wait_until([&] {
     return error_code(call(late, {{"id", "late"}, {"op", "health"}})) == "shutting_down";
   }));
+  // The stop armed the grace timer before it refused anything; past the grace the held request is cancelled.
+  clock_.advance(61s);
   json r;
   do {
     r = read_json(conn);
@@ -924,21 +943,33 @@ TEST_F(DaemonServerTest, TheTotalCapRefusesWhateverTheUid) {
 }
 
 TEST_F(DaemonServerTest, AnIncompleteLineTimesOutAnIdleConnectionDoesNot) {
-  options_.live.line_timeout = 1s;
+  options_.live.line_timeout = 60s;  // on the test's clock, moved on below; real time never gets there
   start();
   auto idle = connect();
   auto slow = connect();
   auto dribble = connect();
-  const auto sent = std::chrono::steady_clock::now();
-  ASSERT_TRUE(slow.send_raw(R"({"id": 1, "op": "hea)").ok());
+  // Each partial line follows a complete request in the same write: once that one's reply is back and a
+  // round trip on another connection has passed the io thread, the session has armed its line timer.
+  ASSERT_TRUE(slow.send_raw(R"({"id": 0, "op": "health"})"
+                            "\n"
+                            R"({"id": 1, "op": "hea)")
+                  .ok());
+  ASSERT_TRUE(dribble
+                  .send_raw(R"({"id": 0, "op": "health"})"
+                            "\n"
+                            R"({"id": 2,)")
+                  .ok());
+  EXPECT_EQ(read_json(slow)["ok"], true);
+  EXPECT_EQ(read_json(dribble)["ok"], true);
+  EXPECT_EQ(call(idle, {{"id", 0}, {"op", "health"}})["ok"], true);
+  advance_and_settle(30s, idle);
   // Dribbling bytes does not extend the time: it counts from the line's first byte.
-  ASSERT_TRUE(dribble.send_raw(R"({"id": 2,)").ok());
-  std::this_thread::sleep_for(500ms);
   ASSERT_TRUE(dribble.send_raw(R"( "op":)").ok());
+  EXPECT_EQ(stats(idle)["connections"]["line_timeouts"], 0) << "30 s of 60 s";
+  clock_.advance(31s);
   json r = read_json(slow, 10s);
   EXPECT_EQ(error_code(r), "line_timeout");
   EXPECT_TRUE(r["id"].is_null());
-  EXPECT_GE(std::chrono::steady_clock::now() - sent, 1s);
   auto closed = slow.read_line(5s);
   ASSERT_FALSE(closed.ok());
   EXPECT_EQ(closed.error().code, "closed");
@@ -947,7 +978,7 @@ TEST_F(DaemonServerTest, AnIncompleteLineTimesOutAnIdleConnectionDoesNot) {
   // within it.
   EXPECT_EQ(call(idle, {{"id", 3}, {"op", "health"}})["ok"], true);
   ASSERT_TRUE(idle.send_raw(R"({"id": 4, "op")").ok());
-  std::this_thread::sleep_for(300ms);
+  clock_.advance(30s);
   ASSERT_TRUE(idle.send_raw(R"(: "health"})"
                             "\n")
                   .ok());
@@ -1063,7 +1094,8 @@ TEST_F(DaemonServerTest, MemoryOfAThousandConnectionsIsSmallAndReturnedAfterClos
     if (round == 0) during = rss_bytes();
     conns.clear();
     ASSERT_TRUE(wait_until([&] { return stats(observer)["connections"]["open"] == 1; }));
-    std::this_thread::sleep_for(600ms);  // the idle sweep (every 250 ms here) trims the heap after closes
+    // The idle sweep (every 250 ms here) trims the heap after closes.
+    advance_and_settle(300ms, observer);
     after[round] = rss_bytes();
     std::printf(
         "round %d: RSS before %zu KiB, with %d connections %zu KiB (%zu bytes each), after closing %zu KiB\n",
@@ -1238,7 +1270,7 @@ TEST_F(DaemonServerTest, MetricsCountLoadsHitsMissesFailuresEvictionsAndTokens) 
       call(conn, {{"id", 2}, {"op", "infer"}, {"model", "a"}, {"prompt", "xy"}, {"max_tokens", 3}});  // hit
   ASSERT_EQ(i["ok"], true) << i.dump();
   ASSERT_EQ(call(conn, {{"id", 3}, {"op", "load"}, {"model", "b"}})["ok"], true);  // miss, load
-  clock_skew_ns_ += std::chrono::nanoseconds(120s).count();  // a and b are 2 minutes old
+  clock_.advance(120s);  // a and b are 2 minutes old
   ASSERT_EQ(call(conn, {{"id", 4}, {"op", "load"}, {"model", "c"}})["ok"], true);  // miss, load, evicts a
   ASSERT_EQ(call(conn, {{"id", 5}, {"op", "invalidate"}, {"model", "b"}})["result"]["evicted"], true);
   EXPECT_EQ(error_code(call(conn, {{"id", 6}, {"op", "load"}, {"model", "broken"}})), "load_failed");

@@ -172,41 +172,44 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {Corruption::empty_file, "empty_file", errc::truncated, "magic"},
-    {Corruption::bad_magic, "bad_magic", errc::bad_magic, "GGUF"},
-    {Corruption::version_1, "version_1", errc::bad_version, "version 1"},
-    {Corruption::version_unknown, "version_unknown", errc::bad_version, "version 7"},
-    {Corruption::version_big_endian, "version_big_endian", errc::bad_version, "big-endian"},
-    {Corruption::kv_count_huge, "kv_count_huge", errc::too_large, "kv_count"},
-    {Corruption::tensor_count_huge, "tensor_count_huge", errc::too_large, "tensor_count"},
-    {Corruption::key_length_past_eof, "key_length_past_eof", errc::truncated, "metadata[0] key"},
-    {Corruption::string_length_past_eof, "string_length_past_eof", errc::truncated, "general.architecture"},
-    {Corruption::huge_array_count, "huge_array_count", errc::too_large, "tokenizer.ggml.tokens"},
-    {Corruption::huge_nested_array_count, "huge_nested_array_count", errc::too_large, "'nested'[0]"},
-    {Corruption::unknown_value_type, "unknown_value_type", errc::bad_value_type, "value type 13"},
-    {Corruption::unknown_array_elem_type, "unknown_array_elem_type", errc::bad_value_type, "element type 99"},
-    {Corruption::bad_bool, "bad_bool", errc::bad_value_type, "bool value 2"},
-    {Corruption::arrays_nested_too_deep, "arrays_nested_too_deep", errc::bad_value_type, "nested deeper"},
-    {Corruption::duplicate_key, "duplicate_key", errc::duplicate_key, "llama.block_count"},
-    {Corruption::alignment_zero, "alignment_zero", errc::bad_alignment, "general.alignment 0"},
-    {Corruption::alignment_not_power_of_two, "alignment_not_power_of_two", errc::bad_alignment, "48"},
-    {Corruption::alignment_wrong_type, "alignment_wrong_type", errc::bad_alignment, "uint64"},
-    {Corruption::n_dims_zero, "n_dims_zero", errc::bad_dims, "n_dims 0"},
-    {Corruption::n_dims_five, "n_dims_five", errc::bad_dims, "n_dims 5"},
-    {Corruption::zero_dim, "zero_dim", errc::bad_dims, "ne[1] is 0"},
-    {Corruption::dim_above_int64, "dim_above_int64", errc::bad_dims, "2^63"},
-    {Corruption::dims_product_overflow, "dims_product_overflow", errc::bad_dims, "overflows"},
-    {Corruption::unknown_type_retired, "unknown_type_retired", errc::unknown_type, "type id 4"},
-    {Corruption::unknown_type_large, "unknown_type_large", errc::unknown_type, "type id 1000"},
-    {Corruption::row_not_block_multiple, "row_not_block_multiple", errc::bad_shape, "block size 32"},
-    {Corruption::tensor_name_past_eof, "tensor_name_past_eof", errc::truncated, "tensor_info[1] name"},
-    {Corruption::duplicate_tensor, "duplicate_tensor", errc::duplicate_tensor, "token_embd.weight"},
-    {Corruption::misaligned_offset, "misaligned_offset", errc::misaligned, "100"},
-    {Corruption::offset_past_eof, "offset_past_eof", errc::out_of_bounds, "blk.3.ffn_down_exps.weight: data"},
-    {Corruption::offset_overflow, "offset_overflow", errc::out_of_bounds, "past end of file"},
-    {Corruption::data_past_eof, "data_past_eof", errc::out_of_bounds, "past end of file"},
-    {Corruption::overlapping_tensors, "overlapping_tensors", errc::overlap, "overlaps"},
-    {Corruption::tensor_size_overflow, "tensor_size_overflow", errc::bad_dims, "overflows"},
+    {Corruption::empty_file, "empty_file", errc::kGgufTruncated, "magic"},
+    {Corruption::bad_magic, "bad_magic", errc::kGgufBadMagic, "GGUF"},
+    {Corruption::version_1, "version_1", errc::kGgufBadVersion, "version 1"},
+    {Corruption::version_unknown, "version_unknown", errc::kGgufBadVersion, "version 7"},
+    {Corruption::version_big_endian, "version_big_endian", errc::kGgufBadVersion, "big-endian"},
+    {Corruption::kv_count_huge, "kv_count_huge", errc::kGgufTooLarge, "kv_count"},
+    {Corruption::tensor_count_huge, "tensor_count_huge", errc::kGgufTooLarge, "tensor_count"},
+    {Corruption::key_length_past_eof, "key_length_past_eof", errc::kGgufTruncated, "metadata[0] key"},
+    {Corruption::string_length_past_eof, "string_length_past_eof", errc::kGgufTruncated,
+     "general.architecture"},
+    {Corruption::huge_array_count, "huge_array_count", errc::kGgufTooLarge, "tokenizer.ggml.tokens"},
+    {Corruption::huge_nested_array_count, "huge_nested_array_count", errc::kGgufTooLarge, "'nested'[0]"},
+    {Corruption::unknown_value_type, "unknown_value_type", errc::kGgufBadValueType, "value type 13"},
+    {Corruption::unknown_array_elem_type, "unknown_array_elem_type", errc::kGgufBadValueType,
+     "element type 99"},
+    {Corruption::bad_bool, "bad_bool", errc::kGgufBadValueType, "bool value 2"},
+    {Corruption::arrays_nested_too_deep, "arrays_nested_too_deep", errc::kGgufBadValueType, "nested deeper"},
+    {Corruption::duplicate_key, "duplicate_key", errc::kGgufDuplicateKey, "llama.block_count"},
+    {Corruption::alignment_zero, "alignment_zero", errc::kGgufBadAlignment, "general.alignment 0"},
+    {Corruption::alignment_not_power_of_two, "alignment_not_power_of_two", errc::kGgufBadAlignment, "48"},
+    {Corruption::alignment_wrong_type, "alignment_wrong_type", errc::kGgufBadAlignment, "uint64"},
+    {Corruption::n_dims_zero, "n_dims_zero", errc::kGgufBadDims, "n_dims 0"},
+    {Corruption::n_dims_five, "n_dims_five", errc::kGgufBadDims, "n_dims 5"},
+    {Corruption::zero_dim, "zero_dim", errc::kGgufBadDims, "ne[1] is 0"},
+    {Corruption::dim_above_int64, "dim_above_int64", errc::kGgufBadDims, "2^63"},
+    {Corruption::dims_product_overflow, "dims_product_overflow", errc::kGgufBadDims, "overflows"},
+    {Corruption::unknown_type_retired, "unknown_type_retired", errc::kGgufUnknownType, "type id 4"},
+    {Corruption::unknown_type_large, "unknown_type_large", errc::kGgufUnknownType, "type id 1000"},
+    {Corruption::row_not_block_multiple, "row_not_block_multiple", errc::kGgufBadShape, "block size 32"},
+    {Corruption::tensor_name_past_eof, "tensor_name_past_eof", errc::kGgufTruncated, "tensor_info[1] name"},
+    {Corruption::duplicate_tensor, "duplicate_tensor", errc::kGgufDuplicateTensor, "token_embd.weight"},
+    {Corruption::misaligned_offset, "misaligned_offset", errc::kGgufMisaligned, "100"},
+    {Corruption::offset_past_eof, "offset_past_eof", errc::kGgufOutOfBounds,
+     "blk.3.ffn_down_exps.weight: data"},
+    {Corruption::offset_overflow, "offset_overflow", errc::kGgufOutOfBounds, "past end of file"},
+    {Corruption::data_past_eof, "data_past_eof", errc::kGgufOutOfBounds, "past end of file"},
+    {Corruption::overlapping_tensors, "overlapping_tensors", errc::kGgufOverlap, "overlaps"},
+    {Corruption::tensor_size_overflow, "tensor_size_overflow", errc::kGgufBadDims, "overflows"},
 };
 
 std::vector<uint8_t> make_corrupt(Corruption c) {
@@ -356,18 +359,19 @@ TEST(GgufCorrupt, TruncatedAtEveryLength) {
     ASSERT_FALSE(g.ok());
     const std::string& code = g.error().code;
     if (cut < header) {
-      EXPECT_EQ(code, errc::truncated) << g.error().message;
+      EXPECT_EQ(code, errc::kGgufTruncated) << g.error().message;
     } else if (cut < e.info_end) {
       const uint64_t left = cut - header;
       if (spec.kvs.size() * 13 > left || spec.tensors.size() * 32 > left) {
-        EXPECT_EQ(code, errc::too_large) << g.error().message;
+        EXPECT_EQ(code, errc::kGgufTooLarge) << g.error().message;
       } else {
-        EXPECT_TRUE(code == errc::truncated || code == errc::too_large) << code << ": " << g.error().message;
+        EXPECT_TRUE(code == errc::kGgufTruncated || code == errc::kGgufTooLarge)
+            << code << ": " << g.error().message;
       }
-      n_truncated += code == errc::truncated;
-      n_too_large += code == errc::too_large;
+      n_truncated += code == errc::kGgufTruncated;
+      n_too_large += code == errc::kGgufTooLarge;
     } else {
-      EXPECT_EQ(code, errc::out_of_bounds) << g.error().message;
+      EXPECT_EQ(code, errc::kGgufOutOfBounds) << g.error().message;
     }
   }
   EXPECT_GT(n_truncated, 0u);
@@ -453,7 +457,7 @@ TEST(GgufOpen, ErrorsNameThePath) {
   std::fclose(f);
   auto g = GgufFile::open(path);
   ASSERT_FALSE(g.ok());
-  EXPECT_EQ(g.error().code, errc::out_of_bounds);
+  EXPECT_EQ(g.error().code, errc::kGgufOutOfBounds);
   EXPECT_EQ(g.error().message.rfind(path, 0), 0u) << g.error().message;
   EXPECT_NE(g.error().message.find("(size " + std::to_string(bytes.size()) + ")"), std::string::npos)
       << g.error().message;

@@ -207,13 +207,14 @@ TEST(GgufRoundTrip, WriteToFileAndOpen) {
 
 TEST(GgufWriter, RejectsBadTensors) {
   GgufWriter w;
-  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {}, {}).error().code, errc::bad_dims);
-  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1, 1, 1, 1, 1}, pattern(4, 0)).error().code, errc::bad_dims);
-  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {0}, {}).error().code, errc::bad_dims);
-  EXPECT_EQ(w.add_tensor("a", GgmlType::Q4_K, {100}, pattern(144, 0)).error().code, errc::bad_shape);
-  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {2}, pattern(4, 0)).error().code, errc::bad_shape);
+  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {}, {}).error().code, errc::kGgufBadDims);
+  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1, 1, 1, 1, 1}, pattern(4, 0)).error().code,
+            errc::kGgufBadDims);
+  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {0}, {}).error().code, errc::kGgufBadDims);
+  EXPECT_EQ(w.add_tensor("a", GgmlType::Q4_K, {100}, pattern(144, 0)).error().code, errc::kGgufBadShape);
+  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {2}, pattern(4, 0)).error().code, errc::kGgufBadShape);
   ASSERT_TRUE(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).ok());
-  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).error().code, errc::duplicate_tensor);
+  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).error().code, errc::kGgufDuplicateTensor);
 }
 
 // Streamed tensors: the producer's pieces (of any size) land in order, at the offsets the header
@@ -291,10 +292,10 @@ TEST(GgufWriter, StreamedPiecesAroundTheWriteBuffer) {
 TEST(GgufWriter, StreamedTensorChecks) {
   GgufWriter w;
   auto nothing = [](const GgufWriter::ByteSink&) {};
-  EXPECT_EQ(w.add_tensor_streamed("a", GgmlType::F32, {}, nothing).error().code, errc::bad_dims);
-  EXPECT_EQ(w.add_tensor_streamed("a", GgmlType::Q4_K, {100}, nothing).error().code, errc::bad_shape);
+  EXPECT_EQ(w.add_tensor_streamed("a", GgmlType::F32, {}, nothing).error().code, errc::kGgufBadDims);
+  EXPECT_EQ(w.add_tensor_streamed("a", GgmlType::Q4_K, {100}, nothing).error().code, errc::kGgufBadShape);
   ASSERT_TRUE(w.add_tensor_streamed("a", GgmlType::F32, {2}, nothing).ok());
-  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).error().code, errc::duplicate_tensor);
+  EXPECT_EQ(w.add_tensor("a", GgmlType::F32, {1}, pattern(4, 0)).error().code, errc::kGgufDuplicateTensor);
   // A producer that writes too little (or too much) is a programming error: serialization aborts.
   EXPECT_DEATH((void)w.to_bytes(), "");
   GgufWriter over;
@@ -320,28 +321,28 @@ TEST(GgufAccessors, ReportKeyAndTypes) {
   const GgufFile& f = **g;
   auto r = f.get_uint("s");
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code, errc::type_mismatch);
+  EXPECT_EQ(r.error().code, errc::kGgufTypeMismatch);
   EXPECT_NE(r.error().message.find("'s'"), std::string::npos);
   EXPECT_NE(r.error().message.find("string"), std::string::npos);
   EXPECT_NE(r.error().message.find("unsigned integer"), std::string::npos);
-  EXPECT_EQ(f.get_uint("neg").error().code, errc::type_mismatch);
+  EXPECT_EQ(f.get_uint("neg").error().code, errc::kGgufTypeMismatch);
   EXPECT_EQ(f.get_int("neg").value(), -5);
   EXPECT_EQ(f.get_int("u").value(), 7);
-  EXPECT_EQ(f.get_int("big").error().code, errc::type_mismatch);
-  EXPECT_EQ(f.get_float("u").error().code, errc::type_mismatch);
-  EXPECT_EQ(f.get_bool("u").error().code, errc::type_mismatch);
-  EXPECT_EQ(f.get_string("u").error().code, errc::type_mismatch);
+  EXPECT_EQ(f.get_int("big").error().code, errc::kGgufTypeMismatch);
+  EXPECT_EQ(f.get_float("u").error().code, errc::kGgufTypeMismatch);
+  EXPECT_EQ(f.get_bool("u").error().code, errc::kGgufTypeMismatch);
+  EXPECT_EQ(f.get_string("u").error().code, errc::kGgufTypeMismatch);
   auto m = f.get_string("absent");
-  EXPECT_EQ(m.error().code, errc::missing_key);
+  EXPECT_EQ(m.error().code, errc::kGgufMissingKey);
   EXPECT_NE(m.error().message.find("absent"), std::string::npos);
   auto at = f.get_array("arr", ValueType::STRING);
-  EXPECT_EQ(at.error().code, errc::type_mismatch);
+  EXPECT_EQ(at.error().code, errc::kGgufTypeMismatch);
   EXPECT_NE(at.error().message.find("array[int32]"), std::string::npos);
   EXPECT_NE(at.error().message.find("array[string]"), std::string::npos);
   EXPECT_TRUE(f.get_array("arr").ok());
   EXPECT_EQ(f.get_uint_or("absent", 9).value(), 9u);
   EXPECT_EQ(f.get_uint_or("u", 9).value(), 7u);
-  EXPECT_EQ(f.get_uint_or("s", 9).error().code, errc::type_mismatch);
+  EXPECT_EQ(f.get_uint_or("s", 9).error().code, errc::kGgufTypeMismatch);
   EXPECT_EQ(f.get_float_or("absent", 0.5).value(), 0.5);
   EXPECT_TRUE(f.get_bool_or("absent", true).value());
   EXPECT_EQ(f.get_string_or("absent", "d").value(), "d");
