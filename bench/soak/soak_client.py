@@ -128,6 +128,16 @@ def infer_req(rid, model, rng, stream, max_tokens):
 PROMPTS = ["Hello world", "The quick brown fox", "Once upon a time", "a", "Soak testing the daemon " * 4]
 
 
+async def final_replies(conn, n):
+    """The next n final replies (token events skipped), by id: a request and its cancel finish in either order."""
+    got = {}
+    while len(got) < n:
+        j = await conn.line()
+        if "event" not in j:
+            got[j["id"]] = j
+    return got
+
+
 async def client(idx, args, remaining, stats, deadline):
     rng = random.Random(args.seed * 1000 + idx)
     ops, weights = zip(*MIX)
@@ -202,12 +212,7 @@ async def one(op, model, conn, rng, stats, args):
             return conn
         cid = conn.new_id()
         await conn.send({"id": cid, "op": "cancel", "target": rid})
-        got = {}
-        while len(got) < 2:
-            j = await conn.line()
-            if "event" in j:
-                continue
-            got[j["id"]] = j
+        got = await final_replies(conn, 2)
         ok = check(stats, op, got[cid]) and check(stats, op, got[rid], allow=("cancelled",))
         if ok and got[rid].get("ok") and got[rid]["result"]["finish_reason"] == "cancelled":
             stats.cancelled += 1
@@ -246,12 +251,7 @@ async def one(op, model, conn, rng, stats, args):
         await asyncio.sleep(0.05)
         cid = conn.new_id()
         await conn.send({"id": cid, "op": "cancel", "target": rid})
-        got = {}
-        while len(got) < 2:
-            j = await conn.line()
-            if "event" in j:
-                continue
-            got[j["id"]] = j
+        got = await final_replies(conn, 2)
         if got[rid].get("ok"):
             stats.error(op, "not_cancelled", "a render of a billion steps was not cancelled")
             return conn
