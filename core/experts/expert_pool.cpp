@@ -1,4 +1,6 @@
 // ExpertPool (the shared budget and reader threads), the memory probe and the budget formula.
+#include "core/experts/expert_pool.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
