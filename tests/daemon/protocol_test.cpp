@@ -1,6 +1,6 @@
-// The wire protocol's pure parts: request parsing and validation, reply builders, line framing; model id
-// resolution; the worker pool's bounded queue.
-#include <pthread.h>
+// The wire protocol's pure parts: request parsing and validation, reply builders, line framing, and the
+// error-code table against docs/protocol.md. (The resolver, worker pool, connection limits and safe_text have
+// their own files beside this one.)
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -15,11 +15,7 @@
 #include <vector>
 
 #include "core/util/error_codes.h"
-#include "daemon/connection_limits.h"
-#include "daemon/model_resolver.h"
 #include "daemon/protocol.h"
-#include "daemon/safe_text.h"
-#include "daemon/worker_pool.h"
 #include "tests/test_support.h"
 
 #ifndef CAR_SOURCE_DIR
@@ -504,61 +500,6 @@ TEST(DaemonProtocol, FramerSaysWhetherALineIsOpen) {
   EXPECT_FALSE(f.in_line());
 }
 
-TEST(DaemonSafeText, LogQuoteEscapesEverythingThatCouldForgeOrHideAField) {
-  using daemon::log_quote;
-  EXPECT_EQ(log_quote("tiny"), "\"tiny\"");
-  EXPECT_EQ(log_quote(""), "\"\"");
-  EXPECT_EQ(log_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
-  EXPECT_EQ(log_quote("x\nconn=1 outcome=ok"), "\"x\\u000Aconn=1 outcome=ok\"");
-  EXPECT_EQ(log_quote("\r\t\x1b[31m\x7f"), "\"\\u000D\\u0009\\u001B[31m\\u007F\"");
-  EXPECT_EQ(log_quote("\xc2\x85"), "\"\\u0085\"");      // C1 NEL
-  EXPECT_EQ(log_quote("\xe2\x80\xa8"), "\"\\u2028\"");  // line separator
-  EXPECT_EQ(log_quote("a\xe2\x80\xae"
-                      "b"),
-            "\"a\\u202Eb\"");                           // right-to-left override
-  EXPECT_EQ(log_quote("\xe2\x81\xa6"), "\"\\u2066\"");  // left-to-right isolate
-  EXPECT_EQ(log_quote("\xef\xbb\xbf"), "\"\\uFEFF\"");
-  EXPECT_EQ(log_quote("caf\xc3\xa9 \xe6\xa8\xa1\xe5\x9e\x8b"), "\"caf\xc3\xa9 \xe6\xa8\xa1\xe5\x9e\x8b\"")
-      << "text stays";
-  EXPECT_EQ(log_quote("\xff\xc3"), "\"\\xFF\\xC3\"");           // not UTF-8
-  EXPECT_EQ(log_quote("\xc0\xaf"), "\"\\xC0\\xAF\"");           // overlong '/'
-  EXPECT_EQ(log_quote("\xed\xa0\x80"), "\"\\xED\\xA0\\x80\"");  // a surrogate
-  EXPECT_EQ(daemon::log_id(nullptr), "-");
-  EXPECT_EQ(daemon::log_id(7), "7");
-  EXPECT_EQ(daemon::log_id(true), "true");
-  EXPECT_EQ(daemon::log_id("a b\n"), "\"a b\\u000A\"");
-}
-
-TEST(DaemonConnectionLimits, TheCapFitsTheOpenFileLimit) {
-  EXPECT_EQ(daemon::fit_connection_cap(256, 8192), 256u);
-  EXPECT_EQ(daemon::fit_connection_cap(100000, 8192), 8192u - 1024u) << "an eighth is kept back";
-  EXPECT_EQ(daemon::fit_connection_cap(256, 1024), 256u);
-  EXPECT_EQ(daemon::fit_connection_cap(2000, 1024), 1024u - 128u) << "at least 128 are kept back";
-  EXPECT_EQ(daemon::fit_connection_cap(256, 100), 1u);
-  EXPECT_EQ(daemon::fit_connection_cap(256, UINT64_MAX), 256u);
-
-  daemon::LiveSettings live;
-  live.max_connections = 3;
-  live.max_connections_per_uid = 2;
-  daemon::ConnectionLimits limits(live, 1024);
-  EXPECT_EQ(limits.refusal(1000), "");
-  limits.opened(1000);
-  limits.opened(1000);
-  EXPECT_NE(limits.refusal(1000).find("MAX_CONNECTIONS_PER_UID=2"), std::string::npos);
-  EXPECT_EQ(limits.refusal(1001), "");
-  limits.opened(1001);
-  EXPECT_NE(limits.refusal(1002).find("MAX_CONNECTIONS=3"), std::string::npos);
-  limits.closed(1000);
-  EXPECT_EQ(limits.refusal(1000), "");
-  EXPECT_EQ(limits.stats()["open"], 2);
-  EXPECT_EQ(limits.stats()["uids"], 2);
-  EXPECT_EQ(limits.take_closed(), 1u);
-  EXPECT_EQ(limits.take_closed(), 0u);
-  live.max_connections = 5000;
-  limits.apply(live);
-  EXPECT_EQ(limits.max_connections(), 1024u - 128u) << "a reload is fitted too";
-}
-
 TEST(DaemonProtocol, FramerSplitsLinesAcrossChunks) {
   LineFramer f(16);
   std::vector<LineFramer::Item> out;
@@ -595,172 +536,6 @@ TEST(DaemonProtocol, FramerReportsAnOversizedLineOnceAndResynchronizes) {
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].kind, LineFramer::Item::Kind::kOversized);
   EXPECT_EQ(out[1].line, "next");
-}
-
-class DaemonResolver : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = tmp_ / "models";
-    std::filesystem::create_directories(dir_);
-    std::ofstream(dir_ / "tiny.gguf") << "0123456789";
-    std::ofstream(tmp_ / "secret.gguf") << "x";
-    std::filesystem::create_symlink(tmp_ / "secret.gguf", dir_ / "leak.gguf");
-    std::filesystem::create_symlink(dir_ / "tiny.gguf", dir_ / "alias.gguf");
-    std::filesystem::create_directories(dir_ / "dir.gguf");
-  }
-  car::testing::TempDir tmp_;
-  std::filesystem::path dir_;
-};
-
-TEST_F(DaemonResolver, ResolvesIdsInsideTheModelsDirectory) {
-  auto r = daemon::resolve_model(dir_, "tiny");
-  ASSERT_TRUE(r.ok()) << r.error().message;
-  EXPECT_EQ(r->file_bytes, 10u);
-  EXPECT_EQ(r->path, std::filesystem::canonical(dir_ / "tiny.gguf"));
-  // A symlink that stays inside is fine.
-  auto alias = daemon::resolve_model(dir_, "alias");
-  ASSERT_TRUE(alias.ok());
-  EXPECT_EQ(alias->path, r->path);
-}
-
-TEST_F(DaemonResolver, ForbidsIdsThatCouldEscape) {
-  for (const std::string& id : std::vector<std::string>{"",
-                                                        "../secret",
-                                                        "a/b",
-                                                        "/etc/passwd",
-                                                        "..",
-                                                        ".",
-                                                        ".hidden",
-                                                        std::string("ti\0ny", 5),
-                                                        "a\\b",
-                                                        "tab\there",
-                                                        std::string(256, 'a'),
-                                                        "leak",
-                                                        "del\x7f",
-                                                        "nel\xc2\x85",
-                                                        "csi\xc2\x9b",
-                                                        "line\xe2\x80\xa8sep",
-                                                        "para\xe2\x80\xa9",
-                                                        "rlo\xe2\x80\xae",
-                                                        "lre\xe2\x80\xaa",
-                                                        "lri\xe2\x81\xa6",
-                                                        "pdi\xe2\x81\xa9",
-                                                        "rlm\xe2\x80\x8f",
-                                                        "zw\xe2\x80\x8bsp",
-                                                        "bom\xef\xbb\xbf",
-                                                        "bad\xff",
-                                                        "overlong\xc0\xaf",
-                                                        "cut\xe2\x80"}) {
-    auto r = daemon::resolve_model(dir_, id);
-    ASSERT_FALSE(r.ok()) << id;
-    EXPECT_EQ(r.error().code, "forbidden") << id << ": " << r.error().message;
-  }
-}
-
-TEST_F(DaemonResolver, AcceptsNonAsciiTextIds) {
-  std::ofstream(dir_ / "mod\xc3\xa8le-\xe6\xa8\xa1\xe5\x9e\x8b.gguf") << "x";
-  auto r = daemon::resolve_model(dir_, "mod\xc3\xa8le-\xe6\xa8\xa1\xe5\x9e\x8b");
-  EXPECT_TRUE(r.ok()) << r.error().message;
-  auto c1 = daemon::check_model_id("x\xc2\x85y");
-  ASSERT_FALSE(c1.ok());
-  EXPECT_EQ(c1.error().message,
-            "model id rejected: U+0085 at offset 1 is a control or invisible formatting character");
-}
-
-TEST_F(DaemonResolver, MissingFilesAreNotFound) {
-  for (const char* id : {"absent", "dir"}) {
-    auto r = daemon::resolve_model(dir_, id);
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.error().code, "not_found") << id;
-  }
-  auto gone = daemon::resolve_model(tmp_ / "no-such-dir", "tiny");
-  ASSERT_FALSE(gone.ok());
-  EXPECT_EQ(gone.error().code, "not_found");
-}
-
-TEST_F(DaemonResolver, ListsOnlyResolvableModels) {
-  auto l = daemon::list_models(dir_);
-  ASSERT_TRUE(l.ok());
-  std::vector<std::string> ids;
-  for (const auto& m : *l) ids.push_back(m.id);
-  EXPECT_EQ(ids, (std::vector<std::string>{"alias", "tiny"}));
-  auto none = daemon::list_models(tmp_ / "missing");
-  ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->empty());
-}
-
-TEST(DaemonWorkerPool, RunsJobsAndRefusesWhenTheQueueIsFull) {
-  daemon::WorkerPool pool(1, 2);
-  std::mutex m;
-  std::condition_variable cv;
-  bool release = false;
-  std::atomic<int> started{0};
-  std::atomic<int> ran{0};
-  auto blocker = [&] {
-    ++started;
-    std::unique_lock lock(m);
-    cv.wait(lock, [&] { return release; });
-    ++ran;
-  };
-  ASSERT_TRUE(pool.try_submit(blocker));
-  while (started.load() == 0) std::this_thread::yield();  // the worker holds the first job
-  EXPECT_TRUE(pool.try_submit([&] { ++ran; }));
-  EXPECT_TRUE(pool.try_submit([&] { ++ran; }));
-  EXPECT_FALSE(pool.try_submit([&] { ++ran; }));  // queue of 2 is full
-  EXPECT_EQ(pool.queued(), 2u);
-  EXPECT_EQ(pool.running(), 1u);
-  {
-    std::lock_guard lock(m);
-    release = true;
-  }
-  cv.notify_all();
-  pool.stop();  // drains the queue
-  EXPECT_EQ(ran.load(), 3);
-  EXPECT_FALSE(pool.try_submit([] {}));
-}
-
-TEST(DaemonWorkerPool, ParallelWorkersRunConcurrently) {
-  daemon::WorkerPool pool(3, 16);
-  std::atomic<int> inside{0};
-  std::atomic<int> peak{0};
-  std::atomic<int> done{0};
-  std::mutex m;
-  std::condition_variable cv;
-  int arrived = 0;
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(pool.try_submit([&] {
-      int now = ++inside;
-      int p = peak.load();
-      while (now > p && !peak.compare_exchange_weak(p, now)) {
-      }
-      std::unique_lock lock(m);
-      ++arrived;
-      cv.notify_all();
-      cv.wait(lock, [&] { return arrived == 3; });  // a barrier: only passable if all three run at once
-      --inside;
-      ++done;
-    }));
-  }
-  pool.stop();
-  EXPECT_EQ(done.load(), 3);
-  EXPECT_EQ(peak.load(), 3);
-}
-
-// Workers get an explicit stack (chat templates are rendered there), whatever RLIMIT_STACK says.
-TEST(DaemonWorkerPool, WorkersHaveTheExplicitStackSize) {
-  daemon::WorkerPool pool(1, 1);
-  std::atomic<size_t> size{0};
-  ASSERT_TRUE(pool.try_submit([&] {
-    pthread_attr_t attr;
-    size_t s = 0;
-    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
-      pthread_attr_getstacksize(&attr, &s);
-      pthread_attr_destroy(&attr);
-    }
-    size = s;
-  }));
-  pool.stop();
-  EXPECT_GE(size.load(), daemon::WorkerPool::kStackBytes);
 }
 
 }  // namespace
