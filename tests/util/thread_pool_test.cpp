@@ -133,18 +133,20 @@ TEST(ThreadPool, ParallelForSharesFinishesAStalledThreadsShare) {
   const int64_t n = 300;
   std::atomic<int64_t> done{0};
   std::atomic<bool> all_but_one{false};
-  const std::thread::id caller = std::this_thread::get_id();
-  bool caller_stalled = false;
+  std::atomic<int> stalls{0};
   pool.parallel_for_shares(n, 1, 0, [&](int64_t b, int64_t e) {
-    if (std::this_thread::get_id() == caller && !caller_stalled) {
-      // The caller (share 0) stalls in its first chunk until every other chunk is done.
-      caller_stalled = true;
+    if (b == 0) {
+      // Whoever runs the first chunk of share 0 (the caller, unless it was descheduled so long that the
+      // workers took its whole share - stealers take from the back, so this chunk goes last) stalls there
+      // until every other chunk is done: the others must finish the rest of its share.
+      stalls.fetch_add(1);
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (done.load() < n - 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
       all_but_one.store(done.load() == n - 1);
     }
     done.fetch_add(e - b);
   });
+  EXPECT_EQ(stalls.load(), 1) << "chunk 0 runs once";
   EXPECT_TRUE(all_but_one.load());
   EXPECT_EQ(done.load(), n);
 }
