@@ -51,6 +51,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   row_pos_.resize(sz(B));
   gemm_.resize(sz(B));
   keep_.resize(sz(B));
+  keep_gemm_.resize(sz(B));
   if (hp_.is_moe()) {
     const int64_t E = hp_.n_expert;
     const int64_t K = hp_.n_expert_used;
@@ -81,7 +82,8 @@ uint64_t ForwardPass::scratch_bytes() const {
                slot_out_.size() + xe_.size();
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
-                        row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t);
+                        row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
+                        keep_gemm_.size();
   return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
@@ -103,8 +105,8 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
     f += 2 * B * E + B * K + B * K * embd + B * embd;  // router_, probs_, sel_w_, slot_out_, xe_
     i += B * K + B * K + (E + 1) + E + E;  // sel_ids_, group_rows_, group_start_, cursor_, active_
   }
-  // row_token_, row_kv_, row_pos_, gemm_, keep_
-  const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t));
+  // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_
+  const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t) + 1);
   return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
@@ -190,15 +192,18 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
     CAR_CHECK(ch.kv != nullptr && len > 0 && n + len <= max_batch_);
     CAR_CHECK(ch.kv->n_past() + len <= ch.kv->n_ctx());
     for (size_t d = 0; d < c; ++d) CAR_CHECK(chunks[d].kv != ch.kv);
-    const int64_t whole = len - len % 4;
+    const int64_t pos0 = ch.kv->n_past();
+    const int64_t gemm_end = ch.gemm_end >= 0 ? ch.gemm_end : pos0 + len - len % 4;
     for (int64_t j = 0; j < len; ++j) {
       const int64_t i = n + j;
       row_token_[sz(i)] = ch.tokens[sz(j)];
       row_kv_[sz(i)] = ch.kv;
-      row_pos_[sz(i)] = ch.kv->n_past() + j;
-      gemm_[sz(i)] = j < whole ? 1 : 0;
-      const bool keep = ch.output == SeqChunk::Output::all || (ch.output == SeqChunk::Output::last && j == len - 1);
-      if (keep) keep_[sz(n_keep++)] = static_cast<int32_t>(i);
+      row_pos_[sz(i)] = pos0 + j;
+      gemm_[sz(i)] = pos0 + j < gemm_end ? 1 : 0;
+      if (ch.output == SeqChunk::Output::all || (ch.output == SeqChunk::Output::last && j == len - 1)) {
+        keep_gemm_[sz(n_keep)] = ch.output == SeqChunk::Output::all ? gemm_[sz(i)] : 0;
+        keep_[sz(n_keep++)] = static_cast<int32_t>(i);
+      }
     }
     n += len;
   }
@@ -223,16 +228,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
           std::memmove(proj_.data() + j * E, proj_.data() + from * E, sz(E) * sizeof(float));
         }
       }
-      // Kept rows: whole chunks (Output::all) keep their order; a chunk's single last row is gemv.
-      int64_t j = 0;
-      for (const SeqChunk& ch : chunks) {
-        const int64_t len = static_cast<int64_t>(ch.tokens.size());
-        if (ch.output == SeqChunk::Output::all) {
-          for (int64_t t = 0; t < len; ++t) gemm_[sz(j++)] = t < len - len % 4 ? 1 : 0;
-        } else if (ch.output == SeqChunk::Output::last) {
-          gemm_[sz(j++)] = 0;
-        }
-      }
+      std::copy(keep_gemm_.begin(), keep_gemm_.begin() + n_keep, gemm_.begin());
       rows = n_keep;
       if (rows == 0) break;
     }

@@ -56,6 +56,11 @@ struct SeqChunk {
   KvCache* kv = nullptr;
   std::span<const int32_t> tokens;
   Output output = Output::none;
+  /// Repacked products (tensor::matmul_ordered): rows at positions below gemm_end take llama.cpp's gemm
+  /// order, the others its gemv order. -1 = the rule of a batch of this chunk alone (its whole groups of 4
+  /// rows gemm). The scheduler gives a prompt's rows gemm_end = the prompt's whole groups of 4 from
+  /// position 0, so a row's order depends neither on the chunking nor on a reused prefix.
+  int64_t gemm_end = -1;
 };
 
 class ForwardPass {
@@ -71,12 +76,11 @@ class ForwardPass {
   Result<void> eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows);
 
   /// Evaluate several sequences' chunks in one pass (continuous batching): every weight product runs once
-  /// over all their rows, attention reads each row's own cache. Each row is computed exactly as eval() of
-  /// its sequence alone computes it when that call's batch is this chunk: a row's summation order depends
-  /// only on its place in its own chunk (matmul_ordered), never on the company, so a sequence's results are
-  /// bit-identical alone and batched - provided its chunks are split the same way or, for a prompt, every
-  /// chunk but the last holds a multiple of 4 tokens (which makes the split irrelevant). `logits` receives
-  /// n_vocab floats per output row, in chunk order (Output::last: one row, Output::all: one per token).
+  /// over all their rows, attention reads each row's own cache. A row's summation order depends only on its
+  /// own chunk (its position against gemm_end, see SeqChunk; matmul_ordered), never on the company, so a
+  /// sequence's results are bit-identical alone and batched. With gemm_end = -1 a chunk's rows are computed
+  /// as eval() of that chunk alone computes them. `logits` receives n_vocab floats per output row, in chunk
+  /// order (Output::last: one row, Output::all: one per token).
   /// Preconditions: 1 <= total tokens <= max_batch(); each chunk fits its cache; no cache appears twice.
   /// Errors: the expert source's (io_error); then no cache is advanced.
   Result<void> eval_step(std::span<const SeqChunk> chunks, float* logits);
@@ -160,7 +164,8 @@ class ForwardPass {
   std::vector<KvCache*> row_kv_;
   std::vector<int64_t> row_pos_;
   std::vector<uint8_t> gemm_;
-  std::vector<int32_t> keep_;  // rows carried through the last layer (those that give logits)
+  std::vector<int32_t> keep_;      // rows carried through the last layer (those that give logits)
+  std::vector<uint8_t> keep_gemm_;  // their orders there (a chunk's lone last row: gemv)
 };
 
 }  // namespace car::engine
