@@ -57,6 +57,8 @@ struct LoadOptions {
   int parallel = 1;
   /// Tokens per batched step (decode rows + prompt chunks); 0 = the forward pass's batch size.
   int64_t step_tokens = 0;
+  /// Requests that may wait for a sequence slot; one more is refused with `busy`. 0 = no limit.
+  int max_queued = 0;
 };
 
 /// Whether to stream a model's experts, and why (for the caller's log).

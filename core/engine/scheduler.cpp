@@ -89,6 +89,12 @@ SchedulerStats Scheduler::stats() const {
   s.steps = steps_;
   s.tokens_generated = tokens_generated_;
   s.batched_rows = batched_rows_;
+  const auto now = Clock::now();
+  uint64_t recent = 0;
+  for (const auto& [t, n] : recent_) {
+    if (now - t <= kRateWindow) recent += n;
+  }
+  s.tokens_per_s = static_cast<double>(recent) / std::chrono::duration<double>(kRateWindow).count();
   return s;
 }
 
@@ -128,6 +134,14 @@ void Scheduler::submit(const GenerateRequest& req, GenerateCallbacks cb, const s
   job->n_prompt = n_prompt;
   {
     MutexLock lock(mu_);
+    const int waiting = static_cast<int>(queue_.size());
+    if (options_.max_queued > 0 && waiting >= options_.max_queued) {
+      lock.unlock();
+      job->cb.on_done(make_error(errc::kBusy, "the model's queue is full (" + std::to_string(waiting) +
+                                                  " requests waiting for its " + std::to_string(options_.slots) +
+                                                  " sequences); retry later"));
+      return;
+    }
     queue_.push_back(std::move(job));
   }
   cv_.notify_all();
@@ -415,6 +429,9 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
 
   MutexLock lock(mu_);
   tokens_generated_ += sampled;
+  const auto end = Clock::now();
+  if (sampled > 0) recent_.emplace_back(end, sampled);
+  while (!recent_.empty() && end - recent_.front().first > kRateWindow) recent_.pop_front();
   for (auto it = running_.begin(); it != running_.end();) {
     if ((*it)->done) {
       Slot& s = *(*it)->slot;

@@ -46,6 +46,7 @@ struct SchedulerOptions {
   int slots = 1;            ///< sequences run at once (each a KV cache of n_ctx tokens, allocated on first use)
   int64_t n_ctx = 0;        ///< tokens per slot
   int64_t step_tokens = 0;  ///< rows per step (decode tokens + prompt chunks); 0 = the forward pass's max_batch
+  int max_queued = 0;       ///< requests waiting for a slot beyond which submit() refuses with busy; 0 = no limit
 };
 
 /// What a request's caller hears. on_token may be empty.
@@ -64,10 +65,14 @@ struct SchedulerStats {
   uint64_t steps = 0;           ///< steps run since load
   uint64_t tokens_generated = 0;
   uint64_t batched_rows = 0;    ///< rows evaluated over all steps (prompt + decode)
+  /// Tokens generated per second over the last kRateWindow (up to now; 0 when idle that long).
+  double tokens_per_s = 0;
 };
 
 class Scheduler {
  public:
+  static constexpr std::chrono::seconds kRateWindow{10};
+
   Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
             std::shared_ptr<const gguf::GgufFile> file, std::unique_ptr<ForwardPass> forward,
             const SchedulerOptions& options);
@@ -124,6 +129,8 @@ class Scheduler {
   uint64_t steps_ CAR_GUARDED_BY(mu_) = 0;
   uint64_t tokens_generated_ CAR_GUARDED_BY(mu_) = 0;
   uint64_t batched_rows_ CAR_GUARDED_BY(mu_) = 0;
+  // (step end, tokens sampled in it) over the last kRateWindow, for SchedulerStats::tokens_per_s.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> recent_ CAR_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -37,7 +37,7 @@ TinySpec q4k_spec(bool moe) {
 
 class SchedulerTest : public ::testing::Test {
  public:
-  std::shared_ptr<LoadedModel> load(const TinySpec& s, int parallel, int64_t step_tokens = 0) {
+  std::shared_ptr<LoadedModel> load(const TinySpec& s, int parallel, int64_t step_tokens = 0, int max_queued = 0) {
     const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
     testing::write_tiny_model(p, s);
     LoadOptions o;
@@ -45,6 +45,7 @@ class SchedulerTest : public ::testing::Test {
     o.context_length = 128;
     o.parallel = parallel;
     o.step_tokens = step_tokens;
+    o.max_queued = max_queued;
     auto m = load_model(p, o);
     EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
     return m.ok() ? *m : nullptr;
@@ -120,6 +121,11 @@ void check_company(SchedulerTest& t, const TinySpec& s, int n_requests, int para
   const SchedulerStats st = model_scheduler_stats(*m);
   EXPECT_EQ(st.active, 0);
   EXPECT_EQ(st.queued, 0);
+  uint64_t tokens = 0;
+  for (const auto& r : together) tokens += r.tokens.size();
+  EXPECT_EQ(st.tokens_generated, tokens);
+  EXPECT_GT(st.tokens_per_s, 0);  // generated within the last window
+  EXPECT_LE(st.steps, tokens + reqs.size() * 40);
 }
 
 TEST_F(SchedulerTest, DenseRequestsGetTheSameOutputAloneAndInCompany) {
@@ -165,9 +171,10 @@ TEST_F(SchedulerTest, ReusedPrefixGivesTheSameOutputAndSkipsItsRows) {
             10u + static_cast<uint64_t>(b.max_tokens - 1));
 }
 
-// One slot: requests start in the order they arrived, and each waits in the queue (not on a lock).
+// One slot: requests start in the order they arrived, and each waits in the queue (not on a lock); with
+// max_queued 4 a fifth waiting request is refused with busy at once.
 TEST_F(SchedulerTest, QueueIsFirstComeFirstServed) {
-  auto m = load(q4k_spec(false), 1);
+  auto m = load(q4k_spec(false), 1, 0, 4);
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int> started;
@@ -211,6 +218,15 @@ TEST_F(SchedulerTest, QueueIsFirstComeFirstServed) {
     }
   }
   EXPECT_EQ(model_scheduler_stats(*m).queued, 4);
+  bool refused = false;
+  GenerateCallbacks extra;
+  extra.on_done = [&](Result<GenerateResult> r) {
+    refused = true;
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, "busy");
+  };
+  submit(*m, reqs[0], std::move(extra), nullptr);
+  EXPECT_TRUE(refused);
   release = true;
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return done == 5; });
