@@ -256,17 +256,17 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
     // No seed asked for: a fresh one (reported in the result), so sampled text differs run to run.
     if (!req.infer.seed_given) req.infer.generate.sampling.seed = fresh_seed();
     req.stream_experts = req.infer.stream_experts;
+    req.keep_alive = req.infer.keep_alive;
   } else {
     auto stream_experts = protocol::stream_experts_field(req.body);
     if (!stream_experts) return fail(protocol::code::kBadRequest, stream_experts.error().message);
     req.stream_experts = std::move(*stream_experts);
+    auto keep_alive = protocol::keep_alive_field(req.body);
+    if (!keep_alive) return fail(protocol::code::kBadRequest, keep_alive.error().message);
+    if (*keep_alive) req.keep_alive = std::chrono::seconds(**keep_alive);
   }
-  auto keep_alive = protocol::keep_alive_field(req.body);
-  if (!keep_alive) return fail(protocol::code::kBadRequest, keep_alive.error().message);
-  if (*keep_alive) {
-    // Longer than the admin allows: cut, and the reply's keep_alive_s says what applies.
-    req.keep_alive = std::min(std::chrono::seconds(**keep_alive), options_.live.max_keep_alive);
-  }
+  // Longer than the admin allows: cut, and the reply's keep_alive_s says what applies.
+  if (req.keep_alive) req.keep_alive = std::min(*req.keep_alive, options_.live.max_keep_alive);
   auto resolved = resolve_model(options_.models_dir, req.model);
   if (!resolved) return fail(protocol::wire_code(resolved.error().code), resolved.error().message);
   req.resolved = std::move(*resolved);

@@ -271,7 +271,7 @@ void setup_client_commands(CLI::App& root) {
     cmd->add_flag("--logprobs", logprobs, "print each generated token's log-probability after the text");
     cmd->add_option("--top-logprobs", top_logprobs,
                     "also the N most likely tokens at each position, at most " +
-                        std::to_string(protocol::kMaxTopLogprobs) + " (implies --logprobs; default: 0)");
+                        std::to_string(limits::kMaxTopLogprobs) + " (implies --logprobs; default: 0)");
     cmd->add_option("--num-ctx", num_ctx,
                     "this request's context window in tokens, 0 = the context the model is loaded with "
                     "(default: the daemon's)");

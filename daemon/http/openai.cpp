@@ -201,8 +201,9 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
     }
     if (present(body, "top_logprobs")) {
       const json& t = body.at("top_logprobs");
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > 20) {
-        return bad("'top_logprobs' must be an integer from 0 to 20", "top_logprobs", "invalid_value");
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > limits::kMaxTopLogprobs) {
+        return bad("'top_logprobs' must be an integer from 0 to " + std::to_string(limits::kMaxTopLogprobs),
+                   "top_logprobs", "invalid_value");
       }
       if (!out.logprobs) return bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
       out.top_logprobs = static_cast<int>(t.get<int64_t>());

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <tuple>
 
 #include "daemon/protocol/reply_lines.h"
 
@@ -22,6 +21,10 @@ std::string type_name(const json& v) {
   return v.type_name();
 }
 
+std::string field(std::string_view name) {
+  return "field '" + std::string(name) + "'";
+}
+
 /// A client-supplied field name quoted for a message: as a JSON string when it holds anything but plain
 /// printable ASCII, else in single quotes.
 std::string log_name(const std::string& key) {
@@ -31,32 +34,30 @@ std::string log_name(const std::string& key) {
   return json(key.substr(0, 64)).dump(-1, ' ', true, json::error_handler_t::replace);
 }
 
-/// An integer field in [lo, hi]. Accepts JSON integers and integral floats (1.0), nothing else.
-Result<std::optional<int64_t>> int_field(const json& body, const char* name, int64_t lo, int64_t hi) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::optional<int64_t>{};
-  int64_t v = 0;
-  if (it->is_number_integer()) {
-    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-      return bad(std::string("field '") + name + "' out of range");
+/// An integer in [lo, hi]. Accepts JSON integers and integral floats (1.0), nothing else.
+Result<int64_t> integer_value(std::string_view name, const json& v, int64_t lo, int64_t hi) {
+  int64_t n = 0;
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      return bad(field(name) + " out of range");
     }
-    v = it->get<int64_t>();
-  } else if (it->is_number_float()) {
-    double d = it->get<double>();
+    n = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    double d = v.get<double>();
     if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) ||
         d > static_cast<double>(hi)) {
-      return bad(std::string("field '") + name + "' must be an integer in [" + std::to_string(lo) + ", " +
-                 std::to_string(hi) + "]");
+      return bad(field(name) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                 "]");
     }
-    v = static_cast<int64_t>(d);
+    n = static_cast<int64_t>(d);
   } else {
-    return bad(std::string("field '") + name + "' must be an integer, got " + type_name(*it));
+    return bad(field(name) + " must be an integer, got " + type_name(v));
   }
-  if (v < lo || v > hi) {
-    return bad(std::string("field '") + name + "' = " + std::to_string(v) + " is outside [" +
-               std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  if (n < lo || n > hi) {
+    return bad(field(name) + " = " + std::to_string(n) + " is outside [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "]");
   }
-  return std::optional<int64_t>{v};
+  return n;
 }
 
 /// A range bound as a person writes it ("0", "0.5", "100"), not std::to_string's "0.000000".
@@ -66,17 +67,129 @@ std::string number_text(double v) {
   return buf;
 }
 
-Result<std::optional<double>> number_field(const json& body, const char* name, double lo, double hi) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::optional<double>{};
-  if (!it->is_number())
-    return bad(std::string("field '") + name + "' must be a number, got " + type_name(*it));
-  double v = it->get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi) {
-    return bad(std::string("field '") + name + "' must be in [" + number_text(lo) + ", " + number_text(hi) +
-               "]");
+/// `keep_alive`'s value: whole seconds, with a message that says so.
+Result<int64_t> keep_alive_value(const json& v) {
+  if (!v.is_number()) {
+    return bad("field 'keep_alive' must be a number of seconds (0: unload after this request), got " +
+               type_name(v));
   }
-  return std::optional<double>{v};
+  return integer_value("keep_alive", v, 0, limits::kMaxIdleSecs);
+}
+
+Result<StreamExperts> stream_experts_value(const json& v) {
+  if (v.is_string()) {
+    if (auto mode = parse_stream_experts(v.get_ref<const std::string&>())) return *mode;
+  }
+  return bad("field 'stream_experts' must be \"on\", \"off\" or \"auto\", got " + dump(v));
+}
+
+// ---- The readers of the infer rows: one per member type, each given its row and a value other than null.
+
+Result<void> read(const InferFieldInfo& f, json& v, std::string& out) {
+  if (!v.is_string()) return bad(field(f.name) + " must be a string, got " + type_name(v));
+  out = std::move(v.get_ref<std::string&>());
+  return {};
+}
+
+Result<void> read(const InferFieldInfo& f, json& v, std::optional<std::string>& out) {
+  return read(f, v, out.emplace());
+}
+
+Result<void> read(const InferFieldInfo& f, json& v, bool& out) {
+  if (!v.is_boolean()) return bad(field(f.name) + " must be a boolean, got " + type_name(v));
+  out = v.get<bool>();
+  return {};
+}
+
+Result<void> read(const InferFieldInfo& f, json& v, int& out) {
+  auto n = integer_value(f.name, v, static_cast<int64_t>(f.lo), static_cast<int64_t>(f.hi));
+  if (!n) return n.error();
+  out = static_cast<int>(*n);
+  return {};
+}
+
+Result<void> read(const InferFieldInfo& f, json& v, float& out) {
+  if (!v.is_number()) return bad(field(f.name) + " must be a number, got " + type_name(v));
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < f.lo || d > f.hi) {
+    return bad(field(f.name) + " must be in [" + number_text(f.lo) + ", " + number_text(f.hi) + "]");
+  }
+  out = static_cast<float>(d);
+  return {};
+}
+
+/// `seed`: any JSON integer 0..2^64-1 (not a float: a seed must come back exactly as sent).
+Result<void> read(const InferFieldInfo& f, json& v, uint64_t& out) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0)) {
+    return bad(field(f.name) + " must be a non-negative integer");
+  }
+  out = v.get<uint64_t>();
+  return {};
+}
+
+/// `stop`: a string or an array of non-empty strings.
+Result<void> read(const InferFieldInfo& f, json& v, std::vector<std::string>& out) {
+  if (v.is_string()) {
+    out.push_back(std::move(v.get_ref<std::string&>()));
+  } else if (v.is_array()) {
+    for (json& s : v) {
+      if (!s.is_string()) return bad(field(f.name) + " must be a string or an array of strings");
+      out.push_back(std::move(s.get_ref<std::string&>()));
+    }
+  } else {
+    return bad(field(f.name) + " must be a string or an array of strings");
+  }
+  for (const auto& s : out) {
+    if (s.empty()) return bad(field(f.name) + " must not contain an empty string");
+  }
+  return {};
+}
+
+/// `messages`: a non-empty array of objects with a string `role` and a string or null `content`.
+Result<void> read(const InferFieldInfo& f, json& v, std::optional<json>& out) {
+  if (!v.is_array() || v.empty()) {
+    return bad(field(f.name) + " must be a non-empty array of {\"role\", \"content\"} objects");
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& m = v[i];
+    const std::string where = std::string(f.name) + "[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad(field(where) + " must be an object, got " + type_name(m));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return bad(field(where + ".role") + " must be a string");
+    if (auto content = m.find("content");
+        content != m.end() && !content->is_null() && !content->is_string()) {
+      return bad(field(where + ".content") + " must be a string or null, got " + type_name(*content));
+    }
+  }
+  out = std::move(v);
+  return {};
+}
+
+Result<void> read(const InferFieldInfo&, json& v, std::optional<StreamExperts>& out) {
+  auto mode = stream_experts_value(v);
+  if (!mode) return mode.error();
+  out = *mode;
+  return {};
+}
+
+Result<void> read(const InferFieldInfo&, json& v, std::optional<std::chrono::seconds>& out) {
+  auto secs = keep_alive_value(v);
+  if (!secs) return secs.error();
+  out = std::chrono::seconds(*secs);
+  return {};
+}
+
+/// Field `field` of `p` set from `value` (not null) by its row's reader.
+Result<void> read_field(InferField id, json& value, InferParams& p) {
+  switch (id) {
+#define CAR_INFER_FIELD_READ(e, name, type, lo, hi, member, openai) \
+  case InferField::e:                                               \
+    return read(info(id), value, p.member);
+    CAR_INFER_FIELDS(CAR_INFER_FIELD_READ)
+#undef CAR_INFER_FIELD_READ
+  }
+  CAR_CHECK(false);  // every enumerator has its case
+  return {};
 }
 
 /// Levenshtein distance of two short field names (case-sensitive), for did-you-mean suggestions.
@@ -102,13 +215,11 @@ const std::vector<std::string_view>& known_fields(Op op) {
   static const std::vector<std::string_view> kLoad = {"model", "stream_experts", "keep_alive"};
   static const std::vector<std::string_view> kInvalidate = {"model"};
   static const std::vector<std::string_view> kCancel = {"target"};
-  static const std::vector<std::string_view> kInfer = {
-      "model",         "prompt",         "messages",     "add_generation_prompt",
-      "chat_template", "max_tokens",     "temperature",  "top_k",
-      "top_p",         "seed",           "stop",         "stream",
-      "ignore_eos",    "stream_experts", "min_p",        "repeat_penalty",
-      "repeat_last_n", "logprobs",       "top_logprobs", "num_ctx",
-      "keep_alive"};
+  static const std::vector<std::string_view> kInfer = [] {
+    std::vector<std::string_view> names;
+    for (const InferFieldInfo& f : kInferFields) names.push_back(f.name);
+    return names;
+  }();
   switch (op) {
     case Op::kLoad:
       return kLoad;
@@ -173,129 +284,49 @@ Result<std::string> model_field(const json& body) {
 Result<std::optional<StreamExperts>> stream_experts_field(const json& body) {
   auto it = body.find("stream_experts");
   if (it == body.end() || it->is_null()) return std::optional<StreamExperts>{};
-  if (it->is_string()) {
-    if (auto v = parse_stream_experts(it->get_ref<const std::string&>())) return std::optional<StreamExperts>{*v};
-  }
-  return bad("field 'stream_experts' must be \"on\", \"off\" or \"auto\", got " + dump(*it));
+  auto mode = stream_experts_value(*it);
+  if (!mode) return mode.error();
+  return std::optional<StreamExperts>{*mode};
 }
 
 Result<std::optional<int64_t>> keep_alive_field(const json& body) {
   auto it = body.find("keep_alive");
-  if (it != body.end() && !it->is_null() && !it->is_number()) {
-    return bad("field 'keep_alive' must be a number of seconds (0: unload after this request), got " +
-               type_name(*it));
+  if (it == body.end() || it->is_null()) return std::optional<int64_t>{};
+  auto secs = keep_alive_value(*it);
+  if (!secs) return secs.error();
+  return std::optional<int64_t>{*secs};
+}
+
+void InferBuilder::set(InferField id, json value) {
+  if (value.is_null()) return;
+  given_.set(static_cast<std::size_t>(id));
+  if (auto r = read_field(id, value, params_); !r && !error_) error_ = r.error();
+}
+
+Result<InferParams> InferBuilder::finish() && {
+  if (!given(InferField::kModel)) return bad("field 'model' is missing");
+  const bool has_prompt = given(InferField::kPrompt);
+  const bool has_messages = given(InferField::kMessages);
+  if (has_prompt && has_messages) return bad("give 'prompt' or 'messages', not both");
+  if (!has_prompt && !has_messages) return bad("field 'prompt' (or 'messages') is missing");
+  if (error_) return *error_;
+  for (InferField f : {InferField::kAddGenerationPrompt, InferField::kChatTemplate}) {
+    if (given(f) && !has_messages) return bad(field(info(f).name) + " applies to 'messages' only");
   }
-  return int_field(body, "keep_alive", 0, kMaxKeepAliveSecs);
+  engine::GenerateRequest& g = params_.generate;
+  if (g.sampling.repeat_penalty <= 0) return bad("field 'repeat_penalty' must be > 0 (1 = off)");
+  if (g.top_logprobs > 0) g.logprobs = true;  // top_logprobs implies logprobs
+  params_.seed_given = given(InferField::kSeed);
+  return std::move(params_);
 }
 
 Result<InferParams> parse_infer(const json& body) {
-  InferParams p;
-  auto model = model_field(body);
-  if (!model) return model.error();
-  p.model = std::move(*model);
-
-  auto prompt = body.find("prompt");
-  auto messages = body.find("messages");
-  const bool has_prompt = prompt != body.end() && !prompt->is_null();
-  const bool has_messages = messages != body.end() && !messages->is_null();
-  if (has_prompt && has_messages) return bad("give 'prompt' or 'messages', not both");
-  if (!has_prompt && !has_messages) return bad("field 'prompt' (or 'messages') is missing");
-  if (has_prompt) {
-    if (!prompt->is_string()) return bad("field 'prompt' must be a string, got " + type_name(*prompt));
-    p.generate.prompt = prompt->get<std::string>();
-  } else {
-    if (!messages->is_array() || messages->empty()) {
-      return bad("field 'messages' must be a non-empty array of {\"role\", \"content\"} objects");
-    }
-    for (size_t i = 0; i < messages->size(); ++i) {
-      const json& m = (*messages)[i];
-      const std::string where = "messages[" + std::to_string(i) + "]";
-      if (!m.is_object()) return bad("field '" + where + "' must be an object, got " + type_name(m));
-      auto role = m.find("role");
-      if (role == m.end() || !role->is_string()) return bad("field '" + where + ".role' must be a string");
-      if (auto content = m.find("content");
-          content != m.end() && !content->is_null() && !content->is_string()) {
-        return bad("field '" + where + ".content' must be a string or null, got " + type_name(*content));
-      }
-    }
-    p.messages = *messages;
+  InferBuilder builder;
+  for (std::size_t i = 0; i < kInferFieldCount; ++i) {
+    if (auto it = body.find(kInferFields[i].name); it != body.end())
+      builder.set(static_cast<InferField>(i), *it);
   }
-  if (auto it = body.find("add_generation_prompt"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean())
-      return bad("field 'add_generation_prompt' must be a boolean, got " + type_name(*it));
-    if (!has_messages) return bad("field 'add_generation_prompt' applies to 'messages' only");
-    p.add_generation_prompt = it->get<bool>();
-  }
-  if (auto it = body.find("chat_template"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) return bad("field 'chat_template' must be a string, got " + type_name(*it));
-    if (!has_messages) return bad("field 'chat_template' applies to 'messages' only");
-    p.chat_template = it->get<std::string>();
-  }
-
-  engine::GenerateRequest& g = p.generate;
-  engine::SamplingParams& sp = g.sampling;
-  auto max_tokens = int_field(body, "max_tokens", 0, kMaxTokensLimit);
-  if (!max_tokens) return max_tokens.error();
-  if (*max_tokens) g.max_tokens = static_cast<int>(**max_tokens);
-
-  // The sampler's settings (engine/sampler.h): a field absent or null keeps the engine's default.
-  for (auto [name, field, lo, hi] :
-       {std::tuple{"temperature", &sp.temperature, 0.0, 100.0}, std::tuple{"top_p", &sp.top_p, 0.0, 1.0},
-        std::tuple{"min_p", &sp.min_p, 0.0, 1.0},
-        std::tuple{"repeat_penalty", &sp.repeat_penalty, 0.0, 100.0}}) {
-    auto v = number_field(body, name, lo, hi);
-    if (!v) return v.error();
-    if (*v) *field = static_cast<float>(**v);
-  }
-  if (sp.repeat_penalty <= 0) return bad("field 'repeat_penalty' must be > 0 (1 = off)");
-  for (auto [name, field, hi] :
-       {std::tuple{"top_k", &sp.top_k, int64_t{std::numeric_limits<int32_t>::max()}},
-        std::tuple{"repeat_last_n", &sp.repeat_last_n, int64_t{kMaxTokensLimit} * 16},
-        std::tuple{"top_logprobs", &g.top_logprobs, int64_t{kMaxTopLogprobs}},
-        std::tuple{"num_ctx", &g.num_ctx, int64_t{kMaxContextLimit}}}) {
-    auto v = int_field(body, name, 0, hi);
-    if (!v) return v.error();
-    if (*v) *field = static_cast<int>(**v);
-  }
-
-  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_integer() ||
-        (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() < 0)) {
-      return bad("field 'seed' must be a non-negative integer");
-    }
-    sp.seed = it->get<uint64_t>();
-    p.seed_given = true;
-  }
-
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      g.stop.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      for (const auto& s : *it) {
-        if (!s.is_string()) return bad("field 'stop' must be a string or an array of strings");
-        g.stop.push_back(s.get<std::string>());
-      }
-    } else {
-      return bad("field 'stop' must be a string or an array of strings");
-    }
-    for (const auto& s : g.stop) {
-      if (s.empty()) return bad("field 'stop' must not contain an empty string");
-    }
-  }
-
-  for (auto [name, field] : {std::pair{"stream", &p.stream}, std::pair{"ignore_eos", &g.ignore_eos},
-                             std::pair{"logprobs", &g.logprobs}}) {
-    if (auto it = body.find(name); it != body.end() && !it->is_null()) {
-      if (!it->is_boolean())
-        return bad(std::string("field '") + name + "' must be a boolean, got " + type_name(*it));
-      *field = it->get<bool>();
-    }
-  }
-  if (g.top_logprobs > 0) g.logprobs = true;  // top_logprobs implies logprobs
-  auto stream_experts = stream_experts_field(body);
-  if (!stream_experts) return stream_experts.error();
-  p.stream_experts = std::move(*stream_experts);
-  return p;
+  return std::move(builder).finish();
 }
 
 }  // namespace car::protocol

@@ -160,7 +160,7 @@ TEST(DaemonProtocol, KeepAliveIsWholeSecondsOrAbsent) {
     EXPECT_EQ(r.error().code, "bad_request");
     EXPECT_NE(r.error().message.find("keep_alive"), std::string::npos) << r.error().message;
   }
-  EXPECT_FALSE(protocol::keep_alive_field(json{{"keep_alive", protocol::kMaxKeepAliveSecs + 1}}).ok());
+  EXPECT_FALSE(protocol::keep_alive_field(json{{"keep_alive", limits::kMaxIdleSecs + 1}}).ok());
 }
 
 TEST(DaemonProtocol, ValidatesChatMessages) {
