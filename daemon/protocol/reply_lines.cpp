@@ -43,8 +43,8 @@ class LineBuilder {
   struct State {
     bool building = false;
     std::string out;  // before serializer, which appends to it
-    nlohmann::detail::serializer<json> serializer{nlohmann::detail::output_adapter<char, std::string>(out), ' ',
-                                                  json::error_handler_t::replace};
+    nlohmann::detail::serializer<json> serializer{nlohmann::detail::output_adapter<char, std::string>(out),
+                                                  ' ', json::error_handler_t::replace};
   };
   static State& thread_state() {
     thread_local State state;
@@ -77,39 +77,76 @@ std::string error_line(const json& id, std::string_view code, std::string_view m
 }
 
 namespace {
-json logprob_entry(const TokenLogprob& lp) {
-  return {{"token", lp.token}, {"text", lp.text}, {"logprob", lp.logprob}};
+
+/// `{"logprob":...,"text":...,"token":...` - a logprob entry's members (the keys in a document's order),
+/// without the closing brace.
+void logprob_members(LineBuilder& b, const TokenLogprob& lp) {
+  b.raw(R"({"logprob":)").value(json(lp.logprob)).raw(R"(,"text":)").value(json(lp.text));
+  b.raw(R"(,"token":)").value(json(lp.token));
 }
-json top_json(const TokenLogprobs& lp) {
-  json top = json::array();
-  for (const auto& t : lp.top_logprobs) top.push_back(logprob_entry(t));
-  return top;
+
+/// `[{"logprob","text","token"}, ...]`: the alternatives of one position.
+void top_logprobs_array(LineBuilder& b, const TokenLogprobs& lp) {
+  b.raw("[");
+  for (std::size_t i = 0; i < lp.top_logprobs.size(); ++i) {
+    if (i > 0) b.raw(",");
+    logprob_members(b, lp.top_logprobs[i]);
+    b.raw("}");
+  }
+  b.raw("]");
 }
+
 }  // namespace
 
-json logprobs_json(const TokenLogprobs& lp) {
-  json j = logprob_entry(lp);
-  j["top_logprobs"] = top_json(lp);
-  return j;
+std::string token_line(const json& id, const TokenEvent& event) {
+  // The keys in the order a json object dumps them.
+  LineBuilder b;
+  b.raw(R"({"event":"token","id":)").value(id);
+  if (event.logprobs) b.raw(R"(,"logprob":)").value(json(event.logprobs->logprob));
+  b.raw(R"(,"text":)").value(json(event.text)).raw(R"(,"token":)").value(json(event.token));
+  if (event.logprobs) {
+    b.raw(R"(,"top_logprobs":)");
+    top_logprobs_array(b, *event.logprobs);
+  }
+  return b.raw("}").take();
 }
 
-std::string token_line(const json& id, const TokenEvent& event) {
-  if (event.logprobs) {
-    json j = {{"id", id}, {"event", "token"}, {"text", event.text}, {"token", event.token}};
-    j["logprob"] = event.logprobs->logprob;
-    j["top_logprobs"] = top_json(*event.logprobs);
-    return dump(j);
+std::string infer_line(const json& id, const InferResult& r) {
+  const GenerateOutput& out = r.output;
+  // The result's members in the order a json object dumps them (sorted by key).
+  LineBuilder b;
+  b.raw(R"({"id":)").value(id).raw(R"(,"ok":true,"result":{)");
+  if (!out.chat_template.empty()) b.raw(R"("chat_template":)").value(json(out.chat_template)).raw(",");
+  b.raw(R"("finish_reason":)").value(json(out.finish_reason));
+  if (r.keep_alive_given) {
+    b.raw(R"(,"keep_alive_s":)").value(r.keep_alive_s ? json(*r.keep_alive_s) : json(nullptr));
   }
-  // The common case without a document (the keys in the order a json object dumps them).
-  return LineBuilder()
-      .raw(R"({"event":"token","id":)")
-      .value(id)
-      .raw(R"(,"text":)")
-      .value(json(event.text))
-      .raw(R"(,"token":)")
-      .value(json(event.token))
-      .raw("}")
-      .take();
+  if (r.logprobs) {
+    b.raw(R"(,"logprobs":[)");
+    for (std::size_t i = 0; i < out.logprobs.size(); ++i) {
+      if (i > 0) b.raw(",");
+      logprob_members(b, out.logprobs[i]);
+      b.raw(R"(,"top_logprobs":)");
+      top_logprobs_array(b, out.logprobs[i]);
+      b.raw("}");
+    }
+    b.raw("]");
+  }
+  b.raw(R"(,"model":)").value(json(r.model));
+  b.raw(R"(,"seed":)").value(json(r.seed));
+  b.raw(R"(,"text":)").value(json(out.text));
+  b.raw(R"(,"timings":{"decode_ms":)").value(json(out.decode_ms));
+  b.raw(R"(,"load_ms":)").value(json(r.load_ms));
+  b.raw(R"(,"prompt_ms":)").value(json(out.prompt_ms));
+  b.raw(R"(,"queue_ms":)").value(json(r.queue_ms));
+  b.raw(R"(},"tokens":[)");
+  for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+    if (i > 0) b.raw(",");
+    b.value(json(out.tokens[i]));
+  }
+  b.raw(R"(],"usage":{"completion_tokens":)").value(json(out.tokens.size()));
+  b.raw(R"(,"prompt_tokens":)").value(json(out.prompt_tokens));
+  return b.raw("}}}").take();
 }
 
 }  // namespace car::protocol

@@ -25,7 +25,9 @@ std::string error_line(const nlohmann::json& id, std::string_view code, std::str
 /// the stream.
 std::string token_line(const nlohmann::json& id, const TokenEvent& event);
 
-/// `{"token", "text", "logprob", "top_logprobs": [{"token", "text", "logprob"}, ...]}`.
-nlohmann::json logprobs_json(const TokenLogprobs& lp);
+/// `{"id":..., "ok":true, "result":{...}}` for an `infer` result (docs/protocol.md): the bytes ok_line would
+/// write for the result as a document, written from the typed result without one (a result with logprobs
+/// is some 1.5 KB a token as a document).
+std::string infer_line(const nlohmann::json& id, const InferResult& result);
 
 }  // namespace car::protocol

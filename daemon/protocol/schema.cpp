@@ -300,11 +300,16 @@ Result<std::optional<int64_t>> keep_alive_field(const json& body) {
 void InferBuilder::set(InferField id, json value) {
   if (value.is_null()) return;
   given_.set(static_cast<std::size_t>(id));
-  if (auto r = read_field(id, value, params_); !r && !error_) error_ = r.error();
+  auto r = read_field(id, value, params_);
+  if (!r && (!error_ || id < error_field_)) {
+    error_ = r.error();
+    error_field_ = id;
+  }
 }
 
 Result<InferParams> InferBuilder::finish() && {
   if (!given(InferField::kModel)) return bad("field 'model' is missing");
+  if (error_ && error_field_ == InferField::kModel) return *error_;
   const bool has_prompt = given(InferField::kPrompt);
   const bool has_messages = given(InferField::kMessages);
   if (has_prompt && has_messages) return bad("give 'prompt' or 'messages', not both");

@@ -143,19 +143,21 @@ constexpr const InferFieldInfo& info(InferField field) {
 /// OpenAI request, so both fronts validate alike and hand the handler the same type.
 class InferBuilder {
  public:
-  /// Set `field` from `value` (null: absent). A refused value is kept as the error finish() reports.
+  /// Set `field` from `value` (null: absent). A refused value is kept for finish() to report (of several,
+  /// the first in the table's order, whatever the order of the calls).
   void set(InferField field, nlohmann::json value);
   /// Was `field` set (to something other than null)?
   bool given(InferField field) const { return given_.test(static_cast<std::size_t>(field)); }
-  /// The request, or bad_request naming the field: `model` missing, `prompt` and `messages` both or neither,
-  /// then the first value a row refused, then a field for `messages` without them or a `repeat_penalty`
-  /// of 0.
+  /// The request, or bad_request naming the field: `model` missing or refused, `prompt` and `messages` both
+  /// or neither, then the first value a row refused, then a field for `messages` without them or a
+  /// `repeat_penalty` of 0.
   Result<InferParams> finish() &&;
 
  private:
   InferParams params_;
   std::bitset<kInferFieldCount> given_;
-  std::optional<Error> error_;  // the first value refused
+  std::optional<Error> error_;  // the refused value of the first field in the table's order
+  InferField error_field_ = InferField::kModel;
 };
 
 /// Read `model` (required string). Error bad_request naming the field.

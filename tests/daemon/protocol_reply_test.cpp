@@ -12,24 +12,93 @@ namespace {
 
 using nlohmann::json;
 
-TEST(DaemonProtocol, TokenEventsAndResultsCarryLogprobs) {
+protocol::TokenLogprobs sample_logprobs() {
   protocol::TokenLogprobs lp;
   lp.token = 7;
   lp.text = " a";
   lp.logprob = -0.25;
   lp.top_logprobs = {{7, " a", -0.25}, {9, " b", -1.5}};
-  const json entry = protocol::logprobs_json(lp);
-  EXPECT_EQ(
-      entry,
-      json::parse(
-          R"({"token":7,"text":" a","logprob":-0.25,"top_logprobs":[{"token":7,"text":" a","logprob":-0.25},{"token":9,"text":" b","logprob":-1.5}]})"));
-  const json with = json::parse(protocol::token_line(3, protocol::TokenEvent{7, " a", lp}));
+  return lp;
+}
+
+const char* const kSampleEntry =
+    R"({"token":7,"text":" a","logprob":-0.25,"top_logprobs":[{"token":7,"text":" a","logprob":-0.25},{"token":9,"text":" b","logprob":-1.5}]})";
+
+TEST(DaemonProtocol, TokenEventsAndResultsCarryLogprobs) {
+  const protocol::TokenLogprobs lp = sample_logprobs();
+  const json entry = json::parse(kSampleEntry);
+  const std::string with_line = protocol::token_line(3, protocol::TokenEvent{7, " a", lp});
+  const json with = json::parse(with_line);
   EXPECT_EQ(with["logprob"], -0.25);
   EXPECT_EQ(with["top_logprobs"], entry["top_logprobs"]);
   EXPECT_EQ(with["text"], " a");
+  EXPECT_EQ(with_line, protocol::dump(with));  // the bytes a document dumps
   const json without = json::parse(protocol::token_line(3, protocol::TokenEvent{7, " a", std::nullopt}));
   EXPECT_FALSE(without.contains("logprob"));
   EXPECT_FALSE(without.contains("top_logprobs"));
+
+  protocol::InferResult r;
+  r.logprobs = true;
+  r.output.tokens = {7};
+  r.output.logprobs = {lp};
+  EXPECT_EQ(json::parse(protocol::infer_line(1, r))["result"]["logprobs"], json::array({entry}));
+}
+
+// The infer result line is written from the typed result: byte for byte the line the result as a document
+// made (docs/protocol.md's `infer` result), with and without its optional members.
+TEST(DaemonProtocol, InferLinesAreTheSerializedResultDocuments) {
+  protocol::InferResult r;
+  r.model = "tiny";
+  r.output.text = " there was\xff";  // invalid UTF-8 is replaced, as dump() does
+  r.output.tokens = {727, 471};
+  r.output.finish_reason = "length";
+  r.output.prompt_tokens = 5;
+  r.output.prompt_ms = 3.25;
+  r.output.decode_ms = 0.0;
+  r.seed = 4183011652u;
+  r.load_ms = 0.5;
+  r.queue_ms = 0.125;
+  auto document = [](const protocol::InferResult& result) {
+    json d = {{"model", result.model},
+              {"text", result.output.text},
+              {"tokens", result.output.tokens},
+              {"finish_reason", result.output.finish_reason},
+              {"seed", result.seed},
+              {"usage",
+               {{"prompt_tokens", result.output.prompt_tokens},
+                {"completion_tokens", result.output.tokens.size()}}},
+              {"timings",
+               {{"load_ms", result.load_ms},
+                {"queue_ms", result.queue_ms},
+                {"prompt_ms", result.output.prompt_ms},
+                {"decode_ms", result.output.decode_ms}}}};
+    if (!result.output.chat_template.empty()) d["chat_template"] = result.output.chat_template;
+    if (result.keep_alive_given)
+      d["keep_alive_s"] = result.keep_alive_s ? json(*result.keep_alive_s) : json(nullptr);
+    if (result.logprobs) {
+      json lps = json::array();
+      for (const auto& lp : result.output.logprobs) {
+        json top = json::array();
+        for (const auto& t : lp.top_logprobs)
+          top.push_back({{"token", t.token}, {"text", t.text}, {"logprob", t.logprob}});
+        lps.push_back(
+            {{"token", lp.token}, {"text", lp.text}, {"logprob", lp.logprob}, {"top_logprobs", top}});
+      }
+      d["logprobs"] = std::move(lps);
+    }
+    return d;
+  };
+  EXPECT_EQ(protocol::infer_line("a", r), protocol::ok_line("a", document(r)));
+  r.output.chat_template = "model";
+  r.keep_alive_given = true;  // pinned: null
+  EXPECT_EQ(protocol::infer_line(7, r), protocol::ok_line(7, document(r)));
+  r.keep_alive_s = 300;
+  r.logprobs = true;  // asked for, none generated: an empty array
+  r.output.tokens.clear();
+  EXPECT_EQ(protocol::infer_line(7, r), protocol::ok_line(7, document(r)));
+  r.output.tokens = {7, 7};
+  r.output.logprobs = {sample_logprobs(), sample_logprobs()};
+  EXPECT_EQ(protocol::infer_line(nullptr, r), protocol::ok_line(nullptr, document(r)));
 }
 
 TEST(DaemonProtocol, BuildsAndParsesReplies) {
