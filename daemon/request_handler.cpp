@@ -471,7 +471,7 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
       asio::post(io_, [client, call, event] { client->token(call, event); });
     };
   }
-  // The request's own parameters, as parse_infer produced them, are what the runtime receives.
+  // The request's own parameters, as its front parsed them (InferBuilder), are what the runtime receives.
   const GenerateParams& params = req.infer;
   auto out = lease->backend()->generate(params, sink, call->cancelled);
   model_lock.unlock();

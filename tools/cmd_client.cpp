@@ -117,7 +117,7 @@ void add_common(CLI::App* cmd, ClientOptions& o) {
 
 /// Reject an infer request the daemon would refuse as bad_request before connecting, with exit 2 (bad input)
 /// and the protocol's own message with the field named as its flag ("--min-p must be in [0, 1]"): the
-/// ranges live once, in protocol::parse_infer, which the daemon runs on the same request.
+/// ranges live once, in the infer field table that protocol::parse_infer reads, as the daemon does.
 void check_request(const json& req) {
   std::string message;
   if (req.value("op", "") == "infer") {

@@ -179,7 +179,7 @@ Result<void> read(const InferFieldInfo&, json& v, std::optional<std::chrono::sec
   return {};
 }
 
-/// Field `field` of `p` set from `value` (not null) by its row's reader.
+/// Set field `id` of `p` from `value` (not null) with its row's reader.
 Result<void> read_field(InferField id, json& value, InferParams& p) {
   switch (id) {
 #define CAR_INFER_FIELD_READ(e, name, type, lo, hi, member, openai) \
