@@ -9,6 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 
 #include "core/chat/model_chat.h"
 #include "core/engine/engine.h"
@@ -51,8 +54,24 @@ class EngineBackend final : public Backend {
 
   Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                   const std::atomic<bool>& cancelled) override {
-    // The request as its front parsed it (InferBuilder); only a conversation still needs rendering into the
-    // prompt.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<Result<GenerateOutput>> out;
+    generate_async(params, on_token, cancelled, [&](Result<GenerateOutput> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.emplace(std::move(r));
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return out.has_value(); });
+    return std::move(*out);
+  }
+
+  bool concurrent() const override { return true; }
+
+  void generate_async(const GenerateParams& params, TokenSink on_token, const std::atomic<bool>& cancelled,
+                      GenerateDone done) override {
+    // The request as parse_infer produced it; only a conversation still needs rendering into the prompt.
     engine::GenerateRequest req = params.generate;
     std::string template_source;
     if (params.messages) {
@@ -67,18 +86,18 @@ class EngineBackend final : public Backend {
       // A render stopped by `cancel` or a disconnect is answered as a request cancelled before its
       // generation began; anything else the template or the conversation did wrong is the client's.
       if (!chat && chat.error().code == errc::kCancelled) {
-        return make_error(errc::kCancelled, "request cancelled while its chat template rendered");
+        return done(make_error(errc::kCancelled, "request cancelled while its chat template rendered"));
       }
-      if (!chat) return make_error(errc::kBadRequest, chat_error_message(chat.error()));
+      if (!chat) return done(make_error(errc::kBadRequest, chat_error_message(chat.error())));
       req.prompt = std::move(chat->text);
       req.parse_special = true;
       req.add_bos = !chat->starts_with_bos;
       template_source = std::move(chat->template_source);
     }
     const bool want_logprobs = req.logprobs || req.top_logprobs > 0;
-    std::function<void(const engine::TokenEvent&)> sink;
+    engine::GenerateCallbacks cb;
     if (on_token) {
-      sink = [&](const engine::TokenEvent& ev) {
+      cb.on_token = [this, want_logprobs, on_token = std::move(on_token)](const engine::TokenEvent& ev) {
         protocol::TokenEvent out{ev.token, ev.text, std::nullopt};
         if (want_logprobs && ev.token >= 0) {
           out.logprobs = logprob_entry(ev.token, ev.logprob, ev.top_logprobs);
@@ -86,29 +105,39 @@ class EngineBackend final : public Backend {
         on_token(out);
       };
     }
-    if (engine::model_streams_experts(*model_)) dirty_.store(true, std::memory_order_relaxed);
-    auto res = engine::generate(*model_, req, sink, &cancelled);
-    if (!res) {
-      if (res.error().code == errc::kIoError) spdlog::error("model {}: {}", name_, res.error().message);
-      return res.error();
-    }
-    GenerateOutput out;
-    out.text = std::move(res->text);
-    out.tokens = std::move(res->tokens);
-    out.finish_reason = std::move(res->finish_reason);
-    out.chat_template = std::move(template_source);
-    out.prompt_tokens = static_cast<int>(res->prompt_tokens.size());
-    out.prompt_ms = res->prompt_ms;
-    out.decode_ms = res->decode_ms;
-    if (want_logprobs) {
-      out.logprobs.reserve(out.tokens.size());
-      for (size_t i = 0; i < out.tokens.size(); ++i) {
-        static const std::vector<engine::TopLogprob> kNone;
-        out.logprobs.push_back(logprob_entry(out.tokens[i], i < res->logprobs.size() ? res->logprobs[i] : 0,
-                                             i < res->top_logprobs.size() ? res->top_logprobs[i] : kNone));
+    cb.on_done = [this, want_logprobs, template_source = std::move(template_source),
+                  done = std::move(done)](Result<engine::GenerateResult> res) mutable {
+      if (!res) {
+        if (res.error().code == errc::kIoError) spdlog::error("model {}: {}", name_, res.error().message);
+        return done(res.error());
       }
-    }
-    return out;
+      GenerateOutput out;
+      out.text = std::move(res->text);
+      out.tokens = std::move(res->tokens);
+      out.finish_reason = std::move(res->finish_reason);
+      out.chat_template = std::move(template_source);
+      out.prompt_tokens = static_cast<int>(res->prompt_tokens.size());
+      out.queue_ms = res->queue_ms;
+      out.ttft_ms = res->ttft_ms;
+      out.prompt_ms = res->prompt_ms;
+      out.decode_ms = res->decode_ms;
+      out.itl_ms = std::move(res->itl_ms);
+      if (want_logprobs) {
+        out.logprobs.reserve(out.tokens.size());
+        for (size_t i = 0; i < out.tokens.size(); ++i) {
+          static const std::vector<engine::TopLogprob> kNone;
+          out.logprobs.push_back(logprob_entry(out.tokens[i], i < res->logprobs.size() ? res->logprobs[i] : 0,
+                                               i < res->top_logprobs.size() ? res->top_logprobs[i] : kNone));
+        }
+      }
+      done(std::move(out));
+    };
+    if (engine::model_streams_experts(*model_)) dirty_.store(true, std::memory_order_relaxed);
+    engine::submit(*model_, req, std::move(cb), &cancelled);
+  }
+
+  std::optional<engine::SchedulerStats> scheduler_stats() const override {
+    return engine::model_scheduler_stats(*model_);
   }
 
   /// A token's logprob entry, its text and its alternatives' texts from the model's vocabulary.

@@ -247,6 +247,9 @@ class Metrics {
   /// One finished generation: prompt tokens and time, completion tokens and decode time, finish reason.
   void observe_generation(uint64_t prompt_tokens, double prompt_seconds, uint64_t completion_tokens,
                           double decode_seconds, std::string_view finish_reason);
+  /// A generation's first token, `seconds` after its request arrived, and the gaps between its tokens.
+  void observe_first_token(std::string_view model, double seconds);
+  void observe_inter_token(std::string_view model, const std::vector<float>& gaps_ms);
   /// A cache entry left the cache (BackendCache's eviction listener).
   void observe_eviction(std::string_view cause, double age_seconds);
 
@@ -257,6 +260,7 @@ class Metrics {
   static const std::vector<double>& latency_buckets();
   static const std::vector<double>& per_token_buckets();
   static const std::vector<double>& age_buckets();
+  static const std::vector<double>& length_buckets();
 
  private:
   metrics::Registry registry_;
@@ -270,6 +274,10 @@ class Metrics {
   metrics::CounterFamily& completion_tokens_;
   metrics::CounterFamily& finish_;
   metrics::HistogramFamily& eviction_age_;
+  metrics::HistogramFamily& ttft_;
+  metrics::HistogramFamily& itl_;
+  metrics::HistogramFamily& prompt_length_;
+  metrics::HistogramFamily& generation_length_;
   // Series without labels, found once.
   metrics::Histogram& queue_wait_series_;
   metrics::Histogram& load_series_;

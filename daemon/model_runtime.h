@@ -37,14 +37,33 @@ using GenerateOutput = protocol::GenerateOutput;
 /// asked for, its logprob entry.
 using TokenSink = std::function<void(const protocol::TokenEvent& event)>;
 
+/// Called once with a generation's outcome (Backend::generate_async), on whatever thread finished it.
+using GenerateDone = std::function<void(Result<GenerateOutput> out)>;
+
 /// A loaded model. Destroying it releases its memory.
 class Backend {
  public:
   virtual ~Backend() = default;
-  /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, io_error (the
-  /// model file changed or was truncated under it; the caller drops the backend), internal.
+  /// Generate; `cancelled` is checked between tokens. Errors: context_overflow, bad_request, busy (the
+  /// model's queue is full), io_error (the model file changed or was truncated under it; the caller drops
+  /// the backend), internal.
   virtual Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                           const std::atomic<bool>& cancelled) = 0;
+  /// Whether requests may run on this backend at the same time: it queues and batches them itself
+  /// (generate_async returns without waiting for the generation). False: the daemon serializes them with
+  /// the model's lock and generate_async runs the generation before it returns.
+  virtual bool concurrent() const { return false; }
+  /// Start generating and return; `done` runs exactly once, on the thread that finishes the generation
+  /// (possibly this one, before the call returns), and `on_token` on that thread too: both must not block.
+  /// `on_token`, `cancelled` and whatever `done` needs must stay valid until `done` runs. The default runs
+  /// generate() here.
+  virtual void generate_async(const GenerateParams& params, TokenSink on_token, const std::atomic<bool>& cancelled,
+                              GenerateDone done) {
+    done(generate(params, on_token, cancelled));
+  }
+  /// The model's sequences now (running, waiting, KV positions in use), for `stats`/`list` and /metrics;
+  /// nullopt for a runtime without a scheduler. Thread-safe.
+  virtual std::optional<engine::SchedulerStats> scheduler_stats() const { return std::nullopt; }
   /// Bytes the model holds (weights, KV cache, scratch, expert cache at its floor): what the cache charges
   /// it, and the `size_bytes` that `load` and `stats` report. Fixed once loaded. A streamed expert cache
   /// above its floor is not in it: it lives in the room the cache's budget leaves (share_room).

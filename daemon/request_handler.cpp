@@ -320,27 +320,35 @@ void RequestHandler::start_job(const std::shared_ptr<Client>& client, Request& r
   auto shared_req = std::make_shared<Request>(std::move(req));
   // The job hands its references to the io thread with the result, so the client is never destroyed
   // on a worker.
-  bool queued = pool_.try_submit([this, client, call, shared_req]() mutable {
+  // The request's ending, from any thread: it hands its references to the io thread with the reply, so the
+  // client is never destroyed on a worker or a model's scheduler thread.
+  Finish finish = [this, client, call, shared_req](Reply reply, std::string outcome) {
+    asio::post(io_, [this, client, call, shared_req, reply = std::move(reply),
+                     outcome = std::move(outcome)]() mutable {
+      client->calls().end(call);
+      client->reply(shared_req->id, call, std::move(reply));
+      log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model, outcome,
+                  shared_req->received);
+      metrics_.count_request(metrics_op(shared_req->op_text), outcome);
+      job_done();
+    });
+  };
+  bool queued = pool_.try_submit([this, client, call, shared_req, finish]() mutable {
     std::string outcome = "ok";
-    Reply reply;
+    std::optional<Reply> reply;
     try {
-      reply = shared_req->op == Op::kLoad ? run_load(call, *shared_req, outcome)
-                                          : run_infer(client, call, *shared_req, outcome);
-      if (shared_req->op == Op::kInfer) unload_if_asked(*shared_req);
+      if (shared_req->op == Op::kLoad) {
+        reply = run_load(call, *shared_req, outcome);
+      } else {
+        // nullopt: the generation runs on the model's scheduler, which calls `finish` when it ends.
+        reply = run_infer(client, call, shared_req, outcome, finish);
+        if (reply) unload_if_asked(*shared_req);
+      }
     } catch (const std::exception& e) {
       outcome = protocol::code::kInternal;
       reply = Reply::failure(protocol::code::kInternal, e.what());
     }
-    asio::post(io_,
-               [this, client = std::move(client), call = std::move(call), shared_req = std::move(shared_req),
-                reply = std::move(reply), outcome = std::move(outcome)]() mutable {
-                 client->calls().end(call);
-                 client->reply(shared_req->id, call, std::move(reply));
-                 log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model,
-                             outcome, shared_req->received);
-                 metrics_.count_request(metrics_op(shared_req->op_text), outcome);
-                 job_done();
-               });
+    if (reply) finish(std::move(*reply), std::move(outcome));
   });
   if (!queued) {
     ++busy_rejections_;
@@ -439,8 +447,11 @@ Reply RequestHandler::run_load(const std::shared_ptr<Call>& call, const Request&
   return Reply::success(std::move(r));
 }
 
-Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std::shared_ptr<Call>& call,
-                                const Request& req, std::string& outcome) {
+std::optional<Reply> RequestHandler::run_infer(const std::shared_ptr<Client>& client,
+                                               const std::shared_ptr<Call>& call,
+                                               const std::shared_ptr<Request>& shared_req, std::string& outcome,
+                                               const Finish& finish) {
+  const Request& req = *shared_req;
   const double queue_ms = ms_since(req.received);
   metrics_.observe_queue_wait(queue_ms / 1000);
   if (call->cancelled.load()) {
@@ -457,54 +468,96 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
     outcome = protocol::code::kCancelled;
     return Reply::failure(outcome, "request cancelled while its model loaded");
   }
-  // One request at a time per model; a request waiting here for another one can still be cancelled.
+  // Where streamed tokens go. The sink may be destroyed on the model's scheduler thread, after the reply:
+  // it reaches the client through `target`, which `end` empties on the io thread, so the last reference to
+  // a client is never dropped on that thread.
+  struct StreamTarget {
+    std::shared_ptr<Client> client;
+    std::shared_ptr<Call> call;
+  };
+  std::shared_ptr<StreamTarget> target;
+  TokenSink sink;
+  if (req.infer.stream) {
+    target = std::make_shared<StreamTarget>(StreamTarget{client, call});
+    sink = [this, target](const protocol::TokenEvent& event) {
+      asio::post(io_, [client = target->client, call = target->call, event] { client->token(call, event); });
+    };
+  }
+  // The request's own parameters, as parse_infer produced it, are what the runtime receives.
+  const GenerateParams& params = req.infer;
+  const double started_ms = ms_since(req.received);  // arrival -> the runtime has it
+
+  // What the generation's end does, on whatever thread ends it: the reply, built on the io thread, where
+  // the lease is also let go (a model whose last handle goes is destroyed there, never on the scheduler
+  // thread that would have to join itself).
+  auto end = [this, shared_req, target, load_ms, queue_ms, started_ms, finish](
+                 std::shared_ptr<ModelCache::Lease> held, Result<GenerateOutput> out) {
+    const Request& request = *shared_req;
+    if (target) *target = StreamTarget{};  // every token was posted before the generation ended
+    ModelCache::Handle used = held->handle();
+    held->reset();
+    std::string ended;
+    if (!out) {
+      // The file changed under the model while it computed: the next request must load it afresh. (A
+      // streamed expert that could not be read from an unchanged file is also io_error; that model stays
+      // cached.)
+      if (out.error().code == errc::kIoError) {
+        if (auto current = used->backend()->check_file(request.resolved->path); !current) {
+          drop_stale(request.model, used, current.error().message);
+        }
+      }
+      ended = protocol::wire_code(out.error().code);
+      unload_if_asked(request);
+      finish(Reply::failure(ended, out.error().message), ended);
+      return;
+    }
+    metrics_.observe_generation(static_cast<uint64_t>(out->prompt_tokens), out->prompt_ms / 1000,
+                                out->tokens.size(), out->decode_ms / 1000, out->finish_reason);
+    if (!out->tokens.empty()) metrics_.observe_first_token(request.model, (started_ms + out->ttft_ms) / 1000);
+    metrics_.observe_inter_token(request.model, out->itl_ms);
+    ended = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
+    // The typed result goes to the front as it is; each renders it in its own wire format.
+    protocol::InferResult r;
+    r.model = request.model;
+    r.seed = request.infer.generate.sampling.seed;
+    r.logprobs = request.infer.generate.logprobs;
+    r.load_ms = load_ms;
+    r.queue_ms = queue_ms + out->queue_ms;  // the worker queue, then the model's own
+    r.ttft_ms = out->tokens.empty() ? 0 : started_ms + out->ttft_ms;
+    if (request.keep_alive) {
+      // What now applies to the model: nothing when it is pinned (never evicted for idleness).
+      r.keep_alive_given = true;
+      if (!cache_.is_pinned(request.model)) r.keep_alive_s = request.keep_alive->count();
+    }
+    r.output = std::move(*out);
+    unload_if_asked(request);
+    finish(Reply::inferred(std::move(r)), ended);
+  };
+
+  std::shared_ptr<Backend> backend = lease->backend();
+  if (backend->concurrent()) {
+    // The model's scheduler queues and batches it; this worker is free at once. The lease lives until the
+    // generation ends: a model serving a request is never evicted from under it.
+    auto held = std::make_shared<ModelCache::Lease>(std::move(*lease));
+    backend->generate_async(params, std::move(sink), call->cancelled,
+                            [this, held, end](Result<GenerateOutput> out) mutable {
+                              asio::post(io_, [held = std::move(held), end = std::move(end),
+                                               out = std::move(out)]() mutable { end(held, std::move(out)); });
+                            });
+    return std::nullopt;
+  }
+  // A runtime that runs one request at a time per model: wait for the model's lock here (cancellable).
   auto model_lock = lease->lock_unless(call->cancelled);
   if (!model_lock.owns_lock()) {
     lease->reset();
     outcome = protocol::code::kCancelled;
     return Reply::failure(outcome, "request cancelled while it waited for its model");
   }
-
-  TokenSink sink;
-  if (req.infer.stream) {
-    sink = [this, client, call](const protocol::TokenEvent& event) {
-      asio::post(io_, [client, call, event] { client->token(call, event); });
-    };
-  }
-  // The request's own parameters, as its front parsed them (InferBuilder), are what the runtime receives.
-  const GenerateParams& params = req.infer;
-  auto out = lease->backend()->generate(params, sink, call->cancelled);
+  auto out = backend->generate(params, sink, call->cancelled);
   model_lock.unlock();
-  ModelCache::Handle used = lease->handle();
-  lease->reset();
-  if (!out) {
-    // The file changed under the model while it computed: the next request must load it afresh. (A streamed
-    // expert that could not be read from an unchanged file is also io_error; that model stays cached.)
-    if (out.error().code == errc::kIoError) {
-      if (auto current = used->backend()->check_file(req.resolved->path); !current) {
-        drop_stale(req.model, used, current.error().message);
-      }
-    }
-    outcome = protocol::wire_code(out.error().code);
-    return Reply::failure(outcome, out.error().message);
-  }
-  metrics_.observe_generation(static_cast<uint64_t>(out->prompt_tokens), out->prompt_ms / 1000,
-                              out->tokens.size(), out->decode_ms / 1000, out->finish_reason);
-  outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
-  // The typed result goes to the front as it is; each renders it in its own wire format.
-  protocol::InferResult r;
-  r.model = req.model;
-  r.seed = params.generate.sampling.seed;
-  r.logprobs = params.generate.logprobs;
-  r.load_ms = load_ms;
-  r.queue_ms = queue_ms;
-  if (req.keep_alive) {
-    // What now applies to the model: nothing when it is pinned (never evicted for idleness).
-    r.keep_alive_given = true;
-    if (!cache_.is_pinned(req.model)) r.keep_alive_s = req.keep_alive->count();
-  }
-  r.output = std::move(*out);
-  return Reply::inferred(std::move(r));
+  auto held = std::make_shared<ModelCache::Lease>(std::move(*lease));
+  end(held, std::move(out));
+  return std::nullopt;
 }
 
 void RequestHandler::drop_stale(const std::string& id, const ModelCache::Handle& handle,
@@ -622,6 +675,17 @@ json RequestHandler::health_json() const {
   return h;
 }
 
+json RequestHandler::sequences_json(const engine::SchedulerStats& s) {
+  return {{"parallel", s.slots},
+          {"active", s.active},
+          {"queued", s.queued},
+          {"kv_tokens_used", s.kv_tokens_used},
+          {"kv_tokens_capacity", s.kv_tokens_capacity},
+          {"tokens_generated", s.tokens_generated},
+          {"steps", s.steps},
+          {"tokens_per_s", s.tokens_per_s}};
+}
+
 json RequestHandler::stats_json() const {
   CacheStats s = cache_.stats();
   json models = json::array();
@@ -640,6 +704,7 @@ json RequestHandler::stats_json() const {
     if (auto handle = cache_.peek(item.key)) {
       json e = handle->backend()->expert_stats();
       if (!e.is_null()) experts[item.key] = std::move(e);
+      if (auto sched = handle->backend()->scheduler_stats()) m["sequences"] = sequences_json(*sched);
     }
     models.push_back(std::move(m));
   }
@@ -702,6 +767,10 @@ json RequestHandler::list_json(std::string& error) const {
     // use, pinned, or idle eviction is off.
     row["idle_eviction_s"] = nullptr;
     row["pinned"] = cache_.is_pinned(m.id);
+    row["sequences"] = nullptr;
+    if (auto handle = cache_.peek(m.id)) {
+      if (auto sched = handle->backend()->scheduler_stats()) row["sequences"] = sequences_json(*sched);
+    }
     for (const auto& item : cache.items) {
       if (item.key != m.id || item.in_use || !item.idle_ttl) continue;
       row["idle_eviction_s"] = std::max(0.0, seconds_of(*item.idle_ttl) - item.idle_seconds);

@@ -166,8 +166,12 @@ class RequestHandler {
   void start_job(const std::shared_ptr<Client>& client, Request& req);
   // Run on a worker. Return the final reply; run_infer posts token events itself.
   Reply run_load(const std::shared_ptr<Call>& call, const Request& req, std::string& outcome);
-  Reply run_infer(const std::shared_ptr<Client>& client, const std::shared_ptr<Call>& call,
-                  const Request& req, std::string& outcome);
+  // Ends a load/infer request from any thread (posts the reply to the io thread).
+  using Finish = std::function<void(Reply reply, std::string outcome)>;
+  // A reply when the request ended here (an error before generating); nullopt when `finish` was or will be
+  // called with it (the generation ran here, or runs on the model's scheduler).
+  std::optional<Reply> run_infer(const std::shared_ptr<Client>& client, const std::shared_ptr<Call>& call,
+                                 const std::shared_ptr<Request>& req, std::string& outcome, const Finish& finish);
   // Worker side: get the model's lease (cache hit or load). On failure, `error` is set.
   std::optional<ModelCache::Lease> acquire_model(const Request& req, LoadInfo& info, Reply& error,
                                                  std::string& outcome);
@@ -182,6 +186,8 @@ class RequestHandler {
   void job_done();
   nlohmann::json health_json() const;
   nlohmann::json stats_json() const;
+  /// A model's sequences for `stats` and `list` (docs/protocol.md): its scheduler's figures.
+  static nlohmann::json sequences_json(const engine::SchedulerStats& s);
   nlohmann::json list_json(std::string& error) const;
   /// Every kStateSavePeriod (checked by evict_idle, which the idle timer calls): save each cached model's
   /// state (the expert usage sidecar) on a worker, skipping models serving a request. io thread.

@@ -30,17 +30,53 @@ std::string RequestHandler::metrics_text() const {
     w.sample(name, value);
   };
 
-  // Requests.
+  // The cached models' schedulers: their sequences running and requests waiting.
+  const CacheStats s = cache_.stats();
+  struct Sequences {
+    std::string model;
+    engine::SchedulerStats stats;
+  };
+  std::vector<Sequences> sequences;
+  double running = 0, waiting = 0;
+  for (const auto& item : s.items) {
+    if (auto handle = cache_.peek(item.key)) {
+      if (auto st = handle->backend()->scheduler_stats()) {
+        running += st->active;
+        waiting += st->queued;
+        sequences.push_back({item.key, *st});
+      }
+    }
+  }
+
+  // Requests. A request runs on a worker (a load, a chat rendering, a runtime without a scheduler) or as a
+  // sequence of its model; it waits for a worker or in its model's queue.
   gauge("car_inference_requests_in_flight", "Load and infer requests accepted and not yet answered.",
         static_cast<double>(in_flight_));
-  gauge("car_inference_requests_queued", "Requests waiting for a worker.",
-        static_cast<double>(pool_.queued()));
-  gauge("car_inference_requests_running", "Requests running on a worker.",
-        static_cast<double>(pool_.running()));
+  gauge("car_inference_requests_queued", "Requests waiting for a worker or for a sequence of their model.",
+        static_cast<double>(pool_.queued()) + waiting);
+  gauge("car_inference_requests_running", "Requests running on a worker or as a sequence of their model.",
+        static_cast<double>(pool_.running()) + running);
   gauge("car_inference_workers", "Worker threads.", static_cast<double>(pool_.threads()));
+  const auto per_model_sequences = [&](const char* name, const char* help, const char* type, auto value) {
+    w.family(name, help, type);
+    for (const auto& q : sequences) w.sample(name, "model", q.model, static_cast<double>(value(q.stats)));
+  };
+  per_model_sequences("car_inference_model_sequences_running", "Sequences running, per cached model.", "gauge",
+                      [](const engine::SchedulerStats& q) { return q.active; });
+  per_model_sequences("car_inference_model_requests_waiting",
+                      "Requests waiting for a sequence of the model, per cached model.", "gauge",
+                      [](const engine::SchedulerStats& q) { return q.queued; });
+  per_model_sequences("car_inference_model_kv_tokens_used",
+                      "KV cache positions held by running sequences, per cached model.", "gauge",
+                      [](const engine::SchedulerStats& q) { return q.kv_tokens_used; });
+  per_model_sequences("car_inference_model_kv_tokens_capacity",
+                      "KV cache positions of all the model's sequences, per cached model.", "gauge",
+                      [](const engine::SchedulerStats& q) { return q.kv_tokens_capacity; });
+  per_model_sequences("car_inference_model_generated_tokens_per_second",
+                      "Tokens generated per second over the last 10 s, per cached model.", "gauge",
+                      [](const engine::SchedulerStats& q) { return q.tokens_per_s; });
 
   // The backend cache.
-  const CacheStats s = cache_.stats();
   gauge("car_inference_cache_bytes", "Bytes charged by the cached models.",
         static_cast<double>(s.total_bytes));
   gauge("car_inference_cache_budget_bytes", "The cache's byte budget (0: caching off).",

@@ -45,6 +45,8 @@ struct GenerateResult {
   std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"
   double queue_ms = 0;   ///< from submission to the first step that includes the request (slot wait included)
   double prompt_ms = 0;  ///< from that step to the prompt's logits
+  double ttft_ms = 0;    ///< from submission to the first token (0 when none was sampled)
+  std::vector<float> itl_ms;  ///< inter-token latency: for each token after the first, ms since the one before
   double decode_ms = 0;
   std::vector<std::vector<TopLogprob>> top_logprobs;  ///< per generated token, when request.top_logprobs > 0
   std::vector<double> logprobs;  ///< per generated token: the chosen id's logprob, when request.logprobs

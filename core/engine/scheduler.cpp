@@ -36,7 +36,7 @@ struct Scheduler::Job {
   std::unique_ptr<StopMatcher> stops;
   std::unique_ptr<tokenizer::StreamDecoder> decoder;
   std::vector<int32_t> history;
-  Clock::time_point t_submit, t_first_step, t_prompt_done;
+  Clock::time_point t_submit, t_first_step, t_prompt_done, t_last_token;
   bool started = false;
   std::vector<int32_t> chunk;  // this step's tokens
   SeqChunk::Output output = SeqChunk::Output::none;
@@ -407,6 +407,13 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
       event.logprob = Sampler::logprob_of(logits, id);
       res.logprobs.push_back(event.logprob);
     }
+    const auto t_token = Clock::now();
+    if (res.tokens.empty()) {
+      res.ttft_ms = ms_between(job->t_submit, t_token);
+    } else {
+      res.itl_ms.push_back(static_cast<float>(ms_between(job->t_last_token, t_token)));
+    }
+    job->t_last_token = t_token;
     res.tokens.push_back(id);
     job->history.push_back(id);
     ++job->generated;

@@ -139,6 +139,7 @@ std::string infer_line(const json& id, const InferResult& r) {
   b.raw(R"(,"load_ms":)").value(json(r.load_ms));
   b.raw(R"(,"prompt_ms":)").value(json(out.prompt_ms));
   b.raw(R"(,"queue_ms":)").value(json(r.queue_ms));
+  b.raw(R"(,"ttft_ms":)").value(json(r.ttft_ms));
   b.raw(R"(},"tokens":[)");
   for (std::size_t i = 0; i < out.tokens.size(); ++i) {
     if (i > 0) b.raw(",");

@@ -40,8 +40,11 @@ struct GenerateOutput {
   std::string
       chat_template;  ///< for `messages`: "model" or "request" (whose template rendered them); else ""
   int prompt_tokens = 0;
+  double queue_ms = 0;   ///< waiting for a sequence of the model (its scheduler's queue), and for the first step
+  double ttft_ms = 0;    ///< from the runtime's start to the first token (queue_ms + the prompt)
   double prompt_ms = 0;
   double decode_ms = 0;
+  std::vector<float> itl_ms;  ///< for each token after the first, ms since the one before (for /metrics)
   /// One entry per generated token when the request asked for logprobs / top_logprobs; else empty.
   std::vector<TokenLogprobs> logprobs;
 };
@@ -54,7 +57,8 @@ struct InferResult {
   uint64_t seed = 0;      ///< the seed the sampler used (the request's, or the one the daemon drew)
   bool logprobs = false;  ///< the request asked for logprobs: output.logprobs is part of the result
   double load_ms = 0;     ///< getting the model (the cache lookup on a hit)
-  double queue_ms = 0;    ///< from the request's arrival until it started
+  double queue_ms = 0;    ///< from the request's arrival until its first step (worker and model queues)
+  double ttft_ms = 0;     ///< from the request's arrival to its first token (0 when none)
   /// The request gave `keep_alive`: the result reports `keep_alive_s`, what now applies - keep_alive_s, or
   /// nullopt (null) when the model is never evicted for idleness (pinned).
   bool keep_alive_given = false;

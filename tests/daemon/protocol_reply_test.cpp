@@ -58,6 +58,7 @@ TEST(DaemonProtocol, InferLinesAreTheSerializedResultDocuments) {
   r.seed = 4183011652u;
   r.load_ms = 0.5;
   r.queue_ms = 0.125;
+  r.ttft_ms = 3.5;
   auto document = [](const protocol::InferResult& result) {
     json d = {{"model", result.model},
               {"text", result.output.text},
@@ -71,7 +72,8 @@ TEST(DaemonProtocol, InferLinesAreTheSerializedResultDocuments) {
                {{"load_ms", result.load_ms},
                 {"queue_ms", result.queue_ms},
                 {"prompt_ms", result.output.prompt_ms},
-                {"decode_ms", result.output.decode_ms}}}};
+                {"decode_ms", result.output.decode_ms},
+                {"ttft_ms", result.ttft_ms}}}};
     if (!result.output.chat_template.empty()) d["chat_template"] = result.output.chat_template;
     if (result.keep_alive_given)
       d["keep_alive_s"] = result.keep_alive_s ? json(*result.keep_alive_s) : json(nullptr);

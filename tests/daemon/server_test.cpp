@@ -444,7 +444,7 @@ TEST_F(DaemonServerTest, StreamingSendsEachTokenThenTheResult) {
   EXPECT_EQ(r["result"]["finish_reason"], "length");
   EXPECT_EQ(r["result"]["usage"]["completion_tokens"], 5);
   EXPECT_EQ(r["result"]["usage"]["prompt_tokens"], 2);
-  for (const char* t : {"load_ms", "queue_ms", "prompt_ms", "decode_ms"})
+  for (const char* t : {"load_ms", "queue_ms", "prompt_ms", "decode_ms", "ttft_ms"})
     EXPECT_TRUE(r["result"]["timings"].contains(t));
 
   // Without "stream", no events: the next line is the final reply.
