@@ -513,7 +513,7 @@ class BackendCache {
   /// keep-alive, else the cache's); pinned keys never. Meant to be driven by a timer. `next_due`, when given,
   /// receives how long until the next entry not in use would expire (nullopt: none would).
   Evicted evict_idle(std::optional<std::chrono::nanoseconds>* next_due = nullptr) {
-    RoomNotice notice{this};
+    RoomNotice notice{this, /*armed=*/false};  // a sweep that evicts nothing leaves the room as it was
     std::vector<Handle> dropped;
     Evicted out;
     std::optional<std::int64_t> soonest;
@@ -537,6 +537,7 @@ class BackendCache {
         dropped.push_back(evict_locked(map_.find(e->key()), EvictionCause::idle, now));
       }
     }
+    notice.armed = out.entries != 0;
     if (next_due != nullptr) {
       *next_due = soonest ? std::optional<std::chrono::nanoseconds>(std::chrono::nanoseconds(*soonest))
                           : std::nullopt;
@@ -548,7 +549,7 @@ class BackendCache {
   /// TTL - at once for a keep-alive of 0, which is what a request asking to unload its model afterwards
   /// calls this for. Returns whether it was evicted.
   bool evict_if_expired(std::string_view key) {
-    RoomNotice notice{this};
+    RoomNotice notice{this, /*armed=*/false};  // told only when the entry really leaves
     Handle dropped;  // released after the lock
     MutexLock guard(core_->mutex);
     auto it = map_.find(std::string(key));
@@ -559,6 +560,7 @@ class BackendCache {
     const std::int64_t now = now_ns();
     if (!ttl_ns || now - e->last_used_ns_.load(std::memory_order_acquire) < *ttl_ns) return false;
     dropped = evict_locked(it, EvictionCause::idle, now);
+    notice.armed = true;
     guard.unlock();
     return true;
   }
@@ -938,10 +940,15 @@ class BackendCache {
   }
 
   // Tells the room listener when it goes out of scope: declared before a function's lock and dropped
-  // references, so it runs after both are gone.
+  // references, so it runs after both are gone. A caller whose change may be nothing (an idle sweep that
+  // finds nothing expired) disarms it, so the listener - which may re-read /proc and the cgroup - is not
+  // run for a room that did not move.
   struct RoomNotice {
     BackendCache* cache;
-    ~RoomNotice() { cache->notify_room(); }
+    bool armed = true;
+    ~RoomNotice() {
+      if (armed) cache->notify_room();
+    }
   };
 
   // Tells the room listener, if any; called with the lock NOT held.
