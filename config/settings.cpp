@@ -2,7 +2,6 @@
 // per-setting fact is in the table at the end of the anonymous namespace; the rest of the file walks it.
 #include "config/settings.h"
 
-#include <arpa/inet.h>
 #include <unistd.h>
 
 // CLI11 2.1's inlined string helpers trip GCC 12's -Wnull-dereference (a false positive in a system header).
@@ -40,7 +39,7 @@ constexpr std::string_view kConfigMeaning =
 constexpr std::string_view kSocket = "CAR_INFERENCE_SOCKET";
 constexpr std::string_view kPrefix = "CAR_INFERENCE_";
 constexpr std::uint64_t kMaxIdleSecs = limits::kMaxIdleSecs;
-constexpr std::size_t kMaxSocketPath = 107;                      // sizeof(sockaddr_un::sun_path) - 1
+constexpr std::size_t kMaxSocketPath = limits::kMaxSocketPath;  // the NDJSON socket's path
 
 /// A raw value and where it came from ("environment", "--cache-mb", "FILE:LINE").
 struct RawValue {
@@ -260,33 +259,16 @@ std::string show_ids(const Settings& s) {
   return out;
 }
 
-/// CAR_INFERENCE_HTTP: `IPV4:PORT`, `[IPV6]:PORT` or `unix:/ABSOLUTE/PATH` (daemon/http/http_address.h
-/// parses it for binding; this checks the same shape so a typo fails at start-up like any setting).
+/// CAR_INFERENCE_HTTP: parsed here, once, into the address the daemon binds (config/http_address.h).
 std::string parse_http(const SettingInfo&, const std::string& v, Settings& out) {
-  if (v.starts_with("unix:")) {
-    const std::string path = v.substr(5);
-    if (path.empty() || path.front() != '/') return "a unix: address needs an absolute path (unix:/run/x.sock)";
-    if (path.size() > kMaxSocketPath) return "longer than 107 bytes (the Unix socket path limit)";
-    out.http = v;
-    return {};
-  }
-  const auto colon = v.rfind(':');
-  if (colon == std::string::npos) return "not HOST:PORT, [IPV6]:PORT or unix:/PATH";
-  std::string host = v.substr(0, colon);
-  const auto port = parse_u64(v.substr(colon + 1), 65535);
-  if (!all_digits(v.substr(colon + 1)) || !port) return "the port must be 0-65535 (0: any free port, logged)";
-  unsigned char buf[16];
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    if (::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) != 1) return "not an IPv6 address";
-  } else if (::inet_pton(AF_INET, host.c_str(), buf) != 1) {
-    return "the host must be an IPv4 address or a bracketed IPv6 address ([::1])";
-  }
-  out.http = v;
+  auto a = parse_http_address(v);
+  if (!a) return a.error().message;
+  out.http = std::move(*a);
   return {};
 }
 
 std::string show_http(const Settings& s) {
-  return s.http;
+  return s.http ? s.http->to_string() : std::string();
 }
 
 // --- The table --------------------------------------------------------------------------------------
@@ -602,11 +584,11 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
   }
   // Both front doors on one path: the second bind would find the first listening (or, before the daemon
   // checked that, replace it). A configuration error, not a start-up failure.
-  if (out.http.starts_with("unix:") &&
-      std::filesystem::path(out.http.substr(5)).lexically_normal() == out.socket_path.lexically_normal()) {
-    return make_error(errc::kInvalidSetting, "CAR_INFERENCE_HTTP=" + out.http +
-                                             " is the NDJSON socket's own path (" + std::string(kSocket) +
-                                             "): give the HTTP front a socket path of its own");
+  if (out.http && out.http->unix_socket &&
+      std::filesystem::path(out.http->path).lexically_normal() == out.socket_path.lexically_normal()) {
+    return make_error(errc::kInvalidSetting, "CAR_INFERENCE_HTTP=" + out.http->to_string() +
+                                                 " is the NDJSON socket's own path (" + std::string(kSocket) +
+                                                 "): give the HTTP front a socket path of its own");
   }
   if (in.config_path) out.config_file = *in.config_path;
   // The baseline stays the start-up file across reloads: the environment mirrors that one, not the last.
