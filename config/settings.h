@@ -84,6 +84,9 @@ struct SystemFacts {
 
 inline constexpr std::uint64_t kMiB = 1024 * 1024;
 
+/// The NDJSON socket's variable, which messages about the socket path name.
+inline constexpr std::string_view kSocketVariable = "CAR_INFERENCE_SOCKET";
+
 /// The built-in defaults, each written once: Settings starts from them, and so do the daemon's
 /// ServerOptions that tests build directly. docs/configuration.md shows them through setting_table().
 namespace defaults {
