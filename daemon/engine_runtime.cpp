@@ -51,7 +51,8 @@ class EngineBackend final : public Backend {
 
   Result<GenerateOutput> generate(const GenerateParams& params, const TokenSink& on_token,
                                   const std::atomic<bool>& cancelled) override {
-    // The request as parse_infer produced it; only a conversation still needs rendering into the prompt.
+    // The request as its front parsed it (InferBuilder); only a conversation still needs rendering into the
+    // prompt.
     engine::GenerateRequest req = params.generate;
     std::string template_source;
     if (params.messages) {

@@ -29,17 +29,9 @@ namespace car::daemon {
 /// One generation request, already validated by the protocol layer (the `infer` request's own struct).
 using GenerateParams = protocol::GenerateParams;
 
-struct GenerateOutput {
-  std::string text;
-  std::vector<int32_t> tokens;
-  std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"
-  std::string chat_template;  ///< for `messages`: "model" or "request" (whose template rendered them); else ""
-  int prompt_tokens = 0;
-  double prompt_ms = 0;
-  double decode_ms = 0;
-  /// One entry per generated token when the request asked for logprobs / top_logprobs; else empty.
-  std::vector<protocol::TokenLogprobs> logprobs;
-};
+/// What one generation produced, typed (protocol/results.h): the handler hands it to the front inside the
+/// request's InferResult as it is.
+using GenerateOutput = protocol::GenerateOutput;
 
 /// Called for each generated token on the generating thread: the token id, the text it released and, when
 /// asked for, its logprob entry.

@@ -167,6 +167,22 @@ void RequestHandler::handle(const std::shared_ptr<Client>& client, protocol::Req
   }
 }
 
+void RequestHandler::handle_infer(const std::shared_ptr<Client>& client, json id,
+                                  Result<protocol::InferParams> infer, Clock::time_point received) {
+  ++requests_;
+  Request req;
+  req.id = std::move(id);
+  req.op = Op::kInfer;
+  req.op_text = protocol::op_name(Op::kInfer);
+  req.received = received;
+  try {
+    if (admit(client, req)) dispatch_infer(client, req, std::move(infer));
+  } catch (const std::exception& e) {
+    spdlog::error("conn {}: op infer threw: {}", client->number(), e.what());
+    answer(client, req, Reply::failure(protocol::code::kInternal, e.what()), protocol::code::kInternal);
+  }
+}
+
 void RequestHandler::answer(const std::shared_ptr<Client>& client, const Request& req, Reply reply,
                             std::string_view outcome) {
   client->reply(req.id, nullptr, std::move(reply));
@@ -184,15 +200,7 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
                 "unknown op '" + req.op_text + "' (known: " + protocol::known_ops_text() + ")");
   }
   req.op = *op;
-  if (shutting_down_) return fail(protocol::code::kShuttingDown, "car-inferenced is shutting down");
-  // An id shared by two requests in flight would make their replies and `cancel` ambiguous.
-  if (!req.id.is_null() && client->calls().id_in_flight(req.id)) {
-    return fail(protocol::code::kBadRequest,
-                "id " + protocol::dump(req.id) +
-                    " is already used by a request in flight on this connection; "
-                    "ids must be unique among requests in flight (that request "
-                    "carries on)");
-  }
+  if (!admit(client, req)) return;
   if (auto known = protocol::check_fields(req.op, req.body); !known) {
     return fail(protocol::code::kBadRequest, known.error().message);
   }
@@ -219,8 +227,12 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
       return answer(client, req, Reply::success({{"cancelled", n > 0}, {"target", *t}}),
                     n > 0 ? "ok" : "ok(no such request)");
     }
+    case Op::kInfer: {
+      auto infer = protocol::parse_infer(req.body);
+      req.body = nullptr;  // parsed: the job does not need the document
+      return dispatch_infer(client, req, std::move(infer));
+    }
     case Op::kLoad:
-    case Op::kInfer:
     case Op::kInvalidate:
       break;
   }
@@ -249,28 +261,57 @@ void RequestHandler::dispatch(const std::shared_ptr<Client>& client, Request& re
     }
     return answer(client, req, Reply::success({{"model", req.model}, {"evicted", evicted}}), "ok");
   }
-  if (req.op == Op::kInfer) {
-    auto params = protocol::parse_infer(req.body);
-    if (!params) return fail(protocol::code::kBadRequest, params.error().message);
-    req.infer = std::move(*params);
-    // No seed asked for: a fresh one (reported in the result), so sampled text differs run to run.
-    if (!req.infer.seed_given) req.infer.generate.sampling.seed = fresh_seed();
-    req.stream_experts = req.infer.stream_experts;
-  } else {
-    auto stream_experts = protocol::stream_experts_field(req.body);
-    if (!stream_experts) return fail(protocol::code::kBadRequest, stream_experts.error().message);
-    req.stream_experts = std::move(*stream_experts);
-  }
+  auto stream_experts = protocol::stream_experts_field(req.body);
+  if (!stream_experts) return fail(protocol::code::kBadRequest, stream_experts.error().message);
+  req.stream_experts = std::move(*stream_experts);
   auto keep_alive = protocol::keep_alive_field(req.body);
   if (!keep_alive) return fail(protocol::code::kBadRequest, keep_alive.error().message);
-  if (*keep_alive) {
-    // Longer than the admin allows: cut, and the reply's keep_alive_s says what applies.
-    req.keep_alive = std::min(std::chrono::seconds(**keep_alive), options_.live.max_keep_alive);
-  }
-  auto resolved = resolve_model(options_.models_dir, req.model);
-  if (!resolved) return fail(protocol::wire_code(resolved.error().code), resolved.error().message);
-  req.resolved = std::move(*resolved);
+  if (*keep_alive) req.keep_alive = std::chrono::seconds(**keep_alive);
   req.body = nullptr;  // parsed: the job does not need the document
+  resolve_and_start(client, req);
+}
+
+bool RequestHandler::admit(const std::shared_ptr<Client>& client, const Request& req) {
+  auto fail = [&](std::string_view code, std::string message) {
+    answer(client, req, Reply::failure(code, std::move(message)), code);
+    return false;
+  };
+  if (shutting_down_) return fail(protocol::code::kShuttingDown, "car-inferenced is shutting down");
+  // An id shared by two requests in flight would make their replies and `cancel` ambiguous.
+  if (!req.id.is_null() && client->calls().id_in_flight(req.id)) {
+    return fail(protocol::code::kBadRequest,
+                "id " + protocol::dump(req.id) +
+                    " is already used by a request in flight on this connection; "
+                    "ids must be unique among requests in flight (that request "
+                    "carries on)");
+  }
+  return true;
+}
+
+void RequestHandler::dispatch_infer(const std::shared_ptr<Client>& client, Request& req,
+                                    Result<protocol::InferParams> infer) {
+  if (!infer) {
+    return answer(client, req, Reply::failure(protocol::code::kBadRequest, infer.error().message),
+                  protocol::code::kBadRequest);
+  }
+  req.infer = std::move(*infer);
+  req.model = req.infer.model;
+  // No seed asked for: a fresh one (reported in the result), so sampled text differs run to run.
+  if (!req.infer.seed_given) req.infer.generate.sampling.seed = fresh_seed();
+  req.stream_experts = req.infer.stream_experts;
+  req.keep_alive = req.infer.keep_alive;
+  resolve_and_start(client, req);
+}
+
+void RequestHandler::resolve_and_start(const std::shared_ptr<Client>& client, Request& req) {
+  // Longer than the admin allows: cut, and the reply's keep_alive_s says what applies.
+  if (req.keep_alive) req.keep_alive = std::min(*req.keep_alive, options_.live.max_keep_alive);
+  auto resolved = resolve_model(options_.models_dir, req.model);
+  if (!resolved) {
+    const std::string_view code = protocol::wire_code(resolved.error().code);
+    return answer(client, req, Reply::failure(code, resolved.error().message), code);
+  }
+  req.resolved = std::move(*resolved);
   start_job(client, req);
 }
 
@@ -430,7 +471,7 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
       asio::post(io_, [client, call, event] { client->token(call, event); });
     };
   }
-  // The request's own parameters, as parse_infer produced them, are what the runtime receives.
+  // The request's own parameters, as its front parsed them (InferBuilder), are what the runtime receives.
   const GenerateParams& params = req.infer;
   auto out = lease->backend()->generate(params, sink, call->cancelled);
   model_lock.unlock();
@@ -447,28 +488,23 @@ Reply RequestHandler::run_infer(const std::shared_ptr<Client>& client, const std
     outcome = protocol::wire_code(out.error().code);
     return Reply::failure(outcome, out.error().message);
   }
-  json r = {{"model", req.model},
-            {"text", out->text},
-            {"tokens", out->tokens},
-            {"finish_reason", out->finish_reason},
-            {"seed", params.generate.sampling.seed},
-            {"usage", {{"prompt_tokens", out->prompt_tokens}, {"completion_tokens", out->tokens.size()}}},
-            {"timings",
-             {{"load_ms", load_ms},
-              {"queue_ms", queue_ms},
-              {"prompt_ms", out->prompt_ms},
-              {"decode_ms", out->decode_ms}}}};
-  if (!out->chat_template.empty()) r["chat_template"] = out->chat_template;
-  if (req.keep_alive) r["keep_alive_s"] = keep_alive_json(req);
   metrics_.observe_generation(static_cast<uint64_t>(out->prompt_tokens), out->prompt_ms / 1000,
                               out->tokens.size(), out->decode_ms / 1000, out->finish_reason);
-  if (params.generate.logprobs) {
-    json lps = json::array();
-    for (const auto& lp : out->logprobs) lps.push_back(protocol::logprobs_json(lp));
-    r["logprobs"] = std::move(lps);
-  }
   outcome = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";
-  return Reply::success(std::move(r));
+  // The typed result goes to the front as it is; each renders it in its own wire format.
+  protocol::InferResult r;
+  r.model = req.model;
+  r.seed = params.generate.sampling.seed;
+  r.logprobs = params.generate.logprobs;
+  r.load_ms = load_ms;
+  r.queue_ms = queue_ms;
+  if (req.keep_alive) {
+    // What now applies to the model: nothing when it is pinned (never evicted for idleness).
+    r.keep_alive_given = true;
+    if (!cache_.is_pinned(req.model)) r.keep_alive_s = req.keep_alive->count();
+  }
+  r.output = std::move(*out);
+  return Reply::inferred(std::move(r));
 }
 
 void RequestHandler::drop_stale(const std::string& id, const ModelCache::Handle& handle,

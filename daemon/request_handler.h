@@ -4,8 +4,9 @@
 // are posted back to the io thread. It owns the backend cache and the worker pool; it borrows the
 // io_context, the ModelRuntime and the connection counts it reports in `stats`.
 //
-// A front end (the NDJSON Session today) frames and parses requests, hands each to handle() with the
-// Client it came from, and turns the Replies and token events it gets back into its own wire format. The
+// A front end frames and parses requests and hands each to handle() with the Client it came from (the HTTP
+// front hands an `infer` already typed to handle_infer()), and turns the Replies - an ok `infer` as a typed
+// protocol::InferResult - and token events it gets back into its own wire format. The
 // handler keeps each client's requests in flight in that client's CallRegistry (unique ids, `cancel`).
 //
 // Threading: every member function runs on the io thread, except what the jobs do on workers (they touch
@@ -73,13 +74,19 @@ class CallRegistry {
 /// The final answer to one request, before a front end puts it into its wire format.
 struct Reply {
   bool ok = true;
-  nlohmann::json result;  ///< ok replies
+  nlohmann::json result;  ///< ok replies but infer's
+  /// An ok `infer` reply's result, typed: each front renders it its own way (the socket's `result`
+  /// object, an OpenAI response); `result` is then null.
+  std::optional<protocol::InferResult> infer;
   std::string code;       ///< failed replies: a protocol::code
   std::string message;
 
-  static Reply success(nlohmann::json result) { return Reply{true, std::move(result), {}, {}}; }
+  static Reply success(nlohmann::json result) { return Reply{true, std::move(result), std::nullopt, {}, {}}; }
+  static Reply inferred(protocol::InferResult result) {
+    return Reply{true, nullptr, std::move(result), {}, {}};
+  }
   static Reply failure(std::string_view code, std::string message) {
-    return Reply{false, nullptr, std::string(code), std::move(message)};
+    return Reply{false, nullptr, std::nullopt, std::string(code), std::move(message)};
   }
 };
 
@@ -88,7 +95,7 @@ class Client {
  public:
   virtual ~Client() = default;
   /// The final answer to the request `id`. `call` is the request in flight it ends (already out of
-  /// calls()), or null for a request answered at once.
+  /// calls()), or null for a request answered at once. An ok `infer` reply carries Reply::infer.
   virtual void reply(const nlohmann::json& id, const std::shared_ptr<Call>& call, Reply reply) = 0;
   /// A streamed token of `call` (the request asked for `stream`): id, released text and, when the request
   /// asked for logprobs, its logprob entry.
@@ -112,6 +119,11 @@ class RequestHandler {
 
   /// One parsed request from `client`, received at `received`.
   void handle(const std::shared_ptr<Client>& client, protocol::Request request, Clock::time_point received);
+  /// An `infer` request a front parsed into its typed form itself (the HTTP front maps an OpenAI request
+  /// through protocol::InferBuilder): answered as a socket request with the same fields would be. `infer`
+  /// holds the bad_request its fields got when they were refused.
+  void handle_infer(const std::shared_ptr<Client>& client, nlohmann::json id,
+                    Result<protocol::InferParams> infer, Clock::time_point received);
   /// A request the front end could not parse: answer `error`, carrying `id` when one was recovered.
   void reject(const std::shared_ptr<Client>& client, const nlohmann::json& id, const Error& error,
               Clock::time_point received);
@@ -142,6 +154,13 @@ class RequestHandler {
  private:
   struct Request;
   void dispatch(const std::shared_ptr<Client>& client, Request& req);
+  // The checks every request passes before its fields are read: false when `req` was answered (shutting
+  // down, or its id already in flight).
+  bool admit(const std::shared_ptr<Client>& client, const Request& req);
+  void dispatch_infer(const std::shared_ptr<Client>& client, Request& req,
+                      Result<protocol::InferParams> infer);
+  // Cut the keep-alive, resolve the model file and queue the load/infer job.
+  void resolve_and_start(const std::shared_ptr<Client>& client, Request& req);
   void answer(const std::shared_ptr<Client>& client, const Request& req, Reply reply,
               std::string_view outcome);
   void start_job(const std::shared_ptr<Client>& client, Request& req);

@@ -100,6 +100,8 @@ void Session::reply(const json& id, const std::shared_ptr<Call>& call, Reply rep
         "cancelled: the client left more than " + std::to_string(manager_.limits().overflow_bound()) +
             " bytes of replies unread on this connection (twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB); read "
             "replies as they arrive"));
+  } else if (reply.ok && reply.infer) {
+    send(protocol::infer_line(id, *reply.infer));
   } else if (reply.ok) {
     send(protocol::ok_line(id, reply.result));
   } else {

@@ -4,7 +4,8 @@
 # names, or a CAR_REQUIRES function called without it, fails the build. Only those targets' object files are
 # compiled (in build-thread-safety/, at -O0), so it stays cheap enough for every CI run.
 #
-# Annotated: car_util (ThreadPool), car_experts (ExpertPool, StreamedExpertSource), the header-only
+# Annotated: car_util (ThreadPool), car_experts (ExpertPool, StreamedExpertSource), car_engine (the
+# per-model Scheduler), the header-only
 # BackendCache (compiled through cache_test, which instantiates it) and car_daemon (WorkerPool,
 # RequestHandler, ModelCatalog, the metrics registry, EngineRuntime's pool). Every target that includes an
 # annotated header and defines functions touching the guarded members must be here; the check below fails
@@ -15,7 +16,7 @@ root=$(pwd)
 build=${CAR_THREAD_SAFETY_BUILD_DIR:-$root/build-thread-safety}
 cxx=${CAR_THREAD_SAFETY_CXX:-clang++-14}
 jobs=${CAR_THREAD_SAFETY_JOBS:-2}
-targets=(car_util car_experts cache_test car_daemon)
+targets=(car_util car_experts car_engine cache_test car_daemon)
 
 if ! command -v "$cxx" >/dev/null; then
   echo "thread-safety.sh: $cxx not found (scripts/install-deps.sh installs clang-14)" >&2
@@ -41,7 +42,7 @@ fi
 
 # Every source file that uses the annotations must be compiled by one of the targets (a file outside them
 # would be analysed by nobody): its directory's target is looked up in the CMake lists below.
-declare -A dir_target=([core/util]=car_util [core/experts]=car_experts [core/cache]=cache_test [daemon]=car_daemon [daemon/http]=car_daemon)
+declare -A dir_target=([core/util]=car_util [core/experts]=car_experts [core/engine]=car_engine [core/cache]=cache_test [daemon]=car_daemon [daemon/http]=car_daemon)
 unchecked=()
 while IFS= read -r f; do
   d=$(dirname "$f")

@@ -7,6 +7,9 @@
 //          1-token prompt plus n-1 single-token decodes; no pass follows the last sampled token), so
 //          tokens/s = n / (prompt_ms + decode_ms). This is llama-bench's tg: n sequential 1-token evals
 //          starting from an empty context.
+//   tg<n> xN  with --parallel N,...: N requests of tg<n> submitted together, run batched by the model's
+//          scheduler (one forward pass per step over every sequence, like llama.cpp's llama-batched-bench):
+//          aggregate tokens/s = N * n / (wall time from submission to the last one's end), and per stream.
 // Reported beside them: model size and parameters (from the GGUF tensor table), the weight bytes read per
 // decoded token (every tensor, except that token_embd contributes one row when a separate output matrix
 // exists, and MoE expert banks count expert_used_count / expert_count of their size), the decode bound
@@ -18,7 +21,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -45,6 +50,7 @@ struct BenchFlags {
   uint64_t seed = 1;
   bool no_warmup = false;
   bool json = false;
+  std::vector<int> parallel;  // --parallel: sequence counts for the batched decode test
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -148,6 +154,40 @@ double run_once(engine::LoadedModel& model, std::vector<int32_t> prompt, int max
   return ms > 0 ? static_cast<double>(max_tokens) * 1000.0 / ms : 0.0;
 }
 
+/// N tg<n> requests submitted at once; returns aggregate tokens/s (N * n / wall time to the last one's end).
+double run_parallel(engine::LoadedModel& model, std::mt19937_64& rng, int64_t vocab, int n_seq, int max_tokens) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n_seq; ++i) {
+    engine::GenerateRequest req;
+    req.prompt_ids = random_ids(rng, vocab, 1);
+    req.add_bos = false;
+    req.max_tokens = max_tokens;
+    req.sampling.temperature = 0;
+    req.ignore_eos = true;
+    engine::GenerateCallbacks cb;
+    cb.on_done = [&](Result<engine::GenerateResult> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!r) {
+        error = r.error().code + ": " + r.error().message;
+      } else if (static_cast<int>(r->tokens.size()) != max_tokens) {
+        error = "generation stopped after " + std::to_string(r->tokens.size()) + " tokens";
+      }
+      ++done;
+      cv.notify_all();
+    };
+    engine::submit(model, req, std::move(cb), nullptr);
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == n_seq; });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!error.empty()) fail(1, error);
+  return s > 0 ? static_cast<double>(n_seq) * static_cast<double>(max_tokens) / s : 0.0;
+}
+
 /// The machine's memory read bandwidth in GB/s as `threads` threads see it: each thread sums its share of a
 /// 128 MB buffer (written first, so its pages exist), three passes, the fastest counts. About 0.1-0.3 s.
 double measure_read_gbs(int threads) {
@@ -197,6 +237,7 @@ void bench(const BenchFlags& f) {
   auto load_or = f.engine.load_options(std::max(f.n_prompt, f.n_gen) + 16);
   if (!load_or) fail(2, load_or.error().message);
   engine::LoadOptions load = std::move(*load_or);
+  if (!f.parallel.empty()) load.parallel = *std::max_element(f.parallel.begin(), f.parallel.end());
   auto figures = model_figures(f.path);
   if (!figures) fail(1, f.path + ": " + figures.error().code + ": " + figures.error().message);
   const ModelFigures& m = *figures;
@@ -241,6 +282,25 @@ void bench(const BenchFlags& f) {
   }
   const Stats tgs = stats_of(tg);
   if (!f.json && !tg.empty()) print_row("tg", f.n_gen, tgs);
+  // Batched decode: N sequences at once.
+  nlohmann::json parallel_json = nlohmann::json::array();
+  for (int n_seq : f.parallel) {
+    if (f.n_gen <= 0) break;
+    if (!f.no_warmup) run_parallel(model, rng, m.vocab, n_seq, 2);
+    std::vector<double> agg;
+    for (int i = 0; i < f.reps; ++i) agg.push_back(run_parallel(model, rng, m.vocab, n_seq, f.n_gen));
+    const Stats as = stats_of(agg);
+    if (!f.json) {
+      std::printf("| %s | %.2f MB | %.2f %s | %d | tg%d x%d | %.2f ± %.2f (%.2f per stream) |\n", name.c_str(),
+                  size_mb, params, unit, threads, f.n_gen, n_seq, as.mean, as.stdev, as.mean / n_seq);
+      std::fflush(stdout);
+    }
+    parallel_json.push_back({{"n_seq", n_seq},
+                             {"n_tokens", f.n_gen},
+                             {"samples", agg},
+                             {"tokens_per_s", {{"mean", as.mean}, {"stdev", as.stdev}}},
+                             {"per_stream_tokens_per_s", as.mean / n_seq}});
+  }
   save_expert_usage(model, "car bench");
   // The memory figures first: the bandwidth probe's buffer must not count as the model's peak.
   const uint64_t rss = proc_status_bytes("VmRSS");
@@ -272,6 +332,7 @@ void bench(const BenchFlags& f) {
     };
     if (!pp.empty()) out["pp"] = test(f.n_prompt, f.reps, pp, pps);
     if (!tg.empty()) out["tg"] = test(f.n_gen, f.reps, tg, tgs);
+    if (!parallel_json.empty()) out["parallel"] = parallel_json;
     out["weight_bytes_per_token"] = m.bytes_per_token;
     out["bandwidth_gbs"] = bandwidth_gbs;
     out["bandwidth_source"] = measured ? "measured" : "given";
@@ -318,6 +379,10 @@ void setup_bench(CLI::App& root) {
   cmd->add_option("--seed", flags->seed, "Seed for the random prompt ids");
   cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up runs");
   cmd->add_flag("--json", flags->json, "Print one JSON object");
+  cmd->add_option("--parallel", flags->parallel,
+                  "Batched decode: run tg<n> with N sequences at once for each N given (e.g. 1,2,4,8)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
   cmd->callback([flags] { bench(*flags); });
 }
 

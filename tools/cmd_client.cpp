@@ -117,7 +117,7 @@ void add_common(CLI::App* cmd, ClientOptions& o) {
 
 /// Reject an infer request the daemon would refuse as bad_request before connecting, with exit 2 (bad input)
 /// and the protocol's own message with the field named as its flag ("--min-p must be in [0, 1]"): the
-/// ranges live once, in protocol::parse_infer, which the daemon runs on the same request.
+/// ranges live once, in the infer field table that protocol::parse_infer reads, as the daemon does.
 void check_request(const json& req) {
   std::string message;
   if (req.value("op", "") == "infer") {
@@ -271,7 +271,7 @@ void setup_client_commands(CLI::App& root) {
     cmd->add_flag("--logprobs", logprobs, "print each generated token's log-probability after the text");
     cmd->add_option("--top-logprobs", top_logprobs,
                     "also the N most likely tokens at each position, at most " +
-                        std::to_string(protocol::kMaxTopLogprobs) + " (implies --logprobs; default: 0)");
+                        std::to_string(limits::kMaxTopLogprobs) + " (implies --logprobs; default: 0)");
     cmd->add_option("--num-ctx", num_ctx,
                     "this request's context window in tokens, 0 = the context the model is loaded with "
                     "(default: the daemon's)");

@@ -3,11 +3,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <cstdio>
 #include <thread>
 
 #include "core/engine/forward.h"
 #include "core/engine/sampler.h"
+#include "core/engine/scheduler.h"
 #include "core/experts/resident_source.h"
 #include "core/experts/streamed_source.h"
 #include "core/gguf/gguf_file.h"
@@ -82,26 +86,9 @@ class LoadedModel {
   std::string stream_reason;       // decide_streaming's reason (+ the pool's sizing); empty when dense
   uint64_t expert_bank_bytes = 0;  // the file's routed-expert banks
   std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<ForwardPass> forward;
-  std::unique_ptr<KvCache> kv;
-  std::vector<float> logits;          // n_vocab
-  std::vector<int32_t> cached;        // the ids whose K/V are in kv (a prefix the next prompt may reuse)
+  // Declared last: destroyed first, its thread stopped before the pool, experts and model it uses go.
+  std::unique_ptr<Scheduler> scheduler;
 };
-
-namespace {
-/// The weights under the last evaluation are those the model was loaded from: no read of the mapping
-/// faulted (the file shrank) and the file was not rewritten in place. Otherwise the logits were computed
-/// from zeros or a mix of two files; the KV cache is dropped and the request fails with io_error.
-Result<void> check_weights(LoadedModel& lm) {
-  auto intact = lm.file->check_intact();
-  if (intact) return {};
-  lm.kv->truncate(0);
-  lm.cached.clear();
-  static const std::string what =
-      "model file changed or was truncated while in use (replace model files by atomic rename): ";
-  return make_error(errc::kIoError, what + intact.error().message);
-}
-}  // namespace
 
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options) {
   if (options.context_length < 0) {
@@ -168,10 +155,14 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   lm->pool = std::make_unique<ThreadPool>(std::max(1, threads));
   const int64_t n_ctx = context_tokens(hp, options);
-  lm->forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), max_batch(n_ctx));
-  lm->forward->set_prefetch(options.prefetch);
-  lm->kv = std::make_unique<KvCache>(lm->forward->make_cache(n_ctx));
-  lm->logits.resize(static_cast<size_t>(hp.n_vocab));
+  auto forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), max_batch(n_ctx));
+  forward->set_prefetch(options.prefetch);
+  SchedulerOptions so;
+  so.slots = std::clamp<int>(options.parallel, 1, static_cast<int>(forward->max_batch()));
+  so.n_ctx = n_ctx;
+  so.step_tokens = options.step_tokens;
+  so.max_queued = std::max(0, options.max_queued);
+  lm->scheduler = std::make_unique<Scheduler>(lm->model, lm->tok, lm->file, std::move(forward), so);
   // The tokenizer and model read the mapping; a file cut or rewritten meanwhile gave them zeros.
   if (auto intact = lm->file->check_intact(); !intact) {
     return make_error(errc::kLoadFailed, path + ": changed while loading: " + intact.error().message);
@@ -182,137 +173,28 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
 Result<GenerateResult> generate(LoadedModel& lm, const GenerateRequest& req,
                                 const std::function<void(const TokenEvent&)>& on_token,
                                 const std::atomic<bool>* cancelled) {
-  using clock = std::chrono::steady_clock;
-  const int64_t n_vocab = lm.model->hparams().n_vocab;
-  if (req.max_tokens < 0) return make_error(errc::kBadRequest, "max_tokens must be >= 0");
-  if (req.top_logprobs < 0) return make_error(errc::kBadRequest, "top_logprobs must be >= 0");
-
-  GenerateResult res;
-  if (!req.prompt_ids.empty()) {
-    res.prompt_tokens = req.prompt_ids;
-  } else {
-    res.prompt_tokens = lm.tok->encode(req.prompt, req.add_bos, req.parse_special);
-  }
-  if (res.prompt_tokens.empty()) return make_error(errc::kBadRequest, "the prompt is empty (no tokens)");
-  for (int32_t id : res.prompt_tokens) {
-    if (id < 0 || id >= n_vocab) {
-      return make_error(errc::kBadRequest, "prompt token id " + std::to_string(id) + " outside [0, " +
-                                               std::to_string(n_vocab) + ")");
-    }
-  }
-  const int64_t n_prompt = static_cast<int64_t>(res.prompt_tokens.size());
-  const int64_t loaded_ctx = lm.kv->n_ctx();
-  if (req.num_ctx < 0) return make_error(errc::kBadRequest, "num_ctx must be >= 0");
-  if (req.num_ctx > loaded_ctx) {
-    return make_error(errc::kBadRequest, "num_ctx " + std::to_string(req.num_ctx) +
-                                             " exceeds the context the model is loaded with (" +
-                                             std::to_string(loaded_ctx) + " tokens)");
-  }
-  const int64_t n_ctx = req.num_ctx > 0 ? req.num_ctx : loaded_ctx;
-  if (n_prompt + req.max_tokens > n_ctx) {
-    return make_error(errc::kContextOverflow, "prompt (" + std::to_string(n_prompt) +
-                                                  " tokens) + max_tokens (" + std::to_string(req.max_tokens) +
-                                                  ") exceeds the context of " + std::to_string(n_ctx) +
-                                                  " tokens");
-  }
-
-  // Reuse the cached prefix; at least the last prompt token is evaluated again for its logits.
-  int64_t common = 0;
-  const int64_t max_common = std::min<int64_t>(static_cast<int64_t>(lm.cached.size()), n_prompt - 1);
-  while (common < max_common && lm.cached[static_cast<size_t>(common)] == res.prompt_tokens[static_cast<size_t>(common)]) {
-    ++common;
-  }
-  lm.kv->truncate(std::min(common, lm.kv->n_past()));
-  common = lm.kv->n_past();
-  lm.cached.resize(static_cast<size_t>(common));
-
-  if (cancelled != nullptr && cancelled->load()) {
-    res.finish_reason = "cancelled";
-    return res;
-  }
-  // A failed eval (io_error) may leave the cache past lm.cached: forget those positions, so the model
-  // serves the next request from a consistent prefix.
-  auto failed = [&lm](const Error& e) -> Error {
-    lm.kv->truncate(std::min(static_cast<int64_t>(lm.cached.size()), lm.kv->n_past()));
-    lm.cached.resize(static_cast<size_t>(lm.kv->n_past()));
-    return e;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Result<GenerateResult>> out;
+  GenerateCallbacks cb;
+  if (on_token) cb.on_token = [&on_token](const TokenEvent& e) { on_token(e); };
+  cb.on_done = [&](Result<GenerateResult> r) {
+    std::lock_guard<std::mutex> lock(mu);
+    out.emplace(std::move(r));
+    cv.notify_all();
   };
-  const auto t0 = clock::now();
-  std::span<const int32_t> rest(res.prompt_tokens.data() + common, static_cast<size_t>(n_prompt - common));
-  if (Result<void> r = lm.forward->eval(rest, *lm.kv, lm.logits.data(), false); !r) return failed(r.error());
-  if (auto ok = check_weights(lm); !ok) return ok.error();
-  lm.cached.insert(lm.cached.end(), rest.begin(), rest.end());
-  const auto t1 = clock::now();
-  res.prompt_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-
-  Sampler sampler(req.sampling);
-  const bool want_logprobs = req.logprobs || req.top_logprobs > 0;
-  StopMatcher stops(req.stop);
-  tokenizer::StreamDecoder decoder(lm.tok);
-  std::vector<int32_t> history = res.prompt_tokens;
-  history.reserve(history.size() + static_cast<size_t>(req.max_tokens));
-  res.finish_reason = "length";
-  const std::span<const float> logits(lm.logits.data(), lm.logits.size());
-
-  for (int i = 0; i < req.max_tokens; ++i) {
-    if (cancelled != nullptr && cancelled->load()) {
-      res.finish_reason = "cancelled";
-      break;
-    }
-    const int32_t id = sampler.sample(logits, history);
-    if (!req.ignore_eos && lm.tok->is_eog(id)) {
-      res.finish_reason = "eos";
-      break;
-    }
-    TokenEvent event;
-    event.token = id;
-    if (req.top_logprobs > 0) {
-      res.top_logprobs.push_back(Sampler::top_logprobs(logits, req.top_logprobs));
-      event.top_logprobs = res.top_logprobs.back();
-    }
-    if (want_logprobs) {
-      event.logprob = Sampler::logprob_of(logits, id);
-      res.logprobs.push_back(event.logprob);
-    }
-    res.tokens.push_back(id);
-    history.push_back(id);
-    const StopMatcher::Step step = stops.push(decoder.push(id));
-    res.text += step.text;
-    if (on_token) {
-      event.text = step.text;
-      on_token(event);
-    }
-    if (step.stopped) {
-      res.finish_reason = "stop";
-      break;
-    }
-    if (i + 1 < req.max_tokens) {
-      if (Result<void> r =
-              lm.forward->eval(std::span<const int32_t>(&id, 1), *lm.kv, lm.logits.data(), false);
-          !r) {
-        return failed(r.error());
-      }
-      if (auto ok = check_weights(lm); !ok) return ok.error();
-      lm.cached.push_back(id);
-    }
-  }
-  if (!stops.stopped()) {
-    // Text held back at the end: an incomplete UTF-8 tail (as U+FFFD) and a possible stop-string prefix.
-    std::string tail = stops.push(decoder.finish()).text;
-    if (!stops.stopped()) tail += stops.flush();
-    if (!tail.empty()) {
-      res.text += tail;
-      if (on_token) {
-        TokenEvent last;
-        last.token = -1;
-        last.text = tail;
-        on_token(last);
-      }
-    }
-  }
-  res.decode_ms = std::chrono::duration<double, std::milli>(clock::now() - t1).count();
-  return res;
+  lm.scheduler->submit(req, std::move(cb), cancelled);
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return out.has_value(); });
+  return std::move(*out);
 }
+
+void submit(LoadedModel& lm, const GenerateRequest& request, GenerateCallbacks callbacks,
+            const std::atomic<bool>* cancelled) {
+  lm.scheduler->submit(request, std::move(callbacks), cancelled);
+}
+
+SchedulerStats model_scheduler_stats(const LoadedModel& lm) { return lm.scheduler->stats(); }
 
 namespace {
 /// Bytes of the file the mapping may bring in: all of it, less the expert banks a streamed model never
@@ -400,9 +282,10 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
       m.experts = std::max(m.experts_floor, std::min(banks, budget));
     }
   }
-  m.kv_cache = ForwardPass::kv_cache_bytes_for(*hp, n_ctx);
+  const int slots = std::clamp<int>(options.parallel, 1, static_cast<int>(max_batch(n_ctx)));
+  m.kv_cache = static_cast<uint64_t>(slots) * ForwardPass::kv_cache_bytes_for(*hp, n_ctx);
   m.scratch = ForwardPass::scratch_bytes_for(*hp, max_batch(n_ctx));
-  m.logits = static_cast<uint64_t>(hp->n_vocab) * sizeof(float);
+  m.logits = static_cast<uint64_t>(slots) * static_cast<uint64_t>(hp->n_vocab) * sizeof(float);
   return m;
 }
 
@@ -410,15 +293,15 @@ const gguf::GgufFile& model_file(const LoadedModel& model) { return *model.file;
 const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model) { return *model.tok; }
 
 int64_t model_context_length(const LoadedModel& lm) {
-  return lm.kv->n_ctx();
+  return lm.scheduler->n_ctx();
 }
 
 MemoryBreakdown model_memory(const LoadedModel& lm) {
   MemoryBreakdown m;
   m.weights = mapped_weight_bytes(lm);
-  m.kv_cache = lm.kv->size_bytes();
-  m.scratch = lm.forward->scratch_bytes();
-  m.logits = lm.logits.size() * sizeof(float);
+  m.kv_cache = lm.scheduler->kv_bytes();  // the pool in full: charged before any slot is used
+  m.scratch = lm.scheduler->forward().scratch_bytes();
+  m.logits = lm.scheduler->logits_bytes();
   m.experts = expert_cache_bytes(lm);
   if (lm.streamed != nullptr) m.experts_floor = std::min(m.experts, lm.streamed->stats().floor_bytes);
   return m;

@@ -2,8 +2,8 @@
 // generate from it. Knows nothing of sockets: tokens go out through a callback and cancellation comes in
 // through an atomic flag checked between tokens.
 //
-// Thread safety: a LoadedModel is immutable after load except for its KV cache / scratch, which generate()
-// uses; callers serialize generate() calls on one model (the daemon's per-model lock does).
+// Thread safety: a LoadedModel may be used from any number of threads: generate() and submit() queue
+// requests on the model's scheduler, which runs them batched on its own thread (core/engine/scheduler.h).
 #pragma once
 
 #include <atomic>
@@ -16,6 +16,7 @@
 
 #include "core/engine/generate_request.h"
 #include "core/engine/sampler.h"
+#include "core/engine/scheduler.h"
 #include "core/experts/streamed_source.h"
 #include "core/util/result.h"
 #include "core/util/stream_experts.h"
@@ -51,6 +52,13 @@ struct LoadOptions {
   bool prefetch = true;            ///< prefetch the next MoE layer's guessed experts when streaming
   bool direct_io = true;           ///< O_DIRECT expert reads where the filesystem allows them
   experts::PreadFn expert_reader;  ///< test seam: the streamed source's positional reads; null = pread
+  /// Sequences the model runs at once (continuous batching; see core/engine/scheduler.h): each has a KV
+  /// cache of the model's context, allocated on first use and charged in full by estimate_memory.
+  int parallel = 1;
+  /// Tokens per batched step (decode rows + prompt chunks); 0 = the forward pass's batch size.
+  int64_t step_tokens = 0;
+  /// Requests that may wait for a sequence slot; one more is refused with `busy`. 0 = no limit.
+  int max_queued = 0;
 };
 
 /// Whether to stream a model's experts, and why (for the caller's log).
@@ -65,16 +73,6 @@ struct StreamDecision {
 StreamDecision decide_streaming(StreamExperts mode, bool has_experts, uint64_t file_bytes,
                                 const experts::MemoryProbe& memory);
 
-struct GenerateResult {
-  std::vector<int32_t> prompt_tokens;
-  std::vector<int32_t> tokens;
-  std::string text;
-  std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"
-  double prompt_ms = 0;
-  double decode_ms = 0;
-  std::vector<std::vector<TopLogprob>> top_logprobs;  ///< per generated token, when request.top_logprobs > 0
-  std::vector<double> logprobs;  ///< per generated token: the chosen id's logprob, when request.logprobs
-};
 
 class LoadedModel;
 
@@ -82,7 +80,8 @@ class LoadedModel;
 /// experts: the file could not be opened for reading or a pinned expert could not be read).
 Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& options);
 
-/// Generate. `on_token` (may be empty) is called for each generated token on the calling thread;
+/// Generate, waiting for the result: submit() and wait. `on_token` (may be empty) is called for each
+/// generated token, on the model's scheduler thread while the caller waits;
 /// `cancelled` (may be null) is checked before each token. Errors: context_overflow, bad_request, io_error
 /// (the model's file was truncated or rewritten in place while it computed: the results would come from
 /// zeros or a mix of two files; checked after every forward evaluation - the caller should drop the model).
@@ -99,6 +98,16 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
 Result<GenerateResult> generate(LoadedModel& model, const GenerateRequest& request,
                                 const std::function<void(const TokenEvent&)>& on_token,
                                 const std::atomic<bool>* cancelled);
+
+/// generate() without waiting: the request joins the model's scheduler queue (first come, first served)
+/// and runs batched with the model's other sequences; `callbacks` run on the scheduler's thread and must
+/// not block (core/engine/scheduler.h). Checks and errors as generate()'s; a request refused before
+/// queueing gets its on_done before submit returns. `cancelled` (may be null) must outlive the request.
+void submit(LoadedModel& model, const GenerateRequest& request, GenerateCallbacks callbacks,
+            const std::atomic<bool>* cancelled);
+
+/// The model's scheduler now: running sequences, queued requests, KV use. Thread-safe.
+SchedulerStats model_scheduler_stats(const LoadedModel& model);
 
 /// What a model holds, by part: the same terms for the estimate made before loading and the figure read
 /// after it, so the two can be compared term by term.

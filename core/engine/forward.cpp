@@ -46,6 +46,12 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   gate_.resize(sz(ff_rows));
   up_.resize(sz(ff_rows));
   rope_cache_.resize(sz(B * hp_.n_rot));
+  row_token_.resize(sz(B));
+  row_kv_.resize(sz(B));
+  row_pos_.resize(sz(B));
+  gemm_.resize(sz(B));
+  keep_.resize(sz(B));
+  keep_gemm_.resize(sz(B));
   if (hp_.is_moe()) {
     const int64_t E = hp_.n_expert;
     const int64_t K = hp_.n_expert_used;
@@ -75,7 +81,10 @@ uint64_t ForwardPass::scratch_bytes() const {
                gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() + sel_w_.size() +
                slot_out_.size() + xe_.size();
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
-  return f * sizeof(float) + i * sizeof(int32_t);
+  const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
+                        row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
+                        keep_gemm_.size();
+  return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
 uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_batch) {
@@ -96,7 +105,9 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
     f += 2 * B * E + B * K + B * K * embd + B * embd;  // router_, probs_, sel_w_, slot_out_, xe_
     i += B * K + B * K + (E + 1) + E + E;  // sel_ids_, group_rows_, group_start_, cursor_, active_
   }
-  return f * sizeof(float) + i * sizeof(int32_t);
+  // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_
+  const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t) + 1);
+  return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
 uint64_t ForwardPass::kv_cache_bytes_for(const model::Hparams& hp, int64_t n_ctx) {
@@ -133,6 +144,14 @@ void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, flo
   }
 }
 
+void ForwardPass::mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
+  if (n == 1 && gemm_[0] == 0) {
+    tensor::matvec(w, x, y, pool_);
+  } else {
+    tensor::matmul_ordered(w, x, n, w.cols, y, w.rows, gemm_.data(), pool_);
+  }
+}
+
 Result<void> ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows) {
   const int64_t n_total = static_cast<int64_t>(tokens.size());
   CAR_CHECK(n_total > 0);
@@ -140,10 +159,13 @@ Result<void> ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, flo
   for (int64_t begin = 0; begin < n_total; begin += max_batch_) {
     const int64_t n = std::min(max_batch_, n_total - begin);
     const bool last_chunk = begin + n == n_total;
-    Result<void> r = all_rows
-                         ? eval_batch(tokens.data() + begin, n, kv, logits + begin * hp_.n_vocab, true)
-                         : eval_batch(tokens.data() + begin, n, kv, last_chunk ? logits : nullptr, false);
-    if (!r) return r;
+    SeqChunk chunk;
+    chunk.kv = &kv;
+    chunk.tokens = tokens.subspan(sz(begin), sz(n));
+    chunk.output = all_rows ? SeqChunk::Output::all : last_chunk && logits != nullptr ? SeqChunk::Output::last
+                                                                                      : SeqChunk::Output::none;
+    float* out = all_rows ? logits + begin * hp_.n_vocab : logits;
+    if (Result<void> r = eval_step(std::span<const SeqChunk>(&chunk, 1), out); !r) return r;
   }
   return {};
 }
@@ -157,24 +179,58 @@ void ForwardPass::embed(const int32_t* tokens, int64_t n) {
   }
 }
 
-Result<void> ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits,
-                                     bool all_rows) {
+Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* logits) {
   const int64_t E = hp_.n_embd;
-  embed(tokens, n);
-  const int64_t pos0 = kv.n_past();
-  for (int64_t i = 0; i < n; ++i) rope_cache(rope_, pos0 + i, rope_cache_.data() + i * hp_.n_rot);
+  // Lay out the rows: chunk after chunk, each row with its cache, position and product order. A chunk's
+  // whole groups of 4 rows take the gemm order and its tail the gemv order, as a batch of that chunk alone
+  // would (tensor::matmul's rule); the rows that give logits are the ones carried through the last layer.
+  int64_t n = 0;
+  int64_t n_keep = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const SeqChunk& ch = chunks[c];
+    const int64_t len = static_cast<int64_t>(ch.tokens.size());
+    CAR_CHECK(ch.kv != nullptr && len > 0 && n + len <= max_batch_);
+    CAR_CHECK(ch.kv->n_past() + len <= ch.kv->n_ctx());
+    for (size_t d = 0; d < c; ++d) CAR_CHECK(chunks[d].kv != ch.kv);
+    const int64_t pos0 = ch.kv->n_past();
+    const int64_t gemm_end = ch.gemm_end >= 0 ? ch.gemm_end : pos0 + len - len % 4;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = n + j;
+      row_token_[sz(i)] = ch.tokens[sz(j)];
+      row_kv_[sz(i)] = ch.kv;
+      row_pos_[sz(i)] = pos0 + j;
+      gemm_[sz(i)] = pos0 + j < gemm_end ? 1 : 0;
+      if (ch.output == SeqChunk::Output::all || (ch.output == SeqChunk::Output::last && j == len - 1)) {
+        keep_gemm_[sz(n_keep)] = ch.output == SeqChunk::Output::all ? gemm_[sz(i)] : 0;
+        keep_[sz(n_keep++)] = static_cast<int32_t>(i);
+      }
+    }
+    n += len;
+  }
+  CAR_CHECK(n > 0);
+
+  embed(row_token_.data(), n);
+  for (int64_t i = 0; i < n; ++i) rope_cache(rope_, row_pos_[sz(i)], rope_cache_.data() + i * hp_.n_rot);
 
   int64_t rows = n;  // rows still carried through the layers
   const bool prefetch = prefetch_ && experts_ != nullptr && experts_->streams();
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const model::LayerWeights& L = model_->layers()[sz(il)];
     if (prefetch && L.is_moe) prefetch_layer(il, rows);
-    attention(il, rows, kv);
-    // Last layer without per-row logits: only the final row's FFN matters (llama.cpp's inp_out_ids).
-    if (il == hp_.n_layer - 1 && !all_rows && rows > 1) {
-      std::memmove(x_.data(), x_.data() + (rows - 1) * E, sz(E) * sizeof(float));
-      std::memmove(proj_.data(), proj_.data() + (rows - 1) * E, sz(E) * sizeof(float));
-      rows = 1;
+    attention(il, rows);
+    // Last layer: only the rows that give logits need the FFN (llama.cpp's inp_out_ids). A row kept alone
+    // from its chunk is a batch of one there (the gemv order), as in eval() of that chunk.
+    if (il == hp_.n_layer - 1 && n_keep < rows) {
+      for (int64_t j = 0; j < n_keep; ++j) {
+        const int64_t from = keep_[sz(j)];
+        if (from != j) {
+          std::memmove(x_.data() + j * E, x_.data() + from * E, sz(E) * sizeof(float));
+          std::memmove(proj_.data() + j * E, proj_.data() + from * E, sz(E) * sizeof(float));
+        }
+      }
+      std::copy(keep_gemm_.begin(), keep_gemm_.begin() + n_keep, gemm_.begin());
+      rows = n_keep;
+      if (rows == 0) break;
     }
     for (int64_t i = 0; i < rows * E; ++i) x_[sz(i)] = proj_[sz(i)] + x_[sz(i)];
     for (int64_t i = 0; i < rows; ++i) {
@@ -187,13 +243,14 @@ Result<void> ForwardPass::eval_batch(const int32_t* tokens, int64_t n, KvCache& 
     }
     for (int64_t i = 0; i < rows * E; ++i) x_[sz(i)] = proj_[sz(i)] + x_[sz(i)];
   }
-  kv.advance(n);
+  for (const SeqChunk& ch : chunks) ch.kv->advance(static_cast<int64_t>(ch.tokens.size()));
 
-  if (logits == nullptr) return {};
+  if (n_keep == 0) return {};
+  CAR_CHECK(logits != nullptr);
   for (int64_t i = 0; i < rows; ++i) {
     rms_norm(x_.data() + i * E, model_->output_norm(), xn_.data() + i * E, E, hp_.rms_eps);
   }
-  mm(model_->output(), xn_.data(), rows, logits);
+  mm_rows(model_->output(), xn_.data(), rows, logits);
   return {};
 }
 
@@ -205,7 +262,7 @@ void ForwardPass::prefetch_layer(int64_t il, int64_t n) {
   // The router's input will be rms_norm(x + attention(x)) * ffn_norm; x itself is a cheap, usually close,
   // stand-in available before the attention runs. xn_ and the router scratch are recomputed before use.
   for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.ffn_norm, xn_.data() + i * E, E, hp_.rms_eps);
-  mm(L.ffn_gate_inp, xn_.data(), n, router_.data());
+  mm_rows(L.ffn_gate_inp, xn_.data(), n, router_.data());
   std::fill(guessed_.begin(), guessed_.end(), uint8_t{0});
   guess_.clear();
   for (int64_t i = 0; i < n; ++i) {
@@ -222,14 +279,13 @@ void ForwardPass::prefetch_layer(int64_t il, int64_t n) {
   experts_->prefetch(static_cast<int>(il), guess_);
 }
 
-void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
+void ForwardPass::attention(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t E = hp_.n_embd;
   const int64_t dk = hp_.head_dim_k;
   const int64_t dv = hp_.head_dim_v;
   const int64_t n_head = hp_.n_head;
   const int64_t n_kv_head = hp_.n_head_kv;
-  const int64_t pos0 = kv.n_past();
 
   for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
   if (n == 1) {
@@ -237,9 +293,9 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
         {L.wq, xn_.data(), q_.data()}, {L.wk, xn_.data(), k_.data()}, {L.wv, xn_.data(), v_.data()}};
     tensor::matvec_fused(qkv, 3, pool_);
   } else {
-    mm(L.wq, xn_.data(), n, q_.data());
-    mm(L.wk, xn_.data(), n, k_.data());
-    mm(L.wv, xn_.data(), n, v_.data());
+    mm_rows(L.wq, xn_.data(), n, q_.data());
+    mm_rows(L.wk, xn_.data(), n, k_.data());
+    mm_rows(L.wv, xn_.data(), n, v_.data());
   }
 
   for (int64_t i = 0; i < n; ++i) {
@@ -254,15 +310,16 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
     rope_apply(rope_, rc, ki, n_kv_head);
     // Store K and V of this position in fp16.
     const float* vi = v_.data() + i * hp_.v_dim();
+    KvCache& kv = *row_kv_[sz(i)];
+    const int64_t pos = row_pos_[sz(i)];
     for (int64_t h = 0; h < n_kv_head; ++h) {
-      to_fp16(ki + h * dk, kv.k(il, h) + (pos0 + i) * dk, dk);
-      to_fp16(vi + h * dv, kv.v(il, h) + (pos0 + i) * dv, dv);
+      to_fp16(ki + h * dk, kv.k(il, h) + pos * dk, dk);
+      to_fp16(vi + h * dv, kv.v(il, h) + pos * dv, dv);
     }
   }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t group = n_head / n_kv_head;
-  const KvCache& ckv = kv;
   auto task = [&](int64_t begin, int64_t end) {
     std::array<uint16_t, kMaxHeadDim> q16;
     std::array<uint16_t, kMaxHeadDim> acc16;
@@ -270,12 +327,13 @@ void ForwardPass::attention(int64_t il, int64_t n, KvCache& kv) {
       const int64_t i = t / n_head;
       const int64_t h = t % n_head;
       const int64_t g = h / group;
-      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), pos0 + i + 1, dk, dv, scale,
-                  attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
+      const KvCache& ckv = *row_kv_[sz(i)];
+      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), row_pos_[sz(i)] + 1, dk, dv,
+                  scale, attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
     }
   };
   parallel(n * n_head, 1, task);
-  mm(L.wo, attn_.data(), n, proj_.data());
+  mm_rows(L.wo, attn_.data(), n, proj_.data());
 }
 
 void ForwardPass::dense_ffn(int64_t il, int64_t n) {
@@ -286,11 +344,11 @@ void ForwardPass::dense_ffn(int64_t il, int64_t n) {
                                           {L.ffn_up, xn_.data(), up_.data()}};
     tensor::matvec_fused(gate_up, 2, pool_);
   } else {
-    mm(L.ffn_gate, xn_.data(), n, gate_.data());
-    mm(L.ffn_up, xn_.data(), n, up_.data());
+    mm_rows(L.ffn_gate, xn_.data(), n, gate_.data());
+    mm_rows(L.ffn_up, xn_.data(), n, up_.data());
   }
   glu(n * ff);
-  mm(L.ffn_down, gate_.data(), n, proj_.data());
+  mm_rows(L.ffn_down, gate_.data(), n, proj_.data());
 }
 
 Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
@@ -300,7 +358,7 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   const bool normalize = hp_.traits->moe_norm_weights;
 
   // Route: the router (F32 weights: the input is not rounded) and the top-k experts and weights per row.
-  mm(L.ffn_gate_inp, xn_.data(), n, router_.data());
+  mm_rows(L.ffn_gate_inp, xn_.data(), n, router_.data());
   for (int64_t i = 0; i < n; ++i) {
     select_experts(router_.data() + i * NE, NE, K, normalize, probs_.data() + i * NE, sel_ids_.data() + i * K,
                    sel_w_.data() + i * K);

@@ -49,6 +49,20 @@ namespace car::engine {
 /// load_model refuses models with larger heads.
 inline constexpr int64_t kMaxHeadDim = 1024;
 
+/// One sequence's part of a batched step (ForwardPass::eval_step): `tokens` evaluated at positions
+/// kv->n_past() ... of its own cache, and which of its rows produce logits.
+struct SeqChunk {
+  enum class Output { none, last, all };
+  KvCache* kv = nullptr;
+  std::span<const int32_t> tokens;
+  Output output = Output::none;
+  /// Repacked products (tensor::matmul_ordered): rows at positions below gemm_end take llama.cpp's gemm
+  /// order, the others its gemv order. -1 = the rule of a batch of this chunk alone (its whole groups of 4
+  /// rows gemm). The scheduler gives a prompt's rows gemm_end = the prompt's whole groups of 4 from
+  /// position 0, so a row's order depends neither on the chunking nor on a reused prefix.
+  int64_t gemm_end = -1;
+};
+
 class ForwardPass {
  public:
   /// `experts` may be null for a dense model.
@@ -60,6 +74,16 @@ class ForwardPass {
   /// when `all_rows`, else only the last token's n_vocab floats. Errors: the expert source's (io_error);
   /// batches before the failing one stay in the cache (kv.n_past() says how far it got).
   Result<void> eval(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_rows);
+
+  /// Evaluate several sequences' chunks in one pass (continuous batching): every weight product runs once
+  /// over all their rows, attention reads each row's own cache. A row's summation order depends only on its
+  /// own chunk (its position against gemm_end, see SeqChunk; matmul_ordered), never on the company, so a
+  /// sequence's results are bit-identical alone and batched. With gemm_end = -1 a chunk's rows are computed
+  /// as eval() of that chunk alone computes them. `logits` receives n_vocab floats per output row, in chunk
+  /// order (Output::last: one row, Output::all: one per token).
+  /// Preconditions: 1 <= total tokens <= max_batch(); each chunk fits its cache; no cache appears twice.
+  /// Errors: the expert source's (io_error); then no cache is advanced.
+  Result<void> eval_step(std::span<const SeqChunk> chunks, float* logits);
 
   /// Prefetch the next MoE layer's guessed experts (streaming sources only). On by default.
   void set_prefetch(bool on) { prefetch_ = on; }
@@ -79,9 +103,8 @@ class ForwardPass {
   static uint64_t kv_cache_bytes_for(const model::Hparams& hp, int64_t n_ctx);
 
  private:
-  Result<void> eval_batch(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_rows);
   void embed(const int32_t* tokens, int64_t n);
-  void attention(int64_t il, int64_t n, KvCache& kv);
+  void attention(int64_t il, int64_t n);
   void dense_ffn(int64_t il, int64_t n);
   Result<void> moe_ffn(int64_t il, int64_t n);
   /// moe_ffn for one token (decode): all chosen experts' products in two parallel regions.
@@ -92,8 +115,11 @@ class ForwardPass {
   void prefetch_layer(int64_t il, int64_t n);
   /// proj_ rows = the sum of each row's weighted slot outputs, in selection order.
   void sum_slots(int64_t n);
-  /// y (n x w.rows) = x (n x w.cols) W^T, each input row rounded as the weight type requires.
+  /// y (n x w.rows) = x (n x w.cols) W^T, each input row rounded as the weight type requires (the batch
+  /// rule for repacked orders: an expert's gathered rows).
   void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
+  /// mm over the step's rows x_ / xn_ / attn_ / gate_ layout: row i in the order gemm_[i] says.
+  void mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
   /// gate_[i] = swiglu(gate_[i], up_[i]) for i in [0, count), on the pool when it is long enough.
   void glu(int64_t count);
   /// fn(begin, end) over [0, n) on the pool (inline when there is none).
@@ -133,6 +159,13 @@ class ForwardPass {
   std::vector<uint8_t> guessed_;              // (n_expert) prefetch: expert already in guess_
   std::vector<int32_t> guess_;                // (<= n_expert) prefetch: the guessed experts of one layer
   std::vector<tensor::MatvecTask> tasks_;     // (2 * n_expert_used) decode: one fused group of products
+  // Per row of a step (max_batch_ each): its token, cache and position, and its repacked product order.
+  std::vector<int32_t> row_token_;
+  std::vector<KvCache*> row_kv_;
+  std::vector<int64_t> row_pos_;
+  std::vector<uint8_t> gemm_;
+  std::vector<int32_t> keep_;      // rows carried through the last layer (those that give logits)
+  std::vector<uint8_t> keep_gemm_;  // their orders there (a chunk's lone last row: gemv)
 };
 
 }  // namespace car::engine

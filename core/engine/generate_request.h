@@ -1,4 +1,4 @@
-// What engine::generate() takes (GenerateRequest) and streams (TokenEvent), apart from engine.h so that
+// What engine::generate() takes (GenerateRequest), streams (TokenEvent) and returns (GenerateResult), apart from engine.h so that
 // a front end (the daemon's protocol layer) can parse a request straight into it without the engine.
 // Plain aggregates: no code to link.
 #pragma once
@@ -36,6 +36,18 @@ struct TokenEvent {
   /// K most likely ids at its position.
   double logprob = 0;
   std::vector<TopLogprob> top_logprobs;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"
+  double queue_ms = 0;   ///< from submission to the first step that includes the request (slot wait included)
+  double prompt_ms = 0;  ///< from that step to the prompt's logits
+  double decode_ms = 0;
+  std::vector<std::vector<TopLogprob>> top_logprobs;  ///< per generated token, when request.top_logprobs > 0
+  std::vector<double> logprobs;  ///< per generated token: the chosen id's logprob, when request.logprobs
 };
 
 }  // namespace car::engine

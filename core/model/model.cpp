@@ -177,6 +177,10 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
       b.gate_offset = m->file_->tensor_file_offset(*tl.find(blk(il, "ffn_gate_exps")));
       b.up_offset = m->file_->tensor_file_offset(*tl.find(blk(il, "ffn_up_exps")));
       b.down_offset = m->file_->tensor_file_offset(*tl.find(blk(il, "ffn_down_exps")));
+      // Expert products are llama.cpp's mul_mat_id: its own summation order for the float formats and, for
+      // repacked matrices, the gemv order on every row - so an expert row's result never depends on which
+      // other rows (of the batch, or of other sequences) chose the same expert.
+      for (tensor::MatrixView* v : {&b.gate_bank, &b.up_bank, &b.down_bank}) v->order = tensor::ProductOrder::mul_mat_id;
     } else {
       if (h.n_ff == 0) return load_error("layer " + std::to_string(il) + " is dense but " + h.arch + ".feed_forward_length is missing");
       CAR_TRY_ASSIGN(L.ffn_gate, tl.matrix(blk(il, "ffn_gate"), h.n_embd, h.n_ff));

@@ -277,9 +277,12 @@ namespace {
 constexpr int64_t kMinMatmulChunks = 16;  // matmul: tasks per product (at least, rows permitting)
 }  // namespace
 
-void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
+namespace {
+/// matmul and matmul_ordered: `gemm` null = the mul_mat rule (whole groups of 4 vectors in the gemm order).
+void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
+                 const uint8_t* gemm, ThreadPool* pool) {
   if (n <= 0) return;
-  if (n == 1) {
+  if (n == 1 && (gemm == nullptr || gemm[0] == 0)) {
     matvec(w, x, y, pool);
     return;
   }
@@ -321,17 +324,24 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
       at == GgmlType::F32 || repacked ? nullptr : detail::tile_for(k, w.type, w.order);
   // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole groups
   // of 4 vectors and its gemv over the rest; its mul_mat_id runs gemv on every row.
-  const int64_t n_gemm = repacked && w.order == ProductOrder::mul_mat ? detail::gemm_vectors(n) : 0;
+  const bool by_order = repacked && w.order == ProductOrder::mul_mat;
+  const int64_t n_gemm = by_order ? detail::gemm_vectors(n) : 0;
+  // Vector i's order: the caller's, or the mul_mat rule.
+  auto gemm_at = [&](int64_t i) { return by_order && (gemm != nullptr ? gemm[i] != 0 : i < n_gemm); };
   const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
   const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
   const detail::RepackedTileFn tile_rp = repacked ? k.tile_repacked[slot(w.type)] : nullptr;
   auto rows = [&](int64_t begin, int64_t end) {
     if (tile_rp != nullptr) {
+      // One tile call per run of vectors in the same order; the chunk's weights stay in cache between runs.
       const uint8_t* wb = base + static_cast<size_t>(begin) * stride;
-      if (n_gemm > 0) tile_rp(wb, stride, end - begin, acts, act_bytes, n_gemm, cols, y + begin, ldy, true);
-      if (n_gemm < n) {
-        tile_rp(wb, stride, end - begin, acts + static_cast<size_t>(n_gemm) * act_bytes, act_bytes,
-                n - n_gemm, cols, y + n_gemm * ldy + begin, ldy, false);
+      for (int64_t i0 = 0; i0 < n;) {
+        const bool g = gemm_at(i0);
+        int64_t i1 = i0 + 1;
+        while (i1 < n && gemm_at(i1) == g) ++i1;
+        tile_rp(wb, stride, end - begin, acts + static_cast<size_t>(i0) * act_bytes, act_bytes, i1 - i0, cols,
+                y + i0 * ldy + begin, ldy, g);
+        i0 = i1;
       }
       return;
     }
@@ -341,7 +351,7 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
         for (int64_t r = begin; r < end; ++r) {
           const uint8_t* row = base + static_cast<size_t>(r) * stride;
           for (int64_t i = t0; i < t1; ++i) {
-            y[i * ldy + r] = (i < n_gemm ? dot_gemm : dot_gemv)(row, act_of(i), cols);
+            y[i * ldy + r] = (gemm_at(i) ? dot_gemm : dot_gemv)(row, act_of(i), cols);
           }
         }
       }
@@ -369,6 +379,17 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
       std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)),
                                     w.rows / kMinMatmulChunks));
   pool->parallel_for(w.rows, grain, 0, rows);
+}
+}  // namespace
+
+void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
+  matmul_impl(w, x, n, ldx, y, ldy, nullptr, pool);
+}
+
+void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
+                    const uint8_t* gemm, ThreadPool* pool) {
+  CAR_CHECK(gemm != nullptr);
+  matmul_impl(w, x, n, ldx, y, ldy, gemm, pool);
 }
 
 }  // namespace car::tensor

@@ -90,6 +90,14 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool);
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
             ThreadPool* pool);
 
+/// matmul with the summation order of each vector given, for a batch that holds several sequences' rows
+/// (the engine's batched step): a repacked mul_mat product (detail::repacked) takes llama.cpp's gemm order
+/// for vector i when gemm[i] != 0 and its gemv order otherwise, so each row is computed as it would be in
+/// its own sequence's batch whatever the company. Other products ignore `gemm` (their rows never depend on
+/// the batch). matmul(w, x, n, ...) is this with gemm[i] = i < detail::gemm_vectors(n).
+void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
+                    const uint8_t* gemm, ThreadPool* pool);
+
 // ---- Lower-level entry points (the pieces matvec is made of), for callers that reuse a rounded vector. ----
 
 /// The type an input vector is rounded to for products with weights of type `w`: Q8_0 (Q4_0, Q5_0, Q8_0),

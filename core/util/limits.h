@@ -15,6 +15,10 @@ inline constexpr int kMaxContextTokens = 1 << 24;
 /// --max-tokens`): a typo such as 1e9 is a bad request, not a day of decoding.
 inline constexpr int kMaxGenerateTokens = 1 << 16;
 
+/// The most alternatives a request may ask for per generated token (`top_logprobs` on the wire and in the
+/// OpenAI API, `car infer --top-logprobs`): OpenAI's own bound.
+inline constexpr int kMaxTopLogprobs = 20;
+
 /// The longest idle TTL or keep-alive in seconds (CAR_INFERENCE_MODEL_IDLE_SECS, _MAX_KEEP_ALIVE_SECS, a
 /// request's `keep_alive`): ten years, far beyond any use, and far from overflowing a nanosecond clock.
 inline constexpr std::int64_t kMaxIdleSecs = std::int64_t{10} * 365 * 24 * 3600;

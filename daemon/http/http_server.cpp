@@ -188,9 +188,9 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
     if (closed_ || !stream_ || overflowed_ || (event.text.empty() && !event.logprobs)) return;
     // Encoded now, so the bound counts the bytes as they will be written (an SSE event is some 150 bytes
     // of JSON around a token of a few).
-    std::string ev = openai::sse_event(protocol::dump(
-        openai::text_chunk(stream_->endpoint, *stream_->mapped, stream_->id, stream_->created, event.text,
-                           false, event.logprobs ? protocol::logprobs_json(*event.logprobs) : json())));
+    std::string ev = openai::sse_event(openai::text_chunk(stream_->endpoint, *stream_->mapped, stream_->id,
+                                                          stream_->created, event.text, false,
+                                                          event.logprobs ? &*event.logprobs : nullptr));
     const std::size_t bound = front_.max_pending_bytes();
     if (buffered_ + ev.size() > bound) {
       overflowed_ = true;
@@ -509,12 +509,6 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   if (auto e = openai::map_request(endpoint, req.body(), m)) co_return co_await send_error(*e, keep);
   req.body() = std::string();  // mapped: the body is not needed any more
   const json id = next_id_++;
-  m.car["id"] = id;
-  // The socket protocol's own parser and validation (protocol::parse_infer, in the handler) see the
-  // request exactly as a socket client's.
-  json parsed_id;
-  auto parsed = protocol::parse_request(protocol::dump(m.car), &parsed_id);
-  m.car = json();
   const std::string cid =
       (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
       hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(id.get<int64_t>()) ^
@@ -524,12 +518,8 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   client_gone_ = false;
   if (m.stream) stream_ = Stream{endpoint, &m, cid, created};
   overflowed_ = false;
-  auto self = shared_from_this();
-  if (parsed) {
-    front_.handler().handle(self, std::move(*parsed), received);
-  } else {
-    front_.handler().reject(self, parsed_id, parsed.error(), received);
-  }
+  // The typed request, validated by the infer field table's rows as a socket request's fields are.
+  front_.handler().handle_infer(shared_from_this(), id, std::move(m.infer).finish(), received);
   if (!chunked) keep = false;
   bool header_sent = false;
   auto frame = [&](std::string data) {
@@ -561,8 +551,7 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
       if (!header_sent) {
         out += header();
         header_sent = true;
-        out +=
-            frame(openai::sse_event(protocol::dump(openai::text_chunk(endpoint, m, cid, created, "", true))));
+        out += frame(openai::sse_event(openai::text_chunk(endpoint, m, cid, created, "", true)));
       }
       const std::size_t moved = queued_.size();
       out += frame(std::exchange(queued_, std::string()));
@@ -584,16 +573,13 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   final_.reset();
   if (!m.stream) {
     if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
-    // Only the response text is held while a slow client reads it. Each document is freed as soon as
-    // the next form exists: car's result (with logprobs some 1.5 KB a token) before the response is
-    // serialized, the response document before the write.
+    // Only the response text is held while a slow client reads it: written from the typed result without
+    // a document, which is freed before the write.
+    CAR_CHECK(reply.infer.has_value());  // an ok infer reply carries its typed result
     Response res{bhttp::status::ok, 11};
     res.set(bhttp::field::content_type, "application/json");
-    {
-      json doc = openai::response(endpoint, m, reply.result, cid, created);
-      reply.result = json();
-      res.body() = protocol::dump(doc);
-    }
+    res.body() = openai::response(endpoint, m, *reply.infer, cid, created);
+    reply.infer.reset();
     co_return co_await send(std::move(res), keep);
   }
   if (overflowed_) {  // however the generation ended (a cancelled one may end ok)
@@ -605,18 +591,16 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   if (!header_sent) {
     if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
     std::string out = header();
-    out += frame(openai::sse_event(protocol::dump(openai::text_chunk(endpoint, m, cid, created, "", true))));
+    out += frame(openai::sse_event(openai::text_chunk(endpoint, m, cid, created, "", true)));
     header_sent = true;
     if (!co_await write_raw(std::move(out))) co_return false;
   }
   std::string events;
   if (reply.ok) {
-    events += openai::sse_event(protocol::dump(openai::finish_chunk(
-        endpoint, m, cid, created, reply.result.value("finish_reason", std::string("stop")))));
-    if (m.include_usage) {
-      events += openai::sse_event(protocol::dump(
-          openai::usage_chunk(endpoint, m, cid, created, reply.result.value("usage", json::object()))));
-    }
+    CAR_CHECK(reply.infer.has_value());  // an ok infer reply carries its typed result
+    const protocol::GenerateOutput& output = reply.infer->output;
+    events += openai::sse_event(openai::finish_chunk(endpoint, m, cid, created, output.finish_reason));
+    if (m.include_usage) events += openai::sse_event(openai::usage_chunk(endpoint, m, cid, created, output));
   } else {
     events += openai::sse_event(
         protocol::dump(openai::error_body(openai::from_car_error(reply.code, reply.message))));

@@ -1,14 +1,21 @@
 #include "daemon/http/openai.h"
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 
+#include "core/util/limits.h"
 #include "daemon/protocol.h"
 
 namespace car::daemon::http::openai {
 
 using nlohmann::json;
+using protocol::InferField;
 
 namespace {
+
+/// The most alternatives the legacy completions API's integer `logprobs` may ask for (OpenAI's bound).
+constexpr int kMaxCompletionLogprobs = 5;
 
 ApiError bad(std::string message, std::string param = {}, std::string code = {}) {
   ApiError e;
@@ -59,43 +66,112 @@ std::optional<ApiError> message_content(const json& content, std::size_t i, json
   return std::nullopt;
 }
 
-/// Copy the fields both endpoints share from `body` into `car` (car validates their types and ranges).
-void copy_common(const json& body, json& car) {
-  for (const char* name : {"temperature", "top_p", "seed", "stop", "top_k"}) {
-    if (present(body, name)) car[name] = body.at(name);
+/// A serialized body written in the order a document would dump its keys (nlohmann::json sorts them), so
+/// the bytes are a document's without building one: literal text and serialized values (compact, invalid
+/// UTF-8 replaced).
+class Writer {
+ public:
+  Writer() = default;
+  Writer(const Writer&) = delete;  // serializer_ writes into out_
+  Writer& operator=(const Writer&) = delete;
+  Writer& raw(std::string_view text) {
+    out_.append(text);
+    return *this;
   }
-}
+  Writer& value(const json& v) {
+    serializer_.dump(v, /*pretty_print=*/false, /*ensure_ascii=*/false, 0);
+    return *this;
+  }
+  std::string take() { return std::move(out_); }
 
-std::string reason_of(const json& result) {
-  auto it = result.find("finish_reason");
-  return it != result.end() && it->is_string() ? finish_reason(it->get<std::string>()) : std::string("stop");
-}
+ private:
+  std::string out_;  // before serializer_, which appends to it
+  nlohmann::detail::serializer<json> serializer_{nlohmann::detail::output_adapter<char, std::string>(out_),
+                                                 ' ', json::error_handler_t::replace};
+};
 
 /// The UTF-8 bytes of `s` as a JSON array of integers (OpenAI's `bytes`).
-json bytes_of(const std::string& s) {
-  json b = json::array();
-  for (unsigned char c : s) b.push_back(static_cast<int>(c));
-  return b;
+void bytes_of(Writer& w, const std::string& s) {
+  w.raw("[");
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i > 0) w.raw(",");
+    w.value(static_cast<int>(static_cast<unsigned char>(s[i])));
+  }
+  w.raw("]");
 }
 
-double logprob_of(const json& entry) {
-  auto it = entry.find("logprob");
-  return it != entry.end() && it->is_number() ? it->get<double>() : 0.0;
+/// `{"bytes":[...],"logprob":...,"token":...` - a chat logprob entry's members, without the closing brace.
+void chat_members(Writer& w, const protocol::TokenLogprob& lp) {
+  w.raw(R"({"bytes":)");
+  bytes_of(w, lp.text);
+  w.raw(R"(,"logprob":)").value(lp.logprob).raw(R"(,"token":)").value(lp.text);
 }
 
-std::string text_of(const json& entry) {
-  auto it = entry.find("text");
-  return it != entry.end() && it->is_string() ? it->get<std::string>() : std::string();
+/// One token's chat entry: `{"bytes", "logprob", "token", "top_logprobs": [...]}`, `top` alternatives kept.
+void chat_entry(Writer& w, const protocol::TokenLogprobs& lp, int top) {
+  chat_members(w, lp);
+  w.raw(R"(,"top_logprobs":[)");
+  const std::size_t n = std::min(lp.top_logprobs.size(), static_cast<std::size_t>(std::max(top, 0)));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0) w.raw(",");
+    chat_members(w, lp.top_logprobs[i]);
+    w.raw("}");
+  }
+  w.raw("]}");
 }
 
-json base(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created, bool chunk) {
+/// One token's alternatives in the completions shape, `{"text": logprob, ...}` (a text twice: the later).
+json completion_top(const protocol::TokenLogprobs& lp, int top) {
+  json tops = json::object();
+  const std::size_t n = std::min(lp.top_logprobs.size(), static_cast<std::size_t>(std::max(top, 0)));
+  for (std::size_t i = 0; i < n; ++i) tops[lp.top_logprobs[i].text] = lp.top_logprobs[i].logprob;
+  return tops;
+}
+
+/// The `logprobs` object of a choice for `tokens`: chat's `{"content": [...], "refusal": null}` or the
+/// completions API's four arrays with one element per token, `top` alternatives kept.
+void logprobs_object(Writer& w, Endpoint endpoint, std::span<const protocol::TokenLogprobs> tokens, int top) {
+  auto each = [&](auto&& write_one) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (i > 0) w.raw(",");
+      write_one(tokens[i]);
+    }
+  };
+  if (endpoint == Endpoint::kChat) {
+    w.raw(R"({"content":[)");
+    each([&](const protocol::TokenLogprobs& lp) { chat_entry(w, lp, top); });
+    w.raw(R"(],"refusal":null})");
+    return;
+  }
+  int64_t offset = 0;
+  w.raw(R"({"text_offset":[)");
+  each([&](const protocol::TokenLogprobs& lp) {
+    w.value(offset);
+    offset += static_cast<int64_t>(lp.text.size());
+  });
+  w.raw(R"(],"token_logprobs":[)");
+  each([&](const protocol::TokenLogprobs& lp) { w.value(lp.logprob); });
+  w.raw(R"(],"tokens":[)");
+  each([&](const protocol::TokenLogprobs& lp) { w.value(lp.text); });
+  w.raw(R"(],"top_logprobs":[)");
+  each([&](const protocol::TokenLogprobs& lp) { w.value(completion_top(lp, top)); });
+  w.raw("]}");
+}
+
+/// The members after `choices`:
+/// `],"created":...,"id":...,"model":...,"object":...,"system_fingerprint":null`.
+void envelope_tail(Writer& w, Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
+                   bool chunk) {
   const char* object =
       endpoint == Endpoint::kChat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
-  return {{"id", id},
-          {"object", object},
-          {"created", created},
-          {"model", req.model},
-          {"system_fingerprint", nullptr}};
+  w.raw(R"(],"created":)").value(created).raw(R"(,"id":)").value(id).raw(R"(,"model":)").value(req.model);
+  w.raw(R"(,"object":)").value(object).raw(R"(,"system_fingerprint":null)");
+}
+
+/// A chunk's end: `"usage": null` on every chunk but the usage chunk when the request asked for usage.
+std::string end_chunk(Writer& w, const Mapped& req) {
+  if (req.include_usage) w.raw(R"(,"usage":null)");
+  return w.raw("}").take();
 }
 
 }  // namespace
@@ -147,8 +223,14 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
     }
   }
 
-  json car = {{"op", "infer"}, {"model", out.model}};
-  copy_common(body, car);
+  protocol::InferBuilder& car = out.infer;
+  // The parameters OpenAI spells as car does go through car's own rows, checked as a socket request's.
+  for (std::size_t i = 0; i < protocol::kInferFieldCount; ++i) {
+    if (protocol::kInferFields[i].openai != protocol::OpenAi::kSame) continue;
+    if (auto it = body.find(protocol::kInferFields[i].name); it != body.end()) {
+      car.set(static_cast<InferField>(i), *it);
+    }
+  }
 
   if (present(body, "stream")) {
     if (!body.at("stream").is_boolean()) return bad("'stream' must be a boolean", "stream", "invalid_type");
@@ -165,7 +247,6 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
       out.include_usage = it->get<bool>();
     }
   }
-  if (out.stream) car["stream"] = true;
 
   if (endpoint == Endpoint::kChat) {
     if (!present(body, "messages")) return bad("'messages' is required", "messages");
@@ -191,9 +272,9 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
       if (role == "developer") role = "system";
       mapped.push_back({{"role", role}, {"content", content}});
     }
-    car["messages"] = std::move(mapped);
+    car.set(InferField::kMessages, std::move(mapped));
     const char* max_name = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (present(body, max_name)) car["max_tokens"] = body.at(max_name);
+    if (present(body, max_name)) car.set(InferField::kMaxTokens, body.at(max_name));
     if (present(body, "logprobs")) {
       if (!body.at("logprobs").is_boolean())
         return bad("'logprobs' must be a boolean", "logprobs", "invalid_type");
@@ -201,8 +282,9 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
     }
     if (present(body, "top_logprobs")) {
       const json& t = body.at("top_logprobs");
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > 20) {
-        return bad("'top_logprobs' must be an integer from 0 to 20", "top_logprobs", "invalid_value");
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > limits::kMaxTopLogprobs) {
+        return bad("'top_logprobs' must be an integer from 0 to " + std::to_string(limits::kMaxTopLogprobs),
+                   "top_logprobs", "invalid_value");
       }
       if (!out.logprobs) return bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
       out.top_logprobs = static_cast<int>(t.get<int64_t>());
@@ -211,19 +293,16 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
     if (!present(body, "prompt")) return bad("'prompt' is required", "prompt");
     const json& prompt = body.at("prompt");
     if (prompt.is_string()) {
-      car["prompt"] = prompt;
+      car.set(InferField::kPrompt, prompt);
     } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
-      car["prompt"] = prompt[0];
+      car.set(InferField::kPrompt, prompt[0]);
     } else if (prompt.is_array() && prompt.size() > 1 && prompt[0].is_string()) {
       return unsupported("prompt", "as an array of several prompts (batches)");
     } else {
       return bad("'prompt' must be a string (token arrays are not supported)", "prompt", "invalid_type");
     }
-    if (present(body, "max_tokens")) {
-      car["max_tokens"] = body.at("max_tokens");
-    } else {
-      car["max_tokens"] = 16;  // OpenAI's default for completions
-    }
+    // OpenAI's default for completions is 16 tokens.
+    car.set(InferField::kMaxTokens, present(body, "max_tokens") ? body.at("max_tokens") : json(16));
     if (present(body, "echo")) {
       if (!body.at("echo").is_boolean()) return bad("'echo' must be a boolean", "echo", "invalid_type");
       if (body.at("echo").get<bool>()) return unsupported("echo", "true");
@@ -235,18 +314,18 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
     }
     if (present(body, "logprobs")) {
       const json& l = body.at("logprobs");
-      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 5) {
-        return bad("'logprobs' must be an integer from 0 to 5", "logprobs", "invalid_value");
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > kMaxCompletionLogprobs) {
+        return bad("'logprobs' must be an integer from 0 to " + std::to_string(kMaxCompletionLogprobs),
+                   "logprobs", "invalid_value");
       }
       out.logprobs = true;
       out.top_logprobs = static_cast<int>(l.get<int64_t>());
     }
   }
   if (out.logprobs) {
-    car["logprobs"] = true;
-    if (out.top_logprobs > 0) car["top_logprobs"] = out.top_logprobs;
+    car.set(InferField::kLogprobs, true);
+    if (out.top_logprobs > 0) car.set(InferField::kTopLogprobs, out.top_logprobs);
   }
-  out.car = std::move(car);
   return std::nullopt;
 }
 
@@ -284,133 +363,72 @@ std::string finish_reason(std::string_view car_reason) {
   return std::string(car_reason);
 }
 
-json usage(const json& car_usage) {
-  const int64_t prompt = car_usage.is_object() ? car_usage.value("prompt_tokens", int64_t{0}) : 0;
-  const int64_t completion = car_usage.is_object() ? car_usage.value("completion_tokens", int64_t{0}) : 0;
+json usage(const protocol::GenerateOutput& output) {
+  const auto prompt = static_cast<int64_t>(output.prompt_tokens);
+  const auto completion = static_cast<int64_t>(output.tokens.size());
   return {
       {"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
-json chat_logprobs(const json& car_logprobs, int top) {
-  json content = json::array();
-  if (car_logprobs.is_array()) {
-    for (const json& t : car_logprobs) {
-      const std::string text = text_of(t);
-      json tops = json::array();
-      if (auto it = t.find("top_logprobs"); it != t.end() && it->is_array()) {
-        for (const json& alt : *it) {
-          if (static_cast<int>(tops.size()) >= top) break;
-          const std::string alt_text = text_of(alt);
-          tops.push_back({{"token", alt_text}, {"logprob", logprob_of(alt)}, {"bytes", bytes_of(alt_text)}});
-        }
-      }
-      content.push_back(
-          {{"token", text}, {"logprob", logprob_of(t)}, {"bytes", bytes_of(text)}, {"top_logprobs", tops}});
-    }
-  }
-  return {{"content", content}, {"refusal", nullptr}};
-}
-
-json completion_logprobs(const json& car_logprobs, int top) {
-  json tokens = json::array();
-  json token_logprobs = json::array();
-  json top_logprobs = json::array();
-  json text_offset = json::array();
-  int64_t offset = 0;
-  if (car_logprobs.is_array()) {
-    for (const json& t : car_logprobs) {
-      const std::string text = text_of(t);
-      tokens.push_back(text);
-      token_logprobs.push_back(logprob_of(t));
-      text_offset.push_back(offset);
-      offset += static_cast<int64_t>(text.size());
-      json tops = json::object();
-      if (auto it = t.find("top_logprobs"); it != t.end() && it->is_array()) {
-        int n = 0;
-        for (const json& alt : *it) {
-          if (n++ >= top) break;
-          tops[text_of(alt)] = logprob_of(alt);
-        }
-      }
-      top_logprobs.push_back(std::move(tops));
-    }
-  }
-  return {{"tokens", tokens},
-          {"token_logprobs", token_logprobs},
-          {"top_logprobs", top_logprobs},
-          {"text_offset", text_offset}};
-}
-
-json response(Endpoint endpoint, const Mapped& req, const json& car_result, const std::string& id,
-              int64_t created) {
-  json r = base(endpoint, req, id, created, /*chunk=*/false);
-  const std::string text = car_result.value("text", std::string());
-  json logprobs = nullptr;
+std::string response(Endpoint endpoint, const Mapped& req, const protocol::InferResult& result,
+                     const std::string& id, int64_t created) {
+  const protocol::GenerateOutput& out = result.output;
+  Writer w;
+  w.raw(R"({"choices":[{"finish_reason":)").value(finish_reason(out.finish_reason));
+  w.raw(R"(,"index":0,"logprobs":)");
   if (req.logprobs) {
-    const json lp = car_result.value("logprobs", json::array());
-    logprobs = endpoint == Endpoint::kChat ? chat_logprobs(lp, req.top_logprobs)
-                                           : completion_logprobs(lp, req.top_logprobs);
-  }
-  json choice;
-  if (endpoint == Endpoint::kChat) {
-    choice = {{"index", 0},
-              {"message", {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}}},
-              {"logprobs", logprobs},
-              {"finish_reason", reason_of(car_result)}};
+    logprobs_object(w, endpoint, out.logprobs, req.top_logprobs);
   } else {
-    choice = {{"text", text}, {"index", 0}, {"logprobs", logprobs}, {"finish_reason", reason_of(car_result)}};
+    w.raw("null");
   }
-  r["choices"] = json::array({std::move(choice)});
-  r["usage"] = usage(car_result.value("usage", json::object()));
-  return r;
+  if (endpoint == Endpoint::kChat) {
+    w.raw(R"(,"message":{"content":)").value(out.text).raw(R"(,"refusal":null,"role":"assistant"}})");
+  } else {
+    w.raw(R"(,"text":)").value(out.text).raw("}");
+  }
+  envelope_tail(w, endpoint, req, id, created, /*chunk=*/false);
+  return w.raw(R"(,"usage":)").value(usage(out)).raw("}").take();
 }
 
-json text_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
-                std::string_view text, bool first, const json& logprobs) {
-  json r = base(endpoint, req, id, created, /*chunk=*/true);
-  json lp = nullptr;
-  if (req.logprobs && !logprobs.is_null()) {
-    const json one = json::array({logprobs});
-    lp = endpoint == Endpoint::kChat ? chat_logprobs(one, req.top_logprobs)
-                                     : completion_logprobs(one, req.top_logprobs);
-  }
-  json choice;
+std::string text_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
+                       std::string_view text, bool first, const protocol::TokenLogprobs* logprobs) {
+  Writer w;
+  w.raw(R"({"choices":[{)");
   if (endpoint == Endpoint::kChat) {
-    json delta = {{"content", text}};
-    if (first) delta["role"] = "assistant";
-    choice = {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", lp}, {"finish_reason", nullptr}};
-  } else {
-    choice = {{"text", text}, {"index", 0}, {"logprobs", lp}, {"finish_reason", nullptr}};
+    w.raw(R"("delta":{"content":)").value(text);
+    if (first) w.raw(R"(,"role":"assistant")");
+    w.raw("},");
   }
-  r["choices"] = json::array({std::move(choice)});
-  if (req.include_usage) r["usage"] = nullptr;
-  return r;
+  w.raw(R"("finish_reason":null,"index":0,"logprobs":)");
+  if (req.logprobs && logprobs != nullptr) {
+    logprobs_object(w, endpoint, std::span(logprobs, 1), req.top_logprobs);
+  } else {
+    w.raw("null");
+  }
+  if (endpoint != Endpoint::kChat) w.raw(R"(,"text":)").value(text);
+  w.raw("}");
+  envelope_tail(w, endpoint, req, id, created, /*chunk=*/true);
+  return end_chunk(w, req);
 }
 
-json finish_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
-                  std::string_view car_reason) {
-  json r = base(endpoint, req, id, created, /*chunk=*/true);
-  json choice;
-  if (endpoint == Endpoint::kChat) {
-    choice = {{"index", 0},
-              {"delta", json::object()},
-              {"logprobs", nullptr},
-              {"finish_reason", finish_reason(car_reason)}};
-  } else {
-    choice = {
-        {"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(car_reason)}};
-  }
-  r["choices"] = json::array({std::move(choice)});
-  if (req.include_usage) r["usage"] = nullptr;
-  return r;
+std::string finish_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
+                         std::string_view car_reason) {
+  Writer w;
+  w.raw(endpoint == Endpoint::kChat ? R"({"choices":[{"delta":{},"finish_reason":)"
+                                    : R"({"choices":[{"finish_reason":)");
+  w.value(finish_reason(car_reason)).raw(R"(,"index":0,"logprobs":null)");
+  if (endpoint != Endpoint::kChat) w.raw(R"(,"text":"")");
+  w.raw("}");
+  envelope_tail(w, endpoint, req, id, created, /*chunk=*/true);
+  return end_chunk(w, req);
 }
 
-json usage_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
-                 const json& car_usage) {
-  json r = base(endpoint, req, id, created, /*chunk=*/true);
-  r["choices"] = json::array();
-  r["usage"] = usage(car_usage);
-  return r;
+std::string usage_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
+                        const protocol::GenerateOutput& output) {
+  Writer w;
+  w.raw(R"({"choices":[)");
+  envelope_tail(w, endpoint, req, id, created, /*chunk=*/true);
+  return w.raw(R"(,"usage":)").value(usage(output)).raw("}").take();
 }
 
 std::string sse_event(std::string_view data) {

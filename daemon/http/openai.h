@@ -1,15 +1,17 @@
-// The OpenAI-compatible API's shapes, as pure functions (no I/O): an OpenAI request body becomes a car
-// `infer` request (then parsed and validated by protocol::parse_infer like any socket request), and car's
-// replies and token events become OpenAI's responses, stream chunks and error objects. The HTTP front
+// The OpenAI-compatible API's shapes, as pure functions (no I/O): an OpenAI request body becomes car's typed
+// `infer` request (protocol::InferParams, built field by field through the infer field table's rows, so it
+// is validated exactly as a socket request), and car's typed result and token events become OpenAI's
+// responses, stream chunks and error objects - no car JSON document in between. The HTTP front
 // (http_server.h) calls these; tests and the fuzzer call them directly.
 //
 // Mapping (docs/http.md):
 // - POST /v1/completions: `prompt` (a string, or an array of one string) -> `prompt`; POST
 //   /v1/chat/completions: `messages` (string content or text parts) -> `messages`, rendered by the daemon
 //   with the model's chat template.
-// - `max_tokens` (chat: `max_completion_tokens` first), `temperature`, `top_p`, `seed`, `stop`, `stream` map
-//   one to one; chat `logprobs` + `top_logprobs` and completions' integer `logprobs` become car's
-//   `logprobs` / `top_logprobs`.
+// - The parameters OpenAI spells as car does (the `OpenAi::kSame` rows of CAR_INFER_FIELDS: `model`,
+//   `temperature`, `top_k`, `top_p`, `seed`, `stop`, `stream`) map one to one; `max_tokens` (chat:
+//   `max_completion_tokens` first; completions default to 16), chat `logprobs` + `top_logprobs` and
+//   completions' integer `logprobs` are converted into car's fields.
 // - Parameters that would change the result and car cannot honour (`n` > 1, `best_of` > 1, `echo`,
 //   `suffix`, `tools`, a non-text `response_format`, non-zero penalties, `logit_bias`) are a 400, never
 //   ignored. Parameters that do not change the result (`user`, `metadata`, `store`, ...) are ignored.
@@ -22,6 +24,9 @@
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "daemon/protocol/results.h"
+#include "daemon/protocol/schema.h"
 
 namespace car::daemon::http::openai {
 
@@ -41,8 +46,9 @@ nlohmann::json error_body(const ApiError& e);
 
 /// A request mapped to car, and what the response needs to know about it.
 struct Mapped {
-  nlohmann::json
-      car;  ///< the car `infer` request object (op, model, prompt/messages, ...): known fields only
+  /// car's `infer` request, its fields set; finish() it for the InferParams (or the bad_request a socket
+  /// request with these fields would get) the HTTP front hands the request handler.
+  protocol::InferBuilder infer;
   std::string model;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage
@@ -60,26 +66,26 @@ ApiError from_car_error(std::string_view code, std::string_view message);
 /// car finish_reason -> OpenAI ("eos"/"stop" -> "stop", "length" -> "length"; anything else as is).
 std::string finish_reason(std::string_view car_reason);
 
-/// The non-streamed response for a car `infer` result (`text`, `finish_reason`, `usage`, and `logprobs`
-/// when asked). `id` like "chatcmpl-12", `created` in Unix seconds.
-nlohmann::json response(Endpoint endpoint, const Mapped& req, const nlohmann::json& car_result,
-                        const std::string& id, int64_t created);
+/// The bodies below are serialized as they are built, in the order a document would dump its keys, from
+/// car's typed result and token events: a response with logprobs is written a token's entry at a time (as a
+/// document, 30k tokens of top_logprobs take some hundreds of MB). `id` like "chatcmpl-12", `created` in
+/// Unix seconds. `logprobs` in a choice appear when the request asked for them, with `req.top_logprobs`
+/// alternatives: chat's `{"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal": null}`,
+/// the completions API's `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`.
 
-/// Chunks of a streamed response. `first`: the chat chunk carries the assistant role.
-nlohmann::json text_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
-                          std::string_view text, bool first, const nlohmann::json& logprobs = nullptr);
+/// The non-streamed response: `text`, `finish_reason`, `usage`, and `logprobs`.
+std::string response(Endpoint endpoint, const Mapped& req, const protocol::InferResult& result,
+                     const std::string& id, int64_t created);
+/// A chunk of a streamed response carrying `text` and, when given, the token's logprob entry. `first`: the
+/// chat chunk carries the assistant role.
+std::string text_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
+                       std::string_view text, bool first, const protocol::TokenLogprobs* logprobs = nullptr);
 /// The last content chunk: empty delta/text and the finish reason.
-nlohmann::json finish_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
-                            std::string_view car_reason);
+std::string finish_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
+                         std::string_view car_reason);
 /// The usage chunk (stream_options.include_usage): no choices, `usage` set.
-nlohmann::json usage_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
-                           const nlohmann::json& car_usage);
-
-/// car's per-token logprobs (`[{"token", "text", "logprob", "top_logprobs": [...]}]`) in the chat shape
-/// (`{"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal": null}`); `top` entries kept.
-nlohmann::json chat_logprobs(const nlohmann::json& car_logprobs, int top);
-/// ... in the legacy completions shape (`{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`).
-nlohmann::json completion_logprobs(const nlohmann::json& car_logprobs, int top);
+std::string usage_chunk(Endpoint endpoint, const Mapped& req, const std::string& id, int64_t created,
+                        const protocol::GenerateOutput& output);
 
 /// One server-sent event carrying `data` (`data: ...\n\n`); a payload with newlines is split across data
 /// lines as the SSE format requires.
@@ -87,7 +93,7 @@ std::string sse_event(std::string_view data);
 /// The stream's terminator: `data: [DONE]\n\n`.
 std::string sse_done();
 
-/// `usage` in OpenAI's shape from car's `{"prompt_tokens", "completion_tokens"}`.
-nlohmann::json usage(const nlohmann::json& car_usage);
+/// `usage` in OpenAI's shape (`prompt_tokens`, `completion_tokens`, `total_tokens`) for a generation.
+nlohmann::json usage(const protocol::GenerateOutput& output);
 
 }  // namespace car::daemon::http::openai

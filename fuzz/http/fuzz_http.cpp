@@ -1,8 +1,8 @@
 // fuzz_http: bytes as an HTTP client would send them. The first byte picks the chunk size the bytes are
 // fed to Beast's request parser in (a socket delivers any split). A complete request's body goes through
-// openai::map_request for both endpoints; a mapped request must be a car `infer` the protocol parser takes
-// (parse_request), and whatever parse_infer says, the response, chunk, usage and error builders must make
-// JSON that serializes, and every SSE event must end with a blank line. Nothing may throw.
+// openai::map_request for both endpoints; whatever car's validation says of the mapped request
+// (InferBuilder::finish), the response, chunk, usage and error builders must make JSON that parses, and every
+// SSE event must end with a blank line. Nothing may throw.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -38,26 +38,29 @@ void map_body(openai::Endpoint endpoint, std::string_view body) {
     check_event(openai::sse_event(car::protocol::dump(openai::error_body(*err))));
     return;
   }
-  require(m.car.is_object() && m.car["op"] == "infer" && m.car.contains("model"));
-  json id;
-  auto req = car::protocol::parse_request(car::protocol::dump(m.car), &id);
-  require(req.ok());
-  auto infer = car::protocol::parse_infer(req->body);
+  auto infer = std::move(m.infer).finish();
   if (!infer.ok()) {
     auto e = openai::from_car_error(infer.error().code, infer.error().message);
     require(e.status == 400);
     return;
   }
-  const json result = {{"text", infer->generate.prompt},
-                       {"finish_reason", "eos"},
-                       {"usage", {{"prompt_tokens", 1}, {"completion_tokens", 2}}},
-                       {"logprobs", {{{"token", 1}, {"text", infer->generate.prompt}, {"logprob", -1.0}}}}};
-  (void)car::protocol::dump(openai::response(endpoint, m, result, "id", 0));
-  check_event(openai::sse_event(
-      car::protocol::dump(openai::text_chunk(endpoint, m, "id", 0, infer->generate.prompt, true))));
-  check_event(openai::sse_event(car::protocol::dump(openai::finish_chunk(endpoint, m, "id", 0, "length"))));
-  check_event(
-      openai::sse_event(car::protocol::dump(openai::usage_chunk(endpoint, m, "id", 0, result["usage"]))));
+  car::protocol::InferResult result;
+  result.model = infer->model;
+  result.output.text = infer->generate.prompt;
+  result.output.finish_reason = "eos";
+  result.output.prompt_tokens = 1;
+  result.output.tokens = {1, 2};
+  result.logprobs = infer->generate.logprobs;
+  car::protocol::TokenLogprobs lp;
+  lp.token = 1;
+  lp.text = infer->generate.prompt;
+  lp.logprob = -1.0;
+  lp.top_logprobs = {{1, infer->generate.prompt, -1.0}};
+  result.output.logprobs = {lp, lp};
+  require(json::accept(openai::response(endpoint, m, result, "id", 0)));
+  check_event(openai::sse_event(openai::text_chunk(endpoint, m, "id", 0, infer->generate.prompt, true, &lp)));
+  check_event(openai::sse_event(openai::finish_chunk(endpoint, m, "id", 0, "length")));
+  check_event(openai::sse_event(openai::usage_chunk(endpoint, m, "id", 0, result.output)));
 }
 
 }  // namespace

@@ -57,13 +57,13 @@ void one_line(const std::string& line) {
     auto infer = car::protocol::parse_infer(req->body);
     if (infer.ok()) {
       const auto& g = infer->generate;
-      require(g.max_tokens >= 0 && g.max_tokens <= car::protocol::kMaxTokensLimit);
+      require(g.max_tokens >= 0 && g.max_tokens <= car::limits::kMaxGenerateTokens);
       require(g.sampling.temperature >= 0);
       require(g.sampling.top_k >= 0);
       require(g.sampling.top_p >= 0 && g.sampling.top_p <= 1);
       require(g.sampling.min_p >= 0 && g.sampling.min_p <= 1);
       require(g.sampling.repeat_penalty > 0);
-      require(g.top_logprobs >= 0 && g.top_logprobs <= car::protocol::kMaxTopLogprobs);
+      require(g.top_logprobs >= 0 && g.top_logprobs <= car::limits::kMaxTopLogprobs);
       require(g.top_logprobs == 0 || g.logprobs);
       (void)car::protocol::check_fields(car::protocol::Op::kInfer, req->body);
       for (const auto& s : g.stop) {

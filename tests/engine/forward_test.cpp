@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <random>
 
 #include "tests/engine/loaded_tiny.h"
 #include "tests/engine/tiny_model.h"
@@ -171,6 +173,117 @@ TEST(ForwardConsistency, LastRowOnlyEqualsLastOfAllRows) {
   std::vector<float> last(static_cast<size_t>(s.n_vocab));
   EXPECT_TRUE(fp.eval(toks, kv, last.data(), false).ok());
   for (int64_t v = 0; v < s.n_vocab; ++v) EXPECT_NEAR(last[static_cast<size_t>(v)], all[8 * static_cast<size_t>(s.n_vocab) + static_cast<size_t>(v)], 1e-5);
+}
+
+// Continuous batching: several sequences advanced together by eval_step - prompts in chunks of random
+// multiple-of-4 lengths, decode tokens, sequences joining, skipping steps and finishing at random - give
+// every sequence bit for bit the logits eval() gives it alone (one prompt batch, then one token at a time).
+// Q4_K matrices with row counts divisible by 8 take llama.cpp's repacked orders, whose gemm / gemv split
+// is what could make a row depend on its company.
+void check_batched_equals_alone(const TinySpec& s, uint32_t seed, ThreadPool* pool) {
+  testing::TempDir dir;
+  Loaded l = load_tiny(dir, s);
+  const size_t V = static_cast<size_t>(s.n_vocab);
+  std::mt19937 rng(seed);
+  struct Seq {
+    std::vector<int32_t> prompt, gen;
+    std::vector<std::vector<float>> want;  // logits after the prompt, then after each generated token
+    int64_t done = 0;                      // tokens of prompt + gen evaluated in the batched run
+    size_t outputs = 0;
+  };
+  std::vector<Seq> seqs(5);
+  for (auto& q : seqs) {
+    const int64_t np = 1 + static_cast<int64_t>(rng() % 30), ng = static_cast<int64_t>(rng() % 6);
+    for (int64_t i = 0; i < np; ++i) q.prompt.push_back(static_cast<int32_t>(rng() % V));
+    for (int64_t i = 0; i < ng; ++i) q.gen.push_back(static_cast<int32_t>(rng() % V));
+    ForwardPass alone(l.model, l.experts.get(), pool, 64);
+    KvCache kv = alone.make_cache(64);
+    std::vector<float> out(V);
+    ASSERT_TRUE(alone.eval(q.prompt, kv, out.data(), false).ok());
+    q.want.push_back(out);
+    for (int32_t t : q.gen) {
+      ASSERT_TRUE(alone.eval(std::span<const int32_t>(&t, 1), kv, out.data(), false).ok());
+      q.want.push_back(out);
+    }
+  }
+  ForwardPass fp(l.model, l.experts.get(), pool, 64);
+  std::vector<KvCache> caches;
+  for (size_t i = 0; i < seqs.size(); ++i) caches.push_back(fp.make_cache(64));
+  std::vector<float> logits(seqs.size() * 64 * V);
+  for (int step = 0; step < 200; ++step) {
+    std::vector<SeqChunk> chunks;
+    std::vector<size_t> who;
+    std::vector<std::vector<int32_t>> toks(seqs.size());
+    int64_t budget = 64;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Seq& q = seqs[i];
+      const int64_t np = static_cast<int64_t>(q.prompt.size());
+      const int64_t total = np + static_cast<int64_t>(q.gen.size());
+      if (q.done >= total || rng() % 3 == 0) continue;
+      SeqChunk c;
+      c.kv = &caches[i];
+      if (q.done < np) {
+        int64_t len = std::min<int64_t>(np - q.done, 1 + static_cast<int64_t>(rng() % 16));
+        len = std::min(len, budget);
+        if (q.done + len < np) len -= len % 4;  // a prompt's chunks but its last: multiples of 4
+        if (len <= 0) continue;
+        toks[i].assign(q.prompt.begin() + q.done, q.prompt.begin() + q.done + len);
+        c.output = q.done + len == np ? SeqChunk::Output::last : SeqChunk::Output::none;
+      } else {
+        if (budget < 1) continue;
+        toks[i] = {q.gen[static_cast<size_t>(q.done - np)]};
+        c.output = SeqChunk::Output::last;
+      }
+      budget -= static_cast<int64_t>(toks[i].size());
+      c.tokens = toks[i];
+      chunks.push_back(c);
+      who.push_back(i);
+    }
+    if (chunks.empty()) continue;
+    ASSERT_TRUE(fp.eval_step(chunks, logits.data()).ok());
+    size_t row = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      Seq& q = seqs[who[c]];
+      q.done += static_cast<int64_t>(chunks[c].tokens.size());
+      if (chunks[c].output == SeqChunk::Output::none) continue;
+      ASSERT_LT(q.outputs, q.want.size());
+      ASSERT_EQ(0, std::memcmp(logits.data() + row * V, q.want[q.outputs].data(), V * sizeof(float)))
+          << "sequence " << who[c] << " output " << q.outputs << " step " << step;
+      ++q.outputs;
+      ++row;
+    }
+  }
+  for (const Seq& q : seqs) EXPECT_EQ(q.outputs, q.want.size());
+}
+
+TEST(ForwardBatching, EverySequenceAsAloneDenseQ4K) {
+  TinySpec s;
+  s.n_embd = 256;
+  s.n_ff = 256;
+  s.head_dim = 64;
+  s.matrix_type = GgmlType::Q4_K;
+  s.embd_type = GgmlType::Q8_0;
+  ThreadPool pool(2);
+  for (uint32_t seed : {1u, 2u, 3u}) check_batched_equals_alone(s, seed, seed == 2 ? nullptr : &pool);
+}
+
+TEST(ForwardBatching, EverySequenceAsAloneMoeQ4K) {
+  TinySpec s;
+  s.arch = "qwen3moe";
+  s.n_embd = 256;
+  s.n_expert = 4;
+  s.n_expert_used = 2;
+  s.n_ff = 256;
+  s.head_dim = 64;
+  s.matrix_type = GgmlType::Q4_K;
+  ThreadPool pool(2);
+  for (uint32_t seed : {4u, 5u}) check_batched_equals_alone(s, seed, &pool);
+}
+
+TEST(ForwardBatching, EverySequenceAsAloneF32) {
+  TinySpec s;
+  s.arch = "qwen3";
+  for (uint32_t seed : {6u, 7u}) check_batched_equals_alone(s, seed, nullptr);
 }
 
 TEST(ResidentExperts, SlicesAreTheBanksRowsAndCountsUses) {

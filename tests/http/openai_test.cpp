@@ -1,6 +1,6 @@
-// The OpenAI API mapping (daemon/http/openai.h): requests to car `infer` requests (which must then pass the
-// socket protocol's own validation), car results to responses, chunks and SSE framing, error objects, and
-// the logprobs shapes, from hand-built car results.
+// The OpenAI API mapping (daemon/http/openai.h): requests to car's typed `infer` request (validated by the
+// infer field table's rows as the socket's are), car's typed results to responses, chunks and SSE framing,
+// error objects, and the logprobs shapes, from hand-built results.
 #include "daemon/http/openai.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,13 @@ namespace car::daemon::http::openai {
 namespace {
 
 using nlohmann::json;
+
+/// The typed request a mapping built; fails the test when car's validation refused it.
+protocol::InferParams car_request(Mapped& m) {
+  auto infer = std::move(m.infer).finish();
+  EXPECT_TRUE(infer.ok()) << infer.error().message;
+  return infer.ok() ? std::move(*infer) : protocol::InferParams{};
+}
 
 Mapped map_ok(Endpoint e, const json& body) {
   Mapped m;
@@ -47,37 +54,33 @@ TEST(OpenAiMapping, ChatBecomesAnInferWithMessagesThatTheProtocolAccepts) {
   EXPECT_EQ(m.model, "tiny");
   EXPECT_TRUE(m.stream);
   EXPECT_TRUE(m.include_usage);
-  EXPECT_EQ(m.car["op"], "infer");
-  EXPECT_EQ(m.car["max_tokens"], 7);  // max_completion_tokens wins
-  EXPECT_EQ(m.car["messages"][0], json({{"role", "system"}, {"content", "be brief"}}));
-  EXPECT_EQ(m.car["messages"][1], json({{"role", "user"}, {"content", "hello"}}));
-  EXPECT_FALSE(m.car.contains("user"));
-  EXPECT_FALSE(m.car.contains("n"));
-  EXPECT_FALSE(m.car.contains("logprobs"));
-
-  json id;
-  auto req = protocol::parse_request(protocol::dump(m.car), &id);
-  ASSERT_TRUE(req.ok());
-  auto infer = protocol::parse_infer(req->body);
-  ASSERT_TRUE(infer.ok()) << infer.error().message;
-  EXPECT_EQ(infer->generate.max_tokens, 7);
-  EXPECT_EQ(infer->generate.sampling.temperature, 0.0);
-  EXPECT_EQ(infer->generate.sampling.top_p, 0.5);
-  EXPECT_EQ(infer->generate.sampling.seed, 42u);
-  EXPECT_EQ(infer->generate.stop, (std::vector<std::string>{"\n", "END"}));
-  EXPECT_TRUE(infer->stream);
-  ASSERT_TRUE(infer->messages.has_value());
+  const protocol::InferParams infer = car_request(m);
+  EXPECT_EQ(infer.model, "tiny");
+  EXPECT_EQ(infer.generate.max_tokens, 7);  // max_completion_tokens wins
+  ASSERT_TRUE(infer.messages.has_value());
+  EXPECT_EQ((*infer.messages)[0], json({{"role", "system"}, {"content", "be brief"}}));
+  EXPECT_EQ((*infer.messages)[1], json({{"role", "user"}, {"content", "hello"}}));
+  EXPECT_EQ(infer.generate.sampling.temperature, 0.0);
+  EXPECT_EQ(infer.generate.sampling.top_p, 0.5);
+  EXPECT_EQ(infer.generate.sampling.seed, 42u);
+  EXPECT_TRUE(infer.seed_given);
+  EXPECT_EQ(infer.generate.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(infer.stream);
+  EXPECT_FALSE(infer.generate.logprobs);
 }
 
 TEST(OpenAiMapping, CompletionTakesAStringOrOneStringArrayAndDefaultsTo16Tokens) {
   Mapped m = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "Once"}});
-  EXPECT_EQ(m.car["prompt"], "Once");
-  EXPECT_EQ(m.car["max_tokens"], 16);
-  EXPECT_FALSE(m.car.contains("stream"));
+  protocol::InferParams infer = car_request(m);
+  EXPECT_EQ(infer.generate.prompt, "Once");
+  EXPECT_EQ(infer.generate.max_tokens, 16);
+  EXPECT_FALSE(infer.stream);
+  EXPECT_FALSE(infer.seed_given);
   m = map_ok(Endpoint::kCompletions,
              {{"model", "m"}, {"prompt", {"Once"}}, {"max_tokens", 3}, {"echo", false}});
-  EXPECT_EQ(m.car["prompt"], "Once");
-  EXPECT_EQ(m.car["max_tokens"], 3);
+  infer = car_request(m);
+  EXPECT_EQ(infer.generate.prompt, "Once");
+  EXPECT_EQ(infer.generate.max_tokens, 3);
 }
 
 TEST(OpenAiMapping, LogprobsBecomeCarFields) {
@@ -87,14 +90,16 @@ TEST(OpenAiMapping, LogprobsBecomeCarFields) {
                                       {"top_logprobs", 3}});
   EXPECT_TRUE(c.logprobs);
   EXPECT_EQ(c.top_logprobs, 3);
-  EXPECT_EQ(c.car["logprobs"], true);
-  EXPECT_EQ(c.car["top_logprobs"], 3);
+  protocol::InferParams ci = car_request(c);
+  EXPECT_TRUE(ci.generate.logprobs);
+  EXPECT_EQ(ci.generate.top_logprobs, 3);
   Mapped p = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"logprobs", 2}});
   EXPECT_TRUE(p.logprobs);
-  EXPECT_EQ(p.car["top_logprobs"], 2);
+  EXPECT_EQ(car_request(p).generate.top_logprobs, 2);
   Mapped z = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"logprobs", 0}});
-  EXPECT_EQ(z.car["logprobs"], true);
-  EXPECT_FALSE(z.car.contains("top_logprobs"));
+  protocol::InferParams zi = car_request(z);
+  EXPECT_TRUE(zi.generate.logprobs);
+  EXPECT_EQ(zi.generate.top_logprobs, 0);
 }
 
 TEST(OpenAiMapping, ResultChangingParametersCarCannotHonourAre400WithTheParamNamed) {
@@ -152,9 +157,9 @@ TEST(OpenAiMapping, NeutralValuesOfUnsupportedParametersAreAccepted) {
 }
 
 TEST(OpenAiMapping, OutOfRangeValuesFailInTheSharedProtocolValidation) {
-  // The mapping passes them on; protocol::parse_infer (the handler) rejects them as for socket clients.
+  // The mapping passes them on; car's own rows refuse them as for socket clients.
   Mapped m = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"top_p", 3}});
-  auto infer = protocol::parse_infer(m.car);
+  auto infer = std::move(m.infer).finish();
   ASSERT_FALSE(infer.ok());
   EXPECT_NE(infer.error().message.find("top_p"), std::string::npos);
   ApiError e = from_car_error(infer.error().code, infer.error().message);
@@ -193,17 +198,19 @@ TEST(OpenAiErrors, ErrorBodyHasOpenAisFourFieldsWithNulls) {
   EXPECT_EQ(c["error"]["code"], "model_not_found");
 }
 
-json car_result(std::string reason) {
-  return {{"model", "m"},
-          {"text", "Hi there"},
-          {"tokens", {5, 6}},
-          {"finish_reason", std::move(reason)},
-          {"usage", {{"prompt_tokens", 4}, {"completion_tokens", 2}}}};
+protocol::InferResult car_result(std::string reason) {
+  protocol::InferResult r;
+  r.model = "m";
+  r.output.text = "Hi there";
+  r.output.tokens = {5, 6};
+  r.output.finish_reason = std::move(reason);
+  r.output.prompt_tokens = 4;
+  return r;
 }
 
 TEST(OpenAiResponses, ChatCompletionShape) {
   Mapped m = map_ok(Endpoint::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}});
-  json r = response(Endpoint::kChat, m, car_result("eos"), "chatcmpl-1", 1700000000);
+  json r = json::parse(response(Endpoint::kChat, m, car_result("eos"), "chatcmpl-1", 1700000000));
   EXPECT_EQ(r["id"], "chatcmpl-1");
   EXPECT_EQ(r["object"], "chat.completion");
   EXPECT_EQ(r["created"], 1700000000);
@@ -219,7 +226,7 @@ TEST(OpenAiResponses, ChatCompletionShape) {
 
 TEST(OpenAiResponses, CompletionShapeAndFinishReasons) {
   Mapped m = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "x"}});
-  json r = response(Endpoint::kCompletions, m, car_result("length"), "cmpl-1", 1);
+  json r = json::parse(response(Endpoint::kCompletions, m, car_result("length"), "cmpl-1", 1));
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["choices"][0]["text"], "Hi there");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
@@ -233,22 +240,25 @@ TEST(OpenAiResponses, ChunksCarryTheRoleFirstThenDeltasThenTheFinishAndUsage) {
                                       {"messages", {{{"role", "user"}, {"content", "x"}}}},
                                       {"stream", true},
                                       {"stream_options", {{"include_usage", true}}}});
-  json first = text_chunk(Endpoint::kChat, m, "c", 1, "", true);
+  json first = json::parse(text_chunk(Endpoint::kChat, m, "c", 1, "", true));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(first.contains("usage") && first["usage"].is_null());
-  json next = text_chunk(Endpoint::kChat, m, "c", 1, "Hi", false);
+  json next = json::parse(text_chunk(Endpoint::kChat, m, "c", 1, "Hi", false));
   EXPECT_EQ(next["choices"][0]["delta"], json({{"content", "Hi"}}));
-  json fin = finish_chunk(Endpoint::kChat, m, "c", 1, "stop");
+  json fin = json::parse(finish_chunk(Endpoint::kChat, m, "c", 1, "stop"));
   EXPECT_EQ(fin["choices"][0]["delta"], json::object());
   EXPECT_EQ(fin["choices"][0]["finish_reason"], "stop");
-  json u = usage_chunk(Endpoint::kChat, m, "c", 1, {{"prompt_tokens", 3}, {"completion_tokens", 1}});
+  protocol::GenerateOutput out;
+  out.prompt_tokens = 3;
+  out.tokens = {7};
+  json u = json::parse(usage_chunk(Endpoint::kChat, m, "c", 1, out));
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["total_tokens"], 4);
 
   Mapped p = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"stream", true}});
-  json pc = text_chunk(Endpoint::kCompletions, p, "c", 1, "Hi", false);
+  json pc = json::parse(text_chunk(Endpoint::kCompletions, p, "c", 1, "Hi", false));
   EXPECT_EQ(pc["object"], "text_completion");
   EXPECT_EQ(pc["choices"][0]["text"], "Hi");
   EXPECT_FALSE(pc.contains("usage"));  // only with include_usage
@@ -260,24 +270,38 @@ TEST(OpenAiSse, EventsAreDataLinesEndedByABlankLine) {
   EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
   // A chunk with a newline in its text is still one line of JSON (escaped).
   Mapped m = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "x"}});
-  const std::string ev =
-      sse_event(protocol::dump(text_chunk(Endpoint::kCompletions, m, "c", 1, "a\nb", false)));
+  const std::string ev = sse_event(text_chunk(Endpoint::kCompletions, m, "c", 1, "a\nb", false));
   EXPECT_EQ(ev.find('\n'), ev.size() - 2);
 }
 
-// car's final-result logprobs as the other side of the seam defines them.
-json car_logprobs() {
-  return json::parse(R"([
-    {"token": 10, "text": "Hi", "logprob": -0.25,
-     "top_logprobs": [{"token": 10, "text": "Hi", "logprob": -0.25}, {"token": 11, "text": "Ho", "logprob": -1.5},
-                      {"token": 12, "text": "Ha", "logprob": -3.0}]},
-    {"token": 13, "text": " \u00e9", "logprob": -0.5,
-     "top_logprobs": [{"token": 13, "text": " \u00e9", "logprob": -0.5}]}
-  ])");
+// car's per-token logprob entries as the runtime delivers them.
+std::vector<protocol::TokenLogprobs> car_logprobs() {
+  auto entry = [](int32_t token, std::string text, double logprob, std::vector<protocol::TokenLogprob> top) {
+    protocol::TokenLogprobs e;
+    e.token = token;
+    e.text = std::move(text);
+    e.logprob = logprob;
+    e.top_logprobs = std::move(top);
+    return e;
+  };
+  return {entry(10, "Hi", -0.25, {{10, "Hi", -0.25}, {11, "Ho", -1.5}, {12, "Ha", -3.0}}),
+          entry(13, " \u00e9", -0.5, {{13, " \u00e9", -0.5}})};
+}
+
+/// The `logprobs` of a response's choice for car_logprobs(), the request asking for `top` alternatives.
+json response_logprobs(Endpoint endpoint, int top) {
+  Mapped m;
+  m.model = "m";
+  m.logprobs = true;
+  m.top_logprobs = top;
+  protocol::InferResult result = car_result("stop");
+  result.logprobs = true;
+  result.output.logprobs = car_logprobs();
+  return json::parse(response(endpoint, m, result, "c", 1))["choices"][0]["logprobs"];
 }
 
 TEST(OpenAiLogprobs, ChatShape) {
-  json lp = chat_logprobs(car_logprobs(), 2);
+  json lp = response_logprobs(Endpoint::kChat, 2);
   ASSERT_EQ(lp["content"].size(), 2u);
   EXPECT_TRUE(lp["refusal"].is_null());
   const json& t0 = lp["content"][0];
@@ -287,29 +311,61 @@ TEST(OpenAiLogprobs, ChatShape) {
   ASSERT_EQ(t0["top_logprobs"].size(), 2u);  // capped at the request's top_logprobs
   EXPECT_EQ(t0["top_logprobs"][1], json({{"token", "Ho"}, {"logprob", -1.5}, {"bytes", {72, 111}}}));
   EXPECT_EQ(lp["content"][1]["bytes"], json({32, 0xc3, 0xa9}));
-  EXPECT_TRUE(chat_logprobs(car_logprobs(), 0)["content"][0]["top_logprobs"].empty());
+  EXPECT_TRUE(response_logprobs(Endpoint::kChat, 0)["content"][0]["top_logprobs"].empty());
 }
 
 TEST(OpenAiLogprobs, CompletionShape) {
-  json lp = completion_logprobs(car_logprobs(), 3);
+  json lp = response_logprobs(Endpoint::kCompletions, 3);
   EXPECT_EQ(lp["tokens"], json({"Hi", " \u00e9"}));
   EXPECT_EQ(lp["token_logprobs"], json({-0.25, -0.5}));
   EXPECT_EQ(lp["text_offset"], json({0, 2}));
   EXPECT_EQ(lp["top_logprobs"][0], json({{"Hi", -0.25}, {"Ho", -1.5}, {"Ha", -3.0}}));
 }
 
-TEST(OpenAiLogprobs, ResponsesCarryThemOnlyWhenAsked) {
-  json result = car_result("stop");
-  result["logprobs"] = car_logprobs();
+TEST(OpenAiLogprobs, ResponsesAndChunksCarryThemOnlyWhenAsked) {
+  protocol::InferResult result = car_result("stop");
+  result.logprobs = true;
+  result.output.logprobs = car_logprobs();
   Mapped with = map_ok(Endpoint::kChat, {{"model", "m"},
                                          {"messages", {{{"role", "user"}, {"content", "x"}}}},
                                          {"logprobs", true},
                                          {"top_logprobs", 1}});
-  json r = response(Endpoint::kChat, with, result, "c", 1);
+  json r = json::parse(response(Endpoint::kChat, with, result, "c", 1));
   EXPECT_EQ(r["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 1u);
   Mapped without =
       map_ok(Endpoint::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}});
-  EXPECT_TRUE(response(Endpoint::kChat, without, result, "c", 1)["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(
+      json::parse(response(Endpoint::kChat, without, result, "c", 1))["choices"][0]["logprobs"].is_null());
+  // A streamed token's chunk carries its own entry in the same shape.
+  const json chunk =
+      json::parse(text_chunk(Endpoint::kChat, with, "c", 1, "Hi", false, &result.output.logprobs[0]));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["token"], "Hi");
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 1u);
+  EXPECT_TRUE(json::parse(text_chunk(Endpoint::kChat, without, "c", 1, "Hi", false,
+                                     &result.output.logprobs[0]))["choices"][0]["logprobs"]
+                  .is_null());
+}
+
+// The bodies are written without a document, in the order a document dumps its keys: byte for byte what
+// the document would be.
+TEST(OpenAiResponses, BodiesAreTheBytesOfTheDocuments) {
+  Mapped m = map_ok(Endpoint::kChat, {{"model", "m"},
+                                      {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                      {"logprobs", true},
+                                      {"top_logprobs", 2},
+                                      {"stream", true},
+                                      {"stream_options", {{"include_usage", true}}}});
+  protocol::InferResult result = car_result("eos");
+  result.logprobs = true;
+  result.output.logprobs = car_logprobs();
+  for (Endpoint e : {Endpoint::kChat, Endpoint::kCompletions}) {
+    for (const std::string& body :
+         {response(e, m, result, "c-1", 5),
+          text_chunk(e, m, "c-1", 5, "Hi", true, &result.output.logprobs[1]),
+          finish_chunk(e, m, "c-1", 5, "length"), usage_chunk(e, m, "c-1", 5, result.output)}) {
+      EXPECT_EQ(body, json::parse(body).dump()) << body;
+    }
+  }
 }
 
 }  // namespace

@@ -127,6 +127,63 @@ TEST(Matmul, TilesEqualRowDotsForEveryVectorCount) {
   }
 }
 
+// matmul_ordered: each vector of a repacked mul_mat product takes the order it is given - the rows of
+// several sequences in one batch, each computed as in its own batch - in runs of any length; other types
+// and the mul_mat_id order (gemv for every vector) ignore the mask.
+TEST(Matmul, OrderedTakesEachVectorsGivenOrder) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K}) {
+      SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)));
+      const int64_t cols = 512, rows = 48;
+      const auto wf = random_floats(rng, cols * rows);
+      const auto w = testing::quantize_rows(t, wf, rows, cols);
+      MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};
+      const int64_t n = 23, ldx = cols, ldy = rows;
+      const auto x = random_floats(rng, n * ldx);
+      std::vector<std::vector<uint8_t>> acts(n, std::vector<uint8_t>(activation_row_bytes(t, cols)));
+      for (int64_t i = 0; i < n; ++i) quantize_activation(t, x.data() + i * ldx, acts[i].data(), cols);
+      for (ProductOrder order : {ProductOrder::mul_mat, ProductOrder::mul_mat_id}) {
+        view.order = order;
+        for (int trial = 0; trial < 4; ++trial) {
+          std::vector<uint8_t> gemm(static_cast<size_t>(n));
+          for (auto& g : gemm) g = static_cast<uint8_t>(rng() % 2);
+          if (trial == 0) std::fill(gemm.begin(), gemm.end(), uint8_t{0});
+          std::vector<float> y(static_cast<size_t>(n * ldy)), y1(static_cast<size_t>(n * ldy));
+          matmul_ordered(view, x.data(), n, ldx, y.data(), ldy, gemm.data(), nullptr);
+          matmul_ordered(view, x.data(), n, ldx, y1.data(), ldy, gemm.data(), &pool);
+          const detail::DotKernels& k = detail::kernels_for(current_isa());
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const uint8_t* row = view.data + static_cast<size_t>(r) * view.row_bytes;
+              float want;
+              if (detail::repacked(view)) {  // mul_mat_id: every vector in the gemv order
+                const bool g = order == ProductOrder::mul_mat && gemm[static_cast<size_t>(i)] != 0;
+                want = (g ? k.dot_gemm : k.dot_gemv)[detail::slot(t)](row, acts[i].data(), cols);
+              } else {
+                want = dot_row(t, row, acts[i].data(), cols, order);
+              }
+              ASSERT_EQ(y[i * ldy + r], want) << "i=" << i << " r=" << r;
+              ASSERT_EQ(y1[i * ldy + r], want) << "i=" << i << " r=" << r;
+            }
+          }
+        }
+      }
+      // A vector in the gemv order equals matvec's result for it.
+      view.order = ProductOrder::mul_mat;
+      std::vector<uint8_t> none(static_cast<size_t>(n), 0);
+      std::vector<float> y(static_cast<size_t>(n * ldy)), col(static_cast<size_t>(rows));
+      matmul_ordered(view, x.data(), n, ldx, y.data(), ldy, none.data(), &pool);
+      for (int64_t i = 0; i < n; ++i) {
+        matvec(view, x.data() + i * ldx, col.data(), nullptr);
+        for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(y[i * ldy + r], col[static_cast<size_t>(r)]);
+      }
+    }
+  }
+}
+
 TEST(Matvec, MulMatIdOrderUsesTheSecondKernel) {
   std::mt19937 rng(24);
   ThreadPool pool(2);

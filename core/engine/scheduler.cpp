@@ -1,0 +1,448 @@
+#include "core/engine/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/engine/engine.h"
+#include "core/engine/sampler.h"
+#include "core/gguf/gguf_file.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/util/error_codes.h"
+
+namespace car::engine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+/// One request from submit() to on_done. Touched by the scheduler thread only once queued.
+struct Scheduler::Job {
+  GenerateRequest req;
+  GenerateCallbacks cb;
+  const std::atomic<bool>* cancelled = nullptr;
+  GenerateResult res;
+  Result<void> error;  // set when the job failed (res is then not reported)
+  int64_t n_prompt = 0;
+  Slot* slot = nullptr;
+  int64_t evaluated = 0;     // prompt positions in the slot's cache (reused or computed)
+  bool decoding = false;     // the prompt is done; `next` is the token to evaluate
+  int32_t next = -1;
+  int generated = 0;         // tokens sampled
+  bool done = false;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StopMatcher> stops;
+  std::unique_ptr<tokenizer::StreamDecoder> decoder;
+  std::vector<int32_t> history;
+  Clock::time_point t_submit, t_first_step, t_prompt_done;
+  bool started = false;
+  std::vector<int32_t> chunk;  // this step's tokens
+  SeqChunk::Output output = SeqChunk::Output::none;
+};
+
+Scheduler::Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
+                     std::shared_ptr<const gguf::GgufFile> file, std::unique_ptr<ForwardPass> forward,
+                     const SchedulerOptions& options)
+    : model_(std::move(model)), tok_(std::move(tok)), file_(std::move(file)), forward_(std::move(forward)),
+      options_(options) {
+  CAR_CHECK(options_.slots >= 1 && options_.n_ctx >= 1);
+  if (options_.step_tokens <= 0 || options_.step_tokens > forward_->max_batch()) {
+    options_.step_tokens = forward_->max_batch();
+  }
+  // Every running sequence needs a row of its own in a step.
+  CAR_CHECK(options_.step_tokens >= options_.slots);
+  logits_.resize(static_cast<size_t>(options_.slots) * static_cast<size_t>(model_->hparams().n_vocab));
+  {
+    MutexLock lock(mu_);
+    slots_.resize(static_cast<size_t>(options_.slots));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    MutexLock lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+uint64_t Scheduler::kv_bytes() const {
+  return static_cast<uint64_t>(options_.slots) * ForwardPass::kv_cache_bytes_for(model_->hparams(), options_.n_ctx);
+}
+
+uint64_t Scheduler::logits_bytes() const { return logits_.size() * sizeof(float); }
+
+SchedulerStats Scheduler::stats() const {
+  MutexLock lock(mu_);
+  SchedulerStats s;
+  s.slots = options_.slots;
+  s.active = static_cast<int>(running_.size());
+  s.queued = static_cast<int>(queue_.size());
+  for (const auto& job : running_) {
+    s.kv_tokens_used += static_cast<int64_t>(job->slot != nullptr ? job->slot->cached.size() : 0);
+  }
+  s.kv_tokens_capacity = static_cast<int64_t>(options_.slots) * options_.n_ctx;
+  s.steps = steps_;
+  s.tokens_generated = tokens_generated_;
+  s.batched_rows = batched_rows_;
+  const auto now = Clock::now();
+  uint64_t recent = 0;
+  for (const auto& [t, n] : recent_) {
+    if (now - t <= kRateWindow) recent += n;
+  }
+  s.tokens_per_s = static_cast<double>(recent) / std::chrono::duration<double>(kRateWindow).count();
+  return s;
+}
+
+void Scheduler::submit(const GenerateRequest& req, GenerateCallbacks cb, const std::atomic<bool>* cancelled) {
+  auto job = std::make_unique<Job>();
+  job->t_submit = Clock::now();
+  auto refuse = [&](const char* code, const std::string& message) { cb.on_done(make_error(code, message)); };
+  const int64_t n_vocab = model_->hparams().n_vocab;
+  if (req.max_tokens < 0) return refuse(errc::kBadRequest, "max_tokens must be >= 0");
+  if (req.top_logprobs < 0) return refuse(errc::kBadRequest, "top_logprobs must be >= 0");
+  GenerateResult& res = job->res;
+  res.prompt_tokens = !req.prompt_ids.empty() ? req.prompt_ids : tok_->encode(req.prompt, req.add_bos, req.parse_special);
+  if (res.prompt_tokens.empty()) return refuse(errc::kBadRequest, "the prompt is empty (no tokens)");
+  for (int32_t id : res.prompt_tokens) {
+    if (id < 0 || id >= n_vocab) {
+      return refuse(errc::kBadRequest, "prompt token id " + std::to_string(id) + " outside [0, " +
+                                           std::to_string(n_vocab) + ")");
+    }
+  }
+  const int64_t n_prompt = static_cast<int64_t>(res.prompt_tokens.size());
+  const int64_t loaded_ctx = options_.n_ctx;
+  if (req.num_ctx < 0) return refuse(errc::kBadRequest, "num_ctx must be >= 0");
+  if (req.num_ctx > loaded_ctx) {
+    return refuse(errc::kBadRequest, "num_ctx " + std::to_string(req.num_ctx) +
+                                         " exceeds the context the model is loaded with (" +
+                                         std::to_string(loaded_ctx) + " tokens)");
+  }
+  const int64_t n_ctx = req.num_ctx > 0 ? req.num_ctx : loaded_ctx;
+  if (n_prompt + req.max_tokens > n_ctx) {
+    return refuse(errc::kContextOverflow, "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
+                                              std::to_string(req.max_tokens) + ") exceeds the context of " +
+                                              std::to_string(n_ctx) + " tokens");
+  }
+  job->req = req;
+  job->cb = std::move(cb);
+  job->cancelled = cancelled;
+  job->n_prompt = n_prompt;
+  {
+    MutexLock lock(mu_);
+    const int waiting = static_cast<int>(queue_.size());
+    if (options_.max_queued > 0 && waiting >= options_.max_queued) {
+      lock.unlock();
+      job->cb.on_done(make_error(errc::kBusy, "the model's queue is full (" + std::to_string(waiting) +
+                                                  " requests waiting for its " + std::to_string(options_.slots) +
+                                                  " sequences); retry later"));
+      return;
+    }
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::admit(std::vector<std::unique_ptr<Job>>& finished) {
+  // A cancelled request leaves the queue at once, wherever it stands.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    Job& job = **it;
+    if (job.cancelled != nullptr && job.cancelled->load()) {
+      job.res.finish_reason = "cancelled";
+      job.done = true;
+      finished.push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  while (!queue_.empty()) {
+    // The free slot whose cached ids share the longest prefix with the prompt; ties: least recently used.
+    Job& job = *queue_.front();
+    Slot* best = nullptr;
+    int64_t best_common = -1;
+    for (Slot& s : slots_) {
+      if (s.job != nullptr) continue;
+      int64_t common = 0;
+      const int64_t max_common = std::min<int64_t>(static_cast<int64_t>(s.cached.size()), job.n_prompt - 1);
+      while (common < max_common && s.cached[static_cast<size_t>(common)] == job.res.prompt_tokens[static_cast<size_t>(common)]) {
+        ++common;
+      }
+      if (common > best_common || (common == best_common && s.last_used < best->last_used)) {
+        best = &s;
+        best_common = common;
+      }
+    }
+    if (best == nullptr) return;  // every slot busy: the queue waits, first come first served
+    if (best->kv == nullptr) best->kv = std::make_unique<KvCache>(forward_->make_cache(options_.n_ctx));
+    best->kv->truncate(std::min(best_common, best->kv->n_past()));
+    best->cached.resize(static_cast<size_t>(best->kv->n_past()));
+    best->job = &job;
+    best->last_used = ++clock_;
+    job.slot = best;
+    job.evaluated = best->kv->n_past();
+    running_.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+}
+
+void Scheduler::run() {
+  std::vector<std::unique_ptr<Job>> finished;
+  for (;;) {
+    {
+      MutexLock lock(mu_);
+      cv_.wait(lock, [this]() CAR_REQUIRES(mu_) { return stop_ || !queue_.empty() || !running_.empty(); });
+      if (stop_) {
+        for (auto& job : queue_) finished.push_back(std::move(job));
+        queue_.clear();
+        for (auto& job : running_) finished.push_back(std::move(job));
+        running_.clear();
+        for (Slot& s : slots_) s.job = nullptr;
+      } else {
+        admit(finished);
+      }
+    }
+    bool stopping = false;
+    {
+      MutexLock lock(mu_);
+      stopping = stop_;
+    }
+    if (stopping) {
+      for (auto& job : finished) {
+        if (!job->done && job->error.ok()) job->res.finish_reason = "cancelled";
+        job->done = true;
+        finish(*job);
+      }
+      return;
+    }
+    for (auto& job : finished) finish(*job);
+    finished.clear();
+    step(finished);
+    for (auto& job : finished) finish(*job);
+    finished.clear();
+  }
+}
+
+void Scheduler::finish(Job& job) {
+  if (!job.error.ok()) {
+    job.cb.on_done(job.error.error());
+    return;
+  }
+  // Text held back at the end: an incomplete UTF-8 tail (as U+FFFD) and a possible stop-string prefix.
+  if (job.decoder != nullptr && !job.stops->stopped()) {
+    std::string tail = job.stops->push(job.decoder->finish()).text;
+    if (!job.stops->stopped()) tail += job.stops->flush();
+    if (!tail.empty()) {
+      job.res.text += tail;
+      if (job.cb.on_token) {
+        TokenEvent last;
+        last.token = -1;
+        last.text = tail;
+        job.cb.on_token(last);
+      }
+    }
+  }
+  const auto now = Clock::now();
+  if (job.started) {
+    job.res.queue_ms = ms_between(job.t_submit, job.t_first_step);
+    if (job.decoding) job.res.decode_ms = ms_between(job.t_prompt_done, now);
+  } else {
+    job.res.queue_ms = ms_between(job.t_submit, now);
+  }
+  job.cb.on_done(std::move(job.res));
+}
+
+void Scheduler::fail_all_running(const Error& e, std::vector<std::unique_ptr<Job>>& finished) {
+  MutexLock lock(mu_);
+  for (auto& job : running_) {
+    Slot& s = *job->slot;
+    s.kv->truncate(std::min(static_cast<int64_t>(s.cached.size()), s.kv->n_past()));
+    s.cached.resize(static_cast<size_t>(s.kv->n_past()));
+    s.job = nullptr;
+    job->error = e;
+    job->done = true;
+    finished.push_back(std::move(job));
+  }
+  running_.clear();
+}
+
+void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
+  // The running jobs, in admission order. Only this thread changes running_, so the pointers stay valid.
+  std::vector<Job*> jobs;
+  {
+    MutexLock lock(mu_);
+    for (auto& j : running_) jobs.push_back(j.get());
+  }
+  const auto now = Clock::now();
+  // Build the step: a decode row for every generating sequence first (each needs one row), then prompt
+  // chunks in admission order within what is left of the budget.
+  std::vector<SeqChunk> chunks;
+  std::vector<Job*> in_step;
+  int64_t budget = options_.step_tokens;
+  for (Job* job : jobs) {
+    if (job->cancelled != nullptr && job->cancelled->load()) {
+      job->res.finish_reason = "cancelled";
+      job->done = true;
+      continue;
+    }
+    job->chunk.clear();
+    if (!job->decoding) continue;
+    job->chunk.push_back(job->next);
+    job->output = SeqChunk::Output::last;
+    --budget;
+  }
+  for (Job* job : jobs) {
+    if (job->done || job->decoding || budget <= 0) continue;
+    const int64_t rest = job->n_prompt - job->evaluated;
+    const int64_t len = std::min(rest, budget);
+    const auto begin = job->res.prompt_tokens.begin() + job->evaluated;
+    job->chunk.assign(begin, begin + len);
+    job->output = len == rest ? SeqChunk::Output::last : SeqChunk::Output::none;
+    budget -= len;
+  }
+  for (Job* job : jobs) {
+    if (job->done || job->chunk.empty()) continue;
+    if (!job->started) {
+      job->started = true;
+      job->t_first_step = now;
+    }
+    SeqChunk c;
+    c.kv = job->slot->kv.get();
+    c.tokens = job->chunk;
+    c.output = job->output;
+    // A prompt's whole groups of 4 from position 0 take the gemm order, wherever the chunks or a reused
+    // prefix split it: a request's output depends neither on its company nor on its slot's history.
+    c.gemm_end = job->decoding ? 0 : job->n_prompt - job->n_prompt % 4;
+    chunks.push_back(c);
+    in_step.push_back(job);
+  }
+
+  if (!chunks.empty()) {
+    Result<void> r = forward_->eval_step(chunks, logits_.data());
+    if (r.ok()) {
+      // The weights under this step are those the model was loaded from (no read faulted, the file was not
+      // rewritten in place); otherwise the logits came from zeros or a mix of two files.
+      if (auto intact = file_->check_intact(); !intact) {
+        {
+          MutexLock lock(mu_);
+          for (Slot& s : slots_) {
+            if (s.kv != nullptr) s.kv->truncate(0);
+            s.cached.clear();
+          }
+        }
+        static const std::string what =
+            "model file changed or was truncated while in use (replace model files by atomic rename): ";
+        fail_all_running(Error{errc::kIoError, what + intact.error().message}, finished);
+        return;
+      }
+    } else {
+      // No cache advanced: every sequence of the step fails (its slot keeps the prefix it had); the model
+      // stays usable and the next step retries the read for the others.
+      MutexLock lock(mu_);
+      for (Job* job : in_step) {
+        job->error = r.error();
+        job->done = true;
+      }
+    }
+    if (r.ok()) {
+      MutexLock lock(mu_);
+      ++steps_;
+      for (const SeqChunk& c : chunks) batched_rows_ += c.tokens.size();
+      for (Job* job : in_step) {
+        job->slot->cached.insert(job->slot->cached.end(), job->chunk.begin(), job->chunk.end());
+        if (!job->decoding) job->evaluated += static_cast<int64_t>(job->chunk.size());
+      }
+    }
+  }
+
+  // Sample: every sequence whose chunk gave logits (a prompt's end or a decoded token). A prompt fully
+  // reused from the cache cannot happen: at least its last token is evaluated again for its logits.
+  const size_t n_vocab = static_cast<size_t>(model_->hparams().n_vocab);
+  size_t row = 0;
+  uint64_t sampled = 0;
+  for (Job* job : in_step) {
+    if (job->done) continue;
+    if (job->output == SeqChunk::Output::none) continue;
+    const std::span<const float> logits(logits_.data() + row * n_vocab, n_vocab);
+    ++row;
+    GenerateRequest& req = job->req;
+    GenerateResult& res = job->res;
+    if (!job->decoding) {
+      job->decoding = true;
+      job->t_prompt_done = Clock::now();
+      res.prompt_ms = ms_between(job->t_first_step, job->t_prompt_done);
+      job->sampler = std::make_unique<Sampler>(req.sampling);
+      job->stops = std::make_unique<StopMatcher>(req.stop);
+      job->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
+      job->history = res.prompt_tokens;
+      job->history.reserve(job->history.size() + static_cast<size_t>(req.max_tokens));
+      res.finish_reason = "length";
+    }
+    if (job->generated >= req.max_tokens) {  // max_tokens 0
+      job->done = true;
+      continue;
+    }
+    if (job->cancelled != nullptr && job->cancelled->load()) {
+      res.finish_reason = "cancelled";
+      job->done = true;
+      continue;
+    }
+    const int32_t id = job->sampler->sample(logits, job->history);
+    if (!req.ignore_eos && tok_->is_eog(id)) {
+      res.finish_reason = "eos";
+      job->done = true;
+      continue;
+    }
+    TokenEvent event;
+    event.token = id;
+    if (req.top_logprobs > 0) {
+      res.top_logprobs.push_back(Sampler::top_logprobs(logits, req.top_logprobs));
+      event.top_logprobs = res.top_logprobs.back();
+    }
+    if (req.logprobs || req.top_logprobs > 0) {
+      event.logprob = Sampler::logprob_of(logits, id);
+      res.logprobs.push_back(event.logprob);
+    }
+    res.tokens.push_back(id);
+    job->history.push_back(id);
+    ++job->generated;
+    ++sampled;
+    const StopMatcher::Step st = job->stops->push(job->decoder->push(id));
+    res.text += st.text;
+    if (job->cb.on_token) {
+      event.text = st.text;
+      job->cb.on_token(event);
+    }
+    if (st.stopped) {
+      res.finish_reason = "stop";
+      job->done = true;
+    } else if (job->generated >= req.max_tokens) {
+      job->done = true;  // the last token is not evaluated: nothing follows it
+    } else {
+      job->next = id;
+    }
+  }
+
+  MutexLock lock(mu_);
+  tokens_generated_ += sampled;
+  const auto end = Clock::now();
+  if (sampled > 0) recent_.emplace_back(end, sampled);
+  while (!recent_.empty() && end - recent_.front().first > kRateWindow) recent_.pop_front();
+  for (auto it = running_.begin(); it != running_.end();) {
+    if ((*it)->done) {
+      Slot& s = *(*it)->slot;
+      s.job = nullptr;
+      s.last_used = ++clock_;
+      finished.push_back(std::move(*it));
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace car::engine

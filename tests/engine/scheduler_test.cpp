@@ -1,0 +1,312 @@
+// The per-model scheduler (core/engine/scheduler.h) on small models the test writes: requests run
+// together give each request bit for bit what it gets alone (dense and MoE, greedy and seeded sampling,
+// logprobs), whatever joins or leaves and whatever its slot held; the queue is first come, first served;
+// cancelling one sequence leaves the others' output unchanged; prefix reuse skips the shared prefix.
+#include "core/engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/engine/engine.h"
+#include "tests/engine/tiny_model.h"
+#include "tests/test_support.h"
+
+namespace car::engine {
+namespace {
+
+using testing::TinySpec;
+
+TinySpec q4k_spec(bool moe) {
+  TinySpec s;
+  s.n_embd = 256;
+  s.n_ff = 256;
+  s.head_dim = 64;
+  s.matrix_type = GgmlType::Q4_K;  // rows % 8 == 0: llama.cpp's repacked gemm / gemv orders
+  s.n_ctx = 256;
+  if (moe) {
+    s.arch = "qwen3moe";
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+  }
+  return s;
+}
+
+class SchedulerTest : public ::testing::Test {
+ public:
+  std::shared_ptr<LoadedModel> load(const TinySpec& s, int parallel, int64_t step_tokens = 0, int max_queued = 0) {
+    const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
+    testing::write_tiny_model(p, s);
+    LoadOptions o;
+    o.threads = 2;
+    o.context_length = 128;
+    o.parallel = parallel;
+    o.step_tokens = step_tokens;
+    o.max_queued = max_queued;
+    auto m = load_model(p, o);
+    EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+    return m.ok() ? *m : nullptr;
+  }
+
+ protected:
+  testing::TempDir dir_;
+  int n_ = 0;
+};
+
+GenerateRequest random_request(std::mt19937& rng, int64_t vocab) {
+  GenerateRequest r;
+  const int np = 1 + static_cast<int>(rng() % 40);
+  for (int i = 0; i < np; ++i) r.prompt_ids.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab)));
+  r.max_tokens = 1 + static_cast<int>(rng() % 12);
+  r.ignore_eos = true;
+  r.logprobs = true;
+  r.top_logprobs = static_cast<int>(rng() % 3);
+  if (rng() % 2 == 0) {
+    r.sampling.temperature = 0;
+  } else {
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = rng();
+  }
+  return r;
+}
+
+void expect_same(const GenerateResult& a, const GenerateResult& b, size_t i) {
+  EXPECT_EQ(a.tokens, b.tokens) << "request " << i;
+  EXPECT_EQ(a.text, b.text) << "request " << i;
+  EXPECT_EQ(a.finish_reason, b.finish_reason) << "request " << i;
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << "request " << i;
+  for (size_t k = 0; k < a.logprobs.size(); ++k) EXPECT_EQ(a.logprobs[k], b.logprobs[k]) << "request " << i;
+  ASSERT_EQ(a.top_logprobs.size(), b.top_logprobs.size());
+  for (size_t k = 0; k < a.top_logprobs.size(); ++k) {
+    ASSERT_EQ(a.top_logprobs[k].size(), b.top_logprobs[k].size());
+    for (size_t j = 0; j < a.top_logprobs[k].size(); ++j) {
+      EXPECT_EQ(a.top_logprobs[k][j].token, b.top_logprobs[k][j].token);
+      EXPECT_EQ(a.top_logprobs[k][j].logprob, b.top_logprobs[k][j].logprob);
+    }
+  }
+}
+
+// N requests alone (one after another, each on a fresh model so no prefix is shared), then all of them at
+// once from N threads with random start delays on a model running `parallel` sequences and a small step
+// budget (prompts split in chunks and interleaved with decode rows): every request's result is identical.
+void check_company(SchedulerTest& t, const TinySpec& s, int n_requests, int parallel, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < n_requests; ++i) reqs.push_back(random_request(rng, s.n_vocab));
+  std::vector<GenerateResult> alone;
+  for (const auto& r : reqs) {
+    auto m = t.load(s, 1, 0);
+    auto res = generate(*m, r, nullptr, nullptr);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    alone.push_back(*res);
+  }
+  auto m = t.load(s, parallel, 24);
+  std::vector<GenerateResult> together(reqs.size());
+  std::vector<std::thread> threads;
+  std::vector<uint32_t> delays;
+  for (size_t i = 0; i < reqs.size(); ++i) delays.push_back(rng() % 3000);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::microseconds(delays[i]));
+      auto res = generate(*m, reqs[i], nullptr, nullptr);
+      ASSERT_TRUE(res.ok()) << res.error().message;
+      together[i] = *res;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t i = 0; i < reqs.size(); ++i) expect_same(alone[i], together[i], i);
+  const SchedulerStats st = model_scheduler_stats(*m);
+  EXPECT_EQ(st.active, 0);
+  EXPECT_EQ(st.queued, 0);
+  uint64_t tokens = 0;
+  for (const auto& r : together) tokens += r.tokens.size();
+  EXPECT_EQ(st.tokens_generated, tokens);
+  EXPECT_GT(st.tokens_per_s, 0);  // generated within the last window
+  EXPECT_LE(st.steps, tokens + reqs.size() * 40);
+}
+
+TEST_F(SchedulerTest, DenseRequestsGetTheSameOutputAloneAndInCompany) {
+  for (int companions : {1, 3, 7}) {
+    SCOPED_TRACE(companions);
+    check_company(*this, q4k_spec(false), companions + 1, 4, 100u + static_cast<uint32_t>(companions));
+  }
+}
+
+TEST_F(SchedulerTest, MoeRequestsGetTheSameOutputAloneAndInCompany) {
+  check_company(*this, q4k_spec(true), 8, 8, 7u);
+}
+
+TEST_F(SchedulerTest, F32RequestsGetTheSameOutputAloneAndInCompany) {
+  TinySpec s;
+  s.arch = "qwen3";
+  s.n_ctx = 256;
+  check_company(*this, s, 6, 3, 11u);
+}
+
+// A slot's history (a reused prefix of any length) does not change a request's output.
+TEST_F(SchedulerTest, ReusedPrefixGivesTheSameOutputAndSkipsItsRows) {
+  const TinySpec s = q4k_spec(false);
+  std::mt19937 rng(5);
+  GenerateRequest a = random_request(rng, s.n_vocab);
+  a.prompt_ids.resize(1);
+  for (int i = 0; i < 33; ++i) a.prompt_ids.push_back(static_cast<int32_t>(rng() % 300));
+  a.sampling.temperature = 0;
+  GenerateRequest b = a;
+  b.prompt_ids.resize(23);  // shares 23 ids (not a multiple of 4) with a
+  for (int i = 0; i < 10; ++i) b.prompt_ids.push_back(static_cast<int32_t>(rng() % 300));
+  auto fresh = load(s, 1);
+  auto want = generate(*fresh, b, nullptr, nullptr);
+  ASSERT_TRUE(want.ok());
+  auto m = load(s, 1);
+  ASSERT_TRUE(generate(*m, a, nullptr, nullptr).ok());
+  const uint64_t rows_before = model_scheduler_stats(*m).batched_rows;
+  auto got = generate(*m, b, nullptr, nullptr);
+  ASSERT_TRUE(got.ok());
+  expect_same(*want, *got, 0);
+  // The 23 shared ids were not evaluated again: 10 prompt rows + the decode rows.
+  EXPECT_EQ(model_scheduler_stats(*m).batched_rows - rows_before,
+            10u + static_cast<uint64_t>(b.max_tokens - 1));
+}
+
+// One slot: requests start in the order they arrived, and each waits in the queue (not on a lock); with
+// max_queued 4 a fifth waiting request is refused with busy at once.
+TEST_F(SchedulerTest, QueueIsFirstComeFirstServed) {
+  auto m = load(q4k_spec(false), 1, 0, 4);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> started;
+  int done = 0;
+  std::atomic<bool> release{false};
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    GenerateRequest r;
+    r.prompt_ids = {static_cast<int32_t>(10 + i), 20, 30};
+    r.max_tokens = 3;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    reqs.push_back(r);
+  }
+  for (int i = 0; i < 5; ++i) {
+    GenerateCallbacks cb;
+    cb.on_token = [&, i](const TokenEvent& e) {
+      if (e.token < 0) return;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (started.empty() || started.back() != i) started.push_back(i);
+      }
+      // Hold the first request's slot until every other request has been queued.
+      if (i == 0) {
+        while (!release.load()) std::this_thread::yield();
+      }
+    };
+    cb.on_done = [&](Result<GenerateResult> r) {
+      EXPECT_TRUE(r.ok());
+      std::lock_guard<std::mutex> lock(mu);
+      ++done;
+      cv.notify_all();
+    };
+    submit(*m, reqs[static_cast<size_t>(i)], std::move(cb), nullptr);
+    if (i == 0) {
+      // Wait until request 0 holds the slot (its first token), then queue the others behind it.
+      for (;;) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!started.empty()) break;
+      }
+    }
+  }
+  EXPECT_EQ(model_scheduler_stats(*m).queued, 4);
+  bool refused = false;
+  GenerateCallbacks extra;
+  extra.on_done = [&](Result<GenerateResult> r) {
+    refused = true;
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, "busy");
+  };
+  submit(*m, reqs[0], std::move(extra), nullptr);
+  EXPECT_TRUE(refused);
+  release = true;
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == 5; });
+  EXPECT_EQ(started, (std::vector<int>{0, 1, 2, 3, 4}));
+}
+
+// Cancelling one of several running sequences ends it with "cancelled" and leaves the others' output as
+// it is alone.
+TEST_F(SchedulerTest, CancellingOneLeavesTheOthersUnchanged) {
+  const TinySpec s = q4k_spec(false);
+  std::mt19937 rng(9);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r = random_request(rng, s.n_vocab);
+    r.max_tokens = 20;
+    reqs.push_back(r);
+  }
+  std::vector<GenerateResult> alone;
+  for (const auto& r : reqs) {
+    auto m = load(s, 1);
+    alone.push_back(*generate(*m, r, nullptr, nullptr));
+  }
+  auto m = load(s, 4);
+  std::atomic<bool> cancel{false};
+  std::vector<Result<GenerateResult>> out(4, make_error("unset", ""));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      int seen = 0;
+      auto on_token = [&](const TokenEvent&) {
+        if (i == 2 && ++seen == 3) cancel = true;
+      };
+      out[i] = generate(*m, reqs[i], on_token, i == 2 ? &cancel : nullptr);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(out[i].ok());
+    if (i == 2) {
+      EXPECT_EQ(out[i]->finish_reason, "cancelled");
+      EXPECT_LT(out[i]->tokens.size(), 20u);
+    } else {
+      expect_same(alone[i], *out[i], i);
+    }
+  }
+}
+
+TEST_F(SchedulerTest, RefusedRequestsAnswerBeforeSubmitReturns) {
+  auto m = load(q4k_spec(false), 2);
+  GenerateRequest r;
+  r.prompt_ids = {1, 2, 3};
+  r.max_tokens = 1000;  // > context 128
+  bool called = false;
+  GenerateCallbacks cb;
+  cb.on_done = [&](Result<GenerateResult> res) {
+    called = true;
+    ASSERT_FALSE(res.ok());
+    EXPECT_EQ(res.error().code, "context_overflow");
+  };
+  submit(*m, r, std::move(cb), nullptr);
+  EXPECT_TRUE(called);
+}
+
+// The memory a model with N sequences is charged (estimate) equals what it reports loaded, and counts a
+// KV cache per sequence.
+TEST_F(SchedulerTest, MemoryChargesEverySequencesCache) {
+  const TinySpec s = q4k_spec(false);
+  auto one = load(s, 1);
+  auto four = load(s, 4);
+  const MemoryBreakdown m1 = model_memory(*one);
+  const MemoryBreakdown m4 = model_memory(*four);
+  EXPECT_EQ(m4.kv_cache, 4 * m1.kv_cache);
+  EXPECT_EQ(m4.logits, 4 * m1.logits);
+  LoadOptions o;
+  o.context_length = 128;
+  o.parallel = 4;
+  auto est = estimate_memory((dir_ / "m1.gguf").string(), o);
+  ASSERT_TRUE(est.ok());
+  EXPECT_EQ(est->total(), m4.total());
+}
+
+}  // namespace
+}  // namespace car::engine
