@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "config/env_file.h"
+#include "config/http_address.h"
 #include "core/util/result.h"
 #include "core/util/stream_experts.h"
 
@@ -82,6 +83,9 @@ struct SystemFacts {
 };
 
 inline constexpr std::uint64_t kMiB = 1024 * 1024;
+
+/// The NDJSON socket's variable, which messages about the socket path name.
+inline constexpr std::string_view kSocketVariable = "CAR_INFERENCE_SOCKET";
 
 /// The built-in defaults, each written once: Settings starts from them, and so do the daemon's
 /// ServerOptions that tests build directly. docs/configuration.md shows them through setting_table().
@@ -143,8 +147,8 @@ struct Settings {
   std::uint64_t max_pending_output_mb =
       defaults::max_pending_output_mb;  ///< CAR_INFERENCE_MAX_PENDING_OUTPUT_MB (live)
   /// CAR_INFERENCE_HTTP: the OpenAI-compatible HTTP front's address (`HOST:PORT`, `[V6]:PORT`,
-  /// `unix:/PATH`); empty: off.
-  std::string http;
+  /// `unix:/PATH`), parsed; nullopt: off.
+  std::optional<HttpAddress> http;
   std::filesystem::path http_api_key_file;  ///< CAR_INFERENCE_HTTP_API_KEY_FILE; empty: no key
 
   std::optional<std::filesystem::path> config_file;  ///< the file that was read, if any

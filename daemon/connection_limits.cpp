@@ -47,30 +47,33 @@ void ConnectionLimits::apply(const LiveSettings& live) {
   cap_ = cap;
 }
 
-std::string ConnectionLimits::refusal(uid_t uid) const {
+std::string ConnectionLimits::refusal(std::optional<uid_t> uid) const {
   if (open_ >= cap_) {
     return "car-inferenced already serves " + std::to_string(open_) +
            " connections (CAR_INFERENCE_MAX_CONNECTIONS=" + std::to_string(cap_) +
            "); close one or retry later";
   }
-  auto it = per_uid_.find(uid);
+  if (!uid) return {};
+  auto it = per_uid_.find(*uid);
   if (it != per_uid_.end() && it->second >= live_.max_connections_per_uid) {
-    return "uid " + std::to_string(uid) + " already has " + std::to_string(it->second) +
+    return "uid " + std::to_string(*uid) + " already has " + std::to_string(it->second) +
            " connections open (CAR_INFERENCE_MAX_CONNECTIONS_PER_UID=" +
            std::to_string(live_.max_connections_per_uid) + "); close one or retry later";
   }
   return {};
 }
 
-void ConnectionLimits::opened(uid_t uid) {
+void ConnectionLimits::opened(std::optional<uid_t> uid) {
   ++open_;
-  ++per_uid_[uid];
+  if (uid) ++per_uid_[*uid];
 }
 
-void ConnectionLimits::closed(uid_t uid) {
+void ConnectionLimits::closed(std::optional<uid_t> uid) {
   if (open_ > 0) --open_;
-  auto it = per_uid_.find(uid);
-  if (it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
+  if (uid) {
+    auto it = per_uid_.find(*uid);
+    if (it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
+  }
   ++closed_since_;
 }
 

@@ -6,8 +6,9 @@
 // The connection cap is lowered to fit the process's open-file limit (fit_connection_cap), so connections
 // can never use up the descriptors that model loads, `list` and the journal need.
 //
-// Owned by the Service; every member runs on the io thread (no lock). Sessions report to it as they open,
-// queue and write replies, and close.
+// Owned by the ConnectionManager and shared by both fronts: the listener (daemon/listener.h) admits every
+// connection against it and counts it open; the front's connections report queued and written output and
+// their close. Every member runs on the io thread (no lock).
 #pragma once
 
 #include <sys/types.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -41,10 +43,11 @@ class ConnectionLimits {
   /// Take new limits (SIGHUP). Connections already open stay open even when above a lowered cap.
   void apply(const LiveSettings& live);
 
-  /// Why a new connection from `uid` must be refused; empty when it may be admitted.
-  std::string refusal(uid_t uid) const;
-  void opened(uid_t uid);
-  void closed(uid_t uid);
+  /// Why a new connection from `uid` must be refused; empty when it may be admitted. Both fronts' connections
+  /// count against one cap; a peer without a known uid (TCP) against the cap only.
+  std::string refusal(std::optional<uid_t> uid) const;
+  void opened(std::optional<uid_t> uid);
+  void closed(std::optional<uid_t> uid);
   void count_refusal() { ++refused_; }
   void count_line_timeout() { ++line_timeouts_; }
   void count_output_overflow() { ++output_overflows_; }
@@ -60,6 +63,20 @@ class ConnectionLimits {
   std::size_t max_per_uid() const { return live_.max_connections_per_uid; }
   std::chrono::seconds line_timeout() const { return live_.line_timeout; }
   std::size_t max_pending_output() const { return live_.max_pending_output_bytes; }
+
+  // The output rule, one for both fronts. A connection's held output is what it queued for its client
+  // and has not written yet. At max_pending_output() a front stops taking requests (reading resumes below
+  // half of it); a stream whose next event would take the held output past twice it is cancelled with
+  // `output_overflow` instead of paused, since a paused generation keeps its model and a worker.
+  /// Stop reading requests: the client leaves this much of the connection's output unread.
+  bool pause_reading(std::size_t held) const { return held >= max_pending_output(); }
+  /// Reading may resume.
+  bool resume_reading(std::size_t held) const { return held < max_pending_output() / 2; }
+  /// The held output past which a stream is cancelled: twice max_pending_output().
+  std::size_t overflow_bound() const { return 2 * max_pending_output(); }
+  /// Would `more` bytes of a stream on a connection holding `held` pass overflow_bound()?
+  bool overflows(std::size_t held, std::size_t more) const { return held + more > overflow_bound(); }
+
   std::size_t open() const { return open_; }
   uint64_t fd_limit() const { return fd_limit_; }
 

@@ -13,7 +13,7 @@ ConnectionManager::ConnectionManager(const LiveSettings& live) : limits_(live, c
 ConnectionManager::~ConnectionManager() = default;
 
 void ConnectionManager::start(const std::shared_ptr<Session>& session) {
-  if (sessions_.insert(session).second) limits_.opened(session->peer().uid);
+  sessions_.insert(session);  // the listener counted it open in limits_
   session->start();
 }
 

@@ -1,7 +1,8 @@
-// ConnectionManager: owns the open sessions (NDJSON connections) and the connection limits they are
-// counted against, as Asio's HTTP server example keeps its connections in a connection_manager apart from
-// the request_handler. The server admits a connection through it; a session reports here, not to the
-// request handler, when it has closed; shutdown cancels and closes every session through it.
+// ConnectionManager: owns the open sessions (NDJSON connections) and the connection limits (which the HTTP
+// front's connections count against too), as Asio's HTTP server example keeps its connections in a
+// connection_manager apart from the request_handler. The listener admits a connection against its limits;
+// a session reports here, not to the request handler, when it has closed; shutdown cancels and closes
+// every session through it.
 //
 // Every member runs on the io thread (no lock).
 #pragma once
@@ -24,7 +25,7 @@ class ConnectionManager {
   ConnectionManager(const ConnectionManager&) = delete;
   ConnectionManager& operator=(const ConnectionManager&) = delete;
 
-  /// Count `session` as open and start it.
+  /// Keep `session` (admitted and counted open by the listener) and start it.
   void start(const std::shared_ptr<Session>& session);
   /// `session` has closed its socket: forget it (the session calls this once).
   void closed(const std::shared_ptr<Session>& session);

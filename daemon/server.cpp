@@ -1,49 +1,44 @@
 #include "daemon/server.h"
 
 #include <malloc.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <vector>
 
 #include "core/util/error_codes.h"
 #include "daemon/model_resolver.h"
-#include "daemon/peer_credentials.h"
 #include "daemon/protocol.h"
 #include "daemon/session.h"
-#include "daemon/socket_file.h"
 #include "daemon/systemd_notify.h"
 
 namespace car::daemon {
 
 namespace asio = boost::asio;
-using asio::local::stream_protocol;
 using namespace std::chrono_literals;
-
-namespace {
-
-constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
-
-}  // namespace
 
 Server::Server(ServerOptions options, ModelRuntime& runtime, CacheClock cache_clock,
                const TimerClock& timer_clock)
     : options_(std::move(options)),
       runtime_(runtime),
-      acceptor_(io_),
       signals_(io_),
       timer_clock_(timer_clock),
       idle_timer_(io_.get_executor(), timer_clock),
       watchdog_timer_(io_),
       grace_timer_(io_.get_executor(), timer_clock),
       connections_(options_.live),
+      listener_(io_, connections_.limits(),
+                Listener::Options{.log_prefix = "conn",
+                                  .first_number = 1,
+                                  .allowed_uids = options_.allowed_uids,
+                                  .allowed_gids = options_.allowed_gids,
+                                  .refusal =
+                                      [](const std::string& why) {
+                                        return protocol::error_line(
+                                                   nullptr, protocol::code::kTooManyConnections, why) +
+                                               "\n";
+                                      }}),
       handler_(std::make_unique<RequestHandler>(io_, options_, runtime_, connections_.limits(),
                                                 std::move(cache_clock))) {}
 
@@ -56,7 +51,7 @@ Result<void> Server::open() {
   // Before listening: once a client can connect, the warning is already in the log.
   warn_about_models_dir();
   if (auto ok = open_ndjson(); !ok) return ok;
-  if (options_.http.address.empty() && !options_.http.listen_fd) return {};
+  if (!options_.http.address && !options_.http.listen_fd) return {};
   // The HTTP front shares the socket's models, allow-list and limits.
   http::HttpOptions h = options_.http;
   h.models_dir = options_.models_dir;
@@ -64,45 +59,30 @@ Result<void> Server::open() {
   h.allowed_uids = options_.allowed_uids;
   h.allowed_gids = options_.allowed_gids;
   h.max_body_bytes = options_.max_line_bytes;
-  h.max_connections = options_.live.max_connections;
   // GET /metrics: the Prometheus page (io thread, as metrics_text() requires).
   if (!h.metrics) h.metrics = [this] { return handler_->metrics_text(); };
   http_ = std::make_unique<http::HttpFront>(io_, *handler_, connections_.limits(), std::move(h));
   if (auto ok = http_->open(); !ok) {
     http_.reset();
-    boost::system::error_code ec;
-    acceptor_.close(ec);
-    remove_owned_socket_file(socket_file_);
+    listener_.remove_socket_file();
     return ok;
   }
   return {};
 }
 
 Result<void> Server::open_ndjson() {
-  boost::system::error_code ec;
   if (options_.listen_fd) {
-    acceptor_.assign(stream_protocol(), *options_.listen_fd, ec);
-    if (ec) return make_error(errc::kListenFailed, "cannot adopt the socket-activation fd: " + ec.message());
+    if (auto ok = listener_.adopt(*options_.listen_fd, "the socket"); !ok) return ok;
+    if (!listener_.unix_socket()) {
+      listener_.close();
+      return make_error(errc::kListenFailed, "the socket passed by systemd is not a Unix socket");
+    }
     spdlog::info("listening on the socket passed by systemd (fd {})", *options_.listen_fd);
     return {};
   }
   const std::string path = options_.socket_path.string();
   if (path.empty()) return make_error(errc::kListenFailed, "no socket path configured (CAR_INFERENCE_SOCKET)");
-  // Resolve the group before the socket file exists, so a bad group leaves nothing behind.
-  std::optional<gid_t> gid;
-  if (!options_.socket_group.empty()) {
-    auto g = resolve_group(options_.socket_group);
-    if (!g) return make_error(g.error().code, "socket group: " + g.error().message);
-    gid = *g;
-  }
-  auto fd = listen_unix(path, gid, "the socket", socket_file_);
-  if (!fd) return fd.error();
-  acceptor_.assign(stream_protocol(), *fd, ec);
-  if (ec) {
-    ::close(*fd);
-    remove_owned_socket_file(socket_file_);
-    return make_error(errc::kListenFailed, "cannot adopt the socket on " + path + ": " + ec.message());
-  }
+  if (auto ok = listener_.listen_unix(path, options_.socket_group, "the socket"); !ok) return ok;
   spdlog::info("listening on {} (mode 0660{}{})", path, options_.socket_group.empty() ? "" : ", group ",
                options_.socket_group);
   return {};
@@ -134,7 +114,8 @@ int Server::run() {
     signals_.add(SIGHUP);
     wait_signals();
   }
-  asio::co_spawn(io_, accept_loop(), asio::detached);
+  listener_.start(
+      [this](Listener::Socket socket, const Listener::Peer& peer) { admit(std::move(socket), peer); });
   if (http_) http_->start();
   arm_idle_timer();
   if (auto period = systemd::watchdog_interval()) arm_watchdog(*period);
@@ -152,11 +133,7 @@ int Server::run() {
     code = 1;
   }
   handler_->run_shutdown_hooks();
-  if (socket_file_.owned()) {
-    boost::system::error_code ec;
-    acceptor_.close(ec);
-    remove_owned_socket_file(socket_file_);
-  }
+  listener_.remove_socket_file();
   spdlog::info("car-inferenced stopped");
   return code;
 }
@@ -165,44 +142,10 @@ void Server::request_stop() {
   asio::post(io_, [this] { begin_shutdown("stop requested"); });
 }
 
-asio::awaitable<void> Server::accept_loop() {
-  asio::steady_timer backoff(io_);
-  while (acceptor_.is_open() && !stopping_) {
-    auto [ec, socket] = co_await acceptor_.async_accept(kTuple);
-    if (stopping_ || ec == asio::error::operation_aborted) break;
-    if (ec) {
-      spdlog::warn("accept failed: {} (retrying)", ec.message());
-      backoff.expires_after(100ms);
-      co_await backoff.async_wait(kTuple);
-      continue;
-    }
-    auto creds = peer_credentials(socket.native_handle());
-    if (!creds) {
-      spdlog::warn("rejecting a connection: {}", creds.error().message);
-      continue;  // `socket` closes here
-    }
-    const uint64_t number = next_session_++;
-    if (!peer_allowed(*creds, options_.allowed_uids, options_.allowed_gids)) {
-      spdlog::warn("conn {}: rejected peer {} (not in the allow-list)", number, creds->to_string());
-      continue;
-    }
-    auto& limits = connections_.limits();
-    if (std::string why = limits.refusal(creds->uid); !why.empty()) {
-      // One error line, then close. The socket is new, so its send buffer has room: no blocking.
-      limits.count_refusal();
-      const std::string line = protocol::error_line(nullptr, protocol::code::kTooManyConnections, why) + "\n";
-      (void)::send(socket.native_handle(), line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_refusal_log_ >= 1s) {  // a flood of refusals logs once a second
-        last_refusal_log_ = now;
-        spdlog::warn("conn {}: refused peer {}: {}", number, creds->to_string(), why);
-      }
-      continue;  // `socket` closes here
-    }
-    spdlog::info("conn {}: accepted peer {}", number, creds->to_string());
-    connections_.start(std::make_shared<Session>(std::move(socket), *handler_, connections_, *creds, number,
-                                                 options_.max_line_bytes, timer_clock_));
-  }
+void Server::admit(Listener::Socket socket, const Listener::Peer& peer) {
+  // A Unix socket: the listener read the peer's credentials.
+  connections_.start(std::make_shared<Session>(std::move(socket), *handler_, connections_, *peer.credentials,
+                                               peer.number, options_.max_line_bytes, timer_clock_));
 }
 
 void Server::arm_idle_timer(std::optional<std::chrono::nanoseconds> next_due) {
@@ -268,8 +211,7 @@ void Server::begin_shutdown(const char* why) {
   if (stopping_) return;
   stopping_ = true;
   systemd::notify_stopping();
-  boost::system::error_code ec;
-  acceptor_.close(ec);
+  listener_.close();
   if (http_) http_->stop_accepting();
   idle_timer_.cancel();
   spdlog::info("{}: shutting down ({} request(s) in flight, grace {} ms)", why, handler_->in_flight(),

@@ -1,5 +1,5 @@
 // Server: car-inferenced's top-level object. Owns the io_context and everything that runs on its one
-// thread - the acceptor, the signal_set, the idle-eviction, watchdog and grace timers, the
+// thread - the NDJSON socket's Listener, the signal_set, the idle-eviction, watchdog and grace timers, the
 // ConnectionManager (the NDJSON sessions and their limits) and the RequestHandler (dispatch, cache, worker
 // pool). Heavy work never runs on the io thread.
 //
@@ -9,8 +9,9 @@
 // file it created (open() removes it too when it fails after binding). SIGHUP re-reads the live settings.
 // run() returns 0 on a clean shutdown.
 //
-// Connections: a peer outside the allow-list is dropped; one past CAR_INFERENCE_MAX_CONNECTIONS (or its
-// uid's share) gets one `too_many_connections` line and is closed (ConnectionLimits). The idle sweep gives
+// Connections: admitted by the Listener both fronts share (daemon/listener.h): a peer outside the
+// allow-list is dropped; one past CAR_INFERENCE_MAX_CONNECTIONS (or its uid's share; both fronts count) gets
+// one `too_many_connections` line and is closed (ConnectionLimits). The idle sweep gives
 // freed heap memory back to the system after connections closed (malloc_trim).
 //
 // Thread safety: open() and run() from one thread; request_stop() from any thread.
@@ -24,10 +25,10 @@
 #include "core/util/result.h"
 #include "daemon/connection_manager.h"
 #include "daemon/http/http_server.h"
+#include "daemon/listener.h"
 #include "daemon/model_runtime.h"
 #include "daemon/request_handler.h"
 #include "daemon/server_options.h"
-#include "daemon/socket_file.h"
 #include "daemon/timer_clock.h"
 
 namespace car::daemon {
@@ -56,7 +57,8 @@ class Server {
 
  private:
   Result<void> open_ndjson();
-  boost::asio::awaitable<void> accept_loop();
+  /// Start a session for a connection the listener admitted.
+  void admit(Listener::Socket socket, const Listener::Peer& peer);
   /// Arm the idle sweep: its usual period, or sooner when a model's keep-alive ends in `next_due`.
   void arm_idle_timer(std::optional<std::chrono::nanoseconds> next_due = std::nullopt);
   void arm_watchdog(std::chrono::microseconds period);
@@ -73,20 +75,17 @@ class Server {
   // Declared before everything that uses its executor. One thread runs it (hint 1): handlers posted from
   // that thread skip the scheduler's lock and wake-ups; workers still post to it safely.
   boost::asio::io_context io_{1};
-  boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::signal_set signals_;
   const TimerClock& timer_clock_;
   Timer idle_timer_;
   boost::asio::steady_timer watchdog_timer_;
   Timer grace_timer_;  // the shutdown grace, then the flush before the forced close
   ConnectionManager connections_;  // before handler_, which reads its counts for `stats`
+  Listener listener_;              // the NDJSON socket; admits against connections_.limits()
   std::unique_ptr<RequestHandler> handler_;
   std::unique_ptr<http::HttpFront> http_;  // the OpenAI-compatible HTTP front, when configured
-  OwnedSocketFile socket_file_;  // we bound it (not socket-activated): removed at exit while still ours
   bool stopping_ = false;
   bool finished_ = false;
-  uint64_t next_session_ = 1;
-  std::chrono::steady_clock::time_point last_refusal_log_{};
 };
 
 }  // namespace car::daemon

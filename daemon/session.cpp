@@ -31,7 +31,7 @@ std::array<char, 64 * 1024>& read_buffer() {
 }
 }  // namespace
 
-Session::Session(asio::local::stream_protocol::socket socket, RequestHandler& handler,
+Session::Session(asio::generic::stream_protocol::socket socket, RequestHandler& handler,
                  ConnectionManager& manager, PeerCredentials peer, uint64_t number,
                  std::size_t max_line_bytes, const TimerClock& timer_clock)
     : socket_(std::move(socket)),
@@ -80,23 +80,24 @@ void Session::send(std::string line) {
 
 void Session::token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) {
   if (closed_ || call->overflowed) return;
-  const std::size_t bound = manager_.limits().max_pending_output();
-  if (queued_bytes_ >= 2 * bound) {
+  std::string line = protocol::token_line(call->id, event);
+  auto& limits = manager_.limits();
+  if (limits.overflows(queued_bytes_, line.size() + 1)) {
     call->overflowed = true;
     call->cancelled.store(true);
-    manager_.limits().count_output_overflow();
+    limits.count_output_overflow();
     spdlog::info("conn {}: {} bytes of replies unread (bound {}): cancelling streamed request id={}", number_,
-                 queued_bytes_, bound, log_id(call->id));
+                 queued_bytes_, limits.overflow_bound(), log_id(call->id));
     return;
   }
-  send(protocol::token_line(call->id, event));
+  send(std::move(line));
 }
 
 void Session::reply(const json& id, const std::shared_ptr<Call>& call, Reply reply) {
   if (call && call->overflowed) {
     send(protocol::error_line(
         id, protocol::code::kOutputOverflow,
-        "cancelled: the client left more than " + std::to_string(2 * manager_.limits().max_pending_output()) +
+        "cancelled: the client left more than " + std::to_string(manager_.limits().overflow_bound()) +
             " bytes of replies unread on this connection (twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB); read "
             "replies as they arrive"));
   } else if (reply.ok && reply.infer) {
@@ -230,11 +231,11 @@ awaitable<void> Session::reader() {
         if (closed_ || reading_done_) co_return;
       }
       // Backpressure: take no new request while the client leaves this much of our output unread.
-      if (queued_bytes_ >= manager_.limits().max_pending_output()) {
+      if (manager_.limits().pause_reading(queued_bytes_)) {
         paused_ = true;
         update_line_timer(false);
         spdlog::debug("conn {}: {} bytes of replies unread: reading paused", number_, queued_bytes_);
-        while (!closed_ && !reading_done_ && queued_bytes_ >= manager_.limits().max_pending_output() / 2) {
+        while (!closed_ && !reading_done_ && !manager_.limits().resume_reading(queued_bytes_)) {
           co_await drain_signal_.async_wait(kTuple);
           drain_signal_.expires_at(asio::steady_timer::time_point::max());
         }
@@ -295,7 +296,7 @@ awaitable<void> Session::writer() {
     writing_ = false;
     if (closed_) break;
     account(-static_cast<std::ptrdiff_t>(batch.size()));
-    if (paused_ && queued_bytes_ < manager_.limits().max_pending_output() / 2) drain_signal_.cancel();
+    if (paused_ && manager_.limits().resume_reading(queued_bytes_)) drain_signal_.cancel();
     if (ec) {
       spdlog::debug("conn {}: write error: {} - cancelling its requests", number_, ec.message());
       break;

@@ -15,10 +15,11 @@
 //   fills it is followed at once by a read into the io thread's shared 64 KiB buffer. A chunk that fits is
 //   taken off the socket only after its requests were handled, so a client waiting for its reply is woken
 //   once, by the reply (see reader()).
-// - Backpressure: while the replies queued and not yet written reach max_pending_output, the reader stops
-//   taking requests (the kernel's buffers then fill and the client's writes block); it resumes when the
-//   client has read the queue down to half. A streamed request whose token arrives while the queue holds
-//   twice the bound is cancelled; its final reply becomes error `output_overflow`.
+// - Backpressure (ConnectionLimits' output rule, the HTTP front's too): while the replies queued and not yet
+//   written reach max_pending_output, the reader stops taking requests (the kernel's buffers then fill and
+//   the client's writes block); it resumes when the client has read the queue down to half. A streamed
+//   request whose next token line would take the queue past twice the bound is cancelled; its final reply
+//   becomes error `output_overflow`.
 // - A request line left incomplete for line_timeout is answered with `line_timeout` and the connection
 //   closed. A connection without a partial line is never timed out.
 #pragma once
@@ -44,7 +45,7 @@ class ConnectionManager;
 
 class Session final : public Client, public std::enable_shared_from_this<Session> {
  public:
-  Session(boost::asio::local::stream_protocol::socket socket, RequestHandler& handler,
+  Session(boost::asio::generic::stream_protocol::socket socket, RequestHandler& handler,
           ConnectionManager& manager, PeerCredentials peer, uint64_t number, std::size_t max_line_bytes,
           const TimerClock& timer_clock = steady_timer_clock());
 
@@ -80,7 +81,7 @@ class Session final : public Client, public std::enable_shared_from_this<Session
   void update_line_timer(bool in_line);
   void line_timed_out();
 
-  boost::asio::local::stream_protocol::socket socket_;
+  boost::asio::generic::stream_protocol::socket socket_;
   boost::asio::steady_timer write_signal_;  // expires at max; cancelled to wake the writer
   boost::asio::steady_timer
       drain_signal_;                      // expires at max; cancelled to wake a reader paused by backpressure

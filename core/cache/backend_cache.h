@@ -50,6 +50,11 @@
 // runs or a backend is destroyed; the members it guards are annotated (core/util/thread_annotations.h) so
 // Clang's -Wthread-safety checks every access. Each entry has its own mutex for the backend itself. The
 // clock is injectable so idle eviction is tested without sleeping; it must be callable from any thread.
+//
+// Files. The entry and its lease: cached_backend.h; the per-model lock: model_mutex.h; running estimates and
+// loaders: cache_loader.h; what the cache reports (stats, LoadInfo, eviction causes, listeners):
+// cache_stats.h. This file holds the cache itself: the map and LRU list, the loads in flight, charging,
+// capacity and idle eviction.
 #pragma once
 
 #include <algorithm>
@@ -58,359 +63,25 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <exception>
-#include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "core/cache/cache_loader.h"
+#include "core/cache/cache_stats.h"
+#include "core/cache/cached_backend.h"
+#include "core/cache/model_mutex.h"
 #include "core/util/error_codes.h"
 #include "core/util/result.h"
 #include "core/util/thread_annotations.h"
 
 namespace car {
-
-/// The per-model request lock: a TimedLockable (lock, try_lock, try_lock_for, unlock) built from a mutex
-/// and a condition variable. std::timed_mutex would do the same, but libstdc++ 12 implements its timed waits
-/// with pthread_mutex_clocklock, which ThreadSanitizer does not intercept, so TSan then reports every unlock
-/// as the unlock of an unlocked mutex. Not recursive; waiters are not queued in order.
-class ModelMutex {
- public:
-  void lock() {
-    MutexLock guard(m_);
-    cv_.wait(guard, [&]() CAR_REQUIRES(m_) { return !held_; });
-    held_ = true;
-  }
-  bool try_lock() {
-    MutexLock guard(m_);
-    if (held_) return false;
-    held_ = true;
-    return true;
-  }
-  template <typename Rep, typename Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
-    MutexLock guard(m_);
-    if (!cv_.wait_for(guard, timeout, [&]() CAR_REQUIRES(m_) { return !held_; })) return false;
-    held_ = true;
-    return true;
-  }
-  void unlock() {
-    {
-      MutexLock guard(m_);
-      held_ = false;
-    }
-    cv_.notify_one();
-  }
-
- private:
-  Mutex m_;
-  std::condition_variable_any cv_;
-  bool held_ CAR_GUARDED_BY(m_) = false;
-};
-
-/// The cache's notion of "now". Defaults to std::chrono::steady_clock::now.
-using CacheClock = std::function<std::chrono::steady_clock::time_point()>;
-
-/// Why an entry left the cache.
-enum class EvictionCause { capacity, idle, invalidate, clear };
-
-/// "capacity", "idle", "invalidate" or "clear" (as `stats` and the metrics name them).
-inline const char* eviction_cause_name(EvictionCause cause) {
-  switch (cause) {
-    case EvictionCause::capacity:
-      return "capacity";
-    case EvictionCause::idle:
-      return "idle";
-    case EvictionCause::invalidate:
-      return "invalidate";
-    case EvictionCause::clear:
-      return "clear";
-  }
-  return "?";
-}
-
-/// Told about each entry that leaves the cache: why, its age since it was loaded, its bytes.
-using EvictionListener = std::function<void(EvictionCause cause, double age_seconds, std::uint64_t bytes)>;
-
-/// Told that the room the cache leaves in its budget (BackendCache::room_bytes) may have changed: called
-/// after the cache's lock is released, on the thread that changed it; it may call into the cache.
-using RoomListener = std::function<void()>;
-
-/// What one get_or_load / lease_or_load call did (optional out-parameter).
-struct LoadInfo {
-  bool hit = false;     ///< found cached (the protocol's `cached`)
-  bool waited = false;  ///< joined another caller's in-flight load of the same key
-  bool loaded = false;  ///< this call ran the loader
-  bool cached = false;  ///< the returned backend is retained by the cache (false when disabled/invalidated)
-  std::chrono::nanoseconds load_time{0};  ///< time spent loading or waiting for the load (0 on a hit)
-};
-
-/// A loaded backend and the bytes it really holds: what a loader returns to correct the charge its
-/// estimate made (the cache charges `size_bytes` from then on).
-template <typename T>
-struct Sized {
-  T backend;
-  std::uint64_t size_bytes = 0;
-};
-
-/// Entries and bytes removed by one eviction call.
-struct Evicted {
-  std::size_t entries = 0;
-  std::uint64_t bytes = 0;
-  bool operator==(const Evicted&) const = default;
-};
-
-/// One cached entry, as `stats`/`list` show it. Never refreshes the entry.
-struct CacheEntryInfo {
-  std::string key;
-  std::uint64_t size_bytes = 0;
-  bool in_use = false;       ///< at least one live lease
-  std::uint32_t leases = 0;  ///< live leases
-  double idle_seconds = 0;   ///< since the end of the last use (0 while in use)
-  double age_seconds = 0;    ///< since it was loaded
-  std::uint64_t hits = 0;    ///< cache hits on this entry
-  bool pinned = false;       ///< never evicted for idleness (set_pinned)
-  /// The idle TTL that applies to it (its keep-alive, else the cache's); nullopt: never evicted for
-  /// idleness (pinned, or no TTL at all).
-  std::optional<std::chrono::milliseconds> idle_ttl;
-  bool keep_alive_set = false;  ///< idle_ttl is the entry's own keep-alive, not the cache's TTL
-};
-
-/// Counters and the per-entry listing. Counters are cumulative since construction.
-struct CacheStats {
-  std::size_t entries = 0;
-  std::uint64_t total_bytes = 0;
-  std::uint64_t budget_bytes = 0;
-  std::optional<std::chrono::milliseconds> idle_ttl;  ///< nullopt: idle eviction disabled
-  std::uint64_t hits = 0;                             ///< calls served from the cache
-  std::uint64_t misses = 0;          ///< calls that did not find the key cached (incl. waiters)
-  std::uint64_t coalesced = 0;       ///< misses that waited for another caller's load
-  std::uint64_t loads = 0;           ///< loader invocations
-  std::uint64_t load_failures = 0;   ///< loader invocations that failed (error or exception)
-  std::size_t loading = 0;           ///< loads in flight right now
-  std::uint64_t reserved_bytes = 0;  ///< the estimates of the loads in flight (room kept for them)
-  std::uint64_t refused = 0;         ///< misses refused because the backend is larger than the budget
-  bool over_budget = false;  ///< entries in use hold more than the budget; trimmed as their leases end
-  std::uint64_t evictions_capacity = 0;
-  std::uint64_t evictions_idle = 0;
-  std::uint64_t evictions_invalidate = 0;
-  std::uint64_t evictions_clear = 0;
-  std::uint64_t evictions_total() const {
-    return evictions_capacity + evictions_idle + evictions_invalidate + evictions_clear;
-  }
-  std::size_t evicted_held_entries = 0;  ///< evicted entries some handle still holds
-  std::uint64_t evicted_held_bytes = 0;  ///< their bytes (released when the last handle drops)
-  double last_eviction_age_seconds = 0;  ///< age (since load) of the last evicted entry
-  double mean_eviction_age_seconds = 0;  ///< mean age at eviction over all evictions
-  std::vector<CacheEntryInfo> items;     ///< most recently used first
-};
-
-namespace cache_detail {
-
-/// State shared by the cache and every entry it created, so entries (and leases) outliving the cache
-/// still have a clock and a place to report their release.
-struct Core {
-  explicit Core(CacheClock c) : clock(std::move(c)) {}
-  Mutex mutex;  ///< the cache's one map mutex (guards BackendCache's members, see there)
-  const CacheClock clock;
-  std::atomic<std::size_t> evicted_held_entries{0};
-  std::atomic<std::uint64_t> evicted_held_bytes{0};
-  /// Set (under `mutex`) while the cached bytes exceed the budget because entries in use could not be
-  /// evicted; a lease ending then calls trim(). The cache raises it before reading lease counts and a lease
-  /// drops its count before reading it (all seq_cst), so a lease ending while the cache decides it cannot
-  /// evict that entry either sees the flag or is seen as ended.
-  std::atomic<bool> over_budget{false};
-  /// Evicts entries not in use until within budget, appending the dropped references; called with `mutex`
-  /// held; set by the cache, emptied by its destructor.
-  std::function<void(std::vector<std::shared_ptr<void>>&)> trim_locked CAR_GUARDED_BY(mutex);
-
-  /// Trim now (a lease ended while over budget). The dropped backends are released after unlocking.
-  void trim() {
-    std::vector<std::shared_ptr<void>> dropped;  // destroyed after `guard`
-    MutexLock guard(mutex);
-    if (trim_locked) trim_locked(dropped);
-  }
-};
-
-inline std::int64_t to_ns(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-
-inline double seconds_between(std::int64_t from_ns, std::int64_t to) {
-  return to > from_ns ? static_cast<double>(to - from_ns) / 1e9 : 0.0;
-}
-
-}  // namespace cache_detail
-
-template <typename T>
-class BackendCache;
-template <typename T>
-class BackendLease;
-
-/// One loaded backend plus its own mutex. Owned through std::shared_ptr (the Handle); the cache holds one
-/// reference while the entry is cached.
-template <typename T>
-class CachedBackend : public std::enable_shared_from_this<CachedBackend<T>> {
- public:
-  CachedBackend(const CachedBackend&) = delete;
-  CachedBackend& operator=(const CachedBackend&) = delete;
-  ~CachedBackend() {
-    if (evicted_.load(std::memory_order_acquire)) {
-      core_->evicted_held_entries.fetch_sub(1, std::memory_order_relaxed);
-      core_->evicted_held_bytes.fetch_sub(size_bytes_, std::memory_order_relaxed);
-    }
-  }
-
-  /// The backend. Callers serialize access with lock() (or a lease's lock()).
-  T& backend() { return backend_; }
-  const T& backend() const { return backend_; }
-  /// The backend's own mutex (not the cache's).
-  ModelMutex& mutex() { return mutex_; }
-  /// Lock the backend for one request: `auto lock = handle->lock();`.
-  [[nodiscard]] std::unique_lock<ModelMutex> lock() { return std::unique_lock<ModelMutex>(mutex_); }
-  /// Lock the backend unless `stop` becomes true first (checked every `poll` while another request holds
-  /// it): a request queued behind another on the same model can be cancelled while it waits. The returned
-  /// lock does not own the mutex when `stop` won.
-  [[nodiscard]] std::unique_lock<ModelMutex> lock_unless(
-      const std::atomic<bool>& stop, std::chrono::milliseconds poll = std::chrono::milliseconds(10)) {
-    std::unique_lock<ModelMutex> lock(mutex_, std::defer_lock);
-    while (!stop.load(std::memory_order_acquire)) {
-      if (lock.try_lock_for(poll)) return lock;
-    }
-    return lock;
-  }
-
-  /// Mark the entry in use until the returned lease dies (it is then idle from that moment).
-  [[nodiscard]] BackendLease<T> acquire();
-
-  const std::string& key() const { return key_; }
-  std::uint64_t size_bytes() const { return size_bytes_; }
-  bool in_use() const { return leases_.load(std::memory_order_acquire) > 0; }
-  /// True once the cache dropped its reference (the handle still works).
-  bool evicted() const { return evicted_.load(std::memory_order_acquire); }
-  /// This entry's own idle TTL from now on (a request's keep-alive; zero: expire as soon as it is not in
-  /// use); nullopt: the cache's TTL again. The last caller wins. Pinned keys ignore it.
-  void set_keep_alive(std::optional<std::chrono::milliseconds> ttl) {
-    keep_alive_ms_.store(ttl ? std::max<std::int64_t>(0, ttl->count()) : kNoKeepAlive,
-                         std::memory_order_release);
-  }
-  /// The entry's own idle TTL; nullopt when it follows the cache's.
-  std::optional<std::chrono::milliseconds> keep_alive() const {
-    const std::int64_t ms = keep_alive_ms_.load(std::memory_order_acquire);
-    if (ms == kNoKeepAlive) return std::nullopt;
-    return std::chrono::milliseconds(ms);
-  }
-
- private:
-  friend class BackendCache<T>;
-  friend class BackendLease<T>;
-  struct Private {};
-
- public:
-  /// Constructed by BackendCache only (Private is inaccessible elsewhere).
-  CachedBackend(Private, std::shared_ptr<cache_detail::Core> core, std::string key, std::uint64_t size_bytes,
-                T backend, std::int64_t now_ns)
-      : core_(std::move(core)),
-        key_(std::move(key)),
-        size_bytes_(size_bytes),
-        backend_(std::move(backend)),
-        loaded_ns_(now_ns),
-        last_used_ns_(now_ns) {}
-
- private:
-  void release_lease() {
-    // Record the end of use before the count drops, so a sweep that sees 0 leases sees the new time.
-    last_used_ns_.store(cache_detail::to_ns(core_->clock()), std::memory_order_release);
-    leases_.fetch_sub(1);  // seq_cst: pairs with Core::over_budget (see there)
-    if (core_->over_budget.load()) core_->trim();
-  }
-  void touch(std::int64_t now_ns) { last_used_ns_.store(now_ns, std::memory_order_release); }
-  // Called with core_->mutex held, exactly once.
-  void mark_evicted() {
-    core_->evicted_held_entries.fetch_add(1, std::memory_order_relaxed);
-    core_->evicted_held_bytes.fetch_add(size_bytes_, std::memory_order_relaxed);
-    evicted_.store(true, std::memory_order_release);
-  }
-
-  const std::shared_ptr<cache_detail::Core> core_;
-  const std::string key_;
-  const std::uint64_t size_bytes_;
-  ModelMutex mutex_;  ///< serializes requests on backend_ (taken by callers, never by the cache)
-  T backend_;
-  const std::int64_t loaded_ns_;
-  // Leases are taken under core_->mutex (so a sweep holding it sees a consistent count) and released
-  // without it. last_used_ns_ is written on hits (under core_->mutex) and on lease release.
-  std::atomic<std::uint32_t> leases_{0};
-  std::atomic<std::int64_t> last_used_ns_;
-  // Counted under the cache's mutex; atomic (relaxed) so that need not be proved to the thread-safety
-  // analysis, which cannot tell that an entry's core_ is its cache's.
-  std::atomic<std::uint64_t> hits_{0};
-  std::atomic<bool> evicted_{false};
-  static constexpr std::int64_t kNoKeepAlive = -1;
-  std::atomic<std::int64_t> keep_alive_ms_{kNoKeepAlive};  ///< set_keep_alive; kNoKeepAlive: the cache's TTL
-};
-
-/// RAII "in use" mark on one backend, held for the length of a request. Move-only; holds the handle, so
-/// the backend stays alive while the lease does.
-template <typename T>
-class BackendLease {
- public:
-  using Handle = std::shared_ptr<CachedBackend<T>>;
-  BackendLease() = default;
-  BackendLease(BackendLease&& other) noexcept : entry_(std::move(other.entry_)) {}
-  BackendLease& operator=(BackendLease&& other) noexcept {
-    if (this != &other) {
-      reset();
-      entry_ = std::move(other.entry_);
-    }
-    return *this;
-  }
-  BackendLease(const BackendLease&) = delete;
-  BackendLease& operator=(const BackendLease&) = delete;
-  ~BackendLease() { reset(); }
-
-  /// End the use now (idle time starts counting from here).
-  void reset() {
-    if (entry_) {
-      entry_->release_lease();
-      entry_.reset();
-    }
-  }
-  explicit operator bool() const { return entry_ != nullptr; }
-  const Handle& handle() const { return entry_; }
-  CachedBackend<T>* operator->() const { return entry_.get(); }
-  T& backend() const { return entry_->backend(); }
-  [[nodiscard]] std::unique_lock<ModelMutex> lock() const { return entry_->lock(); }
-  [[nodiscard]] std::unique_lock<ModelMutex> lock_unless(
-      const std::atomic<bool>& stop, std::chrono::milliseconds poll = std::chrono::milliseconds(10)) const {
-    return entry_->lock_unless(stop, poll);
-  }
-
- private:
-  friend class CachedBackend<T>;
-  friend class BackendCache<T>;
-  // Takes ownership of one already-counted lease on `entry`.
-  explicit BackendLease(Handle entry) : entry_(std::move(entry)) {}
-  Handle entry_;
-};
-
-template <typename T>
-BackendLease<T> CachedBackend<T>::acquire() {
-  {
-    MutexLock guard(core_->mutex);
-    leases_.fetch_add(1, std::memory_order_acq_rel);
-  }
-  return BackendLease<T>(this->shared_from_this());
-}
 
 template <typename T>
 class BackendCache {
@@ -513,7 +184,7 @@ class BackendCache {
   /// keep-alive, else the cache's); pinned keys never. Meant to be driven by a timer. `next_due`, when given,
   /// receives how long until the next entry not in use would expire (nullopt: none would).
   Evicted evict_idle(std::optional<std::chrono::nanoseconds>* next_due = nullptr) {
-    RoomNotice notice{this};
+    RoomNotice notice{this, /*armed=*/false};  // a sweep that evicts nothing leaves the room as it was
     std::vector<Handle> dropped;
     Evicted out;
     std::optional<std::int64_t> soonest;
@@ -537,6 +208,7 @@ class BackendCache {
         dropped.push_back(evict_locked(map_.find(e->key()), EvictionCause::idle, now));
       }
     }
+    notice.armed = out.entries != 0;
     if (next_due != nullptr) {
       *next_due = soonest ? std::optional<std::chrono::nanoseconds>(std::chrono::nanoseconds(*soonest))
                           : std::nullopt;
@@ -548,7 +220,7 @@ class BackendCache {
   /// TTL - at once for a keep-alive of 0, which is what a request asking to unload its model afterwards
   /// calls this for. Returns whether it was evicted.
   bool evict_if_expired(std::string_view key) {
-    RoomNotice notice{this};
+    RoomNotice notice{this, /*armed=*/false};  // told only when the entry really leaves
     Handle dropped;  // released after the lock
     MutexLock guard(core_->mutex);
     auto it = map_.find(std::string(key));
@@ -559,6 +231,7 @@ class BackendCache {
     const std::int64_t now = now_ns();
     if (!ttl_ns || now - e->last_used_ns_.load(std::memory_order_acquire) < *ttl_ns) return false;
     dropped = evict_locked(it, EvictionCause::idle, now);
+    notice.armed = true;
     guard.unlock();
     return true;
   }
@@ -713,74 +386,6 @@ class BackendCache {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(*ttl).count();
   }
 
-  template <typename X>
-  struct is_sized : std::false_type {};
-  template <typename X>
-  struct is_sized<Sized<X>> : std::true_type {};
-
-  // The loader's outcome as a Sized<T>; `size_bytes` is nullopt when the loader did not measure it.
-  struct Loaded {
-    T backend;
-    std::optional<std::uint64_t> size_bytes;
-  };
-
-  template <typename Loader>
-  static Result<Loaded> run_loader(Loader& loader) {
-    using R = std::invoke_result_t<Loader&>;
-    try {
-      if constexpr (std::is_convertible_v<R, Result<Sized<T>>> && !std::is_convertible_v<R, Result<T>>) {
-        Result<Sized<T>> r(loader());
-        if (!r.ok()) return r.error();
-        return Loaded{std::move(r.value().backend), r.value().size_bytes};
-      } else if constexpr (std::is_convertible_v<R, Result<T>>) {
-        Result<T> r(loader());
-        if (!r.ok()) return r.error();
-        return Loaded{std::move(r.value()), std::nullopt};
-      } else {
-        return Loaded{T(loader()), std::nullopt};
-      }
-    } catch (const std::exception& e) {
-      return make_error(errc::kLoadFailed, e.what());
-    } catch (...) {
-      return make_error(errc::kLoadFailed, "loader threw a non-standard exception");
-    }
-  }
-
-  template <typename Estimate>
-  static Result<std::uint64_t> run_estimate(Estimate& estimate) {
-    using E = std::remove_cvref_t<Estimate>;
-    if constexpr (std::is_integral_v<E>) {
-      if constexpr (std::is_signed_v<E>) CAR_CHECK(estimate >= 0);
-      return static_cast<std::uint64_t>(estimate);
-    } else {
-      try {
-        using R = std::invoke_result_t<Estimate&>;
-        if constexpr (std::is_integral_v<R>) {
-          return static_cast<std::uint64_t>(estimate());
-        } else {
-          return Result<std::uint64_t>(estimate());
-        }
-      } catch (const std::exception& e) {
-        return make_error(errc::kLoadFailed, e.what());
-      } catch (...) {
-        return make_error(errc::kLoadFailed, "the size estimate threw a non-standard exception");
-      }
-    }
-  }
-
-  static std::string too_large(const std::string& key, std::uint64_t bytes, std::uint64_t budget,
-                               bool measured) {
-    auto mib = [](std::uint64_t b) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-      return std::string(buf);
-    };
-    return "'" + key + "' " + (measured ? "holds " : "needs ") + std::to_string(bytes) + " bytes (" +
-           mib(bytes) + (measured ? ", measured after loading" : ", estimated") +
-           ") but the whole cache budget is " + std::to_string(budget) + " bytes (" + mib(budget) +
-           "); raise the budget or use a smaller model";
-  }
-
   template <typename Estimate, typename Loader>
   Result<Handle> lookup(std::string_view key_view, Estimate& estimate, Loader& loader, LoadInfo* info,
                         bool take_lease) {
@@ -827,7 +432,7 @@ class BackendCache {
     // Caching on: estimate (outside the lock), refuse what cannot fit, make room, reserve the estimate.
     std::optional<std::uint64_t> estimated;
     if (flight) {
-      Result<std::uint64_t> e = run_estimate(estimate);
+      Result<std::uint64_t> e = cache_detail::run_estimate(estimate);
       std::vector<Handle> dropped;  // released after the lock, before the loader allocates
       MutexLock guard(core_->mutex);
       if (!e.ok()) {
@@ -839,7 +444,8 @@ class BackendCache {
       estimated = *e;
       if (budget_bytes_ != 0 && *estimated > budget_bytes_) {
         refused_ += 1;
-        Error err = make_error(errc::kLoadFailed, too_large(key, *estimated, budget_bytes_, false));
+        Error err =
+            make_error(errc::kLoadFailed, cache_detail::too_large(key, *estimated, budget_bytes_, false));
         finish_flight(key, flight, err, nullptr);
         return err;
       }
@@ -855,7 +461,7 @@ class BackendCache {
     if (flight) notify_room();
 
     // Load outside the lock.
-    Result<Loaded> loaded = run_loader(loader);
+    Result<cache_detail::Loaded<T>> loaded = cache_detail::run_loader<T>(loader);
     out.loaded = true;
     std::uint64_t size_bytes = 0;
     if (loaded.ok()) {
@@ -863,7 +469,7 @@ class BackendCache {
         size_bytes = *loaded.value().size_bytes;
       } else if (estimated) {
         size_bytes = *estimated;
-      } else if (Result<std::uint64_t> e = run_estimate(estimate); e.ok()) {
+      } else if (Result<std::uint64_t> e = cache_detail::run_estimate(estimate); e.ok()) {
         size_bytes = *e;  // caching off: the estimate only labels the handle
       }
     }
@@ -884,7 +490,8 @@ class BackendCache {
     }
     if (flight && budget_bytes_ != 0 && size_bytes > budget_bytes_) {
       refused_ += 1;
-      Error err = make_error(errc::kLoadFailed, too_large(key, size_bytes, budget_bytes_, true));
+      Error err =
+          make_error(errc::kLoadFailed, cache_detail::too_large(key, size_bytes, budget_bytes_, true));
       finish_flight(key, flight, err, nullptr);
       guard.unlock();
       return err;  // `loaded` is destroyed outside the lock
@@ -938,10 +545,15 @@ class BackendCache {
   }
 
   // Tells the room listener when it goes out of scope: declared before a function's lock and dropped
-  // references, so it runs after both are gone.
+  // references, so it runs after both are gone. A caller whose change may be nothing (an idle sweep that
+  // finds nothing expired) disarms it, so the listener - which may re-read /proc and the cgroup - is not
+  // run for a room that did not move.
   struct RoomNotice {
     BackendCache* cache;
-    ~RoomNotice() { cache->notify_room(); }
+    bool armed = true;
+    ~RoomNotice() {
+      if (armed) cache->notify_room();
+    }
   };
 
   // Tells the room listener, if any; called with the lock NOT held.

@@ -1,82 +1,21 @@
 #include "core/experts/streamed_source.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <list>
 
+#include "core/experts/expert_file.h"
 #include "core/experts/usage_sidecar.h"
 #include "core/util/error_codes.h"
 
 namespace car::experts {
 namespace {
 
-constexpr uint64_t kAlign =
-    4096;  // O_DIRECT alignment of offsets, lengths and buffers (covers 512-byte devices)
 constexpr double kPinFraction = 0.25;  // of a bank's cap, pinned from the sidecar (the seed's PIN_FRACTION)
 constexpr size_t kMaxWarnings = 32;
-
-uint64_t round_up(uint64_t v, uint64_t a) {
-  return (v + a - 1) / a * a;
-}
-
-/// One projection's window in a slot: its bytes rounded up to the alignment, plus one block for any start.
-uint64_t window_bytes(uint64_t bytes) {
-  return round_up(bytes, kAlign) + kAlign;
-}
-
-/// Anonymous page-aligned memory for one slot (RAII, move-only). mmap'd so memory given back on eviction
-/// returns to the system rather than to a fragmented heap.
-class SlotMemory {
- public:
-  SlotMemory() = default;
-  static Result<SlotMemory> allocate(size_t bytes) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      return make_error(errc::kIoError, "cannot allocate " + std::to_string(bytes) +
-                                            " bytes for an expert slot: " + std::strerror(errno));
-    }
-    SlotMemory m;
-    m.data_ = static_cast<uint8_t*>(p);
-    m.size_ = bytes;
-    return m;
-  }
-  SlotMemory(SlotMemory&& o) noexcept { *this = std::move(o); }
-  SlotMemory& operator=(SlotMemory&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = o.data_;
-      size_ = o.size_;
-      o.data_ = nullptr;
-      o.size_ = 0;
-    }
-    return *this;
-  }
-  SlotMemory(const SlotMemory&) = delete;
-  SlotMemory& operator=(const SlotMemory&) = delete;
-  ~SlotMemory() { reset(); }
-
-  uint8_t* data() const { return data_; }
-  bool empty() const { return data_ == nullptr; }
-
- private:
-  void reset() {
-    if (data_ != nullptr) ::munmap(data_, size_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-  uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 /// Load latencies: bucket i holds [2^(i/4), 2^((i+1)/4)) microseconds (19% wide), up to ~2^28 us.
 class LatencyHistogram {
@@ -158,10 +97,7 @@ struct StreamedExpertSource::Impl {
 
   StreamedExpertSource* owner = nullptr;
   std::string path;
-  int fd_buffered = -1;
-  int fd_direct = -1;  // -1: O_DIRECT off or refused at open
-  std::atomic<bool> direct{false};
-  PreadFn reader;
+  ExpertFile file;  // the aligned reads (expert_file.h)
   std::shared_ptr<ExpertPool> pool;
   bool joined = false;
   std::string sidecar;
@@ -185,21 +121,12 @@ struct StreamedExpertSource::Impl {
   size_t warnings_dropped CAR_GUARDED_BY(mutex) = 0;
   Mutex save_mutex;  // serializes save_usage(); taken before `mutex`
 
-  ~Impl() {
-    if (fd_direct >= 0) ::close(fd_direct);
-    if (fd_buffered >= 0) ::close(fd_buffered);
-  }
-
   void warn_locked(std::string msg) CAR_REQUIRES(mutex) {
     if (warnings.size() < kMaxWarnings) {
       warnings.push_back(std::move(msg));
     } else {
       ++warnings_dropped;
     }
-  }
-
-  ssize_t do_pread(int fd, void* buf, size_t count, off_t offset) const {
-    return reader ? reader(fd, buf, count, offset) : ::pread(fd, buf, count, offset);
   }
 
   // --- bank bookkeeping (mutex held) ---
@@ -274,59 +201,13 @@ struct StreamedExpertSource::Impl {
   Result<void> read_projection(int layer, int p, int expert, uint8_t* slot_mem, uint64_t& nread) {
     const Projection& pj = banks[static_cast<size_t>(layer)].proj[static_cast<size_t>(p)];
     const uint64_t off = pj.base + static_cast<uint64_t>(expert) * pj.bytes;
-    const uint64_t start = off / kAlign * kAlign;
-    const uint64_t lead = off - start;
-    uint8_t* window = slot_mem + pj.slot_offset;
-    for (;;) {
-      const bool use_direct = direct.load(std::memory_order_acquire);
-      const int fd = use_direct ? fd_direct : fd_buffered;
-      // O_DIRECT reads the aligned window around the matrix; buffered reads exactly the matrix, at the same
-      // place in the window, so the views are the same either way.
-      uint8_t* dst = use_direct ? window : window + lead;
-      const uint64_t at = use_direct ? start : off;
-      const uint64_t want = use_direct ? round_up(lead + pj.bytes, kAlign) : pj.bytes;
-      const uint64_t need = use_direct ? lead + pj.bytes : pj.bytes;
-      uint64_t got = 0;
-      int err = 0;
-      while (got < want) {
-        const ssize_t n = do_pread(fd, dst + got, want - got, static_cast<off_t>(at + got));
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          err = errno;
-          break;
-        }
-        if (n == 0) break;
-        got += static_cast<uint64_t>(n);
-        nread += static_cast<uint64_t>(n);
-        if (use_direct && static_cast<uint64_t>(n) % kAlign != 0) break;  // a partial block: end of file
-      }
-      if (err == EINVAL && use_direct) {
-        fall_back_to_buffered(std::strerror(err));
-        continue;
-      }
-      if (err != 0) {
-        return read_error(layer, p, expert,
-                          "pread of " + std::to_string(want - got) + " bytes at offset " +
-                              std::to_string(at + got) + " failed: " + std::strerror(err));
-      }
-      if (got < need) {
-        // Count in the matrix's own bytes: an O_DIRECT read starts `lead` bytes before it, and those are
-        // not the matrix's (counting them made the shortfall larger than the matrix).
-        const uint64_t have = std::min(pj.bytes, use_direct ? got - std::min(got, lead) : got);
-        return read_error(layer, p, expert,
-                          "the file ends " + std::to_string(pj.bytes - have) + " bytes short of the " +
-                              std::to_string(pj.bytes) + "-byte matrix at offset " + std::to_string(off) +
-                              " (" + std::to_string(have) + " of its bytes are there; truncated after load?)");
-      }
-      if (!use_direct)
-        (void)::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(pj.bytes), POSIX_FADV_DONTNEED);
-      return {};
-    }
+    Result<void> r = file.read(off, pj.bytes, slot_mem + pj.slot_offset, nread,
+                               [this](const std::string& why) { fall_back_to_buffered(why); });
+    if (!r.ok()) return read_error(layer, p, expert, r.error().message);
+    return {};
   }
 
-  void fall_back_to_buffered(const char* why) {
-    bool expected = true;
-    if (!direct.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) return;
+  void fall_back_to_buffered(const std::string& why) {
     MutexLock lock(mutex);
     warn_locked(path + ": O_DIRECT read refused (" + why + "); falling back to buffered reads + DONTNEED");
   }
@@ -364,7 +245,7 @@ struct StreamedExpertSource::Impl {
         const Projection& pj = b.proj[p];
         const uint64_t off = pj.base + static_cast<uint64_t>(s->expert) * pj.bytes;
         *views[p] = pj.view;
-        views[p]->data = s->memory.data() + pj.slot_offset + (off % kAlign);
+        views[p]->data = s->memory.data() + pj.slot_offset + window_lead(off);
       }
       s->weights = w;
       s->state = Slot::State::ready;
@@ -417,27 +298,18 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
                                                                          StreamOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  impl->reader = options.reader;
   impl->sidecar = options.sidecar_path;
-  impl->fd_buffered = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (impl->fd_buffered < 0) {
-    return make_error(errc::kIoError, path + ": cannot open for expert streaming: " + std::strerror(errno));
-  }
-  struct stat st {};
-  if (::fstat(impl->fd_buffered, &st) != 0) {
-    return make_error(errc::kIoError, path + ": fstat: " + std::strerror(errno));
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  std::string direct_refused;
+  auto file = ExpertFile::open(path, options.direct_io, options.reader, &direct_refused);
+  if (!file) return file.error();
+  impl->file = std::move(file).value();
+  const uint64_t file_size = impl->file.size();
   // No other thread sees `impl` yet; the lock is taken so the guarded state is only ever touched under it.
   MutexLock setup(impl->mutex);
-  if (options.direct_io) {
-    impl->fd_direct = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-    if (impl->fd_direct < 0) {
-      impl->warn_locked(path + ": O_DIRECT refused by the filesystem (" + std::strerror(errno) +
-                        "); buffered reads + DONTNEED");
-    }
+  if (!direct_refused.empty()) {
+    impl->warn_locked(path + ": O_DIRECT refused by the filesystem (" + direct_refused +
+                      "); buffered reads + DONTNEED");
   }
-  impl->direct.store(impl->fd_direct >= 0);
 
   impl->banks.resize(banks.size());
   impl->n_expert.resize(banks.size());
@@ -694,7 +566,7 @@ uint64_t StreamedExpertSource::resident_bytes() const {
 }
 
 bool StreamedExpertSource::direct_io() const {
-  return impl_->direct.load(std::memory_order_acquire);
+  return impl_->file.direct();
 }
 
 uint64_t StreamedExpertSource::use_count(int layer, int expert) const {

@@ -17,11 +17,11 @@
 // gives the excess back as the leases end - never by blocking or failing. A caller that wants memory to stay
 // within the budget acquires at most slots(layer) distinct experts at once (prefill in waves).
 //
-// I/O. The file is opened with O_DIRECT when StreamOptions::direct_io is set and the filesystem accepts
-// it; GGUF aligns tensor data to 32 bytes only, so each matrix is read as the 4096-aligned window around
-// it into a page-aligned slot and the views point inside. If O_DIRECT is refused (open or read fails with
-// EINVAL) the source falls back to buffered reads followed by posix_fadvise(DONTNEED) so the page cache
-// stays bounded. A failed or short read fails that request with Error{"io_error", file, offset, errno
+// I/O (ExpertFile, core/experts/expert_file.h). The file is opened with O_DIRECT when
+// StreamOptions::direct_io is set and the filesystem accepts it; GGUF aligns tensor data to 32 bytes only,
+// so each matrix is read as the 4096-aligned window around it into a page-aligned slot and the views point
+// inside. If O_DIRECT is refused (open or read fails with EINVAL) the source falls back to buffered reads
+// followed by posix_fadvise(DONTNEED) so the page cache stays bounded. A failed or short read fails that request with Error{"io_error", file, offset, errno
 // text}; the slot is not admitted, every waiter gets the error and the next acquire retries the read.
 //
 // Learned pinning. Usage counts are kept per (layer, expert). The usage sidecar (StreamOptions::

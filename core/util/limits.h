@@ -2,6 +2,7 @@
 // named here once so that the daemon, `car run` and the docs cannot drift apart.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace car::limits {
@@ -21,6 +22,10 @@ inline constexpr int kMaxTopLogprobs = 20;
 /// The longest idle TTL or keep-alive in seconds (CAR_INFERENCE_MODEL_IDLE_SECS, _MAX_KEEP_ALIVE_SECS, a
 /// request's `keep_alive`): ten years, far beyond any use, and far from overflowing a nanosecond clock.
 inline constexpr std::int64_t kMaxIdleSecs = std::int64_t{10} * 365 * 24 * 3600;
+
+/// The longest Unix socket path (sizeof(sockaddr_un::sun_path) - 1): the NDJSON socket and a `unix:` HTTP
+/// address are checked against it when the settings are read.
+inline constexpr std::size_t kMaxSocketPath = 107;
 
 /// The socket the system daemon listens on (the packaged socket unit's ListenStream=, root's default).
 inline constexpr const char* kSystemSocketPath = "/run/car-inference/car-inference.sock";

@@ -12,16 +12,19 @@
 #include <string>
 #include <vector>
 
+#include "config/http_address.h"
+
 namespace car::daemon::http {
 
 struct HttpOptions {
-  std::string address;           ///< CAR_INFERENCE_HTTP (empty with no listen_fd: the front is off)
+  /// CAR_INFERENCE_HTTP, parsed by the settings (none and no listen_fd: the front is off).
+  std::optional<config::HttpAddress> address;
   std::optional<int> listen_fd;  ///< a listening socket passed by systemd (FileDescriptorName=http)
   std::string api_key;           ///< empty: no key required
   std::size_t max_body_bytes = 1u << 20;
   std::chrono::seconds header_timeout{30};  ///< from accept (or the previous response) to a complete header
   std::chrono::seconds idle_timeout{60};    ///< keep-alive connections idle this long are closed
-  std::size_t max_connections = 256;
+  // The connection cap and the pending-output bound are the daemon's live ConnectionLimits (SIGHUP).
   // Unix socket only (as the NDJSON socket):
   std::string socket_group;
   std::vector<uid_t> allowed_uids;

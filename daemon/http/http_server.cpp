@@ -1,10 +1,7 @@
 #include "daemon/http/http_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -23,7 +20,6 @@
 #include "core/util/error_codes.h"
 #include "daemon/http/openai.h"
 #include "daemon/model_resolver.h"
-#include "daemon/peer_credentials.h"
 #include "daemon/protocol.h"
 #include "daemon/safe_text.h"
 
@@ -127,84 +123,7 @@ std::string unsupported_transfer_coding(const Fields& fields) {
   return all.empty() ? std::string("(empty)") : all;
 }
 
-/// The local address of a listening socket as an Address (systemd-passed fds).
-Result<Address> address_of_fd(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-    return make_error(errc::kListenFailed,
-                      std::string("getsockname on the HTTP socket fd: ") + std::strerror(errno));
-  }
-  Address a;
-  char text[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_UNIX) {
-    a.unix_socket = true;
-    a.path = reinterpret_cast<sockaddr_un*>(&ss)->sun_path;
-  } else if (ss.ss_family == AF_INET) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-    a.host = text;
-    a.port = ntohs(in->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
-    a.host = text;
-    a.port = ntohs(in6->sin6_port);
-  } else {
-    return make_error(errc::kListenFailed, "the HTTP socket fd is neither a Unix nor a TCP socket");
-  }
-  return a;
-}
-
 }  // namespace
-
-// ---- Address ----
-
-bool Address::loopback() const {
-  if (unix_socket) return true;
-  boost::system::error_code ec;
-  auto addr = asio::ip::make_address(host, ec);
-  if (ec) return false;
-  if (addr.is_v6() && addr.to_v6().is_v4_mapped()) {
-    return asio::ip::make_address_v4(asio::ip::v4_mapped, addr.to_v6()).is_loopback();
-  }
-  return addr.is_loopback();
-}
-
-std::string Address::to_string() const {
-  if (unix_socket) return "unix:" + path;
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
-
-Result<Address> parse_address(const std::string& text) {
-  auto bad = [&](const std::string& why) {
-    return make_error(errc::kInvalidSetting, "CAR_INFERENCE_HTTP=" + text + ": " + why);
-  };
-  Address a;
-  if (text.starts_with("unix:")) {
-    a.unix_socket = true;
-    a.path = text.substr(5);
-    if (a.path.empty() || a.path.front() != '/') return bad("a unix: address needs an absolute path");
-    if (a.path.size() >= sizeof(sockaddr_un::sun_path)) return bad("the socket path is too long");
-    return a;
-  }
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos) return bad("not HOST:PORT, [IPV6]:PORT or unix:/PATH");
-  std::string host = text.substr(0, colon);
-  const std::string port = text.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) > 65535) {
-    return bad("the port must be 0-65535");
-  }
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  boost::system::error_code ec;
-  asio::ip::make_address(host, ec);
-  if (ec) return bad("'" + host + "' is not an IP address");
-  a.host = host;
-  a.port = static_cast<uint16_t>(std::stoul(port));
-  return a;
-}
 
 Result<std::string> read_api_key(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -736,111 +655,85 @@ awaitable<bool> Connection::send_error(const openai::ApiError& e, bool keep_aliv
 
 HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, ConnectionLimits& limits,
                      HttpOptions options)
-    : io_(io), handler_(handler), limits_(limits), options_(std::move(options)), acceptor_(io) {}
+    : io_(io),
+      handler_(handler),
+      limits_(limits),
+      options_(std::move(options)),
+      listener_(
+          io, limits,
+          Listener::Options{.log_prefix = "http conn",
+                            .first_number = kFirstConnectionNumber,
+                            .allowed_uids = options_.allowed_uids,
+                            .allowed_gids = options_.allowed_gids,
+                            .refusal = [](const std::string& why) {
+                              const std::string body = protocol::dump(openai::error_body(
+                                  api_error(503, why, "too_many_connections", "server_error")));
+                              return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                     "Connection: close\r\nRetry-After: 1\r\nContent-Length: " +
+                                     std::to_string(body.size()) + "\r\n\r\n" + body;
+                            }}) {}
 
 HttpFront::~HttpFront() {
-  for (const auto& c : connections_) c->close_now();
-  boost::system::error_code ec;
-  acceptor_.close(ec);
-  remove_owned_socket_file(socket_file_);
+  for (const auto& [c, uid] : connections_) c->close_now();
+  listener_.remove_socket_file();
 }
 
 uint16_t HttpFront::port() const {
-  if (!acceptor_.is_open()) return 0;
-  boost::system::error_code ec;
-  auto ep = acceptor_.local_endpoint(ec);
-  if (ec) return 0;
-  if (ep.data()->sa_family == AF_INET)
-    return ntohs(reinterpret_cast<const sockaddr_in*>(ep.data())->sin_port);
-  if (ep.data()->sa_family == AF_INET6)
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(ep.data())->sin6_port);
-  return 0;
+  return listener_.port();
 }
 
 Result<void> HttpFront::open() {
-  boost::system::error_code ec;
-  auto refuse_unkeyed = [&]() -> Result<void> {
-    if (!address_.loopback() && options_.api_key.empty()) {
-      return make_error(errc::kListenFailed,
-                        "refusing to serve HTTP on " + address_.to_string() +
-                            ", which is not a loopback address, without an API key: set "
-                            "CAR_INFERENCE_HTTP_API_KEY_FILE, or listen on 127.0.0.1, [::1] or a "
-                            "unix: path");
-    }
-    return {};
-  };
   if (options_.listen_fd) {
-    auto a = address_of_fd(*options_.listen_fd);
+    auto a = listening_address(*options_.listen_fd);
     if (!a) return a.error();
     address_ = *a;
-    if (auto ok = refuse_unkeyed(); !ok) return ok;
-    const int family =
-        address_.unix_socket ? AF_UNIX : (address_.host.find(':') != std::string::npos ? AF_INET6 : AF_INET);
-    acceptor_.assign(asio::generic::stream_protocol(family, family == AF_UNIX ? 0 : IPPROTO_TCP),
-                     *options_.listen_fd, ec);
-    if (ec)
-      return make_error(errc::kListenFailed, "cannot adopt the HTTP socket-activation fd: " + ec.message());
+  } else if (options_.address) {
+    address_ = *options_.address;
+  } else {
+    return make_error(errc::kListenFailed, "no HTTP address configured (CAR_INFERENCE_HTTP)");
+  }
+  if (!address_.loopback() && options_.api_key.empty()) {
+    return make_error(errc::kListenFailed,
+                      "refusing to serve HTTP on " + address_.to_string() +
+                          ", which is not a loopback address, without an API key: set "
+                          "CAR_INFERENCE_HTTP_API_KEY_FILE, or listen on 127.0.0.1, [::1] or a "
+                          "unix: path");
+  }
+  if (options_.listen_fd) {
+    if (auto ok = listener_.adopt(*options_.listen_fd, "the HTTP"); !ok) return ok;
     spdlog::info("http: listening on {} (passed by systemd, fd {})", address_.to_string(),
                  *options_.listen_fd);
     return {};
   }
-  auto parsed = parse_address(options_.address);
-  if (!parsed) return parsed.error();
-  address_ = *parsed;
-  if (auto ok = refuse_unkeyed(); !ok) return ok;
   if (address_.unix_socket) {
-    std::optional<gid_t> gid;
-    if (!options_.socket_group.empty()) {
-      auto g = resolve_group(options_.socket_group);
-      if (!g) return make_error(g.error().code, "http socket group: " + g.error().message);
-      gid = *g;
-    }
     // Claimed like the NDJSON socket: never another process's live socket (or the daemon's own).
-    auto fd = listen_unix(address_.path, gid, "the HTTP socket", socket_file_);
-    if (!fd) return fd.error();
-    acceptor_.assign(asio::generic::stream_protocol(AF_UNIX, 0), *fd, ec);
-    if (ec) {
-      ::close(*fd);
-      remove_owned_socket_file(socket_file_);
-      return make_error(errc::kListenFailed, "cannot adopt the HTTP socket on " + address_.path + ": " + ec.message());
-    }
-    spdlog::info("http: listening on {}{}", address_.to_string(),
-                 options_.api_key.empty() ? " (no API key)" : " (API key required)");
-    return {};
+    if (auto ok = listener_.listen_unix(address_.path, options_.socket_group, "the HTTP socket"); !ok)
+      return ok;
   } else {
-    asio::ip::tcp::endpoint ep(asio::ip::make_address(address_.host), address_.port);
-    acceptor_.open(asio::generic::stream_protocol(ep.protocol().family(), ep.protocol().protocol()), ec);
-    if (ec) return make_error(errc::kListenFailed, "socket(): " + ec.message());
-    acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    acceptor_.bind(asio::generic::stream_protocol::endpoint(ep), ec);
-    if (ec)
-      return make_error(errc::kListenFailed, "cannot bind " + address_.to_string() + ": " + ec.message());
+    if (auto ok = listener_.listen_tcp(address_.host, address_.port); !ok) return ok;
     address_.port = port();
   }
-  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return make_error(errc::kListenFailed, "listen on " + address_.to_string() + ": " + ec.message());
   spdlog::info("http: listening on {}{}", address_.to_string(),
                options_.api_key.empty() ? " (no API key)" : " (API key required)");
   return {};
 }
 
 void HttpFront::start() {
-  if (acceptor_.is_open()) asio::co_spawn(io_, accept_loop(), asio::detached);
+  listener_.start(
+      [this](Listener::Socket socket, const Listener::Peer& peer) { admit(std::move(socket), peer); });
 }
 
 void HttpFront::stop_accepting() {
-  stopping_ = true;
-  boost::system::error_code ec;
-  acceptor_.close(ec);
+  listener_.close();
 }
 
 void HttpFront::cancel_all() {
-  for (const auto& c : connections_) c->calls().cancel_all();
+  for (const auto& [c, uid] : connections_) c->calls().cancel_all();
 }
 
 void HttpFront::close_all(bool graceful) {
   auto copy = connections_;
-  for (const auto& c : copy) {
+  for (const auto& [c, uid] : copy) {
     if (graceful) {
       c->close_when_idle();
     } else {
@@ -850,49 +743,16 @@ void HttpFront::close_all(bool graceful) {
 }
 
 void HttpFront::closed(const std::shared_ptr<Connection>& c) {
-  connections_.erase(c);
+  auto it = connections_.find(c);
+  if (it == connections_.end()) return;
+  limits_.closed(it->second);
+  connections_.erase(it);
 }
 
-awaitable<void> HttpFront::accept_loop() {
-  asio::steady_timer backoff(io_);
-  while (acceptor_.is_open() && !stopping_) {
-    auto [ec, socket] = co_await acceptor_.async_accept(kTuple);
-    if (stopping_ || ec == asio::error::operation_aborted) break;
-    if (ec) {
-      spdlog::warn("http: accept failed: {} (retrying)", ec.message());
-      backoff.expires_after(std::chrono::milliseconds(100));
-      co_await backoff.async_wait(kTuple);
-      continue;
-    }
-    const uint64_t number = kFirstConnectionNumber + next_number_++;
-    if (address_.unix_socket) {
-      auto creds = peer_credentials(socket.native_handle());
-      if (!creds) {
-        spdlog::warn("http: rejecting a connection: {}", creds.error().message);
-        continue;
-      }
-      if (!peer_allowed(*creds, options_.allowed_uids, options_.allowed_gids)) {
-        spdlog::warn("http conn {}: rejected peer {} (not in the allow-list)", number, creds->to_string());
-        continue;
-      }
-    }
-    if (connections_.size() >= options_.max_connections) {
-      const std::string body = protocol::dump(openai::error_body(api_error(
-          503,
-          "too many HTTP connections to car-inferenced (" + std::to_string(options_.max_connections) + ")",
-          "too_many_connections", "server_error")));
-      const std::string kRefusal =
-          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-          "Retry-After: 1\r\nContent-Length: " +
-          std::to_string(body.size()) + "\r\n\r\n" + body;
-      (void)::send(socket.native_handle(), kRefusal.data(), kRefusal.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      continue;
-    }
-    spdlog::debug("http conn {}: accepted", number);
-    auto c = std::make_shared<Connection>(std::move(socket), *this, number);
-    connections_.insert(c);
-    c->start();
-  }
+void HttpFront::admit(Listener::Socket socket, const Listener::Peer& peer) {
+  auto c = std::make_shared<Connection>(std::move(socket), *this, peer.number);
+  connections_.emplace(c, peer.uid());
+  c->start();
 }
 
 }  // namespace car::daemon::http

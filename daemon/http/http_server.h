@@ -9,10 +9,11 @@
 // endpoint but /health and /ready needs `Authorization: Bearer KEY`.
 //
 // Limits: request bodies up to max_body_bytes (413 past it), headers must arrive within header_timeout,
-// a keep-alive connection idle for idle_timeout is closed, at most max_connections connections (more get
-// a 503 and are closed). A client that closes its connection while its completion runs (streamed or not)
-// cancels it: the daemon watches the socket for end-of-file while it generates. A stream's output is held
-// as encoded (the SSE events queued and the write in flight) up to max_pending_bytes() - twice
+// a keep-alive connection idle for idle_timeout is closed. Connections are accepted by the Listener both
+// fronts share (daemon/listener.h) and count against the daemon's live ConnectionLimits with the socket's
+// (one past the cap gets a 503 and is closed). A client that closes its connection while its completion runs
+// (streamed or not) cancels it: the daemon watches the socket for end-of-file while it generates. A stream's
+// output is held as encoded (the SSE events queued and the write in flight) up to max_pending_bytes() - twice
 // CAR_INFERENCE_MAX_PENDING_OUTPUT_MB, as on the socket; a token past it cancels the completion, which
 // ends with an `output_overflow` error event and is counted (ConnectionLimits: `stats`, /metrics). The
 // output held is counted in the socket's `connections.queued_bytes` too.
@@ -33,7 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include <boost/asio.hpp>
@@ -41,22 +42,13 @@
 #include "core/util/result.h"
 #include "daemon/connection_limits.h"
 #include "daemon/http/http_options.h"
+#include "daemon/listener.h"
 #include "daemon/request_handler.h"
-#include "daemon/socket_file.h"
 
 namespace car::daemon::http {
 
-/// Where to listen, parsed from CAR_INFERENCE_HTTP.
-struct Address {
-  bool unix_socket = false;
-  std::string path;  ///< unix_socket
-  std::string host;  ///< TCP: the IP literal (without brackets)
-  uint16_t port = 0;
-  bool loopback() const;  ///< a Unix socket, 127.0.0.0/8 or ::1
-  std::string to_string() const;
-};
-/// Parse `127.0.0.1:8080`, `[::1]:8080` or `unix:/run/x.sock`. Error invalid_setting naming the value.
-Result<Address> parse_address(const std::string& text);
+/// Where to listen: CAR_INFERENCE_HTTP, parsed once with the settings (config/http_address.h).
+using Address = config::HttpAddress;
 
 /// The API key in `path`: its first line, blanks trimmed. Errors: unreadable, empty.
 Result<std::string> read_api_key(const std::filesystem::path& path);
@@ -91,22 +83,21 @@ class HttpFront {
   ConnectionLimits& limits() { return limits_; }
   /// Stream bytes a connection may hold for a client that does not read before its completion is
   /// cancelled: twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB (the socket cancels a stream at the same size).
-  std::size_t max_pending_bytes() const { return 2 * limits_.max_pending_output(); }
+  std::size_t max_pending_bytes() const { return limits_.overflow_bound(); }
   void closed(const std::shared_ptr<Connection>& c);
 
  private:
-  boost::asio::awaitable<void> accept_loop();
+  /// Serve a connection the listener admitted.
+  void admit(Listener::Socket socket, const Listener::Peer& peer);
 
   boost::asio::io_context& io_;
   RequestHandler& handler_;
   ConnectionLimits& limits_;
   HttpOptions options_;
   Address address_;
-  boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol> acceptor_;
-  std::unordered_set<std::shared_ptr<Connection>> connections_;
-  OwnedSocketFile socket_file_;  // a unix: path this front bound (removed at exit while still its own)
-  bool stopping_ = false;
-  uint64_t next_number_ = 1;
+  Listener listener_;  // the front door, shared in kind with the socket's; removes a unix: file it bound
+  /// The open connections, each with its peer's uid (Unix socket) to report its close to limits_.
+  std::unordered_map<std::shared_ptr<Connection>, std::optional<uid_t>> connections_;
 };
 
 }  // namespace car::daemon::http

@@ -333,5 +333,29 @@ TEST(BackendCacheBudgetTest, TheRoomListenerRunsBeforeTheLoaderAndAfterEveryChan
   EXPECT_EQ(seen.back(), std::nullopt);
 }
 
+// The idle sweep runs every few seconds; with a streamed model the room listener re-sizes the expert pool
+// (reading /proc and the cgroup), so a sweep or an expiry check that evicts nothing must not tell it.
+TEST(BackendCacheBudgetTest, TheRoomListenerHearsOnlyOfIdleEvictionsThatHappened) {
+  std::atomic<std::int64_t> now_ns{1'000'000'000};
+  BackendCache<int> cache(1000, std::chrono::milliseconds(100), [&] {
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(now_ns.load()));
+  });
+  ASSERT_TRUE(cache.get_or_load("a", std::uint64_t{300}, [] { return value(1); }).ok());
+  int told = 0;
+  cache.set_room_listener([&] { ++told; });
+  EXPECT_EQ(cache.evict_idle(), Evicted{});
+  EXPECT_FALSE(cache.evict_if_expired("a"));
+  EXPECT_FALSE(cache.evict_if_expired("missing"));
+  EXPECT_EQ(told, 0) << "nothing left the cache, so the room did not move";
+  now_ns += 200'000'000;  // past the TTL
+  EXPECT_EQ(cache.evict_idle(), (Evicted{1, 300}));
+  EXPECT_EQ(told, 1);
+  ASSERT_TRUE(cache.get_or_load("b", std::uint64_t{200}, [] { return value(2); }).ok());
+  told = 0;
+  now_ns += 200'000'000;
+  EXPECT_TRUE(cache.evict_if_expired("b"));
+  EXPECT_EQ(told, 1);
+}
+
 }  // namespace
 }  // namespace car

@@ -1,5 +1,7 @@
 // BackendCache<T>: the seed's six behaviours, then each improvement (single-flight, O(1) LRU order,
-// idle-means-not-in-use, accounting, injectable clock, runtime budget/TTL). Time is a ManualClock.
+// accounting, injectable clock, runtime budget/TTL, the eviction listener). Time is a ManualClock. Entries
+// and leases: cached_backend_test.cpp; idle eviction, keep-alive and pins: backend_cache_idle_test.cpp;
+// charging and room: backend_cache_budget_test.cpp.
 #include "core/cache/backend_cache.h"
 
 #include <gtest/gtest.h>
@@ -12,35 +14,16 @@
 #include <string>
 #include <thread>
 
+#include "tests/cache/cache_test_support.h"
+
 namespace car {
 namespace {
 
+using cache_test::ManualClock;
+using cache_test::never_called;
+using cache_test::value;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-/// A clock that moves only when told to. Thread-safe.
-class ManualClock {
- public:
-  std::chrono::steady_clock::time_point now() const {
-    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns_.load()));
-  }
-  void advance(std::chrono::nanoseconds d) { ns_.fetch_add(d.count()); }
-  CacheClock fn() {
-    return [this] { return now(); };
-  }
-
- private:
-  std::atomic<std::int64_t> ns_{1'000'000'000};
-};
-
-Result<int> value(int v) {
-  return v;
-}
-
-auto never_called = []() -> Result<int> {
-  ADD_FAILURE() << "loader must not run";
-  return make_error("unexpected", "loader ran");
-};
 
 // --- The seed's tests -----------------------------------------------------------------------------
 
@@ -304,209 +287,6 @@ TEST(BackendCacheLruTest, OversizedEntryIsRefusedAndEvictsNothing) {
   EXPECT_EQ(s.loads, 2u) << "big's loader never ran";
 }
 
-// --- Handles, leases, and release -------------------------------------------------------------------
-
-struct Tracked {
-  explicit Tracked(std::atomic<int>* d) : destroyed(d) {}
-  ~Tracked() { destroyed->fetch_add(1); }
-  Tracked(const Tracked&) = delete;
-  Tracked& operator=(const Tracked&) = delete;
-  std::atomic<int>* destroyed;
-  int uses = 0;
-};
-using TrackedPtr = std::unique_ptr<Tracked>;
-
-TEST(BackendCacheHandleTest, HandleWorksAfterEvictionAndMemoryIsReleasedOnLastDrop) {
-  std::atomic<int> destroyed{0};
-  BackendCache<TrackedPtr> cache(100);
-  auto a =
-      cache.get_or_load("a", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
-  ASSERT_TRUE(a.ok());
-  BackendCache<TrackedPtr>::Handle handle = a.value();
-  // Capacity-evict `a` by loading `b`.
-  ASSERT_TRUE(
-      cache.get_or_load("b", 80, [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); })
-          .ok());
-  EXPECT_FALSE(cache.contains("a"));
-  EXPECT_TRUE(handle->evicted());
-  EXPECT_EQ(destroyed.load(), 0) << "a handle still holds a";
-  {
-    auto lock = handle->lock();
-    handle->backend()->uses += 1;  // still usable
-  }
-  CacheStats s = cache.stats();
-  EXPECT_EQ(s.evicted_held_entries, 1u);
-  EXPECT_EQ(s.evicted_held_bytes, 80u);
-  EXPECT_EQ(s.total_bytes, 80u) << "the budget no longer charges a";
-  handle.reset();
-  a = make_error("x", "drop the last reference");
-  EXPECT_EQ(destroyed.load(), 1);
-  s = cache.stats();
-  EXPECT_EQ(s.evicted_held_entries, 0u);
-  EXPECT_EQ(s.evicted_held_bytes, 0u);
-  // Invalidate with no outside handle releases at once.
-  EXPECT_TRUE(cache.invalidate("b"));
-  EXPECT_EQ(destroyed.load(), 2);
-  EXPECT_EQ(cache.stats().evicted_held_bytes, 0u);
-}
-
-/// A backend whose destructor calls back into the cache: proves backends die outside the cache lock.
-struct Reentrant {
-  BackendCache<std::unique_ptr<Reentrant>>* cache = nullptr;
-  std::atomic<int>* destroyed = nullptr;
-  ~Reentrant() {
-    (void)cache->stats();
-    destroyed->fetch_add(1);
-  }
-};
-
-TEST(BackendCacheHandleTest, BackendIsNeverDestroyedUnderTheCacheLock) {
-  using Ptr = std::unique_ptr<Reentrant>;
-  std::atomic<int> destroyed{0};
-  BackendCache<Ptr> cache(100);
-  auto make = [&]() -> Result<Ptr> {
-    auto p = std::make_unique<Reentrant>();
-    p->cache = &cache;
-    p->destroyed = &destroyed;
-    return p;
-  };
-  ASSERT_TRUE(cache.get_or_load("a", 60, make).ok());
-  ASSERT_TRUE(cache.get_or_load("b", 60, make).ok());  // capacity eviction of a
-  EXPECT_EQ(destroyed.load(), 1);
-  EXPECT_TRUE(cache.invalidate("b"));
-  EXPECT_EQ(destroyed.load(), 2);
-  ASSERT_TRUE(cache.get_or_load("c", 60, make).ok());
-  EXPECT_EQ(cache.clear(), (Evicted{1, 60}));
-  EXPECT_EQ(destroyed.load(), 3);
-}
-
-TEST(BackendCacheHandleTest, HandlesAndLeasesOutliveTheCache) {
-  std::atomic<int> destroyed{0};
-  BackendCache<TrackedPtr>::Lease lease;
-  {
-    BackendCache<TrackedPtr> cache(100);
-    auto r = cache.lease_or_load("a", 10,
-                                 [&] { return Result<TrackedPtr>(std::make_unique<Tracked>(&destroyed)); });
-    ASSERT_TRUE(r.ok());
-    lease = std::move(r.value());
-  }
-  EXPECT_EQ(destroyed.load(), 0);
-  auto lock = lease.lock();
-  lease.backend()->uses += 1;
-  lock.unlock();
-  lease.reset();
-  EXPECT_EQ(destroyed.load(), 1);
-}
-
-TEST(BackendCacheHandleTest, EntryLockSerializesRequests) {
-  BackendCache<int> cache(100);
-  auto h = cache.get_or_load("a", 10, [] { return value(0); });
-  ASSERT_TRUE(h.ok());
-  auto handle = h.value();
-  auto lock = handle->lock();
-  EXPECT_TRUE(lock.owns_lock());
-  auto other = std::async(std::launch::async, [&] { return handle->mutex().try_lock(); });
-  EXPECT_FALSE(other.get()) << "a second request cannot take the model while the first holds it";
-}
-
-TEST(BackendCacheHandleTest, LockUnlessGivesUpWhenStoppedAndLocksWhenFree) {
-  BackendCache<int> cache(100);
-  auto h = cache.get_or_load("a", 10, [] { return value(0); });
-  ASSERT_TRUE(h.ok());
-  auto handle = h.value();
-  std::atomic<bool> stop{false};
-  {
-    auto first = handle->lock();
-    auto waiter = std::async(std::launch::async, [&] { return handle->lock_unless(stop, milliseconds(1)); });
-    EXPECT_EQ(waiter.wait_for(milliseconds(30)), std::future_status::timeout)
-        << "waits while the model is held";
-    stop = true;
-    auto gave_up = waiter.get();
-    EXPECT_FALSE(gave_up.owns_lock()) << "a stopped waiter returns without the lock";
-    EXPECT_TRUE(first.owns_lock());
-  }
-  stop = false;
-  auto free_lock = handle->lock_unless(stop);
-  EXPECT_TRUE(free_lock.owns_lock()) << "a free model is locked at once";
-  stop = true;
-  auto again = std::async(std::launch::async, [&] { return handle->mutex().try_lock(); });
-  EXPECT_FALSE(again.get()) << "the returned lock really holds the mutex";
-}
-
-// --- Idle means not in use --------------------------------------------------------------------------
-
-TEST(BackendCacheIdleTest, LeasedEntryIsNeverIdleEvicted) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(10), clock.fn());
-  auto lease = cache.lease_or_load("a", 10, [] { return value(1); });
-  ASSERT_TRUE(lease.ok());
-  EXPECT_TRUE(lease.value()->in_use());
-  clock.advance(std::chrono::hours(1));
-  EXPECT_EQ(cache.evict_idle(), (Evicted{0, 0})) << "in the middle of a request";
-  auto items = cache.list();
-  ASSERT_EQ(items.size(), 1u);
-  EXPECT_TRUE(items[0].in_use);
-  EXPECT_EQ(items[0].leases, 1u);
-  EXPECT_EQ(items[0].idle_seconds, 0.0);
-}
-
-TEST(BackendCacheIdleTest, IdleTimeCountsFromTheEndOfTheLastUse) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(10), clock.fn());
-  auto h = cache.get_or_load("a", 10, [] { return value(1); });
-  ASSERT_TRUE(h.ok());
-  {
-    auto lease = h.value()->acquire();
-    clock.advance(seconds(60));  // a long request
-  }
-  clock.advance(seconds(9));
-  EXPECT_EQ(cache.evict_idle(), (Evicted{0, 0})) << "only 9 s since the request ended";
-  EXPECT_DOUBLE_EQ(cache.list().at(0).idle_seconds, 9.0);
-  clock.advance(seconds(1));
-  EXPECT_EQ(cache.evict_idle(), (Evicted{1, 10}));
-  EXPECT_EQ(cache.stats().evictions_idle, 1u);
-}
-
-TEST(BackendCacheIdleTest, TwoOverlappingLeasesBothMustEnd) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(5), clock.fn());
-  auto first = cache.lease_or_load("a", 10, [] { return value(1); });
-  auto second = cache.lease_or_load("a", 10, never_called);
-  ASSERT_TRUE(first.ok() && second.ok());
-  first.value().reset();
-  clock.advance(seconds(30));
-  EXPECT_EQ(cache.evict_idle().entries, 0u) << "the second request is still running";
-  second.value().reset();
-  clock.advance(seconds(5));
-  EXPECT_EQ(cache.evict_idle().entries, 1u);
-}
-
-TEST(BackendCacheIdleTest, StatsListPeekNeverRefreshIdleTime) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(10), clock.fn());
-  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }).ok());
-  ASSERT_TRUE(cache.get_or_load("b", 10, [] { return value(2); }).ok());
-  for (int i = 0; i < 10; ++i) {
-    clock.advance(seconds(1));
-    (void)cache.stats();
-    (void)cache.list();
-    EXPECT_NE(cache.peek("a"), nullptr);
-    EXPECT_TRUE(cache.contains("a"));
-  }
-  EXPECT_EQ(cache.evict_idle(), (Evicted{2, 20}));
-  EXPECT_EQ(cache.stats().hits, 0u) << "peek/contains are not hits";
-}
-
-TEST(BackendCacheIdleTest, PeekDoesNotChangeLruOrder) {
-  BackendCache<int> cache(20);
-  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }).ok());
-  ASSERT_TRUE(cache.get_or_load("b", 10, [] { return value(2); }).ok());
-  EXPECT_NE(cache.peek("a"), nullptr);
-  ASSERT_TRUE(cache.get_or_load("c", 10, [] { return value(3); }).ok());
-  EXPECT_FALSE(cache.contains("a")) << "a stayed least recently used despite the peek";
-  EXPECT_TRUE(cache.contains("b"));
-}
-
 // --- Accounting -------------------------------------------------------------------------------------
 
 TEST(BackendCacheStatsTest, CountsHitsMissesLoadsAndEvictionsByCause) {
@@ -663,113 +443,6 @@ TEST(BackendCacheListenerTest, TheEvictionListenerSeesEachCauseAgeAndSize) {
   CacheStats s = cache.stats();
   EXPECT_EQ(s.evictions_total(), 5u);
   EXPECT_DOUBLE_EQ(s.mean_eviction_age_seconds, (10 + 66 + 61 + 2 + 0) / 5.0);
-}
-
-// ---- Keep-alive (a request's own idle TTL) and pinned keys ----
-
-TEST(BackendCacheKeepAliveTest, AnEntrysKeepAliveReplacesTheCachesTtlUntilCleared) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(60), clock.fn());
-  auto lease = cache.lease_or_load("a", 10, [] { return value(1); });
-  ASSERT_TRUE(lease.ok());
-  lease.value()->set_keep_alive(seconds(600));
-  lease.value().reset();
-  clock.advance(seconds(120));
-  EXPECT_EQ(cache.evict_idle().entries, 0u) << "its keep-alive (600 s) applies, not the cache's 60 s";
-  auto items = cache.list();
-  ASSERT_EQ(items.size(), 1u);
-  EXPECT_TRUE(items[0].keep_alive_set);
-  EXPECT_EQ(items[0].idle_ttl, std::optional<milliseconds>(seconds(600)));
-  // The next request without a keep-alive of its own puts the cache's TTL back.
-  auto again = cache.lease_or_load("a", 10, never_called);
-  ASSERT_TRUE(again.ok());
-  again.value()->set_keep_alive(std::nullopt);
-  again.value().reset();
-  clock.advance(seconds(59));
-  EXPECT_EQ(cache.evict_idle().entries, 0u);
-  clock.advance(seconds(1));
-  EXPECT_EQ(cache.evict_idle(), (Evicted{1, 10}));
-  EXPECT_EQ(cache.stats().evictions_idle, 1u);
-}
-
-TEST(BackendCacheKeepAliveTest, AKeepAliveWorksWhenTheCachesIdleEvictionIsOff) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, std::nullopt, clock.fn());
-  auto h = cache.get_or_load("a", 10, [] { return value(1); });
-  ASSERT_TRUE(h.ok());
-  h.value()->set_keep_alive(seconds(5));
-  std::optional<std::chrono::nanoseconds> due;
-  EXPECT_EQ(cache.evict_idle(&due).entries, 0u);
-  EXPECT_EQ(due, std::optional<std::chrono::nanoseconds>(seconds(5))) << "the sweep says when to come back";
-  clock.advance(seconds(5));
-  EXPECT_EQ(cache.evict_idle(&due).entries, 1u);
-  EXPECT_FALSE(due.has_value()) << "nothing left to expire";
-}
-
-TEST(BackendCacheKeepAliveTest, KeepAliveZeroExpiresOnlyWhenTheLastLeaseEnds) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(60), clock.fn());
-  auto first = cache.lease_or_load("a", 10, [] { return value(1); });
-  auto second = cache.lease_or_load("a", 10, never_called);
-  ASSERT_TRUE(first.ok() && second.ok());
-  first.value()->set_keep_alive(milliseconds(0));
-  first.value().reset();
-  EXPECT_FALSE(cache.evict_if_expired("a")) << "another request still uses it";
-  EXPECT_TRUE(cache.contains("a"));
-  second.value().reset();
-  EXPECT_TRUE(cache.evict_if_expired("a"));
-  EXPECT_FALSE(cache.contains("a"));
-  EXPECT_FALSE(cache.evict_if_expired("a")) << "no longer cached";
-  EXPECT_EQ(cache.stats().evictions_idle, 1u);
-}
-
-TEST(BackendCacheKeepAliveTest, EvictIfExpiredLeavesEntriesWithinTheirTtl) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(60), clock.fn());
-  ASSERT_TRUE(cache.get_or_load("a", 10, [] { return value(1); }).ok());
-  clock.advance(seconds(59));
-  EXPECT_FALSE(cache.evict_if_expired("a"));
-  clock.advance(seconds(1));
-  EXPECT_TRUE(cache.evict_if_expired("a"));
-}
-
-TEST(BackendCachePinTest, APinnedKeyIsNeverIdleEvictedWhateverItsKeepAlive) {
-  ManualClock clock;
-  BackendCache<int> cache(1000, seconds(60), clock.fn());
-  cache.set_pinned({"a"});
-  auto a = cache.get_or_load("a", 10, [] { return value(1); });
-  ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(cache.get_or_load("b", 10, [] { return value(2); }).ok());
-  a.value()->set_keep_alive(milliseconds(0));
-  EXPECT_FALSE(cache.evict_if_expired("a"));
-  clock.advance(std::chrono::hours(24));
-  EXPECT_EQ(cache.evict_idle(), (Evicted{1, 10})) << "b only";
-  EXPECT_TRUE(cache.contains("a"));
-  EXPECT_TRUE(cache.is_pinned("a"));
-  auto items = cache.list();
-  ASSERT_EQ(items.size(), 1u);
-  EXPECT_TRUE(items[0].pinned);
-  EXPECT_FALSE(items[0].idle_ttl.has_value()) << "never idle-evicted";
-  // Unpinned (a reload of the admin's list): the keep-alive of 0 it was left with applies again.
-  cache.set_pinned({});
-  EXPECT_FALSE(cache.is_pinned("a"));
-  EXPECT_EQ(cache.evict_idle().entries, 1u);
-}
-
-TEST(BackendCachePinTest, CapacityEvictsUnpinnedEntriesBeforePinnedOnes) {
-  ManualClock clock;
-  BackendCache<int> cache(300, std::nullopt, clock.fn());
-  cache.set_pinned({"old"});
-  ASSERT_TRUE(cache.get_or_load("old", 100, [] { return value(1); }).ok());  // least recently used
-  ASSERT_TRUE(cache.get_or_load("mid", 100, [] { return value(2); }).ok());
-  ASSERT_TRUE(cache.get_or_load("new", 100, [] { return value(3); }).ok());
-  ASSERT_TRUE(cache.get_or_load("more", 100, [] { return value(4); }).ok());
-  EXPECT_TRUE(cache.contains("old")) << "pinned: passed over while an unpinned entry could go";
-  EXPECT_FALSE(cache.contains("mid"));
-  // Only when the unpinned entries cannot make room does a pinned one go.
-  ASSERT_TRUE(cache.get_or_load("huge", 300, [] { return value(5); }).ok());
-  EXPECT_FALSE(cache.contains("old"));
-  EXPECT_TRUE(cache.contains("huge"));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -219,6 +220,13 @@ std::vector<json> sse_payloads(const std::string& body) {
   return out;
 }
 
+/// CAR_INFERENCE_HTTP's forms, parsed as the settings parse them.
+config::HttpAddress http_address(const std::string& text) {
+  auto a = config::parse_http_address(text);
+  EXPECT_TRUE(a.ok()) << text;
+  return a.ok() ? *a : config::HttpAddress{};
+}
+
 class HttpFrontTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -232,7 +240,7 @@ class HttpFrontTest : public ::testing::Test {
     options_.live.idle_ttl = 0s;
     options_.handle_signals = false;
     options_.shutdown_grace = 5000ms;
-    options_.http.address = "127.0.0.1:0";
+    options_.http.address = http_address("127.0.0.1:0");
   }
   void TearDown() override {
     if (thread_.joinable()) {
@@ -390,7 +398,8 @@ TEST_F(HttpFrontTest, StreamingClientThatNeverReadsIsCancelledAtTheBound) {
   constexpr std::size_t kBound = 32 * 1024;
   options_.live.max_pending_output_bytes = kBound;
   const std::string path = (tmp_ / "http.sock").string();
-  options_.http.address = "unix:" + path;  // a Unix socket: the kernel holds at most its send buffer
+  options_.http.address =
+      http_address("unix:" + path);  // a Unix socket: the kernel holds at most its send buffer
   start();
   HttpClient c(path);
   ASSERT_TRUE(c.connected());
@@ -441,7 +450,7 @@ TEST_F(HttpFrontTest, ApiKeyIsRequiredExceptForHealth) {
 }
 
 TEST_F(HttpFrontTest, NonLoopbackWithoutAKeyIsRefused) {
-  options_.http.address = "0.0.0.0:0";
+  options_.http.address = http_address("0.0.0.0:0");
   Server server(options_, runtime_);
   auto ok = server.open();
   ASSERT_FALSE(ok.ok());
@@ -499,7 +508,7 @@ TEST_F(HttpFrontTest, TransferCodingsOtherThanChunkedAre501) {
 }
 
 TEST_F(HttpFrontTest, UnixSocketIs0660) {
-  options_.http.address = "unix:" + (tmp_ / "http.sock").string();
+  options_.http.address = http_address("unix:" + (tmp_ / "http.sock").string());
   start();
   struct stat st {};
   ASSERT_EQ(::stat((tmp_ / "http.sock").c_str(), &st), 0);
@@ -509,21 +518,52 @@ TEST_F(HttpFrontTest, UnixSocketIs0660) {
   EXPECT_EQ(c.request("GET", "/health").status, 200);
 }
 
-TEST(HttpAddress, Parses) {
-  auto a = http::parse_address("127.0.0.1:8080");
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->port, 8080);
-  EXPECT_TRUE(a->loopback());
-  auto b = http::parse_address("[::1]:9");
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(b->host, "::1");
-  EXPECT_TRUE(b->loopback());
-  EXPECT_EQ(b->to_string(), "[::1]:9");
-  EXPECT_FALSE(http::parse_address("0.0.0.0:80")->loopback());
-  EXPECT_TRUE(http::parse_address("unix:/run/x.sock")->loopback());
-  EXPECT_FALSE(http::parse_address("localhost:80").ok());
-  EXPECT_FALSE(http::parse_address("127.0.0.1:99999").ok());
-  EXPECT_FALSE(http::parse_address("unix:relative").ok());
+// Both fronts come in through one Listener and count against the daemon's live ConnectionLimits: an HTTP
+// connection past CAR_INFERENCE_MAX_CONNECTIONS gets a 503 too_many_connections, the NDJSON socket counts
+// the HTTP connections too, and SIGHUP's new cap reaches the HTTP front (it used to keep the cap it
+// started with).
+TEST_F(HttpFrontTest, TheConnectionCapIsTheLiveOneBothFrontsShare) {
+  options_.live.max_connections = 1;
+  options_.handle_signals = true;
+  options_.reload = [this]() -> Result<LiveSettings> {
+    LiveSettings raised = options_.live;
+    raised.max_connections = 3;
+    return raised;
+  };
+  start();
+  HttpClient first(port());
+  ASSERT_TRUE(first.connected());
+  ASSERT_EQ(first.request("GET", "/health").status, 200);
+  HttpClient second(port());
+  HttpReply refused = second.read_reply();
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.json_body()["error"]["code"], "too_many_connections") << refused.body;
+  {
+    // The socket's front door: the HTTP connection holds the one place.
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", options_.socket_path.c_str());
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{20, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string line;
+    char buf[512];
+    for (ssize_t n; line.find('\n') == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+      line.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    EXPECT_NE(line.find("too_many_connections"), std::string::npos) << line;
+  }
+  ASSERT_EQ(::raise(SIGHUP), 0);
+  // The reload runs on the io thread; each refused try is one more refusal, nothing else.
+  int status = 0;
+  for (int tries = 0; tries < 2000 && status != 200; ++tries) {
+    HttpClient c(port());
+    status = c.request("GET", "/health").status;
+    if (status != 200) std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(status, 200) << "the raised cap reached the HTTP front";
 }
 
 }  // namespace
