@@ -655,8 +655,7 @@ awaitable<bool> Connection::send_error(const openai::ApiError& e, bool keep_aliv
 
 HttpFront::HttpFront(asio::io_context& io, RequestHandler& handler, ConnectionLimits& limits,
                      HttpOptions options)
-    : io_(io),
-      handler_(handler),
+    : handler_(handler),
       limits_(limits),
       options_(std::move(options)),
       listener_(

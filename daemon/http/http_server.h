@@ -90,7 +90,6 @@ class HttpFront {
   /// Serve a connection the listener admitted.
   void admit(Listener::Socket socket, const Listener::Peer& peer);
 
-  boost::asio::io_context& io_;
   RequestHandler& handler_;
   ConnectionLimits& limits_;
   HttpOptions options_;
