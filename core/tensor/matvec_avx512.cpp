@@ -201,6 +201,19 @@ inline __m128i scale_min_k4_vec(const uint8_t* q) {
   return _mm_or_si128(low_bits, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
 }
 
+/// scale_min_k4_vec for four blocks at once: 128-bit lane j of `v` holds 16 bytes from block j's scales,
+/// lane j of the result its 8 scales (bytes 0..7) and 8 mins (8..15). The same shuffles and masks per lane.
+inline __m512i scale_min_k4_x4(__m512i v) {
+  const __m512i lo = _mm512_shuffle_epi8(
+      v, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+  const __m512i hi = _mm512_shuffle_epi8(
+      v, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+  const __m512i low_bits = _mm512_and_si512(
+      _mm512_mask_blend_epi8(0xf000f000f000f000ull, lo, _mm512_srli_epi16(lo, 4)),
+      _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)));
+  return _mm512_or_si512(low_bits, _mm512_and_si512(_mm512_srli_epi16(hi, 2), _mm512_set1_epi8(0x30)));
+}
+
 /// The activation side of the Q4_K rows kernels for one Q8_K block, formed once per call instead of once per
 /// row: the values in the 512-bit pairings dot_k4 builds with load32x2, the bsums summed in pairs (as
 /// mins_dot_bsums forms them) and the scale.
@@ -211,12 +224,12 @@ struct alignas(64) Q8KPrepared {
 };
 
 /// The activation side of rows_q4_K_gemv for a group of kGemvGroup Q8_K blocks (see gemv_group): the group's
-/// bsum pairs as two registers (blocks 0..3, 4..7; 8 int16 each) and y.d of each block twice ([d0, d0, d1,
-/// d1, ...], the pairing of the weights' (d, dmin) halves). Blocks past the row's end are zero.
-constexpr int kGemvGroup = 8;
+/// bsum pairs (128-bit lane j: block j's 8 int16) and y.d of each block twice ([d0, d0, d1, d1, ...], the
+/// pairing of the weights' (d, dmin) halves). Blocks past the row's end are zero.
+constexpr int kGemvGroup = 4;
 struct alignas(64) Q8KGroupPrepared {
-  __m512i bsum_pairs[2];
-  __m512 d_pairs;
+  __m512i bsum_pairs;
+  __m256 d_pairs;
 };
 
 thread_local std::vector<Q8KPrepared> tls_q8k_prepared;
@@ -252,9 +265,8 @@ const Q8KGroupPrepared* prepare_q8_K_groups(const Q8KPrepared* prep, int64_t nb)
       pairs[j] = i < nb ? prep[i].bsum_pairs : _mm_setzero_si128();
       d[2 * j] = d[2 * j + 1] = i < nb ? prep[i].d : 0.0f;
     }
-    groups[g].bsum_pairs[0] = _mm512_load_si512(&pairs[0]);
-    groups[g].bsum_pairs[1] = _mm512_load_si512(&pairs[4]);
-    groups[g].d_pairs = _mm512_load_ps(d);
+    groups[g].bsum_pairs = _mm512_load_si512(pairs);
+    groups[g].d_pairs = _mm256_load_ps(d);
   }
   return groups.data();
 }
@@ -279,18 +291,14 @@ struct Q4KConsts {
 
 /// One Q4_K block against its prepared activations: prefetches kQ4KPrefetchBytes past the block, and returns
 /// 16 int32 lanes of scale * level * y (lanes k and k+8: bytes 4k..4k+3 of every 32-byte chunk, as dot_k4
-/// pairs them), whose sum is the block's exact scale integer. `scale_min`: bytes 0..7 the block's 8 scales,
-/// 8..15 its 8 mins.
-inline __m512i q4_K_block_sums(const block_q4_K& xb, const Q8KPrepared& yp, const Q4KConsts& c,
-                               __m128i& scale_min) {
+/// pairs them), whose sum is the block's exact scale integer. `sc`: the block's 8 scales in bytes 0..7 of
+/// every 128-bit lane (scale_min_k4_vec's layout), widened to int16 per register by an in-lane vpshufb
+/// (cheaper than vpermw from a widened copy, ~3 % of the kernel's time from L2).
+inline __m512i q4_K_block_sums(const block_q4_K& xb, const Q8KPrepared& yp, const Q4KConsts& c, __m512i sc) {
   const char* ahead = reinterpret_cast<const char*>(&xb) + kQ4KPrefetchBytes;
   _mm_prefetch(ahead, _MM_HINT_T0);
   _mm_prefetch(ahead + 64, _MM_HINT_T0);
   _mm_prefetch(ahead + 128, _MM_HINT_T0);
-  scale_min = scale_min_k4_vec(xb.scales);
-  // The scale bytes in every 128-bit lane, widened to int16 per register by an in-lane vpshufb (cheaper
-  // than vpermw from a widened copy, ~3 % of the kernel's time from L2).
-  const __m512i sc = _mm512_broadcast_i32x4(scale_min);
   const __m512i bits0 = load64(xb.qs), bits1 = load64(xb.qs + 64);
   const __m512i s0 =
       _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits0, c.m4), yp.y[0]),
@@ -324,8 +332,8 @@ void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
     for (int64_t i = 0; i < nb; ++i) {
       const block_q4_K& xb = x[i];
       const Q8KPrepared& yp = prep[i];
-      __m128i scale_min;
-      const __m512i s = q4_K_block_sums(xb, yp, c, scale_min);
+      const __m128i scale_min = scale_min_k4_vec(xb.scales);
+      const __m512i s = q4_K_block_sums(xb, yp, c, _mm512_broadcast_i32x4(scale_min));
       // [y.d * h2f(x.d), y.d * h2f(x.dmin)]: d, and dmin = -y.d * h2f(x.dmin) once negated (exactly).
       uint32_t dm;
       std::memcpy(&dm, &xb.d, sizeof(dm));
@@ -347,75 +355,68 @@ inline void keep_prefetch_in_place() {
   asm volatile("" ::: "memory");
 }
 
-/// Blocks 2p and 2p + 1 of a gemv group (blocks past `count` are zero unless kFull): their sums, each from
-/// 16 lanes to 8, side by side in `half` (128-bit lanes 0, 1: block 2p; 2, 3: block 2p + 1), and their
-/// scale/min bytes into 128-bit lanes 2p % 4, 2p % 4 + 1 of `scale_min`.
-template <int kPair, bool kFull>
-inline void gemv_pair(const block_q4_K* x, const Q8KPrepared* yp, int count, const Q4KConsts& c,
-                      __m512i& half, __m512i& scale_min) {
+/// Blocks 2p and 2p + 1 of a gemv group (blocks from kCount on are zero): their sums, each from
+/// 16 lanes to 8, side by side (128-bit lanes 0, 1: block 2p; 2, 3: block 2p + 1). `scale_min`: lane j
+/// block j's scales and mins.
+template <int kPair, int kCount>
+inline __m512i gemv_pair(const block_q4_K* x, const Q8KPrepared* yp, const Q4KConsts& c, __m512i scale_min) {
   constexpr int j = 2 * kPair;
   __m512i sa = _mm512_setzero_si512(), sb = sa;
-  __m128i ma = _mm_setzero_si128(), mb = ma;
   keep_prefetch_in_place();
-  if (kFull || j < count) sa = q4_K_block_sums(x[j], yp[j], c, ma);
+  if constexpr (j < kCount)
+    sa = q4_K_block_sums(x[j], yp[j], c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j));
   keep_prefetch_in_place();
-  if (kFull || j + 1 < count) sb = q4_K_block_sums(x[j + 1], yp[j + 1], c, mb);
-  half = _mm512_add_epi32(_mm512_shuffle_i64x2(sa, sb, 0x44), _mm512_shuffle_i64x2(sa, sb, 0xee));
-  scale_min = _mm512_inserti32x4(scale_min, ma, j % 4);
-  scale_min = _mm512_inserti32x4(scale_min, mb, (j + 1) % 4);
+  if constexpr (j + 1 < kCount) {
+    sb = q4_K_block_sums(x[j + 1], yp[j + 1], c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * (j + 1)));
+  }
+  return _mm512_add_epi32(_mm512_shuffle_i64x2(sa, sb, 0x44), _mm512_shuffle_i64x2(sa, sb, 0xee));
 }
 
-/// Two registers of four blocks each (128-bit lane L: 4 lanes of block L's scale sums in `s`, of its min
-/// products in `m`) -> 128-bit lane L = [scale integer, min integer, the same two again] of block L.
-inline __m512i gemv_integers(__m512i s, __m512i m) {
-  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s, m), _mm512_unpackhi_epi64(s, m));
-  return _mm512_add_epi32(_mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0x88)),
-                          _mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0xdd)));
-}
-
-/// kGemvGroup blocks of a row (the first `count` of them unless kFull) into the gemv order's two chains, held
+/// The first kCount (1..kGemvGroup) blocks of a group of a row into the gemv order's two chains, held
 /// in lanes 0 (scales) and 1 (mins) of `acc`: for each block j in order, acc[0] = fma(float(scale integer j),
 /// y.d * h2f(d_j), acc[0]) and acc[1] = fma(float(min integer j), y.d * h2f(dmin_j), acc[1]) - the
 /// operations of dot_q4_K_q8_K_gemv_ref, two lanes of one FMA. The integers are exact whichever way they are
-/// summed: the 8 blocks' 16-lane sums are reduced together by shuffles that pair registers (~3 instructions
+/// summed: the 4 blocks' 16-lane sums are reduced together by shuffles that pair registers (~3 instructions
 /// a block, where reducing each block alone took ~14 and a trip through a general register), and the mins'
-/// dot with the bsum pairs is two madds for the 8 blocks. Everything stays in registers except the final
+/// dot with the bsum pairs is one madd for the 4 blocks. Everything stays in registers except the final
 /// integers and scale products, stored whole and read back per block (loads within one store, so they are
-/// forwarded).
-template <bool kFull>
-inline void gemv_group(const block_q4_K* x, const Q8KPrepared* yp, const Q8KGroupPrepared& yg, int count,
+/// forwarded). Four blocks, not eight: a row's last, partial group (MoE expert rows are 4 or 11 blocks)
+/// costs as much as a full one.
+template <int kCount>
+inline void gemv_group(const block_q4_K* x, const Q8KPrepared* yp, const Q8KGroupPrepared& yg,
                        const Q4KConsts& c, __m128& acc) {
-  __m512i half[4];
-  __m512i scale_min[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  gemv_pair<0, kFull>(x, yp, count, c, half[0], scale_min[0]);
-  gemv_pair<1, kFull>(x, yp, count, c, half[1], scale_min[0]);
-  gemv_pair<2, kFull>(x, yp, count, c, half[2], scale_min[1]);
-  gemv_pair<3, kFull>(x, yp, count, c, half[3], scale_min[1]);
-  // Register h, 128-bit lane L: 4 lanes of block 4h + L's scale sums.
-  const __m512i s0 = _mm512_add_epi32(_mm512_shuffle_i64x2(half[0], half[1], 0x88),
-                                      _mm512_shuffle_i64x2(half[0], half[1], 0xdd));
-  const __m512i s1 = _mm512_add_epi32(_mm512_shuffle_i64x2(half[2], half[3], 0x88),
-                                      _mm512_shuffle_i64x2(half[2], half[3], 0xdd));
+  // Lane j: 16 bytes from block j's scales (zero from kCount on), then its scales and mins.
+  __m128i raw[kGemvGroup];
+  for (int j = 0; j < kGemvGroup; ++j) {
+    raw[j] =
+        j < kCount ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[j].scales)) : _mm_setzero_si128();
+  }
+  const __m512i scale_min = scale_min_k4_x4(_mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_set_m128i(raw[1], raw[0])), _mm256_set_m128i(raw[3], raw[2]), 1));
+  const __m512i half0 = gemv_pair<0, kCount>(x, yp, c, scale_min);
+  const __m512i half1 = gemv_pair<1, kCount>(x, yp, c, scale_min);
+  // 128-bit lane L: 4 lanes of block L's scale sums.
+  const __m512i s =
+      _mm512_add_epi32(_mm512_shuffle_i64x2(half0, half1, 0x88), _mm512_shuffle_i64x2(half0, half1, 0xdd));
   // The mins (bytes 8..15 of each 128-bit lane, widened) times the bsum pairs: 4 lanes per block.
-  const __m512i zero = _mm512_setzero_si512();
-  const __m512i m0 = _mm512_madd_epi16(_mm512_unpackhi_epi8(scale_min[0], zero), yg.bsum_pairs[0]);
-  const __m512i m1 = _mm512_madd_epi16(_mm512_unpackhi_epi8(scale_min[1], zero), yg.bsum_pairs[1]);
+  const __m512i m = _mm512_madd_epi16(_mm512_unpackhi_epi8(scale_min, _mm512_setzero_si512()), yg.bsum_pairs);
+  // 128-bit lane L = [scale integer, min integer, the same two again] of block L.
+  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s, m), _mm512_unpackhi_epi64(s, m));
+  const __m512i sm = _mm512_add_epi32(_mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0x88)),
+                                      _mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0xdd)));
   // f + 4j: [float(scale integer), float(min integer), ...] of block j; dd + 2j: its two scale products.
   alignas(64) float f[4 * kGemvGroup];
-  _mm512_store_ps(f, _mm512_cvtepi32_ps(gemv_integers(s0, m0)));
-  _mm512_store_ps(f + 16, _mm512_cvtepi32_ps(gemv_integers(s1, m1)));
+  _mm512_store_ps(f, _mm512_cvtepi32_ps(sm));
   uint32_t dm[kGemvGroup];  // the blocks' d and dmin (fp16), as stored
   for (int j = 0; j < kGemvGroup; ++j) {
     dm[j] = 0;
-    if (kFull || j < count) std::memcpy(&dm[j], &x[j].d, sizeof(uint32_t));
+    if (j < kCount) std::memcpy(&dm[j], &x[j].d, sizeof(uint32_t));
   }
-  const __m256i dm8 = _mm256_setr_epi32(
-      static_cast<int>(dm[0]), static_cast<int>(dm[1]), static_cast<int>(dm[2]), static_cast<int>(dm[3]),
-      static_cast<int>(dm[4]), static_cast<int>(dm[5]), static_cast<int>(dm[6]), static_cast<int>(dm[7]));
-  alignas(64) float dd[2 * kGemvGroup];
-  _mm512_store_ps(dd, _mm512_mul_ps(yg.d_pairs, _mm512_cvtph_ps(dm8)));
-  const int n = kFull ? kGemvGroup : count;
-  for (int j = 0; j < n; ++j) {
+  const __m128i dm4 = _mm_setr_epi32(static_cast<int>(dm[0]), static_cast<int>(dm[1]),
+                                     static_cast<int>(dm[2]), static_cast<int>(dm[3]));
+  alignas(32) float dd[2 * kGemvGroup];
+  _mm256_store_ps(dd, _mm256_mul_ps(yg.d_pairs, _mm256_cvtph_ps(dm4)));
+  for (int j = 0; j < kCount; ++j) {
     const __m128 d = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dd + 2 * j)));
     acc = _mm_fmadd_ps(_mm_load_ps(f + 4 * j), d, acc);
   }
@@ -439,10 +440,14 @@ void rows_q4_K_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const voi
     const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
     __m128 acc = _mm_setzero_ps();
     for (int64_t g = 0; g < full; ++g) {
-      gemv_group<true>(x + g * kGemvGroup, prep + g * kGemvGroup, groups[g], kGemvGroup, c, acc);
+      gemv_group<kGemvGroup>(x + g * kGemvGroup, prep + g * kGemvGroup, groups[g], c, acc);
     }
     if (rest != 0) {
-      gemv_group<false>(x + full * kGemvGroup, prep + full * kGemvGroup, groups[full], rest, c, acc);
+      const block_q4_K* xt = x + full * kGemvGroup;
+      const Q8KPrepared* yt = prep + full * kGemvGroup;
+      if (rest == 1) gemv_group<1>(xt, yt, groups[full], c, acc);
+      if (rest == 2) gemv_group<2>(xt, yt, groups[full], c, acc);
+      if (rest == 3) gemv_group<3>(xt, yt, groups[full], c, acc);
     }
     out[r] = _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
   }
