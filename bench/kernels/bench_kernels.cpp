@@ -7,6 +7,8 @@
 //   bench_kernels --big --benchmark_filter='1024MiB'
 //   bench_kernels --big --benchmark_filter='MatvecVsStream/.*/1024MiB/t2'
 //                                      # matvec's ratio to a read of the same memory, pass by pass
+//   bench_kernels --benchmark_filter='Q4KShape'
+//                                      # Q4_K in both summation orders on the benchmark models' shapes
 //
 // Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
 // set, tiled), so the kernels see valid scales; values do not affect speed. Q4_K matrices get a row count
@@ -23,6 +25,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor/kernel_table.h"
@@ -210,6 +213,39 @@ void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order) 
   state.counters["ratio"] = median(ratio);
 }
 
+/// One thread, one Q4_K matrix of the given shape (1.6-6.5 MB, L3-resident), in the repacked gemv order
+/// (rows as given, a multiple of 8) or the vec_dot order (one row fewer): the kernels' CPU cost per weight
+/// byte on the shapes decode multiplies (issue #29; bench/e2e models: dense 2048 / 5632, MoE experts 1024 /
+/// 2816 columns).
+void BM_Q4KShape(benchmark::State& state, bool vec_dot_order) {
+  const GgmlType t = GgmlType::Q4_K;
+  const int64_t rows = state.range(0) - (vec_dot_order ? 1 : 0);
+  const int64_t cols = state.range(1);
+  const size_t rb = detail::row_bytes(t, cols);
+  AlignedBuffer buf(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r < 16) {
+      for (auto& v : x) v = dist(rng);
+      quantize_row(t, x.data(), buf.data + rb * static_cast<size_t>(r), cols);
+    } else {
+      std::memcpy(buf.data + rb * static_cast<size_t>(r), buf.data + rb * static_cast<size_t>(r % 16), rb);
+    }
+  }
+  for (auto& v : x) v = dist(rng);
+  set_isa(detect_isa());
+  const MatrixView view{t, buf.data, cols, rows, rb};
+  std::vector<float> y(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    matvec(view, x.data(), y.data(), nullptr);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
+}
+
 void register_all(bool big) {
   std::vector<int64_t> sizes_kib = {256, 4 << 10, 64 << 10};  // L2-resident, L3-resident, DRAM
   if (big) {
@@ -250,6 +286,17 @@ void register_all(bool big) {
           ->Args({kib, threads})
           ->UseRealTime()
           ->MinTime(big ? 2.0 : 0.5);
+    }
+  }
+  for (bool vec_dot_order : {false, true}) {
+    for (auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{2048, 2048}, {5632, 2048}, {2048, 5632}, {2816, 1024}, {1024, 2816}}) {
+      const std::string name = std::string("Q4KShape/") + (vec_dot_order ? "vecdot" : "gemv") + "/" +
+                               std::to_string(rows) + "x" + std::to_string(cols);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [vec_dot_order](benchmark::State& s) { BM_Q4KShape(s, vec_dot_order); })
+          ->Args({rows, cols})
+          ->MinTime(0.3);
     }
   }
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
