@@ -348,11 +348,13 @@ void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
   }
 }
 
-/// A compiler scheduling barrier between the blocks of a gemv group. Without it GCC hoists the group's 24
+/// A compiler scheduling barrier between the blocks of a gemv group. Without it GCC hoists a group's
 /// prefetches (3 per block, no dependencies) to the group's start; in a 1 GiB matvec that burst made the
-/// kernel ~10 % slower than with each block's prefetches beside its work (issue #29).
+/// kernel ~10 % slower than with each block's prefetches beside its work (issue #29). A volatile asm is a
+/// barrier to GCC's scheduler by itself; no "memory" clobber, which made GCC reload the kernel's constants
+/// (the nibble mask, the shuffle indices) from the stack after every barrier (5-8 % of its CPU time).
 inline void keep_prefetch_in_place() {
-  asm volatile("" ::: "memory");
+  asm volatile("");
 }
 
 /// Blocks 2p and 2p + 1 of a gemv group (blocks from kCount on are zero): their sums, each from
