@@ -7,9 +7,14 @@
 //   bench_kernels --big --benchmark_filter='1024MiB'
 //   bench_kernels --big --benchmark_filter='MatvecVsStream/.*/1024MiB/t2'
 //                                      # matvec's ratio to a read of the same memory, pass by pass
+//   bench_kernels --benchmark_filter='Q4KShape'
+//                                      # Q4_K in both summation orders on the benchmark models' shapes
 //
 // Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
-// set, tiled), so the kernels see valid scales; values do not affect speed.
+// set, tiled), so the kernels see valid scales; values do not affect speed. Q4_K matrices get a row count
+// that is a multiple of 8, as every Q4_K matrix of a real model has, so they are products in llama.cpp's
+// repacked gemv order (kernel_table.h repacked()), the one decode runs; MatvecVsStream/Q4_K_vecdot takes one
+// row fewer, which keeps ggml_vec_dot_q4_K_q8_K's order (issue #29 compares the two).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -20,6 +25,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor/kernel_table.h"
@@ -55,18 +61,29 @@ struct Matrix {
   MatrixView view;
 };
 
-Matrix& matrix(GgmlType t, size_t bytes) {
-  static std::vector<std::pair<std::pair<GgmlType, size_t>, std::unique_ptr<Matrix>>> cache;
+/// `vec_dot_order`: for Q4_K, a row count that is not a multiple of 8 (the product keeps the vec_dot order);
+/// otherwise Q4_K rows are rounded down to a multiple of 8 (the repacked gemv order).
+Matrix& matrix(GgmlType t, size_t bytes, bool vec_dot_order = false) {
+  struct Key {
+    GgmlType type;
+    size_t bytes;
+    bool vec_dot_order;
+    bool operator==(const Key&) const = default;
+  };
+  static std::vector<std::pair<Key, std::unique_ptr<Matrix>>> cache;
+  const Key want{t, bytes, vec_dot_order};
   for (auto& [key, m] : cache) {
-    if (key.first == t && key.second == bytes) return *m;
+    if (key == want) return *m;
   }
   // Keep at most one big matrix alive.
   if (bytes >= (256u << 20)) {
-    std::erase_if(cache, [](const auto& e) { return e.first.second >= (256u << 20); });
+    std::erase_if(cache, [](const auto& e) { return e.first.bytes >= (256u << 20); });
   }
   auto m = std::make_unique<Matrix>();
   const size_t rb = detail::row_bytes(t, kCols);
-  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(bytes / rb));
+  int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(bytes / rb));
+  if (t == GgmlType::Q4_K && !vec_dot_order && rows >= 8) rows -= rows % 8;
+  if (t == GgmlType::Q4_K && vec_dot_order && rows % 8 == 0) rows -= 1;
   m->buf = std::make_unique<AlignedBuffer>(rb * static_cast<size_t>(rows));
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -80,11 +97,11 @@ Matrix& matrix(GgmlType t, size_t bytes) {
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(m->buf->data + rb * r, rows_q.data() + rb * (r % kDistinct), rb);
   m->view = MatrixView{t, m->buf->data, kCols, rows, rb};
-  cache.emplace_back(std::make_pair(t, bytes), std::move(m));
+  cache.emplace_back(want, std::move(m));
   return *cache.back().second;
 }
 
-void BM_Matvec(benchmark::State& state, GgmlType t, Isa isa) {
+void BM_Matvec(benchmark::State& state, GgmlType t, Isa isa, bool vec_dot_order) {
   if (isa != Isa::scalar &&
       (detect_isa() == Isa::scalar || (isa == Isa::avx512 && detect_isa() != Isa::avx512))) {
     state.SkipWithError("ISA not supported by this CPU");
@@ -92,7 +109,7 @@ void BM_Matvec(benchmark::State& state, GgmlType t, Isa isa) {
   }
   const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
   const int threads = static_cast<int>(state.range(1));
-  Matrix& m = matrix(t, bytes);
+  Matrix& m = matrix(t, bytes, vec_dot_order);
   set_isa(isa);
   std::vector<float> x(kCols), y(static_cast<size_t>(m.view.rows));
   std::mt19937 rng(2);
@@ -158,14 +175,14 @@ void BM_StreamRead(benchmark::State& state) {
 /// matvec against a streaming read of the same matrix memory, back to back pass by pass (the shared machine's
 /// bandwidth drifts by tens of percent between seconds, so separate runs compare poorly). Counters: medians
 /// over the passes of the stream's and matvec's GiB/s and of their ratio (matvec / stream, per pair).
-void BM_MatvecVsStream(benchmark::State& state, GgmlType t) {
+void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order) {
   if (detect_isa() != Isa::avx512) {
     state.SkipWithError("needs avx512");
     return;
   }
   const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
   const int threads = static_cast<int>(state.range(1));
-  Matrix& m = matrix(t, bytes);
+  Matrix& m = matrix(t, bytes, vec_dot_order);
   set_isa(Isa::avx512);
   const size_t wbytes = static_cast<size_t>(m.view.rows) * m.view.row_bytes;
   std::vector<float> x(kCols, 0.5f), y(static_cast<size_t>(m.view.rows));
@@ -196,6 +213,39 @@ void BM_MatvecVsStream(benchmark::State& state, GgmlType t) {
   state.counters["ratio"] = median(ratio);
 }
 
+/// One thread, one Q4_K matrix of the given shape (1.6-6.5 MB, L3-resident), in the repacked gemv order
+/// (rows as given, a multiple of 8) or the vec_dot order (one row fewer): the kernels' CPU cost per weight
+/// byte on the shapes decode multiplies (issue #29; bench/e2e models: dense 2048 / 5632, MoE experts 1024 /
+/// 2816 columns).
+void BM_Q4KShape(benchmark::State& state, bool vec_dot_order) {
+  const GgmlType t = GgmlType::Q4_K;
+  const int64_t rows = state.range(0) - (vec_dot_order ? 1 : 0);
+  const int64_t cols = state.range(1);
+  const size_t rb = detail::row_bytes(t, cols);
+  AlignedBuffer buf(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r < 16) {
+      for (auto& v : x) v = dist(rng);
+      quantize_row(t, x.data(), buf.data + rb * static_cast<size_t>(r), cols);
+    } else {
+      std::memcpy(buf.data + rb * static_cast<size_t>(r), buf.data + rb * static_cast<size_t>(r % 16), rb);
+    }
+  }
+  for (auto& v : x) v = dist(rng);
+  set_isa(detect_isa());
+  const MatrixView view{t, buf.data, cols, rows, rb};
+  std::vector<float> y(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    matvec(view, x.data(), y.data(), nullptr);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
+}
+
 void register_all(bool big) {
   std::vector<int64_t> sizes_kib = {256, 4 << 10, 64 << 10};  // L2-resident, L3-resident, DRAM
   if (big) {
@@ -221,29 +271,56 @@ void register_all(bool big) {
       for (int threads : {1, 2}) {
         const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) + "/" +
                                  name_size(kib) + "/t" + std::to_string(threads);
-        benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_MatvecVsStream(s, t); })
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [t](benchmark::State& s) { BM_MatvecVsStream(s, t, false); })
             ->Args({kib, threads})
             ->UseRealTime()
             ->MinTime(big ? 2.0 : 0.5);
       }
+    }
+    for (int threads : {1, 2}) {
+      const std::string name =
+          "MatvecVsStream/Q4_K_vecdot/" + name_size(kib) + "/t" + std::to_string(threads);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [](benchmark::State& s) { BM_MatvecVsStream(s, GgmlType::Q4_K, true); })
+          ->Args({kib, threads})
+          ->UseRealTime()
+          ->MinTime(big ? 2.0 : 0.5);
+    }
+  }
+  for (bool vec_dot_order : {false, true}) {
+    for (auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{2048, 2048}, {5632, 2048}, {2048, 5632}, {2816, 1024}, {1024, 2816}}) {
+      const std::string name = std::string("Q4KShape/") + (vec_dot_order ? "vecdot" : "gemv") + "/" +
+                               std::to_string(rows) + "x" + std::to_string(cols);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [vec_dot_order](benchmark::State& s) { BM_Q4KShape(s, vec_dot_order); })
+          ->Args({rows, cols})
+          ->MinTime(0.3);
     }
   }
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                             GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                             GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
   for (GgmlType t : types) {
-    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-      for (int64_t kib : sizes_kib) {
-        // The scalar kernels are only the oracle: measure them at one small size.
-        if (isa == Isa::scalar && kib > (4 << 10)) continue;
-        for (int threads : {1, 2}) {
-          const std::string name = "Matvec/" + std::string(car::ggml_type_name(t)) + "/" +
-                                   std::string(isa_name(isa)) + "/" + name_size(kib) + "/t" +
-                                   std::to_string(threads);
-          benchmark::RegisterBenchmark(name.c_str(), [t, isa](benchmark::State& s) { BM_Matvec(s, t, isa); })
-              ->Args({kib, threads})
-              ->UseRealTime()
-              ->MinTime(big ? 1.0 : 0.2);
+    // Q4_K twice: the repacked gemv order (rows % 8 == 0, as in models) and the vec_dot order.
+    for (bool vec_dot_order : {false, true}) {
+      if (vec_dot_order && t != GgmlType::Q4_K) continue;
+      for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+        for (int64_t kib : sizes_kib) {
+          // The scalar kernels are only the oracle: measure them at one small size.
+          if (isa == Isa::scalar && kib > (4 << 10)) continue;
+          for (int threads : {1, 2}) {
+            const std::string name = "Matvec/" + std::string(car::ggml_type_name(t)) +
+                                     (vec_dot_order ? "_vecdot" : "") + "/" + std::string(isa_name(isa)) +
+                                     "/" + name_size(kib) + "/t" + std::to_string(threads);
+            benchmark::RegisterBenchmark(
+                name.c_str(),
+                [t, isa, vec_dot_order](benchmark::State& s) { BM_Matvec(s, t, isa, vec_dot_order); })
+                ->Args({kib, threads})
+                ->UseRealTime()
+                ->MinTime(big ? 1.0 : 0.2);
+          }
         }
       }
     }

@@ -70,11 +70,9 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
   return hsum8(acc) + hsum4(acc_m);
 }
 
-/// Q4_K in llama.cpp's repacked orders (kernel_table.h repacked(); dot_q4_K_q8_K_gemv_ref / _gemm_ref): the
-/// integer sums of dot_q4_K, reduced exactly to one int per super-block (kGemm false) or per 64 elements
-/// (true), then the same FMA chains as the references.
-template <bool kGemm>
-float dot_q4_K_repacked(const void* w, const void* a, int64_t n) {
+/// Q4_K in llama.cpp's repacked gemm order (kernel_table.h repacked(); dot_q4_K_q8_K_gemm_ref): the integer
+/// sums of dot_q4_K, reduced exactly to one int per 64 elements, then the same FMA chains as the reference.
+float dot_q4_K_gemm(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q4_K*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
   const int64_t nb = n / QK_K;
@@ -87,26 +85,75 @@ float dot_q4_K_repacked(const void* w, const void* a, int64_t n) {
     const __m128i mins = mins_dot_bsums(sm + 2, y[i].bsums);  // lane g: the mins term of elements 64g..64g+63
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
-    __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
       const GroupProducts p = q4_group_products(q4, q8, sc16, j);
-      const __m256i s = _mm256_add_epi32(p.lo, p.hi);
-      if constexpr (kGemm) {
-        acc = std::fma(static_cast<float>(hsum_i32x8(s)), d, acc);
-      } else {
-        sumi = _mm256_add_epi32(sumi, s);
-      }
+      acc = std::fma(static_cast<float>(hsum_i32x8(_mm256_add_epi32(p.lo, p.hi))), d, acc);
     }
-    if constexpr (kGemm) {
-      alignas(16) int32_t m[4];
-      _mm_store_si128(reinterpret_cast<__m128i*>(m), mins);
-      for (int g = 0; g < 4; ++g) acc_m = std::fma(static_cast<float>(m[g]), dmin, acc_m);
-    } else {
-      acc = std::fma(static_cast<float>(hsum_i32x8(sumi)), d, acc);
-      acc_m = std::fma(static_cast<float>(hsum_i32x4(mins)), dmin, acc_m);
-    }
+    alignas(16) int32_t m[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(m), mins);
+    for (int g = 0; g < 4; ++g) acc_m = std::fma(static_cast<float>(m[g]), dmin, acc_m);
   }
   return acc - acc_m;
+}
+
+/// One super-block in the gemv order: its scale products as int32x8 (their total is the block's scale
+/// integer) and its mins term in 4 lanes (their total the min integer), both exact.
+struct GemvBlock {
+  __m256i s;
+  __m128i m;
+};
+GemvBlock q4_K_gemv_block(const block_q4_K& x, const block_q8_K& y) {
+  uint32_t sm[4];
+  const __m256i sc16 = k4_scales16(x.scales, sm);
+  const uint8_t* q4 = x.qs;
+  const int8_t* q8 = y.qs;
+  __m256i sumi = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j, q4 += 32, q8 += 64) {
+    const GroupProducts p = q4_group_products(q4, q8, sc16, j);
+    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p.lo, p.hi));
+  }
+  return {sumi, mins_dot_bsums(sm + 2, y.bsums)};
+}
+
+/// [h2f(x.d) * y.d, h2f(x.dmin) * y.d, 0, 0]: the block's two scale products (x.d and x.dmin are adjacent).
+__m128 gemv_scales(const block_q4_K& x, const block_q8_K& y) {
+  uint32_t dm;
+  std::memcpy(&dm, &x.d, sizeof(dm));
+  return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm))), _mm_set1_ps(y.d));
+}
+
+/// Q4_K in llama.cpp's repacked gemv order (dot_q4_K_q8_K_gemv_ref): the two FMA chains (scales, mins) run as
+/// lanes 0 and 1 of one FMA, block after block as the reference runs them, and the blocks' exact integers
+/// are reduced four blocks at a time (two rounds of hadd for the four blocks instead of a horizontal sum,
+/// a conversion and a scalar FMA per block and chain - issue #29). Equal to the reference bit for bit.
+float dot_q4_K_gemv(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q4_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  __m128 acc = _mm_setzero_ps();  // lane 0: the scales' chain, lane 1: the mins'; lanes 2, 3 stay 0
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4) {
+    const GemvBlock b0 = q4_K_gemv_block(x[i], y[i]), b1 = q4_K_gemv_block(x[i + 1], y[i + 1]);
+    const GemvBlock b2 = q4_K_gemv_block(x[i + 2], y[i + 2]), b3 = q4_K_gemv_block(x[i + 3], y[i + 3]);
+    // Lane k: block i + k's integer.
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(b0.s, b1.s), _mm256_hadd_epi32(b2.s, b3.s));
+    const __m128 s =
+        _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    const __m128 m = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(b0.m, b1.m), _mm_hadd_epi32(b2.m, b3.m)));
+    const __m128 lo = _mm_unpacklo_ps(s, m);  // [s0, m0, s1, m1]
+    const __m128 hi = _mm_unpackhi_ps(s, m);  // [s2, m2, s3, m3]
+    acc = _mm_fmadd_ps(lo, gemv_scales(x[i], y[i]), acc);
+    acc = _mm_fmadd_ps(_mm_movehl_ps(lo, lo), gemv_scales(x[i + 1], y[i + 1]), acc);
+    acc = _mm_fmadd_ps(hi, gemv_scales(x[i + 2], y[i + 2]), acc);
+    acc = _mm_fmadd_ps(_mm_movehl_ps(hi, hi), gemv_scales(x[i + 3], y[i + 3]), acc);
+  }
+  for (; i < nb; ++i) {
+    const GemvBlock b = q4_K_gemv_block(x[i], y[i]);
+    const __m128 sm =
+        _mm_setr_ps(static_cast<float>(hsum_i32x8(b.s)), static_cast<float>(hsum_i32x4(b.m)), 0, 0);
+    acc = _mm_fmadd_ps(sm, gemv_scales(x[i], y[i]), acc);
+  }
+  return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
 }
 
 float dot_q5_K(const void* w, const void* a, int64_t n) {
@@ -254,8 +301,8 @@ void avx2::add_k_quant_kernels(DotKernels& k) {
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
-  k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_repacked<false>;
-  k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_repacked<true>;
+  k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_gemv;
+  k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_gemm;
 }
 
 }  // namespace car::tensor::detail

@@ -1,10 +1,10 @@
 // AVX-512 multi-row kernels for matvec (y = W x, DotKernels::rows): Q8_0 in row pairs, the nibble formats
 // (Q4_0, Q5_0, Q4_1, Q5_1) in rows of four, Q4_K one row at a time with its activation side prepared once per
-// call, Q6_K one row at a time with a software prefetch. Each result equals the table's dot kernel for that
-// row bit for bit (the same float operations in the same order; integer sums, being exact, may be formed
+// call (in ggml_vec_dot's order, and in llama.cpp's repacked gemv order with the blocks' sums reduced eight
+// at a time), Q6_K one row at a time with a software prefetch. Each result equals the table's dot kernel for
+// that row bit for bit (the same float operations in the same order; integer sums, being exact, may be formed
 // differently); tests/tensor/rows_kernel_test.cpp checks that. Reading rows side by side defeats the hardware
 // prefetcher, so these kernels prefetch in software.
-#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -201,32 +201,42 @@ inline __m128i scale_min_k4_vec(const uint8_t* q) {
   return _mm_or_si128(low_bits, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
 }
 
-/// The activation side of rows_q4_K for one Q8_K block, formed once per call instead of once per row: the
-/// values in the 512-bit pairings dot_k4 builds with load32x2, the bsums summed in pairs (as mins_dot_bsums
-/// forms them) and the scale.
+/// scale_min_k4_vec for four blocks at once: 128-bit lane j of `v` holds 16 bytes from block j's scales,
+/// lane j of the result its 8 scales (bytes 0..7) and 8 mins (8..15). The same shuffles and masks per lane.
+inline __m512i scale_min_k4_x4(__m512i v) {
+  const __m512i lo = _mm512_shuffle_epi8(
+      v, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+  const __m512i hi = _mm512_shuffle_epi8(
+      v, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+  const __m512i low_bits = _mm512_and_si512(
+      _mm512_mask_blend_epi8(0xf000f000f000f000ull, lo, _mm512_srli_epi16(lo, 4)),
+      _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)));
+  return _mm512_or_si512(low_bits, _mm512_and_si512(_mm512_srli_epi16(hi, 2), _mm512_set1_epi8(0x30)));
+}
+
+/// The activation side of the Q4_K rows kernels for one Q8_K block, formed once per call instead of once per
+/// row: the values in the 512-bit pairings dot_k4 builds with load32x2, the bsums summed in pairs (as
+/// mins_dot_bsums forms them) and the scale.
 struct alignas(64) Q8KPrepared {
   __m512i y[4];  ///< (qs 0..31 | 64..95), (32..63 | 96..127), then the same for qs 128..255
   __m128i bsum_pairs;
   float d;
 };
 
+/// The activation side of rows_q4_K_gemv for a group of kGemvGroup Q8_K blocks (see gemv_group): the group's
+/// bsum pairs (128-bit lane j: block j's 8 int16) and y.d of each block twice ([d0, d0, d1, d1, ...], the
+/// pairing of the weights' (d, dmin) halves). Blocks past the row's end are zero.
+constexpr int kGemvGroup = 4;
+struct alignas(64) Q8KGroupPrepared {
+  __m512i bsum_pairs;
+  __m256 d_pairs;
+};
+
 thread_local std::vector<Q8KPrepared> tls_q8k_prepared;
+thread_local std::vector<Q8KGroupPrepared> tls_q8k_group_prepared;
 
-/// How far ahead rows_q4_K prefetches its weights. With 2 threads the hardware prefetcher alone left the
-/// (faster) kernel at ~60 % of the read bandwidth; 1 KiB ahead was not enough, 4-16 KiB all helped.
-constexpr int64_t kQ4KPrefetchBytes = 8192;
-
-/// matvec for Q4_K: dot_k4<false> per row with the activation side prepared once (Q8KPrepared), the scales
-/// and mins unpacked with shuffles, the four products of a block in two chains, and the weights prefetched
-/// kQ4KPrefetchBytes ahead (past the matrix's end too: prefetches do not fault). The integer sums are
-/// the same (only their association changes, which integers do not see) and the float operations are
-/// dot_k4's in its order, so each result equals dot_q4_K bit for bit. (Two rows side by side, sharing the
-/// activation loads, were slower.)
-template <bool kRepacked>
-void rows_q4_K_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
-                    float* out) {
-  const auto* y = static_cast<const block_q8_K*>(act);
-  const int64_t nb = n / QK_K;
+/// The calling thread's Q8KPrepared for y's nb blocks (valid until its next call).
+const Q8KPrepared* prepare_q8_K(const block_q8_K* y, int64_t nb) {
   std::vector<Q8KPrepared>& prep = tls_q8k_prepared;
   if (prep.size() < static_cast<size_t>(nb)) prep.resize(static_cast<size_t>(nb));
   for (int64_t i = 0; i < nb; ++i) {
@@ -239,68 +249,210 @@ void rows_q4_K_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const voi
     prep[i].bsum_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
     prep[i].d = y[i].d;
   }
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i p00 = perm_idx(kK4Perm[0][0]), p01 = perm_idx(kK4Perm[0][1]);
-  const __m512i p10 = perm_idx(kK4Perm[1][0]), p11 = perm_idx(kK4Perm[1][1]);
+  return prep.data();
+}
+
+/// The calling thread's Q8KGroupPrepared for the nb blocks of `prep` (valid until its next call).
+const Q8KGroupPrepared* prepare_q8_K_groups(const Q8KPrepared* prep, int64_t nb) {
+  const int64_t ng = (nb + kGemvGroup - 1) / kGemvGroup;
+  std::vector<Q8KGroupPrepared>& groups = tls_q8k_group_prepared;
+  if (groups.size() < static_cast<size_t>(ng)) groups.resize(static_cast<size_t>(ng));
+  for (int64_t g = 0; g < ng; ++g) {
+    alignas(64) __m128i pairs[kGemvGroup];
+    alignas(64) float d[2 * kGemvGroup];
+    for (int j = 0; j < kGemvGroup; ++j) {
+      const int64_t i = g * kGemvGroup + j;
+      pairs[j] = i < nb ? prep[i].bsum_pairs : _mm_setzero_si128();
+      d[2 * j] = d[2 * j + 1] = i < nb ? prep[i].d : 0.0f;
+    }
+    groups[g].bsum_pairs = _mm512_load_si512(pairs);
+    groups[g].d_pairs = _mm256_load_ps(d);
+  }
+  return groups.data();
+}
+
+/// How far ahead the Q4_K rows kernels prefetch their weights. With 2 threads the hardware prefetcher alone
+/// left the (faster) kernel at ~60 % of the read bandwidth; 1 KiB ahead was not enough, 4-16 KiB all helped.
+constexpr int64_t kQ4KPrefetchBytes = 8192;
+
+/// The constants of q4_K_block_sums.
+struct Q4KConsts {
+  __m512i m4 = _mm512_set1_epi8(0x0f);
+  // vpshufb indices that widen scale byte a into the int16 lanes of 128-bit lanes 0, 1 and scale byte b into
+  // those of lanes 2, 3 (the pairing of kK4Perm: sub-blocks {4jj, 4jj+2} low nibbles, {4jj+1, 4jj+3} high).
+  __m512i p00 = scale_pair_idx(0, 2), p01 = scale_pair_idx(1, 3);
+  __m512i p10 = scale_pair_idx(4, 6), p11 = scale_pair_idx(5, 7);
+  static __m512i scale_pair_idx(int a, int b) {
+    const __m512i lo = _mm512_set1_epi16(static_cast<int16_t>(0xff00 | a));
+    const __m512i hi = _mm512_set1_epi16(static_cast<int16_t>(0xff00 | b));
+    return _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1);
+  }
+};
+
+/// One Q4_K block against its prepared activations: prefetches kQ4KPrefetchBytes past the block, and returns
+/// 16 int32 lanes of scale * level * y (lanes k and k+8: bytes 4k..4k+3 of every 32-byte chunk, as dot_k4
+/// pairs them), whose sum is the block's exact scale integer. `sc`: the block's 8 scales in bytes 0..7 of
+/// every 128-bit lane (scale_min_k4_vec's layout), widened to int16 per register by an in-lane vpshufb
+/// (cheaper than vpermw from a widened copy, ~3 % of the kernel's time from L2).
+inline __m512i q4_K_block_sums(const block_q4_K& xb, const Q8KPrepared& yp, const Q4KConsts& c, __m512i sc) {
+  const char* ahead = reinterpret_cast<const char*>(&xb) + kQ4KPrefetchBytes;
+  _mm_prefetch(ahead, _MM_HINT_T0);
+  _mm_prefetch(ahead + 64, _MM_HINT_T0);
+  _mm_prefetch(ahead + 128, _MM_HINT_T0);
+  const __m512i bits0 = load64(xb.qs), bits1 = load64(xb.qs + 64);
+  const __m512i s0 =
+      _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits0, c.m4), yp.y[0]),
+                                            _mm512_shuffle_epi8(sc, c.p00)),
+                          _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits0, 4), c.m4), yp.y[1]),
+                          _mm512_shuffle_epi8(sc, c.p01));
+  const __m512i s1 =
+      _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits1, c.m4), yp.y[2]),
+                                            _mm512_shuffle_epi8(sc, c.p10)),
+                          _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits1, 4), c.m4), yp.y[3]),
+                          _mm512_shuffle_epi8(sc, c.p11));
+  return _mm512_add_epi32(s0, s1);
+}
+
+/// matvec for Q4_K: dot_k4<false> per row with the activation side prepared once (Q8KPrepared), the scales
+/// and mins unpacked with shuffles, the four products of a block in two chains, and the weights prefetched
+/// kQ4KPrefetchBytes ahead (past the matrix's end too: prefetches do not fault). The integer sums are
+/// the same (only their association changes, which integers do not see) and the float operations are
+/// dot_k4's in its order, so each result equals dot_q4_K bit for bit. (Two rows side by side, sharing the
+/// activation loads, were slower.)
+void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* out) {
+  const auto* y = static_cast<const block_q8_K*>(act);
+  const int64_t nb = n / QK_K;
+  const Q8KPrepared* prep = prepare_q8_K(y, nb);
+  const Q4KConsts c;
   const __m128 sign = _mm_set1_ps(-0.0f);
   for (int64_t r = 0; r < nrows; ++r) {
     const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
-    float acc_s = 0.0f, acc_ms = 0.0f;  // kRepacked
     for (int64_t i = 0; i < nb; ++i) {
       const block_q4_K& xb = x[i];
       const Q8KPrepared& yp = prep[i];
-      const char* ahead = reinterpret_cast<const char*>(&xb) + kQ4KPrefetchBytes;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
-      _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      const __m128i scale_min = scale_min_k4_vec(xb.scales);
+      const __m512i s = q4_K_block_sums(xb, yp, c, _mm512_broadcast_i32x4(scale_min));
       // [y.d * h2f(x.d), y.d * h2f(x.dmin)]: d, and dmin = -y.d * h2f(x.dmin) once negated (exactly).
       uint32_t dm;
       std::memcpy(&dm, &xb.d, sizeof(dm));
       const __m128 dd = _mm_mul_ps(_mm_set1_ps(yp.d), _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm))));
       const __m128 dmin = _mm_xor_ps(_mm_permute_ps(dd, 0x55), sign);
-      const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(scale_min_k4_vec(xb.scales)));
-      const __m128i mins = _mm_madd_epi16(_mm512_extracti32x4_epi32(sc16, 1), yp.bsum_pairs);
-      if constexpr (!kRepacked) acc_m = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m);
-      const __m512i bits0 = load64(xb.qs), bits1 = load64(xb.qs + 64);
-      const __m512i s0 = _mm512_dpwssd_epi32(
-          _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits0, m4), yp.y[0]),
-                            _mm512_permutexvar_epi16(p00, sc16)),
-          _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits0, 4), m4), yp.y[1]),
-          _mm512_permutexvar_epi16(p01, sc16));
-      const __m512i s1 = _mm512_dpwssd_epi32(
-          _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits1, m4), yp.y[2]),
-                            _mm512_permutexvar_epi16(p10, sc16)),
-          _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits1, 4), m4), yp.y[3]),
-          _mm512_permutexvar_epi16(p11, sc16));
-      if constexpr (kRepacked) {
-        // llama.cpp's repacked gemv: one exact integer per super-block for the scales and one for the mins.
-        acc_s = std::fma(static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1))),
-                         _mm_cvtss_f32(dd), acc_s);
-        acc_ms =
-            std::fma(static_cast<float>(hsum_i32x4(mins)), _mm_cvtss_f32(_mm_permute_ps(dd, 0x55)), acc_ms);
-      } else {
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(fold16(_mm512_add_epi32(s0, s1))),
-                              acc);
-      }
+      const __m128i mins =
+          _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(scale_min, scale_min)), yp.bsum_pairs);
+      acc_m = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m);
+      acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(fold16(s)), acc);
     }
-    if constexpr (kRepacked) {
-      out[r] = acc_s - acc_ms;
-    } else {
-      out[r] = hsum8(acc) + hsum4(acc_m);
-    }
+    out[r] = hsum8(acc) + hsum4(acc_m);
   }
 }
 
-void rows_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* out) {
-  rows_q4_K_impl<false>(w, row_bytes, nrows, act, n, out);
+/// A compiler scheduling barrier between the blocks of a gemv group. Without it GCC hoists a group's
+/// prefetches (3 per block, no dependencies) to the group's start; in a 1 GiB matvec that burst made the
+/// kernel ~10 % slower than with each block's prefetches beside its work (issue #29). A volatile asm is a
+/// barrier to GCC's scheduler by itself; no "memory" clobber, which made GCC reload the kernel's constants
+/// (the nibble mask, the shuffle indices) from the stack after every barrier (5-8 % of its CPU time).
+inline void keep_prefetch_in_place() {
+  asm volatile("");
 }
 
-/// rows_q4_K in llama.cpp's repacked gemv order (kernel_table.h repacked()): equals dot_q4_K_q8_K_gemv_ref.
+/// Blocks 2p and 2p + 1 of a gemv group (blocks from kCount on are zero): their sums, each from
+/// 16 lanes to 8, side by side (128-bit lanes 0, 1: block 2p; 2, 3: block 2p + 1). `scale_min`: lane j
+/// block j's scales and mins.
+template <int kPair, int kCount>
+inline __m512i gemv_pair(const block_q4_K* x, const Q8KPrepared* yp, const Q4KConsts& c, __m512i scale_min) {
+  constexpr int j = 2 * kPair;
+  __m512i sa = _mm512_setzero_si512(), sb = sa;
+  keep_prefetch_in_place();
+  if constexpr (j < kCount)
+    sa = q4_K_block_sums(x[j], yp[j], c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j));
+  keep_prefetch_in_place();
+  if constexpr (j + 1 < kCount) {
+    sb = q4_K_block_sums(x[j + 1], yp[j + 1], c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * (j + 1)));
+  }
+  return _mm512_add_epi32(_mm512_shuffle_i64x2(sa, sb, 0x44), _mm512_shuffle_i64x2(sa, sb, 0xee));
+}
+
+/// The first kCount (1..kGemvGroup) blocks of a group of a row into the gemv order's two chains, held
+/// in lanes 0 (scales) and 1 (mins) of `acc`: for each block j in order, acc[0] = fma(float(scale integer j),
+/// y.d * h2f(d_j), acc[0]) and acc[1] = fma(float(min integer j), y.d * h2f(dmin_j), acc[1]) - the
+/// operations of dot_q4_K_q8_K_gemv_ref, two lanes of one FMA. The integers are exact whichever way they are
+/// summed: the 4 blocks' 16-lane sums are reduced together by shuffles that pair registers (~3 instructions
+/// a block, where reducing each block alone took ~14 and a trip through a general register), and the mins'
+/// dot with the bsum pairs is one madd for the 4 blocks. Everything stays in registers except the final
+/// integers and scale products, stored whole and read back per block (loads within one store, so they are
+/// forwarded). Four blocks, not eight: a row's last, partial group (MoE expert rows are 4 or 11 blocks)
+/// costs as much as a full one.
+template <int kCount>
+inline void gemv_group(const block_q4_K* x, const Q8KPrepared* yp, const Q8KGroupPrepared& yg,
+                       const Q4KConsts& c, __m128& acc) {
+  // Lane j: 16 bytes from block j's scales (zero from kCount on), then its scales and mins.
+  __m128i raw[kGemvGroup];
+  for (int j = 0; j < kGemvGroup; ++j) {
+    raw[j] =
+        j < kCount ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[j].scales)) : _mm_setzero_si128();
+  }
+  const __m512i scale_min = scale_min_k4_x4(_mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_set_m128i(raw[1], raw[0])), _mm256_set_m128i(raw[3], raw[2]), 1));
+  const __m512i half0 = gemv_pair<0, kCount>(x, yp, c, scale_min);
+  const __m512i half1 = gemv_pair<1, kCount>(x, yp, c, scale_min);
+  // 128-bit lane L: 4 lanes of block L's scale sums.
+  const __m512i s =
+      _mm512_add_epi32(_mm512_shuffle_i64x2(half0, half1, 0x88), _mm512_shuffle_i64x2(half0, half1, 0xdd));
+  // The mins (bytes 8..15 of each 128-bit lane, widened) times the bsum pairs: 4 lanes per block.
+  const __m512i m = _mm512_madd_epi16(_mm512_unpackhi_epi8(scale_min, _mm512_setzero_si512()), yg.bsum_pairs);
+  // 128-bit lane L = [scale integer, min integer, the same two again] of block L.
+  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s, m), _mm512_unpackhi_epi64(s, m));
+  const __m512i sm = _mm512_add_epi32(_mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0x88)),
+                                      _mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0xdd)));
+  // f + 4j: [float(scale integer), float(min integer), ...] of block j; dd + 2j: its two scale products.
+  alignas(64) float f[4 * kGemvGroup];
+  _mm512_store_ps(f, _mm512_cvtepi32_ps(sm));
+  uint32_t dm[kGemvGroup];  // the blocks' d and dmin (fp16), as stored
+  for (int j = 0; j < kGemvGroup; ++j) {
+    dm[j] = 0;
+    if (j < kCount) std::memcpy(&dm[j], &x[j].d, sizeof(uint32_t));
+  }
+  const __m128i dm4 = _mm_setr_epi32(static_cast<int>(dm[0]), static_cast<int>(dm[1]),
+                                     static_cast<int>(dm[2]), static_cast<int>(dm[3]));
+  alignas(32) float dd[2 * kGemvGroup];
+  _mm256_store_ps(dd, _mm256_mul_ps(yg.d_pairs, _mm256_cvtph_ps(dm4)));
+  for (int j = 0; j < kCount; ++j) {
+    const __m128 d = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dd + 2 * j)));
+    acc = _mm_fmadd_ps(_mm_load_ps(f + 4 * j), d, acc);
+  }
+}
+
+/// matvec for Q4_K in llama.cpp's repacked gemv order (kernel_table.h repacked()): each result equals
+/// dot_q4_K_q8_K_gemv_ref bit for bit. The block work is rows_q4_K's (q4_K_block_sums, the same prefetch);
+/// instead of reducing each block's sums to one integer on the spot (a chain of shuffles, a trip through a
+/// general register and two scalar FMAs per block, which left this kernel ~25 % more instructions per block
+/// than rows_q4_K and decode ~10 % slower, issue #29), it reduces kGemvGroup blocks at a time (gemv_group).
 void rows_q4_K_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
                     float* out) {
-  rows_q4_K_impl<true>(w, row_bytes, nrows, act, n, out);
+  const auto* y = static_cast<const block_q8_K*>(act);
+  const int64_t nb = n / QK_K;
+  const Q8KPrepared* prep = prepare_q8_K(y, nb);
+  const Q8KGroupPrepared* groups = prepare_q8_K_groups(prep, nb);
+  const Q4KConsts c;
+  const int64_t full = nb / kGemvGroup;
+  const int rest = static_cast<int>(nb % kGemvGroup);
+  for (int64_t r = 0; r < nrows; ++r) {
+    const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+      gemv_group<kGemvGroup>(x + g * kGemvGroup, prep + g * kGemvGroup, groups[g], c, acc);
+    }
+    if (rest != 0) {
+      const block_q4_K* xt = x + full * kGemvGroup;
+      const Q8KPrepared* yt = prep + full * kGemvGroup;
+      if (rest == 1) gemv_group<1>(xt, yt, groups[full], c, acc);
+      if (rest == 2) gemv_group<2>(xt, yt, groups[full], c, acc);
+      if (rest == 3) gemv_group<3>(xt, yt, groups[full], c, acc);
+    }
+    out[r] = _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
+  }
 }
 
 /// How far ahead rows_q6_K prefetches. Q6_K's one-row loop is cheap enough to be bound by the memory

@@ -54,7 +54,7 @@ TEST(Repacked, KernelsOfEveryIsaEqualTheReferencesBitForBit) {
     const detail::DotKernels& k = detail::kernels_for(isa);
     ASSERT_NE(k.dot_gemv[detail::slot(kT)], nullptr) << isa_name(isa);
     ASSERT_NE(k.dot_gemm[detail::slot(kT)], nullptr) << isa_name(isa);
-    for (int64_t nb : {1, 2, 3, 7}) {
+    for (int64_t nb : {1, 2, 3, 7, 8, 9, 11, 16, 22}) {
       for (float xs : {1.0f, 1e-3f, 300.0f}) {
         const Case c = make_case(rng, nb, 9, xs);
         std::vector<float> multi(static_cast<size_t>(c.nrows), -7.0f);
