@@ -153,6 +153,7 @@ Result<Settings> finish(Inputs in, const EnvMap& env, const SystemFacts& facts,
 
   Settings out;
   out.threads = std::max(1U, facts.hardware_threads);
+  out.parallel = defaults::parallel(facts.hardware_threads);
   out.cache_mb = default_cache_mb(facts.mem_total_bytes);
   if (facts.mem_total_bytes != 0) {
     char origin[128];

@@ -100,6 +100,10 @@ inline constexpr LogLevel log_level = LogLevel::info;
 inline constexpr std::string_view models_dir = "/var/lib/car-inference/models";
 inline constexpr std::string_view state_dir = "/var/lib/car-inference";
 inline constexpr unsigned workers = 2;
+inline constexpr unsigned step_tokens = 256;
+/// Sequences per model: the cores, at least 4 (batching pays even on two cores: a step reads each weight
+/// once for all its sequences) and at most 8.
+inline unsigned parallel(unsigned hardware_threads) { return hardware_threads < 4 ? 4 : hardware_threads > 8 ? 8 : hardware_threads; }
 inline constexpr std::size_t queue_depth = 64;
 inline constexpr std::uint64_t shutdown_grace_secs = 10;
 inline constexpr std::size_t max_connections = 256;
@@ -138,6 +142,9 @@ struct Settings {
   std::vector<uid_t> allow_uids;  ///< CAR_INFERENCE_ALLOW_UIDS; empty (both lists): no peer check
   std::vector<gid_t> allow_gids;  ///< CAR_INFERENCE_ALLOW_GIDS
   unsigned workers = defaults::workers;  ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
+  /// CAR_INFERENCE_PARALLEL: sequences each model runs at once (resolved default: defaults::parallel).
+  unsigned parallel = 4;
+  unsigned step_tokens = defaults::step_tokens;  ///< CAR_INFERENCE_STEP_TOKENS: rows of one batched step
   std::size_t queue_depth = defaults::queue_depth;  ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
   std::uint64_t shutdown_grace_secs = defaults::shutdown_grace_secs;  ///< CAR_INFERENCE_SHUTDOWN_GRACE_SECS
   std::size_t max_connections = defaults::max_connections;  ///< CAR_INFERENCE_MAX_CONNECTIONS (live)

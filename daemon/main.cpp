@@ -190,7 +190,10 @@ int main(int argc, char** argv) {
   // shrinking its context.
   const uint64_t budget =
       car::config::default_cache_mb(car::config::SystemFacts::current().mem_total_bytes) * car::config::kMiB;
-  runtime_options.context_memory_bytes = budget / 4;
+  runtime_options.context_memory_bytes = budget / 4;  // shared by the model's sequences
+  runtime_options.parallel = static_cast<int>(settings->parallel);
+  runtime_options.step_tokens = settings->step_tokens;
+  runtime_options.max_queued = static_cast<int>(settings->queue_depth);
   auto runtime = car::daemon::make_default_runtime(runtime_options);
   if (!runtime->available()) {
     spdlog::warn("built without the inference engine: load and infer will answer load_failed");

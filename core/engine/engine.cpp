@@ -48,9 +48,11 @@ int64_t context_tokens(const model::Hparams& hp, const LoadOptions& options) {
   if (options.context_memory_bytes == 0 || hp.n_ctx_train <= 0) {
     return std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
   }
-  // The trained context, shortened (to a multiple of 256 tokens, at least 256) until its KV cache fits.
+  // The trained context, shortened (to a multiple of 256 tokens, at least 256) until the KV caches of all
+  // the model's sequences fit.
   const uint64_t per_token = std::max<uint64_t>(1, ForwardPass::kv_cache_bytes_for(hp, 1024) / 1024);
-  int64_t fit = static_cast<int64_t>(options.context_memory_bytes / per_token);
+  const uint64_t sequences = static_cast<uint64_t>(std::max(1, options.parallel));
+  int64_t fit = static_cast<int64_t>(options.context_memory_bytes / sequences / per_token);
   fit = std::max<int64_t>(256, fit / 256 * 256);
   return std::min<int64_t>(hp.n_ctx_train, fit);
 }

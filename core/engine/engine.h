@@ -41,9 +41,9 @@ struct LoadOptions {
   /// when expert_pool is set (the pool has its own budget).
   double expert_ram_gb = 0;
   std::string state_dir;                 ///< usage sidecars live in <state_dir>/experts/; empty = none
-  /// KV cache size in tokens; 0 = the default: with context_memory_bytes, the model's trained context
-  /// shortened until its KV cache fits in context_memory_bytes (a multiple of 256, at least 256); without,
-  /// min(model's, 4096).
+  /// KV cache size in tokens (per sequence); 0 = the default: with context_memory_bytes, the model's
+  /// trained context shortened until its `parallel` KV caches fit in context_memory_bytes (a multiple of
+  /// 256, at least 256); without, min(model's, 4096).
   int context_length = 0;
   uint64_t context_memory_bytes = 0;  ///< see context_length; 0 = the fixed 4096 cap
   /// The budget and readers shared by every streamed model of the process (the daemon's); null = a

@@ -887,8 +887,11 @@ TEST_F(DaemonBinaryTest, AnInvalidPinnedIdStopsStartUp) {
 TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   // What the daemon charges a model: the engine's estimate, which equals what the loaded model holds
   // (weights + KV cache for the context + scratch + logits), not the file size.
+  // Two sequences per model: the charge counts a KV cache for each.
   auto charge = [](const std::filesystem::path& p) {
-    auto e = engine::estimate_memory(p.string(), engine::LoadOptions{});
+    engine::LoadOptions o;
+    o.parallel = 2;
+    auto e = engine::estimate_memory(p.string(), o);
     EXPECT_TRUE(e.ok()) << e.error().message;
     return e.ok() ? e->total() : 0;
   };
@@ -904,6 +907,7 @@ TEST_F(DaemonBinaryEngineTest, BudgetEvictsAcrossThreeModels) {
   write_model(models_ / "big.gguf", 5, 12);  // more than the whole budget
   ASSERT_GT(charge(models_ / "big.gguf"), budget_mb << 20);
   env_["CAR_INFERENCE_MODEL_CACHE_MB"] = std::to_string(budget_mb);
+  env_["CAR_INFERENCE_PARALLEL"] = "2";
   start();
   auto conn = connect();
   for (const char* m : {"m2", "m3", "m4"}) {
@@ -977,6 +981,7 @@ TEST_F(DaemonBinaryEngineTest, StreamedExpertCachesShareTheModelBudgetAndShrinkB
   ASSERT_GT(estimate(models_ / "huge.gguf", streamed).charged(), budget);
 
   env_["CAR_INFERENCE_MODEL_CACHE_MB"] = std::to_string(budget >> 20);
+  env_["CAR_INFERENCE_PARALLEL"] = "1";  // the estimates above are of one sequence per model
   start();
   auto conn = connect();
   auto within_budget = [&](const json& st) {
@@ -1349,6 +1354,75 @@ TEST_F(DaemonModelFileTest, TruncatedWhileStreamingAnswersIoErrorAndReloadsNextT
   json again = call(conn, infer_request("again", 4, false), nullptr, 60s);
   EXPECT_EQ(again["ok"], true) << again.dump();
   EXPECT_EQ(infer(conn, "other", "o")["ok"], true);
+}
+
+// ---- continuous batching (issue #25) -----------------------------------------------------------------------
+
+// Four clients at once on one model running four sequences: each gets exactly what it gets alone, and the
+// model ran fewer steps than it generated tokens (the requests shared steps).
+TEST_F(DaemonBinaryEngineTest, ConcurrentRequestsToOneModelShareStepsAndMatchAlone) {
+  env_["CAR_INFERENCE_PARALLEL"] = "4";
+  start();
+  auto conn = connect();
+  auto request = [&](int i) {
+    json r = infer_request(i, 48, false);
+    r["prompt"] = "Request number " + std::to_string(i) + " says hello";
+    if (i % 2 == 1) {
+      r["temperature"] = 0.8;
+      r["seed"] = 1000 + i;
+    }
+    r["logprobs"] = true;
+    return r;
+  };
+  std::vector<json> alone;
+  for (int i = 0; i < 4; ++i) {
+    json r = call(conn, request(i), nullptr, 60s);
+    ASSERT_EQ(r["ok"], true) << r.dump();
+    alone.push_back(r["result"]);
+  }
+  auto steps = [&] {
+    for (const auto& m : stats(conn)["models"]) {
+      if (m["model"] == "tiny") return m["sequences"]["steps"].get<uint64_t>();
+    }
+    return uint64_t{0};
+  };
+  const uint64_t steps_before = steps();
+  std::vector<ClientConnection> clients;
+  for (int i = 0; i < 4; ++i) clients.push_back(connect());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(clients[static_cast<size_t>(i)].send_line(request(i).dump()).ok());
+  uint64_t tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    json r = read_json(clients[static_cast<size_t>(i)], 60s);
+    ASSERT_EQ(r["ok"], true) << r.dump();
+    EXPECT_EQ(r["result"]["tokens"], alone[static_cast<size_t>(i)]["tokens"]) << i;
+    EXPECT_EQ(r["result"]["logprobs"], alone[static_cast<size_t>(i)]["logprobs"]) << i;
+    EXPECT_GE(r["result"]["timings"]["ttft_ms"].get<double>(), r["result"]["timings"]["queue_ms"].get<double>());
+    tokens += r["result"]["tokens"].size();
+  }
+  const uint64_t used = steps() - steps_before;
+  EXPECT_LT(used, tokens) << "the four requests never shared a step";
+}
+
+// With one worker, a request to an idle model is answered while a long one runs on another model: it waits
+// neither for the worker (the busy model's request does not hold it) nor for the other model.
+TEST_F(DaemonBinaryEngineTest, AnIdleModelIsNotHeldUpByABusyOne) {
+  env_["CAR_INFERENCE_WORKERS"] = "1";
+  write_model(models_ / "other.gguf", 7, 1);
+  start();
+  auto conn = connect();
+  ASSERT_EQ(call(conn, {{"id", "l"}, {"op", "load"}, {"model", "other"}})["ok"], true);
+  auto busy = connect();
+  ASSERT_TRUE(busy.send_line(infer_request("long", 1900, true).dump()).ok());
+  ASSERT_EQ(read_json(busy, 60s)["event"], "token");  // the long request generates
+  json quick = {{"id", "q"}, {"op", "infer"}, {"model", "other"}, {"prompt", "Hi"}, {"max_tokens", 4},
+                {"temperature", 0}, {"ignore_eos", true}};
+  json r = call(conn, quick, nullptr, 60s);
+  ASSERT_EQ(r["ok"], true) << r.dump();
+  EXPECT_EQ(r["result"]["tokens"].size(), 4u);
+  // The long one is still running: the quick one did not wait for it.
+  EXPECT_EQ(stats(conn)["requests"]["in_flight"], 1);
+  json c = call(busy, {{"id", "c"}, {"op", "cancel"}, {"target", "long"}});
+  EXPECT_EQ(c["result"]["cancelled"], true);
 }
 
 }  // namespace
