@@ -19,6 +19,7 @@ class KvCache {
  public:
   KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_head_kv, int64_t head_dim_k, int64_t head_dim_v);
 
+  int64_t n_layer() const { return n_layer_; }
   int64_t n_ctx() const { return n_ctx_; }
   int64_t n_past() const { return n_past_; }
   /// Forget positions >= n (keep a prefix for reuse); n <= n_past().
