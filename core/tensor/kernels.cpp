@@ -378,6 +378,12 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   const int64_t grain =
       std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)),
                                     w.rows / kMinMatmulChunks));
+  if (n <= kVectorTile) {
+    // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
+    // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.
+    pool->parallel_for_shares(w.rows, grain, 0, rows);
+    return;
+  }
   pool->parallel_for(w.rows, grain, 0, rows);
 }
 }  // namespace
