@@ -107,7 +107,8 @@ TEST(ForwardReference, LlamaMoeQ8_0) {
   check_against_reference(s, 6e-2);
 }
 
-TEST(ForwardReference, Qwen3MoeQ4K) {
+/// A Qwen3 MoE of Q4_K matrices whose row counts are multiples of 8 (llama.cpp's repacked orders).
+TinySpec qwen3moe_q4k() {
   TinySpec s;
   s.arch = "qwen3moe";
   s.n_embd = 256;
@@ -116,6 +117,11 @@ TEST(ForwardReference, Qwen3MoeQ4K) {
   s.n_ff = 256;
   s.head_dim = 64;
   s.matrix_type = GgmlType::Q4_K;
+  return s;
+}
+
+TEST(ForwardReference, Qwen3MoeQ4K) {
+  TinySpec s = qwen3moe_q4k();
   s.seed = 11;
   check_against_reference(s, 0.15);
 }
@@ -268,14 +274,7 @@ TEST(ForwardBatching, EverySequenceAsAloneDenseQ4K) {
 }
 
 TEST(ForwardBatching, EverySequenceAsAloneMoeQ4K) {
-  TinySpec s;
-  s.arch = "qwen3moe";
-  s.n_embd = 256;
-  s.n_expert = 4;
-  s.n_expert_used = 2;
-  s.n_ff = 256;
-  s.head_dim = 64;
-  s.matrix_type = GgmlType::Q4_K;
+  const TinySpec s = qwen3moe_q4k();
   ThreadPool pool(2);
   for (uint32_t seed : {4u, 5u}) check_batched_equals_alone(s, seed, &pool);
 }
