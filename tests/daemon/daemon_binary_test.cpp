@@ -1381,7 +1381,8 @@ TEST_F(DaemonBinaryEngineTest, ConcurrentRequestsToOneModelShareStepsAndMatchAlo
     alone.push_back(r["result"]);
   }
   auto steps = [&] {
-    for (const auto& m : stats(conn)["models"]) {
+    const json st = stats(conn);  // held: a range-for over a temporary's member would dangle
+    for (const auto& m : st["models"]) {
       if (m["model"] == "tiny") return m["sequences"]["steps"].get<uint64_t>();
     }
     return uint64_t{0};
