@@ -59,6 +59,10 @@ int64_t context_tokens(const model::Hparams& hp, const LoadOptions& options) {
 int64_t max_batch(int64_t n_ctx) {
   return std::min(kMaxBatch, n_ctx);
 }
+/// The sequences a load with `options` runs: `parallel`, at least 1 and at most a step's rows.
+int sequence_slots(const LoadOptions& options, int64_t n_ctx) {
+  return std::clamp<int>(options.parallel, 1, static_cast<int>(max_batch(n_ctx)));
+}
 }  // namespace
 
 StreamDecision decide_streaming(StreamExperts mode, bool has_experts, uint64_t file_bytes,
@@ -160,7 +164,7 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   auto forward = std::make_unique<ForwardPass>(lm->model, lm->experts.get(), lm->pool.get(), max_batch(n_ctx));
   forward->set_prefetch(options.prefetch);
   SchedulerOptions so;
-  so.slots = std::clamp<int>(options.parallel, 1, static_cast<int>(forward->max_batch()));
+  so.slots = sequence_slots(options, n_ctx);
   so.n_ctx = n_ctx;
   so.step_tokens = options.step_tokens;
   so.max_queued = std::max(0, options.max_queued);
@@ -284,7 +288,7 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
       m.experts = std::max(m.experts_floor, std::min(banks, budget));
     }
   }
-  const int slots = std::clamp<int>(options.parallel, 1, static_cast<int>(max_batch(n_ctx)));
+  const int slots = sequence_slots(options, n_ctx);
   m.kv_cache = static_cast<uint64_t>(slots) * ForwardPass::kv_cache_bytes_for(*hp, n_ctx);
   m.scratch = ForwardPass::scratch_bytes_for(*hp, max_batch(n_ctx));
   m.logits = static_cast<uint64_t>(slots) * static_cast<uint64_t>(hp->n_vocab) * sizeof(float);

@@ -26,13 +26,8 @@
 
 namespace car::daemon::http {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-using asio::awaitable;
+// asio, beast, bhttp, awaitable, json and Socket come from http_connection.h.
 using asio::use_awaitable;
-using nlohmann::json;
-using Socket = asio::generic::stream_protocol::socket;
 using Clock = std::chrono::steady_clock;
 using namespace asio::experimental::awaitable_operators;
 

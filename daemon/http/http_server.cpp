@@ -1,41 +1,17 @@
 #include "daemon/http/http_server.h"
 
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <spdlog/spdlog.h>
-
-#include <boost/asio/experimental/awaitable_operators.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
-#include <deque>
 #include <fstream>
-#include <random>
 
 #include "core/util/error_codes.h"
-#include "daemon/http/openai.h"
-#include "daemon/model_resolver.h"
-#include "daemon/protocol.h"
-#include "daemon/safe_text.h"
-
 #include "daemon/http/http_connection.h"
+#include "daemon/http/openai.h"
+#include "daemon/protocol.h"
 
 namespace car::daemon::http {
-
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-using asio::awaitable;
-using asio::use_awaitable;
-using nlohmann::json;
-using Socket = asio::generic::stream_protocol::socket;
-using Clock = std::chrono::steady_clock;
-using namespace asio::experimental::awaitable_operators;
 
 namespace {
 
