@@ -190,6 +190,18 @@ TEST_F(DaemonBinaryTest, BadConfigurationStopsStartUpNamingTheVariable) {
   EXPECT_FALSE(std::filesystem::exists(socket_));
 }
 
+// A configuration the HTTP front refuses is a configuration error like any other: exit 2, found before
+// the Unix socket (or anything else) is bound.
+TEST_F(DaemonBinaryTest, NonLoopbackHttpWithoutAKeyIsAConfigurationError) {
+  env_["CAR_INFERENCE_HTTP"] = "0.0.0.0:1";
+  DaemonProcess p(env_, (tmp_ / "bad.log").string());
+  auto code = p.wait_exit(20s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(p.log().find("CAR_INFERENCE_HTTP_API_KEY_FILE"), std::string::npos) << p.log();
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}
+
 TEST_F(DaemonBinaryTest, IsaSettingPicksTheKernels) {
   // CAR_INFERENCE_ISA reaches the kernels before any load; scalar exists on every CPU.
   env_["CAR_INFERENCE_ISA"] = "scalar";
