@@ -319,6 +319,36 @@ class DaemonBinaryEngineTest : public DaemonBinaryTest {
   }
 };
 
+// `car show/run/bench ID` look a model id up where a running daemon serves its models, when neither
+// --models-dir nor CAR_INFERENCE_MODELS_DIR says otherwise (the models directory here is the test's own).
+TEST_F(DaemonBinaryEngineTest, OfflineCommandsFindModelIdsWhereTheDaemonServes) {
+  start();
+  const std::string env = "env -u CAR_INFERENCE_MODELS_DIR CAR_INFERENCE_SOCKET=" + socket_ + " ";
+  auto run = [&](const std::string& args) {
+    const std::string cmd = env + std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (p != nullptr) {
+      const std::size_t n = std::fread(buf, 1, sizeof(buf), p);
+      if (n == 0) break;
+      out.append(buf, n);
+    }
+    const int st = p != nullptr ? ::pclose(p) : -1;
+    return std::pair<int, std::string>(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  auto [sc, show] = run("show tiny --json");
+  EXPECT_EQ(sc, 0) << show;
+  EXPECT_NE(show.find((models_ / "tiny.gguf").string()), std::string::npos) << show;
+  auto [rc, ran] = run("run tiny hello -n 2 --temperature 0");
+  EXPECT_EQ(rc, 0) << ran;
+  auto [bc, bench] = run("bench tiny -p 4 -n 2 -r 1");
+  EXPECT_EQ(bc, 0) << bench;
+  auto [nc, none] = run("run absent hello");
+  EXPECT_EQ(nc, 2) << none;
+  EXPECT_NE(none.find("the running daemon's models directory"), std::string::npos) << none;
+}
+
 TEST_F(DaemonBinaryEngineTest, StreamsTokensThenTheResult) {
   start();
   auto conn = connect();
