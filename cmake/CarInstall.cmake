@@ -56,37 +56,38 @@ install(FILES ${car_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR})
 # CPack: a Debian package. The maintainer scripts create the user from the sysusers file and enable nothing.
 set(CPACK_PACKAGE_NAME car-inference)
 set(CPACK_PACKAGE_VENDOR "car-inference")
-# Who answers for the package: set -DCAR_PACKAGE_MAINTAINER="Name <mail>" when building one to ship. The
-# default is the repository's own maintainers as its history names them (the author of the last commit).
-if(NOT DEFINED CAR_PACKAGE_MAINTAINER)
+# Who answers for the package: -DCAR_PACKAGE_MAINTAINER="Name <mail>" when building one to ship. Unset, it
+# is the repository's own maintainers as its history names them (the author of the last commit).
+set(CAR_PACKAGE_MAINTAINER "" CACHE STRING "The Debian package's Maintainer: field (empty: the last commit's author)")
+set(car_maintainer "${CAR_PACKAGE_MAINTAINER}")
+if(NOT car_maintainer)
   find_program(CAR_GIT git)
-  set(car_maintainer_default "")
   if(CAR_GIT AND EXISTS ${PROJECT_SOURCE_DIR}/.git)
-    execute_process(COMMAND ${CAR_GIT} log -1 --format=%an <%ae> WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                    OUTPUT_VARIABLE car_maintainer_default OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    execute_process(COMMAND ${CAR_GIT} log -1 "--format=%an <%ae>" WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+                    OUTPUT_VARIABLE car_maintainer OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
   endif()
-  if(NOT car_maintainer_default MATCHES "^[^<]+ <[^>]+@[^>]+>$")
-    set(car_maintainer_default "The car-inference authors <car-inference@localhost>")
+  if(NOT car_maintainer MATCHES "^[^<]+ <[^>]+@[^>]+>$")
+    set(car_maintainer "The car-inference authors <car-inference@localhost>")
     message(STATUS "CAR_PACKAGE_MAINTAINER: no git history to take it from; set it for a package to ship")
   endif()
-  set(CAR_PACKAGE_MAINTAINER "${car_maintainer_default}" CACHE STRING "The Debian package's Maintainer: field")
 endif()
-set(CPACK_PACKAGE_CONTACT "${CAR_PACKAGE_MAINTAINER}")
-set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${CAR_PACKAGE_MAINTAINER}")
+set(CPACK_PACKAGE_CONTACT "${car_maintainer}")
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${car_maintainer}")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "GGUF model-serving daemon (car-inferenced) and its client (car)")
-set(CPACK_DEBIAN_PACKAGE_DESCRIPTION "GGUF model-serving daemon (car-inferenced) and its client (car)
- car-inferenced keeps GGUF language models (dense and mixture-of-experts, the
- usual quantized formats) loaded in a memory-budgeted cache and serves them to
- local clients over a Unix socket in newline-delimited JSON, and optionally over
- HTTP with the OpenAI API and a Prometheus /metrics endpoint. Concurrent
- requests to one model are batched; experts of models larger than memory can
- be streamed from disk.
- .
- car is its command-line client, and also runs, benchmarks and inspects GGUF
- models without a daemon.
- .
- Installing creates the car-inference system user and group and enables
- nothing: systemctl enable --now car-inferenced.socket starts the service.")
+# CPack writes CPACK_PACKAGE_DESCRIPTION_SUMMARY as the synopsis and this text, each line indented by one
+# space and an empty line as " .", as the extended description.
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION "car-inferenced keeps GGUF language models (dense and mixture-of-experts, the
+usual quantized formats) loaded in a memory-budgeted cache and serves them to
+local clients over a Unix socket in newline-delimited JSON, and optionally over
+HTTP with the OpenAI API and a Prometheus /metrics endpoint. Concurrent
+requests to one model are batched; experts of models larger than memory can
+be streamed from disk.
+
+car is its command-line client, and also runs, benchmarks and inspects GGUF
+models without a daemon.
+
+Installing creates the car-inference system user and group and enables
+nothing: systemctl enable --now car-inferenced.socket starts the service.")
 set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
