@@ -221,6 +221,17 @@ TEST_F(DaemonBinaryTest, IsaSettingPicksTheKernels) {
 }
 
 /// Run `car ARGS` (a shell command line); returns {exit code, stdout+stderr}.
+/// Standard output of a shell command line.
+std::string run_shell_env(const std::string& cmd) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return "popen failed";
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
 std::pair<int, std::string> run_car(const std::string& args) {
   const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -347,6 +358,18 @@ TEST_F(DaemonBinaryEngineTest, OfflineCommandsFindModelIdsWhereTheDaemonServes) 
   auto [nc, none] = run("run absent hello");
   EXPECT_EQ(nc, 2) << none;
   EXPECT_NE(none.find("the running daemon's models directory"), std::string::npos) << none;
+  // Bash completion offers the daemon's model ids after the commands that take a model.
+  std::ofstream(models_ / "other.gguf") << "not a model, but listed";
+  auto complete = [&](const std::string& words, int cword) {
+    const std::string script = "source " + std::string(CAR_SOURCE_DIR) +
+                               "/packaging/completion/car.bash; COMP_WORDS=(" + words + "); COMP_CWORD=" +
+                               std::to_string(cword) + "; _car; for c in \"${COMPREPLY[@]}\"; do echo \"$c\"; done | sort";
+    return run_shell_env("env -u CAR_INFERENCE_MODELS_DIR CAR_INFERENCE_SOCKET=" + socket_ + " PATH=" +
+                         std::string(CAR_BINARY_DIR) + "/tools:$PATH bash -c '" + script + "'");
+  };
+  EXPECT_EQ(complete("car infer ''", 2), "garbage\nother\ntiny\n");
+  EXPECT_EQ(complete("car load t", 2), "tiny\n");
+  EXPECT_EQ(complete("car invalidate o", 2), "other\n");
 }
 
 TEST_F(DaemonBinaryEngineTest, StreamsTokensThenTheResult) {
