@@ -11,6 +11,17 @@
 // a demand for an expert whose prefetch is queued promotes it, one being read is waited for. A prefetch
 // only takes a free or evictable slot (it never over-commits) and is dropped when there is none.
 //
+// The prefetch gate. A prefetch never saves a byte: a right guess only moves a read the step would have made
+// off its critical path, a wrong one is a read (and an eviction) more. So each bank scores its guesses: a
+// guess of an expert not held is "used" when the acquires of the step it was made for (those up to the next
+// prefetch() of the layer) ask for it - and, if it was read ahead, find that read still cached. Over the
+// bank's last kGateSteps guesses (at least kGateMinSamples scored experts) the used share is its precision;
+// the bank reads its guesses ahead only while that is at least StreamOptions::prefetch_min_precision.
+// A bank starts closed: until its guesses have shown their precision, and whenever it falls below the
+// threshold, they are scored without a read (a probe that costs no I/O, every step), so a closed gate opens
+// again as soon as the guesses get better. Scoring never changes what is leased: output is the same either
+// way.
+//
 // Capacity. The pool's budget sets a cap per bank (slots, pinned ones included). slots(layer) is the cap
 // minus the bank's pin set. A request for more unpinned experts than the free slots is served by
 // over-committing - the bank briefly holds more than its cap, by at most the number of leased slots, and
