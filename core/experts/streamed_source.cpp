@@ -484,36 +484,42 @@ Result<void> StreamedExpertSource::acquire_many(int layer, std::span<const int> 
   Impl::Bank& b = I.banks[static_cast<size_t>(layer)];
   std::vector<std::shared_ptr<Slot>> held;
   std::vector<std::shared_ptr<Slot>> to_read;
-  held.reserve(experts.size());
+  held.resize(experts.size());
   MutexLock lock(I.mutex);
-  for (int e : experts) {
-    CAR_CHECK(e >= 0 && e < b.n_expert);
-    ++I.usage[static_cast<size_t>(layer)][static_cast<size_t>(e)];
-    std::shared_ptr<Slot> s = b.index[static_cast<size_t>(e)];
-    uint8_t& mark = b.gate.mark[static_cast<size_t>(e)];
-    if (mark == PrefetchGate::kGuessScored || (mark == PrefetchGate::kGuessRead && s && s->prefetched)) {
-      mark = PrefetchGate::kGuessUsed;
-      ++b.gate.open_used;
-    }
-    if (s) {
-      ++I.hits;
-      if (s->prefetched) {
-        ++I.prefetch_used;
-        s->prefetched = false;
+  // Two passes: every expert already held is leased first (off the LRU), then the misses take slots. A miss
+  // handled before a later hit of the same call would otherwise evict that hit when it is least recently used.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const int e = experts[i];
+      CAR_CHECK(e >= 0 && e < b.n_expert);
+      std::shared_ptr<Slot> s = b.index[static_cast<size_t>(e)];
+      if (pass == 0 ? s == nullptr : held[i] != nullptr) continue;
+      ++I.usage[static_cast<size_t>(layer)][static_cast<size_t>(e)];
+      uint8_t& mark = b.gate.mark[static_cast<size_t>(e)];
+      if (mark == PrefetchGate::kGuessScored || (mark == PrefetchGate::kGuessRead && s && s->prefetched)) {
+        mark = PrefetchGate::kGuessUsed;
+        ++b.gate.open_used;
       }
-      // A prefetch still queued is promoted: a demand job joins the demand queue; whichever runs first reads.
-      if (s->state == Slot::State::loading && !s->started && !s->demand_queued) {
+      if (s) {  // held (pass 0), or made by an earlier duplicate of this call (pass 1)
+        ++I.hits;
+        if (s->prefetched) {
+          ++I.prefetch_used;
+          s->prefetched = false;
+        }
+        // A prefetch still queued is promoted: a demand job joins the demand queue; whichever runs first reads.
+        if (s->state == Slot::State::loading && !s->started && !s->demand_queued) {
+          s->demand_queued = true;
+          to_read.push_back(s);
+        }
+      } else {
+        ++I.misses;
+        s = I.new_slot_locked(b, e, true);
         s->demand_queued = true;
         to_read.push_back(s);
       }
-    } else {
-      ++I.misses;
-      s = I.new_slot_locked(b, e, true);
-      s->demand_queued = true;
-      to_read.push_back(s);
+      I.take_lease_locked(b, s.get());
+      held[i] = std::move(s);
     }
-    I.take_lease_locked(b, s.get());
-    held.push_back(std::move(s));
   }
   if (!to_read.empty()) {
     lock.unlock();
@@ -539,6 +545,18 @@ void StreamedExpertSource::prefetch(int layer, std::span<const int> experts) {
     MutexLock lock(I.mutex);
     PrefetchGate& gate = b.gate;
     gate.close(I.prefetch_min_precision);  // the previous guess has had its step
+    // The guessed experts already held move to the LRU's back, and a read ahead only evicts from before
+    // them: a guess must never push out another expert of the same guess.
+    size_t evictable = b.lru.size();
+    if (gate.on) {
+      for (int e : experts) {
+        if (e < 0 || e >= b.n_expert) continue;
+        Slot* h = b.index[static_cast<size_t>(e)].get();
+        if (h == nullptr || !h->on_lru) continue;
+        b.lru.splice(b.lru.end(), b.lru, h->lru_pos);
+        --evictable;
+      }
+    }
     bool room = true;
     for (int e : experts) {
       if (e < 0 || e >= b.n_expert || b.index[static_cast<size_t>(e)]) continue;
@@ -551,11 +569,13 @@ void StreamedExpertSource::prefetch(int layer, std::span<const int> experts) {
         continue;
       }
       if (!room) continue;
-      std::shared_ptr<Slot> s = I.new_slot_locked(b, e, false);
-      if (!s) {  // no slot free without over-committing: prefetch never does
+      const bool evicts = b.held >= b.cap;
+      std::shared_ptr<Slot> s = evicts && evictable == 0 ? nullptr : I.new_slot_locked(b, e, false);
+      if (!s) {  // no slot free without over-committing (prefetch never does) or evicting a guess
         room = false;
         continue;
       }
+      if (evicts) --evictable;
       s->prefetched = true;
       ++I.prefetch_issued;
       mark = PrefetchGate::kGuessRead;

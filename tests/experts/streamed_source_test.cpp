@@ -153,6 +153,49 @@ TEST_F(StreamedTest, LeastRecentlyUsedIsEvictedAndHitsDoNotRead) {
   EXPECT_EQ(src->use_count(1, 5), 0u);
 }
 
+// One acquire_many leases its hits before its misses take slots: a miss never evicts an expert the same
+// call is about to use (here 0, the least recently used, asked for after the miss 2).
+TEST_F(StreamedTest, AcquireManyLeasesItsHitsBeforeItsMissesEvict) {
+  FakeReader reader;
+  auto src = open_reading(reader, 2);
+  ASSERT_TRUE(src);
+  ASSERT_TRUE(src->acquire(1, 0).ok());
+  ASSERT_TRUE(src->acquire(1, 1).ok());  // cache: 0 1 (LRU first)
+  std::vector<ExpertLease> leases;
+  const std::vector<int> want = {2, 0};
+  ASSERT_TRUE(src->acquire_many(1, want, leases).ok());
+  ASSERT_EQ(leases.size(), 2u);
+  EXPECT_TRUE(testing::same_expert(leases[0].weights(), file_.banks[1], 2));
+  EXPECT_TRUE(testing::same_expert(leases[1].weights(), file_.banks[1], 0));
+  leases.clear();
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 0)), 1) << "0 was evicted by the miss of its own call";
+  EXPECT_EQ(src->stats().hits, 1u);
+  EXPECT_EQ(src->stats().misses, 3u);
+}
+
+// A read ahead evicts only experts outside its guess: the guessed experts already held are kept (moved to the
+// LRU's back), and a guess with nothing else to evict reads nothing.
+TEST_F(StreamedTest, PrefetchNeverEvictsAnExpertOfItsOwnGuess) {
+  FakeReader reader;
+  auto src = open_reading(reader, 2);  // no gate: every guess is read ahead
+  ASSERT_TRUE(src);
+  ASSERT_TRUE(src->acquire(1, 0).ok());
+  ASSERT_TRUE(src->acquire(1, 1).ok());  // cache: 0 1 (LRU first)
+  const std::vector<int> guess = {0, 2};
+  src->prefetch(1, guess);  // must evict 1, not 0
+  EXPECT_EQ(src->stats().prefetch_issued, 1u);
+  std::vector<ExpertLease> leases;
+  ASSERT_TRUE(src->acquire_many(1, guess, leases).ok());
+  leases.clear();
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 0)), 1);
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 1)), 1);
+  EXPECT_EQ(src->stats().misses, 2u) << "only the first two uses missed";
+  const std::vector<int> all_held_and_one = {0, 2, 3};
+  src->prefetch(1, all_held_and_one);  // 0 and 2 held and guessed: nothing to evict for 3
+  EXPECT_EQ(src->stats().prefetch_issued, 1u);
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 3)), 0);
+}
+
 TEST_F(StreamedTest, LeasedExpertsAreNeverEvictedAndOverCommitIsGivenBack) {
   StreamOptions o;
   o.ram_gb = ram_gb_for(file_, 2);
