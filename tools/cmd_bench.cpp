@@ -354,9 +354,12 @@ void bench(const BenchFlags& f) {
   if (auto e = engine::model_expert_stats(model); e && engine::model_streams_experts(model)) {
     std::printf(
         "\nexperts streamed (%s): cap %d/bank, pinned %d, hit rate %.1f%%, %.1f MB read, read p50 %.0f us "
-        "p99 %.0f us, prefetch recall %.1f%%",
+        "p99 %.0f us, prefetch recall %.1f%%, precision %.1f%% (%d/%d layers reading ahead, %llu issued, %llu "
+        "scored only)",
         engine::model_stream_reason(model).c_str(), e->cap, e->pinned, e->hit_rate * 100.0,
-        static_cast<double>(e->bytes_read) / 1e6, e->read_p50_us, e->read_p99_us, e->prefetch_recall * 100.0);
+        static_cast<double>(e->bytes_read) / 1e6, e->read_p50_us, e->read_p99_us, e->prefetch_recall * 100.0,
+        e->prefetch_precision * 100.0, e->prefetch_layers_on, e->banks,
+        static_cast<unsigned long long>(e->prefetch_issued), static_cast<unsigned long long>(e->prefetch_scored));
   }
   std::printf("\nisa %s; load %.1f ms; RSS %.1f MB (peak %.1f MB); file %.1f MB\n",
               std::string(tensor::isa_name(tensor::current_isa())).c_str(), load_ms,
