@@ -212,7 +212,8 @@ void Server::begin_shutdown(const char* why) {
   stopping_ = true;
   systemd::notify_stopping();
   listener_.close();
-  if (http_) http_->stop_accepting();
+  // The HTTP front keeps accepting while requests drain, so a load balancer's /ready probe gets its 503
+  // (and new work a 503 shutting_down) instead of a refused connection; it closes in finish_shutdown.
   idle_timer_.cancel();
   spdlog::info("{}: shutting down ({} request(s) in flight, grace {} ms)", why, handler_->in_flight(),
                options_.shutdown_grace.count());
@@ -240,7 +241,10 @@ void Server::finish_shutdown() {
     connections_.close_all(/*graceful=*/false, nullptr);
     if (http_) http_->close_all(/*graceful=*/false);
   });
-  if (http_) http_->close_all(/*graceful=*/true);
+  if (http_) {
+    http_->stop_accepting();
+    http_->close_all(/*graceful=*/true);
+  }
   connections_.close_all(/*graceful=*/true, [this] { grace_timer_.cancel(); });
 }
 

@@ -77,6 +77,7 @@ if [ "$want_test" -eq 1 ]; then
     systemd                   # systemd-analyze verifies the units (scripts/check-units.sh)
     prometheus                # promtool checks the daemon's metrics page (tests/daemon/check_metrics_page.sh)
     dpkg-dev fakeroot         # cpack -G DEB: dpkg-shlibdeps computes Depends (scripts/check-package.sh)
+    python3-kubernetes python3-yaml  # the Kubernetes examples checked against the API schema (tests/packaging)
     nodejs)                   # the HTTP front's test with the official `openai` npm client (tests/http/node)
   # Debian's nodejs has no npm; a Node from elsewhere (NodeSource) brings its own.
   command -v npm >/dev/null || pkgs+=(npm)

@@ -391,6 +391,32 @@ TEST_F(HttpFrontTest, ClosingTheConnectionCancelsTheGeneration) {
   }
 }
 
+// While the daemon drains its requests after SIGTERM, the HTTP front still accepts: a new connection's
+// /ready is a 503 (so a load balancer takes the replica out), new work a 503, /health still 200; once the
+// drain ends the front closes.
+TEST_F(HttpFrontTest, ReadyIs503WhileShuttingDown) {
+  start();
+  HttpClient busy(port());
+  const std::string body = R"({"model":"alpha","prompt":"hold","stream":true})";
+  busy.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+                "\r\n\r\n" + body);
+  ASSERT_TRUE(busy.read_until("w3"));  // a request in flight holds the shutdown open
+  server_->request_stop();
+  ASSERT_TRUE(car::testing::wait_until(
+      [&] {
+        HttpClient probe(port());
+        return probe.connected() && probe.request("GET", "/ready").status == 503;
+      },
+      10s));
+  HttpClient c(port());
+  ASSERT_TRUE(c.connected());
+  EXPECT_EQ(c.request("GET", "/ready").json_body()["status"], "not ready");
+  EXPECT_EQ(c.request("GET", "/health").status, 200);
+  EXPECT_EQ(c.request("POST", "/v1/completions", R"({"model":"alpha","prompt":"x"})").status, 503);
+  busy.close();  // cancels the held request: the drain ends and the daemon exits
+  thread_.join();
+}
+
 // A streaming client that never reads: the daemon buffers at most twice CAR_INFERENCE_MAX_PENDING_OUTPUT_MB
 // of the stream (the SSE events queued and the write in flight, as encoded) - as the socket does - then
 // cancels the completion, ends the stream with an output_overflow error event and counts it.
