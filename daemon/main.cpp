@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
     }
   }
   options.models_dir = settings->models_dir;
+  options.build = {CAR_VERSION, CAR_GIT_COMMIT, std::string(car::tensor::isa_name(car::tensor::current_isa()))};
   options.state_dir = settings->state_dir;
   options.live = live_of(*settings);
   options.socket_group = settings->socket_group;

@@ -1,7 +1,13 @@
 // RequestHandler::metrics_text(): the pushed metrics (daemon/metrics.h) plus the state read from its owners
 // at render time - the requests in flight and queued, the backend cache, the connections, and each cached
 // MoE model's expert cache. docs/metrics.md lists every family.
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 
 #include "daemon/request_handler.h"
 
@@ -13,6 +19,57 @@ namespace {
 double number(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+/// The process_* families every Prometheus client library exports (their names and meanings), read from
+/// getrusage, /proc/self and the file limit at render time.
+void process_metrics(metrics::Writer& w, std::chrono::system_clock::time_point started) {
+  const auto gauge = [&](const char* name, const char* help, double value) {
+    w.family(name, help, "gauge");
+    w.sample(name, value);
+  };
+  rusage ru{};
+  if (::getrusage(RUSAGE_SELF, &ru) == 0) {
+    const auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+    w.family("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", "counter");
+    w.sample("process_cpu_seconds_total", seconds(ru.ru_utime) + seconds(ru.ru_stime));
+  }
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    unsigned long long size = 0, resident = 0;
+    if (std::fscanf(f, "%llu %llu", &size, &resident) == 2) {
+      gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", static_cast<double>(size) * page);
+      gauge("process_resident_memory_bytes", "Resident memory size in bytes.",
+            static_cast<double>(resident) * page);
+    }
+    std::fclose(f);
+  }
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    double open = 0;
+    while (const dirent* e = ::readdir(d)) open += e->d_name[0] != '.';
+    ::closedir(d);
+    gauge("process_open_fds", "Number of open file descriptors.", open - 1);  // less opendir's own
+  }
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    gauge("process_max_fds", "Maximum number of open file descriptors.", static_cast<double>(rl.rlim_cur));
+  }
+  if (FILE* f = std::fopen("/proc/self/stat", "r")) {
+    // Field 20 is num_threads; the command name (field 2) may hold spaces, so count from its closing ')'.
+    char buf[1024];
+    const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    if (const char* p = std::strrchr(buf, ')')) {
+      long threads = 0;
+      if (std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %ld",
+                      &threads) == 1) {
+        gauge("process_threads", "Number of OS threads in the process.", static_cast<double>(threads));
+      }
+    }
+  }
+  gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+        std::chrono::duration<double>(started.time_since_epoch()).count());
 }
 
 }  // namespace
@@ -151,6 +208,13 @@ std::string RequestHandler::metrics_text() const {
 
   gauge("car_inference_uptime_seconds", "Seconds since car-inferenced started.",
         std::chrono::duration<double>(Clock::now() - started_).count());
+  w.family("car_inference_build_info", "Always 1; the labels say what runs: version, git commit, kernels.",
+           "gauge");
+  w.sample("car_inference_build_info", {"version", "commit", "isa"},
+           {options_.build.version, options_.build.commit, options_.build.isa}, 1);
+  // The start time on the wall clock: now less the (steady) time since the handler started.
+  const auto since = std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - started_);
+  process_metrics(w, std::chrono::system_clock::now() - since);
   return w.take();
 }
 

@@ -41,6 +41,12 @@ struct ServerOptions {
   std::filesystem::path socket_path;   ///< where to bind (ignored when listen_fd is set)
   std::optional<int> listen_fd;        ///< an inherited listening socket (systemd socket activation)
   std::filesystem::path models_dir;
+  /// What runs, for the car_inference_build_info metric: version, git commit, the kernels' instruction set.
+  struct Build {
+    std::string version;
+    std::string commit;
+    std::string isa;
+  } build;
   std::filesystem::path state_dir;
   LiveSettings live;
   std::string socket_group;            ///< chown the socket to this group (empty: leave it)

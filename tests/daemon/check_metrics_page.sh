@@ -57,5 +57,12 @@ expect 'car_inference_request_queue_wait_seconds_count 3'
 expect_re 'car_inference_expert_cache_misses_total\{model="moe"\} [1-9][0-9]*'
 expect_re 'car_inference_expert_read_bytes_total\{model="moe"\} [1-9][0-9]*'
 expect_re 'car_inference_decode_seconds_per_token_bucket\{le="\+Inf"\} [1-3]'
+# The process families of every Prometheus client, and what runs.
+expect_re 'process_cpu_seconds_total [0-9.e+-]+'
+expect_re 'process_resident_memory_bytes [1-9][0-9.e+]*'
+expect_re 'process_open_fds [1-9][0-9]*'
+expect_re 'process_threads [1-9][0-9]*'
+expect_re 'process_start_time_seconds 1[0-9]{9}(\.[0-9]+)?(e\+[0-9]+)?'
+expect_re 'car_inference_build_info\{version="[^"]+",commit="[^"]+",isa="(scalar|avx2|avx512)"\} 1'
 [ "$status" -eq 0 ] && echo "metrics page OK ($(grep -vc '^#' "$dir/page.txt") samples)"
 exit "$status"
