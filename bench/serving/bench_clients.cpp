@@ -14,6 +14,9 @@
 //                  few streams p99 is their maximum)
 //   step ms        1000 / stream tok/s: the time of one batched step at that N
 //   probe ttft     the new request's send -> first token, median of the rounds, and that in steps
+//   cpu ms/tok     (the daemon this bench started) the daemon's CPU time over the N-client rounds divided by
+//                  the tokens they generated: the work per token, which others' load on the machine changes
+//                  far less than the wall-clock rates (compare `car bench` run under `time` the same way)
 //
 // Usage:
 //   bench_clients --model FILE [--daemon PATH/car-inferenced] [--threads 2] [--context 512]
@@ -22,6 +25,7 @@
 //       CAR_INFERENCE_PARALLEL = max N + 1 (room for the probe), and stops it at the end;
 //   bench_clients --socket PATH --model NAME [...]
 //       uses a running daemon (its own PARALLEL and THREADS settings apply).
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -175,6 +179,25 @@ class OwnDaemon {
   OwnDaemon(const OwnDaemon&) = delete;
   OwnDaemon& operator=(const OwnDaemon&) = delete;
   const std::string& socket() const { return socket_; }
+  /// The daemon's CPU time so far (user + system, all threads), in seconds; from /proc/PID/stat.
+  double cpu_seconds() const {
+    char buf[1024];
+    const int fd = ::open(("/proc/" + std::to_string(pid_) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+    const ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) ::close(fd);
+    if (n <= 0) return 0;
+    const std::string stat(buf, static_cast<size_t>(n));
+    if (stat.rfind(')') == std::string::npos) return 0;
+    // Fields after the command (which may hold spaces) start past its closing parenthesis: utime and stime
+    // are fields 14 and 15, the 12th and 13th after it.
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i >= 14) ticks += std::stod(field);
+    }
+    return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
 
  private:
   fs::path dir_;
@@ -334,11 +357,13 @@ int main(int argc, char** argv) {
     std::printf("model %s: loaded and warmed up in %.0f ms; -n %d, %d round(s) per N\n\n", model.c_str(),
                 ms_between(t0, Clock::now()), f.n_gen, f.repeat);
   }
-  std::printf("| N | agg tok/s | stream tok/s | ttft p50 ms | ttft p99 ms | step ms | probe ttft ms | probe steps |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| N | agg tok/s | stream tok/s | ttft p50 ms | ttft p99 ms | step ms | probe ttft ms | probe steps | "
+              "cpu ms/tok |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   int round = 0;
   for (int n : f.clients) {
     std::vector<double> aggregates, ttfts, rates, probes;
+    const double cpu0 = own ? own->cpu_seconds() : 0;
     for (int r = 0; r < f.repeat; ++r) {
       double agg = 0;
       for (const Stream& s : clients_round(socket, model, n, f.n_gen, ++round, agg)) {
@@ -347,6 +372,8 @@ int main(int argc, char** argv) {
       }
       aggregates.push_back(agg);
     }
+    const double cpu_ms_per_token =
+        own ? (own->cpu_seconds() - cpu0) * 1000.0 / (static_cast<double>(n) * f.n_gen * f.repeat) : 0;
     if (f.probe) {
       for (int r = 0; r < f.repeat; ++r) probes.push_back(probe_round(socket, model, n, f.n_gen, ++round));
     }
@@ -357,9 +384,14 @@ int main(int argc, char** argv) {
                 percentile(ttfts, 99), step_ms);
     if (f.probe) {
       const double p = median(probes);
-      std::printf(" %.0f | %.1f |\n", p, step_ms > 0 ? p / step_ms : 0);
+      std::printf(" %.0f | %.1f |", p, step_ms > 0 ? p / step_ms : 0);
     } else {
-      std::printf(" - | - |\n");
+      std::printf(" - | - |");
+    }
+    if (own) {
+      std::printf(" %.1f |\n", cpu_ms_per_token);
+    } else {
+      std::printf(" - |\n");
     }
     std::fflush(stdout);
   }
