@@ -4,7 +4,7 @@
 // and the token events, measured at the client.
 //
 // For each N of --clients, --repeat rounds of: N connections (opened before the clock starts) each send at
-// once one `infer` with `"stream": true`, a short prompt of its own, `max_tokens` = -n, greedy, ignore_eos;
+// once one `infer` with `"stream": true`, a one-word prompt, `max_tokens` = -n, greedy, ignore_eos;
 // then (with --probe, the default) a round where N streams of 4 x n tokens run and, once every one of them
 // has its first token, a new connection sends a short request (prompt "Hi", 4 tokens): its time to first
 // token is the "new request under load" figure. Reported per N:
@@ -221,6 +221,13 @@ struct Stream {
   }
 };
 
+/// A prompt of one word (BOS and a token or two), as `car bench` decodes after one token: the rounds measure
+/// decode, not prompts. Consecutive clients get different words.
+std::string one_word_prompt(int i) {
+  static const char* const kWords[] = {"Once", "The", "Hello", "It", "One", "She", "They", "We", "You", "This", "He"};
+  return kWords[static_cast<size_t>(i) % std::size(kWords)];
+}
+
 json infer_request(const std::string& model, const std::string& prompt, int max_tokens) {
   return {{"id", 1},          {"op", "infer"},          {"model", model},      {"prompt", prompt},
           {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
@@ -287,7 +294,7 @@ std::vector<Stream> clients_round(const std::string& socket, const std::string& 
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      const std::string prompt = "Story " + std::to_string(round * 1000 + i) + ":";
+      const std::string prompt = one_word_prompt(round * 8 + i);
       go.arrive_and_wait();
       streams[static_cast<size_t>(i)] = run_stream(conns[static_cast<size_t>(i)], infer_request(model, prompt, n_gen));
     });
@@ -316,7 +323,7 @@ double probe_round(const std::string& socket, const std::string& model, int n, i
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      const std::string prompt = "Long story " + std::to_string(round * 1000 + i) + ":";
+      const std::string prompt = one_word_prompt(round * 8 + i);
       // A stream cut by the close below ends with a read error: expected, not reported.
       run_stream(conns[static_cast<size_t>(i)], infer_request(model, prompt, 4 * n_gen), [&] { started.count_down(); });
     });
