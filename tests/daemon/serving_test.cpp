@@ -42,16 +42,17 @@ using nlohmann::json;
 using protocol::ClientConnection;
 using namespace std::chrono_literals;
 
-// A template whose rendering of a conversation is a prefix of the rendering of its continuation.
+// A template whose rendering of a conversation is a prefix of the rendering of its continuation: the
+// assistant's opening is the same text as the start of its message ("assistant: ").
 const std::string kTemplate =
     "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    "{% if add_generation_prompt %}a:{% endif %}";
+    "{% if add_generation_prompt %}assistant: {% endif %}";
 
 /// The template above, written out: what the daemon renders for `messages` (add_generation_prompt true).
 std::string render(const std::vector<std::pair<std::string, std::string>>& messages) {
   std::string out;
   for (const auto& [role, content] : messages) out += role + ": " + content + "\n";
-  return out + "a:";
+  return out + "assistant: ";
 }
 
 /// `big`: the streaming tests' shape (4 layers, 128 wide; a few ms a step); else core/synth's tiny model.
@@ -128,9 +129,12 @@ class DaemonServingTest : public ::testing::Test {
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
-/// The first turn's messages without the assistant's opening: the part of every later prompt that tokenizes
-/// the same whatever follows (it ends in "\n", a byte token of the synthetic vocabulary).
-size_t history_tokens(const tokenizer::Tokenizer& tok) { return tok.encode("user: Hello\n", true, true).size(); }
+/// The first prompt but its last character: the part of every later prompt that tokenizes the same whatever
+/// follows (it ends in ':', a byte token of the synthetic vocabulary, which merges with nothing). The space
+/// after it is the template's tail: it may merge with the reply's first characters ("▁word").
+size_t history_tokens(const tokenizer::Tokenizer& tok) {
+  return tok.encode("user: Hello\nassistant:", true, true).size();
+}
 
 json chat_request(const json& messages, int max_tokens) {
   return {{"id", "chat"}, {"op", "infer"}, {"model", "chatty"}, {"messages", messages},
@@ -179,15 +183,16 @@ TEST_F(DaemonServingTest, FollowUpTurnReportsTheHistoryAsCachedTokens) {
   ASSERT_EQ(r2["result"]["usage"]["prompt_tokens"], ids2.size());
   const int64_t cached2 = r2["result"]["usage"]["cached_tokens"];
   // Exactly what the first turn's sequence holds of the second prompt: never less (history recomputed),
-  // never more (a wrong prefix). What the template allows: the first turn's messages ("user: Hello\n")
-  // render identically in the second prompt and end in a byte token ("\n") no merge crosses, so they are
-  // all reused; the assistant's opening "a:" and the reply after it come back only as far as the reply's
-  // text tokenizes to the ids that were generated (a random model's ids often do not: byte tokens, merges
-  // across the opening) - the rest, with "\nuser: And then?\na:", is computed.
+  // never more (a wrong prefix). What the template allows: the first prompt renders identically at the
+  // start of the second, so all of it is reused but the tail of its opening (the space after
+  // "assistant:", which may merge with the reply's text); the reply comes back as far as its text
+  // tokenizes to the ids that were generated (a random model's ids often do not: byte tokens, pieces the
+  // tokenizer would have merged) - the rest, with "\nuser: And then?\nassistant: ", is computed.
   EXPECT_EQ(cached2, expected_reuse(ids1, r1["result"], ids2));
   EXPECT_GE(cached2, static_cast<int64_t>(history_tokens(*tok)));
-  std::printf("turn 2: %zu prompt tokens, %lld cached (turn 1: %zu prompt + %zu reply tokens)\n", ids2.size(),
-              static_cast<long long>(cached2), ids1.size(), r1["result"]["tokens"].size());
+  EXPECT_GE(history_tokens(*tok), ids1.size() - 1) << "the tail is at most the opening's last token";
+  std::printf("turn 2: %zu prompt tokens, %lld cached (turn 1: %zu prompt + %zu reply tokens; history %zu)\n", ids2.size(),
+              static_cast<long long>(cached2), ids1.size(), r1["result"]["tokens"].size(), history_tokens(*tok));
 
   // The same conversation again: all of it but its last token comes from the cache, and the output is the
   // same as when it was computed.
