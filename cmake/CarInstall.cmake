@@ -26,10 +26,21 @@ install(CODE "
 install(FILES ${PROJECT_SOURCE_DIR}/systemd/car-inference.sysusers DESTINATION ${CAR_SYSUSERS_DIR}
         RENAME car-inference.conf)
 
-# Man pages (written in roff in the repo) and bash completion (reads `car --help` at completion time, so
-# it follows the commands CLI11 knows).
-install(FILES ${PROJECT_SOURCE_DIR}/packaging/man/car.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
-install(FILES ${PROJECT_SOURCE_DIR}/packaging/man/car-inferenced.8 DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
+# Man pages (written in roff in the repo), installed gzipped as Debian policy asks (gzip -9n: no name or
+# timestamp in the header, so the package is reproducible), and bash completion (reads `car --help` at
+# completion time, so it follows the commands CLI11 knows).
+find_program(CAR_GZIP gzip REQUIRED)
+set(car_man_gz)
+foreach(page car.1 car-inferenced.8)
+  add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/man/${page}.gz
+                     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
+                     COMMAND ${CAR_GZIP} -9nc ${PROJECT_SOURCE_DIR}/packaging/man/${page} > ${CMAKE_BINARY_DIR}/man/${page}.gz
+                     DEPENDS ${PROJECT_SOURCE_DIR}/packaging/man/${page} VERBATIM)
+  list(APPEND car_man_gz ${CMAKE_BINARY_DIR}/man/${page}.gz)
+endforeach()
+add_custom_target(car_man_pages ALL DEPENDS ${car_man_gz})
+install(FILES ${CMAKE_BINARY_DIR}/man/car.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+install(FILES ${CMAKE_BINARY_DIR}/man/car-inferenced.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/completion/car.bash DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
         RENAME car)
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/completion/car.bash DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
@@ -37,18 +48,46 @@ install(FILES ${PROJECT_SOURCE_DIR}/packaging/completion/car.bash DESTINATION ${
 
 install(FILES ${PROJECT_SOURCE_DIR}/systemd/car-inference.env.example ${PROJECT_SOURCE_DIR}/README.md
               ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# Debian's machine-readable copyright file (every package carries /usr/share/doc/PACKAGE/copyright).
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/debian/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR})
 file(GLOB car_docs ${PROJECT_SOURCE_DIR}/docs/*.md)
 install(FILES ${car_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 # CPack: a Debian package. The maintainer scripts create the user from the sysusers file and enable nothing.
 set(CPACK_PACKAGE_NAME car-inference)
 set(CPACK_PACKAGE_VENDOR "car-inference")
-set(CPACK_PACKAGE_CONTACT "car-inference maintainers <car-inference@localhost>")
+# Who answers for the package: -DCAR_PACKAGE_MAINTAINER="Name <mail>" when building one to ship. Unset, it
+# is the repository's own maintainers as its history names them (the author of the last commit).
+set(CAR_PACKAGE_MAINTAINER "" CACHE STRING "The Debian package's Maintainer: field (empty: the last commit's author)")
+set(car_maintainer "${CAR_PACKAGE_MAINTAINER}")
+if(NOT car_maintainer)
+  find_program(CAR_GIT git)
+  if(CAR_GIT AND EXISTS ${PROJECT_SOURCE_DIR}/.git)
+    execute_process(COMMAND ${CAR_GIT} log -1 "--format=%an <%ae>" WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+                    OUTPUT_VARIABLE car_maintainer OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  endif()
+  if(NOT car_maintainer MATCHES "^[^<]+ <[^>]+@[^>]+>$")
+    set(car_maintainer "The car-inference authors <car-inference@localhost>")
+    message(STATUS "CAR_PACKAGE_MAINTAINER: no git history to take it from; set it for a package to ship")
+  endif()
+endif()
+set(CPACK_PACKAGE_CONTACT "${car_maintainer}")
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${car_maintainer}")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "GGUF model-serving daemon (car-inferenced) and its client (car)")
-set(CPACK_DEBIAN_PACKAGE_DESCRIPTION "GGUF model-serving daemon (car-inferenced) and its client (car)
- car-inferenced keeps GGUF models loaded in a shared cache and serves them over a Unix socket under a
- hardened systemd unit; car is its client and an offline runner, benchmark and GGUF inspector.
- Installing creates the car-inference system user and group and enables nothing.")
+# CPack writes CPACK_PACKAGE_DESCRIPTION_SUMMARY as the synopsis and this text, each line indented by one
+# space and an empty line as " .", as the extended description.
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION "car-inferenced keeps GGUF language models (dense and mixture-of-experts, the
+usual quantized formats) loaded in a memory-budgeted cache and serves them to
+local clients over a Unix socket in newline-delimited JSON, and optionally over
+HTTP with the OpenAI API and a Prometheus /metrics endpoint. Concurrent
+requests to one model are batched; experts of models larger than memory can
+be streamed from disk.
+
+car is its command-line client, and also runs, benchmarks and inspects GGUF
+models without a daemon.
+
+Installing creates the car-inference system user and group and enables
+nothing: systemctl enable --now car-inferenced.socket starts the service.")
 set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)

@@ -19,6 +19,7 @@
 #include <thread>
 #include <utility>
 
+#include "config/cli_errors.h"
 #include "core/util/error_codes.h"
 #include "core/util/limits.h"
 
@@ -85,7 +86,11 @@ Result<Inputs> gather(const SettingsFlags& flags, const EnvMap& env) {
     if (name == kConfig) continue;
     const SettingInfo* s = find_setting(name);
     if (s == nullptr) {
-      in.warnings.push_back("unknown variable " + name + " in the environment (ignored)");
+      std::vector<std::string_view> names;
+      for (const SettingInfo& row : setting_table()) names.push_back(row.variable);
+      const std::string best = closest_name(name, names);
+      in.warnings.push_back("unknown variable " + name + " in the environment (ignored" +
+                            (best.empty() ? "" : "; did you mean " + best + "?") + ")");
       continue;
     }
     if (value.empty()) continue;  // an empty value means "not set" in every layer
@@ -117,7 +122,11 @@ Result<Inputs> gather(const SettingsFlags& flags, const EnvMap& env) {
       const SettingInfo* s = find_setting(a.key);
       if (s == nullptr) {
         if (a.key.rfind(kPrefix, 0) == 0) {
-          return make_error(errc::kUnknownSetting, where + ": unknown setting " + a.key);
+          std::vector<std::string_view> names;
+          for (const SettingInfo& row : setting_table()) names.push_back(row.variable);
+          const std::string best = closest_name(a.key, names);
+          return make_error(errc::kUnknownSetting, where + ": unknown setting " + a.key +
+                                                       (best.empty() ? "" : " (did you mean " + best + "?)"));
         }
         continue;  // another program's variable (the file doubles as systemd's EnvironmentFile=)
       }
@@ -216,7 +225,7 @@ Result<SettingsFlags> parse_args(int argc, const char* const* argv) {
                                                      ? std::filesystem::path(argv[0]).filename().string()
                                                      : std::string("car-inferenced")));
   } catch (const CLI::ParseError& e) {
-    return make_error(errc::kBadFlag, std::string(e.what()) + " (see --help)");
+    return make_error(errc::kBadFlag, describe_parse_error(app, e, argc, argv) + " (see --help)");
   }
   if (markdown) return make_error(errc::kHelp, settings_markdown());
   if (env_example) return make_error(errc::kHelp, settings_env_example());

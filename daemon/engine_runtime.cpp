@@ -190,7 +190,11 @@ class EngineBackend final : public Backend {
 
 class EngineRuntime final : public ModelRuntime {
  public:
-  explicit EngineRuntime(const RuntimeOptions& options) : options_(options) {}
+  /// Every model this runtime loads takes its compute turns at one gate (fair sharing of the cores
+  /// between models busy at once), unless the options bring one.
+  explicit EngineRuntime(const RuntimeOptions& options) : options_(options) {
+    if (!options_.compute_gate) options_.compute_gate = std::make_shared<engine::ComputeGate>();
+  }
 
   Result<std::shared_ptr<Backend>> load(const std::filesystem::path& path) override {
     return load_with(path, {});

@@ -19,6 +19,7 @@
 #include "core/util/error_codes.h"
 #include "core/util/fault_guard.h"
 #include "daemon/http/http_server.h"
+#include "daemon/listener.h"
 #include "daemon/model_resolver.h"
 #include "daemon/model_runtime.h"
 #include "daemon/server.h"
@@ -156,6 +157,22 @@ int main(int argc, char** argv) {
       return 2;
     }
     options.http.api_key = std::move(*key);
+  }
+  // A configuration the HTTP front would refuse is a configuration error (exit 2), found before anything
+  // is bound: a non-loopback address (set, or passed by systemd) without an API key.
+  if (options.http.address || options.http.listen_fd) {
+    auto address = options.http.listen_fd ? car::daemon::listening_address(*options.http.listen_fd)
+                                           : car::Result<car::config::HttpAddress>(*options.http.address);
+    if (!address) {
+      spdlog::critical("{}", address.error().message);
+      return 2;
+    }
+    if (!address->loopback() && options.http.api_key.empty()) {
+      spdlog::critical("refusing to serve HTTP on {}, which is not a loopback address, without an API key: set "
+                       "CAR_INFERENCE_HTTP_API_KEY_FILE, or listen on 127.0.0.1, [::1] or a unix: path",
+                       address->to_string());
+      return 2;
+    }
   }
   options.models_dir = settings->models_dir;
   options.state_dir = settings->state_dir;

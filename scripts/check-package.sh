@@ -22,7 +22,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
 cmake -S . -B "$build" >/dev/null  # pick up install rules added since the last configure
-cmake --build "$build" -j "$(nproc)" --target car car-inferenced
+cmake --build "$build" -j "$(nproc)" --target car car-inferenced car_man_pages
 rm -rf "$build/package"
 (cd "$build" && cpack -G DEB >/dev/null)
 deb=$(ls "$build"/package/car-inference_*.deb)
@@ -47,9 +47,19 @@ for f in /usr/bin/car /usr/sbin/car-inferenced /usr/lib/systemd/system/car-infer
   /usr/lib/sysusers.d/car-inference.conf \
   /usr/share/man/man1/car.1.gz /usr/share/man/man8/car-inferenced.8.gz \
   /usr/share/bash-completion/completions/car /usr/share/doc/car-inference/operations.md \
-  /usr/share/doc/car-inference/car-inference.env.example /usr/share/doc/car-inference/LICENSE; do
-  [ -e "$f" ] || [ -e "${f%.gz}" ] || fail "$f not installed"
+  /usr/share/doc/car-inference/car-inference.env.example /usr/share/doc/car-inference/LICENSE \
+  /usr/share/doc/car-inference/copyright; do
+  [ -e "$f" ] || fail "$f not installed"
 done
+# Debian policy: man pages gzipped (-n: reproducible), a machine-readable copyright file, a maintainer.
+gzip -t /usr/share/man/man1/car.1.gz /usr/share/man/man8/car-inferenced.8.gz || fail "a man page is not valid gzip"
+head -1 /usr/share/doc/car-inference/copyright |
+  grep -qF "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/" ||
+  fail "copyright is not in the machine-readable format"
+maintainer=$(dpkg-deb -f "$deb" Maintainer)
+printf '%s\n' "$maintainer" | grep -qE '^[^<]+ <[^>]+@[^>]+>$' || fail "Maintainer: '$maintainer' is not 'Name <address>'"
+grep -q "car-inferenced-http.socket" /var/lib/dpkg/info/car-inference.prerm ||
+  fail "prerm does not stop car-inferenced-http.socket"
 /usr/sbin/car-inferenced --version | sed 's/^/  /'
 /usr/bin/car --version | sed 's/^/  /'
 /usr/sbin/car-inferenced --version | grep -q "^car-inferenced " || fail "car-inferenced --version"

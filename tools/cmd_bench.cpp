@@ -35,6 +35,7 @@
 #include "core/gguf/gguf_file.h"
 #include "core/util/error_codes.h"
 #include "tools/command_registry.h"
+#include "tools/model_path.h"
 #include "tools/offline_env.h"
 
 namespace car::tools {
@@ -42,6 +43,7 @@ namespace {
 
 struct BenchFlags {
   std::string path;
+  std::string models_dir;  // --models-dir: where a model id is looked up
   int n_prompt = 128;
   int n_gen = 64;
   int reps = 3;
@@ -352,9 +354,12 @@ void bench(const BenchFlags& f) {
   if (auto e = engine::model_expert_stats(model); e && engine::model_streams_experts(model)) {
     std::printf(
         "\nexperts streamed (%s): cap %d/bank, pinned %d, hit rate %.1f%%, %.1f MB read, read p50 %.0f us "
-        "p99 %.0f us, prefetch recall %.1f%%",
+        "p99 %.0f us, prefetch recall %.1f%%, precision %.1f%% (%d/%d layers reading ahead, %llu issued, %llu "
+        "scored only)",
         engine::model_stream_reason(model).c_str(), e->cap, e->pinned, e->hit_rate * 100.0,
-        static_cast<double>(e->bytes_read) / 1e6, e->read_p50_us, e->read_p99_us, e->prefetch_recall * 100.0);
+        static_cast<double>(e->bytes_read) / 1e6, e->read_p50_us, e->read_p99_us, e->prefetch_recall * 100.0,
+        e->prefetch_precision * 100.0, e->prefetch_layers_on, e->banks,
+        static_cast<unsigned long long>(e->prefetch_issued), static_cast<unsigned long long>(e->prefetch_scored));
   }
   std::printf("\nisa %s; load %.1f ms; RSS %.1f MB (peak %.1f MB); file %.1f MB\n",
               std::string(tensor::isa_name(tensor::current_isa())).c_str(), load_ms,
@@ -365,7 +370,10 @@ void bench(const BenchFlags& f) {
 void setup_bench(CLI::App& root) {
   auto flags = std::make_shared<BenchFlags>();
   auto* cmd = root.add_subcommand("bench", "Prompt-processing and generation tokens/s (like llama-bench)");
-  cmd->add_option("file", flags->path, "GGUF model file")->required();
+  cmd->add_option("file", flags->path, "GGUF model file, or a model id in the models directory")->required();
+  cmd->add_option("--models-dir", flags->models_dir,
+                  "Where model ids are looked up (default: CAR_INFERENCE_MODELS_DIR, else a running daemon's, else "
+                  "the daemon's default)");
   cmd->add_option("-p,--n-prompt", flags->n_prompt, "Prompt tokens processed in one batch; 0 = skip")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-n,--n-gen", flags->n_gen, "Tokens generated one at a time; 0 = skip")
@@ -383,7 +391,10 @@ void setup_bench(CLI::App& root) {
                   "Batched decode: run tg<n> with N sequences at once for each N given (e.g. 1,2,4,8)")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
-  cmd->callback([flags] { bench(*flags); });
+  cmd->callback([flags] {
+    flags->path = resolve_model_path(flags->path, flags->models_dir, "car bench");
+    bench(*flags);
+  });
 }
 
 }  // namespace

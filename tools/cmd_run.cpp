@@ -24,6 +24,7 @@
 #include "core/util/limits.h"
 #include "tools/chat_prompt.h"
 #include "tools/command_registry.h"
+#include "tools/model_path.h"
 #include "tools/offline_env.h"
 #include "tools/stdin_text.h"
 
@@ -32,6 +33,7 @@ namespace {
 
 struct RunFlags {
   std::string path;
+  std::string models_dir;  // --models-dir: where a model id is looked up
   std::string prompt;
   std::string prompt_flag;  // --prompt, the older spelling of the positional PROMPT
   std::string prompt_ids;
@@ -203,7 +205,10 @@ void run(const RunFlags& f) {
 void setup_run(CLI::App& root) {
   auto flags = std::make_shared<RunFlags>();
   auto* cmd = root.add_subcommand("run", "Load a GGUF model in-process and generate (no daemon)");
-  cmd->add_option("file", flags->path, "GGUF model file")->required();
+  cmd->add_option("file", flags->path, "GGUF model file, or a model id in the models directory")->required();
+  cmd->add_option("--models-dir", flags->models_dir,
+                  "Where model ids are looked up (default: CAR_INFERENCE_MODELS_DIR, else a running daemon's, else "
+                  "the daemon's default)");
   cmd->add_option("prompt", flags->prompt,
                   "Prompt text, tokenized with the model's tokenizer ('-' reads standard input)");
   cmd->add_option("--prompt", flags->prompt_flag, "The same as PROMPT (kept for scripts)");
@@ -240,7 +245,10 @@ void setup_run(CLI::App& root) {
                 "Let special-token text in the prompt become special tokens");
   cmd->add_flag("--json", flags->json, "Print one JSON object (CONTRACT.md) instead of streaming text");
   cmd->add_flag("--no-stream", flags->no_stream, "Print the text once generation ends");
-  cmd->callback([flags] { run(*flags); });
+  cmd->callback([flags] {
+    flags->path = resolve_model_path(flags->path, flags->models_dir, "car run");
+    run(*flags);
+  });
 }
 
 }  // namespace

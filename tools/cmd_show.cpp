@@ -4,8 +4,8 @@
 // (the estimate the daemon's cache budget uses).
 //
 // MODEL is a path when it names an existing file, else a model id looked up as <models dir>/<id>.gguf
-// (--models-dir, else CAR_INFERENCE_MODELS_DIR, else the daemon's default); a trailing ".gguf" on an id is
-// accepted. Exit status: 0, 1 when the file cannot be read as a model, 2 on bad input (no such model).
+// (--models-dir, else CAR_INFERENCE_MODELS_DIR, else a running daemon's, else the daemon's default; see
+// tools/model_path.h); a trailing ".gguf" on an id is accepted. Exit status: 0, 1 when the file cannot be read as a model, 2 on bad input (no such model).
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +17,7 @@
 #include "core/util/limits.h"
 #include "core/gguf/model_info.h"
 #include "tools/command_registry.h"
+#include "tools/model_path.h"
 #include "tools/offline_env.h"
 #include "tools/terminal_text.h"
 
@@ -35,28 +36,8 @@ struct ShowFlags {
   throw CommandFailed(code);
 }
 
-/// MODEL as a file path: itself when it is an existing file, else <models dir>/<id>.gguf.
-std::string resolve(const ShowFlags& f) {
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(f.model, ec)) return f.model;
-  std::string id = f.model;
-  if (id.size() > 5 && id.ends_with(".gguf")) id.resize(id.size() - 5);
-  std::string dir = f.models_dir;
-  if (dir.empty()) {  // the daemon's setting: CAR_INFERENCE_MODELS_DIR, else its default
-    config::Settings settings;
-    if (auto r = setting_from_env("CAR_INFERENCE_MODELS_DIR", settings); !r) fail(2, r.error().message);
-    dir = settings.models_dir.string();
-  }
-  if (id.empty() || id.find('/') != std::string::npos || id.front() == '.') {
-    fail(2, "no such file: " + terminal_text(f.model, true));
-  }
-  const std::filesystem::path path = std::filesystem::path(dir) / (id + ".gguf");
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    fail(2, "no model " + terminal_text(id, true) + ": neither a file nor " +
-                terminal_text(path.string(), true) + " (set --models-dir or CAR_INFERENCE_MODELS_DIR)");
-  }
-  return path.string();
-}
+/// MODEL as a file path (tools/model_path.h).
+std::string resolve(const ShowFlags& f) { return resolve_model_path(f.model, f.models_dir, "car show"); }
 
 std::string mib(uint64_t bytes) {
   char buf[32];
@@ -167,7 +148,7 @@ void setup_show(CLI::App& root) {
       root.add_subcommand("show", "Describe a model: architecture, size, quantization, memory it needs");
   cmd->add_option("model", flags->model, "A GGUF file, or a model id in the models directory")->required();
   cmd->add_option("--models-dir", flags->models_dir,
-                  "Where model ids are looked up (default: CAR_INFERENCE_MODELS_DIR, else the daemon's default)");
+                  "Where model ids are looked up (default: CAR_INFERENCE_MODELS_DIR, else a running daemon's, else the daemon's default)");
   cmd->add_option("--ctx", flags->context, "Context the memory figure assumes; 0 = min(model's, 4096)")
       ->check(CLI::Range(0, limits::kMaxContextTokens));
   cmd->add_flag("--json", flags->json, "Print one JSON object");

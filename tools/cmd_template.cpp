@@ -5,7 +5,12 @@
 // the model's own tokenizer.chat_template, bos_token / eos_token taken from its vocabulary (for checking a
 // model's prompt format). `--js-compat` renders as @huggingface/jinja does where it differs from Python
 // Jinja2 (docs/chat.md).
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <optional>
+#include <string_view>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -59,6 +64,24 @@ void report(const Error& e) {
   fail(e.message);
 }
 
+/// strftime_now()'s clock: SOURCE_DATE_EPOCH when set (the reproducible-builds convention: seconds since
+/// the epoch, rendered in UTC), so that a rendering can be reproduced byte for byte; else the system's.
+std::optional<std::tm> fixed_clock() {
+  const char* epoch = std::getenv("SOURCE_DATE_EPOCH");
+  if (epoch == nullptr || *epoch == '\0') return std::nullopt;
+  const std::string_view text(epoch);
+  int64_t seconds = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+  if (ec != std::errc() || end != text.data() + text.size() || seconds < 0) {
+    fail("SOURCE_DATE_EPOCH must be a whole number of seconds since 1970-01-01 UTC, got '" + std::string(text) +
+         "'");
+  }
+  const auto t = static_cast<std::time_t>(seconds);
+  std::tm tm{};
+  if (gmtime_r(&t, &tm) == nullptr) fail("SOURCE_DATE_EPOCH is out of range: " + std::string(text));
+  return tm;
+}
+
 void run_render(const TemplateOptions& o) {
   const std::string source = read_file(o.template_file, "template");
   nlohmann::ordered_json ctx;
@@ -71,6 +94,7 @@ void run_render(const TemplateOptions& o) {
     fail(o.context_file + ": the context must be a JSON object (its keys are the variables)");
   chat::RenderOptions ro;
   ro.js_strip_quirk = o.js_compat;
+  ro.now = fixed_clock();
   if (chat::json_depth(ctx) > chat::kMaxJsonDepth) {
     fail(o.context_file + ": the context nests deeper than " + std::to_string(chat::kMaxJsonDepth) +
          " levels");
@@ -103,6 +127,7 @@ void run_gguf(const TemplateOptions& o) {
   chat::ChatOptions co;
   co.add_generation_prompt = !o.no_generation_prompt;
   co.render.js_strip_quirk = o.js_compat;
+  co.render.now = fixed_clock();
   if ((*tok)->bos() >= 0) co.bos_token = (*tok)->token_to_piece((*tok)->bos(), true);
   if ((*tok)->eos() >= 0) co.eos_token = (*tok)->token_to_piece((*tok)->eos(), true);
   auto out = chat::render_chat(*tpl, messages, co);

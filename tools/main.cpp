@@ -9,6 +9,7 @@
 #include <string>
 
 #include "car_version.h"
+#include "config/cli_errors.h"
 #include "core/tensor/kernels.h"
 #include "core/util/fault_guard.h"
 #include "tools/command_registry.h"
@@ -54,9 +55,10 @@ int main(int argc, char** argv) {
     // Usage errors exit 2 (as getopt tools do), whatever CLI11's own code for the kind of error.
     const std::string first = argv[1];
     if (app.get_subcommands().empty() && !first.empty() && first[0] != '-') {
-      std::fprintf(stderr, "car: unknown command '%s'; 'car --help' lists the commands\n", first.c_str());
+      std::fprintf(stderr, "car: unknown command '%s'%s; 'car --help' lists the commands\n", first.c_str(),
+                   car::config::did_you_mean(first, car::config::known_commands(&app)).c_str());
     } else {
-      std::fprintf(stderr, "car: %s\n", e.what());
+      std::fprintf(stderr, "car: %s\n", car::config::describe_parse_error(app, e, argc, argv).c_str());
       if (const auto* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().back()) {
         std::fprintf(stderr, "'car %s --help' shows its usage\n", sub->get_name().c_str());
       }

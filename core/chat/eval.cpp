@@ -34,31 +34,6 @@ size_t code_point_count(const std::string& s) {
   return n;
 }
 
-bool is_ws(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-std::string strip_chars(const std::string& s, const std::string* chars, bool left, bool right) {
-  auto in_set = [&](char c) { return chars ? chars->find(c) != std::string::npos : is_ws(c); };
-  size_t b = 0, e = s.size();
-  if (left) {
-    while (b < e && in_set(s[b])) ++b;
-  }
-  if (right) {
-    while (e > b && in_set(s[e - 1])) --e;
-  }
-  return s.substr(b, e - b);
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-std::string upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
-}
-
 std::string python_repr_string(const std::string& s) {
   const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
   const char q = dq ? '"' : '\'';

@@ -158,29 +158,16 @@ Value Renderer::attribute(const Node& n, const Value& obj, const std::string& na
         check_args(a, 1, {});
         const Value* chars = arg(a, 0, "chars");
         if (chars != nullptr && chars->is_string() && !js_strip) {
-          return Value::string(strip_chars(s, &chars->as_string(), l, r));
+          return Value::string(strip_set(s, chars->as_string(), l, r));
         }
-        return Value::string(strip_chars(s, nullptr, l, r));
+        return Value::string(strip_space(s, l, r, js_strip));
       });
     }
-    if (name == "upper") return method([s](CallArgs&) -> Value { return Value::string(upper(s)); });
-    if (name == "lower") return method([s](CallArgs&) -> Value { return Value::string(lower(s)); });
-    if (name == "title" || name == "capitalize") {
-      const bool title = name == "title";
-      return method([s, title](CallArgs&) -> Value {
-        std::string out = s;
-        bool start = true;
-        for (char& c : out) {
-          const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
-          if (start && alpha) {
-            c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-          } else if (alpha || !title) {
-            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-          }
-          start = title ? !alpha : false;
-        }
-        return Value::string(std::move(out));
-      });
+    if (name == "upper") return method([s](CallArgs&) -> Value { return Value::string(to_upper(s)); });
+    if (name == "lower") return method([s](CallArgs&) -> Value { return Value::string(to_lower(s)); });
+    if (name == "title") return method([s, js_strip](CallArgs&) -> Value { return Value::string(to_title(s, js_strip)); });
+    if (name == "capitalize") {
+      return method([s, js_strip](CallArgs&) -> Value { return Value::string(capitalize(s, js_strip)); });
     }
     if (name == "startswith" || name == "endswith") {
       const bool sw = name == "startswith";
@@ -201,29 +188,17 @@ Value Renderer::attribute(const Node& n, const Value& obj, const std::string& na
     }
     if (name == "split") {
       const size_t max_items = opt_.limits.max_list_items;
-      return method([s, max_items](CallArgs& a) -> Value {
+      return method([s, max_items, js_strip](CallArgs& a) -> Value {
         check_args(a, 2, {"sep", "maxsplit"});
         const Value* sep = arg(a, 0, "sep");
         const Value* ms = arg(a, 1, "maxsplit");
         int64_t maxsplit = ms != nullptr && ms->is_int() ? ms->as_int() : -1;
         List out;
         if (sep == nullptr || sep->is_none()) {
-          size_t i = 0;
-          while (i < s.size()) {
-            while (i < s.size() && is_ws(s[i])) ++i;
-            if (i >= s.size()) break;
-            if (maxsplit == 0) {
-              size_t e = s.size();
-              while (e > i && is_ws(s[e - 1])) --e;
-              out.push_back(Value::string(s.substr(i, e - i)));
-              break;
-            }
-            size_t e = i;
-            while (e < s.size() && !is_ws(s[e])) ++e;
-            out.push_back(Value::string(s.substr(i, e - i)));
-            if (maxsplit > 0) --maxsplit;
-            i = e;
-          }
+          split_space(s, maxsplit, js_strip, [&](std::string part) {
+            if (out.size() >= max_items) throw std::string("too many parts");
+            out.push_back(Value::string(std::move(part)));
+          });
           return Value::list(std::move(out));
         }
         if (!sep->is_string()) throw std::string("the separator must be a string");

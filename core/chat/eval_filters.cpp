@@ -34,9 +34,8 @@ Value Renderer::filter(const Node& n, const std::string& name, const Value& v, C
     if (name == "trim") {
       const Value* chars = karg(0, "chars");
       const std::string s = text_of(n, v, "trim");
-      if (chars != nullptr && chars->is_string())
-        return Value::string(strip_chars(s, &chars->as_string(), true, true));
-      return Value::string(strip_chars(s, nullptr, true, true));
+      if (chars != nullptr && chars->is_string()) return Value::string(strip_set(s, chars->as_string(), true, true));
+      return Value::string(strip_space(s, true, true, js()));
     }
     if (name == "length" || name == "count") {
       if (v.is_string()) return Value::integer(static_cast<int64_t>(code_point_count(v.as_string())));
@@ -45,8 +44,9 @@ Value Renderer::filter(const Node& n, const std::string& name, const Value& v, C
       if (v.is_undefined()) return Value::integer(0);
       bad(std::string("object of type ") + v.kind_name() + " has no length");
     }
-    if (name == "upper") return make_string(n, upper(text_of(n, v, "upper")));
-    if (name == "lower") return make_string(n, lower(text_of(n, v, "lower")));
+    if (name == "upper") return make_string(n, to_upper(text_of(n, v, "upper")));
+    if (name == "lower") return make_string(n, to_lower(text_of(n, v, "lower")));
+    if (name == "title" && !js()) return make_string(n, jinja_title(text_of(n, v, "title")));
     if (name == "capitalize" || name == "title") {
       const Value s = Value::string(text_of(n, v, name.c_str()));
       CallArgs none;
@@ -135,8 +135,8 @@ Value Renderer::filter(const Node& n, const std::string& name, const Value& v, C
       std::stable_sort(out.begin(), out.end(), [&](const Value& a, const Value& b) {
         Value x = a.as_list()[by_value ? 1 : 0], y = b.as_list()[by_value ? 1 : 0];
         if (!case_sensitive && x.is_string() && y.is_string()) {
-          x = Value::string(lower(x.as_string()));
-          y = Value::string(lower(y.as_string()));
+          x = Value::string(to_lower(x.as_string()));
+          y = Value::string(to_lower(y.as_string()));
         }
         return order(n, "<", x, y) < 0;
       });
@@ -151,7 +151,7 @@ Value Renderer::filter(const Node& n, const std::string& name, const Value& v, C
       const bool case_sensitive = cs && cs->truthy();
       auto key = [&](const Value& e) {
         Value k = attr && attr->is_string() ? get_attr(e, attr->as_string()) : e;
-        if (!case_sensitive && k.is_string()) k = Value::string(lower(k.as_string()));
+        if (!case_sensitive && k.is_string()) k = Value::string(to_lower(k.as_string()));
         return k;
       };
       std::stable_sort(l.begin(), l.end(),
@@ -218,18 +218,42 @@ Value Renderer::filter(const Node& n, const std::string& name, const Value& v, C
       return Value::list(std::move(out));
     }
     if (name == "tojson") {
-      const Value* indent = karg(0, "indent");
-      const Value* sort_keys = arg(args, 99, "sort_keys");
-      int ind = -1;
+      // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False), positional
+      // arguments in that order. The reference renderer reads these keywords only (ignoring others and
+      // positional arguments), takes indent 0 as none and sorts keys by collation (localeCompare).
+      const bool reference = js();
+      if (!reference) check_args(args, 4, {"ensure_ascii", "indent", "separators", "sort_keys"});
+      const size_t no = 99;  // the reference: keywords only
+      const Value* ensure_ascii = arg(args, reference ? no : 0, "ensure_ascii");
+      const Value* indent = arg(args, reference ? no : 1, "indent");
+      const Value* separators = arg(args, reference ? no : 2, "separators");
+      const Value* sort_keys = arg(args, reference ? no : 3, "sort_keys");
+      JsonFormat f;
       if (indent != nullptr && !indent->is_none()) {
-        if (!indent->is_int() || indent->as_int() < 0 || indent->as_int() > 64)
-          bad("indent must be an integer 0..64");
-        ind = static_cast<int>(indent->as_int());
+        if (indent->is_int()) {
+          if (indent->as_int() < 0 || indent->as_int() > 64) bad("indent must be an integer 0..64");
+          if (!reference || indent->as_int() > 0) f.indent = std::string(static_cast<size_t>(indent->as_int()), ' ');
+        } else if (indent->is_string() && !reference) {
+          if (indent->as_string().size() > 64) bad("indent must be at most 64 characters");
+          f.indent = indent->as_string();
+        } else {
+          bad("indent must be an integer");
+        }
       }
-      Value src = v;
-      if (sort_keys != nullptr && sort_keys->truthy()) bad("sort_keys is not supported");
+      if (f.indent) f.item_separator = ",";
+      if (separators != nullptr && !separators->is_none()) {
+        const List* l = separators->is_list() ? &separators->as_list() : nullptr;
+        if (l == nullptr || l->size() != 2 || !(*l)[0].is_string() || !(*l)[1].is_string()) {
+          bad("separators must be a pair of strings (item, key)");
+        }
+        f.item_separator = (*l)[0].as_string();
+        f.key_separator = (*l)[1].as_string();
+      }
+      f.sort_keys = sort_keys != nullptr && sort_keys->truthy();
+      f.ensure_ascii = ensure_ascii != nullptr && ensure_ascii->truthy();
+      f.collate_keys = reference;
       std::string out, err;
-      if (!to_json_text(src, ind, out, err)) bad(err);
+      if (!to_json_text(v, f, out, err)) bad(err);
       return make_string(n, std::move(out));
     }
     if (name == "int") {
@@ -243,7 +267,7 @@ Value Renderer::filter(const Node& n, const std::string& name, const Value& v, C
         return Value::integer(static_cast<int64_t>(f));
       }
       if (v.is_string()) {
-        const std::string s = strip_chars(v.as_string(), nullptr, true, true);
+        const std::string s = strip_space(v.as_string(), true, true, js());
         char* end = nullptr;
         errno = 0;
         const long long i = std::strtoll(s.c_str(), &end, 10);
@@ -260,7 +284,7 @@ Value Renderer::filter(const Node& n, const std::string& name, const Value& v, C
       const Value fallback = dflt ? *dflt : Value::floating(0.0);
       if (num(v)) return Value::floating(fnum(v));
       if (v.is_string()) {
-        const std::string s = strip_chars(v.as_string(), nullptr, true, true);
+        const std::string s = strip_space(v.as_string(), true, true, js());
         char* end = nullptr;
         const double f = std::strtod(s.c_str(), &end);
         if (!s.empty() && end == s.c_str() + s.size()) return Value::floating(f);

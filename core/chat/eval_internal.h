@@ -15,6 +15,7 @@
 #include "core/chat/ast.h"
 #include "core/chat/jinja.h"
 #include "core/chat/stack_limit.h"
+#include "core/chat/unicode_text.h"
 #include "core/util/error_codes.h"
 
 namespace car::chat::eval_internal {
@@ -39,10 +40,6 @@ inline std::string where(const Node& n) {
 
 std::vector<std::string> code_points(const std::string& s);
 size_t code_point_count(const std::string& s);
-bool is_ws(char c);
-std::string strip_chars(const std::string& s, const std::string* chars, bool left, bool right);
-std::string lower(std::string s);
-std::string upper(std::string s);
 std::string python_repr_string(const std::string& s);
 
 class Renderer;

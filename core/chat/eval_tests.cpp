@@ -21,8 +21,8 @@ bool Renderer::test_named(const Node& n, const std::string& name, const Value& v
   if (name == "iterable") return v.is_list() || v.is_dict() || v.is_string();
   if (name == "sequence") return v.is_list() || v.is_dict() || v.is_string();
   if (name == "callable") return v.is_callable();
-  if (name == "lower") return v.is_string() && lower(v.as_string()) == v.as_string();
-  if (name == "upper") return v.is_string() && upper(v.as_string()) == v.as_string();
+  if (name == "lower") return v.is_string() && to_lower(v.as_string()) == v.as_string();
+  if (name == "upper") return v.is_string() && to_upper(v.as_string()) == v.as_string();
   if (name == "odd" || name == "even") {
     if (!v.is_int()) fail(n, "test '" + name + "' needs an integer, got " + v.kind_name());
     const bool odd = (v.as_int() % 2) != 0;

@@ -1,9 +1,13 @@
 #include "core/chat/value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <vector>
+
+#include "core/chat/unicode_text.h"
 
 namespace car::chat {
 
@@ -240,9 +244,10 @@ namespace {
 // json.dumps(ensure_ascii=False) and JSON.stringify write them - the conformance outputs depend on it. Not
 // the same job as tools/terminal_text.h, which makes text safe to show on a terminal (\xNN, no quotes, C1 and
 // non-UTF-8 bytes escaped): its output is not JSON, and this one is not terminal-safe.
-void json_string(const std::string& s, std::string& out) {
+void json_string(const std::string& s, const JsonFormat& f, std::string& out) {
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"':
         out += "\\\"";
@@ -265,27 +270,46 @@ void json_string(const std::string& s, std::string& out) {
       case '\f':
         out += "\\f";
         break;
-      default:
-        if (c < 0x20) {
-          char b[8];
+      default: {
+        char b[16];
+        if (c < 0x20 || (c == 0x7F && f.ensure_ascii)) {
           std::snprintf(b, sizeof b, "\\u%04x", c);
           out += b;
+        } else if (c >= 0x80 && f.ensure_ascii) {
+          size_t next = i;
+          bool valid = true;
+          const uint32_t cp = next_code_point(s, next, valid);
+          if (!valid) {
+            out += static_cast<char>(c);  // not text: copied as it is
+            break;
+          }
+          if (cp > 0xFFFF) {
+            const uint32_t v = cp - 0x10000;
+            std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+          } else {
+            std::snprintf(b, sizeof b, "\\u%04x", cp);
+          }
+          out += b;
+          i = next;
+          continue;
         } else {
           out += static_cast<char>(c);
         }
+      }
     }
+    ++i;
   }
   out += '"';
 }
 
-bool json_rec(const Value& v, int indent, int depth, std::string& out, std::string& error) {
+bool json_rec(const Value& v, const JsonFormat& f, int depth, std::string& out, std::string& error) {
   if (depth > 256) {
     error = "tojson: value nests deeper than 256 levels";
     return false;
   }
   auto newline = [&](int level) {
     out += '\n';
-    out.append(static_cast<size_t>(indent) * static_cast<size_t>(level), ' ');
+    for (int k = 0; k < level; ++k) out += *f.indent;
   };
   switch (v.kind()) {
     case Value::Kind::kUndefined:
@@ -304,18 +328,18 @@ bool json_rec(const Value& v, int indent, int depth, std::string& out, std::stri
       out += std::to_string(v.as_int());
       return true;
     case Value::Kind::kFloat: {
-      const double f = v.as_float();
-      if (std::isnan(f)) {
+      const double x = v.as_float();
+      if (std::isnan(x)) {
         out += "NaN";
-      } else if (std::isinf(f)) {
-        out += f > 0 ? "Infinity" : "-Infinity";
+      } else if (std::isinf(x)) {
+        out += x > 0 ? "Infinity" : "-Infinity";
       } else {
-        out += format_float(f);
+        out += format_float(x);
       }
       return true;
     }
     case Value::Kind::kString:
-      json_string(v.as_string(), out);
+      json_string(v.as_string(), f, out);
       return true;
     case Value::Kind::kList: {
       const List& l = v.as_list();
@@ -325,11 +349,11 @@ bool json_rec(const Value& v, int indent, int depth, std::string& out, std::stri
       }
       out += '[';
       for (size_t i = 0; i < l.size(); ++i) {
-        if (i > 0) out += indent >= 0 ? "," : ", ";
-        if (indent >= 0) newline(depth + 1);
-        if (!json_rec(l[i], indent, depth + 1, out, error)) return false;
+        if (i > 0) out += f.item_separator;
+        if (f.indent) newline(depth + 1);
+        if (!json_rec(l[i], f, depth + 1, out, error)) return false;
       }
-      if (indent >= 0) newline(depth);
+      if (f.indent) newline(depth);
       out += ']';
       return true;
     }
@@ -339,15 +363,24 @@ bool json_rec(const Value& v, int indent, int depth, std::string& out, std::stri
         out += "{}";
         return true;
       }
-      out += '{';
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (i > 0) out += indent >= 0 ? "," : ", ";
-        if (indent >= 0) newline(depth + 1);
-        json_string(items[i].first, out);
-        out += ": ";
-        if (!json_rec(items[i].second, indent, depth + 1, out, error)) return false;
+      std::vector<size_t> order(items.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      // UTF-8 byte order is code point order.
+      if (f.sort_keys) {
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+          return f.collate_keys ? collate(items[a].first, items[b].first) < 0 : items[a].first < items[b].first;
+        });
       }
-      if (indent >= 0) newline(depth);
+      out += '{';
+      for (size_t k = 0; k < order.size(); ++k) {
+        const auto& [key, value] = items[order[k]];
+        if (k > 0) out += f.item_separator;
+        if (f.indent) newline(depth + 1);
+        json_string(key, f, out);
+        out += f.key_separator;
+        if (!json_rec(value, f, depth + 1, out, error)) return false;
+      }
+      if (f.indent) newline(depth);
       out += '}';
       return true;
     }
@@ -358,7 +391,16 @@ bool json_rec(const Value& v, int indent, int depth, std::string& out, std::stri
 }  // namespace
 
 bool to_json_text(const Value& v, int indent, std::string& out, std::string& error) {
-  return json_rec(v, indent, 0, out, error);
+  JsonFormat f;
+  if (indent >= 0) {
+    f.indent = std::string(static_cast<size_t>(indent), ' ');
+    f.item_separator = ",";
+  }
+  return json_rec(v, f, 0, out, error);
+}
+
+bool to_json_text(const Value& v, const JsonFormat& format, std::string& out, std::string& error) {
+  return json_rec(v, format, 0, out, error);
 }
 
 }  // namespace car::chat

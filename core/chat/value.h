@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -173,9 +174,20 @@ int json_depth(const nlohmann::ordered_json& j, int limit = kMaxJsonDepth);
 /// added to whole numbers (Python's repr: 2.0, 0.30000000000000004, 1e+20, inf, nan).
 std::string format_float(double f);
 
+/// How `tojson` writes JSON: the keyword arguments of transformers' tojson (Python's json.dumps).
+struct JsonFormat {
+  std::optional<std::string> indent;  ///< each level's indentation; none = all on one line
+  std::string item_separator = ", ";  ///< Python's defaults: ", " on one line, "," with indent
+  std::string key_separator = ": ";
+  bool sort_keys = false;             ///< objects' keys in code point order (or collated, below)
+  bool collate_keys = false;          ///< sort_keys by the root collation (the reference renderer's order)
+  bool ensure_ascii = false;          ///< U+007F and every non-ASCII character as \uXXXX (UTF-16 pairs past the BMP)
+};
+
 /// JSON text of `v` as transformers' `tojson` writes it (Python json.dumps, ensure_ascii off): separators
 /// ", " and ": " without indent, "," and ": " with it; `indent` < 0 means none. Returns false (with a
 /// message) when `v` holds something JSON cannot represent (undefined, a callable) or nests too deep.
 bool to_json_text(const Value& v, int indent, std::string& out, std::string& error);
+bool to_json_text(const Value& v, const JsonFormat& format, std::string& out, std::string& error);
 
 }  // namespace car::chat

@@ -168,6 +168,7 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   so.n_ctx = n_ctx;
   so.step_tokens = options.step_tokens;
   so.max_queued = std::max(0, options.max_queued);
+  so.gate = options.compute_gate;
   lm->scheduler = std::make_unique<Scheduler>(lm->model, lm->tok, lm->file, std::move(forward), so);
   // The tokenizer and model read the mapping; a file cut or rewritten meanwhile gave them zeros.
   if (auto intact = lm->file->check_intact(); !intact) {

@@ -59,6 +59,9 @@ struct LoadOptions {
   int64_t step_tokens = 0;
   /// Requests that may wait for a sequence slot; one more is refused with `busy`. 0 = no limit.
   int max_queued = 0;
+  /// The compute turns shared by every model of the process (the daemon's; see compute_gate.h): models
+  /// busy at once take turns step by step instead of oversubscribing the cores. Null = none.
+  std::shared_ptr<ComputeGate> compute_gate;
 };
 
 /// Whether to stream a model's experts, and why (for the caller's log).

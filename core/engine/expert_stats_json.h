@@ -29,7 +29,10 @@ inline nlohmann::json expert_stats_json(const experts::ExpertStats& s) {
           {"read_p99_us", s.read_p99_us},
           {"prefetch_issued", s.prefetch_issued},
           {"prefetch_used", s.prefetch_used},
-          {"prefetch_recall", s.prefetch_recall}};
+          {"prefetch_recall", s.prefetch_recall},
+          {"prefetch_precision", s.prefetch_precision},
+          {"prefetch_layers_on", s.prefetch_layers_on},
+          {"prefetch_scored", s.prefetch_scored}};
 }
 
 }  // namespace car::engine

@@ -276,6 +276,10 @@ void ForwardPass::prefetch_layer(int64_t il, int64_t n) {
       }
     }
   }
+  // A batched step leases its experts in id order, in waves of slots(layer): guesses in that order make the
+  // few slots a small cache has free go to the experts of the first wave, which use them before a later
+  // wave's misses could evict them.
+  std::sort(guess_.begin(), guess_.end());
   experts_->prefetch(static_cast<int>(il), guess_);
 }
 

@@ -22,7 +22,10 @@
 // streamed source's cache never has to hold more than its budget. With prefetch on (and a streaming
 // source), before layer L's attention the router of layer L is applied to the residual stream as it left
 // layer L-1 (normed with L's ffn_norm) and the top-k guesses are passed to prefetch(L), so their reads
-// overlap the attention; this reads scratch only and never changes a result. Which experts are leased,
+// overlap the attention (a batched step guesses the union of its rows' experts, in id order: the order its
+// waves lease them; the source decides, from
+// the guesses' measured precision, whether to read them ahead or only score them); this reads scratch only
+// and never changes a result. Which experts are leased,
 // and in what waves, never changes a product or the summation order: output is bit-identical to the
 // resident source's. A failed read (io_error) ends eval() with that error; the cache is not advanced for
 // the failing batch and the ForwardPass stays usable.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "core/engine/engine.h"
 #include "core/engine/sampler.h"
@@ -53,6 +54,7 @@ Scheduler::Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<
   }
   // Every running sequence needs a row of its own in a step.
   CAR_CHECK(options_.step_tokens >= options_.slots);
+  if (options_.gate != nullptr) gate_member_ = std::make_unique<ComputeGate::Member>(*options_.gate);
   logits_.resize(static_cast<size_t>(options_.slots) * static_cast<size_t>(model_->hparams().n_vocab));
   {
     MutexLock lock(mu_);
@@ -196,6 +198,9 @@ void Scheduler::run() {
   for (;;) {
     {
       MutexLock lock(mu_);
+      if (gate_member_ != nullptr && !stop_ && queue_.empty() && running_.empty()) {
+        gate_member_->idle();  // keep no compute turns for a model with nothing to run
+      }
       cv_.wait(lock, [this]() CAR_REQUIRES(mu_) { return stop_ || !queue_.empty() || !running_.empty(); });
       if (stop_) {
         for (auto& job : queue_) finished.push_back(std::move(job));
@@ -278,7 +283,6 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
     MutexLock lock(mu_);
     for (auto& j : running_) jobs.push_back(j.get());
   }
-  const auto now = Clock::now();
   // Build the step: a decode row for every generating sequence first (each needs one row), then prompt
   // chunks in admission order within what is left of the budget.
   std::vector<SeqChunk> chunks;
@@ -307,10 +311,6 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
   }
   for (Job* job : jobs) {
     if (job->done || job->chunk.empty()) continue;
-    if (!job->started) {
-      job->started = true;
-      job->t_first_step = now;
-    }
     SeqChunk c;
     c.kv = job->slot->kv.get();
     c.tokens = job->chunk;
@@ -323,7 +323,21 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
   }
 
   if (!chunks.empty()) {
-    Result<void> r = forward_->eval_step(chunks, logits_.data());
+    Result<void> r = [&] {
+      // The machine's compute threads are taken in turns with the process's other busy models (the gate
+      // is held for the forward pass only); a request's first step starts once the turn is ours, so its
+      // queue_ms includes a wait for another model's step.
+      std::optional<ComputeGate::Turn> turn;
+      if (gate_member_ != nullptr) turn.emplace(*gate_member_);
+      const auto t_step = Clock::now();
+      for (Job* job : in_step) {
+        if (!job->started) {
+          job->started = true;
+          job->t_first_step = t_step;
+        }
+      }
+      return forward_->eval_step(chunks, logits_.data());
+    }();
     if (r.ok()) {
       // The weights under this step are those the model was loaded from (no read faulted, the file was not
       // rewritten in place); otherwise the logits came from zeros or a mix of two files.

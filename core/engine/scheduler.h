@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/engine/compute_gate.h"
 #include "core/engine/forward.h"
 #include "core/engine/generate_request.h"
 #include "core/util/result.h"
@@ -47,6 +48,9 @@ struct SchedulerOptions {
   int64_t n_ctx = 0;        ///< tokens per slot
   int64_t step_tokens = 0;  ///< rows per step (decode tokens + prompt chunks); 0 = the forward pass's max_batch
   int max_queued = 0;       ///< requests waiting for a slot beyond which submit() refuses with busy; 0 = no limit
+  /// The compute threads' turns shared with the process's other models (each step's forward pass holds
+  /// it); null = this model computes whenever it likes.
+  std::shared_ptr<ComputeGate> gate;
 };
 
 /// What a request's caller hears. on_token may be empty.
@@ -117,6 +121,7 @@ class Scheduler {
   std::unique_ptr<ForwardPass> forward_;
   SchedulerOptions options_;
   std::vector<float> logits_;  // slots x n_vocab: one output row per sequence per step
+  std::unique_ptr<ComputeGate::Member> gate_member_;  // null without a gate; declared after options_ (its gate)
 
   mutable Mutex mu_;
   std::condition_variable_any cv_;

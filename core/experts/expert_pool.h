@@ -40,6 +40,10 @@ struct StreamOptions {
   std::string sidecar_path;          ///< usage sidecar; empty = no learned pinning, save_usage() no-op
   bool direct_io = true;             ///< O_DIRECT where the filesystem allows it
   PreadFn reader;                    ///< null = pread(2)
+  /// The prefetch gate (StreamedExpertSource::prefetch): a layer's guesses are read ahead only while the
+  /// share of them its next step used, over its last steps, is at least this; below it they are only scored.
+  /// 0 = read every guess ahead (no gate).
+  double prefetch_min_precision = 0.5;
 };
 
 /// What the process may use: MemAvailable, and the memory cgroup's remaining limit if there is one.

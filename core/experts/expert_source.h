@@ -50,6 +50,11 @@ struct ExpertStats {
   uint64_t prefetch_used = 0;               ///< of those, demanded before eviction
   double prefetch_recall =
       0;  ///< prefetch_used / (prefetch_used + misses): share of needed reads prefetch had started
+  /// The prefetch gate (StreamedExpertSource::prefetch). Guesses of experts not held, over each MoE layer's
+  /// last steps, pooled: the share the step they were made for then used (read ahead or only scored).
+  double prefetch_precision = 0;
+  int prefetch_layers_on = 0;    ///< MoE layers whose guesses are read ahead now (the others are scored only)
+  uint64_t prefetch_scored = 0;  ///< guesses scored without a read (their layer's gate was closed)
 };
 
 class ExpertSource;
@@ -95,7 +100,9 @@ class ExpertSource {
   /// over acquire().
   virtual Result<void> acquire_many(int layer, std::span<const int> experts, std::vector<ExpertLease>& out);
   /// Hint: these experts of `layer` will be acquired soon (a streaming source may start reads on a
-  /// low-priority queue that never delays a demand read). Default: none.
+  /// low-priority queue that never delays a demand read). Called once per step and MoE layer before the
+  /// layer's acquires (the streamed source scores each guess against the acquires that follow it, up to the
+  /// next guess for the layer). Default: none.
   virtual void prefetch(int layer, std::span<const int> experts) {}
   /// Distinct experts of `layer` that can be leased at once within the memory budget (resident: n_expert).
   virtual int slots(int layer) const { return n_expert(layer); }

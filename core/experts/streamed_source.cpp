@@ -16,6 +16,39 @@ namespace {
 
 constexpr double kPinFraction = 0.25;  // of a bank's cap, pinned from the sidecar (the seed's PIN_FRACTION)
 constexpr size_t kMaxWarnings = 32;
+constexpr int kGateSteps = 16;       // a bank's prefetch precision is over its last 16 guesses (steps)
+constexpr int kGateMinSamples = 8;   // scored experts in that window before the gate may open
+
+/// One bank's prefetch gate (see the header): its open guess, marked per expert, and the last kGateSteps
+/// guesses' scores. The marks: kGuessScored (a guess only scored, no read), kGuessRead (read ahead),
+/// kGuessUsed (the step asked for it; counted once).
+struct PrefetchGate {
+  static constexpr uint8_t kNone = 0, kGuessScored = 1, kGuessRead = 2, kGuessUsed = 3;
+  std::vector<uint8_t> mark;  // per expert
+  std::vector<int> open;      // the experts marked by the open guess
+  int open_used = 0;
+  std::array<std::pair<int, int>, kGateSteps> window{};  // (scored, used) per closed guess, a ring
+  int window_pos = 0;
+  int scored = 0, used = 0;  // sums over the window
+  bool on = false;
+
+  /// Close the open guess: into the window, then decide whether the next guess is read ahead.
+  void close(double min_precision) {
+    auto& slot = window[static_cast<size_t>(window_pos)];
+    scored += static_cast<int>(open.size()) - slot.first;
+    used += open_used - slot.second;
+    slot = {static_cast<int>(open.size()), open_used};
+    window_pos = (window_pos + 1) % kGateSteps;
+    for (int e : open) mark[static_cast<size_t>(e)] = kNone;
+    open.clear();
+    open_used = 0;
+    if (min_precision <= 0) {
+      on = true;
+    } else if (scored >= kGateMinSamples) {
+      on = static_cast<double>(used) >= min_precision * static_cast<double>(scored);
+    }
+  }
+};
 
 /// Load latencies: bucket i holds [2^(i/4), 2^((i+1)/4)) microseconds (19% wide), up to ~2^28 us.
 class LatencyHistogram {
@@ -93,6 +126,7 @@ struct StreamedExpertSource::Impl {
     std::vector<int> pin_rank;                 // experts with sidecar counts, hottest first
     std::vector<char> in_pin_set;              // per expert: among the first pin_count of pin_rank
     int pin_count = 0;
+    PrefetchGate gate;
   };
 
   StreamedExpertSource* owner = nullptr;
@@ -102,6 +136,7 @@ struct StreamedExpertSource::Impl {
   bool joined = false;
   std::string sidecar;
   std::vector<int> n_expert;  // per layer, for the sidecar
+  double prefetch_min_precision = 0.5;
 
   mutable Mutex mutex;
   std::condition_variable_any loaded;  // some slot left the loading state
@@ -116,6 +151,7 @@ struct StreamedExpertSource::Impl {
   uint64_t bytes_read CAR_GUARDED_BY(mutex) = 0;
   uint64_t prefetch_issued CAR_GUARDED_BY(mutex) = 0;
   uint64_t prefetch_used CAR_GUARDED_BY(mutex) = 0;
+  uint64_t prefetch_scored CAR_GUARDED_BY(mutex) = 0;
   LatencyHistogram latency CAR_GUARDED_BY(mutex);
   std::vector<std::string> warnings CAR_GUARDED_BY(mutex);
   size_t warnings_dropped CAR_GUARDED_BY(mutex) = 0;
@@ -299,6 +335,7 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->sidecar = options.sidecar_path;
+  impl->prefetch_min_precision = options.prefetch_min_precision;
   std::string direct_refused;
   auto file = ExpertFile::open(path, options.direct_io, options.reader, &direct_refused);
   if (!file) return file.error();
@@ -350,6 +387,8 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
     }
     b.index.resize(static_cast<size_t>(n));
     b.in_pin_set.assign(static_cast<size_t>(n), 0);
+    b.gate.mark.assign(static_cast<size_t>(n), PrefetchGate::kNone);
+    b.gate.on = options.prefetch_min_precision <= 0;
     impl->usage[l].assign(static_cast<size_t>(n), 0);
     impl->saved[l].assign(static_cast<size_t>(n), 0);
   }
@@ -445,31 +484,42 @@ Result<void> StreamedExpertSource::acquire_many(int layer, std::span<const int> 
   Impl::Bank& b = I.banks[static_cast<size_t>(layer)];
   std::vector<std::shared_ptr<Slot>> held;
   std::vector<std::shared_ptr<Slot>> to_read;
-  held.reserve(experts.size());
+  held.resize(experts.size());
   MutexLock lock(I.mutex);
-  for (int e : experts) {
-    CAR_CHECK(e >= 0 && e < b.n_expert);
-    ++I.usage[static_cast<size_t>(layer)][static_cast<size_t>(e)];
-    std::shared_ptr<Slot> s = b.index[static_cast<size_t>(e)];
-    if (s) {
-      ++I.hits;
-      if (s->prefetched) {
-        ++I.prefetch_used;
-        s->prefetched = false;
+  // Two passes: every expert already held is leased first (off the LRU), then the misses take slots. A miss
+  // handled before a later hit of the same call would otherwise evict that hit when it is least recently used.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const int e = experts[i];
+      CAR_CHECK(e >= 0 && e < b.n_expert);
+      std::shared_ptr<Slot> s = b.index[static_cast<size_t>(e)];
+      if (pass == 0 ? s == nullptr : held[i] != nullptr) continue;
+      ++I.usage[static_cast<size_t>(layer)][static_cast<size_t>(e)];
+      uint8_t& mark = b.gate.mark[static_cast<size_t>(e)];
+      if (mark == PrefetchGate::kGuessScored || (mark == PrefetchGate::kGuessRead && s && s->prefetched)) {
+        mark = PrefetchGate::kGuessUsed;
+        ++b.gate.open_used;
       }
-      // A prefetch still queued is promoted: a demand job joins the demand queue; whichever runs first reads.
-      if (s->state == Slot::State::loading && !s->started && !s->demand_queued) {
+      if (s) {  // held (pass 0), or made by an earlier duplicate of this call (pass 1)
+        ++I.hits;
+        if (s->prefetched) {
+          ++I.prefetch_used;
+          s->prefetched = false;
+        }
+        // A prefetch still queued is promoted: a demand job joins the demand queue; whichever runs first reads.
+        if (s->state == Slot::State::loading && !s->started && !s->demand_queued) {
+          s->demand_queued = true;
+          to_read.push_back(s);
+        }
+      } else {
+        ++I.misses;
+        s = I.new_slot_locked(b, e, true);
         s->demand_queued = true;
         to_read.push_back(s);
       }
-    } else {
-      ++I.misses;
-      s = I.new_slot_locked(b, e, true);
-      s->demand_queued = true;
-      to_read.push_back(s);
+      I.take_lease_locked(b, s.get());
+      held[i] = std::move(s);
     }
-    I.take_lease_locked(b, s.get());
-    held.push_back(std::move(s));
   }
   if (!to_read.empty()) {
     lock.unlock();
@@ -493,12 +543,43 @@ void StreamedExpertSource::prefetch(int layer, std::span<const int> experts) {
   std::vector<std::shared_ptr<Slot>> to_read;
   {
     MutexLock lock(I.mutex);
+    PrefetchGate& gate = b.gate;
+    gate.close(I.prefetch_min_precision);  // the previous guess has had its step
+    // The guessed experts already held move to the LRU's back, and a read ahead only evicts from before
+    // them: a guess must never push out another expert of the same guess.
+    size_t evictable = b.lru.size();
+    if (gate.on) {
+      for (int e : experts) {
+        if (e < 0 || e >= b.n_expert) continue;
+        Slot* h = b.index[static_cast<size_t>(e)].get();
+        if (h == nullptr || !h->on_lru) continue;
+        b.lru.splice(b.lru.end(), b.lru, h->lru_pos);
+        --evictable;
+      }
+    }
+    bool room = true;
     for (int e : experts) {
       if (e < 0 || e >= b.n_expert || b.index[static_cast<size_t>(e)]) continue;
-      std::shared_ptr<Slot> s = I.new_slot_locked(b, e, false);
-      if (!s) break;  // no slot free without over-committing: prefetch never does
+      uint8_t& mark = gate.mark[static_cast<size_t>(e)];
+      if (mark != PrefetchGate::kNone) continue;  // guessed twice
+      if (!gate.on) {
+        mark = PrefetchGate::kGuessScored;
+        gate.open.push_back(e);
+        ++I.prefetch_scored;
+        continue;
+      }
+      if (!room) continue;
+      const bool evicts = b.held >= b.cap;
+      std::shared_ptr<Slot> s = evicts && evictable == 0 ? nullptr : I.new_slot_locked(b, e, false);
+      if (!s) {  // no slot free without over-committing (prefetch never does) or evicting a guess
+        room = false;
+        continue;
+      }
+      if (evicts) --evictable;
       s->prefetched = true;
       ++I.prefetch_issued;
+      mark = PrefetchGate::kGuessRead;
+      gate.open.push_back(e);
       to_read.push_back(std::move(s));
     }
   }
@@ -555,6 +636,15 @@ ExpertStats StreamedExpertSource::stats() const {
   s.prefetch_recall = I.prefetch_used + I.misses > 0 ? static_cast<double>(I.prefetch_used) /
                                                            static_cast<double>(I.prefetch_used + I.misses)
                                                      : 0;
+  int scored = 0, used = 0;
+  for (const Impl::Bank& b : I.banks) {
+    if (b.n_expert <= 0) continue;
+    scored += b.gate.scored;
+    used += b.gate.used;
+    if (b.gate.on) ++s.prefetch_layers_on;
+  }
+  s.prefetch_precision = scored > 0 ? static_cast<double>(used) / static_cast<double>(scored) : 0;
+  s.prefetch_scored = I.prefetch_scored;
   return s;
 }
 

@@ -4,12 +4,25 @@
 // Contract. Per MoE layer the source keeps one bank: a cache of slots, each slot holding one expert's gate,
 // up and down matrices (the same file bytes as the resident slices, so output is bit-identical). acquire()
 // serves an expert from the bank's pinned set, else from its LRU, else reads it (gate, up and down by one
-// reader job, back to back). A leased slot is never evicted. acquire_many() issues all of a layer's misses at
-// once to the pool's reader threads (queue depth = StreamOptions::io_threads, default 8) and waits for them.
+// reader job, back to back). A leased slot is never evicted. acquire_many() leases the experts it finds held
+// first (so none of them is evicted for one of the call's own misses), then issues all its misses at once to
+// the pool's reader threads (queue depth = StreamOptions::io_threads, default 8) and waits for them.
 // prefetch() queues reads on a low-priority queue: a reader takes a prefetch job only when no demand job is
 // queued, and at most half the readers serve prefetches at once, so demand reads always find free readers;
 // a demand for an expert whose prefetch is queued promotes it, one being read is waited for. A prefetch
-// only takes a free or evictable slot (it never over-commits) and is dropped when there is none.
+// only takes a free slot or evicts one outside its own guess (it never over-commits), and is dropped when
+// there is none.
+//
+// The prefetch gate. A prefetch never saves a byte: a right guess only moves a read the step would have made
+// off its critical path, a wrong one is a read (and an eviction) more. So each bank scores its guesses: a
+// guess of an expert not held is "used" when the acquires of the step it was made for (those up to the next
+// prefetch() of the layer) ask for it - and, if it was read ahead, find that read still cached. Over the
+// bank's last kGateSteps guesses (at least kGateMinSamples scored experts) the used share is its precision;
+// the bank reads its guesses ahead only while that is at least StreamOptions::prefetch_min_precision.
+// A bank starts closed: until its guesses have shown their precision, and whenever it falls below the
+// threshold, they are scored without a read (a probe that costs no I/O, every step), so a closed gate opens
+// again as soon as the guesses get better. Scoring never changes what is leased: output is the same either
+// way.
 //
 // Capacity. The pool's budget sets a cap per bank (slots, pinned ones included). slots(layer) is the cap
 // minus the bank's pin set. A request for more unpinned experts than the free slots is served by

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "core/util/suggest.h"
 #include "daemon/protocol/reply_lines.h"
 
 namespace car::protocol {
@@ -192,22 +193,6 @@ Result<void> read_field(InferField id, json& value, InferParams& p) {
   return {};
 }
 
-/// Levenshtein distance of two short field names (case-sensitive), for did-you-mean suggestions.
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
 
 const std::vector<std::string_view>& known_fields(Op op) {
@@ -251,17 +236,8 @@ Result<void> check_fields(Op op, const json& body) {
     if (std::find(fields.begin(), fields.end(), std::string_view(key)) != fields.end()) continue;
     std::string message = "unknown field " + log_name(key) + " for op '" + std::string(op_name(op)) + "'";
     // The closest known field when it is a plausible misspelling: at most a third of its length edited.
-    std::string_view best;
-    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-    for (std::string_view f : fields) {
-      const std::size_t d = edit_distance(key, f);
-      if (d < best_distance) {
-        best_distance = d;
-        best = f;
-      }
-    }
-    if (!best.empty() && best_distance <= std::max<std::size_t>(1, best.size() / 3)) {
-      message += " (did you mean '" + std::string(best) + "'?)";
+    if (const std::string best = closest_name(key, fields); !best.empty()) {
+      message += " (did you mean '" + best + "'?)";
     } else if (fields.empty()) {
       message += " (it takes no fields)";
     } else {

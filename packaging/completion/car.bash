@@ -15,6 +15,24 @@ _car_help_words() {
     }'
 }
 
+_car_model_ids() {
+  # Model ids: those a running daemon lists (over the socket car would use; --socket on the line is
+  # honoured), else the *.gguf files of CAR_INFERENCE_MODELS_DIR or the default models directory.
+  local -a sock=()
+  local i
+  for ((i = 1; i < ${#COMP_WORDS[@]} - 1; i++)); do
+    [[ ${COMP_WORDS[i]} == --socket ]] && sock=(--socket "${COMP_WORDS[i+1]}")
+  done
+  local ids
+  ids=$("${COMP_WORDS[0]}" list --json --timeout 1 "${sock[@]}" 2>/dev/null |
+    grep -o '"model": *"[^"]*"' | sed 's/.*"\([^"]*\)"$/\1/')
+  if [ -z "$ids" ]; then
+    local dir=${CAR_INFERENCE_MODELS_DIR:-/var/lib/car-inference/models}
+    ids=$(cd "$dir" 2>/dev/null && for f in *.gguf; do [ -f "$f" ] && echo "${f%.gguf}"; done)
+  fi
+  printf '%s\n' "$ids"
+}
+
 _car() {
   local cur prev
   cur=${COMP_WORDS[COMP_CWORD]}
@@ -35,6 +53,23 @@ _car() {
     words=$(_car_help_words Options "${cmd[@]}")
   else
     words=$(_car_help_words Subcommands "${cmd[@]}")
+    # The model argument (the first word after the command) of the commands that take one: ids, and for
+    # the offline ones files too.
+    local n_args=0
+    for ((i = ${#cmd[@]}; i < COMP_CWORD; i++)); do
+      [[ ${COMP_WORDS[i]} == -* || ${COMP_WORDS[i-1]} == --socket || ${COMP_WORDS[i-1]} == --timeout ]] || ((n_args++))
+    done
+    if [ ${#cmd[@]} -eq 2 ] && [ "$n_args" -eq 0 ]; then
+      case "${cmd[1]}" in
+        infer|load|invalidate|chat)
+          COMPREPLY=($(compgen -W "$(_car_model_ids)" -- "$cur"))
+          return ;;
+        run|show|bench)
+          compopt -o filenames 2>/dev/null
+          COMPREPLY=($(compgen -W "$(_car_model_ids)" -- "$cur") $(compgen -f -- "$cur"))
+          return ;;
+      esac
+    fi
     if [ -z "$words" ]; then
       # A leaf command: model files and the like.
       compopt -o filenames 2>/dev/null

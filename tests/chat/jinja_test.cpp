@@ -73,6 +73,63 @@ TEST(Jinja, WhitespaceControl) {
   EXPECT_EQ(render("  {{ 'k' }}\n{# c #}\nz\n"), "  k\nz");
 }
 
+// Unicode text as each dialect's reference has it. Expected strings were produced by the references
+// themselves: @huggingface/jinja 0.5.13 (js_strip_quirk) and Python Jinja2 3.1 configured as transformers
+// configures it (tojson = json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)).
+TEST(Jinja, UnicodeCaseWhitespaceAsEachDialect) {
+  RenderOptions js;
+  js.js_strip_quirk = true;
+  const std::string words = R"({"s": "élan ßtraße ǆx ΣΑΣ 1abc o'neil x2y hello_world foo-bar İ ﬁ they're"})";
+  // Upper / lower: full mappings (ß -> SS, ﬁ -> FI, İ -> i + combining dot, final sigma), both dialects.
+  for (const RenderOptions& o : {RenderOptions{}, js}) {
+    EXPECT_EQ(render("{{ s | upper }}", words, o), "ÉLAN SSTRASSE ǄX ΣΑΣ 1ABC O'NEIL X2Y HELLO_WORLD FOO-BAR İ FI THEY'RE");
+    EXPECT_EQ(render("{{ s.lower() }}", words, o), "élan ßtraße ǆx σας 1abc o'neil x2y hello_world foo-bar i̇ ﬁ they're");
+    EXPECT_EQ(render("{{ s is upper }}{{ s is lower }}{{ 'ÉA' is upper }}{{ 'éa' is lower }}", words, o),
+              o.js_strip_quirk ? "falsefalsetruetrue" : "FalseFalseTrueTrue");
+  }
+  // Title and capitalize differ: JavaScript's /\b\w/ upper-cases ASCII letters only and lowers nothing.
+  EXPECT_EQ(render("{{ s | title }}", words, js), "éLan ßTraßE ǆX ΣΑΣ 1abc O'Neil X2y Hello_world Foo-Bar İ ﬁ They'Re");
+  EXPECT_EQ(render("{{ s | capitalize }}|{{ 'ßa' | capitalize }}|{{ '𐐨a' | capitalize }}", words, js),
+            "Élan ßtraße ǆx ΣΑΣ 1abc o'neil x2y hello_world foo-bar İ ﬁ they're|SSa|𐐨a");
+  // Python: the filter is Jinja2's (split at '-', brackets, whitespace), the method str.title.
+  EXPECT_EQ(render("{{ s | title }}", words), "Élan SStraße Ǆx Σας 1abc O'neil X2y Hello_world Foo-Bar İ FI They're");
+  EXPECT_EQ(render("{{ s.title() }}", words), "Élan Sstraße ǅx Σας 1Abc O'Neil X2Y Hello_World Foo-Bar İ Fi They'Re");
+  EXPECT_EQ(render("{{ s | capitalize }}|{{ 'ßa' | capitalize }}|{{ 'ǆX' | capitalize }}", words),
+            "Élan ßtraße ǆx σας 1abc o'neil x2y hello_world foo-bar i̇ ﬁ they're|Ssa|ǅx");
+  // Whitespace: U+00A0, U+2003, U+3000, U+2028 everywhere; U+0085 and U+001C for Python only, U+FEFF for
+  // the reference only; U+200B (a format character) for neither.
+  const std::string ws = R"({"s": "\u00a0\u2003\u3000\u2028\u0085\u001c\ufeff\u200bx\u200b\ufeff\u001c\u0085 \u00a0"})";
+  EXPECT_EQ(render("[{{ s | trim }}]", ws, js), "[\u0085\u001c\ufeff\u200bx\u200b\ufeff\u001c\u0085]");
+  EXPECT_EQ(render("[{{ s.strip() }}]", ws), "[\ufeff\u200bx\u200b\ufeff]");
+  EXPECT_EQ(render("{{ s.split() | tojson }}", R"({"s": "\u00a0a\u0085b\u3000c "})", js), "[\"a\u0085b\", \"c\"]");
+  EXPECT_EQ(render("{{ s.split() | tojson }}", R"({"s": "\u00a0a\u0085b\u3000c "})"), R"(["a", "b", "c"])");
+  EXPECT_EQ(render("{{ s.split(none, 1) | tojson }}", R"({"s": " a  b c "})"), R"(["a", "b c "])");
+  // strip(chars) takes characters, not bytes: 'é' does not eat the first byte of 'ê'.
+  EXPECT_EQ(render("[{{ s.strip('éx') }}]", R"({"s": "éxêaéx"})"), "[êa]");
+}
+
+TEST(Jinja, TojsonTakesTransformersKeywords) {
+  RenderOptions js;
+  js.js_strip_quirk = true;
+  const std::string d = R"({"d": {"b": 1, "a": [1, {"z": 2, "y": "é"}], "é": 3, "Z": 4}})";
+  for (const RenderOptions& o : {RenderOptions{}, js}) {
+    EXPECT_EQ(render("{{ d | tojson(separators=(',', ':')) }}", d, o), R"({"b":1,"a":[1,{"z":2,"y":"é"}],"é":3,"Z":4})");
+    EXPECT_EQ(render("{{ d.a | tojson(indent=2, separators=(',', ' = ')) }}", d, o),
+              "[\n  1,\n  {\n    \"z\" = 2,\n    \"y\" = \"é\"\n  }\n]");
+    EXPECT_EQ(render("{{ s | tojson(ensure_ascii=true) }}", R"({"s": "é😀\u007f\u2028"})", o),
+              R"("\u00e9\ud83d\ude00\u007f\u2028")");
+  }
+  // sort_keys: Python by code point, the reference by collation (localeCompare).
+  EXPECT_EQ(render("{{ d | tojson(sort_keys=true) }}", d), R"({"Z": 4, "a": [1, {"y": "é", "z": 2}], "b": 1, "é": 3})");
+  EXPECT_EQ(render("{{ d | tojson(sort_keys=true) }}", d, js), R"({"a": [1, {"y": "é", "z": 2}], "b": 1, "é": 3, "Z": 4})");
+  // Positional arguments are transformers' order (ensure_ascii first); the reference ignores them, and
+  // unknown keywords, and takes indent 0 as none.
+  EXPECT_EQ(render("{{ 'é' | tojson(1) }}|{{ [1] | tojson(indent=0) }}"), "\"\\u00e9\"|[\n1\n]");
+  EXPECT_EQ(render("{{ 'é' | tojson(1, foo=2) }}|{{ [1] | tojson(indent=0) }}", "{}", js), "\"é\"|[1]");
+  EXPECT_NE(render("{{ 1 | tojson(foo=2) }}").find("ERROR"), std::string::npos);
+  EXPECT_NE(render("{{ 1 | tojson(separators=',') }}").find("ERROR"), std::string::npos);
+}
+
 TEST(Jinja, FiltersAndMethods) {
   EXPECT_EQ(
       render("{{ d | tojson }}|{{ [1, 'é'] | tojson(indent=1) }}", R"({"d": {"b": [1, 2.5], "a": null}})"),

@@ -38,6 +38,23 @@ TEST(TemplateCli, RenderWritesExactlyTheOutput) {
   EXPECT_EQ(r.err, "");
 }
 
+// SOURCE_DATE_EPOCH fixes the clock strftime_now reads (in UTC), so a rendering reproduces byte for byte;
+// a value that is not a whole number of seconds is an error, not the system clock.
+TEST(TemplateCli, SourceDateEpochFixesTheClock) {
+  TempDir tmp;
+  write(tmp / "t.jinja", "{{ strftime_now('%Y-%m-%d %H:%M %d %b %Y') }}");
+  write(tmp / "c.json", "{}");
+  const std::string cmd =
+      " template render " + (tmp / "t.jinja").string() + " --context " + (tmp / "c.json").string();
+  auto r = run_shell("SOURCE_DATE_EPOCH=1768435200 TZ=Asia/Tokyo " + car_cmd() + cmd, tmp);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "2026-01-15 00:00 15 Jan 2026");
+  r = run_shell("SOURCE_DATE_EPOCH=yesterday " + car_cmd() + cmd, tmp);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("SOURCE_DATE_EPOCH"), std::string::npos) << r.err;
+}
+
 TEST(TemplateCli, TemplateErrorsGoToStderrWithAFailingExit) {
   TempDir tmp;
   write(tmp / "c.json", R"({"messages": [{"role": "user", "content": "x"}]})");

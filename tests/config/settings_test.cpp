@@ -302,7 +302,8 @@ TEST_F(SettingsFileTest, LaterLinesWinAndForeignKeysAreIgnored) {
 TEST_F(SettingsFileTest, UnknownCarSettingInFileIsAnError) {
   const std::string file = write("CAR_INFERENCE_MODEL_CACHE_MB=1\nCAR_INFERENCE_CACHE_MB=2\n");
   EXPECT_EQ(load_error({"--config", file}),
-            "unknown_setting: " + file + ":2: unknown setting CAR_INFERENCE_CACHE_MB");
+            "unknown_setting: " + file +
+                ":2: unknown setting CAR_INFERENCE_CACHE_MB (did you mean CAR_INFERENCE_MODEL_CACHE_MB?)");
 }
 
 TEST_F(SettingsFileTest, BadValueInFileNamesFileAndLine) {
@@ -333,7 +334,9 @@ TEST_F(SettingsFileTest, ConfigVariableInsideFileIsIgnoredWithWarning) {
 TEST(SettingsPrecedenceTest, UnknownCarVariableInEnvironmentIsAWarning) {
   Settings s = load_ok({}, {{"CAR_INFERENCE_MODEL_CACHE", "5"}, {"HOME", "/root"}});
   ASSERT_EQ(s.warnings.size(), 1u);
-  EXPECT_EQ(s.warnings[0], "unknown variable CAR_INFERENCE_MODEL_CACHE in the environment (ignored)");
+  EXPECT_EQ(s.warnings[0],
+            "unknown variable CAR_INFERENCE_MODEL_CACHE in the environment (ignored; did you mean "
+            "CAR_INFERENCE_MODEL_CACHE_MB?)");
 }
 
 // --- Validation: one case per rule ------------------------------------------------------------------

@@ -190,6 +190,18 @@ TEST_F(DaemonBinaryTest, BadConfigurationStopsStartUpNamingTheVariable) {
   EXPECT_FALSE(std::filesystem::exists(socket_));
 }
 
+// A configuration the HTTP front refuses is a configuration error like any other: exit 2, found before
+// the Unix socket (or anything else) is bound.
+TEST_F(DaemonBinaryTest, NonLoopbackHttpWithoutAKeyIsAConfigurationError) {
+  env_["CAR_INFERENCE_HTTP"] = "0.0.0.0:1";
+  DaemonProcess p(env_, (tmp_ / "bad.log").string());
+  auto code = p.wait_exit(20s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(p.log().find("CAR_INFERENCE_HTTP_API_KEY_FILE"), std::string::npos) << p.log();
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}
+
 TEST_F(DaemonBinaryTest, IsaSettingPicksTheKernels) {
   // CAR_INFERENCE_ISA reaches the kernels before any load; scalar exists on every CPU.
   env_["CAR_INFERENCE_ISA"] = "scalar";
@@ -209,6 +221,17 @@ TEST_F(DaemonBinaryTest, IsaSettingPicksTheKernels) {
 }
 
 /// Run `car ARGS` (a shell command line); returns {exit code, stdout+stderr}.
+/// Standard output of a shell command line.
+std::string run_shell_env(const std::string& cmd) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return "popen failed";
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
 std::pair<int, std::string> run_car(const std::string& args) {
   const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -306,6 +329,48 @@ class DaemonBinaryEngineTest : public DaemonBinaryTest {
             {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}, {"stream", stream}};
   }
 };
+
+// `car show/run/bench ID` look a model id up where a running daemon serves its models, when neither
+// --models-dir nor CAR_INFERENCE_MODELS_DIR says otherwise (the models directory here is the test's own).
+TEST_F(DaemonBinaryEngineTest, OfflineCommandsFindModelIdsWhereTheDaemonServes) {
+  start();
+  const std::string env = "env -u CAR_INFERENCE_MODELS_DIR CAR_INFERENCE_SOCKET=" + socket_ + " ";
+  auto run = [&](const std::string& args) {
+    const std::string cmd = env + std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (p != nullptr) {
+      const std::size_t n = std::fread(buf, 1, sizeof(buf), p);
+      if (n == 0) break;
+      out.append(buf, n);
+    }
+    const int st = p != nullptr ? ::pclose(p) : -1;
+    return std::pair<int, std::string>(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  auto [sc, show] = run("show tiny --json");
+  EXPECT_EQ(sc, 0) << show;
+  EXPECT_NE(show.find((models_ / "tiny.gguf").string()), std::string::npos) << show;
+  auto [rc, ran] = run("run tiny hello -n 2 --temperature 0");
+  EXPECT_EQ(rc, 0) << ran;
+  auto [bc, bench] = run("bench tiny -p 4 -n 2 -r 1");
+  EXPECT_EQ(bc, 0) << bench;
+  auto [nc, none] = run("run absent hello");
+  EXPECT_EQ(nc, 2) << none;
+  EXPECT_NE(none.find("the running daemon's models directory"), std::string::npos) << none;
+  // Bash completion offers the daemon's model ids after the commands that take a model.
+  std::ofstream(models_ / "other.gguf") << "not a model, but listed";
+  auto complete = [&](const std::string& words, int cword) {
+    const std::string script = "source " + std::string(CAR_SOURCE_DIR) +
+                               "/packaging/completion/car.bash; COMP_WORDS=(" + words + "); COMP_CWORD=" +
+                               std::to_string(cword) + "; _car; for c in \"${COMPREPLY[@]}\"; do echo \"$c\"; done | sort";
+    return run_shell_env("env -u CAR_INFERENCE_MODELS_DIR CAR_INFERENCE_SOCKET=" + socket_ + " PATH=" +
+                         std::string(CAR_BINARY_DIR) + "/tools:$PATH bash -c '" + script + "'");
+  };
+  EXPECT_EQ(complete("car infer ''", 2), "garbage\nother\ntiny\n");
+  EXPECT_EQ(complete("car load t", 2), "tiny\n");
+  EXPECT_EQ(complete("car invalidate o", 2), "other\n");
+}
 
 TEST_F(DaemonBinaryEngineTest, StreamsTokensThenTheResult) {
   start();

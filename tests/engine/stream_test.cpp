@@ -66,10 +66,12 @@ int64_t first_difference(const std::vector<float>& a, const std::vector<float>& 
   return -1;
 }
 
-experts::StreamOptions stream_options(double ram_gb) {
+/// `min_precision`: the prefetch gate's threshold (0 = every guess read ahead; the default gates them).
+experts::StreamOptions stream_options(double ram_gb, double min_precision = 0.5) {
   experts::StreamOptions so;
   so.ram_gb = ram_gb;
   so.io_threads = 2;
+  so.prefetch_min_precision = min_precision;
   return so;
 }
 
@@ -84,7 +86,7 @@ double ram_gb_for_cap(const std::string& path, const model::Model& m, int cap) {
   return bytes / 1e9;
 }
 
-/// Streamed == resident, bit for bit, at caps 1, n_expert / 2 and n_expert, prefetch on and off.
+/// Streamed == resident, bit for bit, at caps 1, n_expert / 2 and n_expert, prefetch off, gated and ungated.
 void check_streamed_equals_resident(const std::string& path, int n_tokens) {
   auto f = gguf::GgufFile::open(path);
   ASSERT_TRUE(f.ok()) << path << ": " << (f.ok() ? "" : f.error().message);
@@ -101,9 +103,13 @@ void check_streamed_equals_resident(const std::string& path, int n_tokens) {
 
   for (int cap : {1, std::max(1, n_expert / 2), n_expert}) {
     const double ram_gb = ram_gb_for_cap(path, *model, cap);
-    for (bool prefetch : {false, true}) {
-      SCOPED_TRACE("cap " + std::to_string(cap) + (prefetch ? ", prefetch" : ", no prefetch"));
-      auto src = experts::StreamedExpertSource::open(path, model->expert_banks(), stream_options(ram_gb));
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool prefetch = mode > 0;
+      const bool gated = mode == 1;
+      SCOPED_TRACE("cap " + std::to_string(cap) +
+                   (!prefetch ? ", no prefetch" : gated ? ", gated prefetch" : ", prefetch"));
+      auto src = experts::StreamedExpertSource::open(path, model->expert_banks(),
+                                                     stream_options(ram_gb, gated ? 0.5 : 0));
       ASSERT_TRUE(src.ok()) << src.error().message;
       ASSERT_EQ((*src)->stats().cap, cap) << (*src)->join_layout().line();
       ASSERT_EQ((*src)->slots(static_cast<int>(model->hparams().n_layer) - 1), cap);
@@ -119,7 +125,7 @@ void check_streamed_equals_resident(const std::string& path, int n_tokens) {
       }
       if (!prefetch) {
         EXPECT_EQ(s.prefetch_issued, 0u);
-      } else if (cap == n_expert) {
+      } else if (cap == n_expert && !gated) {
         EXPECT_GT(s.prefetch_issued, 0u) << "room for every expert: the guesses are read ahead";
       }
     }
@@ -189,6 +195,70 @@ GenerateRequest greedy(int n) {
   req.sampling.temperature = 0;
   req.ignore_eos = true;
   return req;
+}
+
+// Guesses the gate does not trust (a threshold no precision reaches) are scored, never read: through the
+// forward pass - single-token decode and batched steps of several sequences - the bytes read and the misses
+// are exactly those of prefetch off, and so are the logits.
+TEST(StreamedExperts, ClosedPrefetchGateReadsExactlyWhatNoPrefetchReads) {
+  testing::TempDir dir;
+  const std::string path = write_moe(dir, "m.gguf");
+  auto f = gguf::GgufFile::open(path);
+  ASSERT_TRUE(f.ok());
+  auto m = model::Model::load(*f);
+  ASSERT_TRUE(m.ok());
+  const auto& model = *m;
+  const double ram_gb = ram_gb_for_cap(path, *model, 2);
+  ThreadPool pool(2);
+  struct Run {
+    experts::ExpertStats stats;
+    std::vector<float> logits;
+  };
+  auto run_with = [&](bool prefetch, double min_precision) {
+    Run out;
+    auto src = experts::StreamedExpertSource::open(path, model->expert_banks(), stream_options(ram_gb, min_precision));
+    EXPECT_TRUE(src.ok());
+    if (!src.ok()) return out;
+    ForwardPass fp(model, src->get(), &pool, 64);
+    fp.set_prefetch(prefetch);
+    const size_t V = static_cast<size_t>(model->hparams().n_vocab);
+    const auto toks = test_tokens(model->hparams().n_vocab, 40);
+    std::vector<KvCache> kv;
+    for (int s = 0; s < 4; ++s) kv.push_back(fp.make_cache(64));
+    std::vector<float> row(4 * V);
+    // Sequence 0 decodes alone, then all four step together (a prompt chunk each, then decode rows).
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_TRUE(fp.eval(std::span<const int32_t>(&toks[static_cast<size_t>(i)], 1), kv[0], row.data(), false).ok());
+      out.logits.insert(out.logits.end(), row.begin(), row.begin() + static_cast<std::ptrdiff_t>(V));
+    }
+    for (int step = 0; step < 6; ++step) {
+      std::vector<SeqChunk> chunks;
+      for (int s = 0; s < 4; ++s) {
+        SeqChunk c;
+        c.kv = &kv[static_cast<size_t>(s)];
+        const size_t at = static_cast<size_t>(8 + 4 * step + s);
+        c.tokens = std::span<const int32_t>(&toks[at], step == 0 && s > 0 ? 3 : 1);
+        c.output = SeqChunk::Output::last;
+        chunks.push_back(c);
+      }
+      EXPECT_TRUE(fp.eval_step(chunks, row.data()).ok());
+      out.logits.insert(out.logits.end(), row.begin(), row.end());
+    }
+    out.stats = (*src)->stats();
+    return out;
+  };
+  const Run off = run_with(false, 0.5);
+  const Run closed = run_with(true, 2.0);  // no precision reaches 2: the gate never opens
+  EXPECT_EQ(closed.stats.prefetch_issued, 0u);
+  EXPECT_GT(closed.stats.prefetch_scored, 0u) << "the guesses were made and scored";
+  EXPECT_EQ(closed.stats.prefetch_layers_on, 0);
+  EXPECT_EQ(closed.stats.bytes_read, off.stats.bytes_read);
+  EXPECT_EQ(closed.stats.misses, off.stats.misses);
+  EXPECT_GT(off.stats.misses, 0u);
+  EXPECT_EQ(first_difference(closed.logits, off.logits), -1);
+  const Run ungated = run_with(true, 0);
+  EXPECT_GT(ungated.stats.prefetch_issued, 0u);
+  EXPECT_EQ(first_difference(ungated.logits, off.logits), -1);
 }
 
 TEST(StreamedExperts, EngineStreamsOnRequestAndAccountsTheCacheNotTheBanks) {

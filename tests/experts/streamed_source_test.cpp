@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -56,10 +57,12 @@ class StreamedTest : public ::testing::Test {
  protected:
   void SetUp() override { file_ = testing::make_bank_file((dir_ / "banks.bin").string(), geometry_); }
   /// A source over file_ with room for `cap` experts that reads through `reader`.
-  std::unique_ptr<StreamedExpertSource> open_reading(FakeReader& reader, int cap) {
+  /// `min_precision` is the prefetch gate's (0: every guess is read ahead, as the prefetch tests want).
+  std::unique_ptr<StreamedExpertSource> open_reading(FakeReader& reader, int cap, double min_precision = 0) {
     StreamOptions o;
     o.ram_gb = ram_gb_for(file_, cap);
     o.reader = reader.fn();
+    o.prefetch_min_precision = min_precision;
     return open_ok(file_, o);
   }
   testing::TempDir dir_;
@@ -148,6 +151,49 @@ TEST_F(StreamedTest, LeastRecentlyUsedIsEvictedAndHitsDoNotRead) {
   EXPECT_NEAR(st.hit_rate, 3.0 / 9.0, 1e-9);
   EXPECT_EQ(src->use_count(1, 0), 3u);
   EXPECT_EQ(src->use_count(1, 5), 0u);
+}
+
+// One acquire_many leases its hits before its misses take slots: a miss never evicts an expert the same
+// call is about to use (here 0, the least recently used, asked for after the miss 2).
+TEST_F(StreamedTest, AcquireManyLeasesItsHitsBeforeItsMissesEvict) {
+  FakeReader reader;
+  auto src = open_reading(reader, 2);
+  ASSERT_TRUE(src);
+  ASSERT_TRUE(src->acquire(1, 0).ok());
+  ASSERT_TRUE(src->acquire(1, 1).ok());  // cache: 0 1 (LRU first)
+  std::vector<ExpertLease> leases;
+  const std::vector<int> want = {2, 0};
+  ASSERT_TRUE(src->acquire_many(1, want, leases).ok());
+  ASSERT_EQ(leases.size(), 2u);
+  EXPECT_TRUE(testing::same_expert(leases[0].weights(), file_.banks[1], 2));
+  EXPECT_TRUE(testing::same_expert(leases[1].weights(), file_.banks[1], 0));
+  leases.clear();
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 0)), 1) << "0 was evicted by the miss of its own call";
+  EXPECT_EQ(src->stats().hits, 1u);
+  EXPECT_EQ(src->stats().misses, 3u);
+}
+
+// A read ahead evicts only experts outside its guess: the guessed experts already held are kept (moved to the
+// LRU's back), and a guess with nothing else to evict reads nothing.
+TEST_F(StreamedTest, PrefetchNeverEvictsAnExpertOfItsOwnGuess) {
+  FakeReader reader;
+  auto src = open_reading(reader, 2);  // no gate: every guess is read ahead
+  ASSERT_TRUE(src);
+  ASSERT_TRUE(src->acquire(1, 0).ok());
+  ASSERT_TRUE(src->acquire(1, 1).ok());  // cache: 0 1 (LRU first)
+  const std::vector<int> guess = {0, 2};
+  src->prefetch(1, guess);  // must evict 1, not 0
+  EXPECT_EQ(src->stats().prefetch_issued, 1u);
+  std::vector<ExpertLease> leases;
+  ASSERT_TRUE(src->acquire_many(1, guess, leases).ok());
+  leases.clear();
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 0)), 1);
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 1)), 1);
+  EXPECT_EQ(src->stats().misses, 2u) << "only the first two uses missed";
+  const std::vector<int> all_held_and_one = {0, 2, 3};
+  src->prefetch(1, all_held_and_one);  // 0 and 2 held and guessed: nothing to evict for 3
+  EXPECT_EQ(src->stats().prefetch_issued, 1u);
+  EXPECT_EQ(reader.reads_covering(gate_mid(file_, 1, 3)), 0);
 }
 
 TEST_F(StreamedTest, LeasedExpertsAreNeverEvictedAndOverCommitIsGivenBack) {
@@ -369,6 +415,7 @@ TEST_F(StreamedTest, PrefetchNeverDelaysADemandRead) {
   o.ram_gb = ram_gb_for(file_, 8);
   o.io_threads = 2;  // one reader may serve prefetches, the other stays free for demand
   o.reader = reader.fn();
+  o.prefetch_min_precision = 0;  // no gate: every guess is read ahead
   auto src = open_ok(file_, o);
   ASSERT_TRUE(src);
   reader.gate_at(gate_mid(file_, 1, 4));
@@ -397,6 +444,95 @@ TEST_F(StreamedTest, PrefetchNeverDelaysADemandRead) {
   EXPECT_EQ(src->stats().prefetch_used, 2u);
 }
 
+// ---- the prefetch gate ----------------------------------------------------------------------------------
+
+/// One step of a deterministic "router": two distinct experts of 8 for layer 1.
+std::vector<int> step_demand(std::mt19937& rng) {
+  const int a = static_cast<int>(rng() % 8);
+  const int b = (a + 1 + static_cast<int>(rng() % 7)) % 8;
+  return {a, b};
+}
+
+/// A guess that misses the step entirely: two experts the step does not use.
+std::vector<int> bad_guess(const std::vector<int>& demand) {
+  std::vector<int> g;
+  for (int e = 0; e < 8 && g.size() < 2; ++e) {
+    if (std::find(demand.begin(), demand.end(), e) == demand.end()) g.push_back(e);
+  }
+  return g;
+}
+
+/// `steps` steps of layer 1: guess (prefetch), then lease the step's experts; every lease's bytes checked.
+void run_steps(StreamedExpertSource& src, std::mt19937& rng, int steps, bool guess, bool good,
+               const testing::BankFile& file) {
+  std::vector<ExpertLease> leases;
+  for (int i = 0; i < steps; ++i) {
+    const std::vector<int> demand = step_demand(rng);
+    if (guess) src.prefetch(1, good ? demand : bad_guess(demand));
+    ASSERT_TRUE(src.acquire_many(1, demand, leases).ok());
+    for (size_t k = 0; k < leases.size(); ++k) {
+      ASSERT_TRUE(testing::same_expert(leases[k].weights(), file.banks[1], demand[k]));
+    }
+    leases.clear();
+  }
+}
+
+// Guesses that never match: the gate never opens, so not one prefetch read is made and the bytes read are
+// exactly those without prefetch (the same demand leaves the same cache); the guesses are still scored.
+TEST_F(StreamedTest, PrefetchGateStaysClosedForBadGuessesAndReadsNoMoreThanWithout) {
+  FakeReader r_off, r_bad;
+  auto off = open_reading(r_off, 3, 0.5);
+  auto bad = open_reading(r_bad, 3, 0.5);
+  ASSERT_TRUE(off && bad);
+  std::mt19937 rng_off(42), rng_bad(42);
+  run_steps(*off, rng_off, 60, false, false, file_);
+  run_steps(*bad, rng_bad, 60, true, false, file_);
+  const ExpertStats so = off->stats();
+  const ExpertStats sb = bad->stats();
+  EXPECT_EQ(sb.prefetch_issued, 0u);
+  EXPECT_EQ(sb.bytes_read, so.bytes_read);
+  EXPECT_EQ(sb.misses, so.misses);
+  EXPECT_GT(sb.prefetch_scored, 0u);
+  EXPECT_EQ(sb.prefetch_precision, 0.0);
+  EXPECT_EQ(sb.prefetch_layers_on, 0);
+  // Without the gate the same bad guesses are read, and the reads are wasted.
+  FakeReader r_ungated;
+  auto ungated = open_reading(r_ungated, 3, 0);
+  ASSERT_TRUE(ungated);
+  std::mt19937 rng_ungated(42);
+  run_steps(*ungated, rng_ungated, 60, true, false, file_);
+  EXPECT_GT(ungated->stats().prefetch_issued, 0u);
+  EXPECT_GT(ungated->stats().bytes_read, so.bytes_read);
+}
+
+// Guesses that match open the gate after a few steps and keep it open; when they turn bad it closes (no
+// more reads ahead), and the probes it keeps scoring open it again once they are good again.
+TEST_F(StreamedTest, PrefetchGateOpensForGoodGuessesClosesForBadAndReopens) {
+  FakeReader reader;
+  auto src = open_reading(reader, 3, 0.5);
+  ASSERT_TRUE(src);
+  std::mt19937 rng(7);
+  run_steps(*src, rng, 30, true, true, file_);
+  ExpertStats st = src->stats();
+  EXPECT_GT(st.prefetch_issued, 0u);
+  EXPECT_GT(st.prefetch_used, 0u);
+  EXPECT_EQ(st.prefetch_layers_on, 1);
+  EXPECT_EQ(st.prefetch_precision, 1.0);
+
+  run_steps(*src, rng, 30, true, false, file_);
+  st = src->stats();
+  EXPECT_EQ(st.prefetch_layers_on, 0);
+  EXPECT_LT(st.prefetch_precision, 0.5);
+  const uint64_t issued = st.prefetch_issued;
+  run_steps(*src, rng, 10, true, false, file_);
+  EXPECT_EQ(src->stats().prefetch_issued, issued) << "a closed gate reads nothing ahead";
+
+  run_steps(*src, rng, 30, true, true, file_);
+  st = src->stats();
+  EXPECT_EQ(st.prefetch_layers_on, 1);
+  EXPECT_GT(st.prefetch_issued, issued);
+}
+
 TEST_F(StreamedTest, BankGeometryPastTheEndOfTheFileIsALoadError) {
   auto banks = file_.banks;
   banks[2].down_offset = file_.map.size() - 10;
@@ -412,6 +548,7 @@ TEST_F(StreamedTest, BankGeometryPastTheEndOfTheFileIsALoadError) {
 TEST_F(StreamedTest, ConcurrentTrafficKeepsBytesRightAndTheCacheBounded) {
   StreamOptions o;
   o.ram_gb = ram_gb_for(file_, 3);
+  o.prefetch_min_precision = 0;  // prefetches really read, concurrently with demand
   auto src = open_ok(file_, o);
   ASSERT_TRUE(src);
   std::atomic<int> bad{0};

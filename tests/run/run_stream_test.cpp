@@ -124,9 +124,12 @@ TEST(RunStream, PeakRssStaysWithinDensePlusBudgetPlusMargin) {
   EXPECT_GT(e.at("misses").get<uint64_t>(), 0u);
   EXPECT_GT(e.at("bytes_read").get<uint64_t>(), 0u);
   for (const char* k : {"hit_rate", "read_p50_us", "read_p99_us", "prefetch_recall", "hits", "pinned",
-                        "cached", "banks", "resident_bytes", "prefetch_issued", "prefetch_used"}) {
+                        "cached", "banks", "resident_bytes", "prefetch_issued", "prefetch_used",
+                        "prefetch_precision", "prefetch_scored"}) {
     EXPECT_TRUE(e.at(k).is_number()) << k;
   }
+  EXPECT_GE(e.at("prefetch_layers_on").get<int>(), 0);
+  EXPECT_LE(e.at("prefetch_layers_on").get<int>(), e.at("banks").get<int>());
   EXPECT_EQ(r.at("experts").at("mode"), "resident");
 
   // The usage sidecar was saved at exit.
