@@ -117,6 +117,7 @@ class EngineBackend final : public Backend {
       out.finish_reason = std::move(res->finish_reason);
       out.chat_template = std::move(template_source);
       out.prompt_tokens = static_cast<int>(res->prompt_tokens.size());
+      out.cached_tokens = static_cast<int>(res->cached_tokens);
       out.queue_ms = res->queue_ms;
       out.ttft_ms = res->ttft_ms;
       out.prompt_ms = res->prompt_ms;

@@ -291,6 +291,8 @@ Metrics::Metrics()
           "car_inference_decode_seconds_per_token",
           "Decode time per generated token, one observation per generation.", {}, per_token_buckets())),
       prompt_tokens_(registry_.counter("car_inference_prompt_tokens_total", "Prompt tokens processed.")),
+      cached_tokens_(registry_.counter("car_inference_prompt_cached_tokens_total",
+                                       "Prompt tokens taken from a sequence's KV cache, not computed.")),
       completion_tokens_(registry_.counter("car_inference_completion_tokens_total", "Tokens generated.")),
       finish_(registry_.counter("car_inference_generations_total", "Finished generations, by finish reason.",
                                 {"finish_reason"})),
@@ -312,6 +314,7 @@ Metrics::Metrics()
       prompt_series_(prompt_.with({})),
       decode_series_(decode_per_token_.with({})),
       prompt_tokens_series_(prompt_tokens_.with({})),
+      cached_tokens_series_(cached_tokens_.with({})),
       completion_tokens_series_(completion_tokens_.with({})) {}
 
 void Metrics::count_http(std::string_view endpoint, int status) {
@@ -335,8 +338,9 @@ void Metrics::observe_load(double seconds) {
 }
 
 void Metrics::observe_generation(uint64_t prompt_tokens, double prompt_seconds, uint64_t completion_tokens,
-                                 double decode_seconds, std::string_view finish_reason) {
+                                 double decode_seconds, std::string_view finish_reason, uint64_t cached_tokens) {
   prompt_tokens_series_.inc(prompt_tokens);
+  cached_tokens_series_.inc(cached_tokens);
   completion_tokens_series_.inc(completion_tokens);
   prompt_series_.observe(prompt_seconds);
   if (completion_tokens > 0) decode_series_.observe(decode_seconds / static_cast<double>(completion_tokens));

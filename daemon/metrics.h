@@ -244,9 +244,10 @@ class Metrics {
   void observe_queue_wait(double seconds);
   /// A model load that ran the loader (successful or not).
   void observe_load(double seconds);
-  /// One finished generation: prompt tokens and time, completion tokens and decode time, finish reason.
+  /// One finished generation: prompt tokens and time, completion tokens and decode time, finish reason, and
+  /// how many of its prompt tokens came from its sequence's cache (not computed).
   void observe_generation(uint64_t prompt_tokens, double prompt_seconds, uint64_t completion_tokens,
-                          double decode_seconds, std::string_view finish_reason);
+                          double decode_seconds, std::string_view finish_reason, uint64_t cached_tokens);
   /// A generation's first token, `seconds` after its request arrived, and the gaps between its tokens.
   void observe_first_token(std::string_view model, double seconds);
   void observe_inter_token(std::string_view model, const std::vector<float>& gaps_ms);
@@ -271,6 +272,7 @@ class Metrics {
   metrics::HistogramFamily& prompt_;
   metrics::HistogramFamily& decode_per_token_;
   metrics::CounterFamily& prompt_tokens_;
+  metrics::CounterFamily& cached_tokens_;
   metrics::CounterFamily& completion_tokens_;
   metrics::CounterFamily& finish_;
   metrics::HistogramFamily& eviction_age_;
@@ -284,6 +286,7 @@ class Metrics {
   metrics::Histogram& prompt_series_;
   metrics::Histogram& decode_series_;
   metrics::Counter& prompt_tokens_series_;
+  metrics::Counter& cached_tokens_series_;
   metrics::Counter& completion_tokens_series_;
 };
 

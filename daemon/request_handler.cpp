@@ -512,7 +512,8 @@ std::optional<Reply> RequestHandler::run_infer(const std::shared_ptr<Client>& cl
       return;
     }
     metrics_.observe_generation(static_cast<uint64_t>(out->prompt_tokens), out->prompt_ms / 1000,
-                                out->tokens.size(), out->decode_ms / 1000, out->finish_reason);
+                                out->tokens.size(), out->decode_ms / 1000, out->finish_reason,
+                                static_cast<uint64_t>(out->cached_tokens));
     if (!out->tokens.empty()) metrics_.observe_first_token(request.model, (started_ms + out->ttft_ms) / 1000);
     metrics_.observe_inter_token(request.model, out->itl_ms);
     ended = "ok(" + out->finish_reason + ", " + std::to_string(out->tokens.size()) + " tokens)";

@@ -40,6 +40,9 @@ struct TokenEvent {
 
 struct GenerateResult {
   std::vector<int32_t> prompt_tokens;
+  /// Prompt tokens not computed for this request: the prefix its slot already held in its KV cache (a
+  /// chat's earlier turns). At most prompt_tokens.size() - 1 (the last one is always evaluated for logits).
+  int64_t cached_tokens = 0;
   std::vector<int32_t> tokens;
   std::string text;
   std::string finish_reason;  ///< "length" | "stop" | "eos" | "cancelled"

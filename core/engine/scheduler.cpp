@@ -187,6 +187,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Job>>& finished) {
     best->last_used = ++clock_;
     job.slot = best;
     job.evaluated = best->kv->n_past();
+    job.res.cached_tokens = job.evaluated;
     running_.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }

@@ -366,8 +366,10 @@ std::string finish_reason(std::string_view car_reason) {
 json usage(const protocol::GenerateOutput& output) {
   const auto prompt = static_cast<int64_t>(output.prompt_tokens);
   const auto completion = static_cast<int64_t>(output.tokens.size());
-  return {
-      {"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", static_cast<int64_t>(output.cached_tokens)}}}};
 }
 
 std::string response(Endpoint endpoint, const Mapped& req, const protocol::InferResult& result,

@@ -145,7 +145,8 @@ std::string infer_line(const json& id, const InferResult& r) {
     if (i > 0) b.raw(",");
     b.value(json(out.tokens[i]));
   }
-  b.raw(R"(],"usage":{"completion_tokens":)").value(json(out.tokens.size()));
+  b.raw(R"(],"usage":{"cached_tokens":)").value(json(out.cached_tokens));
+  b.raw(R"(,"completion_tokens":)").value(json(out.tokens.size()));
   b.raw(R"(,"prompt_tokens":)").value(json(out.prompt_tokens));
   return b.raw("}}}").take();
 }

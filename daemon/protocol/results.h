@@ -40,6 +40,8 @@ struct GenerateOutput {
   std::string
       chat_template;  ///< for `messages`: "model" or "request" (whose template rendered them); else ""
   int prompt_tokens = 0;
+  /// Of prompt_tokens, those not computed: the prefix the model's sequence already held (a chat's history).
+  int cached_tokens = 0;
   double queue_ms = 0;   ///< waiting for a sequence of the model (its scheduler's queue), and for the first step
   double ttft_ms = 0;    ///< from the runtime's start to the first token (queue_ms + the prompt)
   double prompt_ms = 0;
@@ -50,7 +52,7 @@ struct GenerateOutput {
 };
 
 /// An `infer` request's result as the handler delivers it to a front: the generation and what the daemon
-/// adds around it (docs/protocol.md, `infer`). Usage is output.prompt_tokens and output.tokens.size().
+/// adds around it (docs/protocol.md, `infer`). Usage is output.prompt_tokens, output.cached_tokens and output.tokens.size().
 struct InferResult {
   std::string model;
   GenerateOutput output;

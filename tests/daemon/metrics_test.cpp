@@ -184,14 +184,15 @@ TEST(DaemonMetrics, RequestOutcomesCollapseToOkOrTheErrorCode) {
 
 TEST(DaemonMetrics, GenerationsCountTokensAndObservePerTokenDecodeTime) {
   Metrics m;
-  m.observe_generation(7, 0.02, 4, 0.2, "length");  // 50 ms per token
-  m.observe_generation(3, 0.01, 0, 0, "stop");      // no tokens: no per-token observation
+  m.observe_generation(7, 0.02, 4, 0.2, "length", 5);  // 50 ms per token; 5 prompt tokens from the cache
+  m.observe_generation(3, 0.01, 0, 0, "stop", 0);      // no tokens: no per-token observation
   Writer w;
   m.render(w);
   const auto lines = lines_of(w.text());
   auto has = [&](const std::string& l) { return std::find(lines.begin(), lines.end(), l) != lines.end(); };
   EXPECT_TRUE(has("car_inference_prompt_tokens_total 10")) << w.text();
   EXPECT_TRUE(has("car_inference_completion_tokens_total 4")) << w.text();
+  EXPECT_TRUE(has("car_inference_prompt_cached_tokens_total 5")) << w.text();
   EXPECT_TRUE(has("car_inference_generations_total{finish_reason=\"length\"} 1")) << w.text();
   EXPECT_TRUE(has("car_inference_generations_total{finish_reason=\"stop\"} 1")) << w.text();
   EXPECT_TRUE(has("car_inference_decode_seconds_per_token_count 1")) << w.text();

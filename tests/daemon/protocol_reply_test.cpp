@@ -53,6 +53,7 @@ TEST(DaemonProtocol, InferLinesAreTheSerializedResultDocuments) {
   r.output.tokens = {727, 471};
   r.output.finish_reason = "length";
   r.output.prompt_tokens = 5;
+  r.output.cached_tokens = 2;
   r.output.prompt_ms = 3.25;
   r.output.decode_ms = 0.0;
   r.seed = 4183011652u;
@@ -67,6 +68,7 @@ TEST(DaemonProtocol, InferLinesAreTheSerializedResultDocuments) {
               {"seed", result.seed},
               {"usage",
                {{"prompt_tokens", result.output.prompt_tokens},
+                {"cached_tokens", result.output.cached_tokens},
                 {"completion_tokens", result.output.tokens.size()}}},
               {"timings",
                {{"load_ms", result.load_ms},

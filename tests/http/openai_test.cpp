@@ -205,6 +205,7 @@ protocol::InferResult car_result(std::string reason) {
   r.output.tokens = {5, 6};
   r.output.finish_reason = std::move(reason);
   r.output.prompt_tokens = 4;
+  r.output.cached_tokens = 3;
   return r;
 }
 
@@ -221,7 +222,10 @@ TEST(OpenAiResponses, ChatCompletionShape) {
   EXPECT_EQ(r["choices"][0]["message"]["content"], "Hi there");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");  // car's eos
   EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
-  EXPECT_EQ(r["usage"], json({{"prompt_tokens", 4}, {"completion_tokens", 2}, {"total_tokens", 6}}));
+  EXPECT_EQ(r["usage"], json({{"prompt_tokens", 4},
+                              {"completion_tokens", 2},
+                              {"total_tokens", 6},
+                              {"prompt_tokens_details", {{"cached_tokens", 3}}}}));
 }
 
 TEST(OpenAiResponses, CompletionShapeAndFinishReasons) {
