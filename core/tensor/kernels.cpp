@@ -375,9 +375,11 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   }
   // A chunk is re-read once per group of vectors and should stay in L2; it is also the span over which a
   // tile kernel's per-group setup is shared, so not too small, and at least kMinMatmulChunks per product.
-  const int64_t grain =
+  int64_t grain =
       std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)),
                                     w.rows / kMinMatmulChunks));
+  // The repacked tile interleaves rows by 16: chunks of whole groups leave no padded group but the last.
+  if (tile_rp != nullptr) grain = std::max<int64_t>(16, grain / 16 * 16);
   if (n <= kVectorTile) {
     // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
     // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.

@@ -1,0 +1,237 @@
+// The AVX-512 VNNI matmul tile for repacked Q4_K (kernel_table.h repacked(); issue #26): llama.cpp's gemm and
+// gemv orders from exact integer sums formed by vpdpbusd, sixteen weight rows per register.
+//
+// Why the shape: the orders define one exact integer per (row, vector) and 64-element group (gemm) or
+// super-block (gemv), then float FMAs in block order. An integer sum may be formed any way, so the tile puts
+// one weight row in each int32 lane and broadcasts the vector's 4 quants of the same elements: one vpdpbusd
+// adds 4 products to 16 (row, vector) sums with no horizontal reduction anywhere, and every float step is a
+// lane-wise copy of the reference's (dot_q4_K_q8_K_gemm_ref / _gemv_ref), so each result equals it bit for
+// bit. The lane-per-row layout needs the rows interleaved: each call transposes its chunk's rows, 16 at a
+// time, into a per-thread buffer (PackedBlock) that all the call's vectors then share - the file's bytes
+// stay as they are, so decode's gemv reads them unchanged and memory does not grow.
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "core/tensor/simd_avx512.h"
+
+namespace car::tensor::detail::avx512 {
+namespace {
+
+constexpr int kRows = 16;  // weight rows per packed group: one int32 / float lane each
+
+/// One super-block of a group of 16 rows, interleaved so that lane r of every register is row r.
+/// Invariant: rows past the group's end (the chunk's last, short group) are all zero (scales, mins, d).
+struct PackedBlock {
+  /// [group g][chunk k]: lane r = row r's qs[32g + 4k .. 32g + 4k + 3]; the low nibbles are elements
+  /// 64g + 4k .. +3 (sub-block 2g), the high nibbles the same positions of sub-block 2g + 1.
+  alignas(64) uint8_t qs[4][8][64];
+  int32_t sc[8][kRows];   ///< [sub-block] row r's 6-bit scale
+  int32_t mn[4][kRows];   ///< [group g] row r's mins 2g (low int16) and 2g + 1 (high int16)
+  float d[kRows];         ///< row r's super-block scale
+  float dmin[kRows];      ///< row r's super-block min scale
+};
+static_assert(sizeof(PackedBlock) == 4 * 8 * 64 + 8 * 64 + 4 * 64 + 2 * 64);
+
+/// Grow-only, 64-byte aligned per-thread scratch.
+struct Scratch {
+  void* p = nullptr;
+  size_t size = 0;
+  ~Scratch() { ::operator delete (p, std::align_val_t{64}); }
+  void* get(size_t need) {
+    if (size < need) {
+      ::operator delete (p, std::align_val_t{64});
+      p = ::operator new (need, std::align_val_t{64});
+      size = need;
+    }
+    return p;
+  }
+};
+
+/// Transpose 16 rows' qs bytes of group g (32 bytes each) into 8 registers, lane r = row r's dword k.
+/// z[r] holds row r in its low 256 bits and row r + 8 in its high 256 bits.
+inline void transpose_group(const __m512i* z, __m512i* out) {
+  __m512i t[8], u[8];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm512_unpacklo_epi32(z[2 * p], z[2 * p + 1]);
+    t[2 * p + 1] = _mm512_unpackhi_epi32(z[2 * p], z[2 * p + 1]);
+  }
+  // u[q]: 128-bit lanes [dword q of rows 0-3, dword q + 4 of rows 0-3, the same of rows 8-11] (u[q + 4]: rows
+  // 4-7 and 12-15)
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m512i* uh = u + 4 * h;
+    const __m512i* th = t + 4 * h;
+    uh[0] = _mm512_unpacklo_epi64(th[0], th[2]);
+    uh[1] = _mm512_unpackhi_epi64(th[0], th[2]);
+    uh[2] = _mm512_unpacklo_epi64(th[1], th[3]);
+    uh[3] = _mm512_unpackhi_epi64(th[1], th[3]);
+  }
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    out[q] = _mm512_permutex2var_epi64(u[q], lo, u[q + 4]);
+    out[q + 4] = _mm512_permutex2var_epi64(u[q], hi, u[q + 4]);
+  }
+}
+
+/// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb); missing rows read as a zero block.
+void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
+  alignas(64) static constexpr block_q4_K kZero{};
+  auto block = [&](int r, int64_t i) -> const block_q4_K& {
+    return r < nrows ? reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes)[i] : kZero;
+  };
+  for (int64_t i = 0; i < nb; ++i) {
+    PackedBlock& b = pb[i];
+    for (int g = 0; g < 4; ++g) {
+      __m512i z[8], out[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) z[r] = load32x2(block(r, i).qs + 32 * g, block(r + 8, i).qs + 32 * g);
+      transpose_group(z, out);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) _mm512_store_si512(b.qs[g][k], out[k]);
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const block_q4_K& x = block(r, i);
+      uint32_t sm[4];
+      unpack_scale_min_k4_words(x.scales, sm);
+      uint8_t s[16];
+      std::memcpy(s, sm, sizeof(s));
+      for (int j = 0; j < 8; ++j) b.sc[j][r] = s[j];
+      for (int g = 0; g < 4; ++g) b.mn[g][r] = static_cast<int32_t>(s[8 + 2 * g] | (uint32_t{s[9 + 2 * g]} << 16));
+      b.d[r] = h2f(x.d);
+      b.dmin[r] = h2f(x.dmin);
+    }
+  }
+}
+
+inline __m512i bcast32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+/// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
+/// block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r] for the rows in
+/// `mask`.
+template <int kV, bool kGemm>
+void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
+            float* out, int64_t ldy, __mmask16 mask) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[kV], acc_m[kV];
+#pragma GCC unroll 8
+  for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const PackedBlock& b = pb[i];
+    const int8_t* q8[kV];
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) q8[v] = y[v][i].qs;
+    // d = x.d * y.d and dmin = x.dmin * y.d per (row, vector), as the references form them
+    alignas(64) float dv[kV][kRows], dmv[kV][kRows];
+    const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) {
+      const __m512 yd = _mm512_set1_ps(y[v][i].d);
+      _mm512_store_ps(dv[v], _mm512_mul_ps(xd, yd));
+      _mm512_store_ps(dmv[v], _mm512_mul_ps(xdmin, yd));
+    }
+    __m512i isum[kV], imin[kV];  // gemv: the block's totals
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) isum[v] = imin[v] = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) {
+      __m512i s0[kV], s1[kV];
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i raw = _mm512_load_si512(b.qs[g][k]);
+        const __m512i w0 = _mm512_and_si512(raw, m4);
+        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+#pragma GCC unroll 8
+        for (int v = 0; v < kV; ++v) {
+          s0[v] = _mm512_dpbusd_epi32(s0[v], w0, bcast32(q8[v] + 64 * g + 4 * k));
+          s1[v] = _mm512_dpbusd_epi32(s1[v], w1, bcast32(q8[v] + 64 * g + 32 + 4 * k));
+        }
+      }
+      const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
+      const __m512i mn = _mm512_load_si512(b.mn[g]);
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) {
+        const __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1));
+        const __m512i pr = _mm512_set1_epi32(pairs[v][4 * i + g]);
+        if constexpr (kGemm) {
+          const __m512i im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn, pr);
+          acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_load_ps(dv[v]), acc[v]);
+          acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_load_ps(dmv[v]), acc_m[v]);
+        } else {
+          isum[v] = _mm512_add_epi32(isum[v], is);
+          imin[v] = _mm512_dpwssd_epi32(imin[v], mn, pr);
+        }
+      }
+    }
+    if constexpr (!kGemm) {
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) {
+        acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_load_ps(dv[v]), acc[v]);
+        acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[v]), _mm512_load_ps(dmv[v]), acc_m[v]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < kV; ++v) _mm512_mask_storeu_ps(out + v * ldy, mask, _mm512_sub_ps(acc[v], acc_m[v]));
+}
+
+template <bool kGemm>
+void tile_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  constexpr int kV = 4;
+  thread_local Scratch pack_buf, pair_buf;
+  const int64_t nb = n / QK_K;
+  auto* pb = static_cast<PackedBlock*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedBlock)));
+  auto* pairs = static_cast<int32_t*>(pair_buf.get(static_cast<size_t>(nvec * nb) * 4 * sizeof(int32_t)));
+  for (int64_t v = 0; v < nvec; ++v) {
+    const auto* yb = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m256i bs = load32(yb[i].bsums);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(pairs + 4 * (v * nb + i)),
+                       _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+    }
+  }
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
+    pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
+    auto run = [&]<int kN>(int64_t v0) {
+      const block_q8_K* yv[kN];
+      const int32_t* pv[kN];
+      for (int v = 0; v < kN; ++v) {
+        yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v0 + v) * act_bytes);
+        pv[v] = pairs + 4 * (v0 + v) * nb;
+      }
+      rows16<kN, kGemm>(pb, nb, yv, pv, y + v0 * ldy + r0, ldy, mask);
+    };
+    int64_t v0 = 0;
+    for (; v0 + kV <= nvec; v0 += kV) run.template operator()<kV>(v0);
+    switch (nvec - v0) {
+      case 3: run.template operator()<3>(v0); break;
+      case 2: run.template operator()<2>(v0); break;
+      case 1: run.template operator()<1>(v0); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm) {
+  if (gemm) {
+    tile_impl<true>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
+  } else {
+    tile_impl<false>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
+  }
+}
+
+}  // namespace car::tensor::detail::avx512
