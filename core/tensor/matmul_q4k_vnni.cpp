@@ -83,8 +83,22 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   auto block = [&](int r, int64_t i) -> const block_q4_K& {
     return r < nrows ? reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes)[i] : kZero;
   };
+  // lane r: row r's byte offset; rows past nrows are masked off (zero)
+  const __mmask16 rows = static_cast<__mmask16>((1u << nrows) - 1);
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
+  constexpr int64_t kAhead = 4;  // blocks: the 16 rows are 16 streams, too many for the hardware prefetcher
   for (int64_t i = 0; i < nb; ++i) {
     PackedBlock& b = pb[i];
+    if (i + kAhead < nb) {
+      for (int r = 0; r < nrows; ++r) {
+        const char* p = reinterpret_cast<const char*>(&block(r, i + kAhead));
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+        _mm_prefetch(p + sizeof(block_q4_K) - 1, _MM_HINT_T0);
+      }
+    }
     for (int g = 0; g < 4; ++g) {
       __m512i z[8], out[8];
 #pragma GCC unroll 8
@@ -93,24 +107,50 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) _mm512_store_si512(b.qs[g][k], out[k]);
     }
-    for (int r = 0; r < kRows; ++r) {
-      const block_q4_K& x = block(r, i);
-      uint32_t sm[4];
-      unpack_scale_min_k4_words(x.scales, sm);
-      uint8_t s[16];
-      std::memcpy(s, sm, sizeof(s));
-      for (int j = 0; j < 8; ++j) b.sc[j][r] = s[j];
-      for (int g = 0; g < 4; ++g) b.mn[g][r] = static_cast<int32_t>(s[8 + 2 * g] | (uint32_t{s[9 + 2 * g]} << 16));
-      b.d[r] = h2f(x.d);
-      b.dmin[r] = h2f(x.dmin);
+    // The rows' headers (d, dmin, the 12 scale bytes: 4 dwords) a dword per lane, then ggml's utmp unpacking
+    // (unpack_scale_min_k4_words) lane-wise.
+    const auto* base = reinterpret_cast<const int32_t*>(w + static_cast<size_t>(i) * sizeof(block_q4_K));
+    __m512i h[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      h[j] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, offsets, base + j, 1);
+    }
+    _mm512_store_ps(b.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+    _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+    const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
+                  k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff);
+    const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
+    const __m512i sc03 = _mm512_and_si512(u0, k1);
+    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+    const __m512i mn03 = _mm512_and_si512(u1, k1);
+    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_si512(b.sc[j], _mm512_and_si512(_mm512_srli_epi32(sc03, 8 * j), byte));
+      _mm512_store_si512(b.sc[j + 4], _mm512_and_si512(_mm512_srli_epi32(sc47, 8 * j), byte));
+    }
+    // (min 2g, min 2g + 1) as int16 pairs: from bytes [m0 m1 m2 m3], words (m0, m1) and (m2, m3)
+    const __m512i word_hi = _mm512_set1_epi32(0xff0000);
+#pragma GCC unroll 2
+    for (int hh = 0; hh < 2; ++hh) {
+      const __m512i m = hh == 0 ? mn03 : mn47;
+      _mm512_store_si512(b.mn[2 * hh], _mm512_or_si512(_mm512_and_si512(m, byte),
+                                                       _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi)));
+      _mm512_store_si512(b.mn[2 * hh + 1],
+                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
+                                         _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi)));
     }
   }
 }
 
-inline __m512i bcast32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm512_set1_epi32(v);
+/// acc + vpdpbusd(w, 4 bytes at p broadcast to every lane), the broadcast folded into the instruction (GCC 12
+/// loads it into a register first: one more instruction per product).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  using dword = int32_t __attribute__((may_alias, aligned(1)));
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const dword*>(p)));
+  return acc;
 }
 
 /// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
@@ -151,8 +191,8 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
         const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
 #pragma GCC unroll 8
         for (int v = 0; v < kV; ++v) {
-          s0[v] = _mm512_dpbusd_epi32(s0[v], w0, bcast32(q8[v] + 64 * g + 4 * k));
-          s1[v] = _mm512_dpbusd_epi32(s1[v], w1, bcast32(q8[v] + 64 * g + 32 + 4 * k));
+          s0[v] = dpbusd_bcast(s0[v], w0, q8[v] + 64 * g + 4 * k);
+          s1[v] = dpbusd_bcast(s1[v], w1, q8[v] + 64 * g + 32 + 4 * k);
         }
       }
       const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
@@ -186,7 +226,7 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
 template <bool kGemm>
 void tile_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
-  constexpr int kV = 4;
+  constexpr int kV = 4;  // 6 and 8 spill on AVX-512's 32 registers and measured slower
   thread_local Scratch pack_buf, pair_buf;
   const int64_t nb = n / QK_K;
   auto* pb = static_cast<PackedBlock*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedBlock)));
