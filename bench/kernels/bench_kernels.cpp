@@ -267,9 +267,9 @@ double cpu_ghz() {
 /// One thread, matmul of a Q4_K matrix (rows a multiple of 8: the repacked orders) with `nvec` vectors, all
 /// in the gemm order (a prompt batch of whole groups of 4) or all in the gemv order (MoE expert rows,
 /// mul_mat_id). Counters: GMAC/s (rows x cols x nvec multiply-adds, the activations' rounding included in the
-/// time), peak_share = GMAC/s over one core's vpdpbusd peak (one 512-bit vpdpbusd a cycle = 64 MAC/cycle at
-/// the clock /proc/cpuinfo reports; Zen 4 and Ice Lake/Sapphire Rapids issue one a cycle), and the weight
-/// bytes per second of one pass.
+/// time), peak_GMACps = 64 MAC/cycle (one 512-bit vpdpbusd a cycle, as Zen 4 and Ice Lake / Sapphire Rapids
+/// issue them) at the nominal clock /proc/cpuinfo reports - cores boost above it, so Q4KTile/VnniPeak's
+/// measured rate is the denominator to quote - and the weight bytes per second of one pass.
 void BM_Q4KTile(benchmark::State& state, bool gemm) {
   const GgmlType t = GgmlType::Q4_K;
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
@@ -302,6 +302,38 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
   const double ghz = cpu_ghz();
   state.counters["peak_GMACps"] = 64.0 * ghz;
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
+}
+
+/// 12 independent vpdpbusd chains (more than latency x throughput on current cores): this core's attainable
+/// integer multiply-add rate, the denominator of the kernels' share of the peak. Needs AVX512-VNNI.
+// GCC 12's AVX-512 headers trip -Wuninitialized in _mm512_reduce_add_epi32 (see core/tensor/simd_avx512.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t vnni_chains(int64_t iters) {
+  __m512i a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
+    __asm__ volatile("" : "+v"(w), "+v"(x));
+  }
+  __m512i s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, a[i]);
+  return _mm512_reduce_add_epi32(s);
+}
+#pragma GCC diagnostic pop
+
+void BM_VnniPeak(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    state.SkipWithError("no AVX512-VNNI on this CPU");
+    return;
+  }
+  constexpr int64_t kIters = 1 << 20;
+  for (auto _ : state) benchmark::DoNotOptimize(vnni_chains(kIters));
+  state.counters["GMACps"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * kIters * 12 * 64 * 1e-9, benchmark::Counter::kIsRate);
 }
 
 void register_all(bool big) {
@@ -357,6 +389,7 @@ void register_all(bool big) {
           ->MinTime(0.3);
     }
   }
+  benchmark::RegisterBenchmark("Q4KTile/VnniPeak", BM_VnniPeak)->MinTime(0.5);
   for (bool gemm : {true, false}) {
     // dense-1b's products (gemm, a 128-token prompt) and moe-2b's expert products (gemv, 16 rows an expert)
     const std::vector<std::array<int64_t, 3>> shapes =
