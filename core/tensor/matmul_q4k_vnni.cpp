@@ -223,10 +223,35 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
   for (int v = 0; v < kV; ++v) _mm512_mask_storeu_ps(out + v * ldy, mask, _mm512_sub_ps(acc[v], acc_m[v]));
 }
 
+/// Vectors [v0, v1) in one order against one packed group of rows, four at a time.
 template <bool kGemm>
-void tile_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
-               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
+                 const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask) {
   constexpr int kV = 4;  // 6 and 8 spill on AVX-512's 32 registers and measured slower
+  auto run = [&]<int kN>(int64_t first) {
+    const block_q8_K* yv[kN];
+    const int32_t* pv[kN];
+    for (int v = 0; v < kN; ++v) {
+      yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(first + v) * act_bytes);
+      pv[v] = pairs + 4 * (first + v) * nb;
+    }
+    rows16<kN, kGemm>(pb, nb, yv, pv, y + first * ldy, ldy, mask);
+  };
+  int64_t v = v0;
+  for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);
+  switch (v1 - v) {
+    case 3: run.template operator()<3>(v); break;
+    case 2: run.template operator()<2>(v); break;
+    case 1: run.template operator()<1>(v); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                             const uint8_t* gemm) {
   thread_local Scratch pack_buf, pair_buf;
   const int64_t nb = n / QK_K;
   auto* pb = static_cast<PackedBlock*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedBlock)));
@@ -239,38 +264,23 @@ void tile_impl(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
     }
   }
+  auto gemm_at = [&](int64_t v) { return gemm != nullptr && gemm[v] != 0; };
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
-    auto run = [&]<int kN>(int64_t v0) {
-      const block_q8_K* yv[kN];
-      const int32_t* pv[kN];
-      for (int v = 0; v < kN; ++v) {
-        yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v0 + v) * act_bytes);
-        pv[v] = pairs + 4 * (v0 + v) * nb;
+    // one transpose of the rows serves every run of vectors in the same order
+    for (int64_t v0 = 0; v0 < nvec;) {
+      const bool g = gemm_at(v0);
+      int64_t v1 = v0 + 1;
+      while (v1 < nvec && gemm_at(v1) == g) ++v1;
+      if (g) {
+        run_vectors<true>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask);
+      } else {
+        run_vectors<false>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask);
       }
-      rows16<kN, kGemm>(pb, nb, yv, pv, y + v0 * ldy + r0, ldy, mask);
-    };
-    int64_t v0 = 0;
-    for (; v0 + kV <= nvec; v0 += kV) run.template operator()<kV>(v0);
-    switch (nvec - v0) {
-      case 3: run.template operator()<3>(v0); break;
-      case 2: run.template operator()<2>(v0); break;
-      case 1: run.template operator()<1>(v0); break;
-      default: break;
+      v0 = v1;
     }
-  }
-}
-
-}  // namespace
-
-void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
-                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm) {
-  if (gemm) {
-    tile_impl<true>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
-  } else {
-    tile_impl<false>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
   }
 }
 

@@ -123,6 +123,7 @@ void add_matmul_kernels(DotKernels& k);
 /// The repacked Q4_K matmul tile (DotKernels::tile_repacked; matmul_q4k_vnni.cpp): vpdpbusd sums, 16 rows a
 /// register, bit-equal to dot_q4_K_q8_K_gemm_ref / _gemv_ref.
 void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
-                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm);
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                             const uint8_t* gemm);
 
 }  // namespace car::tensor::detail::avx512

@@ -6,7 +6,8 @@
 //   - the gemv and gemm orders are distinct from each other and from ggml_vec_dot's (some rows differ);
 //   - which matrices count as repacked;
 //   - every table's repacked matmul tile (the AVX-512 VNNI one: 16 rows a register, vectors in fours) equals
-//     the references for every row count (whole and partial groups of 16), vector count 1..64 and both orders,
+//     the references for every row count (whole and partial groups of 16), vector count 1..64 and both orders
+//     (all gemm, all gemv, mixed runs in one call),
 //     and a forced-off ISA falls back to a table whose products have the same bits.
 #include <gtest/gtest.h>
 
@@ -138,27 +139,38 @@ TEST(Repacked, TilesEqualTheReferencesForEveryRowAndVectorCount) {
         const auto xf = random_floats(rng, cols, scale);
         detail::quantize_act_q8_K(xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
       }
-      for (bool gemm : {true, false}) {
-        std::vector<float> want(static_cast<size_t>(kMaxVec * kMaxRows));
-        const detail::DotFn oracle = gemm ? ref.dot_gemm[detail::slot(kT)] : ref.dot_gemv[detail::slot(kT)];
+      // want[order][v][r]: 0 gemv, 1 gemm
+      std::vector<float> want[2];
+      for (int o = 0; o < 2; ++o) {
+        want[o].resize(static_cast<size_t>(kMaxVec * kMaxRows));
+        const detail::DotFn oracle = o == 1 ? ref.dot_gemm[detail::slot(kT)] : ref.dot_gemv[detail::slot(kT)];
         for (int64_t v = 0; v < kMaxVec; ++v) {
           for (int64_t r = 0; r < kMaxRows; ++r) {
-            want[static_cast<size_t>(v * kMaxRows + r)] =
+            want[o][static_cast<size_t>(v * kMaxRows + r)] =
                 oracle(w.data() + rb * static_cast<size_t>(r), acts.data() + ab * static_cast<size_t>(v), cols);
           }
         }
+      }
+      // orders: every vector gemm, every vector gemv (a null mask), and a batch of mixed runs
+      std::vector<uint8_t> mixed(kMaxVec);
+      for (auto& m : mixed) m = static_cast<uint8_t>(rng() % 3 == 0 ? 0 : 1);
+      const std::vector<uint8_t> all_gemm(kMaxVec, 1);
+      const uint8_t* const masks[] = {all_gemm.data(), nullptr, mixed.data()};
+      for (const uint8_t* mask : masks) {
+        const char* what = mask == nullptr ? "gemv" : mask == all_gemm.data() ? "gemm" : "mixed";
         for (int64_t nrows : {1, 5, 8, 15, 16, 17, 24, 33, 48}) {
           const int64_t ldy = nrows + 3;
           for (int64_t nvec = 1; nvec <= kMaxVec; ++nvec) {
             std::vector<float> y(static_cast<size_t>(nvec * ldy + 3), -7.0f);
-            tile(w.data(), rb, nrows, acts.data(), ab, nvec, cols, y.data(), ldy, gemm);
+            tile(w.data(), rb, nrows, acts.data(), ab, nvec, cols, y.data(), ldy, mask);
             for (int64_t v = 0; v < nvec; ++v) {
+              const int o = mask != nullptr && mask[v] != 0 ? 1 : 0;
               for (int64_t r = 0; r < ldy; ++r) {
                 const float got = y[static_cast<size_t>(v * ldy + r)];
-                const float exp = r < nrows ? want[static_cast<size_t>(v * kMaxRows + r)] : -7.0f;
+                const float exp = r < nrows ? want[o][static_cast<size_t>(v * kMaxRows + r)] : -7.0f;
                 ASSERT_EQ(std::memcmp(&got, &exp, sizeof(float)), 0)
-                    << isa_name(isa) << (gemm ? " gemm" : " gemv") << " nb " << nb << " nrows " << nrows
-                    << " nvec " << nvec << " v " << v << " r " << r << ": " << got << " vs " << exp;
+                    << isa_name(isa) << " " << what << " nb " << nb << " nrows " << nrows << " nvec " << nvec
+                    << " v " << v << " r " << r << ": " << got << " vs " << exp;
               }
             }
             ASSERT_EQ(y.back(), -7.0f) << "wrote past the last vector";
