@@ -10,7 +10,8 @@
 // time, into a per-thread buffer (PackedBlock) that all the call's vectors then share - the file's bytes
 // stay as they are, so decode's gemv reads them unchanged and memory does not grow.
 #include <algorithm>
-#include <cstring>
+#include <cassert>
+#include <cstdint>
 #include <new>
 
 #include "core/tensor/simd_avx512.h"
@@ -83,7 +84,8 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   auto block = [&](int r, int64_t i) -> const block_q4_K& {
     return r < nrows ? reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes)[i] : kZero;
   };
-  // lane r: row r's byte offset; rows past nrows are masked off (zero)
+  // lane r: row r's byte offset (int32: the gathers' index type); rows past nrows are masked off (zero)
+  assert(nrows <= kRows && row_bytes <= static_cast<size_t>(INT32_MAX / kRows));
   const __mmask16 rows = static_cast<__mmask16>((1u << nrows) - 1);
   const __m512i offsets =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -252,6 +254,7 @@ void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t 
 void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                              size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                              const uint8_t* gemm) {
+  assert(n % QK_K == 0);
   thread_local Scratch pack_buf, pair_buf;
   const int64_t nb = n / QK_K;
   auto* pb = static_cast<PackedBlock*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedBlock)));
