@@ -9,6 +9,9 @@
 //                                      # matvec's ratio to a read of the same memory, pass by pass
 //   bench_kernels --benchmark_filter='Q4KShape'
 //                                      # Q4_K in both summation orders on the benchmark models' shapes
+//   bench_kernels --benchmark_filter='Q4KTile'
+//                                      # the repacked Q4_K prompt tile (issue #26): GMAC/s, share of the
+//                                      # vpdpbusd peak, weight GiB/s
 //
 // Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
 // set, tiled), so the kernels see valid scales; values do not affect speed. Q4_K matrices get a row count
@@ -19,6 +22,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -246,6 +251,91 @@ void BM_Q4KShape(benchmark::State& state, bool vec_dot_order) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
 }
 
+/// This core's clock in GHz as the kernel reports it (/proc/cpuinfo "cpu MHz"; 0 when absent).
+double cpu_ghz() {
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return 0.0;
+  char line[256];
+  double mhz = 0.0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "cpu MHz : %lf", &mhz) == 1) break;
+  }
+  std::fclose(f);
+  return mhz / 1000.0;
+}
+
+/// One thread, matmul of a Q4_K matrix (rows a multiple of 8: the repacked orders) with `nvec` vectors, all
+/// in the gemm order (a prompt batch of whole groups of 4) or all in the gemv order (MoE expert rows,
+/// mul_mat_id). Counters: GMAC/s (rows x cols x nvec multiply-adds, the activations' rounding included in the
+/// time), peak_GMACps = 64 MAC/cycle (one 512-bit vpdpbusd a cycle, as Zen 4 and Ice Lake / Sapphire Rapids
+/// issue them) at the nominal clock /proc/cpuinfo reports - cores boost above it, so Q4KTile/VnniPeak's
+/// measured rate is the denominator to quote - and the weight bytes per second of one pass.
+void BM_Q4KTile(benchmark::State& state, bool gemm) {
+  const GgmlType t = GgmlType::Q4_K;
+  const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
+  const size_t rb = detail::row_bytes(t, cols);
+  AlignedBuffer buf(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(cols * nvec));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r < 16) {
+      for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(c)] = dist(rng);
+      quantize_row(t, x.data(), buf.data + rb * static_cast<size_t>(r), cols);
+    } else {
+      std::memcpy(buf.data + rb * static_cast<size_t>(r), buf.data + rb * static_cast<size_t>(r % 16), rb);
+    }
+  }
+  for (auto& v : x) v = dist(rng);
+  set_isa(detect_isa());
+  const MatrixView view{t, buf.data, cols, rows, rb};
+  std::vector<float> y(static_cast<size_t>(rows * nvec));
+  std::vector<uint8_t> order(static_cast<size_t>(nvec), gemm ? 1 : 0);
+  for (auto _ : state) {
+    matmul_ordered(view, x.data(), nvec, cols, y.data(), rows, order.data(), nullptr);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double macs = static_cast<double>(rows) * static_cast<double>(cols) * static_cast<double>(nvec);
+  state.counters["GMACps"] =
+      benchmark::Counter(macs * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  const double ghz = cpu_ghz();
+  state.counters["peak_GMACps"] = 64.0 * ghz;
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
+}
+
+/// 12 independent vpdpbusd chains (more than latency x throughput on current cores): this core's attainable
+/// integer multiply-add rate, the denominator of the kernels' share of the peak. Needs AVX512-VNNI.
+// GCC 12's AVX-512 headers trip -Wuninitialized in _mm512_reduce_add_epi32 (see core/tensor/simd_avx512.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t vnni_chains(int64_t iters) {
+  __m512i a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
+    __asm__ volatile("" : "+v"(w), "+v"(x));
+  }
+  __m512i s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, a[i]);
+  return _mm512_reduce_add_epi32(s);
+}
+#pragma GCC diagnostic pop
+
+void BM_VnniPeak(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    state.SkipWithError("no AVX512-VNNI on this CPU");
+    return;
+  }
+  constexpr int64_t kIters = 1 << 20;
+  for (auto _ : state) benchmark::DoNotOptimize(vnni_chains(kIters));
+  state.counters["GMACps"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * kIters * 12 * 64 * 1e-9, benchmark::Counter::kIsRate);
+}
+
 void register_all(bool big) {
   std::vector<int64_t> sizes_kib = {256, 4 << 10, 64 << 10};  // L2-resident, L3-resident, DRAM
   if (big) {
@@ -297,6 +387,20 @@ void register_all(bool big) {
                                    [vec_dot_order](benchmark::State& s) { BM_Q4KShape(s, vec_dot_order); })
           ->Args({rows, cols})
           ->MinTime(0.3);
+    }
+  }
+  benchmark::RegisterBenchmark("Q4KTile/VnniPeak", BM_VnniPeak)->MinTime(0.5);
+  for (bool gemm : {true, false}) {
+    // dense-1b's products (gemm, a 128-token prompt) and moe-2b's expert products (gemv, 16 rows an expert)
+    const std::vector<std::array<int64_t, 3>> shapes =
+        gemm ? std::vector<std::array<int64_t, 3>>{{2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}}
+             : std::vector<std::array<int64_t, 3>>{{2816, 1024, 16}, {1024, 2816, 16}, {2048, 2048, 8}};
+    for (const auto& sh : shapes) {
+      const std::string name = std::string("Q4KTile/") + (gemm ? "gemm" : "gemv") + "/" + std::to_string(sh[0]) +
+                               "x" + std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
+      benchmark::RegisterBenchmark(name.c_str(), [gemm](benchmark::State& s) { BM_Q4KTile(s, gemm); })
+          ->Args({sh[0], sh[1], sh[2]})
+          ->MinTime(0.5);
     }
   }
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,

@@ -226,15 +226,18 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::F32)] = dot_f32;
   k.dot[slot(GgmlType::F16)] = dot_f16;
   k.dot[slot(GgmlType::BF16)] = dot_bf16;
-  for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];
-  k.dot_id[slot(GgmlType::F32)] = dot_f32_vec;
-  k.dot_id[slot(GgmlType::F16)] = dot_f16_vec;
-  k.dot_id[slot(GgmlType::BF16)] = dot_bf16_vec;
   k.dot[slot(GgmlType::Q4_0)] = dot_q4_0;
   k.dot[slot(GgmlType::Q8_0)] = dot_q8_0;
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  // After the quantized overrides: for those formats both orders are one kernel, and tile_for / rows_for
+  // give mul_mat_id products (MoE experts) the tiles only where dot_id is dot. (Copied before them, the
+  // experts' Q5_K / Q6_K / Q8_0 products ran the AVX2 dot kernel row by row: the same bits, no tile.)
+  for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];
+  k.dot_id[slot(GgmlType::F32)] = dot_f32_vec;
+  k.dot_id[slot(GgmlType::F16)] = dot_f16_vec;
+  k.dot_id[slot(GgmlType::BF16)] = dot_bf16_vec;
   add_matvec_kernels(k);
   add_matmul_kernels(k);
   return k;

@@ -35,10 +35,12 @@ using RowsFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const
 using TileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                         size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy);
 
-/// A tile of a repacked product (see repacked()): as TileFn, every vector in the gemm order (`gemm`) or all
-/// in the gemv order; each result equals dot_gemm / dot_gemv bit for bit.
+/// A tile of a repacked product (see repacked()): as TileFn, vector i in the gemm order when gemm[i] != 0 and
+/// in the gemv order otherwise (gemm null: every vector gemv); each result equals dot_gemm / dot_gemv bit for
+/// bit. One call serves a mixed batch, so a kernel can share its per-row work across both orders.
 using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
-                                size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, bool gemm);
+                                size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                                const uint8_t* gemm);
 
 /// attend_head (kernels.h).
 using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
@@ -60,7 +62,8 @@ struct DotKernels {
   DotFn dot_gemm[kTypeSlots] = {};
   /// Multi-row kernel in the gemv order (null: loop over dot_gemv).
   RowsFn rows_gemv[kTypeSlots] = {};
-  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv).
+  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp, which
+  /// transposes the chunk's rows per call; matmul hands it chunks of whole groups of 16 rows.
   RepackedTileFn tile_repacked[kTypeSlots] = {};
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <vector>
 
 #include "core/tensor/blocks.h"
 #include "core/tensor/kernel_table.h"
@@ -331,18 +332,22 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
   const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
   const detail::RepackedTileFn tile_rp = repacked ? k.tile_repacked[slot(w.type)] : nullptr;
+  // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
+  const uint8_t* orders = nullptr;
+  if (tile_rp != nullptr && by_order) {
+    if (gemm != nullptr) {
+      orders = gemm;
+    } else {
+      thread_local std::vector<uint8_t> rule;  // grow-only
+      if (rule.size() < static_cast<size_t>(n)) rule.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) rule[static_cast<size_t>(i)] = i < n_gemm ? 1 : 0;
+      orders = rule.data();
+    }
+  }
   auto rows = [&](int64_t begin, int64_t end) {
     if (tile_rp != nullptr) {
-      // One tile call per run of vectors in the same order; the chunk's weights stay in cache between runs.
-      const uint8_t* wb = base + static_cast<size_t>(begin) * stride;
-      for (int64_t i0 = 0; i0 < n;) {
-        const bool g = gemm_at(i0);
-        int64_t i1 = i0 + 1;
-        while (i1 < n && gemm_at(i1) == g) ++i1;
-        tile_rp(wb, stride, end - begin, acts + static_cast<size_t>(i0) * act_bytes, act_bytes, i1 - i0, cols,
-                y + i0 * ldy + begin, ldy, g);
-        i0 = i1;
-      }
+      tile_rp(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
+              y + begin, ldy, orders);
       return;
     }
     if (repacked) {
@@ -375,9 +380,11 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   }
   // A chunk is re-read once per group of vectors and should stay in L2; it is also the span over which a
   // tile kernel's per-group setup is shared, so not too small, and at least kMinMatmulChunks per product.
-  const int64_t grain =
+  int64_t grain =
       std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)),
                                     w.rows / kMinMatmulChunks));
+  // The repacked tile interleaves rows by 16: chunks of whole groups leave no padded group but the last.
+  if (tile_rp != nullptr) grain = std::max<int64_t>(16, grain / 16 * 16);
   if (n <= kVectorTile) {
     // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
     // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.

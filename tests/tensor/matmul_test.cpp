@@ -221,5 +221,21 @@ TEST(Matvec, RowStrideLargerThanRow) {
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(y[r], testing::product_dot(view, r, act.data(), 0, 1));
 }
 
+// MoE expert products (ProductOrder::mul_mat_id) of the quantized formats sum as mul_mat does, so they get the
+// same tile and multi-row kernels: every table's dot_id is its dot for those formats (an AVX-512 table that
+// kept the AVX2 kernel in dot_id ran every expert product row by row, with the same bits).
+TEST(Matmul, ExpertProductsOfQuantizedFormatsUseTheTiles) {
+  for (Isa isa : available_isas()) {
+    const detail::DotKernels& k = detail::kernels_for(isa);
+    for (GgmlType t : computable_types()) {
+      if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) continue;
+      SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)));
+      EXPECT_EQ(k.dot_id[detail::slot(t)], k.dot[detail::slot(t)]);
+      EXPECT_EQ(detail::tile_for(k, t, ProductOrder::mul_mat_id), detail::tile_for(k, t, ProductOrder::mul_mat));
+      EXPECT_EQ(detail::rows_for(k, t, ProductOrder::mul_mat_id), detail::rows_for(k, t, ProductOrder::mul_mat));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace car::tensor

@@ -1,0 +1,290 @@
+// The AVX-512 VNNI matmul tile for repacked Q4_K (kernel_table.h repacked(); issue #26): llama.cpp's gemm and
+// gemv orders from exact integer sums formed by vpdpbusd, sixteen weight rows per register.
+//
+// Why the shape: the orders define one exact integer per (row, vector) and 64-element group (gemm) or
+// super-block (gemv), then float FMAs in block order. An integer sum may be formed any way, so the tile puts
+// one weight row in each int32 lane and broadcasts the vector's 4 quants of the same elements: one vpdpbusd
+// adds 4 products to 16 (row, vector) sums with no horizontal reduction anywhere, and every float step is a
+// lane-wise copy of the reference's (dot_q4_K_q8_K_gemm_ref / _gemv_ref), so each result equals it bit for
+// bit. The lane-per-row layout needs the rows interleaved: each call transposes its chunk's rows, 16 at a
+// time, into a per-thread buffer (PackedBlock) that all the call's vectors then share - the file's bytes
+// stay as they are, so decode's gemv reads them unchanged and memory does not grow.
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <new>
+
+#include "core/tensor/simd_avx512.h"
+
+namespace car::tensor::detail::avx512 {
+namespace {
+
+constexpr int kRows = 16;  // weight rows per packed group: one int32 / float lane each
+
+/// One super-block of a group of 16 rows, interleaved so that lane r of every register is row r.
+/// Invariant: rows past the group's end (the chunk's last, short group) are all zero (scales, mins, d).
+struct PackedBlock {
+  /// [group g][chunk k]: lane r = row r's qs[32g + 4k .. 32g + 4k + 3]; the low nibbles are elements
+  /// 64g + 4k .. +3 (sub-block 2g), the high nibbles the same positions of sub-block 2g + 1.
+  alignas(64) uint8_t qs[4][8][64];
+  int32_t sc[8][kRows];   ///< [sub-block] row r's 6-bit scale
+  int32_t mn[4][kRows];   ///< [group g] row r's mins 2g (low int16) and 2g + 1 (high int16)
+  float d[kRows];         ///< row r's super-block scale
+  float dmin[kRows];      ///< row r's super-block min scale
+};
+static_assert(sizeof(PackedBlock) == 4 * 8 * 64 + 8 * 64 + 4 * 64 + 2 * 64);
+
+/// Grow-only, 64-byte aligned per-thread scratch.
+struct Scratch {
+  void* p = nullptr;
+  size_t size = 0;
+  ~Scratch() { ::operator delete (p, std::align_val_t{64}); }
+  void* get(size_t need) {
+    if (size < need) {
+      ::operator delete (p, std::align_val_t{64});
+      p = ::operator new (need, std::align_val_t{64});
+      size = need;
+    }
+    return p;
+  }
+};
+
+/// Transpose 16 rows' qs bytes of group g (32 bytes each) into 8 registers, lane r = row r's dword k.
+/// z[r] holds row r in its low 256 bits and row r + 8 in its high 256 bits.
+inline void transpose_group(const __m512i* z, __m512i* out) {
+  __m512i t[8], u[8];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm512_unpacklo_epi32(z[2 * p], z[2 * p + 1]);
+    t[2 * p + 1] = _mm512_unpackhi_epi32(z[2 * p], z[2 * p + 1]);
+  }
+  // u[q]: 128-bit lanes [dword q of rows 0-3, dword q + 4 of rows 0-3, the same of rows 8-11] (u[q + 4]: rows
+  // 4-7 and 12-15)
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m512i* uh = u + 4 * h;
+    const __m512i* th = t + 4 * h;
+    uh[0] = _mm512_unpacklo_epi64(th[0], th[2]);
+    uh[1] = _mm512_unpackhi_epi64(th[0], th[2]);
+    uh[2] = _mm512_unpacklo_epi64(th[1], th[3]);
+    uh[3] = _mm512_unpackhi_epi64(th[1], th[3]);
+  }
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    out[q] = _mm512_permutex2var_epi64(u[q], lo, u[q + 4]);
+    out[q + 4] = _mm512_permutex2var_epi64(u[q], hi, u[q + 4]);
+  }
+}
+
+/// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb); missing rows read as a zero block.
+void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
+  alignas(64) static constexpr block_q4_K kZero{};
+  auto block = [&](int r, int64_t i) -> const block_q4_K& {
+    return r < nrows ? reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes)[i] : kZero;
+  };
+  // lane r: row r's byte offset (int32: the gathers' index type); rows past nrows are masked off (zero)
+  assert(nrows <= kRows && row_bytes <= static_cast<size_t>(INT32_MAX / kRows));
+  const __mmask16 rows = static_cast<__mmask16>((1u << nrows) - 1);
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
+  constexpr int64_t kAhead = 4;  // blocks: the 16 rows are 16 streams, too many for the hardware prefetcher
+  for (int64_t i = 0; i < nb; ++i) {
+    PackedBlock& b = pb[i];
+    if (i + kAhead < nb) {
+      for (int r = 0; r < nrows; ++r) {
+        const char* p = reinterpret_cast<const char*>(&block(r, i + kAhead));
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+        _mm_prefetch(p + sizeof(block_q4_K) - 1, _MM_HINT_T0);
+      }
+    }
+    for (int g = 0; g < 4; ++g) {
+      __m512i z[8], out[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) z[r] = load32x2(block(r, i).qs + 32 * g, block(r + 8, i).qs + 32 * g);
+      transpose_group(z, out);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) _mm512_store_si512(b.qs[g][k], out[k]);
+    }
+    // The rows' headers (d, dmin, the 12 scale bytes: 4 dwords) a dword per lane, then ggml's utmp unpacking
+    // (unpack_scale_min_k4_words) lane-wise.
+    const auto* base = reinterpret_cast<const int32_t*>(w + static_cast<size_t>(i) * sizeof(block_q4_K));
+    __m512i h[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      h[j] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, offsets, base + j, 1);
+    }
+    _mm512_store_ps(b.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+    _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+    const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
+                  k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff);
+    const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
+    const __m512i sc03 = _mm512_and_si512(u0, k1);
+    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+    const __m512i mn03 = _mm512_and_si512(u1, k1);
+    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_si512(b.sc[j], _mm512_and_si512(_mm512_srli_epi32(sc03, 8 * j), byte));
+      _mm512_store_si512(b.sc[j + 4], _mm512_and_si512(_mm512_srli_epi32(sc47, 8 * j), byte));
+    }
+    // (min 2g, min 2g + 1) as int16 pairs: from bytes [m0 m1 m2 m3], words (m0, m1) and (m2, m3)
+    const __m512i word_hi = _mm512_set1_epi32(0xff0000);
+#pragma GCC unroll 2
+    for (int hh = 0; hh < 2; ++hh) {
+      const __m512i m = hh == 0 ? mn03 : mn47;
+      _mm512_store_si512(b.mn[2 * hh], _mm512_or_si512(_mm512_and_si512(m, byte),
+                                                       _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi)));
+      _mm512_store_si512(b.mn[2 * hh + 1],
+                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
+                                         _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi)));
+    }
+  }
+}
+
+/// acc + vpdpbusd(w, 4 bytes at p broadcast to every lane), the broadcast folded into the instruction (GCC 12
+/// loads it into a register first: one more instruction per product).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  using dword = int32_t __attribute__((may_alias, aligned(1)));
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const dword*>(p)));
+  return acc;
+}
+
+/// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
+/// block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r] for the rows in
+/// `mask`.
+template <int kV, bool kGemm>
+void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
+            float* out, int64_t ldy, __mmask16 mask) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[kV], acc_m[kV];
+#pragma GCC unroll 8
+  for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const PackedBlock& b = pb[i];
+    const int8_t* q8[kV];
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) q8[v] = y[v][i].qs;
+    // d = x.d * y.d and dmin = x.dmin * y.d per (row, vector), as the references form them
+    alignas(64) float dv[kV][kRows], dmv[kV][kRows];
+    const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) {
+      const __m512 yd = _mm512_set1_ps(y[v][i].d);
+      _mm512_store_ps(dv[v], _mm512_mul_ps(xd, yd));
+      _mm512_store_ps(dmv[v], _mm512_mul_ps(xdmin, yd));
+    }
+    __m512i isum[kV], imin[kV];  // gemv: the block's totals
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) isum[v] = imin[v] = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) {
+      __m512i s0[kV], s1[kV];
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i raw = _mm512_load_si512(b.qs[g][k]);
+        const __m512i w0 = _mm512_and_si512(raw, m4);
+        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+#pragma GCC unroll 8
+        for (int v = 0; v < kV; ++v) {
+          s0[v] = dpbusd_bcast(s0[v], w0, q8[v] + 64 * g + 4 * k);
+          s1[v] = dpbusd_bcast(s1[v], w1, q8[v] + 64 * g + 32 + 4 * k);
+        }
+      }
+      const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
+      const __m512i mn = _mm512_load_si512(b.mn[g]);
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) {
+        const __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1));
+        const __m512i pr = _mm512_set1_epi32(pairs[v][4 * i + g]);
+        if constexpr (kGemm) {
+          const __m512i im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn, pr);
+          acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_load_ps(dv[v]), acc[v]);
+          acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_load_ps(dmv[v]), acc_m[v]);
+        } else {
+          isum[v] = _mm512_add_epi32(isum[v], is);
+          imin[v] = _mm512_dpwssd_epi32(imin[v], mn, pr);
+        }
+      }
+    }
+    if constexpr (!kGemm) {
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) {
+        acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_load_ps(dv[v]), acc[v]);
+        acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[v]), _mm512_load_ps(dmv[v]), acc_m[v]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < kV; ++v) _mm512_mask_storeu_ps(out + v * ldy, mask, _mm512_sub_ps(acc[v], acc_m[v]));
+}
+
+/// Vectors [v0, v1) in one order against one packed group of rows, four at a time.
+template <bool kGemm>
+void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
+                 const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask) {
+  constexpr int kV = 4;  // 6 and 8 spill on AVX-512's 32 registers and measured slower
+  auto run = [&]<int kN>(int64_t first) {
+    const block_q8_K* yv[kN];
+    const int32_t* pv[kN];
+    for (int v = 0; v < kN; ++v) {
+      yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(first + v) * act_bytes);
+      pv[v] = pairs + 4 * (first + v) * nb;
+    }
+    rows16<kN, kGemm>(pb, nb, yv, pv, y + first * ldy, ldy, mask);
+  };
+  int64_t v = v0;
+  for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);
+  switch (v1 - v) {
+    case 3: run.template operator()<3>(v); break;
+    case 2: run.template operator()<2>(v); break;
+    case 1: run.template operator()<1>(v); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                             const uint8_t* gemm) {
+  assert(n % QK_K == 0);
+  thread_local Scratch pack_buf, pair_buf;
+  const int64_t nb = n / QK_K;
+  auto* pb = static_cast<PackedBlock*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedBlock)));
+  auto* pairs = static_cast<int32_t*>(pair_buf.get(static_cast<size_t>(nvec * nb) * 4 * sizeof(int32_t)));
+  for (int64_t v = 0; v < nvec; ++v) {
+    const auto* yb = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m256i bs = load32(yb[i].bsums);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(pairs + 4 * (v * nb + i)),
+                       _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+    }
+  }
+  auto gemm_at = [&](int64_t v) { return gemm != nullptr && gemm[v] != 0; };
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
+    pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
+    // one transpose of the rows serves every run of vectors in the same order
+    for (int64_t v0 = 0; v0 < nvec;) {
+      const bool g = gemm_at(v0);
+      int64_t v1 = v0 + 1;
+      while (v1 < nvec && gemm_at(v1) == g) ++v1;
+      if (g) {
+        run_vectors<true>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask);
+      } else {
+        run_vectors<false>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask);
+      }
+      v0 = v1;
+    }
+  }
+}
+
+}  // namespace car::tensor::detail::avx512
