@@ -9,10 +9,10 @@ trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
 fail() { echo "FAILED: $*" >&2; exit 1; }
 for f in bin/car sbin/car-inferenced lib/systemd/system/car-inferenced.service \
-  lib/systemd/system/car-inferenced.socket lib/sysusers.d/car-inference.conf share/man/man1/car.1 \
-  share/man/man8/car-inferenced.8 share/bash-completion/completions/car \
+  lib/systemd/system/car-inferenced.socket lib/sysusers.d/car-inference.conf share/man/man1/car.1.gz \
+  share/man/man8/car-inferenced.8.gz share/bash-completion/completions/car \
   share/bash-completion/completions/car-inferenced share/doc/car-inference/car-inference.env.example \
-  share/doc/car-inference/operations.md share/doc/car-inference/LICENSE; do
+  share/doc/car-inference/operations.md share/doc/car-inference/LICENSE share/doc/car-inference/copyright; do
   [ -e "$prefix/$f" ] || fail "$f not installed"
 done
 unit=$prefix/lib/systemd/system/car-inferenced.service

@@ -2,6 +2,8 @@
 // fields, greedy consistency with top_logprobs, seeded reproducibility, exit codes for bad input.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
@@ -106,7 +108,10 @@ TEST_F(RunCli, BadInputExitCodes) {
   EXPECT_EQ(car("run " + model_ + " --prompt-ids 1,x --threads 1").status, 2);
   EXPECT_NE(car("run " + model_ + " --prompt hi --top-p 7").status, 0);  // CLI11 range check: its own code
   EXPECT_EQ(car("run " + model_).status, 2);                             // neither --prompt nor --prompt-ids
-  EXPECT_EQ(car("run " + (dir_->path() / "missing.gguf").string() + " --prompt hi").status, 1);
+  // A path that names no file (nor a model id) is bad input, as for car show and bench.
+  EXPECT_EQ(car("run " + (dir_->path() / "missing.gguf").string() + " --prompt hi").status, 2);
+  std::ofstream(dir_->path() / "garbage.gguf") << "not a GGUF file";
+  EXPECT_EQ(car("run " + (dir_->path() / "garbage.gguf").string() + " --prompt hi").status, 1);  // not GGUF
   EXPECT_EQ(car("run " + model_ + " --prompt-ids 1,299999 --threads 1").status,
             1);  // id outside the vocabulary
 }
