@@ -57,7 +57,10 @@ inline json call(protocol::ClientConnection& conn, const json& request, std::vec
 /// The error code of a failed reply ("" when it succeeded).
 inline std::string error_code(const json& reply) {
   if (!reply.is_object() || reply.value("ok", true)) return "";
-  return reply["error"].value("code", "");
+  const auto error = reply.find("error");
+  if (error == reply.end() || !error->is_object()) return "";
+  const auto code = error->find("code");
+  return code != error->end() && code->is_string() ? code->get<std::string>() : std::string();
 }
 
 /// Poll `done` every 10 ms until it holds or `timeout` passes; returns its last value.
