@@ -188,6 +188,7 @@ class Scratch {
 thread_local Scratch tls_act_scratch;
 
 constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
+constexpr int64_t kMinRepackedTileVectors = 4;  // matmul: fewest vectors the repacked tile is used for
 
 }  // namespace
 
@@ -322,7 +323,7 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   const size_t stride = w.row_bytes;
   const bool repacked = detail::repacked(w);
   const detail::TileFn tile =
-      at == GgmlType::F32 || repacked ? nullptr : detail::tile_for(k, w.type, w.order);
+      at == GgmlType::F32 || repacked || n < kMinRepackedTileVectors ? nullptr : detail::tile_for(k, w.type, w.order);
   // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole groups
   // of 4 vectors and its gemv over the rest; its mul_mat_id runs gemv on every row.
   const bool by_order = repacked && w.order == ProductOrder::mul_mat;
@@ -331,7 +332,11 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   auto gemm_at = [&](int64_t i) { return by_order && (gemm != nullptr ? gemm[i] != 0 : i < n_gemm); };
   const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
   const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
-  const detail::RepackedTileFn tile_rp = repacked ? k.tile_repacked[slot(w.type)] : nullptr;
+  // The repacked tile transposes each chunk's rows before it multiplies, a cost shared by the call's vectors:
+  // with fewer than kMinRepackedTileVectors (an expert's rows in a batched decode step) the dot kernels,
+  // which give the same bits, are faster.
+  const detail::RepackedTileFn tile_rp =
+      repacked && n >= kMinRepackedTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
   // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
   const uint8_t* orders = nullptr;
   if (tile_rp != nullptr && by_order) {
