@@ -8,6 +8,7 @@
 #include <new>
 #include <type_traits>
 
+#include "core/tensor/aligned_scratch.h"
 #include "core/tensor/simd_avx512.h"
 
 namespace car::tensor::detail::avx512 {
@@ -36,20 +37,7 @@ inline bool carry_out(const Carry& c, const __m512* acc) {
   return false;
 }
 
-/// Grow-only, 64-byte aligned per-thread scratch.
-struct Scratch {
-  void* p = nullptr;
-  size_t size = 0;
-  ~Scratch() { ::operator delete (p, std::align_val_t{64}); }
-  void* get(size_t need) {
-    if (size < need) {
-      ::operator delete (p, std::align_val_t{64});
-      p = ::operator new (need, std::align_val_t{64});
-      size = need;
-    }
-    return p;
-  }
-};
+using Scratch = AlignedScratch;
 
 /// The matmul tile driver shared by the formats. Vectors go in groups of eight (four for a short tail; a
 /// group's missing vectors repeat its last one and are computed but not stored). Per group, Tile::pack

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <new>
 
+#include "core/tensor/aligned_scratch.h"
 #include "core/tensor/simd_avx512.h"
 
 namespace car::tensor::detail::avx512 {
@@ -34,20 +35,7 @@ struct PackedBlock {
 };
 static_assert(sizeof(PackedBlock) == 4 * 8 * 64 + 8 * 64 + 4 * 64 + 2 * 64);
 
-/// Grow-only, 64-byte aligned per-thread scratch.
-struct Scratch {
-  void* p = nullptr;
-  size_t size = 0;
-  ~Scratch() { ::operator delete (p, std::align_val_t{64}); }
-  void* get(size_t need) {
-    if (size < need) {
-      ::operator delete (p, std::align_val_t{64});
-      p = ::operator new (need, std::align_val_t{64});
-      size = need;
-    }
-    return p;
-  }
-};
+using Scratch = AlignedScratch;
 
 /// Transpose 16 rows' qs bytes of group g (32 bytes each) into 8 registers, lane r = row r's dword k.
 /// z[r] holds row r in its low 256 bits and row r + 8 in its high 256 bits.
