@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <vector>
 
 #include "core/util/limits.h"
+#include "core/util/suggest.h"
 #include "daemon/protocol.h"
 
 namespace car::daemon::http::openai {
@@ -223,6 +225,37 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
     }
   }
 
+  // One rule on both fronts: a parameter car does not know is an error naming it (with the nearest known
+  // one), as an unknown field is on the socket - except those OpenAI documents that cannot change the
+  // result, which are accepted and ignored (docs/http.md).
+  {
+    static const std::vector<std::string_view> kCommon = {
+        "model", "stream", "stream_options", "n", "frequency_penalty", "presence_penalty", "logit_bias",
+        "tools", "functions", "tool_choice", "response_format", "max_tokens", "logprobs",
+        // accepted and ignored: they do not change the result
+        "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+    static const std::vector<std::string_view> kChatOnly = {"messages", "max_completion_tokens", "top_logprobs"};
+    static const std::vector<std::string_view> kCompletionOnly = {"prompt", "echo", "best_of", "suffix"};
+    std::vector<std::string_view> known = kCommon;
+    const auto& own = endpoint == Endpoint::kChat ? kChatOnly : kCompletionOnly;
+    known.insert(known.end(), own.begin(), own.end());
+    for (std::size_t i = 0; i < protocol::kInferFieldCount; ++i) {
+      if (protocol::kInferFields[i].openai == protocol::OpenAi::kSame) known.push_back(protocol::kInferFields[i].name);
+    }
+    for (const auto& [key, value] : body.items()) {
+      (void)value;
+      if (std::find(known.begin(), known.end(), std::string_view(key)) != known.end()) continue;
+      const std::string best = closest_name(key, known);
+      const std::string shown = protocol::dump(json(key));
+      return bad("unknown parameter " + shown + (best.empty() ? "" : " (did you mean '" + best + "'?)"), key,
+                 "unknown_parameter");
+    }
+  }
+  // OpenAI documents temperature from 0 to 2 (car's own field goes to 100).
+  if (auto it = body.find("temperature"); it != body.end() && it->is_number() && it->get<double>() > 2.0) {
+    return bad("'temperature' must be from 0 to 2", "temperature", "invalid_value");
+  }
+
   protocol::InferBuilder& car = out.infer;
   // The parameters OpenAI spells as car does go through car's own rows, checked as a socket request's.
   for (std::size_t i = 0; i < protocol::kInferFieldCount; ++i) {
@@ -325,6 +358,10 @@ std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Ma
   if (out.logprobs) {
     car.set(InferField::kLogprobs, true);
     if (out.top_logprobs > 0) car.set(InferField::kTopLogprobs, out.top_logprobs);
+  }
+  // A value a row refused (a negative top_k, top_p above 1 ...): the error names its parameter.
+  if (const auto& refused = car.refused()) {
+    return bad(refused->message, std::string(protocol::info(car.refused_field()).name), "invalid_value");
   }
   return std::nullopt;
 }

@@ -152,6 +152,10 @@ class InferBuilder {
   /// or neither, then the first value a row refused, then a field for `messages` without them or a
   /// `repeat_penalty` of 0.
   Result<InferParams> finish() &&;
+  /// The first refused value (in the table's order) and its field, before finish(): the HTTP front names
+  /// the parameter in its error object.
+  const std::optional<Error>& refused() const { return error_; }
+  InferField refused_field() const { return error_field_; }
 
  private:
   InferParams params_;

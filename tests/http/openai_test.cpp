@@ -156,15 +156,43 @@ TEST(OpenAiMapping, NeutralValuesOfUnsupportedParametersAreAccepted) {
                            {"response_format", {{"type", "text"}}}});
 }
 
-TEST(OpenAiMapping, OutOfRangeValuesFailInTheSharedProtocolValidation) {
-  // The mapping passes them on; car's own rows refuse them as for socket clients.
-  Mapped m = map_ok(Endpoint::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"top_p", 3}});
-  auto infer = std::move(m.infer).finish();
-  ASSERT_FALSE(infer.ok());
-  EXPECT_NE(infer.error().message.find("top_p"), std::string::npos);
-  ApiError e = from_car_error(infer.error().code, infer.error().message);
-  EXPECT_EQ(e.status, 400);
-  EXPECT_EQ(e.type, "invalid_request_error");
+TEST(OpenAiMapping, OutOfRangeValuesFailInTheSharedProtocolValidationNamingTheParameter) {
+  // car's own rows refuse them as for socket clients; the error object names the parameter.
+  for (const auto& [name, value] : std::vector<std::pair<std::string, json>>{{"top_p", 3}, {"top_k", -1}, {"seed", -5}}) {
+    json body = {{"model", "m"}, {"prompt", "x"}};
+    body[name] = value;
+    const ApiError e = map_err(Endpoint::kCompletions, body.dump());
+    EXPECT_EQ(e.status, 400) << name;
+    EXPECT_EQ(e.type, "invalid_request_error");
+    EXPECT_EQ(e.param, name);
+    EXPECT_EQ(e.code, "invalid_value");
+    EXPECT_NE(e.message.find(name), std::string::npos) << e.message;
+  }
+  // OpenAI's documented range for temperature is 0..2 (the socket's field goes to 100).
+  const ApiError hot = map_err(Endpoint::kChat, R"({"model":"m","messages":[{"role":"user","content":"x"}],"temperature":2.5})");
+  EXPECT_EQ(hot.param, "temperature");
+  EXPECT_EQ(hot.status, 400);
+  map_ok(Endpoint::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"temperature", 2}});
+}
+
+// One rule on both fronts: an unknown parameter is a 400 naming it and the nearest known one; those OpenAI
+// documents that cannot change the result are accepted and ignored.
+TEST(OpenAiMapping, UnknownParametersAre400WithTheNearestOne) {
+  const ApiError typo =
+      map_err(Endpoint::kChat, R"({"model":"m","messages":[{"role":"user","content":"x"}],"tempreature":0.1})");
+  EXPECT_EQ(typo.status, 400);
+  EXPECT_EQ(typo.param, "tempreature");
+  EXPECT_EQ(typo.code, "unknown_parameter");
+  EXPECT_NE(typo.message.find("did you mean 'temperature'"), std::string::npos) << typo.message;
+  // A chat-only parameter on /v1/completions is unknown there.
+  EXPECT_EQ(map_err(Endpoint::kCompletions, R"({"model":"m","prompt":"x","messages":[]})").param, "messages");
+  EXPECT_EQ(map_err(Endpoint::kCompletions, R"({"model":"m","prompt":"x","min_p":0.1})").param, "min_p");
+  map_ok(Endpoint::kChat, {{"model", "m"},
+                           {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                           {"user", "u-1"},
+                           {"metadata", {{"k", "v"}}},
+                           {"store", false},
+                           {"top_k", 5}});
 }
 
 // As on the socket (issue #23): a body nesting deeper than the protocol's limit is refused unparsed.
