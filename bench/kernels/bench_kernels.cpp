@@ -218,6 +218,21 @@ void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order) 
   state.counters["ratio"] = median(ratio);
 }
 
+/// `rows` quantized rows of `cols` at `data` (`rb` bytes each): 16 rows of random values, repeated - the
+/// values do not change a kernel's speed, and quantizing every row of a large matrix would dominate setup.
+void fill_repeating_rows(GgmlType t, int64_t rows, int64_t cols, size_t rb, uint8_t* data, std::mt19937& rng,
+                         std::normal_distribution<float>& dist) {
+  std::vector<float> x(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r < 16) {
+      for (auto& v : x) v = dist(rng);
+      quantize_row(t, x.data(), data + rb * static_cast<size_t>(r), cols);
+    } else {
+      std::memcpy(data + rb * static_cast<size_t>(r), data + rb * static_cast<size_t>(r % 16), rb);
+    }
+  }
+}
+
 /// One thread, one Q4_K matrix of the given shape (1.6-6.5 MB, L3-resident), in the repacked gemv order
 /// (rows as given, a multiple of 8) or the vec_dot order (one row fewer): the kernels' CPU cost per weight
 /// byte on the shapes decode multiplies (issue #29; bench/e2e models: dense 2048 / 5632, MoE experts 1024 /
@@ -231,14 +246,7 @@ void BM_Q4KShape(benchmark::State& state, bool vec_dot_order) {
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    if (r < 16) {
-      for (auto& v : x) v = dist(rng);
-      quantize_row(t, x.data(), buf.data + rb * static_cast<size_t>(r), cols);
-    } else {
-      std::memcpy(buf.data + rb * static_cast<size_t>(r), buf.data + rb * static_cast<size_t>(r % 16), rb);
-    }
-  }
+  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
   for (auto& v : x) v = dist(rng);
   set_isa(detect_isa());
   const MatrixView view{t, buf.data, cols, rows, rb};
@@ -278,14 +286,7 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(cols * nvec));
-  for (int64_t r = 0; r < rows; ++r) {
-    if (r < 16) {
-      for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(c)] = dist(rng);
-      quantize_row(t, x.data(), buf.data + rb * static_cast<size_t>(r), cols);
-    } else {
-      std::memcpy(buf.data + rb * static_cast<size_t>(r), buf.data + rb * static_cast<size_t>(r % 16), rb);
-    }
-  }
+  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
   for (auto& v : x) v = dist(rng);
   set_isa(detect_isa());
   const MatrixView view{t, buf.data, cols, rows, rb};

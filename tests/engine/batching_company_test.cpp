@@ -26,6 +26,7 @@
 #include "core/experts/streamed_source.h"
 #include "core/gguf/gguf_file.h"
 #include "core/model/model.h"
+#include "tests/engine/random_request.h"
 #include "tests/engine/tiny_model.h"
 #include "tests/test_support.h"
 
@@ -69,20 +70,7 @@ double ram_gb_for_cap(const std::string& path, int cap) {
 }
 
 GenerateRequest random_request(std::mt19937& rng, int64_t vocab, int max_prompt, int max_tokens) {
-  GenerateRequest r;
-  const int np = 1 + static_cast<int>(rng() % static_cast<uint32_t>(max_prompt));
-  for (int i = 0; i < np; ++i) r.prompt_ids.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab)));
-  r.max_tokens = 1 + static_cast<int>(rng() % static_cast<uint32_t>(max_tokens));
-  r.ignore_eos = true;
-  r.logprobs = true;
-  r.top_logprobs = static_cast<int>(rng() % 3);
-  if (rng() % 2 == 0) {
-    r.sampling.temperature = 0;
-  } else {
-    r.sampling.temperature = 0.8f;
-    r.sampling.seed = rng();
-  }
-  return r;
+  return testing::random_request(rng, vocab, max_prompt, max_tokens, 0.8f);
 }
 
 /// `got` is `want`, or (cancelled) a prefix of it.

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/engine/engine.h"
+#include "tests/engine/random_request.h"
 #include "tests/engine/tiny_model.h"
 #include "tests/test_support.h"
 
@@ -57,20 +58,7 @@ class SchedulerTest : public ::testing::Test {
 };
 
 GenerateRequest random_request(std::mt19937& rng, int64_t vocab) {
-  GenerateRequest r;
-  const int np = 1 + static_cast<int>(rng() % 40);
-  for (int i = 0; i < np; ++i) r.prompt_ids.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab)));
-  r.max_tokens = 1 + static_cast<int>(rng() % 12);
-  r.ignore_eos = true;
-  r.logprobs = true;
-  r.top_logprobs = static_cast<int>(rng() % 3);
-  if (rng() % 2 == 0) {
-    r.sampling.temperature = 0;
-  } else {
-    r.sampling.temperature = 0.9f;
-    r.sampling.seed = rng();
-  }
-  return r;
+  return testing::random_request(rng, vocab, 40, 12, 0.9f);
 }
 
 void expect_same(const GenerateResult& a, const GenerateResult& b, size_t i) {
