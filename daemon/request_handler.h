@@ -150,6 +150,9 @@ class RequestHandler {
   std::size_t in_flight() const { return in_flight_; }
   bool shutting_down() const { return shutting_down_; }
   ModelCache& cache() { return cache_; }
+  /// The model files' header facts (read once per file version); thread-safe.
+  ModelCatalog& catalog() const { return catalog_; }
+  const ServerOptions& options() const { return options_; }
 
  private:
   struct Request;

@@ -51,6 +51,13 @@ struct GenerateParams {
   /// The request gave `seed`; when false the daemon draws a fresh random one into generate.sampling.seed
   /// (and reports it), so sampled text is reproducible only when asked for.
   bool seed_given = false;
+  // Set by a front after parsing; never wire fields.
+  /// With `messages`: when the model has no chat template (and none was given), generate.prompt is used as
+  /// it is instead of failing (Ollama's /api/generate treats a template-less model's prompt as raw text).
+  bool raw_without_template = false;
+  /// How this front's client gives a chat template, ending the message of a request refused for having none
+  /// ("give one in the request's `chat_template` field" on the socket).
+  std::string no_template_hint = "give one in the request's \"chat_template\" field";
 };
 
 /// An `infer` request, validated: what to generate plus what the daemon does around it.

@@ -439,6 +439,10 @@ TEST_F(DaemonBinaryEngineTest, MessagesAreRenderedWithTheModelsOrTheRequestsTemp
   json none = infer("tiny", {{"messages", messages}});
   EXPECT_EQ(none["error"]["code"], "bad_request") << none.dump();
   EXPECT_NE(none["error"]["message"].get<std::string>().find("no chat template"), std::string::npos);
+  // The socket's own way to give one (HTTP and car chat name theirs).
+  EXPECT_NE(none["error"]["message"].get<std::string>().find("the request's \"chat_template\" field"),
+            std::string::npos)
+      << none.dump();
   json broken = infer("tiny", {{"messages", messages}, {"chat_template", "{% for m in messages %}{{ m.role }"}});
   EXPECT_EQ(broken["error"]["code"], "bad_request") << broken.dump();
   EXPECT_NE(broken["error"]["message"].get<std::string>().find("chat template"), std::string::npos);

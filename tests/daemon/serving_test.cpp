@@ -235,6 +235,24 @@ TEST_F(DaemonServingTest, CarChatFollowUpTurnDoesNotRerunTheHistory) {
   EXPECT_GE(cached, static_cast<int64_t>(history_tokens(*tok))) << "car chat's second turn recomputed the history";
 }
 
+TEST_F(DaemonServingTest, CarChatNamesItsFlagForAModelWithoutATemplate) {
+  write_model(models_ / "plain.gguf", 7, false, "");
+  start();
+  const std::string input = (tmp_ / "turn.txt").string();
+  std::ofstream(input) << "Hello\n";
+  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car chat plain -n 4 --socket " + socket_ + " < " +
+                          input + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  EXPECT_NE(::pclose(p), 0) << out;
+  EXPECT_NE(out.find("no chat template"), std::string::npos) << out;
+  EXPECT_NE(out.find("--chat-template FILE"), std::string::npos) << out;
+  EXPECT_EQ(out.find("chat_template\" field"), std::string::npos) << "the socket's wording: " << out;
+}
+
 /// One streamed request's lines: every token event as the bytes the daemon sent, then the final reply.
 struct StreamLines {
   std::vector<std::string> events;
