@@ -50,6 +50,7 @@ struct Call {
   protocol::Op op = protocol::Op::kLoad;
   std::string model;
   std::atomic<bool> cancelled{false};  ///< set on the io thread, read by the worker between tokens
+  std::atomic<bool> deadline_passed{false};  ///< io thread: the request's deadline_ms cancelled it
   bool overflowed = false;  ///< io thread: the front cancelled it because its client did not read the stream
 };
 

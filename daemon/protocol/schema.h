@@ -68,6 +68,9 @@ struct InferParams : GenerateParams {
   /// How long the model stays loaded after this request (before the daemon's cut to
   /// CAR_INFERENCE_MAX_KEEP_ALIVE_SECS); nullopt: the cache's idle TTL.
   std::optional<std::chrono::seconds> keep_alive;
+  /// How long after its arrival the request may run: past it, one not started yet is deadline_exceeded and
+  /// one generating ends with finish_reason "deadline" and the text so far. nullopt: no deadline.
+  std::optional<std::chrono::milliseconds> deadline;
 };
 
 /// An infer field's JSON type, as docs/protocol.md's table names it.
@@ -115,7 +118,8 @@ enum class OpenAi {
   X(kLogprobs, "logprobs", kBoolean, 0, 0, generate.logprobs, kMapped)                                  \
   X(kTopLogprobs, "top_logprobs", kInteger, 0, limits::kMaxTopLogprobs, generate.top_logprobs, kMapped) \
   X(kNumCtx, "num_ctx", kInteger, 0, limits::kMaxContextTokens, generate.num_ctx, kNone)                \
-  X(kKeepAlive, "keep_alive", kInteger, 0, limits::kMaxIdleSecs, keep_alive, kNone)
+  X(kKeepAlive, "keep_alive", kInteger, 0, limits::kMaxIdleSecs, keep_alive, kNone)                    \
+  X(kDeadlineMs, "deadline_ms", kInteger, 1, limits::kMaxDeadlineMs, deadline, kNone)
 
 enum class InferField {
 #define CAR_INFER_FIELD_ENUM(e, name, type, lo, hi, member, openai) e,
