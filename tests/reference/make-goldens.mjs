@@ -3,7 +3,9 @@
 // sha256), runs golden.mjs on it with the listed prompts and writes NAME.golden.json beside fixtures.json,
 // the harness's output plus the fixture's spec and the tolerance the test applies.
 //
-// Usage: node make-goldens.mjs CAR_BINARY [NAME ...]     (default: every fixture)
+// Usage: node make-goldens.mjs CAR_BINARY [--fixtures FILE] [--out DIR] [NAME ...]
+//   default: every fixture of tests/data/reference/fixtures.json, goldens written beside it. Goldens of
+//   another folder are checked by `CAR_REFERENCE_DATA_DIR=DIR engine_reference_conformance_test`.
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -11,13 +13,21 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const data = join(here, "..", "data", "reference");
-const [car, ...only] = process.argv.slice(2);
+const [car, ...rest] = process.argv.slice(2);
 if (!car) {
-  console.error("usage: node make-goldens.mjs CAR_BINARY [NAME ...]");
+  console.error("usage: node make-goldens.mjs CAR_BINARY [--fixtures FILE] [--out DIR] [NAME ...]");
   process.exit(2);
 }
-const { prompts, fixtures } = JSON.parse(readFileSync(join(data, "fixtures.json"), "utf8"));
+let fixtures_file = join(here, "..", "data", "reference", "fixtures.json");
+let data = null;
+const only = [];
+for (let i = 0; i < rest.length; ++i) {
+  if (rest[i] === "--fixtures") fixtures_file = rest[++i];
+  else if (rest[i] === "--out") data = rest[++i];
+  else only.push(rest[i]);
+}
+data ??= dirname(fixtures_file);
+const { prompts, fixtures } = JSON.parse(readFileSync(fixtures_file, "utf8"));
 // SynthSpec field -> car gguf synth flag.
 const flags = {
   arch: "--arch", n_layer: "--layers", n_embd: "--embd", n_ff: "--ff", n_ff_expert: "--ff-expert",
