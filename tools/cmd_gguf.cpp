@@ -363,6 +363,9 @@ void setup(CLI::App& root) {
       ->capture_default_str();
   syn->add_flag("--tied", s.tied_embeddings, "No output.weight (tied to token_embd)");
   syn->add_option("--name", s.name, "general.name (default: derived from the shape)");
+  syn->add_option("--vocab-from", s.vocab_file,
+                  "A GGUF (e.g. vocab-only) whose tokenizer.* keys replace the embedded vocabulary; --vocab becomes "
+                  "its token count");
   syn->add_option("--chat-template", o->chat_template_file,
                   "A Jinja file written as tokenizer.chat_template (default: no template)");
   syn->callback([o] {

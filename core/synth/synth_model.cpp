@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/gguf/gguf_file.h"
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
 #include "core/util/error_codes.h"
@@ -257,7 +258,7 @@ ArrayValue array_of(ValueType t, const std::vector<T>& items) {
   return a;
 }
 
-void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme) {
+void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme, const gguf::GgufFile* vocab) {
   const std::string& a = s.arch;
   const bool qwen = is_qwen(s);
   w.set_string("general.architecture", a);
@@ -289,6 +290,13 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme)
   w.set_u32(a + ".vocab_size", s.n_vocab);
   if (scheme.file_type) w.set_u32("general.file_type", *scheme.file_type);
 
+  if (vocab != nullptr) {
+    for (const auto& kv : vocab->metadata()) {
+      if (kv.key.starts_with("tokenizer.")) w.set(kv.key, kv.value);
+    }
+    if (!s.chat_template.empty()) w.set_string("tokenizer.chat_template", s.chat_template);
+    return;
+  }
   SynthVocab v = make_synth_vocab(s.n_vocab);
   w.set_array("tokenizer.ggml.tokens", array_of(ValueType::STRING, v.tokens));
   w.set_array("tokenizer.ggml.scores", array_of(ValueType::FLOAT32, v.scores));
@@ -377,11 +385,22 @@ Result<void> validate(const SynthSpec& s) {
   return {};
 }
 
-Result<GgufWriter> build_synth_model(const SynthSpec& s) {
+Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
+  // A real tokenizer from another file: its token count is the vocabulary size.
+  SynthSpec s = spec;
+  std::shared_ptr<const gguf::GgufFile> vocab_src;
+  if (!spec.vocab_file.empty()) {
+    auto f = gguf::GgufFile::open(spec.vocab_file);
+    if (!f) return make_error(errc::kBadSpec, "vocab file " + spec.vocab_file + ": " + f.error().message);
+    vocab_src = *f;
+    auto tokens = vocab_src->get_array("tokenizer.ggml.tokens", ValueType::STRING);
+    if (!tokens) return make_error(errc::kBadSpec, "vocab file " + spec.vocab_file + ": " + tokens.error().message);
+    s.n_vocab = static_cast<uint32_t>((*tokens)->items.size());
+  }
   if (auto v = validate(s); !v) return v.error();
   auto scheme = parse_scheme(s.weight_type);
   GgufWriter w;
-  add_metadata(s, w, *scheme);
+  add_metadata(s, w, *scheme, vocab_src.get());
 
   ModelBuilder b(s, w);
   const uint64_t d = s.n_embd;

@@ -16,7 +16,7 @@
 // F32, and so is every 1-D tensor (biases, the shared expert's gate). `q4_k_m` / `q5_k_m` mix types per
 // tensor like llama-quantize (see resolve_tensor_type).
 //
-// The embedded tokenizer is a SentencePiece (`llama`) vocabulary: <unk>=0, <s>=1, </s>=2 (CONTROL), the
+// The embedded tokenizer (unless `vocab_file` brings a real one) is a SentencePiece (`llama`) vocabulary: <unk>=0, <s>=1, </s>=2 (CONTROL), the
 // 256 byte-fallback tokens <0x00>..<0xFF> (BYTE), then common English pieces with descending scores,
 // padded with generated pieces to `n_vocab`, so any text tokenizes.
 //
@@ -61,6 +61,9 @@ struct SynthSpec {
   std::string weight_type = "f32";
   std::string name;             ///< general.name; empty = derived from the shape
   std::string chat_template;    ///< tokenizer.chat_template (Jinja text); empty = the key is not written
+  /// A GGUF file (e.g. a vocab-only one) whose tokenizer.* keys are written instead of the embedded SPM
+  /// vocabulary; n_vocab becomes its token count. chat_template, when given, still wins. Empty = embedded.
+  std::string vocab_file;
   uint32_t alignment = 0;       ///< 0 = no general.alignment key (GGUF default 32)
   uint32_t threads = 0;         ///< threads converting / quantizing rows (0 = all cores); same bytes for any
   uint64_t chunk_values = 0;    ///< weights generated per step, rounded to whole rows (0 = 1 Mi); same bytes

@@ -9,7 +9,11 @@
 //     log-softmax in double) of every golden top-k id at every generated position is within the file's
 //     `tolerance` (1e-4; F32 fixtures 1e-3, see fixtures.json) of llama.cpp's (scalar kernels: 0.05);
 //   - greedy decoding (prompt batch, then one token at a time: the decode path) reproduces generated_ids
-//     up to the first position whose top1_margin is below twice the tolerance.
+//     up to the first position whose top1_margin is below twice the tolerance;
+//   - a case made from text (`prompt`) tokenizes to llama.cpp's prompt_ids with our tokenizer. The fixture
+//     with a real vocabulary (qwen2-bpe-q8_0: Qwen2's BPE tokenizer, pre-type qwen2, from the shared
+//     conformance folder, and a ChatML prompt with its special tokens) is skipped when no conformance data
+//     is configured, and fails when it is configured but the vocabulary is missing.
 // Node is never run: the goldens are committed.
 #include <gtest/gtest.h>
 
@@ -21,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,6 +34,7 @@
 #include "core/experts/resident_source.h"
 #include "core/synth/synth_model.h"
 #include "core/tensor/kernels.h"
+#include "core/tokenizer/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace car::engine {
@@ -129,10 +135,22 @@ TEST(ReferenceConformance, Sha256KnownAnswers) {
 
 // ---- the goldens -----------------------------------------------------------------------------------------
 
-synth::SynthSpec spec_from(const json& j) {
+/// The fixture's spec. A `vocab_file` of the form "conformance:PATH" names a file of the shared conformance
+/// folder; `conformance` is that folder (nullopt: none configured, and *needs_conformance is set).
+synth::SynthSpec spec_from(const json& j, const std::optional<std::filesystem::path>& conformance,
+                           bool* needs_conformance) {
   synth::SynthSpec s;
+  *needs_conformance = false;
   for (const auto& [key, v] : j.items()) {
     if (key == "arch") s.arch = v.get<std::string>();
+    else if (key == "vocab_file") {
+      std::string f = v.get<std::string>();
+      if (f.starts_with("conformance:")) {
+        *needs_conformance = true;
+        if (conformance) f = (*conformance / f.substr(12)).string();
+      }
+      s.vocab_file = f;
+    } else if (key == "tied_embeddings") s.tied_embeddings = v.get<bool>();
     else if (key == "weight_type") s.weight_type = v.get<std::string>();
     else if (key == "n_layer") s.n_layer = v.get<uint32_t>();
     else if (key == "n_embd") s.n_embd = v.get<uint32_t>();
@@ -218,6 +236,7 @@ Deviation check_golden(const json& g, const std::string& gguf_path, ThreadPool* 
   ForwardPass fp(model, src.get(), pool, 64);
   const int64_t V = model->hparams().n_vocab;
   EXPECT_EQ(V, g.at("n_vocab").get<int64_t>()) << name;
+  std::shared_ptr<const tokenizer::Tokenizer> text_tokenizer;
 
   for (const json& c : g.at("cases")) {
     const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
@@ -227,6 +246,16 @@ Deviation check_golden(const json& g, const std::string& gguf_path, ThreadPool* 
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), gen.begin(), gen.end());
     const std::string where = name + " prompt of " + std::to_string(prompt.size());
+    // A text prompt: our tokenizer must give llama.cpp's ids (add_special and parse_special, as llama-simple).
+    if (c.contains("prompt")) {
+      if (!text_tokenizer) {
+        auto t = tokenizer::Tokenizer::from_gguf(**f);
+        EXPECT_TRUE(t.ok()) << name << ": " << (t.ok() ? "" : t.error().message);
+        if (!t.ok()) return res;
+        text_tokenizer = *t;
+      }
+      EXPECT_EQ(text_tokenizer->encode(c.at("prompt").get<std::string>(), true, true), prompt) << where << ": tokenization";
+    }
 
     KvCache kv = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
     std::vector<float> logits(all.size() * static_cast<size_t>(V));
@@ -281,6 +310,8 @@ TEST(ReferenceConformance, SynthFixturesMatchLlamaCppGoldens) {
   std::printf("reference conformance kernels: %s\n", std::string(tensor::isa_name(tensor::current_isa())).c_str());
   testing::TempDir dir;
   ThreadPool pool(2);
+  const testing::ConformanceLookup conformance = testing::find_conformance();
+  ASSERT_TRUE(conformance.error.empty()) << conformance.error;
   double worst = 0;
   for (const auto& path : files) {
     const auto text = testing::read_fixture(path);
@@ -289,7 +320,13 @@ TEST(ReferenceConformance, SynthFixturesMatchLlamaCppGoldens) {
     const std::string name = g.at("name").get<std::string>();
     SCOPED_TRACE(name);
     const std::string gguf_path = (dir / (name + ".gguf")).string();
-    auto written = synth::write_synth_model(spec_from(g.at("synth")), gguf_path);
+    bool needs_conformance = false;
+    const synth::SynthSpec spec = spec_from(g.at("synth"), conformance.dir, &needs_conformance);
+    if (needs_conformance && !conformance.dir) {
+      std::printf("reference %-18s skipped: its vocabulary is conformance data, none configured\n", name.c_str());
+      continue;
+    }
+    auto written = synth::write_synth_model(spec, gguf_path);
     ASSERT_TRUE(written.ok()) << written.error().message;
     const auto bytes = testing::read_fixture(gguf_path);
     ASSERT_TRUE(bytes);

@@ -4,8 +4,10 @@
 // goldens this writes and never run it.
 //
 // Usage:
-//   node golden.mjs MODEL.gguf --prompt-ids 1,2,3 [--prompt-ids 1,5,9 ...] [--n-predict 16] [--top-k 5]
-//                   [--threads 4] [--out FILE.json]
+//   node golden.mjs MODEL.gguf --prompt-ids 1,2,3 [--prompt-ids 1,5,9 ...] [--prompt-text TEXT ...]
+//                   [--n-predict 16] [--top-k 5] [--threads 4] [--out FILE.json]
+// --prompt-text is tokenized by llama.cpp as llama-simple does (add_special and parse_special true); the case
+// then records `prompt` (the text) beside llama.cpp's `prompt_ids`.
 //
 // Per case (as the manifest's goldens were made, see README.md):
 //   1. generation: one batch of the prompt (n_batch = n_prompt, n_ctx = n_prompt + n_predict - 1), then
@@ -40,7 +42,9 @@ function parse_args(argv) {
       if (!Number.isInteger(n) || n < min) usage(`${name} must be an integer >= ${min}, not '${text}'`);
       return n;
     };
-    if (a === "--prompt-ids") {
+    if (a === "--prompt-text") {
+      args.prompts.push(value());
+    } else if (a === "--prompt-ids") {
       const text = value();
       const ids = text.split(",").map((s) => count("--prompt-ids", s.trim(), 0));
       if (ids.length === 0) usage("--prompt-ids is empty");
@@ -54,7 +58,7 @@ function parse_args(argv) {
     else usage(`unexpected argument ${a}`);
   }
   if (args.model === null) usage("no model file");
-  if (args.prompts.length === 0) usage("no --prompt-ids");
+  if (args.prompts.length === 0) usage("no --prompt-ids or --prompt-text");
   return args;
 }
 
@@ -178,7 +182,18 @@ const result = {
   top_k: args.top_k,
   cases: [],
 };
-for (const ids of args.prompts) result.cases.push(await run_case(llama, model, ids, args));
+for (const p of args.prompts) {
+  if (typeof p === "string") {
+    // llama_tokenize(add_special = true, parse_special = true): BOS when the vocabulary adds one.
+    const ids = [...model.tokenize(p, true)];
+    if (model.tokens.shouldPrependBosToken && model.tokens.bos !== null && ids[0] !== model.tokens.bos) {
+      ids.unshift(model.tokens.bos);
+    }
+    result.cases.push({ prompt: p, ...(await run_case(llama, model, ids, args)) });
+  } else {
+    result.cases.push(await run_case(llama, model, p, args));
+  }
+}
 await model.dispose();
 const text = JSON.stringify(result, null, 1) + "\n";
 if (args.out) writeFileSync(args.out, text);

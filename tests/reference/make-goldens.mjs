@@ -33,8 +33,12 @@ const flags = {
   arch: "--arch", n_layer: "--layers", n_embd: "--embd", n_ff: "--ff", n_ff_expert: "--ff-expert",
   n_ff_shared: "--ff-shared", n_head: "--heads", n_head_kv: "--kv-heads", head_dim: "--head-dim",
   n_expert: "--experts", n_expert_used: "--experts-used", n_vocab: "--vocab", n_ctx: "--ctx", seed: "--seed",
-  weight_type: "--type",
+  weight_type: "--type", vocab_file: "--vocab-from", tied_embeddings: "--tied",
 };
+// "conformance:PATH" names a file of the shared conformance folder ($CAR_CONFORMANCE_DIR, else
+// ../shared/conformance beside the checkout), as the test resolves it.
+const conformance = process.env.CAR_CONFORMANCE_DIR || join(here, "..", "..", "..", "shared", "conformance");
+const resolve_value = (v) => (typeof v === "string" && v.startsWith("conformance:") ? join(conformance, v.slice(12)) : String(v));
 const tmp = mkdtempSync(join(tmpdir(), "car-goldens-"));
 try {
   for (const fx of fixtures) {
@@ -43,12 +47,14 @@ try {
     const args = ["gguf", "synth", "-o", gguf];
     for (const [k, v] of Object.entries(fx.spec)) {
       if (!(k in flags)) throw new Error(`${fx.name}: no synth flag for spec field ${k}`);
-      args.push(flags[k], String(v));
+      if (v === true) args.push(flags[k]);
+      else if (v !== false) args.push(flags[k], resolve_value(v));
     }
     execFileSync(car, args, { stdio: ["ignore", "ignore", "inherit"] });
     const out = join(tmp, `${fx.name}.json`);
     const golden_args = [join(here, "golden.mjs"), gguf, "--out", out];
-    for (const p of prompts) golden_args.push("--prompt-ids", p.join(","));
+    for (const p of fx.prompt_texts ?? []) golden_args.push("--prompt-text", p);
+    if (!fx.prompt_texts) for (const p of prompts) golden_args.push("--prompt-ids", p.join(","));
     execFileSync(process.execPath, golden_args, { stdio: "inherit" });
     const golden = JSON.parse(readFileSync(out, "utf8"));
     const doc = { name: fx.name, synth: fx.spec, tolerance: fx.tolerance ?? 1e-4, ...golden };
