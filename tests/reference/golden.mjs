@@ -24,7 +24,7 @@ import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 
 function usage(msg) {
   if (msg) console.error(`golden.mjs: ${msg}`);
-  console.error("usage: node golden.mjs MODEL.gguf --prompt-ids 1,2,3 [--prompt-ids ...] [--n-predict 16] " +
+  console.error("usage: node golden.mjs MODEL.gguf --prompt-ids 1,2,3 [--prompt-ids ...] [--prompt-text TEXT ...] [--n-predict 16] " +
                 "[--top-k 5] [--threads 4] [--out FILE.json]");
   process.exit(2);
 }
