@@ -15,6 +15,9 @@ const ArchTraits& llama_traits() {
       .dense_only = false,
       .expert_ff_key = {},
       .moe_norm_weights = true,
+      .qkv_bias = false,
+      .shared_expert = false,
+      .shared_expert_ff_key = {},
   };
   return traits;
 }
