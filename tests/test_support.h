@@ -22,6 +22,20 @@
 
 namespace car::testing {
 
+/// Built with ASan or TSan (GCC's macros or clang's __has_feature): their shadow memory makes RSS figures
+/// meaningless, so memory checks skip.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 /// What locating the conformance folder found.
 struct ConformanceLookup {
   std::optional<std::filesystem::path> dir;  ///< the folder tests must read; nullopt: none configured, skip

@@ -333,7 +333,7 @@ awaitable<bool> Connection::serve(Request& req) {
     co_return co_await models(req, target.substr(std::string_view("/v1/models/").size()));
   }
   if (!post) co_return co_await send_error(not_allowed, keep);
-  co_return co_await complete(
+  co_return co_await generate(
       target == "/v1/chat/completions" ? openai::Endpoint::kChat : openai::Endpoint::kCompletions, req);
 }
 
@@ -380,21 +380,25 @@ void Connection::watch_for_close() {
   });
 }
 
-awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
-  bool keep = false;
-  try {
-    keep = co_await generate(endpoint, req);
-  } catch (...) {
+awaitable<bool> Connection::run_completion(Result<protocol::InferParams> infer, bool keep, bool chunked,
+                                           std::chrono::steady_clock::time_point received,
+                                           const std::function<std::string(protocol::InferResult&)>& body) {
+  // What a stream left queued (the client went away) is dropped, and its memory given back, however the
+  // completion ends.
+  auto drop_stream = [this] {
     stream_.reset();
     account(-static_cast<std::ptrdiff_t>(queued_.size()));
     queued_ = std::string();
+  };
+  bool result = false;
+  try {
+    result = co_await write_completion(std::move(infer), keep, chunked, received, body);
+  } catch (...) {
+    drop_stream();
     throw;
   }
-  // What a stream left queued (the client went away) is dropped, and its memory given back.
-  stream_.reset();
-  account(-static_cast<std::ptrdiff_t>(queued_.size()));
-  queued_ = std::string();
-  co_return keep;
+  drop_stream();
+  co_return result;
 }
 
 std::string Connection::Stream::event(const protocol::TokenEvent& ev) const {
@@ -473,9 +477,9 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   });
 }
 
-awaitable<bool> Connection::run_completion(Result<protocol::InferParams> infer, bool keep, bool chunked,
-                                           std::chrono::steady_clock::time_point received,
-                                           const std::function<std::string(protocol::InferResult&)>& body) {
+awaitable<bool> Connection::write_completion(Result<protocol::InferParams> infer, bool keep, bool chunked,
+                                             std::chrono::steady_clock::time_point received,
+                                             const std::function<std::string(protocol::InferResult&)>& body) {
   const bool streamed = stream_->stream;
   final_.reset();
   client_gone_ = false;

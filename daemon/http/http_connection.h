@@ -104,12 +104,15 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   /// The HTTP error for a car error reply, in the API being served.
   openai::ApiError car_error(std::string_view code, std::string_view message) const;
   awaitable<bool> write_raw(std::string data);
-  awaitable<bool> complete(openai::Endpoint endpoint, Request& req);
   awaitable<bool> generate(openai::Endpoint endpoint, Request& req);
-  /// Hand `infer` to the handler and write its answer as `stream_` says (set by the caller).
+  /// Hand `infer` to the handler and write its answer as `stream_` says (set by the caller); `stream_` and
+  /// what it left queued are dropped when it ends, however it ends.
   awaitable<bool> run_completion(Result<protocol::InferParams> infer, bool keep, bool chunked,
                                  std::chrono::steady_clock::time_point received,
                                  const std::function<std::string(protocol::InferResult&)>& body);
+  awaitable<bool> write_completion(Result<protocol::InferParams> infer, bool keep, bool chunked,
+                                   std::chrono::steady_clock::time_point received,
+                                   const std::function<std::string(protocol::InferResult&)>& body);
   // The Ollama API (http_connection_ollama.cpp).
   awaitable<bool> serve_ollama(Request& req, std::string_view target);
   awaitable<bool> ollama_complete(ollama::Endpoint endpoint, Request& req);

@@ -184,10 +184,8 @@ awaitable<bool> Connection::ollama_ps(const Request& req) {
 
 awaitable<bool> Connection::ollama_show(Request& req) {
   const bool keep = req.keep_alive();
-  json body = json::parse(req.body(), nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    co_return co_await send_error(api_error(400, "the request body must be a JSON object"), keep);
-  }
+  json body;
+  if (auto e = openai::parse_body(req.body(), body)) co_return co_await send_error(*e, keep);
   for (const auto& [key, value] : body.items()) {
     (void)value;
     if (key != "model" && key != "name" && key != "verbose") {
@@ -242,23 +240,11 @@ awaitable<bool> Connection::ollama_complete(ollama::Endpoint endpoint, Request& 
                                   ? "send the text to /api/generate as a prompt instead"
                                   : "";
   }
-  bool result = false;
-  try {
-    result = co_await run_completion(std::move(infer), keep, req.version() >= 11, received,
-                                     [&](protocol::InferResult& r) {
-                                       return ollama::final_object(endpoint, stream_->model, stream_->created_at, r,
-                                                                   r.output.text, false);
-                                     });
-  } catch (...) {
-    stream_.reset();
-    account(-static_cast<std::ptrdiff_t>(queued_.size()));
-    queued_ = std::string();
-    throw;
-  }
-  stream_.reset();
-  account(-static_cast<std::ptrdiff_t>(queued_.size()));
-  queued_ = std::string();
-  co_return result;
+  co_return co_await run_completion(std::move(infer), keep, req.version() >= 11, received,
+                                    [&](protocol::InferResult& r) {
+                                      return ollama::final_object(endpoint, stream_->model, stream_->created_at, r,
+                                                                  r.output.text, false);
+                                    });
 }
 
 awaitable<bool> Connection::ollama_load(const ollama::Mapped& m, ollama::Endpoint endpoint, bool keep,

@@ -197,13 +197,8 @@ std::optional<int64_t> keep_alive_seconds(const json& v, std::string& error) {
 
 std::optional<openai::ApiError> map_request(Endpoint endpoint, std::string_view text, Mapped& out) {
   out = Mapped{};
-  if (protocol::nests_deeper_than(text, protocol::kMaxRequestDepth)) {
-    return bad("the request body nests deeper than " + std::to_string(protocol::kMaxRequestDepth) +
-               " levels of arrays and objects");
-  }
-  json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return bad("the request body is not valid JSON");
-  if (!body.is_object()) return bad("the request body must be a JSON object");
+  json body;
+  if (auto e = openai::parse_body(text, body)) return e;
 
   static const std::vector<std::string_view> kGenerate = {
       "model", "prompt", "system", "raw", "stream", "options", "keep_alive", "format", "images", "suffix",

@@ -187,16 +187,22 @@ json error_body(const ApiError& e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
-std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Mapped& out) {
-  out = Mapped{};
+std::optional<ApiError> parse_body(std::string_view text, json& body) {
   // As on the socket (protocol.h): copying and converting a document recurse over it.
   if (protocol::nests_deeper_than(text, protocol::kMaxRequestDepth)) {
     return bad("the request body nests deeper than " + std::to_string(protocol::kMaxRequestDepth) +
                " levels of arrays and objects");
   }
-  json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return bad("the request body is not valid JSON");
   if (!body.is_object()) return bad("the request body must be a JSON object");
+  return std::nullopt;
+}
+
+std::optional<ApiError> map_request(Endpoint endpoint, std::string_view text, Mapped& out) {
+  out = Mapped{};
+  json body;
+  if (auto e = parse_body(text, body)) return e;
 
   if (!present(body, "model")) return bad("'model' is required", "model");
   if (!body.at("model").is_string()) return bad("'model' must be a string", "model", "invalid_type");

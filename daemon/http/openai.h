@@ -56,6 +56,11 @@ struct Mapped {
   int top_logprobs = 0;
 };
 
+/// A request body as both HTTP APIs read it (this one and ollama.h): nesting bounded as on the socket (copying
+/// and converting a document recurse over it), valid JSON, an object. nullopt: `body` holds it; otherwise
+/// the 400 to answer.
+std::optional<ApiError> parse_body(std::string_view text, nlohmann::json& body);
+
 /// Map an OpenAI request body (JSON text) for `endpoint`. nullopt return: `out` is filled; otherwise the
 /// 400 to answer.
 std::optional<ApiError> map_request(Endpoint endpoint, std::string_view body, Mapped& out);

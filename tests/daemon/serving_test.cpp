@@ -210,14 +210,11 @@ TEST_F(DaemonServingTest, CarChatFollowUpTurnDoesNotRerunTheHistory) {
   start();
   const std::string input = (tmp_ / "turns.txt").string();
   std::ofstream(input) << "Hello\nAnd then?\n";
-  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car chat chatty -n 6 --temperature 0 --socket " +
-                          socket_ + " < " + input + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  ASSERT_EQ(::pclose(p), 0) << out;
+  const auto chat = car::testing::run_shell(car::testing::car_binary().string() +
+                                                " chat chatty -n 6 --temperature 0 --socket " + socket_ + " < " + input,
+                                            tmp_);
+  const std::string out = chat.out + chat.err;
+  ASSERT_EQ(chat.exit_code, 0) << out;
 
   auto conn = connect();
   // car chat's two turns are the only requests so far: the first found nothing cached, so the counter is
@@ -240,14 +237,10 @@ TEST_F(DaemonServingTest, CarChatNamesItsFlagForAModelWithoutATemplate) {
   start();
   const std::string input = (tmp_ / "turn.txt").string();
   std::ofstream(input) << "Hello\n";
-  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car chat plain -n 4 --socket " + socket_ + " < " +
-                          input + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  EXPECT_NE(::pclose(p), 0) << out;
+  const auto chat = car::testing::run_shell(
+      car::testing::car_binary().string() + " chat plain -n 4 --socket " + socket_ + " < " + input, tmp_);
+  const std::string out = chat.out + chat.err;
+  EXPECT_NE(chat.exit_code, 0) << out;
   EXPECT_NE(out.find("no chat template"), std::string::npos) << out;
   EXPECT_NE(out.find("--chat-template FILE"), std::string::npos) << out;
   EXPECT_EQ(out.find("chat_template\" field"), std::string::npos) << "the socket's wording: " << out;
@@ -372,17 +365,7 @@ TEST_F(DaemonServingTest, CancelDisconnectAndDeadlineLeaveTheOtherStreamsByteIde
   EXPECT_LT(re.reply["result"]["tokens"].size(), 1900u);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using car::testing::kSanitized;
 
 /// The process's resident set (VmRSS of /proc/PID/status) in bytes; 0 when unreadable.
 int64_t rss_bytes(pid_t pid) {

@@ -7,31 +7,16 @@
 
 #include "core/util/limits.h"
 #include "daemon/protocol.h"
+#include "tests/http/mapping_test_support.h"
 
 namespace car::daemon::http::ollama {
 namespace {
 
 using nlohmann::json;
 
-protocol::InferParams car_request(Mapped& m) {
-  auto infer = std::move(m.infer).finish();
-  EXPECT_TRUE(infer.ok()) << infer.error().message;
-  return infer.ok() ? std::move(*infer) : protocol::InferParams{};
-}
-
-Mapped map_ok(Endpoint e, const json& body) {
-  Mapped m;
-  auto err = map_request(e, body.dump(), m);
-  EXPECT_FALSE(err.has_value()) << (err ? err->message : "");
-  return m;
-}
-
-openai::ApiError map_err(Endpoint e, const std::string& body) {
-  Mapped m;
-  auto err = map_request(e, body, m);
-  EXPECT_TRUE(err.has_value()) << body;
-  return err.value_or(openai::ApiError{});
-}
+using testing::car_request;
+Mapped map_ok(Endpoint e, const json& body) { return testing::map_ok<Mapped>(e, body); }
+openai::ApiError map_err(Endpoint e, const std::string& body) { return testing::map_err<Mapped>(e, body); }
 
 TEST(OllamaMapping, GenerateRendersThePromptAsAUserTurnUnlessRaw) {
   Mapped m = map_ok(Endpoint::kGenerate, {{"model", "tiny:latest"}, {"prompt", "Hi"}, {"system", "Be brief."}});

@@ -6,32 +6,16 @@
 #include <gtest/gtest.h>
 
 #include "daemon/protocol.h"
+#include "tests/http/mapping_test_support.h"
 
 namespace car::daemon::http::openai {
 namespace {
 
 using nlohmann::json;
 
-/// The typed request a mapping built; fails the test when car's validation refused it.
-protocol::InferParams car_request(Mapped& m) {
-  auto infer = std::move(m.infer).finish();
-  EXPECT_TRUE(infer.ok()) << infer.error().message;
-  return infer.ok() ? std::move(*infer) : protocol::InferParams{};
-}
-
-Mapped map_ok(Endpoint e, const json& body) {
-  Mapped m;
-  auto err = map_request(e, body.dump(), m);
-  EXPECT_FALSE(err.has_value()) << (err ? err->message : "");
-  return m;
-}
-
-ApiError map_err(Endpoint e, const std::string& body) {
-  Mapped m;
-  auto err = map_request(e, body, m);
-  EXPECT_TRUE(err.has_value()) << body;
-  return err.value_or(ApiError{});
-}
+using testing::car_request;
+Mapped map_ok(Endpoint e, const json& body) { return testing::map_ok<Mapped>(e, body); }
+ApiError map_err(Endpoint e, const std::string& body) { return testing::map_err<Mapped>(e, body); }
 
 TEST(OpenAiMapping, ChatBecomesAnInferWithMessagesThatTheProtocolAccepts) {
   const json body = {
