@@ -15,6 +15,11 @@
 //                    Q5_K's fifth bit is bit p / 32 of qh[p % 32].
 //   Q6_K:            element p: low 4 bits from ql[64 * (p / 128) + p % 64] (low nibble when (p % 128) < 64),
 //                    high 2 bits from qh[32 * (p / 128) + p % 32] at shift 2 * ((p % 128) / 32); scale p / 16.
+//   IQ4_NL/MXFP4:    as Q4_0 (element j < 16: low nibble of qs[j], j + 16: high nibble); the nibble indexes a
+//                    16-entry value table (iq_tables.h) instead of being an offset level.
+//   IQ4_XS:          8 sub-blocks of 32, each laid out as one IQ4_NL block's 16 bytes (qs[16 * s ...]); 6-bit
+//                    signed sub-block scale s: low 4 bits from scales_l[s / 2] (nibble s % 2), high 2 bits
+//                    from scales_h at bit 2 * s, minus 32.
 // Plain data; no behaviour here beyond the layout.
 #pragma once
 
@@ -131,5 +136,32 @@ struct block_q8_K {
 };
 static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t),
               "wrong q8_K block size/padding");
+
+inline constexpr int QK4_NL = 32;
+inline constexpr int QK_MXFP4 = 32;
+
+/// Non-linear 4-bit: value = d * kvalues_iq4nl[q].
+struct block_iq4_nl {
+  ggml_half d;
+  uint8_t qs[QK4_NL / 2];
+};
+static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "wrong iq4_nl block size/padding");
+
+/// IQ4_NL's values in super-blocks of 256 with 6-bit sub-block scales. value = d * (ls - 32) * kvalues_iq4nl[q].
+struct block_iq4_xs {
+  ggml_half d;
+  uint16_t scales_h;          ///< high 2 bits of the 8 sub-block scales
+  uint8_t scales_l[QK_K / 64];  ///< low 4 bits, two per byte
+  uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_iq4_xs) == 2 + 2 + QK_K / 64 + QK_K / 2, "wrong iq4_xs block size/padding");
+
+/// OCP microscaling FP4: an E8M0 shared exponent and 32 E2M1 values. value = 2^(e - 127) * e2m1(q), computed
+/// as ggml does: kvalues_mxfp4[q] (the E2M1 values doubled, so integers) times 2^(e - 128).
+struct block_mxfp4 {
+  uint8_t e;
+  uint8_t qs[QK_MXFP4 / 2];
+};
+static_assert(sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2, "wrong mxfp4 block size/padding");
 
 }  // namespace car::tensor

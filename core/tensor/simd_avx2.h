@@ -83,6 +83,8 @@ namespace avx2 {
 /// Set the K-quant dot kernels (dot_k_avx2.cpp) / the activation rounding kernels (quantize_avx2.cpp) in `k`.
 void add_k_quant_kernels(DotKernels& k);
 void add_activation_kernels(DotKernels& k);
+/// Set the IQ4_NL / IQ4_XS / MXFP4 dot kernels (dot_iq4_avx2.cpp) in `k`.
+void add_iq4_kernels(DotKernels& k);
 
 }  // namespace avx2
 }  // namespace car::tensor::detail

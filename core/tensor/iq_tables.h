@@ -1,0 +1,39 @@
+// The value tables of the non-linear and microscaling formats (IQ4_NL, IQ4_XS, MXFP4): the one place their
+// numbers are written. Values per ggml's ggml-common.h (kvalues_iq4nl, kvalues_mxfp4) and its E8M0 scale
+// conversion (ggml-impl.h); the kernels (reference and SIMD) and the quantizers read them from here.
+//
+// Plain constant data; no state.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/tensor/blocks.h"
+
+namespace car::tensor {
+
+/// IQ4_NL / IQ4_XS: the 16 levels a nibble selects (a non-uniform grid, denser near zero).
+alignas(16) inline constexpr int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                         1,    13,   25,  38,  53,  69,  89,  113};
+
+/// MXFP4: the E2M1 values {0, 0.5, 1, 1.5, 2, 3, 4, 6} and their negatives, doubled so they are integers (the
+/// block scale is halved to match, e8m0_to_fp32_half). Nibble bit 3 is the sign.
+alignas(16) inline constexpr int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/// 2^(e - 128), the E8M0 exponent e halved, as ggml's GGML_E8M0_TO_FP32_HALF computes it (exact for every e:
+/// e 0 and 1 give the subnormals 2^-128 and 2^-127; e 255 gives 2^127, not NaN).
+inline float e8m0_to_fp32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// IQ4_XS: the signed 6-bit scale (-32..31) of sub-block ib (0..7) of a super-block.
+inline int iq4_xs_scale(const block_iq4_xs& b, int ib) {
+  const int lo = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f;
+  const int hi = (b.scales_h >> (2 * ib)) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+}  // namespace car::tensor
