@@ -17,6 +17,9 @@
 //                    high 2 bits from qh[32 * (p / 128) + p % 32] at shift 2 * ((p % 128) / 32); scale p / 16.
 //   IQ4_NL/MXFP4:    as Q4_0 (element j < 16: low nibble of qs[j], j + 16: high nibble); the nibble indexes a
 //                    16-entry value table (iq_tables.h) instead of being an offset level.
+//   IQ2_XXS:         8 groups of 32, each 4 x uint16 of qs read as two u32 a, b: element 8l + j (l < 4) is
+//                    byte j of iq2xxs_grid[byte l of a], negated when bit j of ksigns_iq2xs[(b >> 7l) & 127]
+//                    is set; group scale (b >> 28), value = d * (0.5 + scale) * 0.25 * that.
 //   IQ4_XS:          8 sub-blocks of 32, each laid out as one IQ4_NL block's 16 bytes (qs[16 * s ...]); 6-bit
 //                    signed sub-block scale s: low 4 bits from scales_l[s / 2] (nibble s % 2), high 2 bits
 //                    from scales_h at bit 2 * s, minus 32.
@@ -136,6 +139,13 @@ struct block_q8_K {
 };
 static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t),
               "wrong q8_K block size/padding");
+
+/// 2.0625 bpw codebook format: 8-element grid points with 7-bit sign codes and 4-bit group scales.
+struct block_iq2_xxs {
+  ggml_half d;
+  uint16_t qs[QK_K / 8];
+};
+static_assert(sizeof(block_iq2_xxs) == 2 + QK_K / 4, "wrong iq2_xxs block size/padding");
 
 inline constexpr int QK4_NL = 32;
 inline constexpr int QK_MXFP4 = 32;

@@ -1,6 +1,7 @@
-// The value tables of the non-linear and microscaling formats (IQ4_NL, IQ4_XS, MXFP4): the one place their
-// numbers are written. Values per ggml's ggml-common.h (kvalues_iq4nl, kvalues_mxfp4) and its E8M0 scale
-// conversion (ggml-impl.h); the kernels (reference and SIMD) and the quantizers read them from here.
+// The value tables of the non-linear, microscaling and codebook formats (IQ4_NL, IQ4_XS, MXFP4, IQ2_XXS): the
+// one place their numbers are written (the large grids in iq_tables.cpp). Values per ggml's ggml-common.h
+// (kvalues_iq4nl, kvalues_mxfp4, iq2xxs_grid, ksigns_iq2xs) and its E8M0 scale conversion (ggml-impl.h); the
+// kernels (reference and SIMD) and the quantizers read them from here.
 //
 // Plain constant data; no state.
 #pragma once
@@ -27,6 +28,17 @@ inline float e8m0_to_fp32_half(uint8_t e) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+/// IQ2_XXS: 256 points of the E8 lattice's shell, 8 magnitudes each from {8, 25, 43}, one byte per element
+/// (element 0 in the low byte). iq_tables.cpp.
+extern const uint64_t iq2xxs_grid[256];
+
+/// IQ2_XXS / IQ2_XS sign codes: 7 bits give the signs of elements 0..6, the eighth (bit 7) makes the number
+/// of negative elements even. Bit j set: element j negated.
+inline constexpr uint8_t ksigns_iq2xs(int code) {
+  const int parity = __builtin_popcount(static_cast<unsigned>(code) & 127u) & 1;
+  return static_cast<uint8_t>((code & 127) | (parity << 7));
 }
 
 /// IQ4_XS: the signed 6-bit scale (-32..31) of sub-block ib (0..7) of a super-block.

@@ -185,3 +185,76 @@ TEST(Iq4Formats, ReferenceDotMatchesDequantizedProduct) {
 
 }  // namespace
 }  // namespace car::tensor
+
+namespace car::tensor {
+namespace {
+
+// IQ2_XXS (issue #27's first codebook format): computed, not written. Random blocks under a sane fp16
+// scale (every grid index, sign code and group scale is valid): every ISA's dot equals the reference bit
+// for bit, and the reference equals the double-precision product of the dequantized rows.
+std::vector<uint8_t> random_iq2_xxs_row(std::mt19937& rng, int64_t n) {
+  std::vector<uint8_t> row(detail::row_bytes(GgmlType::IQ2_XXS, n));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.001f, 0.1f);
+  for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t b = 0; b < n / QK_K; ++b) {
+    const uint16_t d = fp32_to_fp16(scale(rng));
+    std::memcpy(row.data() + b * sizeof(block_iq2_xxs), &d, 2);
+  }
+  return row;
+}
+
+TEST(Iq2Xxs, ComputedButNotWritten) {
+  EXPECT_TRUE(can_compute(GgmlType::IQ2_XXS));
+  EXPECT_FALSE(can_quantize(GgmlType::IQ2_XXS));
+  EXPECT_EQ(activation_type(GgmlType::IQ2_XXS), GgmlType::Q8_K);
+}
+
+TEST(Iq2Xxs, HandBuiltBlockDequantizes) {
+  block_iq2_xxs b{};
+  b.d = fp32_to_fp16(1.0f);
+  // group 0: grid points 0 (all 8) and 1 (0x080808080808082b: element 0 is 43), sign code 1 on point 0
+  // (element 0 negated, and bit 7 for parity), scale 3 -> (0.5 + 3) * 0.25 = 0.875
+  const uint32_t grid = 0 | (1u << 8) | (0u << 16) | (0u << 24);
+  const uint32_t signs = 1u | (3u << 28);
+  std::memcpy(b.qs, &grid, 4);
+  std::memcpy(b.qs + 2, &signs, 4);
+  std::vector<float> y(256);
+  dequantize_row(GgmlType::IQ2_XXS, &b, y.data(), 256);
+  EXPECT_EQ(y[0], -8 * 0.875f);   // sign bit 0
+  EXPECT_EQ(y[1], 8 * 0.875f);
+  EXPECT_EQ(y[7], -8 * 0.875f);   // the parity bit: one other negation -> bit 7
+  EXPECT_EQ(y[8], 43 * 0.875f);   // point 1, element 0
+  EXPECT_EQ(y[9], 8 * 0.875f);
+  EXPECT_EQ(y[32], 8 * 0.125f);   // group 1: all zero bytes -> point 0, scale 0 -> 0.125
+}
+
+TEST(Iq2Xxs, EveryIsaEqualsTheReferenceAndTheDequantizedProduct) {
+  std::mt19937 rng(2);
+  const auto& ref = detail::scalar_kernels();
+  for (int64_t nb : {1, 2, 3, 5, 16}) {
+    const int64_t n = nb * QK_K;
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto w = random_iq2_xxs_row(rng, n);
+      const auto x = random_floats(rng, n, rep == 3 ? 40.0f : 1.0f);
+      std::vector<uint8_t> act(activation_row_bytes(GgmlType::IQ2_XXS, n));
+      ref.quantize_act[detail::slot(GgmlType::Q8_K)](x.data(), act.data(), n);
+      const float want = ref.dot[detail::slot(GgmlType::IQ2_XXS)](w.data(), act.data(), n);
+      for (Isa isa : available_isas()) {
+        const auto& k = detail::kernels_for(isa);
+        ASSERT_EQ(k.dot[detail::slot(GgmlType::IQ2_XXS)](w.data(), act.data(), n), want) << isa_name(isa);
+      }
+      const auto wd = testing::dequantized(GgmlType::IQ2_XXS, w.data(), n);
+      const auto ad = testing::dequantized(GgmlType::Q8_K, act.data(), n);
+      double exact = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        exact += double(wd[i]) * ad[i];
+        mag += std::fabs(double(wd[i]) * ad[i]);
+      }
+      EXPECT_NEAR(want, exact, 1e-5 * mag) << "nb " << nb;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace car::tensor

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates kernel_goldens.json: llama.cpp's own IQ4_NL / IQ4_XS / MXFP4 kernels on fixed data, for
+"""Regenerates kernel_goldens.json: llama.cpp's own IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS kernels on fixed data, for
 tests/tensor/iq4_llama_cpp_test.cpp, which requires our kernels to give the same bits.
 
 It calls the libraries node-llama-cpp 3.22.1 ships (llama.cpp de3ff81, the reference harness's build; see
@@ -26,15 +26,17 @@ N_RANDOM_ROWS = 2  # rows of random bytes with the quantizer's scales
 N_ACTS = 3
 CPU_VARIANTS = ["haswell", "icelake"]  # AVX2, AVX-512 builds of ggml-cpu
 
-# type -> (block elements, block bytes, bytes at the start of a block that hold the scale, activation type)
+# type -> (block elements, block bytes, bytes at the start of a block that hold the scale, activation type,
+#          whether ggml has a reference quantizer for it without an importance matrix)
 TYPES = {
-    "iq4_nl": (32, 18, 2, "q8_0"),
-    "iq4_xs": (256, 136, 2, "q8_K"),
-    "mxfp4": (32, 17, 1, "q8_0"),
+    "iq4_nl": (32, 18, 2, "q8_0", True),
+    "iq4_xs": (256, 136, 2, "q8_K", True),
+    "mxfp4": (32, 17, 1, "q8_0", True),
+    "iq2_xxs": (256, 66, 2, "q8_K", False),  # every row random bytes under a random fp16 scale
 }
 ACT_BYTES = {"q8_0": (32, 34), "q8_K": (256, 292)}
 VEC_DOT = {"iq4_nl": "ggml_vec_dot_iq4_nl_q8_0", "iq4_xs": "ggml_vec_dot_iq4_xs_q8_K",
-           "mxfp4": "ggml_vec_dot_mxfp4_q8_0"}
+           "mxfp4": "ggml_vec_dot_mxfp4_q8_0", "iq2_xxs": "ggml_vec_dot_iq2_xxs_q8_K"}
 
 
 def floats(buf, n):
@@ -57,20 +59,24 @@ def main():
         lib.ggml_cpu_init()
         cpus[v] = lib
     rng = random.Random(27)
-    out = {"about": "llama.cpp's IQ4_NL / IQ4_XS / MXFP4 kernels on fixed data (issue #27); regenerate with "
+    out = {"about": "llama.cpp's IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS kernels on fixed data (issue #27); regenerate with "
                     "make_kernel_goldens.py", "llama_cpp": "de3ff815ea7d559ee917f063901b8986f038abc6 "
                     "(node-llama-cpp 3.22.1 prebuilt; ggml-cpu variants %s agree)" % ", ".join(CPU_VARIANTS),
            "n": N, "types": []}
-    for name, (bs, bb, scale_bytes, act) in TYPES.items():
+    for name, (bs, bb, scale_bytes, act, has_quantizer) in TYPES.items():
         row_bytes = N // bs * bb
         rows = []
         for r in range(N_QUANT_ROWS + N_RANDOM_ROWS):
             x = [rng.gauss(0.0, 1.0) * (0.02 if r == 1 else 1.0) for _ in range(N)]
             xb = (ctypes.c_float * N)(*x)
             q = ctypes.create_string_buffer(row_bytes)
-            getattr(base, "quantize_row_%s_ref" % name)(xb, q, ctypes.c_int64(N))
+            if has_quantizer:
+                getattr(base, "quantize_row_%s_ref" % name)(xb, q, ctypes.c_int64(N))
+            else:
+                for blk in range(N // bs):
+                    q[blk * bb: blk * bb + 2] = struct.pack("<e", rng.uniform(0.001, 0.1))
             b = bytearray(q.raw)
-            if r >= N_QUANT_ROWS:  # keep each block's scale, randomize the rest
+            if r >= N_QUANT_ROWS or not has_quantizer:  # keep each block's scale, randomize the rest
                 for blk in range(N // bs):
                     for k in range(scale_bytes, bb):
                         b[blk * bb + k] = rng.randrange(256)
