@@ -20,6 +20,9 @@
 //   IQ2_XXS:         8 groups of 32, each 4 x uint16 of qs read as two u32 a, b: element 8l + j (l < 4) is
 //                    byte j of iq2xxs_grid[byte l of a], negated when bit j of ksigns_iq2xs[(b >> 7l) & 127]
 //                    is set; group scale (b >> 28), value = d * (0.5 + scale) * 0.25 * that.
+//   IQ1_S:           8 groups of 32, group g: qh[g] bits 3l..3l+2 are the high bits of grid index l (low
+//                    byte qs[4g + l]) of elements 8l..8l+7, bits 12..14 the scale s, bit 15 the delta's sign;
+//                    value = d * (2s + 1) * (grid byte (-1, 0, 1) + delta), delta = +-0.125.
 //   IQ4_XS:          8 sub-blocks of 32, each laid out as one IQ4_NL block's 16 bytes (qs[16 * s ...]); 6-bit
 //                    signed sub-block scale s: low 4 bits from scales_l[s / 2] (nibble s % 2), high 2 bits
 //                    from scales_h at bit 2 * s, minus 32.
@@ -146,6 +149,15 @@ struct block_iq2_xxs {
   uint16_t qs[QK_K / 8];
 };
 static_assert(sizeof(block_iq2_xxs) == 2 + QK_K / 4, "wrong iq2_xxs block size/padding");
+
+/// 1.5625 bpw codebook format: ternary 8-element grid points (2048), 3-bit group scales, a shifted grid.
+struct block_iq1_s {
+  ggml_half d;
+  uint8_t qs[QK_K / 8];   ///< grid index, low 8 bits
+  uint16_t qh[QK_K / 32]; ///< grid index high 3 bits x 4, group scale (bits 12..14), delta sign (bit 15)
+};
+static_assert(sizeof(block_iq1_s) == 2 + QK_K / 8 + QK_K / 16, "wrong iq1_s block size/padding");
+inline constexpr float IQ1S_DELTA = 0.125f;
 
 inline constexpr int QK4_NL = 32;
 inline constexpr int QK_MXFP4 = 32;

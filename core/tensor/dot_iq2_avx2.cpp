@@ -1,10 +1,11 @@
-// AVX2 dot kernel of the codebook format IQ2_XXS against Q8_K (compiled with car_simd_source(... AVX2); the
-// AVX-512 table inherits it). Equal to dot_iq2_xxs_q8_K_ref bit for bit: per pair of groups the grid points
-// are gathered from iq2xxs_grid, their signs moved onto the activations (psignb with the sign codes
-// expanded to bytes), maddubs (grid magnitudes <= 43, so the int16 pairs are exact) and madd by the group
-// scale give the reference's int32 lanes; the float steps are the reference's.
+// AVX2 dot kernels of the codebook formats IQ2_XXS and IQ1_S against Q8_K (compiled with
+// car_simd_source(... AVX2); the AVX-512 table inherits them). Each equals its reference in ref_iq2.cpp bit
+// for bit: per group the grid points are gathered from the grid, signs moved onto the activations (psignb),
+// maddubs (|grid| <= 43, so the int16 pairs are exact) and madd by the group scale give the reference's
+// int32 lanes; the float steps are the reference's.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "core/tensor/blocks.h"
@@ -61,11 +62,40 @@ float dot_iq2_xxs(const void* w, const void* a, int64_t n) {
   return 0.125f * hsum8(acc);
 }
 
+float dot_iq1_s(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_iq1_s*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  float acc1 = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    int32_t sumi1 = 0;
+    for (int g = 0; g < 8; ++g) {
+      const uint8_t* qs = x[i].qs + 4 * g;
+      const uint32_t qh = x[i].qh[g];
+      const __m256i points = _mm256_set_epi64x(static_cast<long long>(iq1s_grid[qs[3] | ((qh >> 1) & 0x700)]),
+                                               static_cast<long long>(iq1s_grid[qs[2] | ((qh << 2) & 0x700)]),
+                                               static_cast<long long>(iq1s_grid[qs[1] | ((qh << 5) & 0x700)]),
+                                               static_cast<long long>(iq1s_grid[qs[0] | ((qh << 8) & 0x700)]));
+      const __m256i q8 = load32(y[i].qs + 32 * g);
+      const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(points, points), _mm256_sign_epi8(q8, points));
+      const int ls = 2 * static_cast<int>((qh >> 12) & 7) + 1;
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(static_cast<int16_t>(ls))));
+      sumi1 += (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]) * (qh & 0x8000 ? -1 : 1) * ls;
+    }
+    const float d = y[i].d * h2f(x[i].d);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc1 = std::fma(d, static_cast<float>(sumi1), acc1);
+  }
+  return hsum8(acc) + IQ1S_DELTA * acc1;
+}
+
 }  // namespace
 
 namespace avx2 {
 void add_iq2_kernels(DotKernels& k) {
   k.dot[slot(GgmlType::IQ2_XXS)] = dot_iq2_xxs;
+  k.dot[slot(GgmlType::IQ1_S)] = dot_iq1_s;
 }
 }  // namespace avx2
 

@@ -1,7 +1,7 @@
-// The value tables of the non-linear, microscaling and codebook formats (IQ4_NL, IQ4_XS, MXFP4, IQ2_XXS): the
-// one place their numbers are written (the large grids in iq_tables.cpp). Values per ggml's ggml-common.h
-// (kvalues_iq4nl, kvalues_mxfp4, iq2xxs_grid, ksigns_iq2xs) and its E8M0 scale conversion (ggml-impl.h); the
-// kernels (reference and SIMD) and the quantizers read them from here.
+// The value tables of the non-linear, microscaling and codebook formats (IQ4_NL, IQ4_XS, MXFP4, IQ2_XXS,
+// IQ1_S): the one place their numbers are written (the large grids in iq_tables.cpp). Values per ggml's
+// ggml-common.h (kvalues_iq4nl, kvalues_mxfp4, iq2xxs_grid, ksigns_iq2xs, iq1s_grid) and its E8M0 scale
+// conversion (ggml-impl.h); the kernels (reference and SIMD) and the quantizers read them from here.
 //
 // Plain constant data; no state.
 #pragma once
@@ -33,6 +33,10 @@ inline float e8m0_to_fp32_half(uint8_t e) {
 /// IQ2_XXS: 256 points of the E8 lattice's shell, 8 magnitudes each from {8, 25, 43}, one byte per element
 /// (element 0 in the low byte). iq_tables.cpp.
 extern const uint64_t iq2xxs_grid[256];
+
+/// IQ1_S / IQ1_M: 2048 ternary points, 8 int8 elements each in {-1, 0, 1} (element 0 in the low byte).
+/// iq_tables.cpp.
+extern const uint64_t iq1s_grid[2048];
 
 /// IQ2_XXS / IQ2_XS sign codes: 7 bits give the signs of elements 0..6, the eighth (bit 7) makes the number
 /// of negative elements even. Bit j set: element j negated.

@@ -34,6 +34,7 @@ static_assert(same_geometry<block_q6_K>(GgmlType::Q6_K, QK_K));
 static_assert(same_geometry<block_q8_K>(GgmlType::Q8_K, QK_K));
 static_assert(same_geometry<block_iq4_nl>(GgmlType::IQ4_NL, QK4_NL));
 static_assert(same_geometry<block_iq2_xxs>(GgmlType::IQ2_XXS, QK_K));
+static_assert(same_geometry<block_iq1_s>(GgmlType::IQ1_S, QK_K));
 static_assert(same_geometry<block_iq4_xs>(GgmlType::IQ4_XS, QK_K));
 static_assert(same_geometry<block_mxfp4>(GgmlType::MXFP4, QK_MXFP4));
 static_assert(same_geometry<float>(GgmlType::F32, 1));
@@ -60,7 +61,8 @@ BlockGeometry geometry(GgmlType t) {
     case GgmlType::IQ4_NL:
     case GgmlType::IQ4_XS:
     case GgmlType::MXFP4:
-    case GgmlType::IQ2_XXS: {
+    case GgmlType::IQ2_XXS:
+    case GgmlType::IQ1_S: {
       const GgmlTypeTraits& g = ggml_traits(t);
       return {g.block_size, g.bytes_per_block};
     }
@@ -85,7 +87,8 @@ GgmlType act_type(GgmlType w) {
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
     case GgmlType::IQ4_XS:
-    case GgmlType::IQ2_XXS: return GgmlType::Q8_K;
+    case GgmlType::IQ2_XXS:
+    case GgmlType::IQ1_S: return GgmlType::Q8_K;
     default: return GgmlType::F32;
   }
 }
@@ -120,6 +123,7 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::IQ4_XS)] = dot_iq4_xs_q8_K_ref;
   k.dot[slot(GgmlType::MXFP4)] = dot_mxfp4_q8_0_ref;
   k.dot[slot(GgmlType::IQ2_XXS)] = dot_iq2_xxs_q8_K_ref;
+  k.dot[slot(GgmlType::IQ1_S)] = dot_iq1_s_q8_K_ref;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemm_ref;
@@ -256,8 +260,9 @@ bool can_compute(GgmlType type) {
 }
 
 bool can_quantize(GgmlType type) {
-  // IQ2_XXS is computed but not written: its quantizer would search the grid against an importance matrix.
-  if (type == GgmlType::IQ2_XXS) return false;
+  // IQ2_XXS / IQ1_S are computed but not written: their quantizers would search the grid against an
+  // importance matrix.
+  if (type == GgmlType::IQ2_XXS || type == GgmlType::IQ1_S) return false;
   return can_compute(type) || type == GgmlType::Q8_1 || type == GgmlType::Q8_K;
 }
 

@@ -212,6 +212,7 @@ bool dequantize_ref(GgmlType t, const void* src, float* dst, int64_t n) {
     case GgmlType::IQ4_XS:
     case GgmlType::MXFP4: return dequantize_iq4_ref(t, src, dst, nb);
     case GgmlType::IQ2_XXS: return dequantize_iq2_xxs_ref(src, dst, nb);
+    case GgmlType::IQ1_S: return dequantize_iq1_s_ref(src, dst, nb);
     default: return false;
   }
 }

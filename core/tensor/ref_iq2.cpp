@@ -1,6 +1,7 @@
-// Scalar reference kernels of the codebook format IQ2_XXS: dequantization and the dot product against Q8_K
-// (the test oracle of the SIMD kernel). No quantizer: writing IQ2_XXS means searching the grid against an
-// importance matrix, which is not done here (can_quantize() says no), so these files are read, not made.
+// Scalar reference kernels of the codebook formats IQ2_XXS and IQ1_S: dequantization and the dot products
+// against Q8_K (the test oracles of the SIMD kernels). No quantizers: writing them means searching the grid
+// against an importance matrix, which is not done here (can_quantize() says no), so these files are read,
+// not made.
 //
 // The dot follows ggml's x86 (AVX2) ggml_vec_dot_iq2_xxs_q8_K: per super-block 8 int32 lanes (lane l:
 // elements 4l..4l+3 of each group of 32, each group's sum times its scale 2 * s + 1), converted and
@@ -74,6 +75,69 @@ float dot_iq2_xxs_q8_K_ref(const void* w, const void* a, int64_t n) {
   }
   const float s0 = acc[4] + acc[0], s1 = acc[5] + acc[1], s2 = acc[6] + acc[2], s3 = acc[7] + acc[3];
   return 0.125f * ((s0 + s2) + (s1 + s3));
+}
+
+}  // namespace car::tensor::detail
+
+// ---- IQ1_S ----
+//
+// The dot follows ggml's x86 (AVX2) ggml_vec_dot_iq1_s_q8_K: per super-block 8 int32 lanes of the grid part
+// (lane l: elements 4l..4l+3 of each group, times the group scale 2s + 1), FMA'd by d = d(y) * d(x) into 8
+// float lanes; the delta part one int per super-block (sum over groups of (2s + 1) * +-1 * the group's
+// activation sum, from bsums) accumulated as acc1 = fma(d, float(that), acc1); the result hsum_float_8(acc)
+// + 0.125 * acc1.
+
+namespace car::tensor::detail {
+namespace {
+
+/// Grid point of elements 8l..8l+7 of group g.
+inline uint64_t iq1s_point(const block_iq1_s& b, int g, int l) {
+  return iq1s_grid[b.qs[4 * g + l] | (((b.qh[g] >> (3 * l)) & 7) << 8)];
+}
+inline int iq1s_elem(uint64_t point, int j) {
+  return static_cast<int8_t>((point >> (8 * j)) & 0xff);
+}
+
+}  // namespace
+
+bool dequantize_iq1_s_ref(const void* src, float* dst, int64_t nb) {
+  const auto* x = static_cast<const block_iq1_s*>(src);
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int g = 0; g < 8; ++g) {
+      const float dl = d * static_cast<float>(2 * ((x[i].qh[g] >> 12) & 7) + 1);
+      const float delta = x[i].qh[g] & 0x8000 ? -IQ1S_DELTA : IQ1S_DELTA;
+      for (int l = 0; l < 4; ++l, dst += 8) {
+        const uint64_t point = iq1s_point(x[i], g, l);
+        for (int j = 0; j < 8; ++j) dst[j] = dl * (static_cast<float>(iq1s_elem(point, j)) + delta);
+      }
+    }
+  }
+  return true;
+}
+
+float dot_iq1_s_q8_K_ref(const void* w, const void* a, int64_t n) {
+  assert(n % QK_K == 0);
+  const auto* x = static_cast<const block_iq1_s*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc[8] = {};
+  float acc1 = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t lane[8] = {};
+    int32_t sumi1 = 0;
+    for (int g = 0; g < 8; ++g) {
+      const int ls = 2 * ((x[i].qh[g] >> 12) & 7) + 1;
+      const int8_t* q8 = y[i].qs + 32 * g;
+      for (int e = 0; e < 32; ++e) lane[e / 4] += ls * iq1s_elem(iq1s_point(x[i], g, e / 8), e % 8) * q8[e];
+      const int sign = x[i].qh[g] & 0x8000 ? -1 : 1;
+      sumi1 += (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]) * sign * ls;
+    }
+    const float d = y[i].d * fp16_to_fp32(x[i].d);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(lane[l]), acc[l]);
+    acc1 = std::fma(d, static_cast<float>(sumi1), acc1);
+  }
+  const float s0 = acc[4] + acc[0], s1 = acc[5] + acc[1], s2 = acc[6] + acc[2], s3 = acc[7] + acc[3];
+  return ((s0 + s2) + (s1 + s3)) + IQ1S_DELTA * acc1;
 }
 
 }  // namespace car::tensor::detail

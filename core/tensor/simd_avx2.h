@@ -85,7 +85,7 @@ void add_k_quant_kernels(DotKernels& k);
 void add_activation_kernels(DotKernels& k);
 /// Set the IQ4_NL / IQ4_XS / MXFP4 dot kernels (dot_iq4_avx2.cpp) in `k`.
 void add_iq4_kernels(DotKernels& k);
-/// Set the IQ2_XXS dot kernel (dot_iq2_avx2.cpp) in `k`.
+/// Set the IQ2_XXS / IQ1_S dot kernels (dot_iq2_avx2.cpp) in `k`.
 void add_iq2_kernels(DotKernels& k);
 
 }  // namespace avx2

@@ -51,7 +51,7 @@ TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
   ASSERT_TRUE(text) << "missing " << path;
   const json doc = json::parse(*text);
   const auto n = doc.at("n").get<int64_t>();
-  ASSERT_EQ(doc.at("types").size(), 4u);
+  ASSERT_EQ(doc.at("types").size(), 5u);
   for (const json& t : doc.at("types")) {
     const auto type = ggml_type_from_name(t.at("type").get<std::string>());
     ASSERT_TRUE(type.has_value());

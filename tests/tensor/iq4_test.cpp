@@ -40,10 +40,10 @@ TEST(Iq4Formats, HandBuiltBlocksDequantize) {
   nl.d = fp32_to_fp16(0.5f);
   for (int j = 0; j < 16; ++j) nl.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
   dequantize_row(GgmlType::IQ4_NL, &nl, y, 32);
-  EXPECT_EQ(y[0], -63.5f);   // kvalues_iq4nl[0] = -127
-  EXPECT_EQ(y[8], 0.5f);     // kvalues_iq4nl[8] = 1
-  EXPECT_EQ(y[15], 56.5f);   // 113
-  EXPECT_EQ(y[16], 56.5f);   // high nibble of qs[0] = 15
+  EXPECT_EQ(y[0], -63.5f);  // kvalues_iq4nl[0] = -127
+  EXPECT_EQ(y[8], 0.5f);    // kvalues_iq4nl[8] = 1
+  EXPECT_EQ(y[15], 56.5f);  // 113
+  EXPECT_EQ(y[16], 56.5f);  // high nibble of qs[0] = 15
   EXPECT_EQ(y[31], -63.5f);
 
   block_mxfp4 mx{};
@@ -189,25 +189,40 @@ TEST(Iq4Formats, ReferenceDotMatchesDequantizedProduct) {
 namespace car::tensor {
 namespace {
 
-// IQ2_XXS (issue #27's first codebook format): computed, not written. Random blocks under a sane fp16
-// scale (every grid index, sign code and group scale is valid): every ISA's dot equals the reference bit
-// for bit, and the reference equals the double-precision product of the dequantized rows.
-std::vector<uint8_t> random_iq2_xxs_row(std::mt19937& rng, int64_t n) {
-  std::vector<uint8_t> row(detail::row_bytes(GgmlType::IQ2_XXS, n));
+// IQ2_XXS and IQ1_S (issue #27's codebook formats): computed, not written. Random blocks under a sane fp16
+// scale (every grid index, sign code, group scale and delta sign is valid): every ISA's dot equals the
+// reference bit for bit, and the reference equals the double-precision product of the dequantized rows.
+std::vector<uint8_t> random_codebook_row(GgmlType t, std::mt19937& rng, int64_t n) {
+  std::vector<uint8_t> row(detail::row_bytes(t, n));
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(0.001f, 0.1f);
   for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
   for (int64_t b = 0; b < n / QK_K; ++b) {
     const uint16_t d = fp32_to_fp16(scale(rng));
-    std::memcpy(row.data() + b * sizeof(block_iq2_xxs), &d, 2);
+    std::memcpy(row.data() + b * detail::geometry(t).block_bytes, &d, 2);  // d first in both blocks
   }
   return row;
 }
 
 TEST(Iq2Xxs, ComputedButNotWritten) {
-  EXPECT_TRUE(can_compute(GgmlType::IQ2_XXS));
-  EXPECT_FALSE(can_quantize(GgmlType::IQ2_XXS));
-  EXPECT_EQ(activation_type(GgmlType::IQ2_XXS), GgmlType::Q8_K);
+  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::IQ1_S}) {
+    EXPECT_TRUE(can_compute(t)) << ggml_type_name(t);
+    EXPECT_FALSE(can_quantize(t)) << ggml_type_name(t);
+    EXPECT_EQ(activation_type(t), GgmlType::Q8_K) << ggml_type_name(t);
+  }
+}
+
+TEST(Iq1S, HandBuiltBlockDequantizes) {
+  block_iq1_s b{};
+  b.d = fp32_to_fp16(0.5f);
+  b.qs[0] = 1;                     // group 0, point 0: grid index 1 (0xffffffffffffff01: element 0 is 1)
+  b.qh[0] = (2u << 12) | 0x8000u;  // scale 2 -> 5, delta -0.125
+  std::vector<float> y(256);
+  dequantize_row(GgmlType::IQ1_S, &b, y.data(), 256);
+  EXPECT_EQ(y[0], 0.5f * 5 * (1 - 0.125f));
+  EXPECT_EQ(y[1], 0.5f * 5 * (-1 - 0.125f));
+  EXPECT_EQ(y[8], 0.5f * 5 * (-1 - 0.125f));   // point 1: grid index 0, all -1
+  EXPECT_EQ(y[32], 0.5f * 1 * (-1 + 0.125f));  // group 1: scale 0 -> 1, delta +0.125
 }
 
 TEST(Iq2Xxs, HandBuiltBlockDequantizes) {
@@ -221,37 +236,40 @@ TEST(Iq2Xxs, HandBuiltBlockDequantizes) {
   std::memcpy(b.qs + 2, &signs, 4);
   std::vector<float> y(256);
   dequantize_row(GgmlType::IQ2_XXS, &b, y.data(), 256);
-  EXPECT_EQ(y[0], -8 * 0.875f);   // sign bit 0
+  EXPECT_EQ(y[0], -8 * 0.875f);  // sign bit 0
   EXPECT_EQ(y[1], 8 * 0.875f);
-  EXPECT_EQ(y[7], -8 * 0.875f);   // the parity bit: one other negation -> bit 7
-  EXPECT_EQ(y[8], 43 * 0.875f);   // point 1, element 0
+  EXPECT_EQ(y[7], -8 * 0.875f);  // the parity bit: one other negation -> bit 7
+  EXPECT_EQ(y[8], 43 * 0.875f);  // point 1, element 0
   EXPECT_EQ(y[9], 8 * 0.875f);
-  EXPECT_EQ(y[32], 8 * 0.125f);   // group 1: all zero bytes -> point 0, scale 0 -> 0.125
+  EXPECT_EQ(y[32], 8 * 0.125f);  // group 1: all zero bytes -> point 0, scale 0 -> 0.125
 }
 
 TEST(Iq2Xxs, EveryIsaEqualsTheReferenceAndTheDequantizedProduct) {
   std::mt19937 rng(2);
   const auto& ref = detail::scalar_kernels();
-  for (int64_t nb : {1, 2, 3, 5, 16}) {
-    const int64_t n = nb * QK_K;
-    for (int rep = 0; rep < 4; ++rep) {
-      const auto w = random_iq2_xxs_row(rng, n);
-      const auto x = random_floats(rng, n, rep == 3 ? 40.0f : 1.0f);
-      std::vector<uint8_t> act(activation_row_bytes(GgmlType::IQ2_XXS, n));
-      ref.quantize_act[detail::slot(GgmlType::Q8_K)](x.data(), act.data(), n);
-      const float want = ref.dot[detail::slot(GgmlType::IQ2_XXS)](w.data(), act.data(), n);
-      for (Isa isa : available_isas()) {
-        const auto& k = detail::kernels_for(isa);
-        ASSERT_EQ(k.dot[detail::slot(GgmlType::IQ2_XXS)](w.data(), act.data(), n), want) << isa_name(isa);
+  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::IQ1_S}) {
+    SCOPED_TRACE(std::string(ggml_type_name(t)));
+    for (int64_t nb : {1, 2, 3, 5, 16}) {
+      const int64_t n = nb * QK_K;
+      for (int rep = 0; rep < 4; ++rep) {
+        const auto w = random_codebook_row(t, rng, n);
+        const auto x = random_floats(rng, n, rep == 3 ? 40.0f : 1.0f);
+        std::vector<uint8_t> act(activation_row_bytes(t, n));
+        ref.quantize_act[detail::slot(GgmlType::Q8_K)](x.data(), act.data(), n);
+        const float want = ref.dot[detail::slot(t)](w.data(), act.data(), n);
+        for (Isa isa : available_isas()) {
+          const auto& k = detail::kernels_for(isa);
+          ASSERT_EQ(k.dot[detail::slot(t)](w.data(), act.data(), n), want) << isa_name(isa);
+        }
+        const auto wd = testing::dequantized(t, w.data(), n);
+        const auto ad = testing::dequantized(GgmlType::Q8_K, act.data(), n);
+        double exact = 0, mag = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          exact += double(wd[i]) * ad[i];
+          mag += std::fabs(double(wd[i]) * ad[i]);
+        }
+        EXPECT_NEAR(want, exact, 1e-5 * mag) << "nb " << nb;
       }
-      const auto wd = testing::dequantized(GgmlType::IQ2_XXS, w.data(), n);
-      const auto ad = testing::dequantized(GgmlType::Q8_K, act.data(), n);
-      double exact = 0, mag = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        exact += double(wd[i]) * ad[i];
-        mag += std::fabs(double(wd[i]) * ad[i]);
-      }
-      EXPECT_NEAR(want, exact, 1e-5 * mag) << "nb " << nb;
     }
   }
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates kernel_goldens.json: llama.cpp's own IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS kernels on fixed data, for
+"""Regenerates kernel_goldens.json: llama.cpp's own IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS / IQ1_S kernels on fixed data, for
 tests/tensor/iq4_llama_cpp_test.cpp, which requires our kernels to give the same bits.
 
 It calls the libraries node-llama-cpp 3.22.1 ships (llama.cpp de3ff81, the reference harness's build; see
@@ -33,10 +33,12 @@ TYPES = {
     "iq4_xs": (256, 136, 2, "q8_K", True),
     "mxfp4": (32, 17, 1, "q8_0", True),
     "iq2_xxs": (256, 66, 2, "q8_K", False),  # every row random bytes under a random fp16 scale
+    "iq1_s": (256, 50, 2, "q8_K", False),
 }
 ACT_BYTES = {"q8_0": (32, 34), "q8_K": (256, 292)}
 VEC_DOT = {"iq4_nl": "ggml_vec_dot_iq4_nl_q8_0", "iq4_xs": "ggml_vec_dot_iq4_xs_q8_K",
-           "mxfp4": "ggml_vec_dot_mxfp4_q8_0", "iq2_xxs": "ggml_vec_dot_iq2_xxs_q8_K"}
+           "mxfp4": "ggml_vec_dot_mxfp4_q8_0", "iq2_xxs": "ggml_vec_dot_iq2_xxs_q8_K",
+           "iq1_s": "ggml_vec_dot_iq1_s_q8_K"}
 
 
 def floats(buf, n):
@@ -59,7 +61,7 @@ def main():
         lib.ggml_cpu_init()
         cpus[v] = lib
     rng = random.Random(27)
-    out = {"about": "llama.cpp's IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS kernels on fixed data (issue #27); regenerate with "
+    out = {"about": "llama.cpp's IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS / IQ1_S kernels on fixed data (issue #27); regenerate with "
                     "make_kernel_goldens.py", "llama_cpp": "de3ff815ea7d559ee917f063901b8986f038abc6 "
                     "(node-llama-cpp 3.22.1 prebuilt; ggml-cpu variants %s agree)" % ", ".join(CPU_VARIANTS),
            "n": N, "types": []}
