@@ -169,7 +169,8 @@ struct block_iq4_nl {
 };
 static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "wrong iq4_nl block size/padding");
 
-/// IQ4_NL's values in super-blocks of 256 with 6-bit sub-block scales. value = d * (ls - 32) * kvalues_iq4nl[q].
+/// IQ4_NL's values in super-blocks of 256 with 6-bit sub-block scales.
+/// value = d * (ls - 32) * kvalues_iq4nl[q].
 struct block_iq4_xs {
   ggml_half d;
   uint16_t scales_h;          ///< high 2 bits of the 8 sub-block scales

@@ -22,7 +22,8 @@ struct SignBytes {
   constexpr SignBytes() : v() {
     for (int c = 0; c < 128; ++c) {
       uint64_t r = 0;
-      for (int j = 0; j < 8; ++j) r |= static_cast<uint64_t>((ksigns_iq2xs(c) >> j) & 1 ? 0xff : 0x01) << (8 * j);
+      for (int j = 0; j < 8; ++j)
+        r |= static_cast<uint64_t>((ksigns_iq2xs(c) >> j) & 1 ? 0xff : 0x01) << (8 * j);
       v[c] = r;
     }
   }
@@ -73,12 +74,14 @@ float dot_iq1_s(const void* w, const void* a, int64_t n) {
     for (int g = 0; g < 8; ++g) {
       const uint8_t* qs = x[i].qs + 4 * g;
       const uint32_t qh = x[i].qh[g];
-      const __m256i points = _mm256_set_epi64x(static_cast<long long>(iq1s_grid[qs[3] | ((qh >> 1) & 0x700)]),
-                                               static_cast<long long>(iq1s_grid[qs[2] | ((qh << 2) & 0x700)]),
-                                               static_cast<long long>(iq1s_grid[qs[1] | ((qh << 5) & 0x700)]),
-                                               static_cast<long long>(iq1s_grid[qs[0] | ((qh << 8) & 0x700)]));
+      const __m256i points =
+          _mm256_set_epi64x(static_cast<long long>(iq1s_grid[qs[3] | ((qh >> 1) & 0x700)]),
+                            static_cast<long long>(iq1s_grid[qs[2] | ((qh << 2) & 0x700)]),
+                            static_cast<long long>(iq1s_grid[qs[1] | ((qh << 5) & 0x700)]),
+                            static_cast<long long>(iq1s_grid[qs[0] | ((qh << 8) & 0x700)]));
       const __m256i q8 = load32(y[i].qs + 32 * g);
-      const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(points, points), _mm256_sign_epi8(q8, points));
+      const __m256i p16 =
+          _mm256_maddubs_epi16(_mm256_sign_epi8(points, points), _mm256_sign_epi8(q8, points));
       const int ls = 2 * static_cast<int>((qh >> 12) & 7) + 1;
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(static_cast<int16_t>(ls))));
       sumi1 += (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]) * (qh & 0x8000 ? -1 : 1) * ls;

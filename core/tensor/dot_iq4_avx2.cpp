@@ -43,7 +43,8 @@ float dot_nl32(const void* w, const void* a, int64_t n, const int8_t* table) {
     const __m256i p1 = dot_s8s8(table_values32(x[ib].qs, values), load32(y[ib].qs));
     const __m256i p2 = dot_s8s8(table_values32(x[ib + 1].qs, values), load32(y[ib + 1].qs));
     acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib].d) * scale_of(x[ib])), _mm256_cvtepi32_ps(p1), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib + 1].d) * scale_of(x[ib + 1])), _mm256_cvtepi32_ps(p2), acc2);
+    acc2 =
+        _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib + 1].d) * scale_of(x[ib + 1])), _mm256_cvtepi32_ps(p2), acc2);
   }
   float sumf = hsum8(_mm256_add_ps(acc1, acc2));
   for (; ib < nb; ++ib) {  // an odd last block, as the reference

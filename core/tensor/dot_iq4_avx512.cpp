@@ -9,8 +9,9 @@
 // activation side (the pairs of activation blocks, their -128 * sum corrections and scales) prepared once per
 // call and shared by every row, the next pair of rows prefetched in software (side-by-side rows defeat the
 // hardware prefetcher) as one sweep through its contiguous 2 * row_bytes (two sweeps, one per next row, left
-// the 1 GiB matvec at ~0.48 of the read where Q4_0's kernel, which sweeps, was at ~0.70). Each row's float operations are its dot kernel's, in its order, so each result equals
-// the dot kernel's bit for bit (rows_kernel_test).
+// the 1 GiB matvec at ~0.48 of the read where Q4_0's kernel, which sweeps, was at ~0.70). Each row's float
+// operations are its dot kernel's, in its order, so each result equals the dot kernel's bit for bit
+// (rows_kernel_test).
 #include <immintrin.h>
 
 #include <cmath>
@@ -67,8 +68,9 @@ float dot_nl32(const void* w, const void* a, int64_t n, const int8_t* table) {
     const __m256i bits = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(x[ib + 1].qs),
                                              reinterpret_cast<const __m128i*>(x[ib].qs));
     const __m512i p = lane_sums(table_values64(bits, table_u), load32x2(y[ib].qs, y[ib + 1].qs));
-    const __m512 d = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(y[ib].d) * scale_of(x[ib]))),
-                                        _mm256_set1_ps(h2f(y[ib + 1].d) * scale_of(x[ib + 1])), 1);
+    const __m512 d =
+        _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(y[ib].d) * scale_of(x[ib]))),
+                           _mm256_set1_ps(h2f(y[ib + 1].d) * scale_of(x[ib + 1])), 1);
     acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
   }
   float sumf = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)));
@@ -109,8 +111,8 @@ inline __m512i xs_pick16(int j) {
 }
 
 /// sumi += ls * (value * y) over two sub-blocks: the table values (signed) times y with the sign moved onto y
-/// (|value| <= 127, |y| <= 127: a maddubs pair stays below 2^15), the int16 pairs times the scale by vpdpwssd.
-/// The int32 lanes are the reference's exact sums.
+/// (|value| <= 127, |y| <= 127: a maddubs pair stays below 2^15), the int16 pairs times the scale by
+/// vpdpwssd. The int32 lanes are the reference's exact sums.
 inline __m512i xs_accumulate(__m512i sumi, __m512i q, __m512i y, __m512i ls) {
   const __m512i ys = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(q), _mm512_setzero_si512(), y);
   return _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(_mm512_abs_epi8(q), ys), ls);
@@ -138,7 +140,6 @@ float dot_iq4_xs(const void* w, const void* a, int64_t n) {
   return hsum8(acc);
 }
 
-
 // ---- matvec: rows in pairs ----
 
 /// The activation side of a call, per 64 activation bytes k (two Q8_0 blocks, or one IQ4_XS sub-block pair):
@@ -165,8 +166,9 @@ inline __m512i neg_offset_sums(__m512i y) {
 }
 
 inline __m512 pair_scales(const block_iq4_nl& b0, const block_iq4_nl& b1) {
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<int16_t>(b0.d))),
-                                                 _mm_set1_epi16(static_cast<int16_t>(b1.d)), 1));
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<int16_t>(b0.d))),
+                              _mm_set1_epi16(static_cast<int16_t>(b1.d)), 1));
 }
 inline __m512 pair_scales(const block_mxfp4& b0, const block_mxfp4& b1) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(e8m0_to_fp32_half(b0.e))),
@@ -186,7 +188,7 @@ void rows_nl32(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
   for (int64_t k = 0; k < npairs; ++k) {
     prep.corr[k].v = neg_offset_sums(load32x2(y[2 * k].qs, y[2 * k + 1].qs));
     prep.dy[k].v = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(y[2 * k].d))),
-                                    _mm256_set1_ps(h2f(y[2 * k + 1].d)), 1);
+                                      _mm256_set1_ps(h2f(y[2 * k + 1].d)), 1);
   }
   const __m512i table_u = offset_table(table);
   int64_t r = 0;
@@ -202,16 +204,18 @@ void rows_nl32(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
       _mm_prefetch(ahead + 2 * ib * static_cast<int64_t>(sizeof(Block)) + 64, _MM_HINT_T0);
       const __m512i yv = load32x2(y[ib].qs, y[ib + 1].qs);
       const __m512i u0 = table_values64(_mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(x0[ib + 1].qs),
-                                                             reinterpret_cast<const __m128i*>(x0[ib].qs)),
-                                         table_u);
+                                                            reinterpret_cast<const __m128i*>(x0[ib].qs)),
+                                        table_u);
       const __m512i u1 = table_values64(_mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(x1[ib + 1].qs),
-                                                             reinterpret_cast<const __m128i*>(x1[ib].qs)),
-                                         table_u);
+                                                            reinterpret_cast<const __m128i*>(x1[ib].qs)),
+                                        table_u);
       const __m512i p0 = _mm512_dpbusd_epi32(prep.corr[k].v, u0, yv);
       const __m512i p1 = _mm512_dpbusd_epi32(prep.corr[k].v, u1, yv);
       // lane for lane h2f(y.d) * scale(x), as the dot kernel's scalar product
-      acc0 = _mm512_fmadd_ps(_mm512_mul_ps(prep.dy[k].v, pair_scales(x0[ib], x0[ib + 1])), _mm512_cvtepi32_ps(p0), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_mul_ps(prep.dy[k].v, pair_scales(x1[ib], x1[ib + 1])), _mm512_cvtepi32_ps(p1), acc1);
+      acc0 = _mm512_fmadd_ps(_mm512_mul_ps(prep.dy[k].v, pair_scales(x0[ib], x0[ib + 1])),
+                             _mm512_cvtepi32_ps(p0), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_mul_ps(prep.dy[k].v, pair_scales(x1[ib], x1[ib + 1])),
+                             _mm512_cvtepi32_ps(p1), acc1);
     }
     out[r] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc0), _mm512_extractf32x8_ps(acc0, 1)));
     out[r + 1] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc1), _mm512_extractf32x8_ps(acc1, 1)));

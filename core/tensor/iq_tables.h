@@ -19,7 +19,8 @@ alignas(16) inline constexpr int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -
 
 /// MXFP4: the E2M1 values {0, 0.5, 1, 1.5, 2, 3, 4, 6} and their negatives, doubled so they are integers (the
 /// block scale is halved to match, e8m0_to_fp32_half). Nibble bit 3 is the sign.
-alignas(16) inline constexpr int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+alignas(16) inline constexpr int8_t kvalues_mxfp4[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                                         0, -1, -2, -3, -4, -6, -8, -12};
 
 /// 2^(e - 128), the E8M0 exponent e halved, as ggml's GGML_E8M0_TO_FP32_HALF computes it (exact for every e:
 /// e 0 and 1 give the subnormals 2^-128 and 2^-127; e 255 gives 2^127, not NaN).

@@ -230,29 +230,42 @@ void quantize_mxfp4(const float* x, block_mxfp4* y, int64_t nb) {
 
 bool dequantize_iq4_ref(GgmlType t, const void* src, float* dst, int64_t nb) {
   switch (t) {
-    case GgmlType::IQ4_NL: deq_nl32<Iq4nl>(static_cast<const block_iq4_nl*>(src), dst, nb); return true;
-    case GgmlType::MXFP4: deq_nl32<Mxfp4>(static_cast<const block_mxfp4*>(src), dst, nb); return true;
+    case GgmlType::IQ4_NL:
+      deq_nl32<Iq4nl>(static_cast<const block_iq4_nl*>(src), dst, nb);
+      return true;
+    case GgmlType::MXFP4:
+      deq_nl32<Mxfp4>(static_cast<const block_mxfp4*>(src), dst, nb);
+      return true;
     case GgmlType::IQ4_XS: {
       const auto* x = static_cast<const block_iq4_xs*>(src);
       for (int64_t i = 0; i < nb; ++i) {
         const float d = fp16_to_fp32(x[i].d);
         for (int ib = 0; ib < 8; ++ib, dst += 32) {
           const float dl = d * static_cast<float>(iq4_xs_scale(x[i], ib));
-          for (int e = 0; e < 32; ++e) dst[e] = dl * static_cast<float>(kvalues_iq4nl[nibble(x[i].qs + 16 * ib, e)]);
+          for (int e = 0; e < 32; ++e)
+            dst[e] = dl * static_cast<float>(kvalues_iq4nl[nibble(x[i].qs + 16 * ib, e)]);
         }
       }
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
 bool quantize_iq4_ref(GgmlType t, const float* x, void* dst, int64_t nb) {
   switch (t) {
-    case GgmlType::IQ4_NL: quantize_iq4_nl(x, static_cast<block_iq4_nl*>(dst), nb); return true;
-    case GgmlType::IQ4_XS: quantize_iq4_xs(x, static_cast<block_iq4_xs*>(dst), nb); return true;
-    case GgmlType::MXFP4: quantize_mxfp4(x, static_cast<block_mxfp4*>(dst), nb); return true;
-    default: return false;
+    case GgmlType::IQ4_NL:
+      quantize_iq4_nl(x, static_cast<block_iq4_nl*>(dst), nb);
+      return true;
+    case GgmlType::IQ4_XS:
+      quantize_iq4_xs(x, static_cast<block_iq4_xs*>(dst), nb);
+      return true;
+    case GgmlType::MXFP4:
+      quantize_mxfp4(x, static_cast<block_mxfp4*>(dst), nb);
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -56,8 +56,9 @@ synth::SynthSpec spec_of(const json& o) {
   u32("experts-used", s.n_expert_used);
   u32("vocab", s.n_vocab);
   for (const auto& [k, v] : o.items()) {
-    static const char* known[] = {"arch", "type", "seed", "layers", "embd", "ff", "ff-expert", "heads",
-                                  "kv-heads", "head-dim", "experts", "experts-used", "vocab"};
+    static const char* known[] = {"arch",    "type",         "seed",  "layers",   "embd",
+                                  "ff",      "ff-expert",    "heads", "kv-heads", "head-dim",
+                                  "experts", "experts-used", "vocab"};
     EXPECT_NE(std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }),
               std::end(known))
         << "synth option '" << k << "' is not mapped by this test";
@@ -128,7 +129,8 @@ FileResult check_file(const std::shared_ptr<const model::Model>& model, const js
     }
 
     // Greedy ids up to a margin below twice issue #27's 1e-4 (not the file's looser tolerance: a deviation of
-    // a few 1e-2 in the low logprobs has not moved any argmax of these goldens, and the ids are the contract).
+    // a few 1e-2 in the low logprobs has not moved any argmax of these goldens, and the ids are the
+    // contract).
     size_t limit = gen.size();
     for (size_t j = 0; j < margins.size(); ++j) {
       if (margins[j] < 2 * kGreedyBound) {
@@ -174,9 +176,9 @@ TEST(QuantGoldens, Iq4AndMxfp4ModelsMatchLlamaCpp) {
       tensor::set_isa(isa);
       if (tensor::current_isa() != isa) continue;  // the CPU lacks it
       const FileResult r = check_file(*m, entry, &pool);
-      std::printf("quant goldens %-21s %-6s max |dlogprob| %.3g (tolerance %.3g), greedy %d/%d\n", name.c_str(),
-                  std::string(tensor::isa_name(isa)).c_str(), r.worst, entry.at("tolerance").get<double>(),
-                  r.greedy_checked, r.greedy_total);
+      std::printf("quant goldens %-21s %-6s max |dlogprob| %.3g (tolerance %.3g), greedy %d/%d\n",
+                  name.c_str(), std::string(tensor::isa_name(isa)).c_str(), r.worst,
+                  entry.at("tolerance").get<double>(), r.greedy_checked, r.greedy_total);
     }
   }
   tensor::set_isa(saved);

@@ -110,8 +110,8 @@ TEST_F(GgufCli, SynthWritesTheIq4AndMxfp4Types) {
                         Want{"mxfp4", "MXFP4", "MXFP4_MOE"}}) {
     SCOPED_TRACE(w.flag);
     const std::string file = (tmp_ / (std::string(w.flag) + ".gguf")).string();
-    CliRun s = run(std::string("gguf synth --arch llama --layers 1 --embd 256 --ff 96 --vocab 300 --seed 3 --type ") +
-                       w.flag + " -o " + file,
+    CliRun s = run(std::string("gguf synth --arch llama --layers 1 --embd 256 --ff 96 --vocab 300 --seed 3 ") +
+                       "--type " + w.flag + " -o " + file,
                    tmp_);
     ASSERT_EQ(s.exit_code, 0) << s.err;
     CliRun r = run("gguf inspect --json " + file, tmp_);

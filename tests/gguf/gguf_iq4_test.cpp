@@ -16,8 +16,8 @@ namespace {
 
 struct Case {
   GgmlType type;
-  uint64_t row;          ///< elements per row (whole blocks)
-  uint64_t row_bytes;    ///< bytes per row, per ggml-common.h's block structs
+  uint64_t row;        ///< elements per row (whole blocks)
+  uint64_t row_bytes;  ///< bytes per row, per ggml-common.h's block structs
 };
 constexpr Case kCases[] = {
     {GgmlType::IQ4_NL, 64, 2 * 18},

@@ -26,7 +26,8 @@ using nlohmann::json;
 
 std::vector<uint8_t> from_hex(const std::string& h) {
   std::vector<uint8_t> out(h.size() / 2);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(std::stoul(h.substr(2 * i, 2), nullptr, 16));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<uint8_t>(std::stoul(h.substr(2 * i, 2), nullptr, 16));
   return out;
 }
 
@@ -46,7 +47,8 @@ std::string bits(float f) {
 }
 
 TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
-  const auto path = std::filesystem::path(CAR_SOURCE_DIR) / "tests/data/reference/quant27/kernel_goldens.json";
+  const auto path =
+      std::filesystem::path(CAR_SOURCE_DIR) / "tests/data/reference/quant27/kernel_goldens.json";
   const auto text = car::testing::read_fixture(path);
   ASSERT_TRUE(text) << "missing " << path;
   const json doc = json::parse(*text);
@@ -78,7 +80,8 @@ TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
       ASSERT_EQ(row.size(), *ggml_row_bytes(*type, static_cast<uint64_t>(n)));
       const auto deq = testing::dequantized(*type, row.data(), n);
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(bits(deq[static_cast<size_t>(i)]), t.at("dequantized")[r][static_cast<size_t>(i)].get<std::string>())
+        ASSERT_EQ(bits(deq[static_cast<size_t>(i)]),
+                  t.at("dequantized")[r][static_cast<size_t>(i)].get<std::string>())
             << "row " << r << " element " << i;
       }
       for (size_t i = 0; i < acts.size(); ++i) {
@@ -86,8 +89,8 @@ TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
         for (Isa isa : testing::available_isas()) {
           const auto& k = detail::kernels_for(isa);
           EXPECT_EQ(bits(k.dot[detail::slot(*type)](row.data(), acts[i].data(), n)), want)
-              << "row " << r << " activation " << i << " " << isa_name(isa) << " (llama.cpp " << from_bits(want)
-              << ")";
+              << "row " << r << " activation " << i << " " << isa_name(isa) << " (llama.cpp "
+              << from_bits(want) << ")";
         }
       }
     }
