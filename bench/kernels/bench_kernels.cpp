@@ -417,7 +417,7 @@ void register_all(bool big) {
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                             GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                             GgmlType::F16,  GgmlType::BF16, GgmlType::F32,  GgmlType::IQ4_NL,
-                            GgmlType::IQ4_XS, GgmlType::MXFP4};
+                            GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ2_XXS, GgmlType::IQ1_S};
   for (GgmlType t : types) {
     // Q4_K twice: the repacked gemv order (rows % 8 == 0, as in models) and the vec_dot order.
     for (bool vec_dot_order : {false, true}) {
