@@ -36,13 +36,12 @@ FIXTURES = [
 PROMPTS = ["1,300,301,302,400", "1,50,60,70,80,90,100,110,120,130"]
 # Tolerance on |logprob - llama.cpp| per weight type. Issue #27 asks for 1e-4 where llama.cpp's order can be
 # matched. Our IQ4_NL / IQ4_XS / MXFP4 kernels give llama.cpp's ggml_vec_dot bits exactly (kernel_goldens.json),
-# yet a forward pass differs elsewhere by ~1e-6 (llama.cpp repacks IQ4_NL and MXFP4 matrices into 8-row
-# interleaved blocks summed in another order; the attention and norm ops are not bit-identical either), and
-# every such difference that moves an activation across a Q8_0 / Q8_K rounding boundary becomes a whole
-# quantization step in the next product. On these models that gives up to ~3e-2 - the same model written
-# in Q4_0, a type whose kernels the shared conformance accepts, deviates 3.2e-2 here. MXFP4 happens to see
-# no such flip (5e-7); the IQ4 types get 5e-2, which still fails any layout error (those move logprobs by
-# whole units), and greedy ids must be equal.
+# yet the IQ4 models deviate by up to 2.7e-2 and which step causes it is not pinned down (docs/performance.md,
+# "New quant types"): llama.cpp repacks IQ4_NL (and MXFP4, Q4_0) matrices into 8-row blocks summed in another
+# order, the rest of the pass differs by ~1e-6, and a difference that moves an activation across a Q8
+# rounding boundary costs a whole quantization step - the same model written in Q4_0, a type the shared
+# conformance accepts, deviates 3.2e-2 here. MXFP4 sees 5e-7. The IQ4 types get 5e-2, which still fails any
+# layout error (those move logprobs by whole units), and greedy ids must be equal.
 TOLERANCE = {"mxfp4": 1e-4, "iq4_nl": 5e-2, "iq4_xs": 5e-2}
 
 
