@@ -1,9 +1,11 @@
 // AVX-512 (VNNI) dot kernels of the 4-bit table formats (IQ4_NL, MXFP4 against Q8_0; IQ4_XS against Q8_K),
 // compiled with car_simd_source(... AVX512). Each equals its scalar reference in ref_iq4.cpp (and so the AVX2
 // kernel) bit for bit. One 64-byte register holds two 32-element blocks (IQ4_NL / MXFP4: blocks 2k, 2k + 1,
-// whose float lanes are the reference's two accumulators side by side; IQ4_XS: sub-blocks 2j, 2j + 1). The
-// table values are looked up offset by +128, so they are unsigned for vpdpbusd, and 128 * (sum of the 4
-// activations of each lane) is subtracted again: the int32 lanes are the reference's exact sums.
+// whose float lanes are the reference's two accumulators side by side; IQ4_XS: sub-blocks 2j, 2j + 1).
+// IQ4_NL / MXFP4 look their values up offset by +128, so they are unsigned for vpdpbusd, and subtract
+// 128 * (sum of the 4 activations of each lane) again; IQ4_XS keeps them signed, moves their signs onto the
+// activations for maddubs and multiplies the pairs by the sub-block scale in vpdpwssd. Either way the int32
+// lanes are the reference's exact sums.
 //
 // The matvec kernels (DotKernels::rows) take rows in pairs: two independent FMA chains in flight, the
 // activation side (the pairs of activation blocks, their -128 * sum corrections and scales) prepared once per
