@@ -192,8 +192,9 @@ bool quantize_iq4_ref(GgmlType t, const float* x, void* dst, int64_t nb);
 float dot_iq4_nl_q8_0_ref(const void* w, const void* a, int64_t n);
 float dot_mxfp4_q8_0_ref(const void* w, const void* a, int64_t n);
 float dot_iq4_xs_q8_K_ref(const void* w, const void* a, int64_t n);
-// The codebook formats IQ2_XXS, IQ1_S (ref_iq2.cpp; no quantizers).
+// The codebook formats IQ2_XXS, IQ1_S (ref_iq2.cpp; a plain quantizer for IQ2_XXS only).
 bool dequantize_iq2_xxs_ref(const void* src, float* dst, int64_t nb);
+void quantize_iq2_xxs_ref(const float* x, void* dst, int64_t nb);
 float dot_iq2_xxs_q8_K_ref(const void* w, const void* a, int64_t n);
 bool dequantize_iq1_s_ref(const void* src, float* dst, int64_t nb);
 float dot_iq1_s_q8_K_ref(const void* w, const void* a, int64_t n);

@@ -260,9 +260,8 @@ bool can_compute(GgmlType type) {
 }
 
 bool can_quantize(GgmlType type) {
-  // IQ2_XXS / IQ1_S are computed but not written: their quantizers would search the grid against an
-  // importance matrix.
-  if (type == GgmlType::IQ2_XXS || type == GgmlType::IQ1_S) return false;
+  // IQ1_S is computed but not written (no quantizer; IQ2_XXS has a plain one, ref_iq2.cpp).
+  if (type == GgmlType::IQ1_S) return false;
   return can_compute(type) || type == GgmlType::Q8_1 || type == GgmlType::Q8_K;
 }
 

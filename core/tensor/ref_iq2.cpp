@@ -1,7 +1,9 @@
 // Scalar reference kernels of the codebook formats IQ2_XXS and IQ1_S: dequantization and the dot products
-// against Q8_K (the test oracles of the SIMD kernels). No quantizers: writing them means searching the grid
-// against an importance matrix, which is not done here (can_quantize() says no), so these files are read,
-// not made.
+// against Q8_K (the test oracles of the SIMD kernels), and a plain IQ2_XXS quantizer for synthetic models
+// (per group of 32 a few trial scales and their least-squares refinements, per 8 weights the signs of x -
+// parity fixed on the smallest - and the
+// nearest of the 256 grid points by squared error; no importance matrix, so it is cruder than
+// llama-quantize's). IQ1_S has no quantizer (can_quantize() says no): its files are read, not made.
 //
 // The dot follows ggml's x86 (AVX2) ggml_vec_dot_iq2_xxs_q8_K: per super-block 8 int32 lanes (lane l:
 // elements 4l..4l+3 of each group of 32, each group's sum times its scale 2 * s + 1), converted and
@@ -75,6 +77,106 @@ float dot_iq2_xxs_q8_K_ref(const void* w, const void* a, int64_t n) {
   }
   const float s0 = acc[4] + acc[0], s1 = acc[5] + acc[1], s2 = acc[6] + acc[2], s3 = acc[7] + acc[3];
   return 0.125f * ((s0 + s2) + (s1 + s3));
+}
+
+}  // namespace car::tensor::detail
+
+namespace car::tensor::detail {
+namespace {
+
+/// One chunk of 8 weights on the IQ2_XXS grid at scale c (value = c * grid byte * sign): the signs of x with
+/// an even number of negatives (the smallest |x| takes the odd one), the grid point nearest to the signed
+/// magnitudes, and the squared error. `code`: the 7 sign bits of elements 0..6.
+float fit_iq2_chunk(const float* x, float c, int* point, int* code) {
+  float t[8];
+  int negatives = 0, smallest = 0;
+  for (int j = 0; j < 8; ++j) {
+    negatives += x[j] < 0.0f;
+    if (std::fabs(x[j]) < std::fabs(x[smallest])) smallest = j;
+  }
+  int signs = 0;
+  for (int j = 0; j < 8; ++j) {
+    bool neg = x[j] < 0.0f;
+    if (negatives % 2 == 1 && j == smallest) neg = !neg;
+    signs |= neg ? 1 << j : 0;
+    t[j] = neg ? -x[j] : x[j];  // the magnitude the grid must approximate (negative for the flipped one)
+  }
+  float best = INFINITY;
+  for (int p = 0; p < 256; ++p) {
+    float err = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+      const float e = c * static_cast<float>((iq2xxs_grid[p] >> (8 * j)) & 0xff) - t[j];
+      err += e * e;
+    }
+    if (err < best) {
+      best = err;
+      *point = p;
+    }
+  }
+  *code = signs & 127;  // bit 7 is the parity of bits 0..6 (ksigns_iq2xs)
+  return best;
+}
+
+/// Error of a group of 32 at scale c (its four chunks fitted).
+float fit_iq2_group(const float* x, float c, int* points, int* codes) {
+  float err = 0.0f;
+  for (int l = 0; l < 4; ++l) err += fit_iq2_chunk(x + 8 * l, c, points + l, codes + l);
+  return err;
+}
+
+}  // namespace
+
+void quantize_iq2_xxs_ref(const float* x, void* dst, int64_t nb) {
+  auto* y = static_cast<block_iq2_xxs*>(dst);
+  int points[4], codes[4];
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    // Each group's best scale over a few trials around max|x| / 43 (the grid's largest magnitude).
+    float group_scale[8];
+    float max_scale = 0.0f;
+    for (int g = 0; g < 8; ++g) {
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[32 * g + j]));
+      group_scale[g] = 0.0f;
+      float best = INFINITY;
+      for (float f : {1.0f, 0.6f, 0.7f, 0.8f, 0.9f, 1.1f, 1.2f}) {
+        if (amax == 0.0f) break;
+        // A trial scale, then the least-squares scale for the points it picked.
+        float c = amax / 43.0f * f;
+        fit_iq2_group(x + 32 * g, c, points, codes);
+        float sum_gt = 0.0f, sum_gg = 0.0f;
+        for (int e = 0; e < 32; ++e) {
+          const int l = e / 8, j = e % 8;
+          const float gv = static_cast<float>((iq2xxs_grid[points[l]] >> (8 * j)) & 0xff);
+          const bool neg = (ksigns_iq2xs(codes[l]) >> j) & 1;
+          sum_gt += gv * (neg ? -x[32 * g + e] : x[32 * g + e]);
+          sum_gg += gv * gv;
+        }
+        for (float trial : {c, sum_gt > 0.0f ? sum_gt / sum_gg : c}) {
+          const float err = fit_iq2_group(x + 32 * g, trial, points, codes);
+          if (err < best) {
+            best = err;
+            group_scale[g] = trial;
+          }
+        }
+      }
+      max_scale = std::fmax(max_scale, group_scale[g]);
+    }
+    // Super-block scale: the largest group scale is 4-bit scale 15, (0.5 + 15) / 4 = 3.875 units of d.
+    y[i].d = fp32_to_fp16(max_scale / 3.875f);
+    const float d = fp16_to_fp32(y[i].d);
+    for (int g = 0; g < 8; ++g) {
+      int s = 0;
+      if (d > 0.0f) s = static_cast<int>(std::nearbyint(group_scale[g] / (0.25f * d) - 0.5f));
+      s = s < 0 ? 0 : (s > 15 ? 15 : s);
+      fit_iq2_group(x + 32 * g, d * (0.5f + static_cast<float>(s)) * 0.25f, points, codes);
+      uint32_t aux[2] = {0, static_cast<uint32_t>(s) << 28};
+      for (int l = 0; l < 4; ++l) {
+        aux[0] |= static_cast<uint32_t>(points[l]) << (8 * l);
+        aux[1] |= static_cast<uint32_t>(codes[l]) << (7 * l);
+      }
+      std::memcpy(y[i].qs + 4 * g, aux, 8);
+    }
+  }
 }
 
 }  // namespace car::tensor::detail

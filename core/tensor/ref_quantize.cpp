@@ -458,6 +458,7 @@ bool quantize_weights_ref(GgmlType t, const float* x, void* dst, int64_t n) {
     case GgmlType::IQ4_NL:
     case GgmlType::IQ4_XS:
     case GgmlType::MXFP4: return quantize_iq4_ref(t, x, dst, nb);
+    case GgmlType::IQ2_XXS: quantize_iq2_xxs_ref(x, dst, nb); return true;
     default: return false;
   }
 }

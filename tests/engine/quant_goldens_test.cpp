@@ -1,5 +1,5 @@
-// The 4-bit table formats (IQ4_NL, IQ4_XS, MXFP4; issue #27) against llama.cpp: small synthetic models in
-// each type, written again here from the specs in tests/data/reference/quant27/goldens.json (synth is
+// The new quant types (IQ4_NL, IQ4_XS, MXFP4, IQ2_XXS; issue #27) against llama.cpp: small synthetic models
+// in each type, written again here from the specs in tests/data/reference/quant27/goldens.json (synth is
 // deterministic; the file's size and FNV-1a hash are checked first, so a changed synth says so instead of
 // failing on logits), then, as the shared conformance test does, for every ISA this CPU has:
 //   - teacher-forced on prompt + golden ids in one batch, every golden top-5 log-probability within the
@@ -7,9 +7,9 @@
 //   - free-running greedy decoding reproduces the golden ids (up to a position whose top-1 margin is below
 //     2e-4; none is in these goldens, so every id).
 // The goldens are llama.cpp de3ff81 via tests/reference/golden.mjs (make_goldens.py regenerates them). The
-// tolerance is 1e-4 for MXFP4 and 5e-2 for IQ4_NL / IQ4_XS, whose models deviate up to 2.7e-2 although our
-// kernels give llama.cpp's bits (iq4_llama_cpp_test); make_goldens.py and docs/performance.md say what is
-// known of why (the same model in Q4_0 deviates 3.2e-2).
+// tolerance is 1e-4 for MXFP4 / IQ2_XXS and 5e-2 for IQ4_NL / IQ4_XS, whose models deviate up to 2.7e-2
+// though our kernels give llama.cpp's bits (iq4_llama_cpp_test); make_goldens.py and docs/performance.md say
+// what is known of why (the same model in Q4_0 deviates 3.2e-2).
 #include <gtest/gtest.h>
 
 #include <algorithm>
