@@ -31,9 +31,9 @@ constexpr std::chrono::milliseconds kChatRenderTimeLimit{5000};
 
 /// A chat rendering error as the client sees it: what went wrong and where (the template's own text for
 /// raise_exception, the construct and position for a template error).
-std::string chat_error_message(const Error& e) {
+std::string chat_error_message(const Error& e, const std::string& no_template_hint) {
   if (e.code == errc::kRaiseException) return "the chat template rejected the conversation: " + e.message;
-  if (e.code == errc::kNoChatTemplate) return e.message;
+  if (e.code == errc::kNoChatTemplate) return e.message + (no_template_hint.empty() ? "" : ": " + no_template_hint);
   if (e.code == errc::kBadMessages) return "messages: " + e.message;
   return "chat template: " + e.message;
 }
@@ -74,7 +74,9 @@ class EngineBackend final : public Backend {
     // The request as parse_infer produced it; only a conversation still needs rendering into the prompt.
     engine::GenerateRequest req = params.generate;
     std::string template_source;
-    if (params.messages) {
+    const bool use_raw = params.messages && params.raw_without_template && !params.chat_template &&
+                         !chat::model_chat_template(engine::model_file(*model_));
+    if (params.messages && !use_raw) {
       // The conversation in the model's own prompt format, its special-token text parsed, and no second
       // BOS when the template wrote one.
       chat::RenderOptions render;
@@ -88,7 +90,7 @@ class EngineBackend final : public Backend {
       if (!chat && chat.error().code == errc::kCancelled) {
         return done(make_error(errc::kCancelled, "request cancelled while its chat template rendered"));
       }
-      if (!chat) return done(make_error(errc::kBadRequest, chat_error_message(chat.error())));
+      if (!chat) return done(make_error(errc::kBadRequest, chat_error_message(chat.error(), params.no_template_hint)));
       req.prompt = std::move(chat->text);
       req.parse_special = true;
       req.add_bos = !chat->starts_with_bos;

@@ -318,13 +318,41 @@ void RequestHandler::resolve_and_start(const std::shared_ptr<Client>& client, Re
 void RequestHandler::start_job(const std::shared_ptr<Client>& client, Request& req) {
   auto call = client->calls().begin(req.id, req.op, req.model);
   auto shared_req = std::make_shared<Request>(std::move(req));
+  // A deadline cancels the request as `cancel` would, marked so its reply says why. The timer lives until
+  // the request ends (`finish` cancels it) and holds the call weakly.
+  std::shared_ptr<asio::steady_timer> deadline_timer;
+  if (shared_req->op == Op::kInfer && shared_req->infer.deadline) {
+    deadline_timer = std::make_shared<asio::steady_timer>(io_);
+    deadline_timer->expires_at(shared_req->received + *shared_req->infer.deadline);
+    deadline_timer->async_wait([weak = std::weak_ptr<Call>(call)](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (auto c = weak.lock()) {
+        c->deadline_passed.store(true);
+        c->cancelled.store(true);
+      }
+    });
+  }
   // The job hands its references to the io thread with the result, so the client is never destroyed
   // on a worker.
   // The request's ending, from any thread: it hands its references to the io thread with the reply, so the
   // client is never destroyed on a worker or a model's scheduler thread.
-  Finish finish = [this, client, call, shared_req](Reply reply, std::string outcome) {
-    asio::post(io_, [this, client, call, shared_req, reply = std::move(reply),
+  Finish finish = [this, client, call, shared_req, deadline_timer](Reply reply, std::string outcome) {
+    asio::post(io_, [this, client, call, shared_req, deadline_timer, reply = std::move(reply),
                      outcome = std::move(outcome)]() mutable {
+      if (deadline_timer) deadline_timer->cancel();
+      if (call->deadline_passed.load()) {
+        // Ended by its deadline: a request that had not started says so; one that generated ends with
+        // finish_reason "deadline" and its text so far.
+        if (!reply.ok && reply.code == protocol::code::kCancelled) {
+          reply = Reply::failure(protocol::code::kDeadlineExceeded,
+                                 "deadline_ms " + std::to_string(shared_req->infer.deadline->count()) +
+                                     " passed before the request started");
+          outcome = protocol::code::kDeadlineExceeded;
+        } else if (reply.ok && reply.infer && reply.infer->output.finish_reason == "cancelled") {
+          reply.infer->output.finish_reason = "deadline";
+          outcome = "ok(deadline, " + std::to_string(reply.infer->output.tokens.size()) + " tokens)";
+        }
+      }
       client->calls().end(call);
       client->reply(shared_req->id, call, std::move(reply));
       log_request(client->number(), shared_req->id, shared_req->op_text, shared_req->model, outcome,

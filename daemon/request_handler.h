@@ -50,6 +50,7 @@ struct Call {
   protocol::Op op = protocol::Op::kLoad;
   std::string model;
   std::atomic<bool> cancelled{false};  ///< set on the io thread, read by the worker between tokens
+  std::atomic<bool> deadline_passed{false};  ///< io thread: the request's deadline_ms cancelled it
   bool overflowed = false;  ///< io thread: the front cancelled it because its client did not read the stream
 };
 
@@ -150,6 +151,9 @@ class RequestHandler {
   std::size_t in_flight() const { return in_flight_; }
   bool shutting_down() const { return shutting_down_; }
   ModelCache& cache() { return cache_; }
+  /// The model files' header facts (read once per file version); thread-safe.
+  ModelCatalog& catalog() const { return catalog_; }
+  const ServerOptions& options() const { return options_; }
 
  private:
   struct Request;

@@ -27,7 +27,7 @@ inline Result<chat::ModelChatPrompt> render_model_chat(const std::string& path,
   auto p = chat::render_model_chat(**file, **tok, messages, template_override, add_generation_prompt);
   if (!p && p.error().code == errc::kNoChatTemplate) {
     return make_error(errc::kNoChatTemplate,
-                      path + ": the model has no tokenizer.chat_template (give a template)");
+                      path + ": " + std::string(chat::kNoChatTemplateMessage) + ": give one with --chat-template FILE");
   }
   return p;
 }

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/settings.h"
+#include "core/chat/model_chat.h"
 #include "core/util/error_codes.h"
 #include "core/util/limits.h"
 #include "daemon/client.h"
@@ -127,7 +128,12 @@ std::optional<std::string> ask(protocol::ClientConnection& conn, const ChatFlags
         std::fprintf(stderr, "[cancelled]\n");
         return std::nullopt;
       }
-      std::fprintf(stderr, "car chat: %s: %s\n", reply->error_code.c_str(), reply->error_message.c_str());
+      std::string message = reply->error_message;
+      // The daemon says how a socket request gives a template; here it is the flag.
+      if (reply->error_code == errc::kBadRequest && message.starts_with(chat::kNoChatTemplateMessage)) {
+        message = std::string(chat::kNoChatTemplateMessage) + ": give one with --chat-template FILE";
+      }
+      std::fprintf(stderr, "car chat: %s: %s\n", reply->error_code.c_str(), message.c_str());
       if (reply->error_code == errc::kBadRequest || reply->error_code == errc::kNotFound ||
           reply->error_code == errc::kForbidden || reply->error_code == errc::kLoadFailed) {
         throw CommandFailed(kExitDaemonError);  // nothing later in this conversation can succeed

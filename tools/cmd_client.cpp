@@ -249,7 +249,7 @@ void setup_client_commands(CLI::App& root) {
     static std::optional<double> temperature, top_p, min_p, repeat_penalty;
     static std::optional<int> top_k, repeat_last_n, top_logprobs, num_ctx;
     static std::optional<uint64_t> seed;
-    static std::optional<int64_t> keep_alive;
+    static std::optional<int64_t> keep_alive, deadline_ms;
     static std::vector<std::string> stop;
     static bool no_stream = false, ignore_eos = false, logprobs = false;
     auto* cmd = root.add_subcommand("infer", "Generate from MODEL through the daemon, printing tokens as they come");
@@ -278,6 +278,9 @@ void setup_client_commands(CLI::App& root) {
     cmd->add_option("--keep-alive", keep_alive,
                     "seconds the model stays loaded after this request, 0 = unload after it (default: the "
                     "daemon's)");
+    cmd->add_option("--deadline-ms", deadline_ms,
+                    "end the request this many milliseconds after the daemon receives it (finish reason "
+                    "\"deadline\", or deadline_exceeded when it had not started; default: none)");
     cmd->add_flag("--no-stream", no_stream, "print the text only when generation ends");
     add_common(cmd, common);
     cmd->callback([] {
@@ -300,6 +303,7 @@ void setup_client_commands(CLI::App& root) {
       if (top_logprobs) req["top_logprobs"] = *top_logprobs;
       if (num_ctx) req["num_ctx"] = *num_ctx;
       if (keep_alive) req["keep_alive"] = *keep_alive;
+      if (deadline_ms) req["deadline_ms"] = *deadline_ms;
       const bool stream = !no_stream && !common.json_output;
       req["stream"] = stream;
       check_request(req);

@@ -338,11 +338,13 @@ void setup(CLI::App& root) {
   auto o = std::make_shared<SynthOptions>();
   auto& s = o->spec;
   syn->add_option("-o,--output", o->out, "Output .gguf file")->required();
-  syn->add_option("--arch", s.arch, "llama | qwen3 | qwen3moe")->capture_default_str();
+  syn->add_option("--arch", s.arch, "llama | qwen2 | qwen2moe | qwen3 | qwen3moe")->capture_default_str();
   syn->add_option("--layers", s.n_layer, "Number of blocks")->capture_default_str();
   syn->add_option("--embd", s.n_embd, "Embedding width")->capture_default_str();
-  syn->add_option("--ff", s.n_ff, "Dense FFN width (qwen3moe: feed_forward_length)")->capture_default_str();
+  syn->add_option("--ff", s.n_ff, "Dense FFN width (qwen3moe, qwen2moe: feed_forward_length)")->capture_default_str();
   syn->add_option("--ff-expert", s.n_ff_expert, "Expert FFN width (0 = --ff)")->capture_default_str();
+  syn->add_option("--ff-shared", s.n_ff_shared, "qwen2moe: the shared expert's FFN width (0 = --ff)")
+      ->capture_default_str();
   syn->add_option("--heads", s.n_head, "Attention heads")->capture_default_str();
   syn->add_option("--kv-heads", s.n_head_kv, "KV heads")->capture_default_str();
   syn->add_option("--head-dim", s.head_dim, "Head dimension (0 = embd / heads)")->capture_default_str();
@@ -361,6 +363,9 @@ void setup(CLI::App& root) {
       ->capture_default_str();
   syn->add_flag("--tied", s.tied_embeddings, "No output.weight (tied to token_embd)");
   syn->add_option("--name", s.name, "general.name (default: derived from the shape)");
+  syn->add_option("--vocab-from", s.vocab_file,
+                  "A GGUF (e.g. vocab-only) whose tokenizer.* keys replace the embedded vocabulary; --vocab becomes "
+                  "its token count");
   syn->add_option("--chat-template", o->chat_template_file,
                   "A Jinja file written as tokenizer.chat_template (default: no template)");
   syn->callback([o] {

@@ -26,8 +26,7 @@ Result<ModelChatPrompt> render_model_chat(const gguf::GgufFile& file, const toke
     tpl = std::move(*own);
     p.template_source = "model";
   } else {
-    return make_error(errc::kNoChatTemplate,
-                      "the model has no chat template (tokenizer.chat_template); give one with the request");
+    return make_error(errc::kNoChatTemplate, std::string(kNoChatTemplateMessage));
   }
   ChatOptions co;
   co.add_generation_prompt = add_generation_prompt;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/chat/chat.h"
 #include "core/gguf/gguf_file.h"
@@ -13,6 +14,9 @@
 #include "core/util/result.h"
 
 namespace car::chat {
+
+/// The message of a no_chat_template error, without how to give one (each front says its own way after ": ").
+inline constexpr std::string_view kNoChatTemplateMessage = "the model has no chat template (tokenizer.chat_template)";
 
 struct ModelChatPrompt {
   std::string text;              ///< the rendered prompt; tokenize it with special-token text parsed

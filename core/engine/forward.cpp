@@ -33,7 +33,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   rope_.freq_factors = model_->rope_freq_factors();
 
   const int64_t B = max_batch_;
-  const int64_t ff = std::max(hp_.n_ff, hp_.n_ff_exp);
+  const int64_t ff = std::max({hp_.n_ff, hp_.n_ff_exp, hp_.n_ff_shexp});
   x_.resize(sz(B * hp_.n_embd));
   xn_.resize(sz(B * hp_.n_embd));
   q_.resize(sz(B * hp_.q_dim()));
@@ -69,6 +69,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
     tasks_.reserve(sz(2 * K));
     guessed_.resize(sz(E));
     guess_.reserve(sz(E));
+    if (hp_.n_ff_shexp > 0) shexp_gate_.resize(sz(B));
   }
 }
 
@@ -79,7 +80,7 @@ KvCache ForwardPass::make_cache(int64_t n_ctx) const {
 uint64_t ForwardPass::scratch_bytes() const {
   uint64_t f = x_.size() + xn_.size() + q_.size() + k_.size() + v_.size() + attn_.size() + proj_.size() +
                gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() + sel_w_.size() +
-               slot_out_.size() + xe_.size();
+               slot_out_.size() + xe_.size() + shexp_gate_.size();
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
                         row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
@@ -90,7 +91,7 @@ uint64_t ForwardPass::scratch_bytes() const {
 uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_batch) {
   // The sizes the constructor gives its buffers, in its order.
   const uint64_t B = static_cast<uint64_t>(max_batch);
-  const uint64_t ff = static_cast<uint64_t>(std::max(hp.n_ff, hp.n_ff_exp));
+  const uint64_t ff = static_cast<uint64_t>(std::max({hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp}));
   const uint64_t embd = static_cast<uint64_t>(hp.n_embd);
   const uint64_t ff_rows =
       std::max<uint64_t>(B * ff, hp.is_moe() ? static_cast<uint64_t>(hp.n_expert_used * hp.n_ff_exp) : 0);
@@ -103,6 +104,7 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
     const uint64_t E = static_cast<uint64_t>(hp.n_expert);
     const uint64_t K = static_cast<uint64_t>(hp.n_expert_used);
     f += 2 * B * E + B * K + B * K * embd + B * embd;  // router_, probs_, sel_w_, slot_out_, xe_
+    if (hp.n_ff_shexp > 0) f += B;                     // shexp_gate_
     i += B * K + B * K + (E + 1) + E + E;  // sel_ids_, group_rows_, group_start_, cursor_, active_
   }
   // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_
@@ -251,6 +253,9 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
     rms_norm(x_.data() + i * E, model_->output_norm(), xn_.data() + i * E, E, hp_.rms_eps);
   }
   mm_rows(model_->output(), xn_.data(), rows, logits);
+  if (const float* b = model_->output_bias(); b != nullptr) {
+    for (int64_t i = 0; i < rows; ++i) add_bias(logits + i * hp_.n_vocab, b, hp_.n_vocab);
+  }
   return {};
 }
 
@@ -305,6 +310,10 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float* qi = q_.data() + i * hp_.q_dim();
     float* ki = k_.data() + i * hp_.k_dim();
+    // Biases (qwen2): added to each projection before any norm or rotation, as llama.cpp's build_qkv.
+    if (L.q_bias != nullptr) add_bias(qi, L.q_bias, hp_.q_dim());
+    if (L.k_bias != nullptr) add_bias(ki, L.k_bias, hp_.k_dim());
+    if (L.v_bias != nullptr) add_bias(v_.data() + i * hp_.v_dim(), L.v_bias, hp_.v_dim());
     if (L.q_norm != nullptr) {
       for (int64_t h = 0; h < n_head; ++h) rms_norm(qi + h * dk, L.q_norm, qi + h * dk, dk, hp_.rms_eps);
       for (int64_t h = 0; h < n_kv_head; ++h) rms_norm(ki + h * dk, L.k_norm, ki + h * dk, dk, hp_.rms_eps);
@@ -367,7 +376,11 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
     select_experts(router_.data() + i * NE, NE, K, normalize, probs_.data() + i * NE, sel_ids_.data() + i * K,
                    sel_w_.data() + i * K);
   }
-  if (n == 1) return moe_ffn_token(il);
+  if (n == 1) {
+    if (Result<void> r = moe_ffn_token(il); !r) return r;
+    if (L.has_shexp) shared_expert(il, 1);
+    return {};
+  }
 
   // Dispatch: group the (row, slot) assignments by expert (counting sort; rows stay in increasing order).
   std::fill(group_start_.begin(), group_start_.end(), 0);
@@ -395,7 +408,40 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
 
   // Combine: each row's weighted expert outputs, summed.
   sum_slots(n);
+  if (L.has_shexp) shared_expert(il, n);
   return {};
+}
+
+void ForwardPass::shared_expert(int64_t il, int64_t n) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  const int64_t E = hp_.n_embd;
+  const int64_t ff = hp_.n_ff_shexp;
+  // Dense products over xn_'s rows (the same input as the routed experts): the gate's logit s per row, then
+  // SwiGLU into gate_ and the down projection into xe_ (both free once the slots are summed).
+  if (n == 1) {
+    const tensor::MatvecTask tasks[] = {{L.ffn_gate_inp_shexp, xn_.data(), shexp_gate_.data()},
+                                        {L.ffn_gate_shexp, xn_.data(), gate_.data()},
+                                        {L.ffn_up_shexp, xn_.data(), up_.data()}};
+    tensor::matvec_fused(tasks, 3, pool_);
+  } else {
+    mm_rows(L.ffn_gate_inp_shexp, xn_.data(), n, shexp_gate_.data());
+    mm_rows(L.ffn_gate_shexp, xn_.data(), n, gate_.data());
+    mm_rows(L.ffn_up_shexp, xn_.data(), n, up_.data());
+  }
+  glu(n * ff);
+  mm_rows(L.ffn_down_shexp, gate_.data(), n, xe_.data());
+  // proj_ (the routed sum) += shared * g, g = silu(s) / s: llama.cpp's ggml_div(ggml_silu(s), s), the product
+  // rounded before the sum (ggml_mul, then ggml_add). s == 0 would be 0 / 0 there; its limit is 1/2.
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = shexp_gate_[sz(i)];
+    const float g = s == 0.0f ? 0.5f : (s / (1.0f + std::exp(-s))) / s;
+    float* out = proj_.data() + i * E;
+    const float* sh = xe_.data() + i * E;
+    for (int64_t d = 0; d < E; ++d) {
+      const float scaled = sh[d] * g;
+      out[d] = out[d] + scaled;
+    }
+  }
 }
 
 void ForwardPass::run_experts(size_t first, size_t count) {

@@ -4,13 +4,15 @@
 //   x = embed(tokens)                                       dequantized rows of token_embd
 //   for each layer:
 //     h = rms_norm(x) * attn_norm
-//     q, k, v = h Wq, h Wk, h Wv                            (qk_norm archs: per-head rms_norm of q, k)
+//     q, k, v = h Wq + bq, h Wk + bk, h Wv + bv             (biases when the file has them: qwen2;
+//                                                           qk_norm archs: per-head rms_norm of q, k)
 //     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16
 //     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv)
 //     h = rms_norm(x) * ffn_norm
 //     x += dense: (silu(h Wgate) * (h Wup)) Wdown
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)
-//   logits = (rms_norm(x) * output_norm) Wout
+//                 + sigmoid(h . w_gate_shexp) * shared_expert(h)   (qwen2moe: a resident dense SwiGLU FFN)
+//   logits = (rms_norm(x) * output_norm) Wout (+ output bias when the file has one)
 //
 // A batch (prompt processing) runs every product as a matrix-matrix product over its rows, and an MoE layer
 // groups the batch's rows by expert so each chosen expert's weights are read once per batch; a single token
@@ -112,6 +114,8 @@ class ForwardPass {
   Result<void> moe_ffn(int64_t il, int64_t n);
   /// moe_ffn for one token (decode): all chosen experts' products in two parallel regions.
   Result<void> moe_ffn_token(int64_t il);
+  /// proj_ rows += sigmoid-gated shared expert of xn_'s n rows (layers with has_shexp).
+  void shared_expert(int64_t il, int64_t n);
   /// The products of the experts active_[first, first + count), whose leases are leases_[0, count).
   void run_experts(size_t first, size_t count);
   /// Guess MoE layer il's experts from x_'s n rows and prefetch them (uses router/selection scratch and xn_).
@@ -153,7 +157,8 @@ class ForwardPass {
   std::vector<int32_t> sel_ids_;   // (n_expert_used) per row
   std::vector<float> sel_w_;       // (n_expert_used) per row
   std::vector<float> slot_out_;    // weighted expert outputs (n_expert_used x n_embd) per row
-  std::vector<float> xe_;          // gathered rows for one expert (n_embd)
+  std::vector<float> xe_;          // gathered rows for one expert; the shared expert's output (n_embd)
+  std::vector<float> shexp_gate_;  // the shared expert's gate logit (1) per row; shared_expert archs only
   std::vector<int32_t> group_rows_;   // (token * n_expert_used + slot) per assignment, grouped by expert
   std::vector<int32_t> group_start_;  // (n_expert + 1) offsets into group_rows_
   std::vector<int32_t> cursor_;       // (n_expert) fill positions while grouping

@@ -17,6 +17,9 @@ struct GenerateRequest {
   bool add_bos = true;              ///< add BOS (when the model's vocabulary asks for it)
   bool parse_special = false;       ///< let special-token text in the prompt become special tokens
   int max_tokens = 128;
+  /// Generate until the request's context is full (at most limits::kMaxGenerateTokens) instead of
+  /// max_tokens: Ollama's num_predict -1. A prompt that fills the context is still context_overflow.
+  bool max_tokens_to_context = false;
   /// The context window of this request in tokens (prompt + max_tokens must fit): 0 = the whole context
   /// the model is loaded with; larger than that is bad_request.
   int num_ctx = 0;

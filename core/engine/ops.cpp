@@ -63,6 +63,10 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+void add_bias(float* x, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] + b[i];
+}
+
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];

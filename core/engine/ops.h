@@ -6,6 +6,7 @@
 //                 float multiplication as ggml_rope_cache_init does; norm = adjacent pairs, neox = halves
 //   softmax       expf(x - max) summed in double, scaled by 1 / sum in float (ggml_soft_max_f32)
 //   swiglu        silu(gate) * up, silu(x) = x / (1 + expf(-x))
+//   add_bias      x + b, element by element (ggml_add of a projection's bias)
 //   attention     one query head over fp16 K/V, as ggml_compute_forward_flash_attn_ext_f16_one_chunk: Q rounded
 //                 to fp16, s = dot(K, Q) * scale in float (dot in ggml_vec_dot_f16's order, see dot_f16_ggml), online softmax with a running max in float, the V
 //                 accumulator kept in fp16 and rounded after every scale / multiply-add, divided by the sum at
@@ -42,6 +43,9 @@ void rope_apply(const RopeParams& p, const float* cache, float* x, int64_t n_hea
 
 /// In-place softmax of n values.
 void softmax(float* x, int64_t n);
+
+/// x[i] = x[i] + b[i] (a projection's bias, ggml_add).
+void add_bias(float* x, const float* b, int64_t n);
 
 /// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);

@@ -9,6 +9,7 @@
 #include "core/gguf/gguf_file.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/error_codes.h"
+#include "core/util/limits.h"
 
 namespace car::engine {
 
@@ -125,12 +126,17 @@ void Scheduler::submit(const GenerateRequest& req, GenerateCallbacks cb, const s
                                          std::to_string(loaded_ctx) + " tokens)");
   }
   const int64_t n_ctx = req.num_ctx > 0 ? req.num_ctx : loaded_ctx;
-  if (n_prompt + req.max_tokens > n_ctx) {
+  if (req.max_tokens_to_context && n_prompt < n_ctx) {
+    // Until the context is full (Ollama's num_predict -1), within the longest generation car allows.
+    job->req = req;
+    job->req.max_tokens = static_cast<int>(std::min<int64_t>(n_ctx - n_prompt, limits::kMaxGenerateTokens));
+    job->req.max_tokens_to_context = false;
+  } else if (n_prompt + req.max_tokens > n_ctx) {
     return refuse(errc::kContextOverflow, "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
                                               std::to_string(req.max_tokens) + ") exceeds the context of " +
                                               std::to_string(n_ctx) + " tokens");
   }
-  job->req = req;
+  if (!req.max_tokens_to_context) job->req = req;
   job->cb = std::move(cb);
   job->cancelled = cancelled;
   job->n_prompt = n_prompt;

@@ -73,7 +73,8 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   h.arch = *arch;
   h.traits = find_arch(h.arch);
   if (h.traits == nullptr) {
-    return load_error("general.architecture '" + h.arch + "' is not supported (supported: llama, qwen3, qwen3moe)");
+    return load_error("general.architecture '" + h.arch + "' is not supported (supported: " +
+                      std::string(supported_archs()) + ")");
   }
   const ArchTraits& t = *h.traits;
   h.rope_type = t.rope_type;
@@ -137,6 +138,13 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
     if (!t.expert_ff_key.empty()) {
       CAR_TRY_ASSIGN(h.n_ff_exp, kr.dim(t.expert_ff_key));
       CAR_TRY_ASSIGN(h.n_ff, kr.dim_or("feed_forward_length", 0));
+      if (t.shared_expert) {
+        CAR_TRY_ASSIGN(h.n_ff_shexp, kr.dim_or(t.shared_expert_ff_key, h.n_ff));
+        if (h.n_ff_shexp == 0) {
+          return load_error("model key " + kr.key(t.shared_expert_ff_key) + " is missing (and so is " +
+                            kr.key("feed_forward_length") + ", its fallback): the shared expert's width");
+        }
+      }
     } else {
       CAR_TRY_ASSIGN(h.n_ff_exp, kr.dim("feed_forward_length"));
       h.n_ff = h.n_ff_exp;

@@ -16,7 +16,7 @@ struct ArchTraits;
 /// How RoPE pairs the elements of a head (llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX).
 enum class RopeType {
   norm,  ///< adjacent pairs (x[2i], x[2i+1]) - llama
-  neox,  ///< halves (x[i], x[i + n_rot/2]) - qwen3, qwen3moe
+  neox,  ///< halves (x[i], x[i + n_rot/2]) - qwen2, qwen2moe, qwen3, qwen3moe
 };
 
 struct Hparams {
@@ -34,6 +34,7 @@ struct Hparams {
   int64_t n_expert = 0;          ///< <arch>.expert_count (0 = dense)
   int64_t n_expert_used = 0;     ///< <arch>.expert_used_count
   int64_t n_ff_exp = 0;          ///< one expert's FFN width
+  int64_t n_ff_shexp = 0;        ///< the shared expert's FFN width (shared_expert archs; else 0)
   float rms_eps = 1e-5f;         ///< <arch>.attention.layer_norm_rms_epsilon
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  ///< 1 / rope.scaling.factor for linear scaling

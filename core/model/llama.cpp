@@ -15,15 +15,21 @@ const ArchTraits& llama_traits() {
       .dense_only = false,
       .expert_ff_key = {},
       .moe_norm_weights = true,
+      .qkv_bias = false,
+      .shared_expert = false,
+      .shared_expert_ff_key = {},
   };
   return traits;
 }
 
 const ArchTraits* find_arch(std::string_view name) {
-  for (const ArchTraits* t : {&llama_traits(), &qwen3_traits(), &qwen3moe_traits()}) {
+  for (const ArchTraits* t :
+       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits()}) {
     if (t->name == name) return t;
   }
   return nullptr;
 }
+
+std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe"; }
 
 }  // namespace car::model

@@ -87,6 +87,7 @@ class TensorLoader {
 };
 
 std::string blk(int64_t il, const char* what) { return "blk." + std::to_string(il) + "." + what + ".weight"; }
+std::string blk_bias(int64_t il, const char* what) { return "blk." + std::to_string(il) + "." + what + ".bias"; }
 
 
 }  // namespace
@@ -141,6 +142,9 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     m->output_ = m->token_embd_;
     m->tied_ = true;
   }
+  if (tl.find("output.bias") != nullptr) {
+    CAR_TRY_ASSIGN(m->output_bias_, vec("output.bias", h.n_vocab));
+  }
   if (tl.find("rope_freqs.weight") != nullptr) {
     CAR_TRY_ASSIGN(m->rope_freqs_, vec("rope_freqs.weight", h.n_rot / 2));
   }
@@ -154,6 +158,10 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     CAR_TRY_ASSIGN(L.wk, tl.matrix(blk(il, "attn_k"), h.n_embd, h.k_dim()));
     CAR_TRY_ASSIGN(L.wv, tl.matrix(blk(il, "attn_v"), h.n_embd, h.v_dim()));
     CAR_TRY_ASSIGN(L.wo, tl.matrix(blk(il, "attn_output"), h.attn_out_dim(), h.n_embd));
+    // Biases are optional for every architecture, as in llama.cpp's create_tensor_qkv / build_qkv.
+    if (tl.find(blk_bias(il, "attn_q")) != nullptr) CAR_TRY_ASSIGN(L.q_bias, vec(blk_bias(il, "attn_q"), h.q_dim()));
+    if (tl.find(blk_bias(il, "attn_k")) != nullptr) CAR_TRY_ASSIGN(L.k_bias, vec(blk_bias(il, "attn_k"), h.k_dim()));
+    if (tl.find(blk_bias(il, "attn_v")) != nullptr) CAR_TRY_ASSIGN(L.v_bias, vec(blk_bias(il, "attn_v"), h.v_dim()));
     if (traits.qk_norm) {
       CAR_TRY_ASSIGN(L.q_norm, vec(blk(il, "attn_q_norm"), h.head_dim_k));
       CAR_TRY_ASSIGN(L.k_norm, vec(blk(il, "attn_k_norm"), h.head_dim_k));
@@ -181,6 +189,14 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
       // repacked matrices, the gemv order on every row - so an expert row's result never depends on which
       // other rows (of the batch, or of other sequences) chose the same expert.
       for (tensor::MatrixView* v : {&b.gate_bank, &b.up_bank, &b.down_bank}) v->order = tensor::ProductOrder::mul_mat_id;
+      if (traits.shared_expert) {
+        // Dense weights (llama.cpp's build_ffn: mul_mat, not mul_mat_id), resident whatever the source.
+        L.has_shexp = true;
+        CAR_TRY_ASSIGN(L.ffn_gate_inp_shexp, tl.matrix(blk(il, "ffn_gate_inp_shexp"), h.n_embd, 1));
+        CAR_TRY_ASSIGN(L.ffn_gate_shexp, tl.matrix(blk(il, "ffn_gate_shexp"), h.n_embd, h.n_ff_shexp));
+        CAR_TRY_ASSIGN(L.ffn_up_shexp, tl.matrix(blk(il, "ffn_up_shexp"), h.n_embd, h.n_ff_shexp));
+        CAR_TRY_ASSIGN(L.ffn_down_shexp, tl.matrix(blk(il, "ffn_down_shexp"), h.n_ff_shexp, h.n_embd));
+      }
     } else {
       if (h.n_ff == 0) return load_error("layer " + std::to_string(il) + " is dense but " + h.arch + ".feed_forward_length is missing");
       CAR_TRY_ASSIGN(L.ffn_gate, tl.matrix(blk(il, "ffn_gate"), h.n_embd, h.n_ff));
@@ -202,6 +218,10 @@ uint64_t Model::bytes_per_token() const {
       const uint64_t per_expert = (bytes(b.gate_bank) + bytes(b.up_bank) + bytes(b.down_bank)) /
                                   static_cast<uint64_t>(b.n_expert);
       total += bytes(L.ffn_gate_inp) + per_expert * static_cast<uint64_t>(hparams_.n_expert_used);
+      if (L.has_shexp) {
+        total += bytes(L.ffn_gate_inp_shexp) + bytes(L.ffn_gate_shexp) + bytes(L.ffn_up_shexp) +
+                 bytes(L.ffn_down_shexp);
+      }
     } else {
       total += bytes(L.ffn_gate) + bytes(L.ffn_up) + bytes(L.ffn_down);
     }

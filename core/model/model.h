@@ -26,6 +26,9 @@ struct LayerWeights {
   tensor::MatrixView wk;              // (n_head_kv * head_dim_k, n_embd)
   tensor::MatrixView wv;              // (n_head_kv * head_dim_v, n_embd)
   tensor::MatrixView wo;              // (n_embd, n_head * head_dim_v)
+  const float* q_bias = nullptr;      // (n_head * head_dim_k), when the file has attn_q.bias (qwen2, qwen2moe)
+  const float* k_bias = nullptr;      // (n_head_kv * head_dim_k), when the file has attn_k.bias
+  const float* v_bias = nullptr;      // (n_head_kv * head_dim_v), when the file has attn_v.bias
   const float* q_norm = nullptr;      // (head_dim_k), qk_norm architectures only
   const float* k_norm = nullptr;      // (head_dim_k), qk_norm architectures only
   const float* ffn_norm = nullptr;    // (n_embd)
@@ -36,6 +39,12 @@ struct LayerWeights {
   // MoE (is_moe == true): the router here, the experts in the ExpertSource (banks in Model::expert_banks())
   bool is_moe = false;
   tensor::MatrixView ffn_gate_inp;    // (n_expert, n_embd), F32 in every known file
+  // Shared expert (shared_expert archs, MoE layers): resident dense weights, run for every row.
+  bool has_shexp = false;
+  tensor::MatrixView ffn_gate_inp_shexp;  // (1, n_embd): its gate's logit, F32 (a 1-D tensor in the file)
+  tensor::MatrixView ffn_gate_shexp;      // (n_ff_shexp, n_embd)
+  tensor::MatrixView ffn_up_shexp;        // (n_ff_shexp, n_embd)
+  tensor::MatrixView ffn_down_shexp;      // (n_embd, n_ff_shexp)
 };
 
 class Model {
@@ -52,6 +61,8 @@ class Model {
   /// (n_vocab, n_embd); token_embd when the file has no output.weight (tied embeddings).
   const tensor::MatrixView& output() const { return output_; }
   bool tied_embeddings() const { return tied_; }
+  /// (n_vocab) added to the logits, or null (output.bias: some qwen2 files).
+  const float* output_bias() const { return output_bias_; }
   /// Llama 3 style per-pair RoPE frequency divisors (n_rot / 2), or null.
   const float* rope_freq_factors() const { return rope_freqs_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
@@ -71,6 +82,7 @@ class Model {
   tensor::MatrixView output_;
   const float* output_norm_ = nullptr;
   const float* rope_freqs_ = nullptr;
+  const float* output_bias_ = nullptr;
   bool tied_ = false;
   std::vector<LayerWeights> layers_;
   std::vector<experts::ExpertBankInfo> banks_;

@@ -14,6 +14,9 @@ const ArchTraits& qwen3_traits() {
       .dense_only = true,
       .expert_ff_key = {},
       .moe_norm_weights = true,
+      .qkv_bias = false,
+      .shared_expert = false,
+      .shared_expert_ff_key = {},
   };
   return traits;
 }

@@ -14,6 +14,9 @@ const ArchTraits& qwen3moe_traits() {
       .dense_only = false,
       .expert_ff_key = "expert_feed_forward_length",
       .moe_norm_weights = true,
+      .qkv_bias = false,
+      .shared_expert = false,
+      .shared_expert_ff_key = {},
   };
   return traits;
 }

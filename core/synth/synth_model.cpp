@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/gguf/gguf_file.h"
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
 #include "core/util/error_codes.h"
@@ -23,9 +24,15 @@ using gguf::Value;
 using gguf::ValueType;
 
 bool is_qwen3(const SynthSpec& s) { return s.arch == "qwen3" || s.arch == "qwen3moe"; }
+bool is_qwen2(const SynthSpec& s) { return s.arch == "qwen2" || s.arch == "qwen2moe"; }
+bool is_qwen(const SynthSpec& s) { return is_qwen3(s) || is_qwen2(s); }
+bool has_shared_expert(const SynthSpec& s) { return s.arch == "qwen2moe"; }
+// Architectures whose expert width has its own key (feed_forward_length is then the dense width).
+bool has_expert_ff_key(const SynthSpec& s) { return s.arch == "qwen3moe" || s.arch == "qwen2moe"; }
 bool is_moe(const SynthSpec& s) { return s.n_expert > 0; }
 uint32_t head_dim(const SynthSpec& s) { return s.head_dim != 0 ? s.head_dim : s.n_embd / s.n_head; }
 uint32_t expert_ff(const SynthSpec& s) { return s.n_ff_expert != 0 ? s.n_ff_expert : s.n_ff; }
+uint32_t shared_ff(const SynthSpec& s) { return s.n_ff_shared != 0 ? s.n_ff_shared : s.n_ff; }
 uint32_t expert_used(const SynthSpec& s) {
   return s.n_expert_used != 0 ? s.n_expert_used : std::min<uint32_t>(2, s.n_expert);
 }
@@ -254,24 +261,25 @@ ArrayValue array_of(ValueType t, const std::vector<T>& items) {
   return a;
 }
 
-void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme) {
+void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme, const gguf::GgufFile* vocab) {
   const std::string& a = s.arch;
-  const bool qwen = is_qwen3(s);
+  const bool qwen = is_qwen(s);
   w.set_string("general.architecture", a);
   w.set_string("general.name", s.name.empty() ? default_name(s) : s.name);
   if (s.alignment != 0) w.set_u32("general.alignment", s.alignment);
   w.set_u32(a + ".context_length", s.n_ctx);
   w.set_u32(a + ".embedding_length", s.n_embd);
   w.set_u32(a + ".block_count", s.n_layer);
-  if (s.arch == "qwen3moe") {
+  if (has_expert_ff_key(s)) {
     w.set_u32(a + ".feed_forward_length", s.n_ff);
     w.set_u32(a + ".expert_feed_forward_length", expert_ff(s));
+    if (has_shared_expert(s)) w.set_u32(a + ".expert_shared_feed_forward_length", shared_ff(s));
   } else {
     w.set_u32(a + ".feed_forward_length", is_moe(s) ? expert_ff(s) : s.n_ff);
   }
   w.set_u32(a + ".attention.head_count", s.n_head);
   w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
-  if (qwen || head_dim(s) != s.n_embd / s.n_head) {
+  if (is_qwen3(s) || head_dim(s) != s.n_embd / s.n_head) {
     w.set_u32(a + ".attention.key_length", head_dim(s));
     w.set_u32(a + ".attention.value_length", head_dim(s));
   }
@@ -285,6 +293,13 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme)
   w.set_u32(a + ".vocab_size", s.n_vocab);
   if (scheme.file_type) w.set_u32("general.file_type", *scheme.file_type);
 
+  if (vocab != nullptr) {
+    for (const auto& kv : vocab->metadata()) {
+      if (kv.key.starts_with("tokenizer.")) w.set(kv.key, kv.value);
+    }
+    if (!s.chat_template.empty()) w.set_string("tokenizer.chat_template", s.chat_template);
+    return;
+  }
   SynthVocab v = make_synth_vocab(s.n_vocab);
   w.set_array("tokenizer.ggml.tokens", array_of(ValueType::STRING, v.tokens));
   w.set_array("tokenizer.ggml.scores", array_of(ValueType::FLOAT32, v.scores));
@@ -336,8 +351,8 @@ Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uin
 
 Result<void> validate(const SynthSpec& s) {
   auto bad = [](const std::string& msg) { return make_error(errc::kBadSpec, msg); };
-  if (s.arch != "llama" && s.arch != "qwen3" && s.arch != "qwen3moe") {
-    return bad("unknown arch '" + s.arch + "' (llama, qwen3, qwen3moe)");
+  if (s.arch != "llama" && !is_qwen(s)) {
+    return bad("unknown arch '" + s.arch + "' (llama, qwen2, qwen2moe, qwen3, qwen3moe)");
   }
   if (s.n_layer == 0 || s.n_embd == 0 || s.n_ff == 0 || s.n_head == 0 || s.n_head_kv == 0 || s.n_ctx == 0) {
     return bad("layers, n_embd, n_ff, heads, kv heads and context length must all be > 0");
@@ -353,6 +368,13 @@ Result<void> validate(const SynthSpec& s) {
   if (head_dim(s) % 2 != 0) return bad("head dim " + std::to_string(head_dim(s)) + " must be even (RoPE pairs)");
   if (s.arch == "qwen3moe" && s.n_expert == 0) return bad("qwen3moe needs experts > 0");
   if (s.arch == "qwen3" && s.n_expert != 0) return bad("qwen3 is dense; use qwen3moe for experts");
+  if (s.arch == "qwen2moe" && s.n_expert == 0) return bad("qwen2moe needs experts > 0");
+  if (s.arch == "qwen2" && s.n_expert != 0) return bad("qwen2 is dense; use qwen2moe for experts");
+  if (is_qwen2(s) && head_dim(s) * s.n_head != s.n_embd) {
+    // llama.cpp's qwen2 / qwen2moe take Q and the attention output n_embd wide.
+    return bad(s.arch + " needs head dim x heads = n_embd (" + std::to_string(head_dim(s)) + " x " +
+               std::to_string(s.n_head) + " != " + std::to_string(s.n_embd) + ")");
+  }
   if (is_moe(s) && (expert_used(s) == 0 || expert_used(s) > s.n_expert)) {
     return bad("experts used " + std::to_string(expert_used(s)) + " not in 1.." + std::to_string(s.n_expert));
   }
@@ -366,11 +388,22 @@ Result<void> validate(const SynthSpec& s) {
   return {};
 }
 
-Result<GgufWriter> build_synth_model(const SynthSpec& s) {
+Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
+  // A real tokenizer from another file: its token count is the vocabulary size.
+  SynthSpec s = spec;
+  std::shared_ptr<const gguf::GgufFile> vocab_src;
+  if (!spec.vocab_file.empty()) {
+    auto f = gguf::GgufFile::open(spec.vocab_file);
+    if (!f) return make_error(errc::kBadSpec, "vocab file " + spec.vocab_file + ": " + f.error().message);
+    vocab_src = *f;
+    auto tokens = vocab_src->get_array("tokenizer.ggml.tokens", ValueType::STRING);
+    if (!tokens) return make_error(errc::kBadSpec, "vocab file " + spec.vocab_file + ": " + tokens.error().message);
+    s.n_vocab = static_cast<uint32_t>((*tokens)->items.size());
+  }
   if (auto v = validate(s); !v) return v.error();
   auto scheme = parse_scheme(s.weight_type);
   GgufWriter w;
-  add_metadata(s, w, *scheme);
+  add_metadata(s, w, *scheme, vocab_src.get());
 
   ModelBuilder b(s, w);
   const uint64_t d = s.n_embd;
@@ -395,6 +428,11 @@ Result<GgufWriter> build_synth_model(const SynthSpec& s) {
         {p + "attn_v.weight", TensorRole::attn_v, {d, kv_dim}, 0.0f, lin(d)},
         {p + "attn_output.weight", TensorRole::attn_output, {q_dim, d}, 0.0f, lin(q_dim)},
     };
+    if (is_qwen2(s)) {  // 1-D: F32 whatever the weight type (the norm role)
+      ts.push_back({p + "attn_q.bias", TensorRole::norm, {q_dim}, 0.0f, 0.5f});
+      ts.push_back({p + "attn_k.bias", TensorRole::norm, {kv_dim}, 0.0f, 0.5f});
+      ts.push_back({p + "attn_v.bias", TensorRole::norm, {kv_dim}, 0.0f, 0.5f});
+    }
     if (is_qwen3(s)) {
       ts.push_back({p + "attn_q_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
       ts.push_back({p + "attn_k_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
@@ -407,6 +445,13 @@ Result<GgufWriter> build_synth_model(const SynthSpec& s) {
       ts.push_back({p + "ffn_gate_exps.weight", TensorRole::ffn_gate, {d, ff, ne}, 0.0f, lin(d)});
       ts.push_back({p + "ffn_up_exps.weight", TensorRole::ffn_up, {d, ff, ne}, 0.0f, lin(d)});
       ts.push_back({p + "ffn_down_exps.weight", TensorRole::ffn_down, {ff, d, ne}, 0.0f, lin(ff)});
+      if (has_shared_expert(s)) {
+        const uint64_t sff = shared_ff(s);
+        ts.push_back({p + "ffn_gate_inp_shexp.weight", TensorRole::router, {d}, 0.0f, 4.0f * lin(d)});
+        ts.push_back({p + "ffn_gate_shexp.weight", TensorRole::ffn_gate, {d, sff}, 0.0f, lin(d)});
+        ts.push_back({p + "ffn_up_shexp.weight", TensorRole::ffn_up, {d, sff}, 0.0f, lin(d)});
+        ts.push_back({p + "ffn_down_shexp.weight", TensorRole::ffn_down, {sff, d}, 0.0f, lin(sff)});
+      }
     } else {
       const uint64_t ff = s.n_ff;
       ts.push_back({p + "ffn_gate.weight", TensorRole::ffn_gate, {d, ff}, 0.0f, lin(d)});
@@ -448,6 +493,14 @@ SynthSpec tiny_spec(std::string_view flavour) {
   } else if (flavour == "qwen3") {
     s.arch = "qwen3";
     s.head_dim = 16;  // q is 64 wide, wider than n_embd, as in the qwen3 fixture
+  } else if (flavour == "qwen2") {
+    s.arch = "qwen2";
+  } else if (flavour == "qwen2moe") {
+    s.arch = "qwen2moe";
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.n_ff_expert = 32;
+    s.n_ff_shared = 48;
   } else if (flavour == "qwen3moe") {
     s.arch = "qwen3moe";
     s.head_dim = 8;

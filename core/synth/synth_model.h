@@ -3,16 +3,20 @@
 //
 // Architectures: `llama` dense, `llama` MoE (Mixtral layout: llama.expert_count / expert_used_count,
 // blk.N.ffn_gate_inp.weight and stacked blk.N.ffn_{gate,up,down}_exps.weight), `qwen3` (per-head q/k
-// RMSNorm: attn_q_norm / attn_k_norm) and `qwen3moe`. Key names, tensor names, shapes and order follow the
+// RMSNorm: attn_q_norm / attn_k_norm), `qwen3moe`, `qwen2` (llama with attn_{q,k,v}.bias, NEOX RoPE) and
+// `qwen2moe` (qwen2's attention; routed experts beside a shared expert: ffn_gate_inp_shexp (1-D) and
+// ffn_{gate,up,down}_shexp, width expert_shared_feed_forward_length). Key names, tensor names, shapes and order follow the
 // llama.cpp-made fixtures in ../shared/conformance/models/. Weights are drawn as those fixtures' were:
 // token_embd N(0, 1), linear weights N(0, 0.5/sqrt(fan_in)), router N(0, 0.5), output N(0, 0.15), norm
-// weights 1 + 0.1 N(0, 1), from a seeded generator: the same spec gives the same bytes.
+// weights 1 + 0.1 N(0, 1), from a seeded generator: the same spec gives the same bytes. Q/K/V biases are
+// N(0, 0.5), the shared expert's gate vector N(0, 2/sqrt(n_embd)) (so its sigmoid spreads over (0, 1)).
 //
 // Weight types: F32, F16, BF16 always; quantized types through car::tensor::quantize_row when car_tensor is
 // linked and can_quantize() says yes (otherwise an error naming the type). Norms and the router are always
-// F32. `q4_k_m` / `q5_k_m` mix types per tensor like llama-quantize (see resolve_tensor_type).
+// F32, and so is every 1-D tensor (biases, the shared expert's gate). `q4_k_m` / `q5_k_m` mix types per
+// tensor like llama-quantize (see resolve_tensor_type).
 //
-// The embedded tokenizer is a SentencePiece (`llama`) vocabulary: <unk>=0, <s>=1, </s>=2 (CONTROL), the
+// The embedded tokenizer (unless `vocab_file` brings a real one) is a SentencePiece (`llama`) vocabulary: <unk>=0, <s>=1, </s>=2 (CONTROL), the
 // 256 byte-fallback tokens <0x00>..<0xFF> (BYTE), then common English pieces with descending scores,
 // padded with generated pieces to `n_vocab`, so any text tokenizes.
 //
@@ -36,26 +40,30 @@
 namespace car::synth {
 
 struct SynthSpec {
-  std::string arch = "llama";   ///< "llama" | "qwen3" | "qwen3moe"
+  std::string arch = "llama";   ///< "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe"
   uint32_t n_layer = 2;
   uint32_t n_embd = 256;
   uint32_t n_ff = 512;          ///< dense FFN width (qwen3moe: feed_forward_length, unused by the model)
   uint32_t n_ff_expert = 0;     ///< MoE expert FFN width; 0 = n_ff
+  uint32_t n_ff_shared = 0;     ///< qwen2moe: the shared expert's FFN width; 0 = n_ff
   uint32_t n_head = 4;
   uint32_t n_head_kv = 2;
   uint32_t head_dim = 0;        ///< 0 = n_embd / n_head
-  uint32_t n_expert = 0;        ///< > 0 makes llama a Mixtral-style MoE; qwen3moe needs it
+  uint32_t n_expert = 0;        ///< > 0 makes llama a Mixtral-style MoE; qwen3moe and qwen2moe need it
   uint32_t n_expert_used = 0;   ///< 0 = min(2, n_expert)
   uint32_t n_vocab = 512;       ///< at least 260 (3 specials + 256 bytes + "▁")
   uint32_t n_ctx = 512;
-  float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen3, qwen3moe)
-  float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama) / 1e-6 (qwen3, qwen3moe)
+  float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen*)
+  float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama) / 1e-6 (qwen*)
   bool tied_embeddings = false; ///< no output.weight (the output projection is token_embd)
   uint64_t seed = 1;
   /// "f32", "f16", "bf16", "q4_k_m", "q5_k_m", or any ggml type name ("q8_0", "q4_0", "q6_k", ...).
   std::string weight_type = "f32";
   std::string name;             ///< general.name; empty = derived from the shape
   std::string chat_template;    ///< tokenizer.chat_template (Jinja text); empty = the key is not written
+  /// A GGUF file (e.g. a vocab-only one) whose tokenizer.* keys are written instead of the embedded SPM
+  /// vocabulary; n_vocab becomes its token count. chat_template, when given, still wins. Empty = embedded.
+  std::string vocab_file;
   uint32_t alignment = 0;       ///< 0 = no general.alignment key (GGUF default 32)
   uint32_t threads = 0;         ///< threads converting / quantizing rows (0 = all cores); same bytes for any
   uint64_t chunk_values = 0;    ///< weights generated per step, rounded to whole rows (0 = 1 Mi); same bytes
@@ -82,7 +90,7 @@ Result<gguf::GgufWriter> build_synth_model(const SynthSpec& spec);
 /// Build and write to `path` (atomically), in bounded memory.
 Result<void> write_synth_model(const SynthSpec& spec, const std::string& path);
 
-/// A very small valid spec per flavour ("llama", "llama-moe", "qwen3", "qwen3moe"): one or two layers,
+/// A very small valid spec per flavour ("llama", "llama-moe", "qwen2", "qwen2moe", "qwen3", "qwen3moe"): two layers,
 /// n_embd 32, vocab 300; a few tens of KB. For unit tests and fuzz seeds.
 SynthSpec tiny_spec(std::string_view flavour);
 

@@ -354,6 +354,7 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   auto gemm_at = [&](int64_t i) { return by_order && (gemm != nullptr ? gemm[i] != 0 : i < n_gemm); };
   const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
   const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
+  const detail::RowsFn rows_gemv = repacked ? k.rows_gemv[slot(w.type)] : nullptr;
   // The repacked tile transposes each chunk's rows before it multiplies, a cost shared by the call's vectors:
   // with fewer than kMinRepackedTileVectors (an expert's rows in a batched decode step) the dot kernels,
   // which give the same bits, are faster.
@@ -375,6 +376,27 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
     if (tile_rp != nullptr) {
       tile_rp(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
               y + begin, ldy, orders);
+      return;
+    }
+    if (repacked && rows_gemv != nullptr) {
+      // A few vectors (an expert's rows in a batched decode step; 2-3 streams): the matvec kernel per vector,
+      // over sub-chunks that stay in L2 while the vectors take their turns, so the weights come from memory
+      // once. It gives the one-row gemv kernel's bits (both are dot_q4_K_q8_K_gemv_ref's) and is faster.
+      const int64_t sub =
+          std::max<int64_t>(1, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)));
+      for (int64_t r0 = begin; r0 < end; r0 += sub) {
+        const int64_t r1 = std::min(end, r0 + sub);
+        for (int64_t i = 0; i < n; ++i) {
+          if (gemm_at(i)) {
+            for (int64_t r = r0; r < r1; ++r) {
+              y[i * ldy + r] = dot_gemm(base + static_cast<size_t>(r) * stride, act_of(i), cols);
+            }
+          } else {
+            rows_gemv(base + static_cast<size_t>(r0) * stride, stride, r1 - r0, act_of(i), cols,
+                      y + i * ldy + r0);
+          }
+        }
+      }
       return;
     }
     if (repacked) {

@@ -36,6 +36,7 @@ enum class Reach { kWire, kWireDaemon, kLocal };
   X(kTooManyConnections, "too_many_connections", kWireDaemon, "past a connection cap; then the close")        \
   X(kLineTimeout, "line_timeout", kWireDaemon, "a request line stayed incomplete too long; then the close")    \
   X(kOutputOverflow, "output_overflow", kWireDaemon, "a stream was cancelled: the client did not read it")     \
+  X(kDeadlineExceeded, "deadline_exceeded", kWireDaemon, "the request's deadline_ms passed before it started")   \
   /* core/gguf: the GGUF reader and writer */                                                                  \
   X(kGgufBadMagic, "gguf_bad_magic", kLocal, "the file does not start with GGUF")                             \
   X(kGgufBadVersion, "gguf_bad_version", kLocal, "a GGUF version other than 2 and 3")                          \

@@ -21,6 +21,8 @@ inline constexpr int kMaxTopLogprobs = 20;
 
 /// The longest idle TTL or keep-alive in seconds (CAR_INFERENCE_MODEL_IDLE_SECS, _MAX_KEEP_ALIVE_SECS, a
 /// request's `keep_alive`): ten years, far beyond any use, and far from overflowing a nanosecond clock.
+/// The longest `deadline_ms` a request may give: a week, far beyond any generation.
+inline constexpr std::int64_t kMaxDeadlineMs = std::int64_t{7} * 24 * 3600 * 1000;
 inline constexpr std::int64_t kMaxIdleSecs = std::int64_t{10} * 365 * 24 * 3600;
 
 /// The longest Unix socket path (sizeof(sockaddr_un::sun_path) - 1): the NDJSON socket and a `unix:` HTTP

@@ -123,12 +123,11 @@ openai::ApiError api_error(int status, std::string message, std::string code, st
 
 void Connection::token(const std::shared_ptr<Call>& call, const protocol::TokenEvent& event) {
   // A token whose bytes are held back (inside a UTF-8 character) still carries its logprob.
-  if (closed_ || !stream_ || overflowed_ || (event.text.empty() && !event.logprobs)) return;
+  if (closed_ || !stream_ || !stream_->stream || overflowed_ || (event.text.empty() && !event.logprobs)) return;
   // Encoded now, so the bound counts the bytes as they will be written (an SSE event is some 150 bytes
   // of JSON around a token of a few).
-  std::string ev = openai::sse_event(openai::text_chunk(stream_->endpoint, *stream_->mapped, stream_->id,
-                                                        stream_->created, event.text, false,
-                                                        event.logprobs ? &*event.logprobs : nullptr));
+  std::string ev = stream_->event(event);
+  if (ev.empty()) return;
   const std::size_t bound = front_.max_pending_bytes();
   if (front_.limits().overflows(buffered_, ev.size())) {
     overflowed_ = true;
@@ -179,6 +178,7 @@ awaitable<void> Connection::run() {
 awaitable<bool> Connection::read_request(Request& req, bool first, bool& ok) {
   const auto& o = front_.options();
   ok = false;
+  api_ = Api::kOpenAi;  // errors before a request is routed take OpenAI's shape
   // 1. Wait for the first byte: an idle keep-alive connection may wait idle_timeout.
   if (buffer_.size() == 0) {
     timer_.expires_after(first ? o.header_timeout : o.idle_timeout);
@@ -260,8 +260,9 @@ bool Connection::authorized(const Request& req) const {
 
 /// The endpoint label of car_inference_http_requests_total: one of a fixed set, never the client's text.
 static std::string_view metrics_endpoint(std::string_view target) {
-  for (std::string_view e :
-       {"/health", "/ready", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"})
+  for (std::string_view e : {"/health", "/ready", "/metrics", "/v1/models", "/v1/completions",
+                             "/v1/chat/completions", "/api/tags", "/api/show", "/api/generate", "/api/chat",
+                             "/api/ps", "/api/version"})
     if (target == e) return e;
   if (target.starts_with("/v1/models/")) return "/v1/models/{id}";
   return "other";
@@ -288,8 +289,16 @@ awaitable<bool> Connection::serve(Request& req) {
     co_return co_await send_json(is_ready ? bhttp::status::ok : bhttp::status::service_unavailable,
                                  status_json(is_ready ? "ready" : "not ready"), keep);
   }
+  api_ = target == "/api" || target.starts_with("/api/") ? Api::kOllama : Api::kOpenAi;
+  if (target == "/") {  // what tools probing for a server (Ollama's clients among them) ask first
+    if (!get) co_return co_await send_error(not_allowed, keep);
+    Response res{bhttp::status::ok, req.version()};
+    res.set(bhttp::field::content_type, "text/plain; charset=utf-8");
+    res.body() = "car-inferenced is running (OpenAI API at /v1, Ollama API at /api)\n";
+    co_return co_await send(std::move(res), keep);
+  }
   const bool known = target == "/metrics" || target == "/v1/models" || target.starts_with("/v1/models/") ||
-                     target == "/v1/completions" || target == "/v1/chat/completions";
+                     target == "/v1/completions" || target == "/v1/chat/completions" || api_ == Api::kOllama;
   if (!known) {
     co_return co_await send_error(
         api_error(404, "no such endpoint: " + std::string(req.method_string()) + " " + std::string(target),
@@ -299,9 +308,11 @@ awaitable<bool> Connection::serve(Request& req) {
   if (!authorized(req)) {
     const openai::ApiError e =
         api_error(401, "missing or incorrect API key (send Authorization: Bearer KEY)", "invalid_api_key");
-    co_return co_await send_json(bhttp::status::unauthorized, openai::error_body(e), keep,
-                                 one_header("WWW-Authenticate", "Bearer"));
+    json body = openai::error_body(e);
+    if (api_ == Api::kOllama) body = ollama::error_body(e);
+    co_return co_await send_json(bhttp::status::unauthorized, body, keep, one_header("WWW-Authenticate", "Bearer"));
   }
+  if (api_ == Api::kOllama) co_return co_await serve_ollama(req, target);
   if (target == "/metrics") {
     if (!get) co_return co_await send_error(not_allowed, keep);
     const auto& metrics = front_.options().metrics;
@@ -386,25 +397,91 @@ awaitable<bool> Connection::complete(openai::Endpoint endpoint, Request& req) {
   co_return keep;
 }
 
+std::string Connection::Stream::event(const protocol::TokenEvent& ev) const {
+  if (api == Api::kOllama) {
+    if (ev.text.empty()) return {};
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    return ollama::text_line(ollama_endpoint, model,
+                             ollama::rfc3339(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()),
+                             ev.text);
+  }
+  return openai::sse_event(openai::text_chunk(endpoint, *mapped, id, created, ev.text, false,
+                                              ev.logprobs ? &*ev.logprobs : nullptr));
+}
+
+std::string Connection::Stream::opening() const {
+  if (api == Api::kOllama) return {};
+  return openai::sse_event(openai::text_chunk(endpoint, *mapped, id, created, "", true));
+}
+
+std::string Connection::Stream::closing(const Reply& reply) const {
+  if (api == Api::kOllama) {
+    if (!reply.ok) {
+      return protocol::dump(ollama::error_body(ollama::from_car_error(reply.code, reply.message))) + "\n";
+    }
+    CAR_CHECK(reply.infer.has_value());
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    return ollama::final_object(ollama_endpoint, model,
+                                ollama::rfc3339(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()),
+                                *reply.infer, "", true);
+  }
+  std::string events;
+  if (reply.ok) {
+    CAR_CHECK(reply.infer.has_value());  // an ok infer reply carries its typed result
+    const protocol::GenerateOutput& output = reply.infer->output;
+    events += openai::sse_event(openai::finish_chunk(endpoint, *mapped, id, created, output.finish_reason));
+    if (mapped->include_usage) {
+      events += openai::sse_event(openai::usage_chunk(endpoint, *mapped, id, created, output));
+    }
+  } else {
+    events += openai::sse_event(
+        protocol::dump(openai::error_body(openai::from_car_error(reply.code, reply.message))));
+  }
+  return events + openai::sse_done();
+}
+
+std::string Connection::Stream::content_type() const {
+  return api == Api::kOllama ? "application/x-ndjson" : "text/event-stream";
+}
+
 awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
-  bool keep = req.keep_alive();
-  const bool chunked = req.version() >= 11;
+  const bool keep = req.keep_alive();
   const auto received = Clock::now();
   openai::Mapped m;
   if (auto e = openai::map_request(endpoint, req.body(), m)) co_return co_await send_error(*e, keep);
   req.body() = std::string();  // mapped: the body is not needed any more
-  const json id = next_id_++;
-  const std::string cid =
-      (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
-      hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(id.get<int64_t>()) ^
-            static_cast<uint64_t>(received.time_since_epoch().count()));
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  Stream st;
+  st.api = Api::kOpenAi;
+  st.stream = m.stream;
+  st.endpoint = endpoint;
+  st.mapped = &m;
+  st.id = (endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
+          hex64((static_cast<uint64_t>(number_) << 32) ^ static_cast<uint64_t>(next_id_) ^
+                static_cast<uint64_t>(received.time_since_epoch().count()));
+  st.created = created;
+  stream_ = std::move(st);
+  auto infer = std::move(m.infer).finish();
+  if (infer) {
+    infer->no_template_hint = endpoint == openai::Endpoint::kChat
+                                  ? "this endpoint cannot take one: send the text to /v1/completions as a prompt"
+                                  : "";
+  }
+  co_return co_await run_completion(std::move(infer), keep, req.version() >= 11, received,
+                                    [&](protocol::InferResult& result) {
+    return openai::response(endpoint, m, result, stream_->id, created);
+  });
+}
+
+awaitable<bool> Connection::run_completion(Result<protocol::InferParams> infer, bool keep, bool chunked,
+                                           std::chrono::steady_clock::time_point received,
+                                           const std::function<std::string(protocol::InferResult&)>& body) {
+  const bool streamed = stream_->stream;
   final_.reset();
   client_gone_ = false;
-  if (m.stream) stream_ = Stream{endpoint, &m, cid, created};
   overflowed_ = false;
   // The typed request, validated by the infer field table's rows as a socket request's fields are.
-  front_.handler().handle_infer(shared_from_this(), id, std::move(m.infer).finish(), received);
+  front_.handler().handle_infer(shared_from_this(), next_id(), std::move(infer), received);
   if (!chunked) keep = false;
   bool header_sent = false;
   auto frame = [&](std::string data) {
@@ -415,9 +492,8 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   };
   auto header = [&]() {
     front_.handler().metrics().count_http(endpoint_, 200);
-    std::string h =
-        "HTTP/1.1 200 OK\r\nServer: car-inferenced\r\nContent-Type: text/event-stream\r\n"
-        "Cache-Control: no-cache\r\n";
+    std::string h = "HTTP/1.1 200 OK\r\nServer: car-inferenced\r\nContent-Type: " + stream_->content_type() +
+                    "\r\nCache-Control: no-cache\r\n";
     h += chunked ? "Transfer-Encoding: chunked\r\n" : "";
     h += keep ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     return h;
@@ -429,14 +505,14 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
       co_await wait_signal();
       continue;
     }
-    if (m.stream && !queued_.empty() && !(final_ && !final_->ok && !header_sent)) {
+    if (streamed && !queued_.empty() && !(final_ && !final_->ok && !header_sent)) {
       // The queued events go into one write; until it is done they are still counted (buffered_), so
       // the events queued meanwhile and this write together stay within the bound.
       std::string out;
       if (!header_sent) {
         out += header();
         header_sent = true;
-        out += frame(openai::sse_event(openai::text_chunk(endpoint, m, cid, created, "", true)));
+        out += frame(stream_->opening());
       }
       const std::size_t moved = queued_.size();
       out += frame(std::exchange(queued_, std::string()));
@@ -456,14 +532,14 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
   if (client_gone_ || closed_) co_return false;
   Reply reply = std::move(*final_);
   final_.reset();
-  if (!m.stream) {
-    if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
+  if (!streamed) {
+    if (!reply.ok) co_return co_await send_error(car_error(reply.code, reply.message), keep);
     // Only the response text is held while a slow client reads it: written from the typed result without
     // a document, which is freed before the write.
     CAR_CHECK(reply.infer.has_value());  // an ok infer reply carries its typed result
     Response res{bhttp::status::ok, 11};
-    res.set(bhttp::field::content_type, "application/json");
-    res.body() = openai::response(endpoint, m, *reply.infer, cid, created);
+    res.set(bhttp::field::content_type, "application/json; charset=utf-8");
+    res.body() = body(*reply.infer);
     reply.infer.reset();
     co_return co_await send(std::move(res), keep);
   }
@@ -474,24 +550,13 @@ awaitable<bool> Connection::generate(openai::Endpoint endpoint, Request& req) {
                                "the stream as it arrives");
   }
   if (!header_sent) {
-    if (!reply.ok) co_return co_await send_error(openai::from_car_error(reply.code, reply.message), keep);
+    if (!reply.ok) co_return co_await send_error(car_error(reply.code, reply.message), keep);
     std::string out = header();
-    out += frame(openai::sse_event(openai::text_chunk(endpoint, m, cid, created, "", true)));
+    out += frame(stream_->opening());
     header_sent = true;
     if (!co_await write_raw(std::move(out))) co_return false;
   }
-  std::string events;
-  if (reply.ok) {
-    CAR_CHECK(reply.infer.has_value());  // an ok infer reply carries its typed result
-    const protocol::GenerateOutput& output = reply.infer->output;
-    events += openai::sse_event(openai::finish_chunk(endpoint, m, cid, created, output.finish_reason));
-    if (m.include_usage) events += openai::sse_event(openai::usage_chunk(endpoint, m, cid, created, output));
-  } else {
-    events += openai::sse_event(
-        protocol::dump(openai::error_body(openai::from_car_error(reply.code, reply.message))));
-  }
-  events += openai::sse_done();
-  std::string out = frame(std::move(events));
+  std::string out = frame(stream_->closing(reply));
   if (chunked) out += "0\r\n\r\n";
   if (!co_await write_raw(std::move(out))) co_return false;
   co_return keep;
@@ -532,8 +597,14 @@ awaitable<bool> Connection::send_json(bhttp::status status, const json& body, bo
 awaitable<bool> Connection::send_error(const openai::ApiError& e, bool keep_alive) {
   std::vector<std::pair<std::string, std::string>> headers;
   if (e.status == 429) headers.emplace_back("Retry-After", "1");
-  co_return co_await send_json(static_cast<bhttp::status>(e.status), openai::error_body(e), keep_alive,
-                               headers);
+  // A local, not a temporary in the co_await (g++ 12 destroys a conditional's temporary too early there).
+  json body = openai::error_body(e);
+  if (api_ == Api::kOllama) body = ollama::error_body(e);
+  co_return co_await send_json(static_cast<bhttp::status>(e.status), body, keep_alive, headers);
+}
+
+openai::ApiError Connection::car_error(std::string_view code, std::string_view message) const {
+  return api_ == Api::kOllama ? ollama::from_car_error(code, message) : openai::from_car_error(code, message);
 }
 
 }  // namespace car::daemon::http

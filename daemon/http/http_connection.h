@@ -10,7 +10,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/http/http_server.h"
+#include "daemon/http/ollama.h"
 #include "daemon/http/openai.h"
 #include "daemon/request_handler.h"
 
@@ -96,10 +99,27 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   }
   awaitable<bool> send_json(bhttp::status status, const json& body, bool keep_alive,
                             const std::vector<std::pair<std::string, std::string>>& headers = {});
+  /// An error in the shape of the API being served (api_): OpenAI's error object or Ollama's {"error"}.
   awaitable<bool> send_error(const openai::ApiError& e, bool keep_alive);
+  /// The HTTP error for a car error reply, in the API being served.
+  openai::ApiError car_error(std::string_view code, std::string_view message) const;
   awaitable<bool> write_raw(std::string data);
   awaitable<bool> complete(openai::Endpoint endpoint, Request& req);
   awaitable<bool> generate(openai::Endpoint endpoint, Request& req);
+  /// Hand `infer` to the handler and write its answer as `stream_` says (set by the caller).
+  awaitable<bool> run_completion(Result<protocol::InferParams> infer, bool keep, bool chunked,
+                                 std::chrono::steady_clock::time_point received,
+                                 const std::function<std::string(protocol::InferResult&)>& body);
+  // The Ollama API (http_connection_ollama.cpp).
+  awaitable<bool> serve_ollama(Request& req, std::string_view target);
+  awaitable<bool> ollama_complete(ollama::Endpoint endpoint, Request& req);
+  awaitable<bool> ollama_load(const ollama::Mapped& m, ollama::Endpoint endpoint, bool keep,
+                              std::chrono::steady_clock::time_point received);
+  awaitable<bool> ollama_tags(const Request& req);
+  awaitable<bool> ollama_ps(const Request& req);
+  awaitable<bool> ollama_show(Request& req);
+  /// The next request id of this connection.
+  json next_id() { return next_id_++; }
   awaitable<bool> models(const Request& req, std::string_view id);
   bool authorized(const Request& req) const;
   void watch_for_close();
@@ -116,12 +136,28 @@ class Connection final : public Client, public std::enable_shared_from_this<Conn
   bool serving_ = false;  // a request was read and its response is not written yet
   bool closing_ = false;  // close after the current response
   std::string_view endpoint_ = "other";  ///< the request's endpoint as a metrics label (a fixed string)
-  // The completion in progress. A streamed one encodes each token's SSE event as it arrives (token()).
+  // Which API the request being served speaks: its errors take that API's shape.
+  enum class Api { kOpenAi, kOllama };
+  Api api_ = Api::kOpenAi;
+  // The completion in progress and how its answer is written: OpenAI's server-sent events or Ollama's
+  // newline-delimited JSON. A streamed one encodes each token's event as it arrives (token()).
   struct Stream {
-    openai::Endpoint endpoint;
-    const openai::Mapped* mapped;  // complete()'s, while it runs
+    Api api = Api::kOpenAi;
+    bool stream = false;
+    openai::Endpoint endpoint = openai::Endpoint::kCompletions;
+    const openai::Mapped* mapped = nullptr;  // complete()'s, while it runs (OpenAI)
     std::string id;
-    int64_t created;
+    int64_t created = 0;
+    ollama::Endpoint ollama_endpoint = ollama::Endpoint::kGenerate;
+    std::string model;       // Ollama: the model as the request named it
+    std::string created_at;  // Ollama: RFC 3339, the request's (each line of a stream carries its own)
+    /// One token's event, encoded (empty: nothing to send).
+    std::string event(const protocol::TokenEvent& ev) const;
+    /// What a stream starts with (OpenAI chat: the role chunk).
+    std::string opening() const;
+    /// What a stream ends with: the finish (and usage) events, or the error; with [DONE] for OpenAI.
+    std::string closing(const Reply& reply) const;
+    std::string content_type() const;
   };
   std::optional<Stream> stream_;
   std::string queued_;        // SSE events not yet handed to a write

@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "core/chat/model_chat.h"
 #include "core/util/limits.h"
 #include "core/util/suggest.h"
 #include "daemon/protocol.h"
@@ -372,13 +373,23 @@ ApiError from_car_error(std::string_view code, std::string_view message) {
   e.code = std::string(code);
   if (code == protocol::code::kBadRequest || code == protocol::code::kContextOverflow) {
     e.status = 400;
-    if (code == protocol::code::kContextOverflow) e.code = "context_length_exceeded";
+    if (code == protocol::code::kContextOverflow) {
+      e.code = "context_length_exceeded";
+      e.param = "max_tokens";  // the prompt plus max_tokens: the one a client can lower without losing text
+    } else if (message.starts_with(chat::kNoChatTemplateMessage) || message.starts_with("messages") ||
+               message.starts_with("chat template") || message.starts_with("the chat template")) {
+      e.param = "messages";  // the runtime's rendering errors (daemon/engine_runtime.cpp)
+    } else if (message.starts_with("the prompt")) {
+      e.param = "prompt";
+    }
   } else if (code == protocol::code::kNotFound) {
     e.status = 404;
     e.code = "model_not_found";
+    e.param = "model";
   } else if (code == protocol::code::kForbidden) {
     e.status = 400;  // a model id with a path in it: the client's mistake
     e.code = "invalid_model";
+    e.param = "model";
   } else if (code == protocol::code::kBusy) {
     e.status = 429;
     e.type = "rate_limit_error";

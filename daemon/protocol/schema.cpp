@@ -180,6 +180,14 @@ Result<void> read(const InferFieldInfo&, json& v, std::optional<std::chrono::sec
   return {};
 }
 
+/// `deadline_ms`: whole milliseconds within the row's range.
+Result<void> read(const InferFieldInfo& f, json& v, std::optional<std::chrono::milliseconds>& out) {
+  auto n = integer_value(f.name, v, static_cast<int64_t>(f.lo), static_cast<int64_t>(f.hi));
+  if (!n) return n.error();
+  out = std::chrono::milliseconds(*n);
+  return {};
+}
+
 /// Set field `id` of `p` from `value` (not null) with its row's reader.
 Result<void> read_field(InferField id, json& value, InferParams& p) {
   switch (id) {

@@ -51,6 +51,13 @@ struct GenerateParams {
   /// The request gave `seed`; when false the daemon draws a fresh random one into generate.sampling.seed
   /// (and reports it), so sampled text is reproducible only when asked for.
   bool seed_given = false;
+  // Set by a front after parsing; never wire fields.
+  /// With `messages`: when the model has no chat template (and none was given), generate.prompt is used as
+  /// it is instead of failing (Ollama's /api/generate treats a template-less model's prompt as raw text).
+  bool raw_without_template = false;
+  /// How this front's client gives a chat template, ending the message of a request refused for having none
+  /// ("give one in the request's `chat_template` field" on the socket).
+  std::string no_template_hint = "give one in the request's \"chat_template\" field";
 };
 
 /// An `infer` request, validated: what to generate plus what the daemon does around it.
@@ -61,6 +68,9 @@ struct InferParams : GenerateParams {
   /// How long the model stays loaded after this request (before the daemon's cut to
   /// CAR_INFERENCE_MAX_KEEP_ALIVE_SECS); nullopt: the cache's idle TTL.
   std::optional<std::chrono::seconds> keep_alive;
+  /// How long after its arrival the request may run: past it, one not started yet is deadline_exceeded and
+  /// one generating ends with finish_reason "deadline" and the text so far. nullopt: no deadline.
+  std::optional<std::chrono::milliseconds> deadline;
 };
 
 /// An infer field's JSON type, as docs/protocol.md's table names it.
@@ -108,7 +118,8 @@ enum class OpenAi {
   X(kLogprobs, "logprobs", kBoolean, 0, 0, generate.logprobs, kMapped)                                  \
   X(kTopLogprobs, "top_logprobs", kInteger, 0, limits::kMaxTopLogprobs, generate.top_logprobs, kMapped) \
   X(kNumCtx, "num_ctx", kInteger, 0, limits::kMaxContextTokens, generate.num_ctx, kNone)                \
-  X(kKeepAlive, "keep_alive", kInteger, 0, limits::kMaxIdleSecs, keep_alive, kNone)
+  X(kKeepAlive, "keep_alive", kInteger, 0, limits::kMaxIdleSecs, keep_alive, kNone)                    \
+  X(kDeadlineMs, "deadline_ms", kInteger, 1, limits::kMaxDeadlineMs, deadline, kNone)
 
 enum class InferField {
 #define CAR_INFER_FIELD_ENUM(e, name, type, lo, hi, member, openai) e,

@@ -1,8 +1,9 @@
 // fuzz_http: bytes as an HTTP client would send them. The first byte picks the chunk size the bytes are
 // fed to Beast's request parser in (a socket delivers any split). A complete request's body goes through
-// openai::map_request for both endpoints; whatever car's validation says of the mapped request
-// (InferBuilder::finish), the response, chunk, usage and error builders must make JSON that parses, and every
-// SSE event must end with a blank line. Nothing may throw.
+// openai::map_request and ollama::map_request for every endpoint; whatever car's validation says of the
+// mapped request (InferBuilder::finish), the response, chunk, usage and error builders must make JSON that
+// parses, every SSE event must end with a blank line and every Ollama stream line with one newline. Nothing
+// may throw.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "daemon/http/ollama.h"
 #include "daemon/http/openai.h"
 #include "daemon/protocol.h"
 
@@ -20,6 +22,7 @@ namespace {
 namespace bhttp = boost::beast::http;
 using nlohmann::json;
 namespace openai = car::daemon::http::openai;
+namespace ollama = car::daemon::http::ollama;
 
 void require(bool ok) {
   if (!ok) std::abort();
@@ -63,6 +66,37 @@ void map_body(openai::Endpoint endpoint, std::string_view body) {
   check_event(openai::sse_event(openai::usage_chunk(endpoint, m, "id", 0, result.output)));
 }
 
+void check_line(const std::string& line) {
+  require(!line.empty() && line.back() == '\n' && line.find('\n') == line.size() - 1);
+  require(json::accept(line));
+}
+
+void map_ollama(ollama::Endpoint endpoint, std::string_view body) {
+  ollama::Mapped m;
+  auto err = ollama::map_request(endpoint, body, m);
+  if (err) {
+    require(err->status == 400 && !err->message.empty());
+    check_line(car::protocol::dump(ollama::error_body(*err)) + "\n");
+    return;
+  }
+  require(!m.model.empty());
+  require(!m.unload || m.load_only);
+  if (m.load_only) {
+    require(json::accept(ollama::load_object(endpoint, m.model, "t", m.unload)));
+    return;
+  }
+  auto infer = std::move(m.infer).finish();
+  if (!infer.ok()) return;
+  car::protocol::InferResult result;
+  result.model = infer->model;
+  result.output.text = m.raw_prompt;
+  result.output.finish_reason = "stop";
+  result.output.tokens = {1};
+  check_line(ollama::text_line(endpoint, m.model, "t", m.raw_prompt));
+  check_line(ollama::final_object(endpoint, m.model, "t", result, "", true));
+  require(json::accept(ollama::final_object(endpoint, m.model, "t", result, m.raw_prompt, false)));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
@@ -95,5 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   require(req.body().size() <= (1u << 20));
   map_body(openai::Endpoint::kChat, req.body());
   map_body(openai::Endpoint::kCompletions, req.body());
+  map_ollama(ollama::Endpoint::kGenerate, req.body());
+  map_ollama(ollama::Endpoint::kChat, req.body());
   return 0;
 }

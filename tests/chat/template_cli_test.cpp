@@ -166,7 +166,9 @@ TEST(TemplateCli, RunChatRendersTheTemplateWithOneBos) {
   // No template in the model and none given: a clear error, not a raw prompt.
   r = run_shell(car_cmd() + " run " + model + " --chat hi -n 1", tmp);
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("no tokenizer.chat_template"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no chat template (tokenizer.chat_template): give one with --chat-template FILE"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

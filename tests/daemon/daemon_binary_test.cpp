@@ -439,6 +439,10 @@ TEST_F(DaemonBinaryEngineTest, MessagesAreRenderedWithTheModelsOrTheRequestsTemp
   json none = infer("tiny", {{"messages", messages}});
   EXPECT_EQ(none["error"]["code"], "bad_request") << none.dump();
   EXPECT_NE(none["error"]["message"].get<std::string>().find("no chat template"), std::string::npos);
+  // The socket's own way to give one (HTTP and car chat name theirs).
+  EXPECT_NE(none["error"]["message"].get<std::string>().find("the request's \"chat_template\" field"),
+            std::string::npos)
+      << none.dump();
   json broken = infer("tiny", {{"messages", messages}, {"chat_template", "{% for m in messages %}{{ m.role }"}});
   EXPECT_EQ(broken["error"]["code"], "bad_request") << broken.dump();
   EXPECT_NE(broken["error"]["message"].get<std::string>().find("chat template"), std::string::npos);
@@ -1125,6 +1129,64 @@ std::string http_health(const std::string& path) {
   }
   ::close(fd);
   return got.substr(0, got.find("\r\n"));
+}
+
+// Socket activation with several sockets (docs/operations.md): systemd passes them by name; the one named
+// http is the HTTP front's, the other the NDJSON socket. Neither is unlinked at exit (systemd owns both).
+TEST_F(DaemonBinaryTest, SocketActivationTakesTheSocketsByName) {
+  const std::string http = (tmp_ / "http.sock").string();
+  const int http_fd = listening_socket(http);
+  const int ndjson_fd = listening_socket(socket_);
+  ASSERT_GE(http_fd, 0);
+  ASSERT_GE(ndjson_fd, 0);
+  // The HTTP one first: the daemon goes by the names, not the order.
+  daemon_ = std::make_unique<DaemonProcess>(env_, (tmp_ / "daemon.log").string(),
+                                            std::vector<DaemonProcess::Passed>{{http_fd, "http"}, {ndjson_fd, ""}});
+  ::close(http_fd);
+  ::close(ndjson_fd);
+  auto conn = connect();
+  EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true) << daemon_->log();
+  EXPECT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
+  EXPECT_TRUE(std::filesystem::exists(socket_));
+  EXPECT_TRUE(std::filesystem::exists(http));
+}
+
+TEST_F(DaemonBinaryTest, SocketActivationWithOnlyTheHttpSocketBindsTheUnixSocketItself) {
+  const std::string http = (tmp_ / "http.sock").string();
+  const int http_fd = listening_socket(http);
+  ASSERT_GE(http_fd, 0);
+  daemon_ = std::make_unique<DaemonProcess>(env_, (tmp_ / "daemon.log").string(),
+                                            std::vector<DaemonProcess::Passed>{{http_fd, "http"}});
+  ::close(http_fd);
+  ASSERT_TRUE(wait_until([&] { return std::filesystem::exists(socket_); })) << daemon_->log();
+  auto conn = connect();
+  EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true) << daemon_->log();
+  EXPECT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
+  EXPECT_FALSE(std::filesystem::exists(socket_)) << "its own socket file: removed at exit";
+}
+
+TEST_F(DaemonBinaryTest, SocketActivationRefusesTwoUnnamedSocketsOrTwoNamedHttp) {
+  for (const char* second : {"", "http"}) {
+    const std::string a = (tmp_ / "a.sock").string();
+    const std::string b = (tmp_ / "b.sock").string();
+    std::filesystem::remove(a);
+    std::filesystem::remove(b);
+    const int fa = listening_socket(a);
+    const int fb = listening_socket(b);
+    ASSERT_GE(fa, 0);
+    ASSERT_GE(fb, 0);
+    DaemonProcess p(env_, (tmp_ / "bad.log").string(),
+                    std::vector<DaemonProcess::Passed>{{fa, second}, {fb, second}});
+    ::close(fa);
+    ::close(fb);
+    auto code = p.wait_exit(20s);
+    ASSERT_TRUE(code.has_value()) << "still running; log:\n" << p.log();
+    EXPECT_EQ(*code, 2) << p.log();
+    EXPECT_NE(p.log().find(*second ? "two sockets named http" : "passed 2 sockets"), std::string::npos) << p.log();
+    EXPECT_FALSE(std::filesystem::exists(socket_));
+  }
 }
 
 // issue #23: a second daemon given the first one's --http unix: path must not take the socket over (nor

@@ -26,7 +26,16 @@ inline const std::string kBinary = std::string(CAR_BINARY_DIR) + "/daemon/car-in
 /// One car-inferenced child process. Killed (SIGKILL) if a test leaves it running.
 class DaemonProcess {
  public:
+  /// A socket passed as systemd passes it: the fd and its FileDescriptorName= ("" for none).
+  struct Passed {
+    int fd;
+    std::string name;
+  };
   DaemonProcess(std::map<std::string, std::string> env, std::string log_path, int activation_fd = -1)
+      : DaemonProcess(std::move(env), std::move(log_path),
+                      activation_fd >= 0 ? std::vector<Passed>{{activation_fd, ""}} : std::vector<Passed>{}) {}
+  /// Started with `passed` as fds 3, 4, ... and LISTEN_FDS / LISTEN_FDNAMES / LISTEN_PID set.
+  DaemonProcess(std::map<std::string, std::string> env, std::string log_path, std::vector<Passed> passed)
       : log_path_(std::move(log_path)) {
     std::vector<std::string> env_strings;
     for (const char* keep : {"PATH", "TSAN_OPTIONS", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"}) {
@@ -40,13 +49,20 @@ class DaemonProcess {
         ::dup2(log, STDERR_FILENO);
         ::dup2(log, STDOUT_FILENO);
       }
-      if (activation_fd >= 0) {
-        if (activation_fd != 3) {
-          ::dup2(activation_fd, 3);
-          ::close(activation_fd);
+      if (!passed.empty()) {
+        // Move them above the target range first, so dup2 never overwrites one not yet moved.
+        std::vector<int> high;
+        for (const Passed& p : passed) high.push_back(::fcntl(p.fd, F_DUPFD, 100));
+        std::string names;
+        for (std::size_t i = 0; i < passed.size(); ++i) {
+          const int target = 3 + static_cast<int>(i);
+          ::dup2(high[i], target);
+          ::close(high[i]);
+          ::fcntl(target, F_SETFD, 0);  // inherited across exec
+          names += (i > 0 ? ":" : "") + (passed[i].name.empty() ? std::string("unknown") : passed[i].name);
         }
-        ::fcntl(3, F_SETFD, 0);  // inherited across exec
-        env_strings.push_back("LISTEN_FDS=1");
+        env_strings.push_back("LISTEN_FDS=" + std::to_string(passed.size()));
+        env_strings.push_back("LISTEN_FDNAMES=" + names);
         env_strings.push_back("LISTEN_PID=" + std::to_string(::getpid()));
       }
       std::vector<char*> envp;

@@ -143,6 +143,36 @@ TEST_F(DaemonHandlerTest, CancelReachesARequestWaitingForItsModel) {
   EXPECT_EQ(done["first"]["result"]["finish_reason"], "cancelled");
 }
 
+// deadline_ms cancels a request as `cancel` would, wherever it stands: one generating ends with
+// finish_reason "deadline" and its tokens so far, one still waiting for its model with deadline_exceeded.
+TEST_F(DaemonHandlerTest, ADeadlineEndsARunningRequestAndOneThatHadNotStarted) {
+  options_.workers = 2;
+  start();
+  auto conn = connect();
+  json hold = {{"id", "first"}, {"op", "infer"}, {"model", "a"}, {"prompt", "hold"}, {"max_tokens", 1},
+               {"stream", true}, {"deadline_ms", 400}};
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
+  EXPECT_EQ(read_json(conn)["event"], "token");  // "first" is generating, and holds model a
+  hold["id"] = "second";
+  hold["deadline_ms"] = 100;  // waits for a's lock and passes its deadline there
+  ASSERT_TRUE(conn.send_line(hold.dump()).ok());
+  std::map<std::string, json> done;
+  ASSERT_TRUE(collect_replies(conn, done, 2));
+  EXPECT_EQ(error_code(done["second"]), "deadline_exceeded") << done["second"].dump();
+  EXPECT_NE(done["second"]["error"]["message"].get<std::string>().find("deadline_ms 100"), std::string::npos);
+  EXPECT_EQ(done["first"]["ok"], true) << done["first"].dump();
+  EXPECT_EQ(done["first"]["result"]["finish_reason"], "deadline");
+  EXPECT_GE(done["first"]["result"]["tokens"].size(), 1u);
+  // A deadline that does not pass changes nothing.
+  json quick = call(conn, {{"id", "q"}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"}, {"max_tokens", 2},
+                           {"deadline_ms", 60000}});
+  EXPECT_EQ(quick["ok"], true) << quick.dump();
+  EXPECT_NE(quick["result"]["finish_reason"], "deadline");
+  EXPECT_EQ(error_code(call(conn, {{"id", "z"}, {"op", "infer"}, {"model", "a"}, {"prompt", "x"},
+                                   {"deadline_ms", 0}})),
+            "bad_request");
+}
+
 TEST_F(DaemonHandlerTest, LoadReportsHitsAndSingleFlight) {
   start();
   auto conn = connect();

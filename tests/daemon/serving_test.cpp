@@ -235,6 +235,24 @@ TEST_F(DaemonServingTest, CarChatFollowUpTurnDoesNotRerunTheHistory) {
   EXPECT_GE(cached, static_cast<int64_t>(history_tokens(*tok))) << "car chat's second turn recomputed the history";
 }
 
+TEST_F(DaemonServingTest, CarChatNamesItsFlagForAModelWithoutATemplate) {
+  write_model(models_ / "plain.gguf", 7, false, "");
+  start();
+  const std::string input = (tmp_ / "turn.txt").string();
+  std::ofstream(input) << "Hello\n";
+  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car chat plain -n 4 --socket " + socket_ + " < " +
+                          input + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  EXPECT_NE(::pclose(p), 0) << out;
+  EXPECT_NE(out.find("no chat template"), std::string::npos) << out;
+  EXPECT_NE(out.find("--chat-template FILE"), std::string::npos) << out;
+  EXPECT_EQ(out.find("chat_template\" field"), std::string::npos) << "the socket's wording: " << out;
+}
+
 /// One streamed request's lines: every token event as the bytes the daemon sent, then the final reply.
 struct StreamLines {
   std::vector<std::string> events;
@@ -270,19 +288,24 @@ json stream_request(const std::string& id, const std::string& prompt, int max_to
   return r;
 }
 
-TEST_F(DaemonServingTest, CancelAndDisconnectLeaveTheOtherStreamsByteIdentical) {
+TEST_F(DaemonServingTest, CancelDisconnectAndDeadlineLeaveTheOtherStreamsByteIdentical) {
   write_model(models_ / "tiny.gguf", 1, true);
   start();
   // The companions are long enough (1000 steps) that the cancel and the disconnect land while they run.
   const json a = stream_request("a", "The first companion", 1000, false);
   const json b = stream_request("b", "A second one, sampled", 1000, true);
   std::map<std::string, StreamLines> solo;
+  const auto solo_start = std::chrono::steady_clock::now();
   for (const json& r : {a, b}) {
     auto conn = connect();
     ASSERT_TRUE(conn.send_line(r.dump()).ok());
     solo[r["id"]] = read_stream(conn);
     ASSERT_EQ(solo[r["id"]].reply["ok"], true) << solo[r["id"]].reply.dump();
   }
+  // One companion alone takes half of this; batched with the others, longer.
+  const auto solo_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                             solo_start)
+                           .count();
 
   // Two long streams start first; the companions join them; then one long stream is cancelled and the
   // other's client disconnects while the companions are still generating.
@@ -292,6 +315,11 @@ TEST_F(DaemonServingTest, CancelAndDisconnectLeaveTheOtherStreamsByteIdentical) 
   ASSERT_TRUE(dropped->send_line(stream_request("d", "To be dropped", 1900, true).dump()).ok());
   ASSERT_EQ(read_json(cancelled, 60s)["event"], "token");
   ASSERT_EQ(read_json(*dropped, 60s)["event"], "token");
+  // A third long stream whose deadline passes while the companions run (an eighth of one's solo time).
+  auto timed = connect();
+  json e = stream_request("e", "To run out of time", 1900, false);
+  e["deadline_ms"] = std::max<int64_t>(1, solo_ms / 16);
+  ASSERT_TRUE(timed.send_line(e.dump()).ok());
   auto ca = connect(), cb = connect();
   ASSERT_TRUE(ca.send_line(a.dump()).ok());
   ASSERT_TRUE(cb.send_line(b.dump()).ok());
@@ -308,7 +336,10 @@ TEST_F(DaemonServingTest, CancelAndDisconnectLeaveTheOtherStreamsByteIdentical) 
     return daemon_->log().find("id=\"" + id + "\" op=\"infer\" model=\"tiny\" outcome=ok(cancelled") !=
            std::string::npos;
   };
-  EXPECT_TRUE(wait_until([&] { return ended("c") && ended("d"); }, 20s)) << daemon_->log();
+  auto timed_out = [&] {
+    return daemon_->log().find("id=\"e\" op=\"infer\" model=\"tiny\" outcome=ok(deadline") != std::string::npos;
+  };
+  EXPECT_TRUE(wait_until([&] { return ended("c") && ended("d") && timed_out(); }, 20s)) << daemon_->log();
   auto observer = connect();
   EXPECT_EQ(call(observer, {{"id", "s"}, {"op", "stats"}})["result"]["requests"]["in_flight"], 2)
       << "the companions were still generating when the others left";
@@ -334,6 +365,11 @@ TEST_F(DaemonServingTest, CancelAndDisconnectLeaveTheOtherStreamsByteIdentical) 
   } while (rc.is_object() && (rc.contains("event") || rc["id"] == "x"));
   EXPECT_EQ(rc["result"]["finish_reason"], "cancelled") << rc.dump();
   EXPECT_LT(rc["result"]["tokens"].size(), 1900u);
+  // So did the one whose deadline passed: with its tokens so far.
+  StreamLines re = read_stream(timed);
+  EXPECT_EQ(re.reply["result"]["finish_reason"], "deadline") << re.reply.dump();
+  EXPECT_GE(re.reply["result"]["tokens"].size(), 1u);
+  EXPECT_LT(re.reply["result"]["tokens"].size(), 1900u);
 }
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

@@ -278,6 +278,31 @@ TEST_F(SchedulerTest, RefusedRequestsAnswerBeforeSubmitReturns) {
   EXPECT_TRUE(called);
 }
 
+// Ollama's num_predict -1: a request generates until its context is full, whatever max_tokens says.
+TEST_F(SchedulerTest, MaxTokensToContextGeneratesUntilTheContextIsFull) {
+  auto m = load(q4k_spec(false), 2);
+  GenerateRequest r;
+  r.prompt_ids = {1, 2, 3, 4, 5};
+  r.max_tokens = 4;
+  r.max_tokens_to_context = true;
+  r.ignore_eos = true;
+  r.num_ctx = 40;
+  auto res = generate(*m, r, nullptr, nullptr);
+  ASSERT_TRUE(res.ok()) << res.error().message;
+  EXPECT_EQ(res->tokens.size(), 35u) << "40 positions less the prompt's 5";
+  EXPECT_EQ(res->finish_reason, "length");
+  // The whole loaded context (128) when num_ctx is not given.
+  r.num_ctx = 0;
+  auto whole = generate(*m, r, nullptr, nullptr);
+  ASSERT_TRUE(whole.ok()) << whole.error().message;
+  EXPECT_EQ(whole->tokens.size(), 123u);
+  // A prompt that fills the context leaves nothing to generate: context_overflow as before.
+  r.num_ctx = 5;
+  auto full = generate(*m, r, nullptr, nullptr);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code, "context_overflow");
+}
+
 // The memory a model with N sequences is charged (estimate) equals what it reports loaded, and counts a
 // KV cache per sequence.
 TEST_F(SchedulerTest, MemoryChargesEverySequencesCache) {

@@ -1,8 +1,9 @@
 // The expert streamer wired through the forward pass and the engine.
 //
 // Bit-identity: logits (exact float equality) of a StreamedExpertSource equal the resident source's, for
-// every MoE conformance fixture (../shared/conformance/models/moe-*.gguf, skipped when absent) and for
-// synthetic MoE models of every weight type the project writes (core/synth), with the cache capped at 1
+// every MoE conformance fixture (../shared/conformance/models/moe-*.gguf, skipped when absent), for
+// synthetic MoE models of every weight type the project writes (core/synth), and for qwen2moe (whose
+// shared expert stays resident) in F32, Q8_0 and Q4_K_M, with the cache capped at 1
 // expert per bank (every acquire of a new expert evicts), at n_expert / 2 and at n_expert, prefetch on and
 // off, for token-by-token decode and for one batched prefill (which leases its experts in waves of
 // slots(layer)). The cap is forced through the pool's budget (ram_gb) and checked in stats().
@@ -166,6 +167,33 @@ TEST(StreamedExperts, SyntheticModelsOfEveryTypeBitIdenticalToResident) {
     auto ok = synth::write_synth_model(spec, path);
     ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
     SCOPED_TRACE(std::string(type) + " " + spec.arch);
+    check_streamed_equals_resident(path, 10);
+  }
+}
+
+// qwen2moe: the routed experts stream, the shared expert (dense weights beside them) stays resident; the
+// streamed output equals the resident one bit for bit. Shapes as the reference fixtures
+// (tests/data/reference/fixtures.json), smaller: 8 experts top-2, Q4_K rows of 256.
+TEST(StreamedExperts, Qwen2MoeWithSharedExpertBitIdenticalToResident) {
+  testing::TempDir dir;
+  int i = 0;
+  for (const char* type : {"f32", "q8_0", "q4_k_m"}) {
+    synth::SynthSpec spec = synth::tiny_spec("qwen2moe");
+    spec.n_layer = 2;
+    spec.n_embd = 256;
+    spec.n_ff = 256;
+    spec.n_ff_expert = 256;
+    spec.n_ff_shared = 512;
+    spec.n_head = 8;
+    spec.n_head_kv = 2;
+    spec.n_expert = 8;
+    spec.n_expert_used = 2;
+    spec.weight_type = type;
+    spec.seed = static_cast<uint64_t>(31 + i++);
+    const std::string path = (dir / (std::string("qwen2moe-") + type + ".gguf")).string();
+    auto ok = synth::write_synth_model(spec, path);
+    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
+    SCOPED_TRACE(std::string("qwen2moe ") + type);
     check_streamed_equals_resident(path, 10);
   }
 }

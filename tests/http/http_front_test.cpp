@@ -391,6 +391,116 @@ TEST_F(HttpFrontTest, ClosingTheConnectionCancelsTheGeneration) {
   }
 }
 
+/// The JSON lines of an Ollama stream (each must end with one newline).
+std::vector<json> ndjson_lines(const std::string& body) {
+  std::vector<json> out;
+  std::size_t at = 0;
+  while (at < body.size()) {
+    const std::size_t end = body.find('\n', at);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "a line does not end with a newline: " << body.substr(at);
+      break;
+    }
+    out.push_back(json::parse(body.substr(at, end - at), nullptr, false));
+    EXPECT_FALSE(out.back().is_discarded()) << body.substr(at, end - at);
+    at = end + 1;
+  }
+  return out;
+}
+
+TEST_F(HttpFrontTest, OllamaGenerateAndChatStreamAsNdjsonByDefault) {
+  start();
+  HttpClient c(port());
+  HttpReply r = c.request("POST", "/api/generate",
+                          R"({"model":"alpha:latest","prompt":"abc","raw":true,"options":{"num_predict":4}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.headers.find("content-type: application/x-ndjson"), std::string::npos) << r.headers;
+  auto lines = ndjson_lines(r.body);
+  ASSERT_EQ(lines.size(), 5u) << r.body;
+  std::string text;
+  for (std::size_t i = 0; i + 1 < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["done"], false);
+    EXPECT_EQ(lines[i]["model"], "alpha:latest") << "the name as the request gave it";
+    text += lines[i]["response"].get<std::string>();
+  }
+  EXPECT_EQ(text, " w0 w1 w2 w3");
+  EXPECT_EQ(lines.back()["done"], true);
+  EXPECT_EQ(lines.back()["done_reason"], "length");
+  EXPECT_EQ(lines.back()["eval_count"], 4);
+  EXPECT_EQ(lines.back()["response"], "");
+  // Not streamed: the final object alone, with the whole text; chat answers an assistant message.
+  HttpReply chat = c.request(
+      "POST", "/api/chat",
+      R"({"model":"alpha","messages":[{"role":"user","content":"hi"}],"stream":false,"options":{"num_predict":6}})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  json j = chat.json_body();
+  EXPECT_EQ(j["message"]["role"], "assistant");
+  EXPECT_EQ(j["message"]["content"], " w0 w1 w2 w3 w4 w5");
+  EXPECT_EQ(j["done_reason"], "stop");  // car's eos
+  EXPECT_EQ(j["prompt_eval_count"], 7);
+  // The connection is still usable; the OpenAI API beside it answers in its own shape.
+  EXPECT_EQ(c.request("POST", "/v1/completions", R"({"model":"gamma","prompt":"x"})").json_body()["error"]["code"],
+            "model_not_found");
+}
+
+TEST_F(HttpFrontTest, OllamaErrorsListingsLoadAndUnload) {
+  start();
+  HttpClient c(port());
+  HttpReply missing = c.request("POST", "/api/generate", R"({"model":"gamma","prompt":"x"})");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_TRUE(missing.json_body()["error"].is_string()) << missing.body;
+  HttpReply streamed_missing = c.request("POST", "/api/chat",
+                                         R"({"model":"gamma","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(streamed_missing.status, 404) << "a stream that fails before its first line is a plain error";
+  HttpReply typo = c.request("POST", "/api/generate", R"({"model":"alpha","prompt":"x","option":{}})");
+  EXPECT_EQ(typo.status, 400);
+  EXPECT_EQ(typo.json_body()["error"], "unknown field \"option\" (did you mean 'options'?)");
+  EXPECT_EQ(c.request("POST", "/api/generate", "{oops").status, 400);
+  HttpReply nothing = c.request("GET", "/api/nothing");
+  EXPECT_EQ(nothing.status, 404);
+  EXPECT_TRUE(nothing.json_body()["error"].is_string());
+  HttpReply pull = c.request("POST", "/api/pull", R"({"model":"x"})");
+  EXPECT_EQ(pull.status, 501);
+  EXPECT_NE(pull.json_body()["error"].get<std::string>().find("models directory"), std::string::npos);
+  EXPECT_EQ(c.request("GET", "/api/generate").status, 405);
+  EXPECT_EQ(c.request("GET", "/").status, 200);
+  EXPECT_FALSE(c.request("GET", "/api/version").json_body()["version"].is_null());
+
+  json tags = c.request("GET", "/api/tags").json_body();
+  ASSERT_EQ(tags["models"].size(), 2u) << tags.dump();
+  EXPECT_EQ(tags["models"][0]["name"], "alpha");
+  EXPECT_EQ(tags["models"][0]["details"]["format"], "gguf");
+  EXPECT_TRUE(c.request("GET", "/api/ps").json_body()["models"].empty());
+  HttpReply load = c.request("POST", "/api/generate", R"({"model":"alpha","keep_alive":"1m"})");
+  ASSERT_EQ(load.status, 200) << load.body;
+  EXPECT_EQ(load.json_body()["done_reason"], "load");
+  json ps = c.request("GET", "/api/ps").json_body();
+  ASSERT_EQ(ps["models"].size(), 1u) << ps.dump();
+  EXPECT_EQ(ps["models"][0]["name"], "alpha");
+  EXPECT_EQ(ps["models"][0]["size"], 1000);
+  HttpReply unload = c.request("POST", "/api/chat", R"({"model":"alpha","messages":[],"keep_alive":0})");
+  ASSERT_EQ(unload.status, 200) << unload.body;
+  EXPECT_EQ(unload.json_body()["done_reason"], "unload");
+  EXPECT_TRUE(c.request("GET", "/api/ps").json_body()["models"].empty());
+  HttpReply show_missing = c.request("POST", "/api/show", R"({"model":"gamma"})");
+  EXPECT_EQ(show_missing.status, 404);
+  HttpReply show_bad = c.request("POST", "/api/show", R"({"model":"alpha"})");  // "x" is not a GGUF file
+  EXPECT_EQ(show_bad.status, 500);
+  EXPECT_TRUE(show_bad.json_body()["error"].is_string());
+}
+
+TEST_F(HttpFrontTest, OllamaStreamCancelsWhenTheClientCloses) {
+  start();
+  const int before = script_.cancelled.load();
+  HttpClient c(port());
+  const std::string body = R"({"model":"alpha","prompt":"hold","raw":true})";
+  c.send_raw("POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+             "\r\n\r\n" + body);
+  ASSERT_TRUE(c.read_until("w3"));
+  c.close();
+  EXPECT_TRUE(car::testing::wait_until([&] { return script_.cancelled.load() > before; }, 10s));
+}
+
 // While the daemon drains its requests after SIGTERM, the HTTP front still accepts: a new connection's
 // /ready is a 503 (so a load balancer takes the replica out), new work a 503, /health still 200; once the
 // drain ends the front closes.

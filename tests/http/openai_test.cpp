@@ -214,6 +214,17 @@ TEST(OpenAiErrors, CarCodesMapToStatuses) {
   EXPECT_EQ(from_car_error("forbidden", "../x").status, 400);
   EXPECT_EQ(from_car_error("load_failed", "bad file").status, 500);
   EXPECT_EQ(from_car_error("internal", "oops").status, 500);
+  // `param` names the field an error is about wherever car's error tells it.
+  EXPECT_EQ(from_car_error("not_found", "no model").param, "model");
+  EXPECT_EQ(from_car_error("forbidden", "../x").param, "model");
+  EXPECT_EQ(from_car_error("context_overflow", "long").param, "max_tokens");
+  EXPECT_EQ(from_car_error("bad_request", "the model has no chat template (tokenizer.chat_template): x").param,
+            "messages");
+  EXPECT_EQ(from_car_error("bad_request", "messages: a message has no role").param, "messages");
+  EXPECT_EQ(from_car_error("bad_request", "chat template: line 1:2: unknown filter").param, "messages");
+  EXPECT_EQ(from_car_error("bad_request", "the chat template rejected the conversation: no").param, "messages");
+  EXPECT_EQ(from_car_error("bad_request", "the prompt is empty (no tokens)").param, "prompt");
+  EXPECT_EQ(from_car_error("busy", "full").param, "");
 }
 
 TEST(OpenAiErrors, ErrorBodyHasOpenAisFourFieldsWithNulls) {

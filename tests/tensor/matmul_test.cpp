@@ -127,6 +127,51 @@ TEST(Matmul, TilesEqualRowDotsForEveryVectorCount) {
   }
 }
 
+// Two or three vectors of a repacked product (an expert's rows in a batched decode step) take the matvec
+// kernel per vector over sub-chunks of rows that stay in cache: the one-row kernels' bits, over matrices
+// of several sub-chunks, in every order mix, threaded or not.
+TEST(Matmul, FewRepackedVectorsGiveTheOneRowKernelsBitsAcrossSubChunks) {
+  std::mt19937 rng(31);
+  ThreadPool pool(2);
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const GgmlType t = GgmlType::Q4_K;
+    const int64_t cols = 512, rows = 8 * 70;  // 560 rows of 288 bytes: three 64 KiB sub-chunks
+    const auto wf = random_floats(rng, cols * rows);
+    const auto w = testing::quantize_rows(t, wf, rows, cols);
+    MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};
+    ASSERT_TRUE(detail::repacked(view));
+    const int64_t ldx = cols, ldy = rows + 3;
+    const auto x = random_floats(rng, 3 * ldx);
+    std::vector<std::vector<uint8_t>> acts(3, std::vector<uint8_t>(activation_row_bytes(t, cols)));
+    for (int64_t i = 0; i < 3; ++i) quantize_activation(t, x.data() + i * ldx, acts[i].data(), cols);
+    const detail::DotKernels& k = detail::kernels_for(current_isa());
+    for (ProductOrder order : {ProductOrder::mul_mat, ProductOrder::mul_mat_id}) {
+      view.order = order;
+      for (int64_t n : {2, 3}) {
+        for (unsigned mask = 0; mask < (1u << n); ++mask) {
+          std::vector<uint8_t> gemm(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i) gemm[static_cast<size_t>(i)] = (mask >> i) & 1u;
+          std::vector<float> y(static_cast<size_t>(n * ldy), -1.0f), y1(y);
+          matmul_ordered(view, x.data(), n, ldx, y.data(), ldy, gemm.data(), nullptr);
+          matmul_ordered(view, x.data(), n, ldx, y1.data(), ldy, gemm.data(), &pool);
+          for (int64_t i = 0; i < n; ++i) {
+            const bool g = order == ProductOrder::mul_mat && gemm[static_cast<size_t>(i)] != 0;
+            for (int64_t r = 0; r < rows; ++r) {
+              const uint8_t* row = view.data + static_cast<size_t>(r) * view.row_bytes;
+              const float want = (g ? k.dot_gemm : k.dot_gemv)[detail::slot(t)](row, acts[i].data(), cols);
+              ASSERT_EQ(y[i * ldy + r], want) << "n=" << n << " mask=" << mask << " i=" << i << " r=" << r;
+              ASSERT_EQ(y1[i * ldy + r], want) << "n=" << n << " mask=" << mask << " i=" << i << " r=" << r;
+            }
+            for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -1.0f) << "wrote past the rows";
+          }
+        }
+      }
+    }
+  }
+}
+
 // matmul_ordered: each vector of a repacked mul_mat product takes the order it is given - the rows of
 // several sequences in one batch, each computed as in its own batch - in runs of any length; other types
 // and the mul_mat_id order (gemv for every vector) ignore the mask.

@@ -135,6 +135,12 @@ test('bad or unsupported parameters are BadRequestErrors naming the parameter', 
     (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
 });
 
+test('chat with a model without a template says how this API gets one', async () => {
+  await assert.rejects(client.chat.completions.create({ model: 'text', messages: chat }),
+    (e) => e instanceof OpenAI.BadRequestError && /no chat template/.test(e.message) &&
+      /\/v1\/completions/.test(e.message) && !/chat_template" field/.test(e.message));
+});
+
 test('a wrong API key is an AuthenticationError', async () => {
   const wrong = new OpenAI({ baseURL, apiKey: 'not-the-key', maxRetries: 0 });
   await assert.rejects(wrong.models.list(), (e) => e instanceof OpenAI.AuthenticationError);

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# tests/http/node/run.sh CAR_INFERENCED CAR: the HTTP front end to end with the official `openai` npm client.
+# tests/http/node/run.sh CAR_INFERENCED CAR: the HTTP front end to end with the official `openai` and `ollama`
+# npm clients.
 # Installs the pinned client (npm ci, package-lock.json), writes the models (the conformance model
 # stories260K from CAR_CONFORMANCE_DIR / ../shared/conformance when there, else a synthetic one; and a
 # synthetic model with a ChatML template for chat), starts car-inferenced with --http 127.0.0.1:0 and an
-# API key, reads the port it bound from its log, and runs openai.test.mjs against it.
+# API key, reads the port it bound from its log, and runs openai.test.mjs and ollama.test.mjs against it.
 set -euo pipefail
 daemon=$(realpath "$1")
 car=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
-if [ ! -d node_modules/openai ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+if [ ! -d node_modules/openai ] || [ ! -d node_modules/ollama ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   npm ci --no-audit --no-fund --ignore-scripts >/dev/null
 fi
 tmp=$(mktemp -d)
@@ -44,5 +45,8 @@ done
 status=0
 CAR_HTTP_BASE="http://127.0.0.1:$port/v1" CAR_HTTP_KEY="$key" CAR_BIN="$car" CAR_MODELS="$tmp/models" \
   CAR_DAEMON_LOG="$tmp/daemon.log" CAR_SOCKET="$tmp/car.sock" node --test --test-reporter=spec openai.test.mjs || status=$?
+# The Ollama API with the `ollama` client, after the OpenAI tests (one file at a time: both read the log).
+CAR_HTTP_BASE="http://127.0.0.1:$port/v1" CAR_HTTP_KEY="$key" CAR_BIN="$car" CAR_MODELS="$tmp/models" \
+  CAR_DAEMON_LOG="$tmp/daemon.log" CAR_SOCKET="$tmp/car.sock" node --test --test-reporter=spec ollama.test.mjs || status=$?
 if [ "$status" -ne 0 ]; then echo "--- daemon log ---" >&2; tail -n 60 "$tmp/daemon.log" >&2; fi
 exit "$status"

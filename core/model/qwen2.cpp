@@ -1,0 +1,25 @@
+// qwen2 (Qwen2, Qwen2.5, and the DeepSeek-R1 distills built on them): llama's layer with biases on the Q, K
+// and V projections (attn_{q,k,v}.bias, added before RoPE), NEOX-style RoPE (halves of each head rotate
+// together), no q/k norm, a dense SwiGLU FFN. Small models tie the output projection to token_embd.
+// Its tokenizer is byte-level BPE with pre-type `qwen2` (core/tokenizer/pretokenizer.cpp).
+#include "core/model/architecture.h"
+
+namespace car::model {
+
+const ArchTraits& qwen2_traits() {
+  static const ArchTraits traits{
+      .name = "qwen2",
+      .rope_type = RopeType::neox,
+      .qk_norm = false,
+      .moe_required = false,
+      .dense_only = true,
+      .expert_ff_key = {},
+      .moe_norm_weights = true,
+      .qkv_bias = true,
+      .shared_expert = false,
+      .shared_expert_ff_key = {},
+  };
+  return traits;
+}
+
+}  // namespace car::model
