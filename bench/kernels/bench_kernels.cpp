@@ -96,6 +96,15 @@ Matrix& matrix(GgmlType t, size_t bytes, bool vec_dot_order = false) {
   std::vector<float> x(kCols);
   std::vector<uint8_t> rows_q(rb * kDistinct);
   for (int r = 0; r < kDistinct; ++r) {
+    if (!can_quantize(t)) {  // the codebook formats (no quantizer): random blocks, a small fp16 scale first
+      for (size_t b = 0; b < rb; ++b) rows_q[rb * r + b] = static_cast<uint8_t>(rng());
+      const int64_t bb = detail::geometry(t).block_bytes;
+      for (int64_t blk = 0; blk < static_cast<int64_t>(rb) / bb; ++blk) {
+        const uint16_t d = 0x2000;  // fp16 2^-7
+        std::memcpy(rows_q.data() + rb * r + blk * bb, &d, 2);
+      }
+      continue;
+    }
     for (auto& v : x) v = dist(rng);
     quantize_row(t, x.data(), rows_q.data() + rb * r, kCols);
   }
@@ -358,7 +367,8 @@ void register_all(bool big) {
   for (int64_t kib : sizes_kib) {
     if (kib < (64 << 10)) continue;  // DRAM-sized only: the point is the bandwidth ratio
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                       GgmlType::Q4_K, GgmlType::Q6_K}) {
+                       GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
+                       GgmlType::IQ2_XXS, GgmlType::IQ1_S}) {
       for (int threads : {1, 2}) {
         const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) + "/" +
                                  name_size(kib) + "/t" + std::to_string(threads);
@@ -406,7 +416,8 @@ void register_all(bool big) {
   }
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                             GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                            GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
+                            GgmlType::F16,  GgmlType::BF16, GgmlType::F32,  GgmlType::IQ4_NL,
+                            GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ2_XXS, GgmlType::IQ1_S};
   for (GgmlType t : types) {
     // Q4_K twice: the repacked gemv order (rows % 8 == 0, as in models) and the vec_dot order.
     for (bool vec_dot_order : {false, true}) {

@@ -70,9 +70,11 @@ Result<WeightScheme> parse_scheme(std::string_view name) {
     case GgmlType::Q4_K: ft = 14; break;
     case GgmlType::Q5_K: ft = 16; break;
     case GgmlType::Q6_K: ft = 18; break;
+    case GgmlType::IQ2_XXS: ft = 19; break;
     case GgmlType::IQ4_NL: ft = 25; break;
     case GgmlType::IQ4_XS: ft = 30; break;
     case GgmlType::BF16: ft = 32; break;
+    case GgmlType::MXFP4: ft = 38; break;  // llama.cpp's MXFP4_MOE (its only MXFP4 file type)
     default: break;
   }
   return WeightScheme{*t, false, ft};
@@ -90,6 +92,7 @@ GgmlType fallback_type(GgmlType t) {
     case GgmlType::Q4_K: return GgmlType::Q5_0;
     case GgmlType::Q5_K: return GgmlType::Q5_1;
     case GgmlType::Q6_K: return GgmlType::Q8_0;
+    case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: return GgmlType::IQ4_NL;
     default: return GgmlType::F16;
   }
 }

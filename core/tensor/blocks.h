@@ -15,6 +15,17 @@
 //                    Q5_K's fifth bit is bit p / 32 of qh[p % 32].
 //   Q6_K:            element p: low 4 bits from ql[64 * (p / 128) + p % 64] (low nibble when (p % 128) < 64),
 //                    high 2 bits from qh[32 * (p / 128) + p % 32] at shift 2 * ((p % 128) / 32); scale p / 16.
+//   IQ4_NL/MXFP4:    as Q4_0 (element j < 16: low nibble of qs[j], j + 16: high nibble); the nibble indexes a
+//                    16-entry value table (iq_tables.h) instead of being an offset level.
+//   IQ2_XXS:         8 groups of 32, each 4 x uint16 of qs read as two u32 a, b: element 8l + j (l < 4) is
+//                    byte j of iq2xxs_grid[byte l of a], negated when bit j of ksigns_iq2xs[(b >> 7l) & 127]
+//                    is set; group scale (b >> 28), value = d * (0.5 + scale) * 0.25 * that.
+//   IQ1_S:           8 groups of 32, group g: qh[g] bits 3l..3l+2 are the high bits of grid index l (low
+//                    byte qs[4g + l]) of elements 8l..8l+7, bits 12..14 the scale s, bit 15 the delta's sign;
+//                    value = d * (2s + 1) * (grid byte (-1, 0, 1) + delta), delta = +-0.125.
+//   IQ4_XS:          8 sub-blocks of 32, each laid out as one IQ4_NL block's 16 bytes (qs[16 * s ...]); 6-bit
+//                    signed sub-block scale s: low 4 bits from scales_l[s / 2] (nibble s % 2), high 2 bits
+//                    from scales_h at bit 2 * s, minus 32.
 // Plain data; no behaviour here beyond the layout.
 #pragma once
 
@@ -131,5 +142,49 @@ struct block_q8_K {
 };
 static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t),
               "wrong q8_K block size/padding");
+
+/// 2.0625 bpw codebook format: 8-element grid points with 7-bit sign codes and 4-bit group scales.
+struct block_iq2_xxs {
+  ggml_half d;
+  uint16_t qs[QK_K / 8];
+};
+static_assert(sizeof(block_iq2_xxs) == 2 + QK_K / 4, "wrong iq2_xxs block size/padding");
+
+/// 1.5625 bpw codebook format: ternary 8-element grid points (2048), 3-bit group scales, a shifted grid.
+struct block_iq1_s {
+  ggml_half d;
+  uint8_t qs[QK_K / 8];   ///< grid index, low 8 bits
+  uint16_t qh[QK_K / 32]; ///< grid index high 3 bits x 4, group scale (bits 12..14), delta sign (bit 15)
+};
+static_assert(sizeof(block_iq1_s) == 2 + QK_K / 8 + QK_K / 16, "wrong iq1_s block size/padding");
+inline constexpr float IQ1S_DELTA = 0.125f;
+
+inline constexpr int QK4_NL = 32;
+inline constexpr int QK_MXFP4 = 32;
+
+/// Non-linear 4-bit: value = d * kvalues_iq4nl[q].
+struct block_iq4_nl {
+  ggml_half d;
+  uint8_t qs[QK4_NL / 2];
+};
+static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "wrong iq4_nl block size/padding");
+
+/// IQ4_NL's values in super-blocks of 256 with 6-bit sub-block scales.
+/// value = d * (ls - 32) * kvalues_iq4nl[q].
+struct block_iq4_xs {
+  ggml_half d;
+  uint16_t scales_h;          ///< high 2 bits of the 8 sub-block scales
+  uint8_t scales_l[QK_K / 64];  ///< low 4 bits, two per byte
+  uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_iq4_xs) == 2 + 2 + QK_K / 64 + QK_K / 2, "wrong iq4_xs block size/padding");
+
+/// OCP microscaling FP4: an E8M0 shared exponent and 32 E2M1 values. value = 2^(e - 127) * e2m1(q), computed
+/// as ggml does: kvalues_mxfp4[q] (the E2M1 values doubled, so integers) times 2^(e - 128).
+struct block_mxfp4 {
+  uint8_t e;
+  uint8_t qs[QK_MXFP4 / 2];
+};
+static_assert(sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2, "wrong mxfp4 block size/padding");
 
 }  // namespace car::tensor

@@ -155,6 +155,8 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q5_1)] = dot_q5_1;
   k.dot[slot(GgmlType::Q8_0)] = dot_q8_0;
   avx2::add_k_quant_kernels(k);
+  avx2::add_iq4_kernels(k);
+  avx2::add_iq2_kernels(k);
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // one order for every AVX2 kernel
   k.attend = attend_head_avx2;
   return k;

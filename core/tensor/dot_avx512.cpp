@@ -231,6 +231,7 @@ DotKernels make_table() {
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
+  add_iq4_kernels(k);
   // After the quantized overrides: for those formats both orders are one kernel, and tile_for / rows_for
   // give mul_mat_id products (MoE experts) the tiles only where dot_id is dot. (Copied before them, the
   // experts' Q5_K / Q6_K / Q8_0 products ran the AVX2 dot kernel row by row: the same bits, no tile.)

@@ -185,6 +185,20 @@ float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n);
 /// float(lane), acc[l]); the 8 accumulators summed as hsum_float_8 does.
 float dot_q6_K_q8_K_x86_ref(const void* w, const void* a, int64_t n);
 
+// The 4-bit table formats (ref_iq4.cpp), in ggml's x86 order (see there).
+/// Dequantize / quantize nb blocks of IQ4_NL, IQ4_XS or MXFP4; false for any other type.
+bool dequantize_iq4_ref(GgmlType t, const void* src, float* dst, int64_t nb);
+bool quantize_iq4_ref(GgmlType t, const float* x, void* dst, int64_t nb);
+float dot_iq4_nl_q8_0_ref(const void* w, const void* a, int64_t n);
+float dot_mxfp4_q8_0_ref(const void* w, const void* a, int64_t n);
+float dot_iq4_xs_q8_K_ref(const void* w, const void* a, int64_t n);
+// The codebook formats IQ2_XXS, IQ1_S (ref_iq2.cpp; a plain quantizer for IQ2_XXS only).
+bool dequantize_iq2_xxs_ref(const void* src, float* dst, int64_t nb);
+void quantize_iq2_xxs_ref(const float* x, void* dst, int64_t nb);
+float dot_iq2_xxs_q8_K_ref(const void* w, const void* a, int64_t n);
+bool dequantize_iq1_s_ref(const void* src, float* dst, int64_t nb);
+float dot_iq1_s_q8_K_ref(const void* w, const void* a, int64_t n);
+
 inline int slot(GgmlType t) {
   return static_cast<int>(t);
 }

@@ -32,6 +32,11 @@ static_assert(same_geometry<block_q4_K>(GgmlType::Q4_K, QK_K));
 static_assert(same_geometry<block_q5_K>(GgmlType::Q5_K, QK_K));
 static_assert(same_geometry<block_q6_K>(GgmlType::Q6_K, QK_K));
 static_assert(same_geometry<block_q8_K>(GgmlType::Q8_K, QK_K));
+static_assert(same_geometry<block_iq4_nl>(GgmlType::IQ4_NL, QK4_NL));
+static_assert(same_geometry<block_iq2_xxs>(GgmlType::IQ2_XXS, QK_K));
+static_assert(same_geometry<block_iq1_s>(GgmlType::IQ1_S, QK_K));
+static_assert(same_geometry<block_iq4_xs>(GgmlType::IQ4_XS, QK_K));
+static_assert(same_geometry<block_mxfp4>(GgmlType::MXFP4, QK_MXFP4));
 static_assert(same_geometry<float>(GgmlType::F32, 1));
 static_assert(same_geometry<uint16_t>(GgmlType::F16, 1));
 static_assert(same_geometry<uint16_t>(GgmlType::BF16, 1));
@@ -52,7 +57,12 @@ BlockGeometry geometry(GgmlType t) {
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
-    case GgmlType::Q8_K: {
+    case GgmlType::Q8_K:
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
+    case GgmlType::MXFP4:
+    case GgmlType::IQ2_XXS:
+    case GgmlType::IQ1_S: {
       const GgmlTypeTraits& g = ggml_traits(t);
       return {g.block_size, g.bytes_per_block};
     }
@@ -66,14 +76,19 @@ GgmlType act_type(GgmlType w) {
     case GgmlType::BF16: return GgmlType::BF16;
     case GgmlType::Q4_0:
     case GgmlType::Q5_0:
-    case GgmlType::Q8_0: return GgmlType::Q8_0;
+    case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL:
+    case GgmlType::MXFP4: return GgmlType::Q8_0;
     case GgmlType::Q4_1:
     case GgmlType::Q5_1: return GgmlType::Q8_1;
     case GgmlType::Q2_K:
     case GgmlType::Q3_K:
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
-    case GgmlType::Q6_K: return GgmlType::Q8_K;
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS:
+    case GgmlType::IQ2_XXS:
+    case GgmlType::IQ1_S: return GgmlType::Q8_K;
     default: return GgmlType::F32;
   }
 }
@@ -104,6 +119,11 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_ref;
   k.dot[slot(GgmlType::Q5_K)] = dot_q5_K_q8_K_ref;
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K_q8_K_ref;
+  k.dot[slot(GgmlType::IQ4_NL)] = dot_iq4_nl_q8_0_ref;
+  k.dot[slot(GgmlType::IQ4_XS)] = dot_iq4_xs_q8_K_ref;
+  k.dot[slot(GgmlType::MXFP4)] = dot_mxfp4_q8_0_ref;
+  k.dot[slot(GgmlType::IQ2_XXS)] = dot_iq2_xxs_q8_K_ref;
+  k.dot[slot(GgmlType::IQ1_S)] = dot_iq1_s_q8_K_ref;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemm_ref;
@@ -240,6 +260,8 @@ bool can_compute(GgmlType type) {
 }
 
 bool can_quantize(GgmlType type) {
+  // IQ1_S is computed but not written (no quantizer; IQ2_XXS has a plain one, ref_iq2.cpp).
+  if (type == GgmlType::IQ1_S) return false;
   return can_compute(type) || type == GgmlType::Q8_1 || type == GgmlType::Q8_K;
 }
 

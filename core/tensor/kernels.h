@@ -3,8 +3,9 @@
 // of the mmapped file.
 //
 // Numerics follow llama.cpp's CPU backend so that logits match it to ~1e-5: the input vector of every
-// product is first rounded to the weight type's dot-product partner (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: Q8_0 blocks
-// of 32; K-quants: Q8_K blocks of 256; F16: fp16; BF16: bf16; F32: unrounded), then multiplied.
+// product is first rounded to the weight type's dot-product partner (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL,
+// MXFP4: Q8_0 blocks of 32; K-quants, IQ4_XS, IQ2_XXS, IQ1_S: Q8_K blocks of 256; F16: fp16; BF16: bf16;
+// F32: unrounded), then multiplied.
 //
 // Every function has a scalar reference, always compiled (the test oracle), and SIMD variants (AVX2+FMA,
 // AVX-512) picked once at start-up from CPUID, overridable with CAR_INFERENCE_ISA=scalar|avx2|avx512: the
@@ -100,9 +101,9 @@ void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx,
 
 // ---- Lower-level entry points (the pieces matvec is made of), for callers that reuse a rounded vector. ----
 
-/// The type an input vector is rounded to for products with weights of type `w`: Q8_0 (Q4_0, Q5_0, Q8_0),
-/// Q8_1 (Q4_1, Q5_1; Q8_0 rounding plus per-block sums, as ggml pairs them), Q8_K (K-quants), F16, BF16,
-/// or F32 (F32 weights: not rounded).
+/// The type an input vector is rounded to for products with weights of type `w`: Q8_0 (Q4_0, Q5_0, Q8_0,
+/// IQ4_NL, MXFP4), Q8_1 (Q4_1, Q5_1; Q8_0 rounding plus per-block sums, as ggml pairs them), Q8_K (K-quants,
+/// IQ4_XS, IQ2_XXS, IQ1_S), F16, BF16, or F32 (F32 weights: not rounded).
 GgmlType activation_type(GgmlType w);
 /// Bytes of a rounded activation row of `n` elements for weights of type `w`.
 size_t activation_row_bytes(GgmlType w, int64_t n);

@@ -208,6 +208,11 @@ bool dequantize_ref(GgmlType t, const void* src, float* dst, int64_t n) {
     case GgmlType::Q5_K: deq_q5_K(static_cast<const block_q5_K*>(src), dst, nb); return true;
     case GgmlType::Q6_K: deq_q6_K(static_cast<const block_q6_K*>(src), dst, nb); return true;
     case GgmlType::Q8_K: deq_q8_K(static_cast<const block_q8_K*>(src), dst, nb); return true;
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
+    case GgmlType::MXFP4: return dequantize_iq4_ref(t, src, dst, nb);
+    case GgmlType::IQ2_XXS: return dequantize_iq2_xxs_ref(src, dst, nb);
+    case GgmlType::IQ1_S: return dequantize_iq1_s_ref(src, dst, nb);
     default: return false;
   }
 }

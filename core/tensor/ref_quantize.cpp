@@ -455,6 +455,10 @@ bool quantize_weights_ref(GgmlType t, const float* x, void* dst, int64_t n) {
     case GgmlType::Q5_K: quantize_q5_K(x, static_cast<block_q5_K*>(dst), nb); return true;
     case GgmlType::Q6_K: quantize_q6_K(x, static_cast<block_q6_K*>(dst), nb); return true;
     case GgmlType::Q8_K: quantize_act_q8_K(x, dst, n); return true;
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
+    case GgmlType::MXFP4: return quantize_iq4_ref(t, x, dst, nb);
+    case GgmlType::IQ2_XXS: quantize_iq2_xxs_ref(x, dst, nb); return true;
     default: return false;
   }
 }

@@ -120,6 +120,8 @@ float dot_q8_0(const void* w, const void* a, int64_t n);
 /// Set the multi-row matvec kernels (matvec_avx512.cpp) / the matmul tile kernels (matmul_avx512.cpp) in `k`.
 void add_matvec_kernels(DotKernels& k);
 void add_matmul_kernels(DotKernels& k);
+/// Set the IQ4_NL / IQ4_XS / MXFP4 dot kernels (dot_iq4_avx512.cpp) in `k`.
+void add_iq4_kernels(DotKernels& k);
 /// The repacked Q4_K matmul tile (DotKernels::tile_repacked; matmul_q4k_vnni.cpp): vpdpbusd sums, 16 rows a
 /// register, bit-equal to dot_q4_K_q8_K_gemm_ref / _gemv_ref.
 void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 
 #include "core/gguf/gguf_writer.h"
@@ -95,6 +96,43 @@ TEST_F(GgufCli, SynthThenInspectJson) {
   EXPECT_NE(h.out.find("blk.2.ffn_down_exps.weight"), std::string::npos);
   EXPECT_NE(h.out.find("expert banks (9)"), std::string::npos);
   EXPECT_NE(h.out.find("(300 items)"), std::string::npos);
+}
+
+// `--type` takes the 4-bit table formats and IQ2_XXS (issue #27): their tensors and llama.cpp's file type name
+// show in `inspect`; IQ4_XS / IQ2_XXS rows shorter than their 256-element block fall back to IQ4_NL as
+// llama-quantize does.
+TEST_F(GgufCli, SynthWritesTheIq4AndMxfp4Types) {
+  struct Want {
+    const char* flag;
+    const char* type;
+    const char* file_type;
+  };
+  for (const Want& w : {Want{"iq4_nl", "IQ4_NL", "IQ4_NL"}, Want{"iq4_xs", "IQ4_XS", "IQ4_XS"},
+                        Want{"mxfp4", "MXFP4", "MXFP4_MOE"}, Want{"iq2_xxs", "IQ2_XXS", "IQ2_XXS"}}) {
+    SCOPED_TRACE(w.flag);
+    const std::string file = (tmp_ / (std::string(w.flag) + ".gguf")).string();
+    CliRun s = run(std::string("gguf synth --arch llama --layers 1 --embd 256 --ff 96 --vocab 300 --seed 3 ") +
+                       "--type " + w.flag + " -o " + file,
+                   tmp_);
+    ASSERT_EQ(s.exit_code, 0) << s.err;
+    CliRun r = run("gguf inspect --json " + file, tmp_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["decoded"]["file_type"], w.file_type);
+    std::map<std::string, std::string> type_of;
+    for (const auto& t : j["tensors"]) type_of[t["name"].get<std::string>()] = t["type"].get<std::string>();
+    EXPECT_EQ(type_of["blk.0.attn_q.weight"], w.type);
+    EXPECT_EQ(type_of["blk.0.ffn_gate.weight"], w.type);
+    // ffn_down's rows are 96 long: whole IQ4_NL / MXFP4 blocks, not whole IQ4_XS super-blocks.
+    const bool super_block = std::string(w.type) == "IQ4_XS" || std::string(w.type) == "IQ2_XXS";
+    EXPECT_EQ(type_of["blk.0.ffn_down.weight"], super_block ? "IQ4_NL" : w.type);
+  }
+  // IQ1_S is computed but has no quantizer: a clear refusal, no file.
+  const std::string file = (tmp_ / "iq1_s.gguf").string();
+  CliRun s = run("gguf synth --arch llama --layers 1 --embd 256 --ff 256 --vocab 300 --type iq1_s -o " + file, tmp_);
+  EXPECT_NE(s.exit_code, 0);
+  EXPECT_NE(s.err.find("IQ1_S"), std::string::npos) << s.err;
+  EXPECT_FALSE(fs::exists(file));
 }
 
 TEST_F(GgufCli, ErrorsGoToStderrWithNonZeroExit) {

@@ -28,7 +28,8 @@ using testing::random_floats;
 TEST(Blocks, GeometryAndRowBytesMatchGgufTypeTable) {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                      GgmlType::Q8_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                     GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+                     GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::F32, GgmlType::F16, GgmlType::BF16,
+                     GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     SCOPED_TRACE(ggml_type_name(t));
     const GgmlTypeTraits& table = ggml_traits(t);
     const auto g = detail::geometry(t);
@@ -90,6 +91,9 @@ double rel_rms_bound(GgmlType t) {
     case GgmlType::Q4_K: return 0.10;
     case GgmlType::Q3_K: return 0.25;
     case GgmlType::Q2_K: return 0.45;
+    case GgmlType::IQ4_NL: return 0.11;
+    case GgmlType::IQ4_XS: return 0.11;
+    case GgmlType::MXFP4: return 0.25;
     default: return 0.0;
   }
 }
@@ -336,7 +340,7 @@ TEST(ReferenceDot, RoundedProductApproximatesFloatProduct) {
 
 TEST(Kernels, CapabilitiesAndIsaNames) {
   for (GgmlType t : computable_types()) EXPECT_TRUE(can_compute(t)) << ggml_type_name(t);
-  EXPECT_FALSE(can_compute(GgmlType::IQ2_XXS));
+  EXPECT_FALSE(can_compute(GgmlType::IQ3_XXS));
   EXPECT_FALSE(can_compute(GgmlType::Q8_K));
   EXPECT_TRUE(can_quantize(GgmlType::Q8_K));
   Isa isa;

@@ -57,6 +57,8 @@ void make_scales_exact(GgmlType t, uint8_t* row, int64_t n, std::mt19937& rng) {
     };
     switch (t) {
       case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: set(0); break;
+      case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: set(0); break;
+      case GgmlType::MXFP4: blk[0] = static_cast<uint8_t>(128 + std::ilogb(fp16_to_fp32(scale))); break;
       case GgmlType::Q4_1: case GgmlType::Q5_1: set(0); set(2); break;
       case GgmlType::Q4_K: case GgmlType::Q5_K: set(0); set(2); break;
       case GgmlType::Q2_K: set(offsetof(block_q2_K, d)); set(offsetof(block_q2_K, dmin)); break;
@@ -112,6 +114,8 @@ std::vector<uint8_t> random_weight_row(GgmlType t, int64_t n, std::mt19937& rng)
     const uint8_t* src = keep.data() + b * g.block_bytes;
     switch (t) {
       case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: std::memcpy(blk, src, 2); break;
+      case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: std::memcpy(blk, src, 2); break;
+      case GgmlType::MXFP4: blk[0] = src[0]; break;
       case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
         std::memcpy(blk, src, 4);
         break;

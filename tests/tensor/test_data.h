@@ -37,7 +37,8 @@ inline const std::vector<GgmlType>& computable_types() {
   static const std::vector<GgmlType> types = {
       GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
       GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
-      GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+      GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+      GgmlType::MXFP4};
   return types;
 }
 

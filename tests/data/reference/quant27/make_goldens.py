@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Regenerates goldens.json: llama.cpp's greedy ids and top log-probabilities for small synthetic models in
+the 4-bit table formats of issue #27 (IQ4_NL, IQ4_XS, MXFP4), checked by tests/engine/quant_goldens_test.cpp.
+
+The fixtures are not committed: `car gguf synth` is deterministic (seeded weights, same bytes on any
+machine), so the test writes each one again from the spec recorded here and checks its size and FNV-1a
+hash before comparing. The goldens come from the reference harness (tests/reference/golden.mjs, llama.cpp
+through node-llama-cpp 3.22.1's prebuilt CPU build; see tests/reference/README.md).
+
+Usage (from the repository root, after building `car`):
+    tests/data/reference/quant27/make_goldens.py [--car build/tools/car] [--harness tests/reference]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name -> `car gguf synth` options (the test builds the same SynthSpec from these).
+FIXTURES = [
+    ("llama-iq4_nl", {"arch": "llama", "layers": 2, "embd": 256, "ff": 512, "heads": 4, "kv-heads": 2,
+                      "vocab": 512, "seed": 27, "type": "iq4_nl"}),
+    ("llama-iq4_xs", {"arch": "llama", "layers": 2, "embd": 256, "ff": 512, "heads": 4, "kv-heads": 2,
+                      "vocab": 512, "seed": 27, "type": "iq4_xs"}),
+    ("llama-mxfp4", {"arch": "llama", "layers": 2, "embd": 256, "ff": 512, "heads": 4, "kv-heads": 2,
+                     "vocab": 512, "seed": 27, "type": "mxfp4"}),
+    ("moe-llama-mxfp4", {"arch": "llama", "layers": 2, "embd": 256, "ff": 256, "heads": 4, "kv-heads": 2,
+                         "experts": 4, "experts-used": 2, "vocab": 512, "seed": 28, "type": "mxfp4"}),
+    ("llama-iq2_xxs", {"arch": "llama", "layers": 2, "embd": 256, "ff": 512, "heads": 4, "kv-heads": 2,
+                       "vocab": 512, "seed": 27, "type": "iq2_xxs"}),
+    ("moe-qwen3-iq4_xs", {"arch": "qwen3moe", "layers": 2, "embd": 256, "ff": 512, "ff-expert": 256,
+                          "heads": 4, "kv-heads": 2, "head-dim": 64, "experts": 4, "experts-used": 2,
+                          "vocab": 512, "seed": 29, "type": "iq4_xs"}),
+]
+PROMPTS = ["1,300,301,302,400", "1,50,60,70,80,90,100,110,120,130"]
+# Tolerance on |logprob - llama.cpp| per weight type. Issue #27 asks for 1e-4 where llama.cpp's order can be
+# matched. Our IQ4_NL / IQ4_XS / MXFP4 kernels give llama.cpp's ggml_vec_dot bits exactly (kernel_goldens.json),
+# yet the IQ4 models deviate by up to 2.7e-2 and which step causes it is not pinned down (docs/performance.md,
+# "New quant types"): llama.cpp repacks IQ4_NL (and MXFP4, Q4_0) matrices into 8-row blocks summed in another
+# order, the rest of the pass differs by ~1e-6, and a difference that moves an activation across a Q8
+# rounding boundary costs a whole quantization step - the same model written in Q4_0, a type the shared
+# conformance accepts, deviates 3.2e-2 here. MXFP4 and IQ2_XXS see < 1e-6. The IQ4 types get 5e-2, which
+# still fails any layout error (those move logprobs by whole units), and greedy ids must be equal.
+TOLERANCE = {"mxfp4": 1e-4, "iq2_xxs": 1e-4, "iq4_nl": 5e-2, "iq4_xs": 5e-2}
+
+
+def fnv1a64(path):
+    h = 0xcbf29ce484222325
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            for b in chunk:
+                h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+    return "%016x" % h
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--car", default="build/tools/car")
+    ap.add_argument("--harness", default="tests/reference")
+    ap.add_argument("--threads", default="4")
+    a = ap.parse_args()
+    files = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, opts in FIXTURES:
+            gguf = os.path.join(tmp, name + ".gguf")
+            args = [a.car, "gguf", "synth", "-o", gguf]
+            for k, v in opts.items():
+                args += ["--" + k, str(v)]
+            subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+            out = os.path.join(tmp, name + ".json")
+            cmd = ["node", os.path.join(a.harness, "golden.mjs"), gguf, "--n-predict", "16", "--top-k", "5",
+                   "--threads", a.threads, "--out", out]
+            for p in PROMPTS:
+                cmd += ["--prompt-ids", p]
+            subprocess.run(cmd, check=True)
+            with open(out) as f:
+                g = json.load(f)
+            g["synth"] = opts
+            g["fnv1a64"] = fnv1a64(gguf)
+            g["tolerance"] = TOLERANCE[opts["type"]]
+            files.append(g)
+            print(f"{name}: {g['size']} bytes, cases {[c['generated_ids'][:4] for c in g['cases']]}",
+                  file=sys.stderr)
+    doc = {"about": "llama.cpp goldens for synthetic IQ4_NL / IQ4_XS / MXFP4 models (issue #27); "
+                    "regenerate with make_goldens.py", "files": files}
+    with open(os.path.join(HERE, "goldens.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
