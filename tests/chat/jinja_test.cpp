@@ -179,6 +179,23 @@ TEST(Jinja, GlobalsAndErrors) {
   EXPECT_EQ(render("{% break %}"), "ERROR[template_syntax] line 1:4: 'break' outside a for loop");
 }
 
+// A conversation a template cannot express is an error, as the reference raises it, never text made up:
+// tool-call arguments given as an object to a template that concatenates them as a string.
+TEST(Jinja, ArgumentsObjectsConcatenatedAsTextRaise) {
+  const std::string ctx = R"({"call": {"name": "f", "arguments": {"city": "Paris"}}})";
+  for (bool js : {false, true}) {
+    RenderOptions o;
+    o.js_strip_quirk = js;
+    const std::string tpl = "{{ '{\"name\": \"' + call.name + '\", \"arguments\": ' + call.arguments + '}' }}";
+    const std::string out = render(tpl, ctx, o);
+    EXPECT_EQ(out.rfind("ERROR[template_error]", 0), 0u) << out;
+    EXPECT_NE(out.find("unsupported operand types for +"), std::string::npos) << out;
+    EXPECT_EQ(render("{{ call.arguments + '!' }}", ctx, o).rfind("ERROR[template_error]", 0), 0u);
+    // The templates made for objects serialise them, which works.
+    EXPECT_EQ(render("{{ call.arguments | tojson }}", ctx, o), R"({"city": "Paris"})");
+  }
+}
+
 TEST(Jinja, LimitsStopRunawayTemplates) {
   RenderOptions o;
   o.limits.max_steps = 10000;
