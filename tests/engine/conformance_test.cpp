@@ -18,6 +18,7 @@
 #include "core/engine/forward.h"
 #include "core/experts/resident_source.h"
 #include "core/tensor/kernels.h"
+#include "tests/engine/golden_case.h"
 #include "tests/test_support.h"
 
 namespace car::engine {
@@ -25,30 +26,7 @@ namespace {
 
 using nlohmann::json;
 
-std::vector<double> log_softmax(const float* logits, int64_t n) {
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(logits[i]));
-  double z = 0;
-  for (int64_t i = 0; i < n; ++i) z += std::exp(double(logits[i]) - mx);
-  const double lz = mx + std::log(z);
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = double(logits[i]) - lz;
-  return out;
-}
-
-int32_t argmax(const float* logits, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return static_cast<int32_t>(best);
-}
-
-struct FileResult {
-  double max_dev = 0;
-  int greedy_checked = 0;
-  int greedy_total = 0;
-};
+using FileResult = golden::GoldenDeviation;
 
 FileResult run_file(const std::filesystem::path& dir, const json& entry, ThreadPool* pool) {
   FileResult res;
@@ -68,50 +46,7 @@ FileResult run_file(const std::filesystem::path& dir, const json& entry, ThreadP
   EXPECT_EQ(V, entry.at("n_vocab").get<int64_t>()) << name;
 
   for (const json& c : entry.at("cases")) {
-    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    const auto gen = c.at("generated_ids").get<std::vector<int32_t>>();
-    const auto margins = c.at("top1_margin").get<std::vector<double>>();
-    const json& tops = c.at("top_logprobs");
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), gen.begin(), gen.end());
-
-    // Teacher-forced, one batch.
-    KvCache kv = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
-    std::vector<float> logits(all.size() * static_cast<size_t>(V));
-    EXPECT_TRUE(fp.eval(all, kv, logits.data(), true).ok());
-    for (size_t j = 0; j < gen.size(); ++j) {
-      const size_t row = prompt.size() - 1 + j;
-      const auto lp = log_softmax(logits.data() + row * static_cast<size_t>(V), V);
-      for (const json& t : tops.at(j)) {
-        const int32_t id = t.at("id").get<int32_t>();
-        const double want = t.at("logprob").get<double>();
-        const double got = lp[static_cast<size_t>(id)];
-        const double dev = std::fabs(got - want);
-        res.max_dev = std::max(res.max_dev, dev);
-        EXPECT_LE(dev, tol) << name << " case '" << c.at("prompt").get<std::string>() << "' position " << j
-                            << " id " << id << ": " << got << " vs " << want;
-      }
-    }
-
-    // Free-running greedy.
-    size_t limit = gen.size();
-    for (size_t j = 0; j < margins.size(); ++j) {
-      if (margins[j] < 2 * tol) {
-        limit = j;
-        break;
-      }
-    }
-    KvCache kv2 = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
-    std::vector<float> last(static_cast<size_t>(V));
-    EXPECT_TRUE(fp.eval(prompt, kv2, last.data(), false).ok());
-    for (size_t j = 0; j < limit; ++j) {
-      const int32_t tok = argmax(last.data(), V);
-      EXPECT_EQ(tok, gen[j]) << name << " greedy position " << j;
-      if (tok != gen[j]) break;
-      ++res.greedy_checked;
-      EXPECT_TRUE(fp.eval(std::span<const int32_t>(&tok, 1), kv2, last.data(), false).ok());
-    }
-    res.greedy_total += static_cast<int>(gen.size());
+    golden::check_golden_case(fp, V, c, tol, tol, name + " case '" + c.at("prompt").get<std::string>() + "'", res);
   }
   return res;
 }

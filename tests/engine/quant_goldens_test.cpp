@@ -23,6 +23,7 @@
 #include "core/experts/resident_source.h"
 #include "core/synth/synth_model.h"
 #include "core/tensor/kernels.h"
+#include "tests/engine/golden_case.h"
 #include "tests/test_support.h"
 
 namespace car::engine {
@@ -80,22 +81,8 @@ std::string fnv1a64(const std::filesystem::path& p) {
   return hex;
 }
 
-std::vector<double> log_softmax(const float* logits, int64_t n) {
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(logits[i]));
-  double z = 0;
-  for (int64_t i = 0; i < n; ++i) z += std::exp(double(logits[i]) - mx);
-  const double lz = mx + std::log(z);
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = double(logits[i]) - lz;
-  return out;
-}
 
-struct FileResult {
-  double worst = 0;  ///< largest |logprob - golden|
-  int greedy_checked = 0;
-  int greedy_total = 0;
-};
+using FileResult = golden::GoldenDeviation;
 
 /// One file's cases with the current ISA.
 FileResult check_file(const std::shared_ptr<const model::Model>& model, const json& entry, ThreadPool* pool) {
@@ -107,48 +94,11 @@ FileResult check_file(const std::shared_ptr<const model::Model>& model, const js
   const int64_t V = model->hparams().n_vocab;
   EXPECT_EQ(V, entry.at("n_vocab").get<int64_t>()) << name;
   FileResult res;
-  double& worst = res.worst;
   for (const json& c : entry.at("cases")) {
-    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    const auto gen = c.at("generated_ids").get<std::vector<int32_t>>();
-    const auto margins = c.at("top1_margin").get<std::vector<double>>();
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), gen.begin(), gen.end());
-
-    KvCache kv = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
-    std::vector<float> logits(all.size() * static_cast<size_t>(V));
-    EXPECT_TRUE(fp.eval(all, kv, logits.data(), true).ok());
-    for (size_t j = 0; j < gen.size(); ++j) {
-      const auto lp = log_softmax(logits.data() + (prompt.size() - 1 + j) * static_cast<size_t>(V), V);
-      for (const json& t : c.at("top_logprobs").at(j)) {
-        const int32_t id = t.at("id").get<int32_t>();
-        const double dev = std::fabs(lp[static_cast<size_t>(id)] - t.at("logprob").get<double>());
-        worst = std::max(worst, dev);
-        EXPECT_LE(dev, tol) << name << " position " << j << " id " << id;
-      }
-    }
-
     // Greedy ids up to a margin below twice issue #27's 1e-4 (not the file's looser tolerance: a deviation of
     // a few 1e-2 in the low logprobs has not moved any argmax of these goldens, and the ids are the
     // contract).
-    size_t limit = gen.size();
-    for (size_t j = 0; j < margins.size(); ++j) {
-      if (margins[j] < 2 * kGreedyBound) {
-        limit = j;
-        break;
-      }
-    }
-    KvCache kv2 = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
-    std::vector<float> last(static_cast<size_t>(V));
-    EXPECT_TRUE(fp.eval(prompt, kv2, last.data(), false).ok());
-    for (size_t j = 0; j < limit; ++j) {
-      const auto tok = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
-      EXPECT_EQ(tok, gen[j]) << name << " greedy position " << j;
-      if (tok != gen[j]) break;
-      ++res.greedy_checked;
-      EXPECT_TRUE(fp.eval(std::span<const int32_t>(&tok, 1), kv2, last.data(), false).ok());
-    }
-    res.greedy_total += static_cast<int>(gen.size());
+    golden::check_golden_case(fp, V, c, tol, kGreedyBound, name, res);
   }
   return res;
 }
@@ -177,7 +127,7 @@ TEST(QuantGoldens, Iq4AndMxfp4ModelsMatchLlamaCpp) {
       if (tensor::current_isa() != isa) continue;  // the CPU lacks it
       const FileResult r = check_file(*m, entry, &pool);
       std::printf("quant goldens %-21s %-6s max |dlogprob| %.3g (tolerance %.3g), greedy %d/%d\n",
-                  name.c_str(), std::string(tensor::isa_name(isa)).c_str(), r.worst,
+                  name.c_str(), std::string(tensor::isa_name(isa)).c_str(), r.max_dev,
                   entry.at("tolerance").get<double>(), r.greedy_checked, r.greedy_total);
     }
   }

@@ -35,6 +35,7 @@
 #include "core/synth/synth_model.h"
 #include "core/tensor/kernels.h"
 #include "core/tokenizer/tokenizer.h"
+#include "tests/engine/golden_case.h"
 #include "tests/test_support.h"
 
 namespace car::engine {
@@ -170,24 +171,6 @@ synth::SynthSpec spec_from(const json& j, const std::optional<std::filesystem::p
   return s;
 }
 
-std::vector<double> log_softmax(const float* logits, int64_t n) {
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(logits[i]));
-  double z = 0;
-  for (int64_t i = 0; i < n; ++i) z += std::exp(double(logits[i]) - mx);
-  const double lz = mx + std::log(z);
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = double(logits[i]) - lz;
-  return out;
-}
-
-int32_t argmax(const float* logits, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return static_cast<int32_t>(best);
-}
 
 /// The goldens' folder: the committed one, or $CAR_REFERENCE_DATA_DIR (a development aid: goldens made by
 /// `make-goldens.mjs --fixtures F --out DIR` for fixtures not committed).
@@ -206,11 +189,7 @@ std::vector<std::filesystem::path> golden_files() {
   return out;
 }
 
-struct Deviation {
-  double max_dev = 0;
-  int greedy_checked = 0;
-  int greedy_total = 0;
-};
+using Deviation = golden::GoldenDeviation;
 
 // The goldens' tolerances hold for the kernel tables that sum in llama.cpp's x86 orders (AVX2, AVX-512).
 // The scalar table is the oracle those are checked against, in its own order; quantized activations
@@ -240,11 +219,6 @@ Deviation check_golden(const json& g, const std::string& gguf_path, ThreadPool* 
 
   for (const json& c : g.at("cases")) {
     const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    const auto gen = c.at("generated_ids").get<std::vector<int32_t>>();
-    const auto margins = c.at("top1_margin").get<std::vector<double>>();
-    const json& tops = c.at("top_logprobs");
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), gen.begin(), gen.end());
     const std::string where = name + " prompt of " + std::to_string(prompt.size());
     // A text prompt: our tokenizer must give llama.cpp's ids (add_special and parse_special, as llama-simple).
     if (c.contains("prompt")) {
@@ -254,43 +228,10 @@ Deviation check_golden(const json& g, const std::string& gguf_path, ThreadPool* 
         if (!t.ok()) return res;
         text_tokenizer = *t;
       }
-      EXPECT_EQ(text_tokenizer->encode(c.at("prompt").get<std::string>(), true, true), prompt) << where << ": tokenization";
+      EXPECT_EQ(text_tokenizer->encode(c.at("prompt").get<std::string>(), true, true), prompt)
+          << where << ": tokenization";
     }
-
-    KvCache kv = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
-    std::vector<float> logits(all.size() * static_cast<size_t>(V));
-    EXPECT_TRUE(fp.eval(all, kv, logits.data(), true).ok());
-    for (size_t j = 0; j < gen.size(); ++j) {
-      const size_t row = prompt.size() - 1 + j;
-      const auto lp = log_softmax(logits.data() + row * static_cast<size_t>(V), V);
-      for (const json& t : tops.at(j)) {
-        const int32_t id = t.at("id").get<int32_t>();
-        const double want = t.at("logprob").get<double>();
-        const double got = lp[static_cast<size_t>(id)];
-        const double dev = std::fabs(got - want);
-        res.max_dev = std::max(res.max_dev, dev);
-        EXPECT_LE(dev, tol) << where << " position " << j << " id " << id << ": " << got << " vs " << want;
-      }
-    }
-
-    size_t limit = gen.size();
-    for (size_t j = 0; j < margins.size(); ++j) {
-      if (margins[j] < 2 * tol) {
-        limit = j;
-        break;
-      }
-    }
-    KvCache kv2 = fp.make_cache(static_cast<int64_t>(all.size()) + 1);
-    std::vector<float> last(static_cast<size_t>(V));
-    EXPECT_TRUE(fp.eval(prompt, kv2, last.data(), false).ok());
-    for (size_t j = 0; j < limit; ++j) {
-      const int32_t tok = argmax(last.data(), V);
-      EXPECT_EQ(tok, gen[j]) << where << " greedy position " << j;
-      if (tok != gen[j]) break;
-      ++res.greedy_checked;
-      EXPECT_TRUE(fp.eval(std::span<const int32_t>(&tok, 1), kv2, last.data(), false).ok());
-    }
-    res.greedy_total += static_cast<int>(gen.size());
+    golden::check_golden_case(fp, V, c, tol, tol, where, res);
   }
   return res;
 }
