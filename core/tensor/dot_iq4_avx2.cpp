@@ -10,6 +10,7 @@
 #include "core/tensor/fp16.h"
 #include "core/tensor/iq_tables.h"
 #include "core/tensor/kernel_table.h"
+#include "core/tensor/nl32.h"
 #include "core/tensor/simd_avx2.h"
 
 namespace car::tensor::detail {
@@ -24,12 +25,6 @@ inline __m256i table_values32(const uint8_t* qs, __m128i values) {
   return _mm256_set_m128i(hi, lo);
 }
 
-inline float scale_of(const block_iq4_nl& b) {
-  return h2f(b.d);
-}
-inline float scale_of(const block_mxfp4& b) {
-  return e8m0_to_fp32_half(b.e);
-}
 
 template <typename Block>
 float dot_nl32(const void* w, const void* a, int64_t n, const int8_t* table) {
@@ -42,20 +37,12 @@ float dot_nl32(const void* w, const void* a, int64_t n, const int8_t* table) {
   for (; ib + 1 < nb; ib += 2) {
     const __m256i p1 = dot_s8s8(table_values32(x[ib].qs, values), load32(y[ib].qs));
     const __m256i p2 = dot_s8s8(table_values32(x[ib + 1].qs, values), load32(y[ib + 1].qs));
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib].d) * scale_of(x[ib])), _mm256_cvtepi32_ps(p1), acc1);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib].d) * nl32_scale(x[ib])), _mm256_cvtepi32_ps(p1), acc1);
     acc2 =
-        _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib + 1].d) * scale_of(x[ib + 1])), _mm256_cvtepi32_ps(p2), acc2);
+        _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib + 1].d) * nl32_scale(x[ib + 1])), _mm256_cvtepi32_ps(p2), acc2);
   }
   float sumf = hsum8(_mm256_add_ps(acc1, acc2));
-  for (; ib < nb; ++ib) {  // an odd last block, as the reference
-    const float d = h2f(y[ib].d) * scale_of(x[ib]);
-    int sumi1 = 0, sumi2 = 0;
-    for (int j = 0; j < 16; ++j) {
-      sumi1 += y[ib].qs[j] * table[x[ib].qs[j] & 0x0f];
-      sumi2 += y[ib].qs[j + 16] * table[x[ib].qs[j] >> 4];
-    }
-    sumf = std::fma(d, static_cast<float>(sumi1 + sumi2), sumf);
-  }
+  for (; ib < nb; ++ib) sumf = nl32_block(x[ib], y[ib], table, sumf);  // an odd last block, as the reference
   return sumf;
 }
 

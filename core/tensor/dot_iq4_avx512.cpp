@@ -24,6 +24,7 @@
 #include "core/tensor/fp16.h"
 #include "core/tensor/iq_tables.h"
 #include "core/tensor/kernel_table.h"
+#include "core/tensor/nl32.h"
 #include "core/tensor/simd_avx512.h"
 
 namespace car::tensor::detail::avx512 {
@@ -51,12 +52,6 @@ inline __m512i lane_sums(__m512i u, __m512i y) {
   return _mm512_sub_epi32(with_offset, _mm512_slli_epi32(ysum, 7));
 }
 
-inline float scale_of(const block_iq4_nl& b) {
-  return h2f(b.d);
-}
-inline float scale_of(const block_mxfp4& b) {
-  return e8m0_to_fp32_half(b.e);
-}
 
 template <typename Block>
 float dot_nl32(const void* w, const void* a, int64_t n, const int8_t* table) {
@@ -71,20 +66,12 @@ float dot_nl32(const void* w, const void* a, int64_t n, const int8_t* table) {
                                              reinterpret_cast<const __m128i*>(x[ib].qs));
     const __m512i p = lane_sums(table_values64(bits, table_u), load32x2(y[ib].qs, y[ib + 1].qs));
     const __m512 d =
-        _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(y[ib].d) * scale_of(x[ib]))),
-                           _mm256_set1_ps(h2f(y[ib + 1].d) * scale_of(x[ib + 1])), 1);
+        _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(y[ib].d) * nl32_scale(x[ib]))),
+                           _mm256_set1_ps(h2f(y[ib + 1].d) * nl32_scale(x[ib + 1])), 1);
     acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
   }
   float sumf = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)));
-  for (; ib < nb; ++ib) {  // an odd last block, as the reference
-    const float d = h2f(y[ib].d) * scale_of(x[ib]);
-    int sumi1 = 0, sumi2 = 0;
-    for (int j = 0; j < 16; ++j) {
-      sumi1 += y[ib].qs[j] * table[x[ib].qs[j] & 0x0f];
-      sumi2 += y[ib].qs[j + 16] * table[x[ib].qs[j] >> 4];
-    }
-    sumf = std::fma(d, static_cast<float>(sumi1 + sumi2), sumf);
-  }
+  for (; ib < nb; ++ib) sumf = nl32_block(x[ib], y[ib], table, sumf);  // an odd last block, as the reference
   return sumf;
 }
 
@@ -230,7 +217,7 @@ void rows_nl32(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
           sumi1 += yb.qs[j] * table[xb.qs[j] & 0x0f];
           sumi2 += yb.qs[j + 16] * table[xb.qs[j] >> 4];
         }
-        out[r + q] = std::fma(h2f(yb.d) * scale_of(xb), static_cast<float>(sumi1 + sumi2), out[r + q]);
+        out[r + q] = std::fma(h2f(yb.d) * nl32_scale(xb), static_cast<float>(sumi1 + sumi2), out[r + q]);
       }
     }
   }
