@@ -260,6 +260,66 @@ float dot_q2_K(const void* w, const void* a, int64_t n) {
   return hsum8(acc) - hsum8(acc_m);
 }
 
+/// One Q2_K block's exact integers per 128-element half h (sub-blocks 8h..8h+7), as
+/// dot_q2_K_q8_K_gemv_ref / _gemm_ref form them: isum[h] (scale * level * q8) and imin[h] (min * bsum).
+void q2_K_half_sums(const block_q2_K& x, const block_q8_K& y, int32_t* isum, int32_t* imin) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+  // Lane l: min[2l] * bsums[2l] + min[2l+1] * bsums[2l+1]; lanes 0-3 are half 0, 4-7 half 1.
+  const __m256i mins = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4)),
+                                         load32(y.bsums));
+  imin[0] = hsum_i32x4(_mm256_castsi256_si128(mins));
+  imin[1] = hsum_i32x4(_mm256_extracti128_si256(mins, 1));
+  int16_t sc[16];
+  for (int j = 0; j < 16; ++j) sc[j] = static_cast<int16_t>(x.scales[j] & 0x0f);
+  const int8_t* q8 = y.qs;
+  for (int h = 0; h < 2; ++h) {
+    const __m256i bits = load32(x.qs + 32 * h);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k, q8 += 32) {
+      const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+      const __m256i p = _mm256_maddubs_epi16(q, load32(q8));  // level 0..3 * q8: no saturation
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 8 * h + 2 * k)));
+    }
+    isum[h] = hsum_i32x8(sumi);
+  }
+}
+
+/// Q2_K in llama.cpp's repacked gemv order (kernel_table.h repacked(); dot_q2_K_q8_K_gemv_ref): one exact
+/// integer per super-block for each of the two FMA chains. Equal to the reference bit for bit.
+float dot_q2_K_gemv(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t isum[2], imin[2];
+    q2_K_half_sums(x[i], y[i], isum, imin);
+    acc = std::fma(static_cast<float>(isum[0] + isum[1]), h2f(x[i].d) * y[i].d, acc);
+    acc_m = std::fma(static_cast<float>(imin[0] + imin[1]), h2f(x[i].dmin) * y[i].d, acc_m);
+  }
+  return acc - acc_m;
+}
+
+/// Q2_K in llama.cpp's repacked gemm order (dot_q2_K_q8_K_gemm_ref): one exact integer per 128-element half
+/// for each chain. Equal to the reference bit for bit.
+float dot_q2_K_gemm(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t isum[2], imin[2];
+    q2_K_half_sums(x[i], y[i], isum, imin);
+    const float d = h2f(x[i].d) * y[i].d;
+    const float dmin = h2f(x[i].dmin) * y[i].d;
+    for (int h = 0; h < 2; ++h) {
+      acc = std::fma(static_cast<float>(isum[h]), d, acc);
+      acc_m = std::fma(static_cast<float>(imin[h]), dmin, acc_m);
+    }
+  }
+  return acc - acc_m;
+}
+
 float dot_q3_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q3_K*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
@@ -303,6 +363,8 @@ void avx2::add_k_quant_kernels(DotKernels& k) {
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_gemv;
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_gemm;
+  k.dot_gemv[slot(GgmlType::Q2_K)] = dot_q2_K_gemv;
+  k.dot_gemm[slot(GgmlType::Q2_K)] = dot_q2_K_gemm;
 }
 
 }  // namespace car::tensor::detail
