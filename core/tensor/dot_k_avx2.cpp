@@ -260,6 +260,106 @@ float dot_q2_K(const void* w, const void* a, int64_t n) {
   return hsum8(acc) - hsum8(acc_m);
 }
 
+/// One Q2_K block's exact integers, as dot_q2_K_q8_K_gemv_ref / _gemm_ref form them, split over int32 lanes:
+/// s[h] sums to the scale integer of 128-element half h (sub-blocks 8h..8h+7: scale * level * q8), m's lanes
+/// 0-3 / 4-7 to the min integer of half 0 / 1 (min * bsum).
+struct Q2Block {
+  __m256i s[2];
+  __m256i m;
+};
+Q2Block q2_K_block(const block_q2_K& x, const block_q8_K& y) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+  Q2Block r;
+  r.m = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4)), load32(y.bsums));
+  alignas(32) int16_t sc[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sc), _mm256_cvtepu8_epi16(_mm_and_si128(sm, m4)));
+  const int8_t* q8 = y.qs;
+  for (int h = 0; h < 2; ++h) {
+    const __m256i bits = load32(x.qs + 32 * h);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k, q8 += 32) {
+      const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+      const __m256i p = _mm256_maddubs_epi16(q, load32(q8));  // level 0..3 * q8: no saturation
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc + 8 * h + 2 * k)));
+    }
+    r.s[h] = sumi;
+  }
+  return r;
+}
+
+/// [h2f(x.d) * y.d, h2f(x.dmin) * y.d, 0, 0] (x.d and x.dmin are adjacent).
+__m128 q2_K_gemv_scales(const block_q2_K& x, const block_q8_K& y) {
+  uint32_t dm;
+  std::memcpy(&dm, &x.d, sizeof(dm));
+  return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm))), _mm_set1_ps(y.d));
+}
+
+/// Q2_K in llama.cpp's repacked gemv order (kernel_table.h repacked(); dot_q2_K_q8_K_gemv_ref): one exact
+/// integer per super-block for each of the two FMA chains, which run as lanes 0 and 1 of one FMA, the
+/// blocks' integers reduced four blocks at a time as dot_q4_K_gemv does. Equal to the reference bit for bit.
+float dot_q2_K_gemv(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const int64_t nb = n / QK_K;
+  auto block = [&](int64_t i, __m256i& s, __m128i& m) {
+    const Q2Block b = q2_K_block(x[i], y[i]);
+    s = _mm256_add_epi32(b.s[0], b.s[1]);
+    m = _mm_add_epi32(_mm256_castsi256_si128(b.m), _mm256_extracti128_si256(b.m, 1));
+  };
+  __m128 acc = _mm_setzero_ps();  // lane 0: the scales' chain, lane 1: the mins'; lanes 2, 3 stay 0
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4) {
+    __m256i s0, s1, s2, s3;
+    __m128i m0, m1, m2, m3;
+    block(i, s0, m0);
+    block(i + 1, s1, m1);
+    block(i + 2, s2, m2);
+    block(i + 3, s3, m3);
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+    const __m128 s =
+        _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    const __m128 m = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(m0, m1), _mm_hadd_epi32(m2, m3)));
+    const __m128 lo = _mm_unpacklo_ps(s, m);  // [s0, m0, s1, m1]
+    const __m128 hi = _mm_unpackhi_ps(s, m);  // [s2, m2, s3, m3]
+    acc = _mm_fmadd_ps(lo, q2_K_gemv_scales(x[i], y[i]), acc);
+    acc = _mm_fmadd_ps(_mm_movehl_ps(lo, lo), q2_K_gemv_scales(x[i + 1], y[i + 1]), acc);
+    acc = _mm_fmadd_ps(hi, q2_K_gemv_scales(x[i + 2], y[i + 2]), acc);
+    acc = _mm_fmadd_ps(_mm_movehl_ps(hi, hi), q2_K_gemv_scales(x[i + 3], y[i + 3]), acc);
+  }
+  for (; i < nb; ++i) {
+    __m256i s;
+    __m128i m;
+    block(i, s, m);
+    const __m128 sm = _mm_setr_ps(static_cast<float>(hsum_i32x8(s)), static_cast<float>(hsum_i32x4(m)), 0, 0);
+    acc = _mm_fmadd_ps(sm, q2_K_gemv_scales(x[i], y[i]), acc);
+  }
+  return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
+}
+
+/// Q2_K in llama.cpp's repacked gemm order (dot_q2_K_q8_K_gemm_ref): one exact integer per 128-element half
+/// for each chain, the two chains as lanes 0 and 1 of one FMA. Equal to the reference bit for bit.
+float dot_q2_K_gemm(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  __m128 acc = _mm_setzero_ps();  // lane 0: the scales' chain, lane 1: the mins'
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    const Q2Block b = q2_K_block(x[i], y[i]);
+    // Lane h: half h's scale integer; lane 2 + h: its min integer.
+    const __m256i sh = _mm256_hadd_epi32(b.s[0], b.s[1]);
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sh), _mm256_extracti128_si256(sh, 1));
+    const __m128i s2 = _mm_hadd_epi32(s4, s4);  // [s_0, s_1, s_0, s_1]
+    const __m128i m4 = _mm_hadd_epi32(_mm256_castsi256_si128(b.m), _mm256_extracti128_si256(b.m, 1));
+    const __m128i m2 = _mm_hadd_epi32(m4, m4);                     // [m_0, m_1, m_0, m_1]
+    const __m128 v = _mm_cvtepi32_ps(_mm_unpacklo_epi32(s2, m2));  // [s_0, m_0, s_1, m_1]
+    const __m128 dm = q2_K_gemv_scales(x[i], y[i]);
+    acc = _mm_fmadd_ps(v, dm, acc);
+    acc = _mm_fmadd_ps(_mm_movehl_ps(v, v), dm, acc);
+  }
+  return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
+}
+
 float dot_q3_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_q3_K*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
@@ -303,6 +403,8 @@ void avx2::add_k_quant_kernels(DotKernels& k) {
   k.dot[slot(GgmlType::Q6_K)] = dot_q6_K;
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_gemv;
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_gemm;
+  k.dot_gemv[slot(GgmlType::Q2_K)] = dot_q2_K_gemv;
+  k.dot_gemm[slot(GgmlType::Q2_K)] = dot_q2_K_gemm;
 }
 
 }  // namespace car::tensor::detail

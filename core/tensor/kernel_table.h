@@ -77,11 +77,14 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
 /// ggml_repack_get_optimal_repack_type)? Q4_K weights whose row count is a multiple of 8 become
 /// block_q4_Kx8 and are multiplied by ggml_gemv / ggml_gemm_q4_K_8x8_q8_K, which sum each output in another
 /// order than ggml_vec_dot_q4_K_q8_K: one exact integer per super-block (gemv) or per 64 elements (gemm),
-/// each times the scale product and added by FMA, the mins likewise, subtracted at the end. (Q4_0 and, with
-/// AVX-512, Q2_K are repacked too; their orders are not mirrored yet.) It is a property of the product, not
-/// of our ISA: every table computes these products in the same order.
+/// each times the scale product and added by FMA, the mins likewise, subtracted at the end. Q2_K weights
+/// with a row count that is a multiple of 8 are repacked too where the backend has AVX-512 (block_q2_Kx8,
+/// ggml_gemv / ggml_gemm_q2_K_8x8_q8_K: the same two chains, per super-block / per 128 elements; issue #27):
+/// this project follows that build, the one its goldens come from (an AVX2-only llama.cpp sums Q2_K in
+/// ggml_vec_dot_q2_K_q8_K's order instead). (Q4_0 is repacked too; its order is not mirrored yet.) It is a
+/// property of the product, not of our ISA: every table computes these products in the same order.
 inline bool repacked(const MatrixView& w) {
-  return w.type == GgmlType::Q4_K && w.rows % 8 == 0;
+  return (w.type == GgmlType::Q4_K || w.type == GgmlType::Q2_K) && w.rows % 8 == 0;
 }
 /// Vectors [0, gemm_vectors(n)) of an n-vector batch of a repacked mul_mat product use the gemm order, the
 /// rest the gemv order (llama.cpp runs gemm on whole groups of 4 rows of src1 and gemv on the remainder).
@@ -177,6 +180,12 @@ float dot_q4_K_q8_K_ref(const void* w, const void* a, int64_t n);
 /// group of the super-block (gemm).
 float dot_q4_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n);
 float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n);
+/// Q2_K in llama.cpp's repacked orders (x86 with AVX-512: block_q2_Kx8, ggml_gemv / ggml_gemm_q2_K_8x8_q8_K):
+/// per super-block acc = fma(float(isum), d * y.d, acc), acc_m = fma(float(imin), dmin * y.d, acc_m), result
+/// acc - acc_m (gemv); the same per 128-element half of the super-block (gemm). isum: sum of scale * level *
+/// q8, imin: sum of min * bsum, both exact.
+float dot_q2_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n);
+float dot_q2_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n);
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_q6_K_q8_K_ref(const void* w, const void* a, int64_t n);
 /// Q6_K in ggml's x86 (AVX2) ggml_vec_dot_q6_K_q8_K order, which the AVX2 / AVX-512 kernels reproduce: per

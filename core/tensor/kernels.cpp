@@ -127,6 +127,8 @@ DotKernels make_scalar_table() {
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemm_ref;
+  k.dot_gemv[slot(GgmlType::Q2_K)] = dot_q2_K_q8_K_gemv_ref;
+  k.dot_gemm[slot(GgmlType::Q2_K)] = dot_q2_K_q8_K_gemm_ref;
   k.quantize_act[slot(GgmlType::Q8_0)] = quantize_act_q8_0;
   k.quantize_act[slot(GgmlType::Q8_1)] = quantize_act_q8_1;
   k.quantize_act[slot(GgmlType::Q8_K)] = quantize_act_q8_K;

@@ -299,6 +299,62 @@ float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n) {
   return acc - acc_m;
 }
 
+namespace {
+
+/// One Q2_K block's exact integer sums over its two 128-element halves h (sub-blocks 8h..8h+7):
+/// isum[h] = sum of scale * level * q8, imin[h] = sum of min * bsum.
+void q2_K_half_sums(const block_q2_K& x, const block_q8_K& y, int32_t* isum, int32_t* imin) {
+  for (int h = 0; h < QK_K / 128; ++h) {
+    int32_t s = 0, m = 0;
+    for (int j = 8 * h; j < 8 * h + 8; ++j) {
+      // Sub-block j: elements 16j..16j+15, 2 bits of qs[32h + (16j) % 32 + l] at shift 2 * ((j / 2) % 4).
+      const uint8_t* q2 = x.qs + 32 * h + 16 * (j % 2);
+      const int8_t* q8 = y.qs + 16 * j;
+      const int shift = 2 * ((j / 2) % 4);
+      int32_t dot = 0;
+      for (int l = 0; l < 16; ++l) dot += ((q2[l] >> shift) & 3) * q8[l];
+      s += (x.scales[j] & 0x0f) * dot;
+      m += (x.scales[j] >> 4) * y.bsums[j];
+    }
+    isum[h] = s;
+    imin[h] = m;
+  }
+}
+
+}  // namespace
+
+float dot_q2_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n) {
+  assert(n % QK_K == 0);
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t isum[2], imin[2];
+    q2_K_half_sums(x[i], y[i], isum, imin);
+    acc = std::fma(static_cast<float>(isum[0] + isum[1]), fp16_to_fp32(x[i].d) * y[i].d, acc);
+    acc_m = std::fma(static_cast<float>(imin[0] + imin[1]), fp16_to_fp32(x[i].dmin) * y[i].d, acc_m);
+  }
+  return acc - acc_m;
+}
+
+float dot_q2_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n) {
+  assert(n % QK_K == 0);
+  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  float acc = 0.0f, acc_m = 0.0f;
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    int32_t isum[2], imin[2];
+    q2_K_half_sums(x[i], y[i], isum, imin);
+    const float d = fp16_to_fp32(x[i].d) * y[i].d;
+    const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
+    for (int h = 0; h < QK_K / 128; ++h) {
+      acc = std::fma(static_cast<float>(isum[h]), d, acc);
+      acc_m = std::fma(static_cast<float>(imin[h]), dmin, acc_m);
+    }
+  }
+  return acc - acc_m;
+}
+
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n) {
   assert(n % QK_K == 0);
   const auto* x = static_cast<const block_q5_K*>(w);

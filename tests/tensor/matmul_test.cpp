@@ -180,7 +180,7 @@ TEST(Matmul, OrderedTakesEachVectorsGivenOrder) {
   ThreadPool pool(2);
   for (Isa isa : available_isas()) {
     IsaScope scope(isa);
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K}) {
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q2_K, GgmlType::Q8_0, GgmlType::Q6_K}) {
       SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)));
       const int64_t cols = 512, rows = 48;
       const auto wf = random_floats(rng, cols * rows);

@@ -1,5 +1,6 @@
-// The products of matrices llama.cpp's x86 CPU backend repacks (kernel_table.h repacked(): Q4_K with a row
-// count that is a multiple of 8), which it sums in the order of its repacked gemv / gemm kernels:
+// The products of matrices llama.cpp's x86 CPU backend repacks (kernel_table.h repacked(): Q4_K, and Q2_K
+// as its AVX-512 build does, with a row count that is a multiple of 8), which it sums in the order of its
+// repacked gemv / gemm kernels:
 //   - every table's gemv / gemm kernels (and the AVX-512 multi-row gemv kernel) equal the scalar references
 //     bit for bit on general data - the integer sums are exact and the float steps are the same FMAs;
 //   - the references compute the dot product (against a double-precision sum of the dequantized terms);
@@ -29,7 +30,9 @@ namespace {
 using testing::available_isas;
 using testing::random_floats;
 
-constexpr GgmlType kT = GgmlType::Q4_K;
+constexpr GgmlType kT = GgmlType::Q4_K;  // the type with a repacked tile
+// Every repacked type: gemv / gemm kernels and references (issue #27 added Q2_K).
+constexpr GgmlType kRepackedTypes[] = {GgmlType::Q4_K, GgmlType::Q2_K};
 
 struct Case {
   std::vector<uint8_t> w;    // nrows rows
@@ -39,15 +42,15 @@ struct Case {
   size_t rb = 0;
 };
 
-Case make_case(std::mt19937& rng, int64_t nb, int64_t nrows, float x_scale) {
+Case make_case(std::mt19937& rng, int64_t nb, int64_t nrows, float x_scale, GgmlType t = kT) {
   Case c;
   c.cols = nb * QK_K;
   c.nrows = nrows;
-  c.rb = detail::row_bytes(kT, c.cols);
+  c.rb = detail::row_bytes(t, c.cols);
   c.wf = random_floats(rng, c.cols * nrows);
-  c.w = testing::quantize_rows(kT, c.wf, nrows, c.cols);
+  c.w = testing::quantize_rows(t, c.wf, nrows, c.cols);
   c.xf = random_floats(rng, c.cols, x_scale);
-  c.act.resize(activation_row_bytes(kT, c.cols));
+  c.act.resize(activation_row_bytes(t, c.cols));
   detail::quantize_act_q8_K(c.xf.data(), c.act.data(), c.cols);
   return c;
 }
@@ -55,28 +58,31 @@ Case make_case(std::mt19937& rng, int64_t nb, int64_t nrows, float x_scale) {
 TEST(Repacked, KernelsOfEveryIsaEqualTheReferencesBitForBit) {
   std::mt19937 rng(31);
   const detail::DotKernels& ref = detail::scalar_kernels();
-  for (Isa isa : available_isas()) {
-    const detail::DotKernels& k = detail::kernels_for(isa);
-    ASSERT_NE(k.dot_gemv[detail::slot(kT)], nullptr) << isa_name(isa);
-    ASSERT_NE(k.dot_gemm[detail::slot(kT)], nullptr) << isa_name(isa);
-    for (int64_t nb : {1, 2, 3, 7, 8, 9, 11, 16, 22}) {
-      for (float xs : {1.0f, 1e-3f, 300.0f}) {
-        const Case c = make_case(rng, nb, 9, xs);
-        std::vector<float> multi(static_cast<size_t>(c.nrows), -7.0f);
-        const detail::RowsFn rows = k.rows_gemv[detail::slot(kT)];
-        if (rows != nullptr) rows(c.w.data(), c.rb, c.nrows, c.act.data(), c.cols, multi.data());
-        for (int64_t r = 0; r < c.nrows; ++r) {
-          const uint8_t* row = c.w.data() + c.rb * static_cast<size_t>(r);
-          const float gv = k.dot_gemv[detail::slot(kT)](row, c.act.data(), c.cols);
-          const float gm = k.dot_gemm[detail::slot(kT)](row, c.act.data(), c.cols);
-          const float gv_ref = ref.dot_gemv[detail::slot(kT)](row, c.act.data(), c.cols);
-          const float gm_ref = ref.dot_gemm[detail::slot(kT)](row, c.act.data(), c.cols);
-          const std::string where = std::string(isa_name(isa)) + " nb " + std::to_string(nb) + " row " +
-                                    std::to_string(r) + " x scale " + std::to_string(xs);
-          ASSERT_EQ(std::memcmp(&gv, &gv_ref, sizeof(float)), 0) << where << ": " << gv << " vs " << gv_ref;
-          ASSERT_EQ(std::memcmp(&gm, &gm_ref, sizeof(float)), 0) << where << ": " << gm << " vs " << gm_ref;
-          if (rows != nullptr) {
-            ASSERT_EQ(std::memcmp(&multi[static_cast<size_t>(r)], &gv_ref, sizeof(float)), 0) << where;
+  for (GgmlType t : kRepackedTypes) {
+    for (Isa isa : available_isas()) {
+      const detail::DotKernels& k = detail::kernels_for(isa);
+      ASSERT_NE(k.dot_gemv[detail::slot(t)], nullptr) << isa_name(isa);
+      ASSERT_NE(k.dot_gemm[detail::slot(t)], nullptr) << isa_name(isa);
+      for (int64_t nb : {1, 2, 3, 7, 8, 9, 11, 16, 22}) {
+        for (float xs : {1.0f, 1e-3f, 300.0f}) {
+          const Case c = make_case(rng, nb, 9, xs, t);
+          std::vector<float> multi(static_cast<size_t>(c.nrows), -7.0f);
+          const detail::RowsFn rows = k.rows_gemv[detail::slot(t)];
+          if (rows != nullptr) rows(c.w.data(), c.rb, c.nrows, c.act.data(), c.cols, multi.data());
+          for (int64_t r = 0; r < c.nrows; ++r) {
+            const uint8_t* row = c.w.data() + c.rb * static_cast<size_t>(r);
+            const float gv = k.dot_gemv[detail::slot(t)](row, c.act.data(), c.cols);
+            const float gm = k.dot_gemm[detail::slot(t)](row, c.act.data(), c.cols);
+            const float gv_ref = ref.dot_gemv[detail::slot(t)](row, c.act.data(), c.cols);
+            const float gm_ref = ref.dot_gemm[detail::slot(t)](row, c.act.data(), c.cols);
+            const std::string where = std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)) +
+                                      " nb " + std::to_string(nb) + " row " + std::to_string(r) +
+                                      " x scale " + std::to_string(xs);
+            ASSERT_EQ(std::memcmp(&gv, &gv_ref, sizeof(float)), 0) << where << ": " << gv << " vs " << gv_ref;
+            ASSERT_EQ(std::memcmp(&gm, &gm_ref, sizeof(float)), 0) << where << ": " << gm << " vs " << gm_ref;
+            if (rows != nullptr) {
+              ASSERT_EQ(std::memcmp(&multi[static_cast<size_t>(r)], &gv_ref, sizeof(float)), 0) << where;
+            }
           }
         }
       }
@@ -87,31 +93,33 @@ TEST(Repacked, KernelsOfEveryIsaEqualTheReferencesBitForBit) {
 TEST(Repacked, ReferencesComputeTheDotProductInDistinctOrders) {
   std::mt19937 rng(32);
   const detail::DotKernels& ref = detail::scalar_kernels();
-  int gemv_vs_gemm = 0, gemv_vs_vec_dot = 0;
-  for (int64_t nb : {1, 4}) {
-    const Case c = make_case(rng, nb, 64, 1.0f);
-    std::vector<float> wd(static_cast<size_t>(c.cols)), xd(static_cast<size_t>(c.cols));
-    dequantize_row(GgmlType::Q8_K, c.act.data(), xd.data(), c.cols);
-    for (int64_t r = 0; r < c.nrows; ++r) {
-      const uint8_t* row = c.w.data() + c.rb * static_cast<size_t>(r);
-      dequantize_row(kT, row, wd.data(), c.cols);
-      double exact = 0.0, mag = 0.0;
-      for (int64_t i = 0; i < c.cols; ++i) {
-        exact += static_cast<double>(wd[i]) * xd[i];
-        mag += std::fabs(static_cast<double>(wd[i]) * xd[i]);
+  for (GgmlType t : kRepackedTypes) {
+    int gemv_vs_gemm = 0, gemv_vs_vec_dot = 0;
+    for (int64_t nb : {1, 4}) {
+      const Case c = make_case(rng, nb, 64, 1.0f, t);
+      std::vector<float> wd(static_cast<size_t>(c.cols)), xd(static_cast<size_t>(c.cols));
+      dequantize_row(GgmlType::Q8_K, c.act.data(), xd.data(), c.cols);
+      for (int64_t r = 0; r < c.nrows; ++r) {
+        const uint8_t* row = c.w.data() + c.rb * static_cast<size_t>(r);
+        dequantize_row(t, row, wd.data(), c.cols);
+        double exact = 0.0, mag = 0.0;
+        for (int64_t i = 0; i < c.cols; ++i) {
+          exact += static_cast<double>(wd[i]) * xd[i];
+          mag += std::fabs(static_cast<double>(wd[i]) * xd[i]);
+        }
+        const float gv = ref.dot_gemv[detail::slot(t)](row, c.act.data(), c.cols);
+        const float gm = ref.dot_gemm[detail::slot(t)](row, c.act.data(), c.cols);
+        const float vd = ref.dot[detail::slot(t)](row, c.act.data(), c.cols);
+        EXPECT_NEAR(gv, exact, 1e-5 * mag) << ggml_type_name(t) << " " << r;
+        EXPECT_NEAR(gm, exact, 1e-5 * mag) << ggml_type_name(t) << " " << r;
+        gemv_vs_gemm += gv != gm;
+        gemv_vs_vec_dot += gv != vd;
       }
-      const float gv = ref.dot_gemv[detail::slot(kT)](row, c.act.data(), c.cols);
-      const float gm = ref.dot_gemm[detail::slot(kT)](row, c.act.data(), c.cols);
-      const float vd = ref.dot[detail::slot(kT)](row, c.act.data(), c.cols);
-      EXPECT_NEAR(gv, exact, 1e-5 * mag) << r;
-      EXPECT_NEAR(gm, exact, 1e-5 * mag) << r;
-      gemv_vs_gemm += gv != gm;
-      gemv_vs_vec_dot += gv != vd;
     }
+    // Three orders of one float computation: on 128 random rows some results must differ in the last bits.
+    EXPECT_GT(gemv_vs_gemm, 0) << ggml_type_name(t);
+    EXPECT_GT(gemv_vs_vec_dot, 0) << ggml_type_name(t);
   }
-  // Three orders of one float computation: on 128 random rows some results must differ in the last bits.
-  EXPECT_GT(gemv_vs_gemm, 0);
-  EXPECT_GT(gemv_vs_vec_dot, 0);
 }
 
 // The tile sees any chunk of rows (matmul's chunks are whole groups of 16, but the last is short and callers
@@ -146,8 +154,8 @@ TEST(Repacked, TilesEqualTheReferencesForEveryRowAndVectorCount) {
         const detail::DotFn oracle = o == 1 ? ref.dot_gemm[detail::slot(kT)] : ref.dot_gemv[detail::slot(kT)];
         for (int64_t v = 0; v < kMaxVec; ++v) {
           for (int64_t r = 0; r < kMaxRows; ++r) {
-            want[o][static_cast<size_t>(v * kMaxRows + r)] =
-                oracle(w.data() + rb * static_cast<size_t>(r), acts.data() + ab * static_cast<size_t>(v), cols);
+            want[o][static_cast<size_t>(v * kMaxRows + r)] = oracle(
+                w.data() + rb * static_cast<size_t>(r), acts.data() + ab * static_cast<size_t>(v), cols);
           }
         }
       }
@@ -185,7 +193,8 @@ TEST(Repacked, TilesEqualTheReferencesForEveryRowAndVectorCount) {
 }
 
 // The prompt tile in the gemv order is decode's product: a batch's gemv rows equal matvec's bits. And an ISA
-// forced below AVX-512 (CAR_INFERENCE_ISA=avx2/scalar: no VNNI tile) still gives the same bits in both orders.
+// forced below AVX-512 (CAR_INFERENCE_ISA=avx2/scalar: no VNNI tile) still gives the same bits in both
+// orders.
 TEST(Repacked, ForcedOffIsaFallsBackWithTheSameBits) {
   std::mt19937 rng(34);
   const int64_t cols = 4 * QK_K, rows = 40, n = 13;  // 12 gemm vectors, 1 gemv; a short group of 8 rows
@@ -204,7 +213,8 @@ TEST(Repacked, ForcedOffIsaFallsBackWithTheSameBits) {
     matmul_ordered(view, x.data(), n, cols, yv.data(), rows, none.data(), nullptr);
     for (int64_t i = 0; i < n; ++i) {
       matvec(view, x.data() + i * cols, col.data(), nullptr);
-      ASSERT_EQ(std::memcmp(yv.data() + i * rows, col.data(), sizeof(float) * rows), 0) << isa_name(isa) << " " << i;
+      ASSERT_EQ(std::memcmp(yv.data() + i * rows, col.data(), sizeof(float) * rows), 0)
+          << isa_name(isa) << " " << i;
     }
     by_isa.push_back(std::move(y));
   }
@@ -214,19 +224,22 @@ TEST(Repacked, ForcedOffIsaFallsBackWithTheSameBits) {
   }
 }
 
-TEST(Repacked, OnlyQ4KMatricesWithRowsAMultipleOf8) {
+TEST(Repacked, OnlyQ4KAndQ2KMatricesWithRowsAMultipleOf8) {
   MatrixView w;
-  w.type = GgmlType::Q4_K;
-  for (int64_t rows : {8, 16, 256, 512}) {
-    w.rows = rows;
-    EXPECT_TRUE(detail::repacked(w)) << rows;
-  }
-  for (int64_t rows : {1, 4, 12, 300}) {
-    w.rows = rows;
-    EXPECT_FALSE(detail::repacked(w)) << rows;
+  for (GgmlType t : kRepackedTypes) {
+    w.type = t;
+    for (int64_t rows : {8, 16, 256, 512}) {
+      w.rows = rows;
+      EXPECT_TRUE(detail::repacked(w)) << ggml_type_name(t) << " " << rows;
+    }
+    for (int64_t rows : {1, 4, 12, 300}) {
+      w.rows = rows;
+      EXPECT_FALSE(detail::repacked(w)) << ggml_type_name(t) << " " << rows;
+    }
   }
   w.rows = 256;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F32}) {
+  for (GgmlType t :
+       {GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F32}) {
     w.type = t;
     EXPECT_FALSE(detail::repacked(w)) << ggml_type_name(t);
   }
