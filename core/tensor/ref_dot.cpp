@@ -263,44 +263,6 @@ void q4_K_group_sums(const block_q4_K& x, const block_q8_K& y, int32_t* isum, in
   }
 }
 
-}  // namespace
-
-float dot_q4_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n) {
-  assert(n % QK_K == 0);
-  const auto* x = static_cast<const block_q4_K*>(w);
-  const auto* y = static_cast<const block_q8_K*>(a);
-  float acc = 0.0f, acc_m = 0.0f;
-  for (int64_t i = 0; i < n / QK_K; ++i) {
-    int32_t isum[4], imin[4];
-    q4_K_group_sums(x[i], y[i], isum, imin);
-    const int32_t s = isum[0] + isum[1] + isum[2] + isum[3];
-    const int32_t m = imin[0] + imin[1] + imin[2] + imin[3];
-    acc = std::fma(static_cast<float>(s), fp16_to_fp32(x[i].d) * y[i].d, acc);
-    acc_m = std::fma(static_cast<float>(m), fp16_to_fp32(x[i].dmin) * y[i].d, acc_m);
-  }
-  return acc - acc_m;
-}
-
-float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n) {
-  assert(n % QK_K == 0);
-  const auto* x = static_cast<const block_q4_K*>(w);
-  const auto* y = static_cast<const block_q8_K*>(a);
-  float acc = 0.0f, acc_m = 0.0f;
-  for (int64_t i = 0; i < n / QK_K; ++i) {
-    int32_t isum[4], imin[4];
-    q4_K_group_sums(x[i], y[i], isum, imin);
-    const float d = fp16_to_fp32(x[i].d) * y[i].d;
-    const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
-    for (int g = 0; g < QK_K / 64; ++g) {
-      acc = std::fma(static_cast<float>(isum[g]), d, acc);
-      acc_m = std::fma(static_cast<float>(imin[g]), dmin, acc_m);
-    }
-  }
-  return acc - acc_m;
-}
-
-namespace {
-
 /// One Q2_K block's exact integer sums over its two 128-element halves h (sub-blocks 8h..8h+7):
 /// isum[h] = sum of scale * level * q8, imin[h] = sum of min * bsum.
 void q2_K_half_sums(const block_q2_K& x, const block_q8_K& y, int32_t* isum, int32_t* imin) {
@@ -321,38 +283,54 @@ void q2_K_half_sums(const block_q2_K& x, const block_q8_K& y, int32_t* isum, int
   }
 }
 
-}  // namespace
-
-float dot_q2_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n) {
+/// The repacked orders of a K-quant whose blocks give exact integer sums per group (Q4_K: four groups of 64,
+/// Q2_K: two halves of 128) and carry fp16 d and dmin: the gemv order adds each block's whole integer with one
+/// FMA per chain (scales, mins), the gemm order one FMA per group; the chains are subtracted at the end.
+template <class Block, int kGroups, void (*kSums)(const Block&, const block_q8_K&, int32_t*, int32_t*)>
+float repacked_ref(const void* w, const void* a, int64_t n, bool per_group) {
   assert(n % QK_K == 0);
-  const auto* x = static_cast<const block_q2_K*>(w);
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
   float acc = 0.0f, acc_m = 0.0f;
   for (int64_t i = 0; i < n / QK_K; ++i) {
-    int32_t isum[2], imin[2];
-    q2_K_half_sums(x[i], y[i], isum, imin);
-    acc = std::fma(static_cast<float>(isum[0] + isum[1]), fp16_to_fp32(x[i].d) * y[i].d, acc);
-    acc_m = std::fma(static_cast<float>(imin[0] + imin[1]), fp16_to_fp32(x[i].dmin) * y[i].d, acc_m);
+    int32_t isum[kGroups], imin[kGroups];
+    kSums(x[i], y[i], isum, imin);
+    const float d = fp16_to_fp32(x[i].d) * y[i].d;
+    const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
+    if (per_group) {
+      for (int g = 0; g < kGroups; ++g) {
+        acc = std::fma(static_cast<float>(isum[g]), d, acc);
+        acc_m = std::fma(static_cast<float>(imin[g]), dmin, acc_m);
+      }
+    } else {
+      int32_t s = 0, m = 0;
+      for (int g = 0; g < kGroups; ++g) {
+        s += isum[g];
+        m += imin[g];
+      }
+      acc = std::fma(static_cast<float>(s), d, acc);
+      acc_m = std::fma(static_cast<float>(m), dmin, acc_m);
+    }
   }
   return acc - acc_m;
 }
 
+}  // namespace
+
+float dot_q4_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n) {
+  return repacked_ref<block_q4_K, QK_K / 64, q4_K_group_sums>(w, a, n, false);
+}
+
+float dot_q4_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n) {
+  return repacked_ref<block_q4_K, QK_K / 64, q4_K_group_sums>(w, a, n, true);
+}
+
+float dot_q2_K_q8_K_gemv_ref(const void* w, const void* a, int64_t n) {
+  return repacked_ref<block_q2_K, QK_K / 128, q2_K_half_sums>(w, a, n, false);
+}
+
 float dot_q2_K_q8_K_gemm_ref(const void* w, const void* a, int64_t n) {
-  assert(n % QK_K == 0);
-  const auto* x = static_cast<const block_q2_K*>(w);
-  const auto* y = static_cast<const block_q8_K*>(a);
-  float acc = 0.0f, acc_m = 0.0f;
-  for (int64_t i = 0; i < n / QK_K; ++i) {
-    int32_t isum[2], imin[2];
-    q2_K_half_sums(x[i], y[i], isum, imin);
-    const float d = fp16_to_fp32(x[i].d) * y[i].d;
-    const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
-    for (int h = 0; h < QK_K / 128; ++h) {
-      acc = std::fma(static_cast<float>(isum[h]), d, acc);
-      acc_m = std::fma(static_cast<float>(imin[h]), dmin, acc_m);
-    }
-  }
-  return acc - acc_m;
+  return repacked_ref<block_q2_K, QK_K / 128, q2_K_half_sums>(w, a, n, true);
 }
 
 float dot_q5_K_q8_K_ref(const void* w, const void* a, int64_t n) {
