@@ -285,9 +285,10 @@ TEST_F(SettingTableTest, EnvExampleIsTheGeneratedOne) {
   EXPECT_EQ(r.error().code, "help");
   const std::string generated = settings_env_example();
   EXPECT_EQ(r.error().message, generated);
-  std::ifstream in(std::string(CAR_SOURCE_DIR) + "/systemd/car-inference.env.example");
-  ASSERT_TRUE(in.good()) << "cannot read systemd/car-inference.env.example";
-  const std::string committed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto read =
+      testing::read_fixture(std::filesystem::path(CAR_SOURCE_DIR) / "systemd" / "car-inference.env.example");
+  ASSERT_TRUE(read.has_value()) << "cannot read systemd/car-inference.env.example";
+  const std::string& committed = *read;
   EXPECT_EQ(committed, generated) << "systemd/car-inference.env.example differs from the rows: replace it with "
                                      "the output of `car-inferenced --print-env-example`";
   // Every row has its commented line, and the file is one the daemon reads: uncommenting every line that
