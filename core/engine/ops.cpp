@@ -75,6 +75,35 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+float gelu_ggml(float x) {
+  // ggml_vec_geglu_f32 with GGML_GELU_FP16: the table is indexed by x's fp16 bits and holds, rounded to fp16,
+  // ggml_gelu_f32 of that fp16 value.
+  constexpr float kGeluCoefA = 0.044715f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  const float f = tensor::fp16_to_fp32(tensor::fp32_to_fp16(x));
+  const float inner = kSqrt2OverPi * f * (1.0f + kGeluCoefA * f * f);
+  const float g = 0.5f * f * (1.0f + std::tanh(inner));
+  return tensor::fp16_to_fp32(tensor::fp32_to_fp16(g));
+}
+
+void geglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    // Beyond 10 ggml multiplies x itself (not its fp16 rounding) by up; gelu_ggml returns x there.
+    out[i] = x <= -10.0f ? 0.0f : gelu_ggml(x) * up[i];
+  }
+}
+
+void softcap(float* x, float cap, int64_t n) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = std::tanh(x[i] * inv);
+    x[i] = t * cap;
+  }
+}
+
 void to_fp16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = tensor::fp32_to_fp16(x[i]);
 }

@@ -7,6 +7,10 @@
 //   softmax       expf(x - max) summed in double, scaled by 1 / sum in float (ggml_soft_max_f32)
 //   swiglu        silu(gate) * up, silu(x) = x / (1 + expf(-x))
 //   add_bias      x + b, element by element (ggml_add of a projection's bias)
+//   geglu         gelu(gate) * up with ggml's GELU: 0 below -10, the identity above 10, else the tanh
+//                 approximation 0.5 x (1 + tanhf(sqrt(2/pi) x (1 + 0.044715 x^2))) evaluated at x rounded to
+//                 fp16 and rounded to fp16 itself (ggml's 64K-entry table, GGML_GELU_FP16)
+//   softcap       c * tanhf(x * (1 / c)) (llama.cpp's final logit soft-capping: scale, tanh, scale)
 //   attention     one query head over fp16 K/V, as ggml_compute_forward_flash_attn_ext_f16_one_chunk: Q rounded
 //                 to fp16, s = dot(K, Q) * scale in float (dot in ggml_vec_dot_f16's order, see dot_f16_ggml), online softmax with a running max in float, the V
 //                 accumulator kept in fp16 and rounded after every scale / multiply-add, divided by the sum at
@@ -49,6 +53,14 @@ void add_bias(float* x, const float* b, int64_t n);
 
 /// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+
+/// ggml's GELU of one value (its fp16 table's entry for x, or the limits outside (-10, 10)).
+float gelu_ggml(float x);
+/// out[i] = gelu_ggml(gate[i]) * up[i]; out may alias gate or up.
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+
+/// x[i] = cap * tanh(x[i] / cap) in llama.cpp's steps; cap > 0.
+void softcap(float* x, float cap, int64_t n);
 
 /// Attention of one query head (and its scalar oracle, and the Q.K order it uses): core/tensor's kernels,
 /// dispatched through the kernel table like the matrix products (kernels.h).

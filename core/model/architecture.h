@@ -2,7 +2,7 @@
 // pre-norm transformer (embeddings -> N x [RMSNorm, GQA attention, residual, RMSNorm, SwiGLU FFN or MoE,
 // residual] -> RMSNorm -> output projection); everything an architecture changes is a field here, and each
 // architecture defines its traits in its own file (llama.cpp, qwen2.cpp, qwen2moe.cpp, qwen3.cpp,
-// qwen3moe.cpp).
+// qwen3moe.cpp, gemma3.cpp).
 //
 // Optional tensors every architecture takes when the file has them (as llama.cpp's shared graph builders
 // do): Q/K/V biases (blk.N.attn_{q,k,v}.bias, added after the projections) and output.bias (added to the
@@ -16,6 +16,12 @@
 #include "core/model/hparams.h"
 
 namespace car::model {
+
+/// The FFN's gated activation: act(h Wgate) * (h Wup).
+enum class FfnAct {
+  silu,  ///< SwiGLU: silu(g) = g / (1 + exp(-g))
+  gelu,  ///< GEGLU: ggml's GELU (tanh approximation, looked up in its fp16 table; ops.h geglu)
+};
 
 struct ArchTraits {
   std::string_view name;               ///< general.architecture value
@@ -35,6 +41,26 @@ struct ArchTraits {
   /// key below, or feed_forward_length when that is absent (llama.cpp's rule).
   bool shared_expert = false;
   std::string_view shared_expert_ff_key;
+  /// Gemma: the embedding rows are multiplied by sqrtf(n_embd) (llama.cpp's ggml_scale of the input).
+  bool embed_scale = false;
+  /// Gemma 2/3: each sub-block's output is RMS-normed again before its residual add
+  /// (blk.N.post_attention_norm, blk.N.post_ffw_norm).
+  bool post_norms = false;
+  FfnAct ffn_act = FfnAct::silu;
+  /// Gemma: Q is multiplied by the attention scale (in float, before the kernel rounds it to fp16) and the
+  /// kernel's scale is 1, as llama.cpp's ggml_scale of Qcur then build_attn(kq_scale = 1). The scale is
+  /// 1/sqrt(key_length), or 1/sqrt(n_embd / n_head) when block_count == query_scale_embd_layers (the size
+  /// whose query_pre_attn_scalar is n_embd / n_head: Gemma 3 27B, 62 layers). false: 1/sqrt(key_length)
+  /// inside the kernel (llama).
+  bool scale_query = false;
+  int64_t query_scale_embd_layers = 0;
+  /// Sliding-window layers as llama.cpp's set_swa_pattern(swa_pattern) (0 = the architecture has none), the
+  /// window from <arch>.attention.sliding_window (absent or 0 = every layer global).
+  int64_t swa_pattern = 0;
+  /// RoPE base (with frequency scale 1) of the sliding-window layers; 0 = the global layers' (gemma3: 10000).
+  float swa_rope_freq_base = 0.0f;
+  /// Reads <arch>.final_logit_softcapping c: logits = c * tanh(logits / c) (Gemma 2, optional in Gemma 3).
+  bool final_logit_softcap = false;
 };
 
 const ArchTraits& llama_traits();
@@ -42,6 +68,7 @@ const ArchTraits& qwen2_traits();
 const ArchTraits& qwen2moe_traits();
 const ArchTraits& qwen3_traits();
 const ArchTraits& qwen3moe_traits();
+const ArchTraits& gemma3_traits();
 
 /// Traits for a general.architecture value; null when unsupported.
 const ArchTraits* find_arch(std::string_view name);

@@ -137,6 +137,29 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   if (factor < 0) return load_error("model key " + kr.key("rope.scaling.factor") + " is negative");
   h.rope_freq_scale = factor == 0 ? 1.0f : static_cast<float>(1.0 / factor);
 
+  // Sliding-window layers (gemma3) and the other per-architecture numbers of core/model/architecture.h.
+  if (t.swa_pattern > 0) {
+    int64_t n_swa = 0;
+    CAR_TRY_ASSIGN(n_swa, kr.dim_or("attention.sliding_window", 0));
+    set_swa_pattern(h, n_swa, t.swa_pattern);
+    if (n_swa > 0 && t.swa_rope_freq_base > 0.0f) {
+      h.rope_freq_base_swa = t.swa_rope_freq_base;
+      h.rope_freq_scale_swa = 1.0f;
+    }
+  }
+  if (t.scale_query) {
+    const bool by_embd = t.query_scale_embd_layers > 0 && h.n_layer == t.query_scale_embd_layers;
+    const int64_t d = by_embd ? h.n_embd / h.n_head : h.head_dim_k;
+    if (d <= 0) return load_error("model key " + kr.key("embedding_length") + ": smaller than head_count");
+    h.attn_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  }
+  if (t.final_logit_softcap) {
+    double cap = 0;
+    CAR_TRY_ASSIGN(cap, kr.real_or("final_logit_softcapping", 0.0));
+    if (cap < 0) return load_error("model key " + kr.key("final_logit_softcapping") + " is negative");
+    h.final_logit_softcap = static_cast<float>(cap);
+  }
+
   CAR_TRY_ASSIGN(h.n_expert, kr.dim_or("expert_count", 0));
   CAR_TRY_ASSIGN(h.n_expert_used, kr.dim_or("expert_used_count", 0));
   if (h.n_expert > 0) {

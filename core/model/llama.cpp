@@ -18,18 +18,26 @@ const ArchTraits& llama_traits() {
       .qkv_bias = false,
       .shared_expert = false,
       .shared_expert_ff_key = {},
+      .embed_scale = false,
+      .post_norms = false,
+      .ffn_act = FfnAct::silu,
+      .scale_query = false,
+      .query_scale_embd_layers = 0,
+      .swa_pattern = 0,
+      .swa_rope_freq_base = 0.0f,
+      .final_logit_softcap = false,
   };
   return traits;
 }
 
 const ArchTraits* find_arch(std::string_view name) {
   for (const ArchTraits* t :
-       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits()}) {
+       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits(), &gemma3_traits()}) {
     if (t->name == name) return t;
   }
   return nullptr;
 }
 
-std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe"; }
+std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma3"; }
 
 }  // namespace car::model

@@ -18,6 +18,14 @@ const ArchTraits& qwen2_traits() {
       .qkv_bias = true,
       .shared_expert = false,
       .shared_expert_ff_key = {},
+      .embed_scale = false,
+      .post_norms = false,
+      .ffn_act = FfnAct::silu,
+      .scale_query = false,
+      .query_scale_embd_layers = 0,
+      .swa_pattern = 0,
+      .swa_rope_freq_base = 0.0f,
+      .final_logit_softcap = false,
   };
   return traits;
 }
