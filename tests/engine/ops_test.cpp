@@ -128,6 +128,55 @@ TEST(Swiglu, MatchesDefinition) {
   }
 }
 
+// ggml's GELU (GGML_GELU_FP16): the tanh approximation of the input rounded to fp16, itself rounded to
+// fp16; 0 at and below -10, the identity at and above 10.
+TEST(Geglu, IsGgmlsFp16TableGelu) {
+  auto g = randn(200, 9, 3.0f);
+  g.push_back(-10.0f);
+  g.push_back(-12.5f);
+  g.push_back(10.0f);
+  g.push_back(11.25f);
+  g.push_back(0.0f);
+  auto u = randn(g.size(), 10);
+  std::vector<float> o(g.size());
+  geglu(g.data(), u.data(), o.data(), static_cast<int64_t>(g.size()));
+  int rounded_differently = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float x = g[i];
+    float want;
+    if (x <= -10.0f) {
+      want = 0.0f;
+    } else if (x >= 10.0f) {
+      want = x * u[i];
+    } else {
+      const double f = tensor::fp16_to_fp32(tensor::fp32_to_fp16(x));
+      const double exact = 0.5 * f * (1.0 + std::tanh(0.7978845608028654 * f * (1.0 + 0.044715 * f * f)));
+      const float table = tensor::fp16_to_fp32(tensor::fp32_to_fp16(static_cast<float>(exact)));
+      // The float evaluation may land on the other side of an fp16 rounding boundary: one fp16 step at most.
+      EXPECT_NEAR(gelu_ggml(x), table, std::fabs(table) * 1e-3 + 1e-7) << x;
+      want = gelu_ggml(x) * u[i];
+      // The table's value is a function of x's fp16 rounding.
+      EXPECT_EQ(gelu_ggml(x), gelu_ggml(tensor::fp16_to_fp32(tensor::fp32_to_fp16(x)))) << x;
+      const double plain = 0.5 * double(x) * (1.0 + std::tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)));
+      if (static_cast<float>(plain) != gelu_ggml(x)) ++rounded_differently;
+    }
+    EXPECT_EQ(o[i], want) << "x = " << x;
+  }
+  EXPECT_GT(rounded_differently, 100);  // the fp16 table is not the float formula
+  EXPECT_EQ(gelu_ggml(1.0f), tensor::fp16_to_fp32(tensor::fp32_to_fp16(0.8411920070648193f)));
+}
+
+TEST(Softcap, IsCapTimesTanhOfXOverCap) {
+  std::vector<float> x{-100.0f, -3.0f, 0.0f, 0.5f, 29.0f, 1000.0f};
+  std::vector<float> y = x;
+  softcap(y.data(), 30.0f, static_cast<int64_t>(y.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(y[i], 30.0 * std::tanh(double(x[i]) / 30.0), 1e-5) << x[i];
+    EXPECT_LE(std::fabs(y[i]), 30.0f);
+  }
+  EXPECT_EQ(y[2], 0.0f);
+}
+
 // Exact attention in double over the same fp16 K/V: the fp16 accumulator costs ~1e-3 relative at most.
 void check_attention(int64_t n_kv, int64_t dk, int64_t dv, bool use_simd) {
   auto q = randn(static_cast<size_t>(dk), 20, 1.5f);
