@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
@@ -75,24 +76,48 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
-float gelu_ggml(float x) {
-  // ggml_vec_geglu_f32 with GGML_GELU_FP16: the table is indexed by x's fp16 bits and holds, rounded to fp16,
-  // ggml_gelu_f32 of that fp16 value.
+namespace {
+
+// ggml_gelu_f32 of an fp16 value, rounded to fp16: one entry of ggml's table.
+uint16_t gelu_table_entry(uint16_t h) {
   constexpr float kGeluCoefA = 0.044715f;
   constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  const float f = tensor::fp16_to_fp32(h);
+  const float inner = kSqrt2OverPi * f * (1.0f + kGeluCoefA * f * f);
+  return tensor::fp32_to_fp16(0.5f * f * (1.0f + std::tanh(inner)));
+}
+
+// The whole table (128 KiB), built once on first use and immutable after: a tanhf per FFN element would
+// cost a decode step of a small model a good fraction of its time.
+const std::vector<uint16_t>& gelu_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(size_t{1} << 16);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = gelu_table_entry(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+float gelu_ggml(float x) {
+  // ggml_vec_geglu_f32 with GGML_GELU_FP16: the table is indexed by x's fp16 bits.
   if (x <= -10.0f) return 0.0f;
   if (x >= 10.0f) return x;
-  const float f = tensor::fp16_to_fp32(tensor::fp32_to_fp16(x));
-  const float inner = kSqrt2OverPi * f * (1.0f + kGeluCoefA * f * f);
-  const float g = 0.5f * f * (1.0f + std::tanh(inner));
-  return tensor::fp16_to_fp32(tensor::fp32_to_fp16(g));
+  return tensor::fp16_to_fp32(gelu_table()[tensor::fp32_to_fp16(x)]);
 }
 
 void geglu(const float* gate, const float* up, float* out, int64_t n) {
+  const uint16_t* table = gelu_table().data();
   for (int64_t i = 0; i < n; ++i) {
     const float x = gate[i];
-    // Beyond 10 ggml multiplies x itself (not its fp16 rounding) by up; gelu_ggml returns x there.
-    out[i] = x <= -10.0f ? 0.0f : gelu_ggml(x) * up[i];
+    if (x <= -10.0f) {
+      out[i] = 0.0f;
+    } else if (x >= 10.0f) {  // x itself (not its fp16 rounding) times up, as ggml
+      out[i] = x * up[i];
+    } else {
+      out[i] = tensor::fp16_to_fp32(table[tensor::fp32_to_fp16(x)]) * up[i];
+    }
   }
 }
 
