@@ -367,9 +367,15 @@ void ForwardPass::attention(int64_t il, int64_t n) {
       // attention skips; starting the loop at the window's first key is the same arithmetic.
       const int64_t pos = row_pos_[sz(i)];
       const int64_t first = ckv.first_visible(il, pos);
-      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv,
-                  pos + 1 - first, dk, dv, scale, attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(),
-                  acc16.data());
+      const float* qh = q_.data() + i * hp_.q_dim() + h * dk;
+      float* out = attn_.data() + i * hp_.attn_out_dim() + h * dv;
+      if (hp_.attn_logit_softcap > 0.0f) {  // gemma2: the cap sits inside the softmax
+        attend_head_softcap(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv,
+                            scale, hp_.attn_logit_softcap, out, q16.data(), acc16.data());
+      } else {
+        attend_head(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv, scale,
+                    out, q16.data(), acc16.data());
+      }
     }
   };
   parallel(n * n_head, 1, task);

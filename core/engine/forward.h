@@ -11,7 +11,8 @@
 //     x += post(attention(q, cache) Wo)                     causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
 //                                                           a sliding-window layer reads only the keys at
 //                                                           pos - p' < window (KvCache::first_visible);
-//                                                           post = rms_norm * attn_post_norm (gemma), else none
+//                                                           post = rms_norm * attn_post_norm (gemma), else none;
+//                                                           gemma2: scores soft-capped (attend_head_softcap)
 //     h = rms_norm(x) * ffn_norm
 //     x += dense: post((act(h Wgate) * (h Wup)) Wdown)     act = silu, or gelu (gemma); post: ffn_post_norm
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)

@@ -8,6 +8,7 @@
 
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
+#include "core/tensor/online_softmax.h"
 #include "core/util/result.h"
 
 namespace car::engine {
@@ -127,6 +128,29 @@ void softcap(float* x, float cap, int64_t n) {
     const float t = std::tanh(x[i] * inv);
     x[i] = t * cap;
   }
+}
+
+void attend_head_softcap(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                         int64_t dv, float scale, float cap, float* out, uint16_t* q16, uint16_t* acc16) {
+  const float scale_c = scale / cap;
+  for (int64_t d = 0; d < dk; ++d) q16[d] = tensor::fp32_to_fp16(q[d]);
+  std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
+  float sum = 0.0f;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t ic = 0; ic < n_kv; ++ic) {
+    const float s = cap * std::tanh(tensor::dot_f16_ggml(k + ic * dk, q16, dk) * scale_c);
+    float ms, vs;
+    if (tensor::detail::online_softmax_step(s, mx, ms, vs)) {
+      for (int64_t d = 0; d < dv; ++d) acc16[d] = tensor::fp32_to_fp16(tensor::fp16_to_fp32(acc16[d]) * ms);
+    }
+    const uint16_t* vr = v + ic * dv;
+    for (int64_t d = 0; d < dv; ++d) {
+      acc16[d] = tensor::fp32_to_fp16(std::fma(tensor::fp16_to_fp32(vr[d]), vs, tensor::fp16_to_fp32(acc16[d])));
+    }
+    sum = sum * ms + vs;
+  }
+  const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+  for (int64_t d = 0; d < dv; ++d) out[d] = tensor::fp16_to_fp32(acc16[d]) * inv;
 }
 
 void to_fp16(const float* x, uint16_t* y, int64_t n) {

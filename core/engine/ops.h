@@ -68,6 +68,12 @@ using tensor::attend_head;
 using tensor::attend_head_scalar;
 using tensor::dot_f16_ggml;
 
+/// attend_head_scalar's arithmetic with ggml's attention logit soft-cap (gemma2): each score is
+/// cap * tanhf(dot(K, Q) * (scale / cap)), as ggml_compute_forward_flash_attn_ext divides its scale by the
+/// cap and applies tanhf before the online softmax. Scalar only (the kernel table's heads have no cap).
+void attend_head_softcap(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                         int64_t dv, float scale, float cap, float* out, uint16_t* q16, uint16_t* acc16);
+
 /// Route one token: probs (n_expert scratch, left holding the softmax), ids[k] and weights[k] out.
 void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,
                     float* weights);

@@ -2,7 +2,7 @@
 // pre-norm transformer (embeddings -> N x [RMSNorm, GQA attention, residual, RMSNorm, SwiGLU FFN or MoE,
 // residual] -> RMSNorm -> output projection); everything an architecture changes is a field here, and each
 // architecture defines its traits in its own file (llama.cpp, qwen2.cpp, qwen2moe.cpp, qwen3.cpp,
-// qwen3moe.cpp, gemma3.cpp).
+// qwen3moe.cpp, gemma2.cpp, gemma3.cpp).
 //
 // Optional tensors every architecture takes when the file has them (as llama.cpp's shared graph builders
 // do): Q/K/V biases (blk.N.attn_{q,k,v}.bias, added after the projections) and output.bias (added to the
@@ -11,6 +11,7 @@
 // Immutable static data; safe to share.
 #pragma once
 
+#include <optional>
 #include <string_view>
 
 #include "core/model/hparams.h"
@@ -55,12 +56,17 @@ struct ArchTraits {
   bool scale_query = false;
   int64_t query_scale_embd_layers = 0;
   /// Sliding-window layers as llama.cpp's set_swa_pattern(swa_pattern) (0 = the architecture has none), the
-  /// window from <arch>.attention.sliding_window (absent or 0 = every layer global).
+  /// window from <arch>.attention.sliding_window, else swa_default_window (0 = every layer global).
   int64_t swa_pattern = 0;
+  int64_t swa_default_window = 0;
   /// RoPE base (with frequency scale 1) of the sliding-window layers; 0 = the global layers' (gemma3: 10000).
   float swa_rope_freq_base = 0.0f;
-  /// Reads <arch>.final_logit_softcapping c: logits = c * tanh(logits / c) (Gemma 2, optional in Gemma 3).
-  bool final_logit_softcap = false;
+  /// Reads <arch>.final_logit_softcapping c, with this default when absent: logits = c * tanh(logits / c)
+  /// (Gemma 2: 30, Gemma 3: 0 = none). nullopt: the key is not read.
+  std::optional<float> final_logit_softcap;
+  /// Reads <arch>.attn_logit_softcapping c, with this default (Gemma 2: 50): each attention score s (after
+  /// the scale) becomes c * tanh(s / c), inside the softmax, as ggml's flash attention. nullopt: not read.
+  std::optional<float> attn_logit_softcap;
 };
 
 const ArchTraits& llama_traits();
@@ -68,6 +74,7 @@ const ArchTraits& qwen2_traits();
 const ArchTraits& qwen2moe_traits();
 const ArchTraits& qwen3_traits();
 const ArchTraits& qwen3moe_traits();
+const ArchTraits& gemma2_traits();
 const ArchTraits& gemma3_traits();
 
 /// Traits for a general.architecture value; null when unsupported.

@@ -34,8 +34,10 @@ const ArchTraits& gemma3_traits() {
       .scale_query = true,
       .query_scale_embd_layers = 62,
       .swa_pattern = 6,
+      .swa_default_window = 0,
       .swa_rope_freq_base = 10000.0f,
-      .final_logit_softcap = true,
+      .final_logit_softcap = 0.0f,
+      .attn_logit_softcap = std::nullopt,
   };
   return traits;
 }

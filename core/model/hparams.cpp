@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "core/model/architecture.h"
 #include "core/util/error_codes.h"
@@ -140,7 +141,7 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   // Sliding-window layers (gemma3) and the other per-architecture numbers of core/model/architecture.h.
   if (t.swa_pattern > 0) {
     int64_t n_swa = 0;
-    CAR_TRY_ASSIGN(n_swa, kr.dim_or("attention.sliding_window", 0));
+    CAR_TRY_ASSIGN(n_swa, kr.dim_or("attention.sliding_window", t.swa_default_window));
     set_swa_pattern(h, n_swa, t.swa_pattern);
     if (n_swa > 0 && t.swa_rope_freq_base > 0.0f) {
       h.rope_freq_base_swa = t.swa_rope_freq_base;
@@ -153,11 +154,14 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
     if (d <= 0) return load_error("model key " + kr.key("embedding_length") + ": smaller than head_count");
     h.attn_scale = 1.0f / std::sqrt(static_cast<float>(d));
   }
-  if (t.final_logit_softcap) {
+  // Soft-caps: 0 = none (llama.cpp would divide by a zero final cap).
+  for (auto [def, key, out] : {std::tuple{t.final_logit_softcap, "final_logit_softcapping", &h.final_logit_softcap},
+                               std::tuple{t.attn_logit_softcap, "attn_logit_softcapping", &h.attn_logit_softcap}}) {
+    if (!def) continue;
     double cap = 0;
-    CAR_TRY_ASSIGN(cap, kr.real_or("final_logit_softcapping", 0.0));
-    if (cap < 0) return load_error("model key " + kr.key("final_logit_softcapping") + " is negative");
-    h.final_logit_softcap = static_cast<float>(cap);
+    CAR_TRY_ASSIGN(cap, kr.real_or(key, *def));
+    if (cap < 0) return load_error("model key " + kr.key(key) + " is negative");
+    *out = static_cast<float>(cap);
   }
 
   CAR_TRY_ASSIGN(h.n_expert, kr.dim_or("expert_count", 0));

@@ -50,6 +50,7 @@ struct Hparams {
   /// kernel scales by 1/sqrt(head_dim_k).
   float attn_scale = 0.0f;
   float final_logit_softcap = 0.0f;  ///< c > 0: logits = c * tanh(logits / c) (<arch>.final_logit_softcapping)
+  float attn_logit_softcap = 0.0f;   ///< c > 0: attention scores s -> c * tanh(s / c) (<arch>.attn_logit_softcapping)
 
   int64_t q_dim() const { return n_head * head_dim_k; }      ///< width of Q
   int64_t k_dim() const { return n_head_kv * head_dim_k; }   ///< width of K

@@ -24,20 +24,23 @@ const ArchTraits& llama_traits() {
       .scale_query = false,
       .query_scale_embd_layers = 0,
       .swa_pattern = 0,
+      .swa_default_window = 0,
       .swa_rope_freq_base = 0.0f,
-      .final_logit_softcap = false,
+      .final_logit_softcap = std::nullopt,
+      .attn_logit_softcap = std::nullopt,
   };
   return traits;
 }
 
 const ArchTraits* find_arch(std::string_view name) {
   for (const ArchTraits* t :
-       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits(), &gemma3_traits()}) {
+       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits(), &gemma2_traits(),
+        &gemma3_traits()}) {
     if (t->name == name) return t;
   }
   return nullptr;
 }
 
-std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma3"; }
+std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3"; }
 
 }  // namespace car::model

@@ -30,8 +30,10 @@ const ArchTraits& qwen2moe_traits() {
       .scale_query = false,
       .query_scale_embd_layers = 0,
       .swa_pattern = 0,
+      .swa_default_window = 0,
       .swa_rope_freq_base = 0.0f,
-      .final_logit_softcap = false,
+      .final_logit_softcap = std::nullopt,
+      .attn_logit_softcap = std::nullopt,
   };
   return traits;
 }

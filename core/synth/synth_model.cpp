@@ -27,6 +27,8 @@ bool is_qwen3(const SynthSpec& s) { return s.arch == "qwen3" || s.arch == "qwen3
 bool is_qwen2(const SynthSpec& s) { return s.arch == "qwen2" || s.arch == "qwen2moe"; }
 bool is_qwen(const SynthSpec& s) { return is_qwen3(s) || is_qwen2(s); }
 bool is_gemma3(const SynthSpec& s) { return s.arch == "gemma3"; }
+bool is_gemma2(const SynthSpec& s) { return s.arch == "gemma2"; }
+bool is_gemma(const SynthSpec& s) { return is_gemma2(s) || is_gemma3(s); }
 bool has_shared_expert(const SynthSpec& s) { return s.arch == "qwen2moe"; }
 // Architectures whose expert width has its own key (feed_forward_length is then the dense width).
 bool has_expert_ff_key(const SynthSpec& s) { return s.arch == "qwen3moe" || s.arch == "qwen2moe"; }
@@ -264,7 +266,7 @@ ArrayValue array_of(ValueType t, const std::vector<T>& items) {
 
 void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme, const gguf::GgufFile* vocab) {
   const std::string& a = s.arch;
-  const bool qwen = is_qwen(s) || is_gemma3(s);  // 1e6 rope base, 1e-6 eps
+  const bool qwen = is_qwen(s) || is_gemma(s);  // 1e6 rope base (gemma2: 10000, not written), 1e-6 eps
   w.set_string("general.architecture", a);
   w.set_string("general.name", s.name.empty() ? default_name(s) : s.name);
   if (s.alignment != 0) w.set_u32("general.alignment", s.alignment);
@@ -280,14 +282,17 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
   }
   w.set_u32(a + ".attention.head_count", s.n_head);
   w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
-  if (is_qwen3(s) || is_gemma3(s) || head_dim(s) != s.n_embd / s.n_head) {
+  if (is_qwen3(s) || is_gemma(s) || head_dim(s) != s.n_embd / s.n_head) {
     w.set_u32(a + ".attention.key_length", head_dim(s));
     w.set_u32(a + ".attention.value_length", head_dim(s));
   }
-  if (!is_gemma3(s)) w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's converter omits it
+  if (!is_gemma(s)) w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's converters omit it
   if (s.sliding_window != 0) w.set_u32(a + ".attention.sliding_window", s.sliding_window);
   if (s.final_logit_softcap != 0.0f) w.set_f32(a + ".final_logit_softcapping", s.final_logit_softcap);
-  w.set_f32(a + ".rope.freq_base", s.rope_freq_base != 0.0f ? s.rope_freq_base : (qwen ? 1e6f : 1e4f));
+  if (s.attn_logit_softcap != 0.0f) w.set_f32(a + ".attn_logit_softcapping", s.attn_logit_softcap);
+  if (!is_gemma2(s) || s.rope_freq_base != 0.0f) {
+    w.set_f32(a + ".rope.freq_base", s.rope_freq_base != 0.0f ? s.rope_freq_base : (qwen ? 1e6f : 1e4f));
+  }
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps != 0.0f ? s.rms_eps : (qwen ? 1e-6f : 1e-5f));
   if (is_moe(s)) {
     w.set_u32(a + ".expert_count", s.n_expert);
@@ -313,7 +318,7 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.seperator_token_id", 0xffffffffu);  // llama.cpp's spelling; unset
   w.set_u32("tokenizer.ggml.padding_token_id", 0xffffffffu);
-  if (is_gemma3(s)) w.set_bool("tokenizer.ggml.add_space_prefix", false);  // as Gemma's converter
+  if (is_gemma(s)) w.set_bool("tokenizer.ggml.add_space_prefix", false);  // as Gemma's converters
   if (!s.chat_template.empty()) w.set_string("tokenizer.chat_template", s.chat_template);
 }
 
@@ -355,14 +360,18 @@ Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uin
 
 Result<void> validate(const SynthSpec& s) {
   auto bad = [](const std::string& msg) { return make_error(errc::kBadSpec, msg); };
-  if (s.arch != "llama" && !is_qwen(s) && !is_gemma3(s)) {
-    return bad("unknown arch '" + s.arch + "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma3)");
+  if (s.arch != "llama" && !is_qwen(s) && !is_gemma(s)) {
+    return bad("unknown arch '" + s.arch + "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3)");
   }
-  if (is_gemma3(s) && s.n_expert != 0) return bad("gemma3 is dense");
-  if (!is_gemma3(s) && (s.sliding_window != 0 || s.final_logit_softcap != 0.0f)) {
-    return bad("sliding window and final logit soft-capping are gemma3 keys");
+  if (is_gemma(s) && s.n_expert != 0) return bad(s.arch + " is dense");
+  if (!is_gemma(s) && (s.sliding_window != 0 || s.final_logit_softcap != 0.0f)) {
+    return bad("sliding window and final logit soft-capping are gemma2 / gemma3 keys");
   }
-  if (s.final_logit_softcap < 0.0f) return bad("final logit soft-capping must be >= 0");
+  if (!is_gemma2(s) && s.attn_logit_softcap != 0.0f) return bad("attention logit soft-capping is a gemma2 key");
+  if (is_gemma2(s) && !s.tied_embeddings) {
+    return bad("gemma2 ties its output to token_embd (llama.cpp refuses a gemma2 file with output.weight): give --tied");
+  }
+  if (s.final_logit_softcap < 0.0f || s.attn_logit_softcap < 0.0f) return bad("soft-caps must be >= 0");
   if (s.n_layer == 0 || s.n_embd == 0 || s.n_ff == 0 || s.n_head == 0 || s.n_head_kv == 0 || s.n_ctx == 0) {
     return bad("layers, n_embd, n_ff, heads, kv heads and context length must all be > 0");
   }
@@ -446,7 +455,7 @@ Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
       ts.push_back({p + "attn_q_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
       ts.push_back({p + "attn_k_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
     }
-    if (is_gemma3(s)) ts.push_back({p + "post_attention_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
+    if (is_gemma(s)) ts.push_back({p + "post_attention_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
     ts.push_back({p + "ffn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
     if (is_moe(s)) {
       const uint64_t ff = expert_ff(s);
@@ -468,7 +477,7 @@ Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
       ts.push_back({p + "ffn_up.weight", TensorRole::ffn_up, {d, ff}, 0.0f, lin(d)});
       ts.push_back({p + "ffn_down.weight", TensorRole::ffn_down, {ff, d}, 0.0f, lin(ff)});
     }
-    if (is_gemma3(s)) ts.push_back({p + "post_ffw_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
+    if (is_gemma(s)) ts.push_back({p + "post_ffw_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
     for (auto& t : ts) {
       if (auto r = b.add(t.name, t.role, l, std::move(t.shape), t.mean, t.stddev); !r) return r.error();
     }
@@ -506,8 +515,9 @@ SynthSpec tiny_spec(std::string_view flavour) {
     s.head_dim = 16;  // q is 64 wide, wider than n_embd, as in the qwen3 fixture
   } else if (flavour == "qwen2") {
     s.arch = "qwen2";
-  } else if (flavour == "gemma3") {
-    s.arch = "gemma3";
+  } else if (flavour == "gemma3" || flavour == "gemma2") {
+    s.arch = std::string(flavour);
+    s.tied_embeddings = flavour == "gemma2";
     s.n_layer = 7;
     s.head_dim = 16;
     s.sliding_window = 4;

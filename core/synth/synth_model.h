@@ -9,7 +9,10 @@
 // post_attention_norm / post_ffw_norm, key/value lengths always written, attention.sliding_window when
 // given, final_logit_softcapping when given, no rope.dimension_count, an SPM vocabulary without a space
 // prefix; norm weights are drawn as the stored 1 + w of Gemma's converter, so 1 + 0.1 N(0, 1) as the
-// others'). Key names, tensor names, shapes and order follow the
+// others'); `gemma2` the same without the q/k norms and without rope.freq_base unless given (its
+// converter writes neither), with attn_logit_softcapping when given, and always tied (llama.cpp loads no
+// gemma2 output.weight). Key names, tensor names, shapes and
+// order follow the
 // llama.cpp-made fixtures in ../shared/conformance/models/. Weights are drawn as those fixtures' were:
 // token_embd N(0, 1), linear weights N(0, 0.5/sqrt(fan_in)), router N(0, 0.5), output N(0, 0.15), norm
 // weights 1 + 0.1 N(0, 1), from a seeded generator: the same spec gives the same bytes. Q/K/V biases are
@@ -44,7 +47,7 @@
 namespace car::synth {
 
 struct SynthSpec {
-  std::string arch = "llama";   ///< "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma3"
+  std::string arch = "llama";   ///< "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3"
   uint32_t n_layer = 2;
   uint32_t n_embd = 256;
   uint32_t n_ff = 512;          ///< dense FFN width (qwen3moe: feed_forward_length, unused by the model)
@@ -59,8 +62,10 @@ struct SynthSpec {
   uint32_t n_ctx = 512;
   float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen*, gemma3)
   float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama) / 1e-6 (qwen*, gemma3)
-  uint32_t sliding_window = 0;  ///< gemma3: <arch>.attention.sliding_window (0 = not written: all global)
-  float final_logit_softcap = 0.0f;  ///< gemma3: <arch>.final_logit_softcapping (0 = not written)
+  uint32_t sliding_window = 0;  ///< gemma2/3: <arch>.attention.sliding_window (0 = not written: gemma3 all
+                                ///< global, gemma2 4096)
+  float final_logit_softcap = 0.0f;  ///< gemma2/3: <arch>.final_logit_softcapping (0 = not written)
+  float attn_logit_softcap = 0.0f;   ///< gemma2: <arch>.attn_logit_softcapping (0 = not written: 50)
   bool tied_embeddings = false; ///< no output.weight (the output projection is token_embd)
   uint64_t seed = 1;
   /// "f32", "f16", "bf16", "q4_k_m", "q5_k_m", or any ggml type name ("q8_0", "q4_0", "q6_k", ...).
@@ -97,7 +102,7 @@ Result<gguf::GgufWriter> build_synth_model(const SynthSpec& spec);
 Result<void> write_synth_model(const SynthSpec& spec, const std::string& path);
 
 /// A very small valid spec per flavour ("llama", "llama-moe", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
-/// "gemma3": seven layers, so one is global, window 4): two layers unless said,
+/// "gemma2", "gemma3": seven layers, so some are global, window 4): two layers unless said,
 /// n_embd 32, vocab 300; a few tens of KB. For unit tests and fuzz seeds.
 SynthSpec tiny_spec(std::string_view flavour);
 

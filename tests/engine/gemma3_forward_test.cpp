@@ -88,6 +88,34 @@ TEST(Gemma3Forward, BatchEqualsDecodeAndChunkingAndThreadsChangeNothing) {
   }
 }
 
+// gemma2 (soft-capped attention on the scalar head, windowed even layers): the same agreements.
+TEST(Gemma3Forward, Gemma2BatchEqualsDecodeAndCompany) {
+  testing::TempDir dir;
+  ThreadPool pool(2);
+  synth::SynthSpec s = spec_of("q8_0");
+  s.arch = "gemma2";
+  s.tied_embeddings = true;
+  s.attn_logit_softcap = 3.0f;
+  s.final_logit_softcap = 8.0f;
+  auto m = load(dir, s, "g2.gguf");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->hparams().attn_logit_softcap, 3.0f);
+  const auto toks = tokens(13, m->hparams().n_vocab);
+  const auto batch = batch_logits(m, toks, &pool, 64);
+  const auto dec = decode_logits(m, toks);
+  ASSERT_EQ(batch.size(), dec.size());
+  EXPECT_EQ(0, std::memcmp(batch.data(), dec.data(), batch.size() * sizeof(float))) << "batch vs decode";
+  const size_t V = static_cast<size_t>(m->hparams().n_vocab);
+  ForwardPass fp(m, nullptr, &pool, 64);
+  KvCache ka = fp.make_cache(64), kb = fp.make_cache(64);
+  const auto other = tokens(5, static_cast<int64_t>(V));
+  const SeqChunk chunks[] = {{&kb, other, SeqChunk::Output::last, -1}, {&ka, toks, SeqChunk::Output::all, -1}};
+  std::vector<float> got((1 + toks.size()) * V);
+  ASSERT_TRUE(fp.eval_step(chunks, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(got.data() + V, batch.data(), batch.size() * sizeof(float))) << "in company";
+  for (float v : batch) ASSERT_LE(std::fabs(v), 8.0f);
+}
+
 TEST(Gemma3Forward, SequenceAloneEqualsInCompanyQ4KM) {
   testing::TempDir dir;
   ThreadPool pool(2);

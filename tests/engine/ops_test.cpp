@@ -177,6 +177,45 @@ TEST(Softcap, IsCapTimesTanhOfXOverCap) {
   EXPECT_EQ(y[2], 0.0f);
 }
 
+// gemma2's soft-capped head: in double, cap * tanh(dot(K, Q16) * scale / cap) per score, then an exact
+// softmax over the same fp16 V; and with a cap far above every score it is attend_head_scalar's result.
+TEST(AttentionSoftcap, CapsTheScoresInsideTheSoftmax) {
+  const int64_t n_kv = 37, dk = 64, dv = 64;
+  auto q = randn(static_cast<size_t>(dk), 30, 2.0f);
+  auto kf = randn(static_cast<size_t>(n_kv * dk), 31);
+  auto vf = randn(static_cast<size_t>(n_kv * dv), 32);
+  std::vector<uint16_t> k(kf.size()), v(vf.size()), q16(static_cast<size_t>(dk)), acc(static_cast<size_t>(dv));
+  to_fp16(kf.data(), k.data(), static_cast<int64_t>(k.size()));
+  to_fp16(vf.data(), v.data(), static_cast<int64_t>(v.size()));
+  const float scale = 0.125f, cap = 2.0f;
+  std::vector<float> out(static_cast<size_t>(dv));
+  attend_head_softcap(q.data(), k.data(), v.data(), n_kv, dk, dv, scale, cap, out.data(), q16.data(), acc.data());
+  std::vector<double> w(static_cast<size_t>(n_kv));
+  double mx = -1e300, uncapped_max = 0;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    double dot = 0;
+    for (int64_t d = 0; d < dk; ++d) {
+      dot += double(tensor::fp16_to_fp32(k[static_cast<size_t>(j * dk + d)])) *
+             tensor::fp16_to_fp32(tensor::fp32_to_fp16(q[static_cast<size_t>(d)]));
+    }
+    uncapped_max = std::max(uncapped_max, std::fabs(dot * scale));
+    w[static_cast<size_t>(j)] = cap * std::tanh(dot * scale / cap);
+    mx = std::max(mx, w[static_cast<size_t>(j)]);
+  }
+  EXPECT_GT(uncapped_max, 2.0 * cap);  // the cap bites
+  double sum = 0;
+  for (double& x : w) sum += (x = std::exp(x - mx));
+  for (int64_t d = 0; d < dv; ++d) {
+    double want = 0;
+    for (int64_t j = 0; j < n_kv; ++j) want += w[static_cast<size_t>(j)] * tensor::fp16_to_fp32(v[static_cast<size_t>(j * dv + d)]);
+    EXPECT_NEAR(out[static_cast<size_t>(d)], want / sum, 2e-3) << d;
+  }
+  std::vector<float> capped_wide(static_cast<size_t>(dv)), plain(static_cast<size_t>(dv));
+  attend_head_softcap(q.data(), k.data(), v.data(), n_kv, dk, dv, scale, 1e6f, capped_wide.data(), q16.data(), acc.data());
+  attend_head_scalar(q.data(), k.data(), v.data(), n_kv, dk, dv, scale, plain.data(), q16.data(), acc.data());
+  for (int64_t d = 0; d < dv; ++d) EXPECT_NEAR(capped_wide[static_cast<size_t>(d)], plain[static_cast<size_t>(d)], 1e-3);
+}
+
 // Exact attention in double over the same fp16 K/V: the fp16 accumulator costs ~1e-3 relative at most.
 void check_attention(int64_t n_kv, int64_t dk, int64_t dv, bool use_simd) {
   auto q = randn(static_cast<size_t>(dk), 20, 1.5f);

@@ -168,6 +168,7 @@ synth::SynthSpec spec_from(const json& j, const std::optional<std::filesystem::p
     else if (key == "seed") s.seed = v.get<uint64_t>();
     else if (key == "sliding_window") s.sliding_window = v.get<uint32_t>();
     else if (key == "final_logit_softcap") s.final_logit_softcap = v.get<float>();
+    else if (key == "attn_logit_softcap") s.attn_logit_softcap = v.get<float>();
     else ADD_FAILURE() << "unknown synth spec field " << key;
   }
   return s;

@@ -112,6 +112,43 @@ TEST_F(Gemma3LoadTest, ErrorsNameTheTensorOrKey) {
   EXPECT_NE(m.error().message.find("gemma3.final_logit_softcapping"), std::string::npos) << m.error().message;
 }
 
+// gemma2: even layers windowed (4096 when the file has no window key), one RoPE base, no q/k norms, the two
+// soft-caps with llama.cpp's defaults (50 for attention scores, 30 for the logits) unless the file says.
+TEST_F(Gemma3LoadTest, Gemma2HparamsAndDefaults) {
+  synth::SynthSpec s = synth::tiny_spec("gemma2");  // 7 layers, head dim 16, window 4
+  auto m = load(write(s));
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  const Hparams& h = (*m)->hparams();
+  EXPECT_EQ(h.traits, &gemma2_traits());
+  EXPECT_EQ(h.swa_window, (std::vector<int64_t>{4, 0, 4, 0, 4, 0, 4}));
+  EXPECT_EQ(h.rope_freq_base, 10000.0f);
+  EXPECT_EQ(h.rope_freq_base_swa, 0.0f);
+  EXPECT_EQ(h.attn_scale, 0.25f);
+  EXPECT_EQ(h.attn_logit_softcap, 50.0f);
+  EXPECT_EQ(h.final_logit_softcap, 30.0f);
+  for (const LayerWeights& L : (*m)->layers()) {
+    EXPECT_EQ(L.q_norm, nullptr);
+    EXPECT_NE(L.attn_post_norm, nullptr);
+    EXPECT_NE(L.ffn_post_norm, nullptr);
+  }
+  s.sliding_window = 0;
+  s.attn_logit_softcap = 7.5f;
+  s.final_logit_softcap = 12.0f;
+  auto d = load(write(s));
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d.value()->hparams().swa_window[0], 4096);
+  EXPECT_EQ(d.value()->hparams().attn_logit_softcap, 7.5f);
+  EXPECT_EQ(d.value()->hparams().final_logit_softcap, 12.0f);
+  // 46 layers is Gemma 2 27B: Q scaled by 1/sqrt(n_embd / n_head).
+  s.n_layer = 46;
+  auto big = load(write(s));
+  ASSERT_TRUE(big.ok()) << big.error().message;
+  EXPECT_EQ(big.value()->hparams().attn_scale, 1.0f / std::sqrt(8.0f));
+  auto neg = load(write(synth::tiny_spec("gemma2"), {}, "gemma2.attn_logit_softcapping", -1.0f));
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.error().message.find("gemma2.attn_logit_softcapping"), std::string::npos) << neg.error().message;
+}
+
 TEST(Gemma3Synth, RejectsGemmaKeysElsewhereAndExperts) {
   synth::SynthSpec s = synth::tiny_spec("llama");
   s.sliding_window = 8;
@@ -122,6 +159,12 @@ TEST(Gemma3Synth, RejectsGemmaKeysElsewhereAndExperts) {
   s = synth::tiny_spec("gemma3");
   s.final_logit_softcap = -2.0f;
   EXPECT_FALSE(synth::validate(s).ok());
+  s = synth::tiny_spec("gemma3");
+  s.attn_logit_softcap = 50.0f;  // a gemma2 key
+  EXPECT_FALSE(synth::validate(s).ok());
+  s = synth::tiny_spec("gemma2");
+  s.attn_logit_softcap = 50.0f;
+  EXPECT_TRUE(synth::validate(s).ok());
 }
 
 }  // namespace
