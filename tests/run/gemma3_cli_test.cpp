@@ -70,6 +70,28 @@ TEST(Gemma3Cli, InspectShowAndRun) {
   EXPECT_EQ(run.at("top_logprobs"), run2.at("top_logprobs"));
 }
 
+// gemma2 (tied, both soft-caps): named by inspect and show, served by car run.
+TEST(Gemma3Cli, Gemma2InspectShowAndRun) {
+  car::testing::TempDir dir;
+  const std::string path = (dir.path() / "gemma2.gguf").string();
+  ASSERT_EQ(car("gguf synth --arch gemma2 --tied --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 16 "
+                "--vocab 300 --ctx 256 --sliding-window 4 --attn-softcap 50 --final-softcap 30 --type q8_0 --seed 6 -o " +
+                path)
+                .status,
+            0);
+  // No --tied: refused, as llama.cpp refuses a gemma2 file with output.weight.
+  EXPECT_NE(car("gguf synth --arch gemma2 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 --vocab 300 -o " +
+                (dir.path() / "untied.gguf").string())
+                .status,
+            0);
+  const auto ins = parse(car("gguf inspect " + path + " --json"));
+  EXPECT_EQ(ins.at("metadata").at("general.architecture"), "gemma2");
+  EXPECT_EQ(ins.at("metadata").at("gemma2.attn_logit_softcapping"), 50.0);
+  EXPECT_EQ(parse(car("show " + path + " --json")).at("architecture"), "gemma2");
+  const auto run = parse(car("run " + path + " --prompt-ids 1,5,7,9,11,13,15,17 -n 6 --temperature 0 --threads 2 --json"));
+  EXPECT_EQ(run.at("tokens").size(), 6u);
+}
+
 // Gemma 3's template in a synthetic gemma3 file: `car run --chat` renders it ({{ bos_token }}, then
 // <start_of_turn>user ... <start_of_turn>model) and the prompt is that text tokenized (the synthetic
 // vocabulary has no <start_of_turn> token: plain text either way; its "<s>" BOS is parsed as the BOS).
