@@ -85,8 +85,8 @@ KvCache ForwardPass::make_cache(int64_t n_ctx) const {
 
 uint64_t ForwardPass::scratch_bytes() const {
   uint64_t f = x_.size() + xn_.size() + q_.size() + k_.size() + v_.size() + attn_.size() + proj_.size() +
-               gate_.size() + up_.size() + rope_cache_.size() + rope_cache_swa_.size() + router_.size() + probs_.size() + sel_w_.size() +
-               slot_out_.size() + xe_.size() + shexp_gate_.size();
+               gate_.size() + up_.size() + rope_cache_.size() + rope_cache_swa_.size() + router_.size() +
+               probs_.size() + sel_w_.size() + slot_out_.size() + xe_.size() + shexp_gate_.size();
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
                         row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
@@ -226,7 +226,9 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
   embed(row_token_.data(), n);
   for (int64_t i = 0; i < n; ++i) rope_cache(rope_, row_pos_[sz(i)], rope_cache_.data() + i * hp_.n_rot);
   if (!rope_cache_swa_.empty()) {
-    for (int64_t i = 0; i < n; ++i) rope_cache(rope_swa_, row_pos_[sz(i)], rope_cache_swa_.data() + i * hp_.n_rot);
+    for (int64_t i = 0; i < n; ++i) {
+      rope_cache(rope_swa_, row_pos_[sz(i)], rope_cache_swa_.data() + i * hp_.n_rot);
+    }
   }
 
   int64_t rows = n;  // rows still carried through the layers

@@ -1,7 +1,7 @@
 // ForwardPass: evaluates a Model on a batch of token ids, appending their keys/values to a KvCache and
 // producing logits - the one transformer every supported architecture shares (see core/model/architecture.h):
 //
-//   x = embed(tokens)                                       dequantized rows of token_embd (gemma: * sqrtf(n_embd))
+//   x = embed(tokens)                                       dequantized rows of token_embd (gemma: x sqrtf(n_embd))
 //   for each layer:
 //     h = rms_norm(x) * attn_norm
 //     q, k, v = h Wq + bq, h Wk + bk, h Wv + bv             (biases when the file has them: qwen2;

@@ -1,6 +1,7 @@
 #include "core/model/hparams.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -155,8 +156,9 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
     h.attn_scale = 1.0f / std::sqrt(static_cast<float>(d));
   }
   // Soft-caps: 0 = none (llama.cpp would divide by a zero final cap).
-  for (auto [def, key, out] : {std::tuple{t.final_logit_softcap, "final_logit_softcapping", &h.final_logit_softcap},
-                               std::tuple{t.attn_logit_softcap, "attn_logit_softcapping", &h.attn_logit_softcap}}) {
+  using Cap = std::tuple<std::optional<float>, const char*, float*>;
+  for (auto [def, key, out] : {Cap{t.final_logit_softcap, "final_logit_softcapping", &h.final_logit_softcap},
+                               Cap{t.attn_logit_softcap, "attn_logit_softcapping", &h.attn_logit_softcap}}) {
     if (!def) continue;
     double cap = 0;
     CAR_TRY_ASSIGN(cap, kr.real_or(key, *def));

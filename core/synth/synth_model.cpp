@@ -369,7 +369,8 @@ Result<void> validate(const SynthSpec& s) {
   }
   if (!is_gemma2(s) && s.attn_logit_softcap != 0.0f) return bad("attention logit soft-capping is a gemma2 key");
   if (is_gemma2(s) && !s.tied_embeddings) {
-    return bad("gemma2 ties its output to token_embd (llama.cpp refuses a gemma2 file with output.weight): give --tied");
+    return bad("gemma2 ties its output to token_embd (llama.cpp refuses a gemma2 file with output.weight): "
+               "give --tied");
   }
   if (s.final_logit_softcap < 0.0f || s.attn_logit_softcap < 0.0f) return bad("soft-caps must be >= 0");
   if (s.n_layer == 0 || s.n_embd == 0 || s.n_ff == 0 || s.n_head == 0 || s.n_head_kv == 0 || s.n_ctx == 0) {
