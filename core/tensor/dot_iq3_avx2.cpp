@@ -1,0 +1,175 @@
+// AVX2 dot kernels of issue #27's second slice of codebook formats (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M)
+// against Q8_K (compiled with car_simd_source(... AVX2); the AVX-512 table inherits them). Each equals its
+// reference in ref_iq3.cpp bit for bit: per group of 32 the grid points are gathered from the grid (4 x 8 or
+// 8 x 4 bytes), the signs moved onto the activations (psignb, or xor and subtract for the formats with free
+// sign bits), maddubs (|grid| <= 62 and |q8| <= 127, so the int16 pairs are exact) and madd by the halves'
+// multipliers give the reference's int32 lanes; the float steps are the reference's.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/tensor/blocks.h"
+#include "core/tensor/codebook.h"
+#include "core/tensor/iq_tables.h"
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/simd_avx2.h"
+
+namespace car::tensor::detail {
+namespace {
+
+inline long long ll(uint64_t v) {
+  return static_cast<long long>(v);
+}
+
+/// 32 activations with the sign bits of 4 bytes (bit e % 8 of byte e / 8) applied: (q ^ m) - m.
+inline __m256i apply_sign_bits(__m256i q8, const uint8_t* signs) {
+  const __m256i m = bits32(signs);
+  return _mm256_sub_epi8(_mm256_xor_si256(q8, m), m);
+}
+
+/// Four IQ2_XXS-style 7-bit sign codes (bits 7l..7l+6 of `codes`) as +1 / -1 bytes.
+inline __m256i sign_codes(uint32_t codes) {
+  return _mm256_set_epi64x(ll(ksign_bytes.v[(codes >> 21) & 127]), ll(ksign_bytes.v[(codes >> 14) & 127]),
+                           ll(ksign_bytes.v[(codes >> 7) & 127]), ll(ksign_bytes.v[codes & 127]));
+}
+
+/// int16 multipliers 2 s0 + 1 in the low 8 lanes (elements 0..15), 2 s1 + 1 in the high 8.
+inline __m256i half_multipliers(int s0, int s1) {
+  return _mm256_setr_m128i(_mm_set1_epi16(static_cast<int16_t>(2 * s0 + 1)),
+                           _mm_set1_epi16(static_cast<int16_t>(2 * s1 + 1)));
+}
+
+float dot_iq3_xxs(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_iq3_xxs*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    const uint8_t* q3 = x[i].qs;
+    for (int g = 0; g < 8; ++g, q3 += 8) {
+      uint32_t aux;
+      std::memcpy(&aux, x[i].qs + QK_K / 4 + 4 * g, 4);
+      const __m256i points = _mm256_set_epi32(
+          static_cast<int>(iq3xxs_grid[q3[7]]), static_cast<int>(iq3xxs_grid[q3[6]]),
+          static_cast<int>(iq3xxs_grid[q3[5]]), static_cast<int>(iq3xxs_grid[q3[4]]),
+          static_cast<int>(iq3xxs_grid[q3[3]]), static_cast<int>(iq3xxs_grid[q3[2]]),
+          static_cast<int>(iq3xxs_grid[q3[1]]), static_cast<int>(iq3xxs_grid[q3[0]]));
+      const __m256i q8 = _mm256_sign_epi8(load32(y[i].qs + 32 * g), sign_codes(aux));
+      const __m256i ls = _mm256_set1_epi16(static_cast<int16_t>(2 * (aux >> 28) + 1));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(points, q8), ls));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return 0.25f * hsum8(acc);
+}
+
+float dot_iq3_s(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_iq3_s*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const uint8_t* qs = x[i].qs + 8 * g;
+      const int qh = x[i].qh[g];
+      auto point = [&](int k) { return static_cast<int>(iq3s_grid[qs[k] | (((qh >> k) & 1) << 8)]); };
+      const __m256i points =
+          _mm256_set_epi32(point(7), point(6), point(5), point(4), point(3), point(2), point(1), point(0));
+      const __m256i q8 = apply_sign_bits(load32(y[i].qs + 32 * g), x[i].signs + 4 * g);
+      const int s = (x[i].scales[g / 2] >> (4 * (g % 2))) & 15;
+      const __m256i ls = _mm256_set1_epi16(static_cast<int16_t>(2 * s + 1));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(points, q8), ls));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum8(acc);
+}
+
+float dot_iq2_xs(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_iq2_xs*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const uint16_t* q = x[i].qs + 4 * g;
+      const __m256i points = _mm256_set_epi64x(ll(iq2xs_grid[q[3] & 511]), ll(iq2xs_grid[q[2] & 511]),
+                                               ll(iq2xs_grid[q[1] & 511]), ll(iq2xs_grid[q[0] & 511]));
+      const __m256i signs = _mm256_set_epi64x(ll(ksign_bytes.v[q[3] >> 9]), ll(ksign_bytes.v[q[2] >> 9]),
+                                              ll(ksign_bytes.v[q[1] >> 9]), ll(ksign_bytes.v[q[0] >> 9]));
+      const __m256i q8 = _mm256_sign_epi8(load32(y[i].qs + 32 * g), signs);
+      const __m256i ls = half_multipliers(x[i].scales[g] & 15, x[i].scales[g] >> 4);
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(points, q8), ls));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return 0.125f * hsum8(acc);
+}
+
+float dot_iq2_s(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_iq2_s*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const uint8_t* qs = x[i].qs + 4 * g;
+      const int qh = x[i].qh[g];
+      auto point = [&](int l) { return ll(iq2s_grid[qs[l] | (((qh >> (2 * l)) & 3) << 8)]); };
+      const __m256i points = _mm256_set_epi64x(point(3), point(2), point(1), point(0));
+      const __m256i q8 = apply_sign_bits(load32(y[i].qs + 32 * g), x[i].qs + QK_K / 8 + 4 * g);
+      const __m256i ls = half_multipliers(x[i].scales[g] & 15, x[i].scales[g] >> 4);
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(points, q8), ls));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return 0.125f * hsum8(acc);
+}
+
+float dot_iq1_m(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const block_iq1_m*>(w);
+  const auto* y = static_cast<const block_q8_K*>(a);
+  const __m256i ones = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps(), acc_delta = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    uint16_t sc[4];
+    iq1m_scale_words(x[i], sc);
+    __m256i sumi = _mm256_setzero_si256(), sumi_delta = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const uint8_t* qs = x[i].qs + 4 * g;
+      const int qh0 = x[i].qh[2 * g], qh1 = x[i].qh[2 * g + 1];
+      const __m256i points = _mm256_set_epi64x(
+          ll(iq1s_grid[qs[3] | ((qh1 << 4) & 0x700)]), ll(iq1s_grid[qs[2] | ((qh1 << 8) & 0x700)]),
+          ll(iq1s_grid[qs[1] | ((qh0 << 4) & 0x700)]), ll(iq1s_grid[qs[0] | ((qh0 << 8) & 0x700)]));
+      auto delta = [](int bit) { return ll(bit ? 0xffffffffffffffffull : 0x0101010101010101ull); };
+      const __m256i deltas =
+          _mm256_set_epi64x(delta(qh1 & 0x80), delta(qh1 & 0x08), delta(qh0 & 0x80), delta(qh0 & 0x08));
+      const __m256i q8 = load32(y[i].qs + 32 * g);
+      const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(points, points), _mm256_sign_epi8(q8, points));
+      const __m256i d16 = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(q8, deltas));
+      const int shift = 6 * (g % 2);
+      const __m256i ls = half_multipliers((sc[g / 2] >> shift) & 7, (sc[g / 2] >> (shift + 3)) & 7);
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, ls));
+      sumi_delta = _mm256_add_epi32(sumi_delta, _mm256_madd_epi16(d16, ls));
+    }
+    const __m256 d = _mm256_set1_ps(y[i].d * h2f(iq1m_d(x[i])));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    acc_delta = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi_delta), acc_delta);
+  }
+  return hsum8(acc) + IQ1M_DELTA * hsum8(acc_delta);
+}
+
+}  // namespace
+
+namespace avx2 {
+void add_iq3_kernels(DotKernels& k) {
+  k.dot[slot(GgmlType::IQ3_XXS)] = dot_iq3_xxs;
+  k.dot[slot(GgmlType::IQ3_S)] = dot_iq3_s;
+  k.dot[slot(GgmlType::IQ2_XS)] = dot_iq2_xs;
+  k.dot[slot(GgmlType::IQ2_S)] = dot_iq2_s;
+  k.dot[slot(GgmlType::IQ1_M)] = dot_iq1_m;
+}
+}  // namespace avx2
+
+}  // namespace car::tensor::detail
