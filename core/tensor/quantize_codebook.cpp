@@ -6,14 +6,15 @@
 //               count more and small ones are never ignored;
 //   signs       (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S) the signs of x; where the format's 7-bit sign code needs an
 //               even number of negatives per 8 (IQ3_XXS, IQ2_XS), the least important weight takes the odd one;
-//   scale       per scale unit (32 weights, 16 for IQ2_XS / IQ2_S / IQ1_M) five trial scales around
+//   scale       per scale unit (32 weights, 16 for IQ2_XS / IQ2_S / IQ1_M) four trial scales around
 //               max|x| / (largest grid magnitude), each followed by its weighted least-squares rescale; the best
 //               by weighted squared error wins. The super-block's fp16 scale maps the largest unit scale to the
 //               top 4-bit (3-bit for IQ1_M) scale; each unit's scale is then rounded to its code and its points
 //               fitted again at exactly the scale the file holds;
-//   points      the grid point with the least weighted squared error, searched exhaustively: each point's
-//               error is the sum of two half-point errors read from tables over every half-point (81 entries
-//               for 8 elements of 3 magnitudes, 64 for 4 of 8), so a 1024-point grid costs 1024 additions.
+//   points      the grid point with the least weighted squared error: the point of every weight's own best
+//               level when the grid has it, else an exhaustive search in which each point's error is the sum
+//               of two half-point errors read from tables over every half-point (81 entries for 8 elements of
+//               3 magnitudes, 64 for 4 of 8), so a 1024-point grid costs 1024 additions.
 //   IQ1_M       as above without signs (its grid is ternary) and with both delta signs tried per 8 weights.
 #include <algorithm>
 #include <array>
@@ -35,6 +36,7 @@ struct Codebook {
   std::array<float, 8> level{};
   std::vector<uint16_t> lo, hi;  ///< per point: code of elements [0, width/2) and [width/2, width)
   int half_codes = 0;            ///< nlevels^(width/2)
+  std::vector<int16_t> point_of;  ///< per full code lo + hi * half_codes: the point with those levels, or -1
 };
 
 template <class T>
@@ -70,6 +72,11 @@ Codebook make_codebook(const T* grid, int npoints, int width, bool signed_bytes)
     cb.lo.push_back(static_cast<uint16_t>(code[0]));
     cb.hi.push_back(static_cast<uint16_t>(code[1]));
   }
+  cb.point_of.assign(static_cast<size_t>(cb.half_codes) * static_cast<size_t>(cb.half_codes), -1);
+  for (int p = 0; p < npoints; ++p) {
+    cb.point_of[cb.lo[static_cast<size_t>(p)] + static_cast<size_t>(cb.hi[static_cast<size_t>(p)]) *
+                                                    static_cast<size_t>(cb.half_codes)] = static_cast<int16_t>(p);
+  }
   return cb;
 }
 
@@ -89,23 +96,40 @@ const Codebook& codebook(GgmlType t) {
 }
 
 /// The point of `cb` nearest to targets t (weights w) at scale c, values offset by `shift` (IQ1_M's delta):
-/// error sum_j w_j (c * (level + shift) - t_j)^2. Returns the point; *err its error.
+/// error sum_j w_j (c * (level + shift) - t_j)^2. Returns the point; *err its error. The error is a sum over
+/// elements, so when every element's own best level makes a grid point that point is the answer; otherwise
+/// every point is tried, its error the sum of two half-point errors from tables over all half-points.
 int nearest_point(const Codebook& cb, const float* t, const float* w, float c, float shift, float* err) {
-  const int h = cb.width / 2;
+  const int h = cb.width / 2, nl = cb.nlevels;
   float cost[8][8];
-  for (int j = 0; j < cb.width; ++j) {
-    for (int k = 0; k < cb.nlevels; ++k) {
+  int code[2] = {0, 0};
+  float free_err = 0.0f;
+  for (int j = cb.width - 1; j >= 0; --j) {
+    int best_k = 0;
+    for (int k = 0; k < nl; ++k) {
       const float e = c * (cb.level[static_cast<size_t>(k)] + shift) - t[j];
       cost[j][k] = w[j] * e * e;
+      if (cost[j][k] < cost[j][best_k]) best_k = k;
     }
+    free_err += cost[j][best_k];
+    code[j < h ? 0 : 1] = code[j < h ? 0 : 1] * nl + best_k;
   }
+  const int direct = cb.point_of[static_cast<size_t>(code[0] + code[1] * cb.half_codes)];
+  if (direct >= 0) {
+    *err = free_err;
+    return direct;
+  }
+  // Half-point tables built digit by digit: entry (code) of the first m elements, for m = 1..h.
   float half[2][81];
   for (int side = 0; side < 2; ++side) {
-    for (int code = 0; code < cb.half_codes; ++code) {
-      float s = 0.0f;
-      int rest = code;
-      for (int j = 0; j < h; ++j, rest /= cb.nlevels) s += cost[side * h + j][rest % cb.nlevels];
-      half[side][code] = s;
+    float* out = half[side];
+    int n = 1;
+    out[0] = 0.0f;
+    for (int j = 0; j < h; ++j) {  // element j is digit j (weight nl^j)
+      for (int k = nl - 1; k >= 0; --k) {
+        for (int r = 0; r < n; ++r) out[k * n + r] = out[r] + cost[side * h + j][k];
+      }
+      n *= nl;
     }
   }
   int best = 0;
@@ -168,7 +192,7 @@ float least_squares_scale(const Codebook& cb, const float* t, const float* w, in
   return den > 0.0f && num > 0.0f ? num / den : 0.0f;
 }
 
-constexpr float kTrials[] = {0.6f, 0.75f, 0.9f, 1.0f, 1.1f};
+constexpr float kTrials[] = {0.7f, 0.85f, 1.0f, 1.1f};
 
 void importance(const float* x, float* w) {
   float sigma2 = 0.0f;
@@ -207,15 +231,17 @@ SignedFit fit_signed(const Codebook& cb, const SignedFormat& f, const float* x) 
     for (float trial : kTrials) {
       if (amax == 0.0f) break;
       const float c = amax / top * trial;
-      fit_unit(cb, tu, wu, f.unit, c, points);
+      const float err = fit_unit(cb, tu, wu, f.unit, c, points);
+      if (err < best) {
+        best = err;
+        unit_scale[u] = c;
+      }
       const float refined = least_squares_scale(cb, tu, wu, f.unit, points, 0.0f, nullptr);
-      for (float cand : {c, refined}) {
-        if (cand <= 0.0f) continue;
-        const float err = fit_unit(cb, tu, wu, f.unit, cand, points);
-        if (err < best) {
-          best = err;
-          unit_scale[u] = cand;
-        }
+      if (refined <= 0.0f) continue;
+      const float err_refined = fit_unit(cb, tu, wu, f.unit, refined, points);
+      if (err_refined < best) {
+        best = err_refined;
+        unit_scale[u] = refined;
       }
     }
     max_scale = std::fmax(max_scale, unit_scale[u]);
@@ -338,15 +364,17 @@ void quantize_iq1_m(const float* x, block_iq1_m* y, int64_t nb) {
       for (float trial : kTrials) {
         if (amax == 0.0f) break;
         const float c = amax / (1.0f + IQ1M_DELTA) * trial;
-        fit_iq1m_unit(cb, xu, wu, c, points, shifts);
+        const float err = fit_iq1m_unit(cb, xu, wu, c, points, shifts);
+        if (err < best) {
+          best = err;
+          unit_scale[u] = c;
+        }
         const float refined = least_squares_scale(cb, xu, wu, 16, points, 0.0f, shifts);
-        for (float cand : {c, refined}) {
-          if (cand <= 0.0f) continue;
-          const float err = fit_iq1m_unit(cb, xu, wu, cand, points, shifts);
-          if (err < best) {
-            best = err;
-            unit_scale[u] = cand;
-          }
+        if (refined <= 0.0f) continue;
+        const float err_refined = fit_iq1m_unit(cb, xu, wu, refined, points, shifts);
+        if (err_refined < best) {
+          best = err_refined;
+          unit_scale[u] = refined;
         }
       }
       max_scale = std::fmax(max_scale, unit_scale[u]);
