@@ -39,6 +39,11 @@
 //                    sub-block scale s (3 bits) at bit 6 (g % 2) + 3 (e / 16) of the u16 scales word g / 2; the
 //                    four words' top nibbles form the fp16 super-block scale d; value = d * (2s + 1) * (grid +-
 //                    0.125).
+//   TQ1_0:           ternary, base 3: byte qs[m] (m < 32) holds elements 32n + m (n < 5) as trit n (the value
+//                    t = (byte * 3^n mod 256) * 3 >> 8), qs[32 + m] (m < 16) elements 160 + 16n + m, qh[j] (j < 4)
+//                    elements 240 + 4n + j (n < 4); value = d * (t - 1).
+//   TQ2_0:           element 128 (j / 32) + 32 l + k is bits 2l..2l+1 of qs[j + k] (j in {0, 32}, k < 32) minus 1,
+//                    times d.
 //   IQ4_XS:          8 sub-blocks of 32, each laid out as one IQ4_NL block's 16 bytes (qs[16 * s ...]); 6-bit
 //                    signed sub-block scale s: low 4 bits from scales_l[s / 2] (nibble s % 2), high 2 bits
 //                    from scales_h at bit 2 * s, minus 32.
@@ -218,6 +223,21 @@ struct block_iq1_m {
 };
 static_assert(sizeof(block_iq1_m) == QK_K / 8 + QK_K / 16 + QK_K / 32, "wrong iq1_m block size/padding");
 inline constexpr float IQ1M_DELTA = 0.125f;
+
+/// 1.6875 bpw ternary format: 5 trits a byte (4 in qh), one fp16 scale at the end.
+struct block_tq1_0 {
+  uint8_t qs[(QK_K - 4 * QK_K / 64) / 5];  ///< 48 bytes of 5 trits
+  uint8_t qh[QK_K / 64];                   ///< 4 bytes of 4 trits
+  ggml_half d;
+};
+static_assert(sizeof(block_tq1_0) == 2 + QK_K / 64 + (QK_K - 4 * QK_K / 64) / 5, "wrong tq1_0 block size/padding");
+
+/// 2.0625 bpw ternary format: 2 bits a value (0, 1, 2 = -1, 0, +1), one fp16 scale at the end.
+struct block_tq2_0 {
+  uint8_t qs[QK_K / 4];
+  ggml_half d;
+};
+static_assert(sizeof(block_tq2_0) == 2 + QK_K / 4, "wrong tq2_0 block size/padding");
 
 inline constexpr int QK4_NL = 32;
 inline constexpr int QK_MXFP4 = 32;

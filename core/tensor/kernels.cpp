@@ -41,6 +41,8 @@ static_assert(same_geometry<block_iq3_s>(GgmlType::IQ3_S, QK_K));
 static_assert(same_geometry<block_iq2_xs>(GgmlType::IQ2_XS, QK_K));
 static_assert(same_geometry<block_iq2_s>(GgmlType::IQ2_S, QK_K));
 static_assert(same_geometry<block_iq1_m>(GgmlType::IQ1_M, QK_K));
+static_assert(same_geometry<block_tq1_0>(GgmlType::TQ1_0, QK_K));
+static_assert(same_geometry<block_tq2_0>(GgmlType::TQ2_0, QK_K));
 static_assert(same_geometry<block_mxfp4>(GgmlType::MXFP4, QK_MXFP4));
 static_assert(same_geometry<float>(GgmlType::F32, 1));
 static_assert(same_geometry<uint16_t>(GgmlType::F16, 1));
@@ -72,7 +74,9 @@ BlockGeometry geometry(GgmlType t) {
     case GgmlType::IQ3_S:
     case GgmlType::IQ2_XS:
     case GgmlType::IQ2_S:
-    case GgmlType::IQ1_M: {
+    case GgmlType::IQ1_M:
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: {
       const GgmlTypeTraits& g = ggml_traits(t);
       return {g.block_size, g.bytes_per_block};
     }
@@ -103,7 +107,9 @@ GgmlType act_type(GgmlType w) {
     case GgmlType::IQ3_S:
     case GgmlType::IQ2_XS:
     case GgmlType::IQ2_S:
-    case GgmlType::IQ1_M: return GgmlType::Q8_K;
+    case GgmlType::IQ1_M:
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: return GgmlType::Q8_K;
     default: return GgmlType::F32;
   }
 }
@@ -144,6 +150,8 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::IQ2_XS)] = dot_iq2_xs_q8_K_ref;
   k.dot[slot(GgmlType::IQ2_S)] = dot_iq2_s_q8_K_ref;
   k.dot[slot(GgmlType::IQ1_M)] = dot_iq1_m_q8_K_ref;
+  k.dot[slot(GgmlType::TQ1_0)] = dot_tq1_0_q8_K_ref;
+  k.dot[slot(GgmlType::TQ2_0)] = dot_tq2_0_q8_K_ref;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemm_ref;

@@ -218,6 +218,8 @@ bool dequantize_ref(GgmlType t, const void* src, float* dst, int64_t n) {
     case GgmlType::IQ2_XS:
     case GgmlType::IQ2_S:
     case GgmlType::IQ1_M: return dequantize_codebook_ref(t, src, dst, nb);
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: return dequantize_tq_ref(t, src, dst, nb);
     default: return false;
   }
 }

@@ -142,7 +142,7 @@ TEST(QuantGoldens, Iq4AndMxfp4ModelsMatchLlamaCpp) {
   check_goldens("quant27");
 }
 
-// The second slice of codebook types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M): one llama model each, tolerances
+// The second slice of codebook types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M) and TQ1_0 / TQ2_0: one llama model each, tolerances
 // per file (tests/data/reference/iq27/make_goldens.py).
 TEST(QuantGoldens, CodebookSlice2ModelsMatchLlamaCpp) {
   check_goldens("iq27");

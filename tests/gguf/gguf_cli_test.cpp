@@ -111,7 +111,8 @@ TEST_F(GgufCli, SynthWritesTheIq4AndMxfp4Types) {
                         Want{"mxfp4", "MXFP4", "MXFP4_MOE"}, Want{"iq2_xxs", "IQ2_XXS", "IQ2_XXS"},
                         Want{"iq3_xxs", "IQ3_XXS", "IQ3_XXS"}, Want{"iq3_s", "IQ3_S", "IQ3_S"},
                         Want{"iq2_xs", "IQ2_XS", "IQ2_XS"}, Want{"iq2_s", "IQ2_S", "IQ2_S"},
-                        Want{"iq1_m", "IQ1_M", "IQ1_M"}}) {
+                        Want{"iq1_m", "IQ1_M", "IQ1_M"}, Want{"tq1_0", "TQ1_0", "TQ1_0"},
+                        Want{"tq2_0", "TQ2_0", "TQ2_0"}}) {
     SCOPED_TRACE(w.flag);
     const std::string file = (tmp_ / (std::string(w.flag) + ".gguf")).string();
     CliRun s = run(std::string("gguf synth --arch llama --layers 1 --embd 256 --ff 96 --vocab 300 --seed 3 ") +
@@ -128,7 +129,8 @@ TEST_F(GgufCli, SynthWritesTheIq4AndMxfp4Types) {
     EXPECT_EQ(type_of["blk.0.ffn_gate.weight"], w.type);
     // ffn_down's rows are 96 long: whole IQ4_NL / MXFP4 blocks, not whole IQ4_XS super-blocks.
     const bool super_block = std::string(w.type) != "IQ4_NL" && std::string(w.type) != "MXFP4";
-    EXPECT_EQ(type_of["blk.0.ffn_down.weight"], super_block ? "IQ4_NL" : w.type);
+    const bool ternary = w.type[0] == 'T';  // llama-quantize's fallback for TQ1_0 / TQ2_0 is Q4_0
+    EXPECT_EQ(type_of["blk.0.ffn_down.weight"], ternary ? "Q4_0" : super_block ? "IQ4_NL" : w.type);
   }
   // IQ1_S is computed but has no quantizer: a clear refusal, no file.
   const std::string file = (tmp_ / "iq1_s.gguf").string();

@@ -30,6 +30,8 @@ constexpr Case kCases[] = {
     {GgmlType::IQ2_XS, 512, 2 * 74},
     {GgmlType::IQ2_S, 512, 2 * 82},
     {GgmlType::IQ1_M, 512, 2 * 56},
+    {GgmlType::TQ1_0, 512, 2 * 54},
+    {GgmlType::TQ2_0, 512, 2 * 66},
 };
 
 std::vector<uint8_t> one_tensor_file(const Case& c, uint64_t rows) {

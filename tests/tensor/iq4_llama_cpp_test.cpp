@@ -103,10 +103,10 @@ TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
   check_kernel_goldens("tests/data/reference/quant27/kernel_goldens.json", 5);
 }
 
-// The second slice of issue #27's types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M): rows from ggml's quantizers
+// The second slice of issue #27's types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M, TQ1_0, TQ2_0): rows from ggml's quantizers
 // and random rows, tests/data/reference/iq27/make_kernel_goldens.py.
 TEST(IqSlice2LlamaCpp, KernelsGiveLlamaCppsBits) {
-  check_kernel_goldens("tests/data/reference/iq27/kernel_goldens.json", 5);
+  check_kernel_goldens("tests/data/reference/iq27/kernel_goldens.json", 7);
 }
 
 }  // namespace

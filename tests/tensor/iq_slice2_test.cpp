@@ -1,4 +1,5 @@
-// The second slice of issue #27's codebook formats - IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M: every ISA's dot
+// The second slice of issue #27's codebook formats - IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M - and the ternary
+// TQ1_0, TQ2_0: every ISA's dot
 // kernel equal to the scalar reference bit for bit over sizes (random blocks: every grid index, sign, scale
 // and delta; and the quantizer's blocks), the reference equal to the double-precision product of the
 // dequantized rows, and the quantizers' round trips. Their bits against llama.cpp's own kernels:
@@ -26,9 +27,10 @@ using testing::available_isas;
 using testing::random_floats;
 
 constexpr GgmlType kTypes[] = {GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS, GgmlType::IQ2_S,
-                               GgmlType::IQ1_M};
+                               GgmlType::IQ1_M,   GgmlType::TQ1_0, GgmlType::TQ2_0};
 
-/// Random bytes with a sane fp16 super-block scale (IQ1_M keeps it in the top nibbles of its scale words).
+/// Random bytes with a sane fp16 super-block scale (IQ1_M keeps it in the top nibbles of its scale words, the
+/// TQ formats in their last two bytes).
 std::vector<uint8_t> random_row(GgmlType t, std::mt19937& rng, int64_t n) {
   std::vector<uint8_t> row(detail::row_bytes(t, n));
   std::uniform_int_distribution<int> byte(0, 255);
@@ -38,7 +40,9 @@ std::vector<uint8_t> random_row(GgmlType t, std::mt19937& rng, int64_t n) {
   for (int64_t b = 0; b < n / QK_K; ++b) {
     uint8_t* block = row.data() + static_cast<size_t>(b) * bb;
     const uint16_t d = fp32_to_fp16(scale(rng));
-    if (t == GgmlType::IQ1_M) {
+    if (t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0) {
+      std::memcpy(block + bb - 2, &d, 2);
+    } else if (t == GgmlType::IQ1_M) {
       for (int k = 0; k < 4; ++k) {
         uint8_t& top = block[offsetof(block_iq1_m, scales) + 2 * k + 1];
         top = static_cast<uint8_t>((top & 0x0f) | (((d >> (4 * k)) & 15) << 4));
@@ -97,14 +101,16 @@ TEST(IqSlice2, EveryIsaEqualsTheReferenceAndTheDequantizedProduct) {
 }
 
 // N(0, 1) rows come back within each format's resolution (relative rms error bounds a little above what the
-// quantizer measured, printed), zero rows as zeros.
+// quantizer measured, printed; the ternary formats' d = max|x| rounds most of a Gaussian row to 0, as
+// llama-quantize's does - they are made for ternary-trained weights), zero rows as zeros.
 TEST(IqSlice2, QuantizerRoundTrip) {
   struct Case {
     GgmlType t;
     double max_rel_rms;
   };
   for (const Case& c : {Case{GgmlType::IQ3_XXS, 0.20}, Case{GgmlType::IQ3_S, 0.17}, Case{GgmlType::IQ2_XS, 0.33},
-                        Case{GgmlType::IQ2_S, 0.30}, Case{GgmlType::IQ1_M, 0.50}}) {
+                        Case{GgmlType::IQ2_S, 0.30}, Case{GgmlType::IQ1_M, 0.50},
+                        Case{GgmlType::TQ1_0, 0.80}, Case{GgmlType::TQ2_0, 0.80}}) {
     SCOPED_TRACE(std::string(ggml_type_name(c.t)));
     std::mt19937 rng(11);
     const int64_t n = 4096;
@@ -131,6 +137,7 @@ TEST(IqSlice2, QuantizerRoundTrip) {
 // indices and scales all decoded where the quantizer put them).
 TEST(IqSlice2, OnGridValuesRoundTripExactly) {
   for (GgmlType t : kTypes) {
+    if (t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0) continue;  // TernaryValuesRoundTripExactly
     SCOPED_TRACE(std::string(ggml_type_name(t)));
     std::mt19937 rng(5);
     // Dequantize random blocks whose scales are all the top code and d a power of two: every value is then
@@ -158,6 +165,20 @@ TEST(IqSlice2, OnGridValuesRoundTripExactly) {
     std::vector<uint8_t> q(w.size());
     quantize_row(t, values.data(), q.data(), QK_K);
     EXPECT_EQ(testing::dequantized(t, q.data(), QK_K), values);
+  }
+}
+
+// TQ1_0 / TQ2_0: -d, 0, +d with d the row's max come back exactly (every trit position of both packings).
+TEST(IqSlice2, TernaryValuesRoundTripExactly) {
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> trit(-1, 1);
+  for (GgmlType t : {GgmlType::TQ1_0, GgmlType::TQ2_0}) {
+    SCOPED_TRACE(std::string(ggml_type_name(t)));
+    std::vector<float> x(512);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.375f * static_cast<float>(i % 256 == 7 ? 1 : trit(rng));
+    std::vector<uint8_t> q(detail::row_bytes(t, 512));
+    quantize_row(t, x.data(), q.data(), 512);
+    EXPECT_EQ(testing::dequantized(t, q.data(), 512), x);
   }
 }
 

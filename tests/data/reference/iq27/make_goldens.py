@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates goldens.json: llama.cpp's greedy ids and top log-probabilities for small synthetic models in
-the second slice of issue #27's codebook types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M), checked by
+the second slice of issue #27's codebook types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M) and the ternary TQ1_0 /
+TQ2_0, checked by
 tests/engine/quant_goldens_test.cpp (QuantGoldens.CodebookSlice2ModelsMatchLlamaCpp).
 
 As ../quant27/make_goldens.py (whose fixture hashing and harness call it uses): the fixtures are not
@@ -27,7 +28,8 @@ _spec.loader.exec_module(quant27)
 
 LLAMA = {"arch": "llama", "layers": 2, "embd": 256, "ff": 512, "heads": 4, "kv-heads": 2, "vocab": 512,
          "seed": 27}
-FIXTURES = [("llama-" + t, dict(LLAMA, type=t)) for t in ["iq3_xxs", "iq3_s", "iq2_xs", "iq2_s", "iq1_m"]]
+FIXTURES = [("llama-" + t, dict(LLAMA, type=t))
+            for t in ["iq3_xxs", "iq3_s", "iq2_xs", "iq2_s", "iq1_m", "tq1_0", "tq2_0"]]
 PROMPTS = quant27.PROMPTS
 # Tolerance on |logprob - llama.cpp| per type. Issue #27 asks for 1e-4 where llama.cpp's order can be matched,
 # and every kernel here gives llama.cpp's bits (kernel_goldens.json; all of its AVX2 / AVX-512 ggml-cpu builds
@@ -39,7 +41,8 @@ PROMPTS = quant27.PROMPTS
 # something outside the weight products that only some models' later decode steps hit (docs/performance.md,
 # "New quant types, slice 2"). Those three get 5e-2, as the IQ4 models do: a layout or order error in these
 # kernels moves logprobs by whole units, and greedy ids must still be equal.
-TOLERANCE = {"iq3_xxs": 5e-2, "iq3_s": 5e-2, "iq2_xs": 5e-2, "iq2_s": 1e-4, "iq1_m": 1e-4}
+TOLERANCE = {"iq3_xxs": 5e-2, "iq3_s": 5e-2, "iq2_xs": 5e-2, "iq2_s": 1e-4, "iq1_m": 1e-4, "tq1_0": 1e-4,
+             "tq2_0": 1e-4}
 
 
 def main():
@@ -70,7 +73,8 @@ def main():
             files.append(g)
             print(f"{name}: {g['size']} bytes, cases {[c['generated_ids'][:4] for c in g['cases']]}",
                   file=sys.stderr)
-    doc = {"about": "llama.cpp goldens for synthetic IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M models (issue #27); "
+    doc = {"about": "llama.cpp goldens for synthetic IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M / TQ1_0 / TQ2_0 models "
+                    "(issue #27); "
                     "regenerate with make_goldens.py", "files": files}
     with open(os.path.join(HERE, "goldens.json"), "w") as f:
         json.dump(doc, f, indent=1)

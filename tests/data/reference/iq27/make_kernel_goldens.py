@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates kernel_goldens.json: llama.cpp's own IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M kernels on fixed
+"""Regenerates kernel_goldens.json: llama.cpp's own IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M / TQ1_0 / TQ2_0 kernels on fixed
 data (issue #27, second slice of quant types), for tests/tensor/iq_slice2_llama_cpp_test.cpp, which requires
 our dequantizers and every ISA's dot kernel to give the same bits.
 
@@ -36,6 +36,8 @@ TYPES = {
     "iq2_xs": (17, 74),
     "iq2_s": (22, 82),
     "iq1_m": (29, 56),
+    "tq1_0": (34, 54),
+    "tq2_0": (35, 66),
 }
 
 
@@ -46,7 +48,9 @@ def f32_bits(x):
 def set_scale(name, block, rng):
     """A random fp16 scale in [0.001, 0.1) where the block keeps its scale."""
     h = struct.unpack("<H", struct.pack("<e", rng.uniform(0.001, 0.1)))[0]
-    if name == "iq1_m":  # the fp16's nibbles are the top nibbles of the four u16 scale words (bytes 48..55)
+    if name.startswith("tq"):  # the scale is the block's last two bytes
+        block[-2:] = struct.pack("<H", h)
+    elif name == "iq1_m":  # the fp16's nibbles are the top nibbles of the four u16 scale words (bytes 48..55)
         for k in range(4):
             off = 48 + 2 * k + 1
             block[off] = (block[off] & 0x0f) | (((h >> (4 * k)) & 15) << 4)
@@ -66,7 +70,7 @@ def main():
         lib.ggml_cpu_init()
         cpus[v] = lib
     rng = random.Random(272)
-    out = {"about": "llama.cpp's IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M kernels on fixed data (issue #27); "
+    out = {"about": "llama.cpp's IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M / TQ1_0 / TQ2_0 kernels on fixed data (issue #27); "
                     "regenerate with make_kernel_goldens.py",
            "llama_cpp": "de3ff815ea7d559ee917f063901b8986f038abc6 (node-llama-cpp 3.22.1 prebuilt; ggml-cpu "
                         "variants %s agree)" % ", ".join(CPU_VARIANTS),
