@@ -74,14 +74,16 @@ float dot_tq1_0(const void* w, const void* a, int64_t n) {
     std::memcpy(&t, x[i].qs + 32, 16);
     const __m256i h0 = _mm256_broadcastsi128_si256(t);
     const __m256i h1 = times3(h0), h2 = times9(h0), h3 = times9(h1), h4 = times9(h2);
-    alignas(16) uint8_t qh[16];
-    static constexpr uint8_t kPow3[4] = {1, 3, 9, 27};
-    for (int m = 0; m < 4; ++m) {
-      for (int j = 0; j < 4; ++j) qh[4 * m + j] = static_cast<uint8_t>(x[i].qh[j] * kPow3[m]);
-    }
+    // qh[j] * 3^m (mod 256) at byte 4m + j: the 4 bytes widened to 16 bits 4 times, multiplied, packed back.
+    uint32_t qh;
+    std::memcpy(&qh, x[i].qh, 4);
+    const __m256i pow3 = _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
+    const __m256i qh16 = _mm256_and_si256(
+        _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_set1_epi32(static_cast<int>(qh))), pow3), _mm256_set1_epi16(0xff));
+    const __m128i qh8 = _mm_packus_epi16(_mm256_castsi256_si128(qh16), _mm256_extracti128_si256(qh16, 1));
     const __m256i r5 = _mm256_blend_epi32(h0, h1, 0xf0);
     const __m256i r6 = _mm256_blend_epi32(h2, h3, 0xf0);
-    const __m256i r7 = _mm256_inserti128_si256(h4, _mm_load_si128(reinterpret_cast<const __m128i*>(qh)), 1);
+    const __m256i r7 = _mm256_inserti128_si256(h4, qh8, 1);
     sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(top_trit(r5), load32(q8 + 160)));
     sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(top_trit(r6), load32(q8 + 192)));
     sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(top_trit(r7), load32(q8 + 224)));
