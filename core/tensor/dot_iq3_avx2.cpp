@@ -127,29 +127,52 @@ float dot_iq2_s(const void* w, const void* a, int64_t n) {
   return 0.125f * hsum8(acc);
 }
 
+/// IQ1_M: byte patterns that pick group g's two 16-bit multipliers out of the per-block vector built in
+/// dot_iq1_m (64-bit lane k of it holds, in 16-bit word w, the scale at bit {0, 6, 3, 9}[k] of scale word w:
+/// lanes 0 / 1 the first halves of groups 2w / 2w + 1, lanes 2 / 3 their second halves).
+struct Iq1mScalePick {
+  uint8_t v[8][32];
+  constexpr Iq1mScalePick() : v() {
+    for (int g = 0; g < 8; ++g) {
+      const int word = (g % 2) * 4 + g / 2;  // within each 128-bit half
+      for (int b = 0; b < 32; ++b) v[g][b] = static_cast<uint8_t>(2 * word + b % 2);
+    }
+  }
+};
+constexpr Iq1mScalePick kIq1mScalePick{};
+
 float dot_iq1_m(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const block_iq1_m*>(w);
   const auto* y = static_cast<const block_q8_K*>(a);
   const __m256i ones = _mm256_set1_epi8(1);
+  const __m256i shifts = _mm256_setr_epi64x(0, 6, 3, 9);
   __m256 acc = _mm256_setzero_ps(), acc_delta = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / QK_K; ++i) {
-    uint16_t sc[4];
-    iq1m_scale_words(x[i], sc);
+    uint64_t sc;
+    std::memcpy(&sc, x[i].scales, 8);
+    // 2s + 1 for every 16-element half, arranged for kIq1mScalePick.
+    __m256i scales = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(static_cast<long long>(sc)), shifts),
+                                      _mm256_set1_epi16(7));
+    scales = _mm256_add_epi16(_mm256_slli_epi16(scales, 1), _mm256_set1_epi16(1));
     __m256i sumi = _mm256_setzero_si256(), sumi_delta = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
-      const uint8_t* qs = x[i].qs + 4 * g;
-      const int qh0 = x[i].qh[2 * g], qh1 = x[i].qh[2 * g + 1];
+      uint32_t qs;
+      uint16_t qh;
+      std::memcpy(&qs, x[i].qs + 4 * g, 4);
+      std::memcpy(&qh, x[i].qh + 2 * g, 2);
+      // Four 11-bit grid indices as 16-bit words: the low bytes from qs, bits 8..10 from the qh nibbles.
+      const uint64_t idx = _pdep_u64(qs, 0x00ff00ff00ff00ffull) | _pdep_u64(qh & 0x7777u, 0x0f000f000f000f00ull);
       const __m256i points = _mm256_set_epi64x(
-          ll(iq1s_grid[qs[3] | ((qh1 << 4) & 0x700)]), ll(iq1s_grid[qs[2] | ((qh1 << 8) & 0x700)]),
-          ll(iq1s_grid[qs[1] | ((qh0 << 4) & 0x700)]), ll(iq1s_grid[qs[0] | ((qh0 << 8) & 0x700)]));
-      auto delta = [](int bit) { return ll(bit ? 0xffffffffffffffffull : 0x0101010101010101ull); };
-      const __m256i deltas =
-          _mm256_set_epi64x(delta(qh1 & 0x80), delta(qh1 & 0x08), delta(qh0 & 0x80), delta(qh0 & 0x08));
+          ll(iq1s_grid[(idx >> 48) & 0xffff]), ll(iq1s_grid[(idx >> 32) & 0xffff]),
+          ll(iq1s_grid[(idx >> 16) & 0xffff]), ll(iq1s_grid[idx & 0xffff]));
+      // The nibbles' bit 3 (delta negative) as 0x80 in byte l, widened to 8 bytes each and or'ed with 1: -127 or 1.
+      const auto dsign = static_cast<uint32_t>(_pdep_u64(qh & 0x8888u, 0xf0f0f0f0ull));
+      const __m256i deltas = _mm256_or_si256(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(static_cast<int>(dsign))), ones);
       const __m256i q8 = load32(y[i].qs + 32 * g);
       const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(points, points), _mm256_sign_epi8(q8, points));
       const __m256i d16 = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(q8, deltas));
-      const int shift = 6 * (g % 2);
-      const __m256i ls = half_multipliers((sc[g / 2] >> shift) & 7, (sc[g / 2] >> (shift + 3)) & 7);
+      const __m256i ls =
+          _mm256_shuffle_epi8(scales, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kIq1mScalePick.v[g])));
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, ls));
       sumi_delta = _mm256_add_epi32(sumi_delta, _mm256_madd_epi16(d16, ls));
     }
