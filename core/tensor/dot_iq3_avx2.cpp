@@ -71,11 +71,16 @@ float dot_iq3_s(const void* w, const void* a, int64_t n) {
   for (int64_t i = 0; i < n / QK_K; ++i) {
     __m256i sumi = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
-      const uint8_t* qs = x[i].qs + 8 * g;
-      const int qh = x[i].qh[g];
-      auto point = [&](int k) { return static_cast<int>(iq3s_grid[qs[k] | (((qh >> k) & 1) << 8)]); };
-      const __m256i points =
-          _mm256_set_epi32(point(7), point(6), point(5), point(4), point(3), point(2), point(1), point(0));
+      // Eight 9-bit grid indices as 16-bit words: the qs bytes and, above them, one qh bit each (pdep).
+      uint32_t lo, hi;
+      std::memcpy(&lo, x[i].qs + 8 * g, 4);
+      std::memcpy(&hi, x[i].qs + 8 * g + 4, 4);
+      const uint32_t qh = x[i].qh[g];
+      const uint64_t idx0 = _pdep_u64(lo, 0x00ff00ff00ff00ffull) | _pdep_u64(qh & 15, 0x0100010001000100ull);
+      const uint64_t idx1 = _pdep_u64(hi, 0x00ff00ff00ff00ffull) | _pdep_u64(qh >> 4, 0x0100010001000100ull);
+      auto point = [](uint64_t idx, int k) { return static_cast<int>(iq3s_grid[(idx >> (16 * k)) & 0xffff]); };
+      const __m256i points = _mm256_set_epi32(point(idx1, 3), point(idx1, 2), point(idx1, 1), point(idx1, 0),
+                                              point(idx0, 3), point(idx0, 2), point(idx0, 1), point(idx0, 0));
       const __m256i q8 = apply_sign_bits(load32(y[i].qs + 32 * g), x[i].signs + 4 * g);
       const int s = (x[i].scales[g / 2] >> (4 * (g % 2))) & 15;
       const __m256i ls = _mm256_set1_epi16(static_cast<int16_t>(2 * s + 1));
@@ -114,9 +119,10 @@ float dot_iq2_s(const void* w, const void* a, int64_t n) {
   for (int64_t i = 0; i < n / QK_K; ++i) {
     __m256i sumi = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
-      const uint8_t* qs = x[i].qs + 4 * g;
-      const int qh = x[i].qh[g];
-      auto point = [&](int l) { return ll(iq2s_grid[qs[l] | (((qh >> (2 * l)) & 3) << 8)]); };
+      uint32_t lo;
+      std::memcpy(&lo, x[i].qs + 4 * g, 4);
+      const uint64_t idx = _pdep_u64(lo, 0x00ff00ff00ff00ffull) | _pdep_u64(x[i].qh[g], 0x0300030003000300ull);
+      auto point = [idx](int l) { return ll(iq2s_grid[(idx >> (16 * l)) & 0xffff]); };
       const __m256i points = _mm256_set_epi64x(point(3), point(2), point(1), point(0));
       const __m256i q8 = apply_sign_bits(load32(y[i].qs + 32 * g), x[i].qs + QK_K / 8 + 4 * g);
       const __m256i ls = half_multipliers(x[i].scales[g] & 15, x[i].scales[g] >> 4);
