@@ -73,6 +73,7 @@ Result<WeightScheme> parse_scheme(std::string_view name) {
     case GgmlType::IQ2_XXS: ft = 19; break;
     case GgmlType::IQ2_XS: ft = 20; break;
     case GgmlType::IQ3_XXS: ft = 23; break;
+    case GgmlType::IQ1_S: ft = 24; break;
     case GgmlType::IQ4_NL: ft = 25; break;
     case GgmlType::IQ3_S: ft = 26; break;
     case GgmlType::IQ2_S: ft = 28; break;
@@ -101,7 +102,8 @@ GgmlType fallback_type(GgmlType t) {
     case GgmlType::Q6_K: return GgmlType::Q8_0;
     case GgmlType::TQ1_0: case GgmlType::TQ2_0: return GgmlType::Q4_0;
     case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S:
-    case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: case GgmlType::IQ1_M: return GgmlType::IQ4_NL;
+    case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: case GgmlType::IQ1_S: case GgmlType::IQ1_M:
+      return GgmlType::IQ4_NL;
     default: return GgmlType::F16;
   }
 }

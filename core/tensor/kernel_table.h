@@ -210,7 +210,7 @@ float dot_iq1_s_q8_K_ref(const void* w, const void* a, int64_t n);
 // The second slice of codebook formats, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M (ref_iq3.cpp: dequantizers and
 // dots in ggml's x86 order; quantize_codebook.cpp: the quantizers). false for any other type.
 bool dequantize_codebook_ref(GgmlType t, const void* src, float* dst, int64_t nb);
-bool quantize_codebook_ref(GgmlType t, const float* x, void* dst, int64_t nb);
+bool quantize_codebook_ref(GgmlType t, const float* x, void* dst, int64_t nb);  ///< also IQ1_S
 float dot_iq3_xxs_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_iq3_s_q8_K_ref(const void* w, const void* a, int64_t n);
 float dot_iq2_xs_q8_K_ref(const void* w, const void* a, int64_t n);

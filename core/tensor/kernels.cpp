@@ -290,9 +290,8 @@ bool can_compute(GgmlType type) {
 }
 
 bool can_quantize(GgmlType type) {
-  // IQ1_S is computed but not written (no quantizer; IQ2_XXS has a plain one, ref_iq2.cpp, and IQ3_XXS,
-  // IQ3_S, IQ2_XS, IQ2_S, IQ1_M theirs in quantize_codebook.cpp).
-  if (type == GgmlType::IQ1_S) return false;
+  // Every computed type is written (IQ2_XXS's plain quantizer in ref_iq2.cpp, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S,
+  // IQ1_S, IQ1_M theirs in quantize_codebook.cpp).
   return can_compute(type) || type == GgmlType::Q8_1 || type == GgmlType::Q8_K;
 }
 

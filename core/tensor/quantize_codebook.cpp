@@ -1,4 +1,4 @@
-// Quantizers of the second slice of codebook formats (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M), for synthetic
+// Quantizers of the second slice of codebook formats (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M; and IQ1_S), for synthetic
 // models (`car gguf synth --type ...`). Plainer than llama-quantize's, and deterministic:
 //
 //   importance  w_j = sigma2 + x_j^2 per weight (sigma2: the super-block's mean square) - llama-quantize's form
@@ -15,7 +15,8 @@
 //               level when the grid has it, else an exhaustive search in which each point's error is the sum
 //               of two half-point errors read from tables over every half-point (81 entries for 8 elements of
 //               3 magnitudes, 64 for 4 of 8), so a 1024-point grid costs 1024 additions.
-//   IQ1_M       as above without signs (its grid is ternary) and with both delta signs tried per 8 weights.
+//   IQ1_M       as above without signs (its grid is ternary) and with both delta signs tried per 8 weights;
+//   IQ1_S       the same with 32-weight scale units and one delta sign per 32.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -402,6 +403,79 @@ void quantize_iq1_m(const float* x, block_iq1_m* y, int64_t nb) {
   }
 }
 
+/// IQ1_S: one group of 32 at scale c - the better of the two delta signs (one for the group) and its points.
+float fit_iq1s_group(const Codebook& cb, const float* x, const float* w, float c, int* points, float* shift) {
+  float best = INFINITY;
+  int pts[4];
+  for (float s : {IQ1S_DELTA, -IQ1S_DELTA}) {
+    float err = 0.0f;
+    for (int l = 0; l < 4; ++l) {
+      float e;
+      pts[l] = nearest_point(cb, x + 8 * l, w + 8 * l, c, s, &e);
+      err += e;
+    }
+    if (err < best) {
+      best = err;
+      *shift = s;
+      std::memcpy(points, pts, sizeof pts);
+    }
+  }
+  return best;
+}
+
+void quantize_iq1_s(const float* x, block_iq1_s* y, int64_t nb) {
+  const Codebook& cb = codebook(GgmlType::IQ1_M);  // the same 2048-point grid
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float w[QK_K];
+    importance(x, w);
+    float group_scale[8];
+    float max_scale = 0.0f;
+    int points[4];
+    float shift = 0.0f;
+    for (int g = 0; g < 8; ++g) {
+      const float* xg = x + 32 * g;
+      const float* wg = w + 32 * g;
+      float amax = 0.0f;
+      for (int e = 0; e < 32; ++e) amax = std::fmax(amax, std::fabs(xg[e]));
+      group_scale[g] = 0.0f;
+      float best = INFINITY;
+      for (float trial : kTrials) {
+        if (amax == 0.0f) break;
+        const float c = amax / (1.0f + IQ1S_DELTA) * trial;
+        const float err = fit_iq1s_group(cb, xg, wg, c, points, &shift);
+        if (err < best) {
+          best = err;
+          group_scale[g] = c;
+        }
+        const float shifts[4] = {shift, shift, shift, shift};
+        const float refined = least_squares_scale(cb, xg, wg, 32, points, 0.0f, shifts);
+        if (refined <= 0.0f) continue;
+        const float err_refined = fit_iq1s_group(cb, xg, wg, refined, points, &shift);
+        if (err_refined < best) {
+          best = err_refined;
+          group_scale[g] = refined;
+        }
+      }
+      max_scale = std::fmax(max_scale, group_scale[g]);
+    }
+    std::memset(&y[i], 0, sizeof y[i]);
+    y[i].d = fp32_to_fp16(max_scale / 15.0f);
+    const float d = fp16_to_fp32(y[i].d);
+    for (int g = 0; g < 8; ++g) {
+      int s = 0;
+      if (d > 0.0f) s = static_cast<int>(std::nearbyint((group_scale[g] / d - 1.0f) / 2.0f));
+      s = s < 0 ? 0 : (s > 7 ? 7 : s);
+      fit_iq1s_group(cb, x + 32 * g, w + 32 * g, d * static_cast<float>(2 * s + 1), points, &shift);
+      uint32_t qh = static_cast<uint32_t>(s) << 12 | (shift < 0.0f ? 0x8000u : 0u);
+      for (int l = 0; l < 4; ++l) {
+        y[i].qs[4 * g + l] = static_cast<uint8_t>(points[l] & 255);
+        qh |= static_cast<uint32_t>(points[l] >> 8) << (3 * l);
+      }
+      y[i].qh[g] = static_cast<uint16_t>(qh);
+    }
+  }
+}
+
 }  // namespace
 
 bool quantize_codebook_ref(GgmlType t, const float* x, void* dst, int64_t nb) {
@@ -411,6 +485,7 @@ bool quantize_codebook_ref(GgmlType t, const float* x, void* dst, int64_t nb) {
     case GgmlType::IQ2_XS: quantize_iq2_xs(x, static_cast<block_iq2_xs*>(dst), nb); return true;
     case GgmlType::IQ2_S: quantize_iq2_s(x, static_cast<block_iq2_s*>(dst), nb); return true;
     case GgmlType::IQ1_M: quantize_iq1_m(x, static_cast<block_iq1_m*>(dst), nb); return true;
+    case GgmlType::IQ1_S: quantize_iq1_s(x, static_cast<block_iq1_s*>(dst), nb); return true;
     default: return false;
   }
 }

@@ -463,7 +463,8 @@ bool quantize_weights_ref(GgmlType t, const float* x, void* dst, int64_t n) {
     case GgmlType::IQ3_S:
     case GgmlType::IQ2_XS:
     case GgmlType::IQ2_S:
-    case GgmlType::IQ1_M: return quantize_codebook_ref(t, x, dst, nb);
+    case GgmlType::IQ1_M:
+    case GgmlType::IQ1_S: return quantize_codebook_ref(t, x, dst, nb);
     case GgmlType::TQ1_0:
     case GgmlType::TQ2_0: return quantize_tq_ref(t, x, dst, nb);
     default: return false;

@@ -110,7 +110,7 @@ TEST(IqSlice2, QuantizerRoundTrip) {
   };
   for (const Case& c : {Case{GgmlType::IQ3_XXS, 0.20}, Case{GgmlType::IQ3_S, 0.17}, Case{GgmlType::IQ2_XS, 0.33},
                         Case{GgmlType::IQ2_S, 0.30}, Case{GgmlType::IQ1_M, 0.50},
-                        Case{GgmlType::TQ1_0, 0.80}, Case{GgmlType::TQ2_0, 0.80}}) {
+                        Case{GgmlType::TQ1_0, 0.80}, Case{GgmlType::TQ2_0, 0.80}, Case{GgmlType::IQ1_S, 0.55}}) {
     SCOPED_TRACE(std::string(ggml_type_name(c.t)));
     std::mt19937 rng(11);
     const int64_t n = 4096;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates goldens.json: llama.cpp's greedy ids and top log-probabilities for small synthetic models in
 the second slice of issue #27's codebook types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M) and the ternary TQ1_0 /
-TQ2_0, checked by
+TQ2_0 (and IQ1_S, slice 1's type, whose quantizer came with this slice), checked by
 tests/engine/quant_goldens_test.cpp (QuantGoldens.CodebookSlice2ModelsMatchLlamaCpp).
 
 As ../quant27/make_goldens.py (whose fixture hashing and harness call it uses): the fixtures are not
@@ -29,7 +29,7 @@ _spec.loader.exec_module(quant27)
 LLAMA = {"arch": "llama", "layers": 2, "embd": 256, "ff": 512, "heads": 4, "kv-heads": 2, "vocab": 512,
          "seed": 27}
 FIXTURES = [("llama-" + t, dict(LLAMA, type=t))
-            for t in ["iq3_xxs", "iq3_s", "iq2_xs", "iq2_s", "iq1_m", "tq1_0", "tq2_0"]]
+            for t in ["iq3_xxs", "iq3_s", "iq2_xs", "iq2_s", "iq1_m", "tq1_0", "tq2_0", "iq1_s"]]
 PROMPTS = quant27.PROMPTS
 # Tolerance on |logprob - llama.cpp| per type. Issue #27 asks for 1e-4 where llama.cpp's order can be matched,
 # and every kernel here gives llama.cpp's bits (kernel_goldens.json; all of its AVX2 / AVX-512 ggml-cpu builds
@@ -42,7 +42,7 @@ PROMPTS = quant27.PROMPTS
 # "New quant types, slice 2"). Those three get 5e-2, as the IQ4 models do: a layout or order error in these
 # kernels moves logprobs by whole units, and greedy ids must still be equal.
 TOLERANCE = {"iq3_xxs": 5e-2, "iq3_s": 5e-2, "iq2_xs": 5e-2, "iq2_s": 1e-4, "iq1_m": 1e-4, "tq1_0": 1e-4,
-             "tq2_0": 1e-4}
+             "tq2_0": 1e-4, "iq1_s": 1e-4}
 
 
 def main():
