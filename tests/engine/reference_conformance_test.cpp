@@ -239,7 +239,7 @@ Deviation check_golden(const json& g, const std::string& gguf_path, ThreadPool* 
 TEST(ReferenceConformance, SynthFixturesMatchLlamaCppGoldens) {
   const auto files = golden_files();
   if (golden_dir() == std::filesystem::path(CAR_REFERENCE_DATA_DIR)) {
-    ASSERT_GE(files.size(), 6u) << "goldens missing from " << CAR_REFERENCE_DATA_DIR;
+    ASSERT_GE(files.size(), 14u) << "goldens missing from " << CAR_REFERENCE_DATA_DIR;
   } else {
     ASSERT_GE(files.size(), 1u) << "no *.golden.json in $CAR_REFERENCE_DATA_DIR=" << golden_dir();
   }

@@ -37,9 +37,9 @@ PROMPTS = quant27.PROMPTS
 # and IQ2_XS models deviate 1.2e-2 / 5.7e-3 / 1.9e-2, from generated position 9 / 12 / 5 on (the earlier
 # positions within ~1e-6), and it is a property of the model, not of the type: the same shapes with seeds 28
 # and 29 deviate 2.9e-2 / 2.3e-2 in IQ3_XXS, 2.7e-2 / 3.5e-2 in IQ2_S (whose seed-27 model is exact) and
-# 8.3e-3 / 4.9e-7 in IQ2_XS. It is the open deviation of ../quant27's IQ4 models (and of a Q4_0 model there):
-# something outside the weight products that only some models' later decode steps hit (docs/performance.md,
-# "New quant types, slice 2"). Those three get 5e-2, as the IQ4 models do: a layout or order error in these
+# 8.3e-3 / 4.9e-7 in IQ2_XS. It is like the open deviation of ../quant27's IQ4_XS models (IQ4_NL's and
+# Q4_0's were llama.cpp's repacked order, which these types do not have): something outside the weight
+# products that only some models' later decode steps hit (docs/performance.md, "New quant types, slice 2"). Those three get 5e-2, as the IQ4 models do: a layout or order error in these
 # kernels moves logprobs by whole units, and greedy ids must still be equal.
 TOLERANCE = {"iq3_xxs": 5e-2, "iq3_s": 5e-2, "iq2_xs": 5e-2, "iq2_s": 1e-4, "iq1_m": 1e-4, "tq1_0": 1e-4,
              "tq2_0": 1e-4, "iq1_s": 1e-4}
