@@ -30,6 +30,12 @@ LLAMA = {"arch": "llama", "layers": 2, "embd": 256, "ff": 512, "heads": 4, "kv-h
          "seed": 27}
 FIXTURES = [("llama-" + t, dict(LLAMA, type=t))
             for t in ["iq3_xxs", "iq3_s", "iq2_xs", "iq2_s", "iq1_m", "tq1_0", "tq2_0", "iq1_s"]]
+# One MoE model (4 experts, top-2: the expert products take the mul_mat_id path) in IQ2_S. It deviates 6.4e-3
+# (seed 27; seed 28 2.9e-2) - the same per-model deviation as below, so it gets 5e-2 (TOLERANCE_OF_FILE) and
+# guards the expert path's layout and greedy ids.
+FIXTURES.append(("moe-llama-iq2_s", {"arch": "llama", "layers": 2, "embd": 256, "ff": 256, "heads": 4,
+                                     "kv-heads": 2, "experts": 4, "experts-used": 2, "vocab": 512, "seed": 27,
+                                     "type": "iq2_s"}))
 PROMPTS = quant27.PROMPTS
 # Tolerance on |logprob - llama.cpp| per type. Issue #27 asks for 1e-4 where llama.cpp's order can be matched,
 # and every kernel here gives llama.cpp's bits (kernel_goldens.json; all of its AVX2 / AVX-512 ggml-cpu builds
@@ -43,6 +49,7 @@ PROMPTS = quant27.PROMPTS
 # kernels moves logprobs by whole units, and greedy ids must still be equal.
 TOLERANCE = {"iq3_xxs": 5e-2, "iq3_s": 5e-2, "iq2_xs": 5e-2, "iq2_s": 1e-4, "iq1_m": 1e-4, "tq1_0": 1e-4,
              "tq2_0": 1e-4, "iq1_s": 1e-4}
+TOLERANCE_OF_FILE = {"moe-llama-iq2_s": 5e-2}
 
 
 def main():
@@ -69,7 +76,7 @@ def main():
                 g = json.load(f)
             g["synth"] = opts
             g["fnv1a64"] = quant27.fnv1a64(gguf)
-            g["tolerance"] = TOLERANCE[opts["type"]]
+            g["tolerance"] = TOLERANCE_OF_FILE.get(name, TOLERANCE[opts["type"]])
             files.append(g)
             print(f"{name}: {g['size']} bytes, cases {[c['generated_ids'][:4] for c in g['cases']]}",
                   file=sys.stderr)
