@@ -71,7 +71,15 @@ Result<WeightScheme> parse_scheme(std::string_view name) {
     case GgmlType::Q5_K: ft = 16; break;
     case GgmlType::Q6_K: ft = 18; break;
     case GgmlType::IQ2_XXS: ft = 19; break;
+    case GgmlType::IQ2_XS: ft = 20; break;
+    case GgmlType::IQ3_XXS: ft = 23; break;
+    case GgmlType::IQ1_S: ft = 24; break;
     case GgmlType::IQ4_NL: ft = 25; break;
+    case GgmlType::IQ3_S: ft = 26; break;
+    case GgmlType::IQ2_S: ft = 28; break;
+    case GgmlType::IQ1_M: ft = 31; break;
+    case GgmlType::TQ1_0: ft = 36; break;
+    case GgmlType::TQ2_0: ft = 37; break;
     case GgmlType::IQ4_XS: ft = 30; break;
     case GgmlType::BF16: ft = 32; break;
     case GgmlType::MXFP4: ft = 38; break;  // llama.cpp's MXFP4_MOE (its only MXFP4 file type)
@@ -92,7 +100,10 @@ GgmlType fallback_type(GgmlType t) {
     case GgmlType::Q4_K: return GgmlType::Q5_0;
     case GgmlType::Q5_K: return GgmlType::Q5_1;
     case GgmlType::Q6_K: return GgmlType::Q8_0;
-    case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: return GgmlType::IQ4_NL;
+    case GgmlType::TQ1_0: case GgmlType::TQ2_0: return GgmlType::Q4_0;
+    case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S:
+    case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: case GgmlType::IQ1_S: case GgmlType::IQ1_M:
+      return GgmlType::IQ4_NL;
     default: return GgmlType::F16;
   }
 }

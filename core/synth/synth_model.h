@@ -76,8 +76,8 @@ enum class TensorRole { token_embd, output, norm, router, attn_q, attn_k, attn_v
 /// The ggml type of one tensor under `spec.weight_type`: norms and routers F32; mixes pick per role and
 /// layer as llama-quantize does (q4_k_m: Q4_K, with Q6_K for output and, in the "more bits" layers, for
 /// attn_v and ffn_down; q5_k_m the same with Q5_K); rows that are not a multiple of the type's block fall
-/// back as llama.cpp does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS/IQ2_XXS -> IQ4_NL,
-/// others -> F16).
+/// back as llama.cpp does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS and the codebook types
+/// IQ3_XXS/IQ3_S/IQ2_XXS/IQ2_XS/IQ2_S/IQ1_S/IQ1_M -> IQ4_NL, TQ1_0/TQ2_0 -> Q4_0, others -> F16).
 /// Errors: unknown weight type name.
 Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len);
 

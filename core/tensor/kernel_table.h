@@ -224,6 +224,21 @@ void quantize_iq2_xxs_ref(const float* x, void* dst, int64_t nb);
 float dot_iq2_xxs_q8_K_ref(const void* w, const void* a, int64_t n);
 bool dequantize_iq1_s_ref(const void* src, float* dst, int64_t nb);
 float dot_iq1_s_q8_K_ref(const void* w, const void* a, int64_t n);
+// The second slice of codebook formats, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M (ref_iq3.cpp: dequantizers and
+// dots in ggml's x86 order; quantize_codebook.cpp: the quantizers). false for any other type.
+bool dequantize_codebook_ref(GgmlType t, const void* src, float* dst, int64_t nb);
+bool quantize_codebook_ref(GgmlType t, const float* x, void* dst, int64_t nb);  ///< also IQ1_S
+float dot_iq3_xxs_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq3_s_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq2_xs_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq2_s_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq1_m_q8_K_ref(const void* w, const void* a, int64_t n);
+// The ternary formats TQ1_0, TQ2_0 (ref_tq.cpp): dequantizer, quantizer, dots in ggml's x86 order; false for
+// any other type.
+bool dequantize_tq_ref(GgmlType t, const void* src, float* dst, int64_t nb);
+bool quantize_tq_ref(GgmlType t, const float* x, void* dst, int64_t nb);
+float dot_tq1_0_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_tq2_0_q8_K_ref(const void* w, const void* a, int64_t n);
 
 inline int slot(GgmlType t) {
   return static_cast<int>(t);

@@ -4,7 +4,8 @@
 //
 // Numerics follow llama.cpp's CPU backend so that logits match it to ~1e-5: the input vector of every
 // product is first rounded to the weight type's dot-product partner (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL,
-// MXFP4: Q8_0 blocks of 32; K-quants, IQ4_XS, IQ2_XXS, IQ1_S: Q8_K blocks of 256; F16: fp16; BF16: bf16;
+// MXFP4: Q8_0 blocks of 32; K-quants, IQ4_XS and the codebook types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S,
+// IQ1_S, IQ1_M, and the ternary TQ1_0, TQ2_0: Q8_K blocks of 256; F16: fp16; BF16: bf16;
 // F32: unrounded), then multiplied.
 //
 // Every function has a scalar reference, always compiled (the test oracle), and SIMD variants (AVX2+FMA,
@@ -103,7 +104,7 @@ void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx,
 
 /// The type an input vector is rounded to for products with weights of type `w`: Q8_0 (Q4_0, Q5_0, Q8_0,
 /// IQ4_NL, MXFP4), Q8_1 (Q4_1, Q5_1; Q8_0 rounding plus per-block sums, as ggml pairs them), Q8_K (K-quants,
-/// IQ4_XS, IQ2_XXS, IQ1_S), F16, BF16, or F32 (F32 weights: not rounded).
+/// IQ4_XS, the IQ codebook types, TQ1_0, TQ2_0), F16, BF16, or F32 (F32 weights: not rounded).
 GgmlType activation_type(GgmlType w);
 /// Bytes of a rounded activation row of `n` elements for weights of type `w`.
 size_t activation_row_bytes(GgmlType w, int64_t n);
