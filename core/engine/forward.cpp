@@ -74,7 +74,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
 }
 
 KvCache ForwardPass::make_cache(int64_t n_ctx) const {
-  return KvCache(hp_.n_layer, n_ctx, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v);
+  return KvCache(hp_.n_layer, n_ctx, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v, hp_.swa_window);
 }
 
 uint64_t ForwardPass::scratch_bytes() const {
@@ -341,8 +341,13 @@ void ForwardPass::attention(int64_t il, int64_t n) {
       const int64_t h = t % n_head;
       const int64_t g = h / group;
       const KvCache& ckv = *row_kv_[sz(i)];
-      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g), ckv.v(il, g), row_pos_[sz(i)] + 1, dk, dv,
-                  scale, attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(), acc16.data());
+      // Positions before the layer's sliding window are masked (-inf) in llama.cpp, which its flash
+      // attention skips; starting the loop at the window's first key is the same arithmetic.
+      const int64_t pos = row_pos_[sz(i)];
+      const int64_t first = ckv.first_visible(il, pos);
+      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv,
+                  pos + 1 - first, dk, dv, scale, attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(),
+                  acc16.data());
     }
   };
   parallel(n * n_head, 1, task);

@@ -7,7 +7,9 @@
 //     q, k, v = h Wq + bq, h Wk + bk, h Wv + bv             (biases when the file has them: qwen2;
 //                                                           qk_norm archs: per-head rms_norm of q, k)
 //     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16
-//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv)
+//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
+//                                                           a sliding-window layer reads only the keys at
+//                                                           pos - p' < window (KvCache::first_visible)
 //     h = rms_norm(x) * ffn_norm
 //     x += dense: (silu(h Wgate) * (h Wup)) Wdown
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)

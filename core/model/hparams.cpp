@@ -66,6 +66,16 @@ class KeyReader {
 
 }  // namespace
 
+void set_swa_pattern(Hparams& h, int64_t n_swa, int64_t pattern, bool dense_first) {
+  h.swa_window.clear();
+  if (n_swa <= 0) return;
+  h.swa_window.resize(static_cast<size_t>(h.n_layer), 0);
+  for (int64_t il = 0; il < h.n_layer; ++il) {
+    const bool windowed = pattern == 0 || (dense_first ? il % pattern != 0 : il % pattern < pattern - 1);
+    h.swa_window[static_cast<size_t>(il)] = windowed ? n_swa : 0;
+  }
+}
+
 Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   Hparams h;
   auto arch = file.get_string("general.architecture");

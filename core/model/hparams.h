@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/gguf/gguf_file.h"
 #include "core/util/result.h"
@@ -40,6 +41,9 @@ struct Hparams {
   float rope_freq_scale = 1.0f;  ///< 1 / rope.scaling.factor for linear scaling
   int64_t n_rot = 0;             ///< <arch>.rope.dimension_count (default head_dim_k)
   RopeType rope_type = RopeType::norm;
+  /// Per layer: the sliding window (a query at p sees keys at p' with p - p' < window; 0 = global), or
+  /// empty when every layer is global. The KV cache applies it (engine::KvCache::first_visible).
+  std::vector<int64_t> swa_window;
 
   int64_t q_dim() const { return n_head * head_dim_k; }      ///< width of Q
   int64_t k_dim() const { return n_head_kv * head_dim_k; }   ///< width of K
@@ -47,6 +51,12 @@ struct Hparams {
   int64_t attn_out_dim() const { return n_head * head_dim_v; }
   bool is_moe() const { return n_expert > 0; }
 };
+
+/// Fill h.swa_window (h.n_layer set) as llama.cpp's llama_hparams::set_swa_pattern(pattern, dense_first) does:
+/// layer il has a sliding window of `n_swa` positions when pattern == 0, else when il % pattern < pattern - 1
+/// (the last layer of each group of `pattern` is global), or with dense_first when il % pattern != 0 (the
+/// first is global). n_swa 0 = every layer global (swa_window left empty).
+void set_swa_pattern(Hparams& h, int64_t n_swa, int64_t pattern, bool dense_first = false);
 
 /// Read and validate the hyperparameters. Errors: load_failed, naming the key and the offending values.
 /// `n_vocab` is filled by the model loader from token_embd.
