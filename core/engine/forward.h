@@ -118,8 +118,13 @@ class ForwardPass {
   Result<void> moe_ffn_token(int64_t il);
   /// proj_ rows += sigmoid-gated shared expert of xn_'s n rows (layers with has_shexp).
   void shared_expert(int64_t il, int64_t n);
-  /// The products of the experts active_[first, first + count), whose leases are leases_[0, count).
-  void run_experts(size_t first, size_t count);
+  /// The products of layer il's experts active_[first, first + count), whose leases are leases_[0, count).
+  void run_experts(int64_t il, size_t first, size_t count);
+  /// router_ rows = layer il's router logits of xn_'s n rows (+ its bias); sel_ids_ / sel_w_ = each row's
+  /// experts and weights by the architecture's gating (probs_ scratch).
+  void route(int64_t il, int64_t n);
+  /// The routed experts' activation over gate_ / up_ [0, count): glu() or gpt-oss's swiglu_oai.
+  void expert_glu(int64_t count);
   /// Guess MoE layer il's experts from x_'s n rows and prefetch them (uses router/selection scratch and xn_).
   void prefetch_layer(int64_t il, int64_t n);
   /// proj_ rows = the sum of each row's weighted slot outputs, in selection order.
