@@ -10,9 +10,11 @@
 //     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
 //                                                           a sliding-window layer reads only the keys at
 //                                                           pos - p' < window (KvCache::first_visible)
+//                                                           gpt-oss: each head's sink logit joins its softmax; + bo
 //     h = rms_norm(x) * ffn_norm
 //     x += dense: (silu(h Wgate) * (h Wup)) Wdown
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)
+//                 gpt-oss: router / expert biases, weights = softmax of the top-k logits, swiglu_oai
 //                 + sigmoid(h . w_gate_shexp) * shared_expert(h)   (qwen2moe: a resident dense SwiGLU FFN)
 //   logits = (rms_norm(x) * output_norm) Wout (+ output bias when the file has one)
 //
