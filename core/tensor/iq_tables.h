@@ -22,6 +22,10 @@ alignas(16) inline constexpr int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -
 alignas(16) inline constexpr int8_t kvalues_mxfp4[16] = {0, 1,  2,  3,  4,  6,  8,  12,
                                                          0, -1, -2, -3, -4, -6, -8, -12};
 
+/// Q4_0 read as a table format (its nibble q stands for q - 8), so that llama.cpp's repacked order for Q4_0,
+/// IQ4_NL and MXFP4 - one template there - is one template here (kernel_table.h repacked()).
+alignas(16) inline constexpr int8_t kvalues_q4_0[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
 /// 2^(e - 128), the E8M0 exponent e halved, as ggml's GGML_E8M0_TO_FP32_HALF computes it (exact for every e:
 /// e 0 and 1 give the subnormals 2^-128 and 2^-127; e 255 gives 2^127, not NaN).
 inline float e8m0_to_fp32_half(uint8_t e) {

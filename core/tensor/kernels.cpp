@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "core/tensor/blocks.h"
@@ -126,6 +127,12 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::IQ1_S)] = dot_iq1_s_q8_K_ref;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
+  for (auto [t, fn] : {std::pair{GgmlType::Q4_0, &dot_q4_0_q8_0_repacked_ref},
+                       std::pair{GgmlType::IQ4_NL, &dot_iq4_nl_q8_0_repacked_ref},
+                       std::pair{GgmlType::MXFP4, &dot_mxfp4_q8_0_repacked_ref}}) {
+    k.dot_gemv[slot(t)] = fn;  // one order for both
+    k.dot_gemm[slot(t)] = fn;
+  }
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemm_ref;
   k.dot_gemv[slot(GgmlType::Q2_K)] = dot_q2_K_q8_K_gemv_ref;
   k.dot_gemm[slot(GgmlType::Q2_K)] = dot_q2_K_q8_K_gemm_ref;

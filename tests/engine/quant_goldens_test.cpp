@@ -7,9 +7,9 @@
 //   - free-running greedy decoding reproduces the golden ids (up to a position whose top-1 margin is below
 //     2e-4; none is in these goldens, so every id).
 // The goldens are llama.cpp de3ff81 via tests/reference/golden.mjs (make_goldens.py regenerates them). The
-// tolerance is 1e-4 for MXFP4 / IQ2_XXS and 5e-2 for IQ4_NL / IQ4_XS, whose models deviate up to 2.7e-2
+// tolerance is 1e-4 for MXFP4 / IQ2_XXS / IQ4_NL and 5e-2 for IQ4_XS, whose models deviate up to 2.7e-2
 // though our kernels give llama.cpp's bits (iq4_llama_cpp_test); make_goldens.py and docs/performance.md say
-// what is known of why (the same model in Q4_0 deviates 3.2e-2).
+// what is known of why.
 #include <gtest/gtest.h>
 
 #include <algorithm>

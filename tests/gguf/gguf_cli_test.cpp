@@ -1,8 +1,6 @@
 // `car gguf inspect` / `car gguf synth` end to end, through the built binary (skipped when it is absent).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,33 +17,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct CliRun {
-  int exit_code;
-  std::string out;
-  std::string err;
-};
+using CliRun = car::testing::CommandResult;
+using car::testing::car_binary;
 
-const fs::path& car_binary() {
-  static const fs::path p = fs::path(CAR_BINARY_DIR) / "tools" / "car";
-  return p;
-}
-
+/// Runs this build's car with `args`, standard error captured through a file in `tmp`.
 CliRun run(const std::string& args, const car::testing::TempDir& tmp) {
-  const fs::path err_file = tmp / "stderr.txt";
-  const std::string cmd = car_binary().string() + " " + args + " 2>" + err_file.string();
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while (p != nullptr && (n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = p != nullptr ? pclose(p) : -1;
-  std::string err;
-  if (FILE* e = std::fopen(err_file.c_str(), "r")) {
-    while ((n = std::fread(buf, 1, sizeof buf, e)) > 0) err.append(buf, n);
-    std::fclose(e);
-  }
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
+  return car::testing::run_shell(car_binary().string() + " " + args, tmp);
 }
 
 class GgufCli : public ::testing::Test {
