@@ -3,9 +3,6 @@
 // with the experts resident and streamed, the same tokens and logprobs.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -13,27 +10,11 @@
 
 namespace {
 
-struct Output {
-  int status = -1;
-  std::string out;
-};
+using car::testing::CommandResult;
+using car::testing::run_car;
 
-/// Run the car binary with `args` (a shell-quoted string), capturing stdout; stderr is discarded.
-Output car(const std::string& args) {
-  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>/dev/null";
-  Output o;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.out.append(buf, n);
-  const int st = pclose(p);
-  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
-}
-
-nlohmann::json parse(const Output& o) {
-  EXPECT_EQ(o.status, 0) << o.out;
+nlohmann::json parse(const CommandResult& o) {
+  EXPECT_EQ(o.exit_code, 0) << o.out;
   return nlohmann::json::parse(o.out, nullptr, false);
 }
 
@@ -42,10 +23,10 @@ class GptOssCli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new car::testing::TempDir();
     path_ = (dir_->path() / "gpt-oss.gguf").string();
-    ASSERT_EQ(car("gguf synth --arch gpt-oss --layers 2 --embd 64 --ff 64 --ff-expert 64 --heads 4 --kv-heads 2 "
+    ASSERT_EQ(run_car("gguf synth --arch gpt-oss --layers 2 --embd 64 --ff 64 --ff-expert 64 --heads 4 --kv-heads 2 "
                   "--head-dim 16 --experts 8 --experts-used 2 --vocab 300 --ctx 256 --sliding-window 4 "
                   "--type mxfp4_moe --seed 5 -o " + path_)
-                  .status,
+                  .exit_code,
               0);
   }
   static void TearDownTestSuite() {
@@ -59,7 +40,7 @@ car::testing::TempDir* GptOssCli::dir_ = nullptr;
 std::string GptOssCli::path_;
 
 TEST_F(GptOssCli, InspectAndShowNameTheArchitecture) {
-  const auto ins = parse(car("gguf inspect " + path_ + " --json"));
+  const auto ins = parse(run_car("gguf inspect " + path_ + " --json"));
   const auto& md = ins.at("metadata");
   EXPECT_EQ(md.at("general.architecture"), "gpt-oss");
   EXPECT_EQ(md.at("gpt-oss.attention.sliding_window"), 4);
@@ -70,17 +51,17 @@ TEST_F(GptOssCli, InspectAndShowNameTheArchitecture) {
   bool mxfp4_bank = false;
   for (const auto& b : ins.at("expert_banks")) mxfp4_bank = mxfp4_bank || b.at("type") == "MXFP4";
   EXPECT_TRUE(mxfp4_bank);
-  const auto show = parse(car("show " + path_ + " --json"));
+  const auto show = parse(run_car("show " + path_ + " --json"));
   EXPECT_EQ(show.at("architecture"), "gpt-oss");
   EXPECT_EQ(show.at("expert_count"), 8);
-  const auto human = car("show " + path_);
+  const auto human = run_car("show " + path_);
   EXPECT_NE(human.out.find("architecture    gpt-oss"), std::string::npos) << human.out;
 }
 
 TEST_F(GptOssCli, RunGeneratesTheSameResidentAndStreamed) {
   const std::string args = " --prompt-ids 1,5,7,9,11,13,15 -n 8 --temperature 0 --top-logprobs 2 --threads 1 --json";
-  const auto resident = parse(car("run " + path_ + args + " --stream-experts off"));
-  const auto streamed = parse(car("run " + path_ + args + " --stream-experts on --expert-ram-gb 0.0001"));
+  const auto resident = parse(run_car("run " + path_ + args + " --stream-experts off"));
+  const auto streamed = parse(run_car("run " + path_ + args + " --stream-experts on --expert-ram-gb 0.0001"));
   EXPECT_EQ(resident.at("experts").at("mode"), "resident");
   EXPECT_EQ(streamed.at("experts").at("mode"), "streamed");
   ASSERT_EQ(resident.at("tokens").size(), 8u);
