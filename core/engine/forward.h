@@ -7,10 +7,14 @@
 //     q, k, v = h Wq + bq, h Wk + bk, h Wv + bv             (biases when the file has them: qwen2;
 //                                                           qk_norm archs: per-head rms_norm of q, k)
 //     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16
-//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv)
+//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
+//                                                           a sliding-window layer reads only the keys at
+//                                                           pos - p' < window (KvCache::first_visible)
+//                                                           gpt-oss: each head's sink logit joins its softmax; + bo
 //     h = rms_norm(x) * ffn_norm
 //     x += dense: (silu(h Wgate) * (h Wup)) Wdown
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)
+//                 gpt-oss: router / expert biases, weights = softmax of the top-k logits, swiglu_oai
 //                 + sigmoid(h . w_gate_shexp) * shared_expert(h)   (qwen2moe: a resident dense SwiGLU FFN)
 //   logits = (rms_norm(x) * output_norm) Wout (+ output bias when the file has one)
 //
@@ -116,8 +120,13 @@ class ForwardPass {
   Result<void> moe_ffn_token(int64_t il);
   /// proj_ rows += sigmoid-gated shared expert of xn_'s n rows (layers with has_shexp).
   void shared_expert(int64_t il, int64_t n);
-  /// The products of the experts active_[first, first + count), whose leases are leases_[0, count).
-  void run_experts(size_t first, size_t count);
+  /// The products of layer il's experts active_[first, first + count), whose leases are leases_[0, count).
+  void run_experts(int64_t il, size_t first, size_t count);
+  /// router_ rows = layer il's router logits of xn_'s n rows (+ its bias); sel_ids_ / sel_w_ = each row's
+  /// experts and weights by the architecture's gating (probs_ scratch).
+  void route(int64_t il, int64_t n);
+  /// The routed experts' activation over gate_ / up_ [0, count): glu() or gpt-oss's swiglu_oai.
+  void expert_glu(int64_t count);
   /// Guess MoE layer il's experts from x_'s n rows and prefetch them (uses router/selection scratch and xn_).
   void prefetch_layer(int64_t il, int64_t n);
   /// proj_ rows = the sum of each row's weighted slot outputs, in selection order.

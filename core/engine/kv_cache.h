@@ -5,6 +5,10 @@
 // head's keys for positions 0..n-1 are contiguous for the attention loop. `n_past()` positions are valid;
 // the forward pass writes positions [n_past, n_past + n) and then advances. Owns its memory (allocated once).
 //
+// Sliding-window layers (window(layer) > 0): a query at position p sees only the keys at positions p' with
+// p - p' < window (llama.cpp's LLAMA_SWA_TYPE_STANDARD mask), so it attends [first_visible(layer, p), p].
+// Every position is still stored (a prefix stays reusable whatever the window); only what is read changes.
+//
 // Thread safety: none; one sequence is evaluated by one caller at a time (the forward pass may write
 // different heads from different threads).
 #pragma once
@@ -17,7 +21,9 @@ namespace car::engine {
 
 class KvCache {
  public:
-  KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_head_kv, int64_t head_dim_k, int64_t head_dim_v);
+  /// `windows`: one sliding-window size per layer (0 = global attention), or empty = every layer global.
+  KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_head_kv, int64_t head_dim_k, int64_t head_dim_v,
+          std::vector<int64_t> windows = {});
 
   int64_t n_layer() const { return n_layer_; }
   int64_t n_ctx() const { return n_ctx_; }
@@ -27,6 +33,14 @@ class KvCache {
   void clear() { n_past_ = 0; }
   /// Mark n more positions as written.
   void advance(int64_t n);
+
+  /// The sliding window of `layer` (0 = global).
+  int64_t window(int64_t layer) const { return windows_.empty() ? 0 : windows_[static_cast<size_t>(layer)]; }
+  /// The first position a query at `pos` attends in `layer`: max(0, pos - window + 1), or 0 when global.
+  int64_t first_visible(int64_t layer, int64_t pos) const {
+    const int64_t w = window(layer);
+    return w > 0 && pos >= w ? pos - w + 1 : 0;
+  }
 
   /// Keys of (layer, kv head): n_ctx rows of head_dim_k.
   uint16_t* k(int64_t layer, int64_t head) { return k_.data() + offset_k(layer, head); }
@@ -46,6 +60,7 @@ class KvCache {
 
   int64_t n_layer_, n_ctx_, n_head_kv_, dk_, dv_;
   int64_t n_past_ = 0;
+  std::vector<int64_t> windows_;  // n_layer entries, or empty (all global)
   std::vector<uint16_t> k_;  // [n_layer][n_head_kv][n_ctx][dk]
   std::vector<uint16_t> v_;  // [n_layer][n_head_kv][n_ctx][dv]
 };

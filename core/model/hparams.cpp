@@ -66,6 +66,16 @@ class KeyReader {
 
 }  // namespace
 
+void set_swa_pattern(Hparams& h, int64_t n_swa, int64_t pattern, bool dense_first) {
+  h.swa_window.clear();
+  if (n_swa <= 0) return;
+  h.swa_window.resize(static_cast<size_t>(h.n_layer), 0);
+  for (int64_t il = 0; il < h.n_layer; ++il) {
+    const bool windowed = pattern == 0 || (dense_first ? il % pattern != 0 : il % pattern < pattern - 1);
+    h.swa_window[static_cast<size_t>(il)] = windowed ? n_swa : 0;
+  }
+}
+
 Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   Hparams h;
   auto arch = file.get_string("general.architecture");
@@ -113,19 +123,40 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   if (base <= 1) return load_error("model key " + kr.key("rope.freq_base") + " = " + std::to_string(base) + ": must be > 1");
   h.rope_freq_base = static_cast<float>(base);
 
-  // Rope scaling: none and linear are computed; anything else would silently change the model's output.
+  // Rope scaling: none, linear and yarn are computed; anything else would silently change the model's output.
   std::string scaling;
-  CAR_TRY_ASSIGN(scaling, kr.string_or("rope.scaling.type", "none"));
+  CAR_TRY_ASSIGN(scaling, kr.string_or("rope.scaling.type", "linear"));  // llama.cpp's default when absent
   double factor = 0;
   CAR_TRY_ASSIGN(factor, kr.real_or("rope.scaling.factor", 0.0));
   if (factor == 0) CAR_TRY_ASSIGN(factor, kr.real_or("rope.scale_linear", 0.0));
-  // llama.cpp applies 1 / factor as the frequency scale whatever the (supported) type says.
-  if (scaling != "none" && !scaling.empty() && scaling != "linear") {
+  // llama.cpp applies 1 / factor as the frequency scale for linear and yarn, and none for "none".
+  if (scaling != "none" && !scaling.empty() && scaling != "linear" && scaling != "yarn") {
     return load_error("model key " + kr.key("rope.scaling.type") + " = '" + scaling +
-                      "': unsupported rope scaling (supported: none, linear)");
+                      "': unsupported rope scaling (supported: none, linear, yarn)");
   }
   if (factor < 0) return load_error("model key " + kr.key("rope.scaling.factor") + " is negative");
   h.rope_freq_scale = factor == 0 ? 1.0f : static_cast<float>(1.0 / factor);
+  if (scaling == "none") h.rope_freq_scale = 1.0f;  // llama.cpp: "never scale if scaling type is none"
+  double attn_factor = 1.0;
+  CAR_TRY_ASSIGN(attn_factor, kr.real_or("rope.scaling.attn_factor", 1.0));
+  if (attn_factor <= 0) return load_error("model key " + kr.key("rope.scaling.attn_factor") + " must be > 0");
+  CAR_TRY_ASSIGN(h.yarn.n_ctx_orig, kr.dim_or("rope.scaling.original_context_length", h.n_ctx_train));
+  if (h.yarn.n_ctx_orig == 0) h.yarn.n_ctx_orig = h.n_ctx_train;
+  if (scaling == "yarn") {
+    // llama_context's constructor: ext_factor 1; attn_factor = mscale(f) / (1 + 0.1 ln f), in float.
+    h.yarn.ext_factor = 1.0f;
+    const float f = 1.0f / h.rope_freq_scale;
+    float mscale = f <= 1.0f ? 1.0f : 0.1f * 1.0f * std::log(f) + 1.0f;
+    mscale *= 1.0f / (1.0f + 0.1f * std::log(f));
+    h.yarn.attn_factor = mscale;
+  }
+  h.yarn.attn_factor *= static_cast<float>(attn_factor);
+
+  if (t.swa_pattern > 0) {
+    int64_t n_swa = 0;
+    CAR_TRY_ASSIGN(n_swa, kr.dim_or("attention.sliding_window", 0));
+    set_swa_pattern(h, n_swa, t.swa_pattern);
+  }
 
   CAR_TRY_ASSIGN(h.n_expert, kr.dim_or("expert_count", 0));
   CAR_TRY_ASSIGN(h.n_expert_used, kr.dim_or("expert_used_count", 0));

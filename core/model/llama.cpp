@@ -18,18 +18,25 @@ const ArchTraits& llama_traits() {
       .qkv_bias = false,
       .shared_expert = false,
       .shared_expert_ff_key = {},
+      .ffn_norm_name = "ffn_norm",
+      .attn_sinks = false,
+      .expert_gating = ExpertGating::softmax,
+      .expert_activation = ExpertActivation::swiglu,
+      .moe_biases = false,
+      .swa_pattern = 0,
   };
   return traits;
 }
 
 const ArchTraits* find_arch(std::string_view name) {
   for (const ArchTraits* t :
-       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits()}) {
+       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits(),
+        &gpt_oss_traits()}) {
     if (t->name == name) return t;
   }
   return nullptr;
 }
 
-std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe"; }
+std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss"; }
 
 }  // namespace car::model

@@ -24,6 +24,12 @@ const ArchTraits& qwen2moe_traits() {
       .qkv_bias = true,
       .shared_expert = true,
       .shared_expert_ff_key = "expert_shared_feed_forward_length",
+      .ffn_norm_name = "ffn_norm",
+      .attn_sinks = false,
+      .expert_gating = ExpertGating::softmax,
+      .expert_activation = ExpertActivation::swiglu,
+      .moe_biases = false,
+      .swa_pattern = 0,
   };
   return traits;
 }

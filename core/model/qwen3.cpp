@@ -17,6 +17,12 @@ const ArchTraits& qwen3_traits() {
       .qkv_bias = false,
       .shared_expert = false,
       .shared_expert_ff_key = {},
+      .ffn_norm_name = "ffn_norm",
+      .attn_sinks = false,
+      .expert_gating = ExpertGating::softmax,
+      .expert_activation = ExpertActivation::swiglu,
+      .moe_biases = false,
+      .swa_pattern = 0,
   };
   return traits;
 }

@@ -42,9 +42,9 @@ using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrow
                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                                 const uint8_t* gemm);
 
-/// attend_head (kernels.h).
+/// attend_head (kernels.h); `sink` is the head's attention sink logit or kNoSink.
 using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
-                          int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                          int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
 
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
@@ -72,7 +72,7 @@ struct DotKernels {
 
 /// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                      float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                      float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
 
 /// Does llama.cpp's CPU backend (x86, AVX2 or better) hold this matrix repacked (ggml-cpu repack.cpp,
 /// ggml_repack_get_optimal_repack_type)? Q4_K weights whose row count is a multiple of 8 become

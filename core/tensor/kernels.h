@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "core/gguf/ggml_type.h"
@@ -116,15 +117,21 @@ float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n,
 
 // ---- Attention over an fp16 KV cache (the engine's attention step; see core/engine/ops.h for its order). ----
 
+/// No attention sink (attend_head's `sink` for every architecture but gpt-oss).
+inline constexpr float kNoSink = -std::numeric_limits<float>::infinity();
+
 /// Attention of one query head over `n_kv` cached positions, with the current ISA's kernel. k: n_kv rows of
 /// dk fp16 values (row stride dk), v: n_kv rows of dv fp16 values. out: dv floats. q16 (dk) and acc16 (dv)
-/// are scratch.
+/// are scratch. `sink` (gpt-oss's attn_sinks, one logit per head) joins the softmax's denominator without a
+/// value, as ggml's flash attention applies it after the last key; kNoSink = none (and the arithmetic of a
+/// head without one is unchanged).
 void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                 float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                 float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink = kNoSink);
 
 /// The scalar version of attend_head (the scalar table's kernel and the test oracle for the SIMD one).
 void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
-                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16,
+                        float sink = kNoSink);
 
 /// dot(x, y) of fp16 vectors in the order of ggml's AVX-512 ggml_vec_dot_f16 (llama.cpp's Q.K product): each
 /// whole chunk of 64 elements into four 16-lane float accumulators by FMA, the accumulators reduced pairwise

@@ -166,6 +166,9 @@ synth::SynthSpec spec_from(const json& j, const std::optional<std::filesystem::p
     else if (key == "n_vocab") s.n_vocab = v.get<uint32_t>();
     else if (key == "n_ctx") s.n_ctx = v.get<uint32_t>();
     else if (key == "seed") s.seed = v.get<uint64_t>();
+    else if (key == "sliding_window") s.sliding_window = v.get<uint32_t>();
+    else if (key == "rope_scaling_factor") s.rope_scaling_factor = v.get<float>();
+    else if (key == "rope_orig_ctx") s.rope_orig_ctx = v.get<uint32_t>();
     else ADD_FAILURE() << "unknown synth spec field " << key;
   }
   return s;

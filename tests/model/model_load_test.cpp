@@ -119,7 +119,7 @@ TEST_F(ModelLoadTest, InconsistentValuesAreNamed) {
                "llama.attention.head_count_kv");
   expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.rope.dimension_count", 7); }),
                "llama.rope.dimension_count");
-  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); }),
+  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_string("llama.rope.scaling.type", "longrope"); }),
                "llama.rope.scaling.type");
   expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_string("general.architecture", "gpt2"); }), "gpt2");
   // A shape that no longer matches the hyperparameters names the tensor.
