@@ -107,18 +107,24 @@ struct CommandResult {
   std::string err;
 };
 
-/// Runs `cmd` with /bin/sh (so it may redirect its own standard input), capturing standard output and,
-/// through a file in `tmp`, standard error.
-inline CommandResult run_shell(const std::string& cmd, const TempDir& tmp) {
-  const std::filesystem::path err_file = tmp / "stderr.txt";
+/// Runs `cmd` with /bin/sh, capturing standard output; standard error goes where `cmd` sends it.
+inline CommandResult run_shell_stdout(const std::string& cmd) {
   CommandResult r;
-  FILE* p = ::popen(("(" + cmd + ") 2>'" + err_file.string() + "'").c_str(), "r");
+  FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+/// Runs `cmd` with /bin/sh (so it may redirect its own standard input), capturing standard output and,
+/// through a file in `tmp`, standard error.
+inline CommandResult run_shell(const std::string& cmd, const TempDir& tmp) {
+  const std::filesystem::path err_file = tmp / "stderr.txt";
+  CommandResult r = run_shell_stdout("(" + cmd + ") 2>'" + err_file.string() + "'");
   r.err = read_fixture(err_file).value_or("");
   return r;
 }
@@ -126,6 +132,12 @@ inline CommandResult run_shell(const std::string& cmd, const TempDir& tmp) {
 /// The `car` binary of this build tree (tests that run it skip when it is not built).
 inline std::filesystem::path car_binary() {
   return std::filesystem::path(CAR_BINARY_DIR) / "tools" / "car";
+}
+
+/// Runs this build's `car` with `args` (a shell-quoted string), capturing standard output; standard error
+/// is discarded.
+inline CommandResult run_car(const std::string& args) {
+  return run_shell_stdout(car_binary().string() + " " + args + " 2>/dev/null");
 }
 
 }  // namespace car::testing

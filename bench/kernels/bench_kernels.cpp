@@ -368,7 +368,9 @@ void register_all(bool big) {
     if (kib < (64 << 10)) continue;  // DRAM-sized only: the point is the bandwidth ratio
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                        GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
-                       GgmlType::IQ2_XXS, GgmlType::IQ1_S}) {
+                       GgmlType::IQ2_XXS, GgmlType::IQ1_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+                       GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ1_M, GgmlType::TQ1_0,
+                       GgmlType::TQ2_0}) {
       for (int threads : {1, 2}) {
         const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) + "/" +
                                  name_size(kib) + "/t" + std::to_string(threads);
@@ -417,7 +419,9 @@ void register_all(bool big) {
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                             GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                             GgmlType::F16,  GgmlType::BF16, GgmlType::F32,  GgmlType::IQ4_NL,
-                            GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ2_XXS, GgmlType::IQ1_S};
+                            GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ2_XXS, GgmlType::IQ1_S,
+                            GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS, GgmlType::IQ2_S,
+                            GgmlType::IQ1_M, GgmlType::TQ1_0, GgmlType::TQ2_0};
   for (GgmlType t : types) {
     // Q4_K twice: the repacked gemv order (rows % 8 == 0, as in models) and the vec_dot order.
     for (bool vec_dot_order : {false, true}) {

@@ -31,6 +31,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   rope_.freq_scale = hp_.rope_freq_scale;
   rope_.type = hp_.rope_type;
   rope_.freq_factors = model_->rope_freq_factors();
+  rope_.yarn = hp_.yarn;
   rope_swa_ = rope_;
   if (hp_.rope_freq_base_swa > 0.0f) {
     rope_swa_.freq_base = hp_.rope_freq_base_swa;
@@ -280,17 +281,14 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
 void ForwardPass::prefetch_layer(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t E = hp_.n_embd;
-  const int64_t NE = hp_.n_expert;
   const int64_t K = hp_.n_expert_used;
   // The router's input will be rms_norm(x + attention(x)) * ffn_norm; x itself is a cheap, usually close,
   // stand-in available before the attention runs. xn_ and the router scratch are recomputed before use.
   for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.ffn_norm, xn_.data() + i * E, E, hp_.rms_eps);
-  mm_rows(L.ffn_gate_inp, xn_.data(), n, router_.data());
+  route(il, n);
   std::fill(guessed_.begin(), guessed_.end(), uint8_t{0});
   guess_.clear();
   for (int64_t i = 0; i < n; ++i) {
-    select_experts(router_.data() + i * NE, NE, K, hp_.traits->moe_norm_weights, probs_.data() + i * NE,
-                   sel_ids_.data() + i * K, sel_w_.data() + i * K);
     for (int64_t j = 0; j < K; ++j) {
       const int32_t e = sel_ids_[sz(i * K + j)];
       if (guessed_[sz(e)] == 0) {
@@ -357,6 +355,7 @@ void ForwardPass::attention(int64_t il, int64_t n) {
 
   const float scale = hp_.attn_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t group = n_head / n_kv_head;
+  const float* sinks = L.attn_sinks;  // gpt-oss: one logit per head in the softmax's denominator
   auto task = [&](int64_t begin, int64_t end) {
     std::array<uint16_t, kMaxHeadDim> q16;
     std::array<uint16_t, kMaxHeadDim> acc16;
@@ -371,17 +370,20 @@ void ForwardPass::attention(int64_t il, int64_t n) {
       const int64_t first = ckv.first_visible(il, pos);
       const float* qh = q_.data() + i * hp_.q_dim() + h * dk;
       float* out = attn_.data() + i * hp_.attn_out_dim() + h * dv;
-      if (hp_.attn_logit_softcap > 0.0f) {  // gemma2: the cap sits inside the softmax
+      if (hp_.attn_logit_softcap > 0.0f) {  // gemma2: the cap sits inside the softmax (no sinks there)
         attend_head_softcap(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv,
                             scale, hp_.attn_logit_softcap, out, q16.data(), acc16.data());
       } else {
         attend_head(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv, scale,
-                    out, q16.data(), acc16.data());
+                    out, q16.data(), acc16.data(), sinks != nullptr ? sinks[h] : tensor::kNoSink);
       }
     }
   };
   parallel(n * n_head, 1, task);
   mm_rows(L.wo, attn_.data(), n, proj_.data());
+  if (L.o_bias != nullptr) {
+    for (int64_t i = 0; i < n; ++i) add_bias(proj_.data() + i * E, L.o_bias, E);
+  }
   post_norm(L.attn_post_norm, n);
 }
 
@@ -411,14 +413,8 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t NE = hp_.n_expert;
   const int64_t K = hp_.n_expert_used;
-  const bool normalize = hp_.traits->moe_norm_weights;
 
-  // Route: the router (F32 weights: the input is not rounded) and the top-k experts and weights per row.
-  mm_rows(L.ffn_gate_inp, xn_.data(), n, router_.data());
-  for (int64_t i = 0; i < n; ++i) {
-    select_experts(router_.data() + i * NE, NE, K, normalize, probs_.data() + i * NE, sel_ids_.data() + i * K,
-                   sel_w_.data() + i * K);
-  }
+  route(il, n);
   if (n == 1) {
     if (Result<void> r = moe_ffn_token(il); !r) return r;
     if (L.has_shexp) shared_expert(il, 1);
@@ -445,7 +441,7 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
                                             std::span<const int32_t>(active_.data() + first, count), leases_);
     if (!r) return r;
     CAR_CHECK(leases_.size() == count);
-    run_experts(first, count);
+    run_experts(il, first, count);
     leases_.clear();
   }
 
@@ -453,6 +449,35 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   sum_slots(n);
   if (L.has_shexp) shared_expert(il, n);
   return {};
+}
+
+void ForwardPass::route(int64_t il, int64_t n) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  const int64_t NE = hp_.n_expert;
+  const int64_t K = hp_.n_expert_used;
+  // The router (F32 weights: the input is not rounded), its bias when it has one (gpt-oss), and the top-k
+  // experts and their weights per row as the architecture's gating computes them.
+  mm_rows(L.ffn_gate_inp, xn_.data(), n, router_.data());
+  for (int64_t i = 0; i < n; ++i) {
+    if (L.ffn_gate_inp_bias != nullptr) add_bias(router_.data() + i * NE, L.ffn_gate_inp_bias, NE);
+    select_experts(router_.data() + i * NE, NE, K, hp_.traits->moe_norm_weights, probs_.data() + i * NE,
+                   sel_ids_.data() + i * K, sel_w_.data() + i * K, hp_.traits->expert_gating);
+  }
+}
+
+void ForwardPass::expert_glu(int64_t count) {
+  if (hp_.traits->expert_activation == model::ExpertActivation::swiglu) {
+    glu(count);
+    return;
+  }
+  float* g = gate_.data();
+  const float* u = up_.data();
+  if (pool_ == nullptr || pool_->size() == 1 || count < kMinParallelGlu) {
+    swiglu_oai(g, u, g, count);
+    return;
+  }
+  pool_->parallel_for_shares(count, kGluGrain, 0,
+                             [&](int64_t b, int64_t e) { swiglu_oai(g + b, u + b, g + b, e - b); });
 }
 
 void ForwardPass::shared_expert(int64_t il, int64_t n) {
@@ -487,7 +512,8 @@ void ForwardPass::shared_expert(int64_t il, int64_t n) {
   }
 }
 
-void ForwardPass::run_experts(size_t first, size_t count) {
+void ForwardPass::run_experts(int64_t il, size_t first, size_t count) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t E = hp_.n_embd;
   const int64_t K = hp_.n_expert_used;
   const int64_t ff = hp_.n_ff_exp;
@@ -503,8 +529,18 @@ void ForwardPass::run_experts(size_t first, size_t count) {
     const float* xin = xe_.data();
     mm(w.gate, xin, m, gate_.data());
     mm(w.up, xin, m, up_.data());
-    glu(m * ff);
+    if (L.ffn_gate_exps_bias != nullptr) {
+      // Expert biases (gpt-oss): llama.cpp's ggml_add_id after each product, expert e's row to its rows.
+      for (int64_t r = 0; r < m; ++r) {
+        add_bias(up_.data() + r * ff, L.ffn_up_exps_bias + e * ff, ff);
+        add_bias(gate_.data() + r * ff, L.ffn_gate_exps_bias + e * ff, ff);
+      }
+    }
+    expert_glu(m * ff);
     mm(w.down, gate_.data(), m, proj_.data());  // proj_ is free until the slots are summed below
+    if (L.ffn_down_exps_bias != nullptr) {
+      for (int64_t r = 0; r < m; ++r) add_bias(proj_.data() + r * E, L.ffn_down_exps_bias + e * E, E);
+    }
     const float* dout = proj_.data();
     for (int64_t r = 0; r < m; ++r) {
       const int32_t a = group_rows_[sz(g0 + r)];
@@ -534,7 +570,15 @@ Result<void> ForwardPass::moe_ffn_token(int64_t il) {
     tasks_.push_back({w.up, xn_.data(), up_.data() + j * ff});
   }
   tensor::matvec_fused(tasks_.data(), tasks_.size(), pool_);
-  glu(K * ff);
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  if (L.ffn_gate_exps_bias != nullptr) {
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = sel_ids_[sz(j)];
+      add_bias(up_.data() + j * ff, L.ffn_up_exps_bias + e * ff, ff);
+      add_bias(gate_.data() + j * ff, L.ffn_gate_exps_bias + e * ff, ff);
+    }
+  }
+  expert_glu(K * ff);
   tasks_.clear();
   for (int64_t j = 0; j < K; ++j) {
     tasks_.push_back({leases_[sz(j)].weights().down, gate_.data() + j * ff, slot_out_.data() + j * E});
@@ -544,6 +588,7 @@ Result<void> ForwardPass::moe_ffn_token(int64_t il) {
   for (int64_t j = 0; j < K; ++j) {
     const float wgt = sel_w_[sz(j)];
     float* dst = slot_out_.data() + j * E;
+    if (L.ffn_down_exps_bias != nullptr) add_bias(dst, L.ffn_down_exps_bias + sel_ids_[sz(j)] * E, E);
     for (int64_t d = 0; d < E; ++d) dst[d] = dst[d] * wgt;
   }
   sum_slots(1);

@@ -8,14 +8,16 @@
 //                                                           qk_norm archs: per-head rms_norm of q, k)
 //     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16   (gemma3's windowed layers: their own RoPE base;
 //                                                           gemma: q *= attn_scale, the kernel's scale 1)
-//     x += post(attention(q, cache) Wo)                     causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
+//     x += post(attention(q, cache) Wo + bo)                causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
 //                                                           a sliding-window layer reads only the keys at
 //                                                           pos - p' < window (KvCache::first_visible);
 //                                                           post = rms_norm * attn_post_norm (gemma), else none;
-//                                                           gemma2: scores soft-capped (attend_head_softcap)
+//                                                           gemma2: scores soft-capped (attend_head_softcap);
+//                                                           gpt-oss: each head's sink logit joins its softmax; + bo
 //     h = rms_norm(x) * ffn_norm
 //     x += dense: post((act(h Wgate) * (h Wup)) Wdown)     act = silu, or gelu (gemma); post: ffn_post_norm
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)
+//                 gpt-oss: router / expert biases, weights = softmax of the top-k logits, swiglu_oai
 //                 + sigmoid(h . w_gate_shexp) * shared_expert(h)   (qwen2moe: a resident dense SwiGLU FFN)
 //   logits = (rms_norm(x) * output_norm) Wout (+ output bias when the file has one)
 //            (then c * tanh(logits / c) with final_logit_softcapping c)
@@ -124,8 +126,13 @@ class ForwardPass {
   Result<void> moe_ffn_token(int64_t il);
   /// proj_ rows += sigmoid-gated shared expert of xn_'s n rows (layers with has_shexp).
   void shared_expert(int64_t il, int64_t n);
-  /// The products of the experts active_[first, first + count), whose leases are leases_[0, count).
-  void run_experts(size_t first, size_t count);
+  /// The products of layer il's experts active_[first, first + count), whose leases are leases_[0, count).
+  void run_experts(int64_t il, size_t first, size_t count);
+  /// router_ rows = layer il's router logits of xn_'s n rows (+ its bias); sel_ids_ / sel_w_ = each row's
+  /// experts and weights by the architecture's gating (probs_ scratch).
+  void route(int64_t il, int64_t n);
+  /// The routed experts' activation over gate_ / up_ [0, count): glu() or gpt-oss's swiglu_oai.
+  void expert_glu(int64_t count);
   /// Guess MoE layer il's experts from x_'s n rows and prefetch them (uses router/selection scratch and xn_).
   void prefetch_layer(int64_t il, int64_t n);
   /// proj_ rows = the sum of each row's weighted slot outputs, in selection order.
@@ -135,7 +142,8 @@ class ForwardPass {
   void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
   /// mm over the step's rows x_ / xn_ / attn_ / gate_ layout: row i in the order gemm_[i] says.
   void mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
-  /// gate_[i] = swiglu(gate_[i], up_[i]) for i in [0, count), on the pool when it is long enough.
+  /// gate_[i] = act(gate_[i], up_[i]) (swiglu, or geglu for FfnAct::gelu) for i in [0, count), on the pool
+  /// when it is long enough.
   void glu(int64_t count);
   /// fn(begin, end) over [0, n) on the pool (inline when there is none).
   void parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn);

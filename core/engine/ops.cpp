@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#include <numbers>
 
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
@@ -24,14 +25,43 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   }
 }
 
+namespace {
+
+// ggml_rope_yarn_corr_dim: the pair index where `n_rot` rotations fit into the original context.
+float yarn_corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
+  return static_cast<float>(n_dims) *
+         std::log(static_cast<float>(n_ctx_orig) / (n_rot * 2 * static_cast<float>(std::numbers::pi))) /
+         (2 * std::log(base));
+}
+
+}  // namespace
+
 void rope_cache(const RopeParams& p, int64_t pos, float* cache) {
   const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
+  const model::RopeYarn& y = p.yarn;
+  float mscale = y.attn_factor;
+  float corr0 = 0.0f;
+  float corr1 = 0.0f;
+  if (y.ext_factor != 0.0f) {
+    // ggml_rope_yarn_corr_dims, and rope_yarn's magnitude correction (the same for every pair).
+    corr0 = std::max(0.0f, std::floor(yarn_corr_dim(p.n_rot, y.n_ctx_orig, y.beta_fast, p.freq_base)));
+    corr1 = std::min(static_cast<float>(p.n_rot - 1),
+                     std::ceil(yarn_corr_dim(p.n_rot, y.n_ctx_orig, y.beta_slow, p.freq_base)));
+    mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+  }
   float theta = static_cast<float>(pos);
   for (int64_t i0 = 0; i0 < p.n_rot; i0 += 2) {
     const float ff = p.freq_factors != nullptr ? p.freq_factors[i0 / 2] : 1.0f;
-    const float t = p.freq_scale * (theta / ff);
-    cache[i0] = std::cos(t);
-    cache[i0 + 1] = std::sin(t);
+    const float extrap = theta / ff;
+    float t = p.freq_scale * extrap;
+    if (y.ext_factor != 0.0f) {
+      // rope_yarn_ramp(corr0, corr1, i0) * ext_factor: 1 below corr0 (extrapolate), 0 above corr1.
+      const float ramp_y = (static_cast<float>(i0 / 2) - corr0) / std::max(0.001f, corr1 - corr0);
+      const float ramp_mix = (1.0f - std::min(1.0f, std::max(0.0f, ramp_y))) * y.ext_factor;
+      t = t * (1.0f - ramp_mix) + extrap * ramp_mix;
+    }
+    cache[i0] = std::cos(t) * mscale;
+    cache[i0 + 1] = std::sin(t) * mscale;
     theta *= theta_scale;
   }
 }
@@ -153,15 +183,25 @@ void attend_head_softcap(const float* q, const uint16_t* k, const uint16_t* v, i
   for (int64_t d = 0; d < dv; ++d) out[d] = tensor::fp16_to_fp32(acc16[d]) * inv;
 }
 
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::min(gate[i], kSwigluOaiLimit);
+    const float y = std::clamp(up[i], -kSwigluOaiLimit, kSwigluOaiLimit);
+    const float glu = x / (1.0f + std::exp(kSwigluOaiAlpha * (-x)));
+    out[i] = glu * (y + 1.0f);
+  }
+}
+
 void to_fp16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = tensor::fp32_to_fp16(x[i]);
 }
 
 void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,
-                    float* weights) {
+                    float* weights, model::ExpertGating gating) {
   CAR_CHECK(k >= 1 && k <= n_expert);
   std::copy(logits, logits + n_expert, probs);
-  softmax(probs, n_expert);
+  const bool topk_softmax = gating == model::ExpertGating::softmax_topk;
+  if (!topk_softmax) softmax(probs, n_expert);
   // Partial selection sort: k is small (2..8). Largest first; equal probabilities keep the lower id first.
   for (int64_t j = 0; j < k; ++j) {
     int32_t best = -1;
@@ -173,6 +213,11 @@ void select_experts(const float* logits, int64_t n_expert, int64_t k, bool norma
     }
     ids[j] = best;
     weights[j] = probs[best];
+  }
+  if (topk_softmax) {
+    // SOFTMAX_WEIGHT: the chosen logits' softmax (ggml_soft_max over the k weights).
+    softmax(weights, k);
+    return;
   }
   if (normalize) {
     double sum = 0.0;

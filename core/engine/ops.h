@@ -3,9 +3,13 @@
 //
 //   rms_norm      y = x * (1 / sqrtf(mean(x^2) + eps)) * w     sum of squares in double (ggml_compute_forward_rms_norm)
 //   rope          rotate pairs by pos * base^(-2i/n_rot) * freq_scale / freq_factor[i]; theta advanced by repeated
-//                 float multiplication as ggml_rope_cache_init does; norm = adjacent pairs, neox = halves
+//                 float multiplication as ggml_rope_cache_init does; norm = adjacent pairs, neox = halves;
+//                 YaRN (ggml's rope_yarn): the angle mixes freq_scale * theta and theta by a ramp over the pairs
+//                 between the correction dims, cos/sin scaled by attn_factor * (1 + 0.1 ln(1/freq_scale))
 //   softmax       expf(x - max) summed in double, scaled by 1 / sum in float (ggml_soft_max_f32)
 //   swiglu        silu(gate) * up, silu(x) = x / (1 + expf(-x))
+//   swiglu_oai    x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1)
+//                 (ggml_compute_forward_swiglu_oai_f32: gpt-oss's experts, alpha 1.702, limit 7)
 //   add_bias      x + b, element by element (ggml_add of a projection's bias)
 //   geglu         gelu(gate) * up with ggml's GELU: 0 below -10, the identity above 10, else the tanh
 //                 approximation 0.5 x (1 + tanhf(sqrt(2/pi) x (1 + 0.044715 x^2))) evaluated at x rounded to
@@ -16,13 +20,15 @@
 //                 accumulator kept in fp16 and rounded after every scale / multiply-add, divided by the sum at
 //                 the end in float
 //   select_experts softmax over the router logits, top-k (largest first, ties to the lower id), the chosen
-//                 probabilities optionally divided by their float sum (clamped below at 2^-14, as llama.cpp)
+//                 probabilities optionally divided by their float sum (clamped below at 2^-14, as llama.cpp);
+//                 or (softmax_topk gating) the top-k of the raw logits and a softmax over those k
 //
 // All functions are pure and reentrant; scratch is caller-provided.
 #pragma once
 
 #include <cstdint>
 
+#include "core/model/architecture.h"
 #include "core/model/hparams.h"
 #include "core/tensor/kernels.h"
 
@@ -38,6 +44,7 @@ struct RopeParams {
   float freq_scale = 1.0f;
   model::RopeType type = model::RopeType::norm;
   const float* freq_factors = nullptr;  ///< n_rot / 2 divisors of theta, or null
+  model::RopeYarn yarn;                 ///< YaRN's terms (ext_factor 0: none)
 };
 
 /// cos/sin of every rotated pair at `pos`: cache[2i] = cos, cache[2i+1] = sin (n_rot floats).
@@ -61,6 +68,11 @@ void geglu(const float* gate, const float* up, float* out, int64_t n);
 
 /// x[i] = cap * tanh(x[i] / cap) in llama.cpp's steps; cap > 0.
 void softcap(float* x, float cap, int64_t n);
+/// gpt-oss's clamped SwiGLU (llama.cpp's build_moe_ffn LLM_FFN_SWIGLU_OAI_MOE constants).
+inline constexpr float kSwigluOaiAlpha = 1.702f;
+inline constexpr float kSwigluOaiLimit = 7.0f;
+/// out[i] = swiglu_oai(gate[i], up[i]) with kSwigluOaiAlpha / kSwigluOaiLimit; out may alias gate or up.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n);
 
 /// Attention of one query head (and its scalar oracle, and the Q.K order it uses): core/tensor's kernels,
 /// dispatched through the kernel table like the matrix products (kernels.h).
@@ -74,9 +86,10 @@ using tensor::dot_f16_ggml;
 void attend_head_softcap(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                          int64_t dv, float scale, float cap, float* out, uint16_t* q16, uint16_t* acc16);
 
-/// Route one token: probs (n_expert scratch, left holding the softmax), ids[k] and weights[k] out.
+/// Route one token: probs (n_expert scratch, left holding the softmax, or the logits for softmax_topk),
+/// ids[k] and weights[k] out. `normalize` applies to softmax gating only.
 void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,
-                    float* weights);
+                    float* weights, model::ExpertGating gating = model::ExpertGating::softmax);
 
 /// Convert n floats to fp16 bit patterns (round to nearest even).
 void to_fp16(const float* x, uint16_t* y, int64_t n);

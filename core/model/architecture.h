@@ -2,11 +2,11 @@
 // pre-norm transformer (embeddings -> N x [RMSNorm, GQA attention, residual, RMSNorm, SwiGLU FFN or MoE,
 // residual] -> RMSNorm -> output projection); everything an architecture changes is a field here, and each
 // architecture defines its traits in its own file (llama.cpp, qwen2.cpp, qwen2moe.cpp, qwen3.cpp,
-// qwen3moe.cpp, gemma2.cpp, gemma3.cpp).
+// qwen3moe.cpp, gemma2.cpp, gemma3.cpp, gpt_oss.cpp).
 //
 // Optional tensors every architecture takes when the file has them (as llama.cpp's shared graph builders
-// do): Q/K/V biases (blk.N.attn_{q,k,v}.bias, added after the projections) and output.bias (added to the
-// logits).
+// do): Q/K/V biases (blk.N.attn_{q,k,v}.bias, added after the projections), the attention output's bias
+// (blk.N.attn_output.bias, added after Wo) and output.bias (added to the logits).
 //
 // Immutable static data; safe to share.
 #pragma once
@@ -22,6 +22,19 @@ namespace car::model {
 enum class FfnAct {
   silu,  ///< SwiGLU: silu(g) = g / (1 + exp(-g))
   gelu,  ///< GEGLU: ggml's GELU (tanh approximation, looked up in its fp16 table; ops.h geglu)
+};
+
+/// How the router's logits become the chosen experts and their weights (llama.cpp's
+/// llama_expert_gating_func_type).
+enum class ExpertGating {
+  softmax,       ///< softmax over all experts, the top k of it (renormalized when moe_norm_weights)
+  softmax_topk,  ///< the top k of the raw logits, then a softmax over those k (gpt-oss: SOFTMAX_WEIGHT)
+};
+
+/// The routed experts' gated activation of gate g and up u (llama.cpp's llm_ffn_op_type).
+enum class ExpertActivation {
+  swiglu,      ///< silu(g) * u
+  swiglu_oai,  ///< gpt-oss: x = min(g, 7), y = clamp(u, -7, 7), x * sigmoid(1.702 x) * (y + 1)
 };
 
 struct ArchTraits {
@@ -55,6 +68,16 @@ struct ArchTraits {
   /// inside the kernel (llama).
   bool scale_query = false;
   int64_t query_scale_embd_layers = 0;
+  /// The norm before the FFN: blk.N.<this>.weight (gpt-oss names it post_attention_norm; same role).
+  std::string_view ffn_norm_name = "ffn_norm";
+  /// Every layer has blk.N.attn_sinks.weight (n_head logits): each head's softmax denominator gains
+  /// exp(sink) with no value (gpt-oss).
+  bool attn_sinks = false;
+  ExpertGating expert_gating = ExpertGating::softmax;
+  ExpertActivation expert_activation = ExpertActivation::swiglu;
+  /// The router and every expert bank have biases (ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias),
+  /// required, added after their products; and the attention output's bias is required (gpt-oss).
+  bool moe_biases = false;
   /// Sliding-window layers as llama.cpp's set_swa_pattern(swa_pattern) (0 = the architecture has none), the
   /// window from <arch>.attention.sliding_window, else swa_default_window (0 = every layer global).
   int64_t swa_pattern = 0;
@@ -76,6 +99,7 @@ const ArchTraits& qwen3_traits();
 const ArchTraits& qwen3moe_traits();
 const ArchTraits& gemma2_traits();
 const ArchTraits& gemma3_traits();
+const ArchTraits& gpt_oss_traits();
 
 /// Traits for a general.architecture value; null when unsupported.
 const ArchTraits* find_arch(std::string_view name);

@@ -125,21 +125,37 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   if (base <= 1) return load_error("model key " + kr.key("rope.freq_base") + " = " + std::to_string(base) + ": must be > 1");
   h.rope_freq_base = static_cast<float>(base);
 
-  // Rope scaling: none and linear are computed; anything else would silently change the model's output.
+  // Rope scaling: none, linear and yarn are computed; anything else would silently change the model's output.
   std::string scaling;
-  CAR_TRY_ASSIGN(scaling, kr.string_or("rope.scaling.type", "none"));
+  CAR_TRY_ASSIGN(scaling, kr.string_or("rope.scaling.type", "linear"));  // llama.cpp's default when absent
   double factor = 0;
   CAR_TRY_ASSIGN(factor, kr.real_or("rope.scaling.factor", 0.0));
   if (factor == 0) CAR_TRY_ASSIGN(factor, kr.real_or("rope.scale_linear", 0.0));
-  // llama.cpp applies 1 / factor as the frequency scale whatever the (supported) type says.
-  if (scaling != "none" && !scaling.empty() && scaling != "linear") {
+  // llama.cpp applies 1 / factor as the frequency scale for linear and yarn, and none for "none".
+  if (scaling != "none" && !scaling.empty() && scaling != "linear" && scaling != "yarn") {
     return load_error("model key " + kr.key("rope.scaling.type") + " = '" + scaling +
-                      "': unsupported rope scaling (supported: none, linear)");
+                      "': unsupported rope scaling (supported: none, linear, yarn)");
   }
   if (factor < 0) return load_error("model key " + kr.key("rope.scaling.factor") + " is negative");
   h.rope_freq_scale = factor == 0 ? 1.0f : static_cast<float>(1.0 / factor);
+  if (scaling == "none") h.rope_freq_scale = 1.0f;  // llama.cpp: "never scale if scaling type is none"
+  double attn_factor = 1.0;
+  CAR_TRY_ASSIGN(attn_factor, kr.real_or("rope.scaling.attn_factor", 1.0));
+  if (attn_factor <= 0) return load_error("model key " + kr.key("rope.scaling.attn_factor") + " must be > 0");
+  CAR_TRY_ASSIGN(h.yarn.n_ctx_orig, kr.dim_or("rope.scaling.original_context_length", h.n_ctx_train));
+  if (h.yarn.n_ctx_orig == 0) h.yarn.n_ctx_orig = h.n_ctx_train;
+  if (scaling == "yarn") {
+    // llama_context's constructor: ext_factor 1; attn_factor = mscale(f) / (1 + 0.1 ln f), in float.
+    h.yarn.ext_factor = 1.0f;
+    const float f = 1.0f / h.rope_freq_scale;
+    float mscale = f <= 1.0f ? 1.0f : 0.1f * 1.0f * std::log(f) + 1.0f;
+    mscale *= 1.0f / (1.0f + 0.1f * std::log(f));
+    h.yarn.attn_factor = mscale;
+  }
+  h.yarn.attn_factor *= static_cast<float>(attn_factor);
 
-  // Sliding-window layers (gemma3) and the other per-architecture numbers of core/model/architecture.h.
+  // Sliding-window layers (gemma2, gemma3, gpt-oss) and the other per-architecture numbers of
+  // core/model/architecture.h.
   if (t.swa_pattern > 0) {
     int64_t n_swa = 0;
     CAR_TRY_ASSIGN(n_swa, kr.dim_or("attention.sliding_window", t.swa_default_window));

@@ -20,6 +20,20 @@ enum class RopeType {
   neox,  ///< halves (x[i], x[i + n_rot/2]) - qwen2, qwen2moe, qwen3, qwen3moe
 };
 
+/// YaRN RoPE scaling (rope.scaling.type = yarn), with the constants llama.cpp derives for it (llama-context.cpp,
+/// ggml's rope_yarn): each rotated pair's angle mixes the interpolated (freq_scale * theta) and the
+/// extrapolated (theta) one by a ramp over the pairs between the correction dims of beta_fast and beta_slow,
+/// and cos/sin are scaled by attn_factor * (1 + 0.1 ln(1 / freq_scale)).
+struct RopeYarn {
+  float ext_factor = 0.0f;   ///< 1 for yarn (llama.cpp's default), 0 = no ramp (plain or linear RoPE)
+  /// cos/sin magnitude before the ramp's own factor: 1, or for yarn (0.1 ln(f) + 1) / (1 + 0.1 ln(f)) for
+  /// f = 1 / freq_scale (llama.cpp cancels its mscale this way); times rope.scaling.attn_factor when given.
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f;   ///< llama.cpp's defaults (gpt-oss's config has the same; the keys are not read)
+  float beta_slow = 1.0f;
+  int64_t n_ctx_orig = 0;    ///< rope.scaling.original_context_length (default context_length)
+};
+
 struct Hparams {
   std::string arch;              ///< general.architecture
   const ArchTraits* traits = nullptr;
@@ -38,7 +52,8 @@ struct Hparams {
   int64_t n_ff_shexp = 0;        ///< the shared expert's FFN width (shared_expert archs; else 0)
   float rms_eps = 1e-5f;         ///< <arch>.attention.layer_norm_rms_epsilon
   float rope_freq_base = 10000.0f;
-  float rope_freq_scale = 1.0f;  ///< 1 / rope.scaling.factor for linear scaling
+  float rope_freq_scale = 1.0f;  ///< 1 / rope.scaling.factor (linear and yarn scaling)
+  RopeYarn yarn;                 ///< YaRN's terms (ext_factor 0 unless rope.scaling.type = yarn)
   int64_t n_rot = 0;             ///< <arch>.rope.dimension_count (default head_dim_k)
   RopeType rope_type = RopeType::norm;
   /// Per layer: the sliding window (a query at p sees keys at p' with p - p' < window; 0 = global), or

@@ -102,11 +102,26 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
   const ArchTraits& traits = *h.traits;
   TensorLoader tl(*m->file_);
 
-  // A norm-like vector: a view when F32, else dequantized into an owned buffer.
-  auto vec = [&](const std::string& name, int64_t n) -> Result<const float*> {
-    auto t = tl.require(name, {n});
+  // A norm-like vector (or `rows` of them, a 2-D bias per expert): a view when F32, else dequantized into an
+  // owned buffer.
+  auto vec = [&](const std::string& name, int64_t n, int64_t rows = 1) -> Result<const float*> {
+    auto t = rows == 1 ? tl.require(name, {n}) : tl.require(name, {n, rows});
     if (!t.ok()) return t.error();
     const gguf::TensorInfo& ti = **t;
+    if (rows > 1) {
+      // The per-row path below, once per row.
+      if (!tensor::can_compute(ti.type) || !ggml_row_bytes(ti.type, static_cast<uint64_t>(n))) {
+        return load_error("tensor " + name + ": type " + std::string(ggml_type_name(ti.type)) + " is not supported for a bias");
+      }
+      const size_t row_bytes = *ggml_row_bytes(ti.type, static_cast<uint64_t>(n));
+      const uint8_t* data = m->file_->tensor_data(ti).data();
+      auto copy = std::make_unique<float[]>(static_cast<size_t>(n * rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        tensor::dequantize_row(ti.type, data + static_cast<size_t>(r) * row_bytes, copy.get() + r * n, n);
+      }
+      m->owned_.push_back(std::move(copy));
+      return m->owned_.back().get();
+    }
     const uint8_t* data = m->file_->tensor_data(ti).data();
     if (ti.type == GgmlType::F32) {
       if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
@@ -162,11 +177,16 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     if (tl.find(blk_bias(il, "attn_q")) != nullptr) CAR_TRY_ASSIGN(L.q_bias, vec(blk_bias(il, "attn_q"), h.q_dim()));
     if (tl.find(blk_bias(il, "attn_k")) != nullptr) CAR_TRY_ASSIGN(L.k_bias, vec(blk_bias(il, "attn_k"), h.k_dim()));
     if (tl.find(blk_bias(il, "attn_v")) != nullptr) CAR_TRY_ASSIGN(L.v_bias, vec(blk_bias(il, "attn_v"), h.v_dim()));
+    if (traits.moe_biases || tl.find(blk_bias(il, "attn_output")) != nullptr) {
+      CAR_TRY_ASSIGN(L.o_bias, vec(blk_bias(il, "attn_output"), h.n_embd));
+    }
+    if (traits.attn_sinks) CAR_TRY_ASSIGN(L.attn_sinks, vec(blk(il, "attn_sinks"), h.n_head));
     if (traits.qk_norm) {
       CAR_TRY_ASSIGN(L.q_norm, vec(blk(il, "attn_q_norm"), h.head_dim_k));
       CAR_TRY_ASSIGN(L.k_norm, vec(blk(il, "attn_k_norm"), h.head_dim_k));
     }
-    CAR_TRY_ASSIGN(L.ffn_norm, vec(blk(il, "ffn_norm"), h.n_embd));
+    const std::string ffn_norm_name(traits.ffn_norm_name);
+    CAR_TRY_ASSIGN(L.ffn_norm, vec(blk(il, ffn_norm_name.c_str()), h.n_embd));
     if (traits.post_norms) {
       CAR_TRY_ASSIGN(L.attn_post_norm, vec(blk(il, "post_attention_norm"), h.n_embd));
       CAR_TRY_ASSIGN(L.ffn_post_norm, vec(blk(il, "post_ffw_norm"), h.n_embd));
@@ -193,6 +213,12 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
       // repacked matrices, the gemv order on every row - so an expert row's result never depends on which
       // other rows (of the batch, or of other sequences) chose the same expert.
       for (tensor::MatrixView* v : {&b.gate_bank, &b.up_bank, &b.down_bank}) v->order = tensor::ProductOrder::mul_mat_id;
+      if (traits.moe_biases) {
+        CAR_TRY_ASSIGN(L.ffn_gate_inp_bias, vec(blk_bias(il, "ffn_gate_inp"), h.n_expert));
+        CAR_TRY_ASSIGN(L.ffn_gate_exps_bias, vec(blk_bias(il, "ffn_gate_exps"), h.n_ff_exp, h.n_expert));
+        CAR_TRY_ASSIGN(L.ffn_up_exps_bias, vec(blk_bias(il, "ffn_up_exps"), h.n_ff_exp, h.n_expert));
+        CAR_TRY_ASSIGN(L.ffn_down_exps_bias, vec(blk_bias(il, "ffn_down_exps"), h.n_embd, h.n_expert));
+      }
       if (traits.shared_expert) {
         // Dense weights (llama.cpp's build_ffn: mul_mat, not mul_mat_id), resident whatever the source.
         L.has_shexp = true;

@@ -29,10 +29,12 @@ struct LayerWeights {
   const float* q_bias = nullptr;      // (n_head * head_dim_k), when the file has attn_q.bias (qwen2, qwen2moe)
   const float* k_bias = nullptr;      // (n_head_kv * head_dim_k), when the file has attn_k.bias
   const float* v_bias = nullptr;      // (n_head_kv * head_dim_v), when the file has attn_v.bias
+  const float* o_bias = nullptr;      // (n_embd), when the file has attn_output.bias (gpt-oss)
+  const float* attn_sinks = nullptr;  // (n_head) attention sink logits, attn_sinks architectures (gpt-oss)
   const float* q_norm = nullptr;      // (head_dim_k), qk_norm architectures only
   const float* k_norm = nullptr;      // (head_dim_k), qk_norm architectures only
   const float* attn_post_norm = nullptr;  // (n_embd), post_norms archs: blk.N.post_attention_norm
-  const float* ffn_norm = nullptr;    // (n_embd)
+  const float* ffn_norm = nullptr;    // (n_embd); the file's blk.N.<traits.ffn_norm_name>.weight
   const float* ffn_post_norm = nullptr;   // (n_embd), post_norms archs: blk.N.post_ffw_norm
   // Dense FFN (is_moe == false)
   tensor::MatrixView ffn_gate;        // (n_ff, n_embd)
@@ -41,6 +43,12 @@ struct LayerWeights {
   // MoE (is_moe == true): the router here, the experts in the ExpertSource (banks in Model::expert_banks())
   bool is_moe = false;
   tensor::MatrixView ffn_gate_inp;    // (n_expert, n_embd), F32 in every known file
+  // Router and expert biases (moe_biases archs: gpt-oss). Resident whatever the expert source: a few KB per
+  // layer, read for the chosen experts' rows only (row e of each is expert e's).
+  const float* ffn_gate_inp_bias = nullptr;   // (n_expert)
+  const float* ffn_gate_exps_bias = nullptr;  // (n_expert, n_ff_exp)
+  const float* ffn_up_exps_bias = nullptr;    // (n_expert, n_ff_exp)
+  const float* ffn_down_exps_bias = nullptr;  // (n_expert, n_embd)
   // Shared expert (shared_expert archs, MoE layers): resident dense weights, run for every row.
   bool has_shexp = false;
   tensor::MatrixView ffn_gate_inp_shexp;  // (1, n_embd): its gate's logit, F32 (a 1-D tensor in the file)

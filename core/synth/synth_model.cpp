@@ -29,9 +29,14 @@ bool is_qwen(const SynthSpec& s) { return is_qwen3(s) || is_qwen2(s); }
 bool is_gemma3(const SynthSpec& s) { return s.arch == "gemma3"; }
 bool is_gemma2(const SynthSpec& s) { return s.arch == "gemma2"; }
 bool is_gemma(const SynthSpec& s) { return is_gemma2(s) || is_gemma3(s); }
+bool is_gpt_oss(const SynthSpec& s) { return s.arch == "gpt-oss"; }
 bool has_shared_expert(const SynthSpec& s) { return s.arch == "qwen2moe"; }
 // Architectures whose expert width has its own key (feed_forward_length is then the dense width).
-bool has_expert_ff_key(const SynthSpec& s) { return s.arch == "qwen3moe" || s.arch == "qwen2moe"; }
+bool has_expert_ff_key(const SynthSpec& s) { return s.arch == "qwen3moe" || s.arch == "qwen2moe" || is_gpt_oss(s); }
+// gpt-oss's defaults where the spec says 0: its released files' sliding window and YaRN terms.
+uint32_t sliding_window(const SynthSpec& s) { return s.sliding_window != 0 ? s.sliding_window : 128; }
+float yarn_factor(const SynthSpec& s) { return s.rope_scaling_factor != 0.0f ? s.rope_scaling_factor : 32.0f; }
+uint32_t yarn_orig_ctx(const SynthSpec& s) { return s.rope_orig_ctx != 0 ? s.rope_orig_ctx : 4096; }
 bool is_moe(const SynthSpec& s) { return s.n_expert > 0; }
 uint32_t head_dim(const SynthSpec& s) { return s.head_dim != 0 ? s.head_dim : s.n_embd / s.n_head; }
 uint32_t expert_ff(const SynthSpec& s) { return s.n_ff_expert != 0 ? s.n_ff_expert : s.n_ff; }
@@ -44,14 +49,16 @@ uint32_t expert_used(const SynthSpec& s) {
 struct WeightScheme {
   GgmlType base = GgmlType::F32;
   bool mix = false;
+  bool mxfp4_moe = false;  // llama-quantize's MXFP4_MOE: expert banks MXFP4, every other matrix Q8_0
   std::optional<uint32_t> file_type;  // general.file_type (llama_ftype), when there is one
 };
 
 Result<WeightScheme> parse_scheme(std::string_view name) {
   std::string lower(name);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "q4_k_m") return WeightScheme{GgmlType::Q4_K, true, 15};
-  if (lower == "q5_k_m") return WeightScheme{GgmlType::Q5_K, true, 17};
+  if (lower == "q4_k_m") return WeightScheme{GgmlType::Q4_K, true, false, 15};
+  if (lower == "q5_k_m") return WeightScheme{GgmlType::Q5_K, true, false, 17};
+  if (lower == "mxfp4_moe") return WeightScheme{GgmlType::MXFP4, false, true, 38};
   auto t = ggml_type_from_name(lower);
   if (!t) {
     return make_error(errc::kBadWeightType,
@@ -74,13 +81,21 @@ Result<WeightScheme> parse_scheme(std::string_view name) {
     case GgmlType::Q5_K: ft = 16; break;
     case GgmlType::Q6_K: ft = 18; break;
     case GgmlType::IQ2_XXS: ft = 19; break;
+    case GgmlType::IQ2_XS: ft = 20; break;
+    case GgmlType::IQ3_XXS: ft = 23; break;
+    case GgmlType::IQ1_S: ft = 24; break;
     case GgmlType::IQ4_NL: ft = 25; break;
+    case GgmlType::IQ3_S: ft = 26; break;
+    case GgmlType::IQ2_S: ft = 28; break;
+    case GgmlType::IQ1_M: ft = 31; break;
+    case GgmlType::TQ1_0: ft = 36; break;
+    case GgmlType::TQ2_0: ft = 37; break;
     case GgmlType::IQ4_XS: ft = 30; break;
     case GgmlType::BF16: ft = 32; break;
     case GgmlType::MXFP4: ft = 38; break;  // llama.cpp's MXFP4_MOE (its only MXFP4 file type)
     default: break;
   }
-  return WeightScheme{*t, false, ft};
+  return WeightScheme{*t, false, false, ft};
 }
 
 bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
@@ -95,7 +110,10 @@ GgmlType fallback_type(GgmlType t) {
     case GgmlType::Q4_K: return GgmlType::Q5_0;
     case GgmlType::Q5_K: return GgmlType::Q5_1;
     case GgmlType::Q6_K: return GgmlType::Q8_0;
-    case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: return GgmlType::IQ4_NL;
+    case GgmlType::TQ1_0: case GgmlType::TQ2_0: return GgmlType::Q4_0;
+    case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S:
+    case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: case GgmlType::IQ1_S: case GgmlType::IQ1_M:
+      return GgmlType::IQ4_NL;
     default: return GgmlType::F16;
   }
 }
@@ -191,7 +209,7 @@ class ModelBuilder {
                    float mean, float stddev) {
     uint64_t n = 1;
     for (uint64_t d : shape) n *= d;
-    auto type = resolve_tensor_type(spec_, role, layer, shape[0]);
+    auto type = resolve_tensor_type(spec_, role, layer, shape[0], shape.size() == 3);
     if (!type) return type.error();
     if (!quantizable(*type)) {
       return make_error(errc::kUnsupportedType, "tensor " + name + ": cannot write " +
@@ -287,16 +305,25 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
     w.set_u32(a + ".attention.value_length", head_dim(s));
   }
   if (!is_gemma(s)) w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's converters omit it
-  if (s.sliding_window != 0) w.set_u32(a + ".attention.sliding_window", s.sliding_window);
+  // gpt-oss writes its window below, with its default.
+  if (is_gemma(s) && s.sliding_window != 0) w.set_u32(a + ".attention.sliding_window", s.sliding_window);
   if (s.final_logit_softcap != 0.0f) w.set_f32(a + ".final_logit_softcapping", s.final_logit_softcap);
   if (s.attn_logit_softcap != 0.0f) w.set_f32(a + ".attn_logit_softcapping", s.attn_logit_softcap);
   if (!is_gemma2(s) || s.rope_freq_base != 0.0f) {
-    w.set_f32(a + ".rope.freq_base", s.rope_freq_base != 0.0f ? s.rope_freq_base : (qwen ? 1e6f : 1e4f));
+    const float default_base = qwen ? 1e6f : is_gpt_oss(s) ? 150000.0f : 1e4f;
+    w.set_f32(a + ".rope.freq_base", s.rope_freq_base != 0.0f ? s.rope_freq_base : default_base);
   }
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps != 0.0f ? s.rms_eps : (qwen ? 1e-6f : 1e-5f));
   if (is_moe(s)) {
     w.set_u32(a + ".expert_count", s.n_expert);
     w.set_u32(a + ".expert_used_count", expert_used(s));
+  }
+  if (is_gpt_oss(s)) {
+    // As llama.cpp's converter writes them (GptOssModel: sliding_window; TextModel: the yarn rope_scaling).
+    w.set_u32(a + ".attention.sliding_window", sliding_window(s));
+    w.set_string(a + ".rope.scaling.type", "yarn");
+    w.set_f32(a + ".rope.scaling.factor", yarn_factor(s));
+    w.set_u32(a + ".rope.scaling.original_context_length", yarn_orig_ctx(s));
   }
   w.set_u32(a + ".vocab_size", s.n_vocab);
   if (scheme.file_type) w.set_u32("general.file_type", *scheme.file_type);
@@ -324,13 +351,16 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
 
 }  // namespace
 
-Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len) {
+Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len,
+                                     bool expert_bank) {
   auto scheme = parse_scheme(spec.weight_type);
   if (!scheme) return scheme.error();
   if (role == TensorRole::norm || role == TensorRole::router) return GgmlType::F32;
   const GgmlType base = scheme->base;
   GgmlType t = base;
-  if (!is_float_type(base)) {
+  if (scheme->mxfp4_moe) {
+    t = expert_bank ? GgmlType::MXFP4 : GgmlType::Q8_0;
+  } else if (!is_float_type(base)) {
     const bool eight_experts = spec.n_expert == 8;
     switch (role) {
       case TensorRole::output: t = base == GgmlType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q6_K; break;
@@ -360,12 +390,16 @@ Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uin
 
 Result<void> validate(const SynthSpec& s) {
   auto bad = [](const std::string& msg) { return make_error(errc::kBadSpec, msg); };
-  if (s.arch != "llama" && !is_qwen(s) && !is_gemma(s)) {
-    return bad("unknown arch '" + s.arch + "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3)");
+  if (s.arch != "llama" && !is_qwen(s) && !is_gemma(s) && !is_gpt_oss(s)) {
+    return bad("unknown arch '" + s.arch +
+               "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, gpt-oss)");
   }
   if (is_gemma(s) && s.n_expert != 0) return bad(s.arch + " is dense");
-  if (!is_gemma(s) && (s.sliding_window != 0 || s.final_logit_softcap != 0.0f)) {
-    return bad("sliding window and final logit soft-capping are gemma2 / gemma3 keys");
+  if (!is_gemma(s) && !is_gpt_oss(s) && s.sliding_window != 0) {
+    return bad("a sliding window is a gemma2 / gemma3 / gpt-oss key (arch " + s.arch + ")");
+  }
+  if (!is_gemma(s) && s.final_logit_softcap != 0.0f) {
+    return bad("final logit soft-capping is a gemma2 / gemma3 key");
   }
   if (!is_gemma2(s) && s.attn_logit_softcap != 0.0f) return bad("attention logit soft-capping is a gemma2 key");
   if (is_gemma2(s) && !s.tied_embeddings) {
@@ -389,6 +423,11 @@ Result<void> validate(const SynthSpec& s) {
   if (s.arch == "qwen3" && s.n_expert != 0) return bad("qwen3 is dense; use qwen3moe for experts");
   if (s.arch == "qwen2moe" && s.n_expert == 0) return bad("qwen2moe needs experts > 0");
   if (s.arch == "qwen2" && s.n_expert != 0) return bad("qwen2 is dense; use qwen2moe for experts");
+  if (is_gpt_oss(s) && s.n_expert == 0) return bad("gpt-oss needs experts > 0");
+  if (!is_gpt_oss(s) && (s.rope_scaling_factor != 0.0f || s.rope_orig_ctx != 0)) {
+    return bad("YaRN terms are gpt-oss's (arch " + s.arch + ")");
+  }
+  if (s.rope_scaling_factor < 0.0f) return bad("rope scaling factor must be >= 0");
   if (is_qwen2(s) && head_dim(s) * s.n_head != s.n_embd) {
     // llama.cpp's qwen2 / qwen2moe take Q and the attention output n_embd wide.
     return bad(s.arch + " needs head dim x heads = n_embd (" + std::to_string(head_dim(s)) + " x " +
@@ -447,18 +486,37 @@ Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
         {p + "attn_v.weight", TensorRole::attn_v, {d, kv_dim}, 0.0f, lin(d)},
         {p + "attn_output.weight", TensorRole::attn_output, {q_dim, d}, 0.0f, lin(q_dim)},
     };
-    if (is_qwen2(s)) {  // 1-D: F32 whatever the weight type (the norm role)
+    if (is_qwen2(s) || is_gpt_oss(s)) {  // 1-D: F32 whatever the weight type (the norm role)
       ts.push_back({p + "attn_q.bias", TensorRole::norm, {q_dim}, 0.0f, 0.5f});
       ts.push_back({p + "attn_k.bias", TensorRole::norm, {kv_dim}, 0.0f, 0.5f});
       ts.push_back({p + "attn_v.bias", TensorRole::norm, {kv_dim}, 0.0f, 0.5f});
+    }
+    if (is_gpt_oss(s)) {
+      // The output bias, and one sink logit per head spread so that it sometimes tops a head's scores.
+      ts.push_back({p + "attn_output.bias", TensorRole::norm, {d}, 0.0f, 0.5f});
+      ts.push_back({p + "attn_sinks.weight", TensorRole::norm, {s.n_head}, 0.0f, 2.0f});
     }
     if (is_qwen3(s) || is_gemma3(s)) {
       ts.push_back({p + "attn_q_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
       ts.push_back({p + "attn_k_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
     }
     if (is_gemma(s)) ts.push_back({p + "post_attention_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
-    ts.push_back({p + "ffn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
-    if (is_moe(s)) {
+    ts.push_back({p + (is_gpt_oss(s) ? "post_attention_norm.weight" : "ffn_norm.weight"), TensorRole::norm, {d},
+                  1.0f, 0.1f});
+    if (is_gpt_oss(s)) {
+      // Router and experts with their biases (F32, 2-D per expert). The gate / up biases are wide enough
+      // (N(0, 3)) that some activations pass swiglu_oai's clamp at 7.
+      const uint64_t ff = expert_ff(s);
+      const uint64_t ne = s.n_expert;
+      ts.push_back({p + "ffn_gate_inp.weight", TensorRole::router, {d, ne}, 0.0f, 0.5f});
+      ts.push_back({p + "ffn_gate_inp.bias", TensorRole::norm, {ne}, 0.0f, 0.5f});
+      ts.push_back({p + "ffn_gate_exps.weight", TensorRole::ffn_gate, {d, ff, ne}, 0.0f, lin(d)});
+      ts.push_back({p + "ffn_gate_exps.bias", TensorRole::norm, {ff, ne}, 0.0f, 3.0f});
+      ts.push_back({p + "ffn_up_exps.weight", TensorRole::ffn_up, {d, ff, ne}, 0.0f, lin(d)});
+      ts.push_back({p + "ffn_up_exps.bias", TensorRole::norm, {ff, ne}, 0.0f, 3.0f});
+      ts.push_back({p + "ffn_down_exps.weight", TensorRole::ffn_down, {ff, d, ne}, 0.0f, lin(ff)});
+      ts.push_back({p + "ffn_down_exps.bias", TensorRole::norm, {d, ne}, 0.0f, 0.5f});
+    } else if (is_moe(s)) {
       const uint64_t ff = expert_ff(s);
       const uint64_t ne = s.n_expert;
       ts.push_back({p + "ffn_gate_inp.weight", TensorRole::router, {d, ne}, 0.0f, 0.5f});
@@ -528,6 +586,13 @@ SynthSpec tiny_spec(std::string_view flavour) {
     s.n_expert_used = 2;
     s.n_ff_expert = 32;
     s.n_ff_shared = 48;
+  } else if (flavour == "gpt-oss") {
+    s.arch = "gpt-oss";
+    s.head_dim = 16;  // q is 64 wide, n_embd 32: as in the released files, Q is not n_embd wide
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.n_ff_expert = 32;
+    s.sliding_window = 4;
   } else if (flavour == "qwen3moe") {
     s.arch = "qwen3moe";
     s.head_dim = 8;

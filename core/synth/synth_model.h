@@ -5,23 +5,28 @@
 // blk.N.ffn_gate_inp.weight and stacked blk.N.ffn_{gate,up,down}_exps.weight), `qwen3` (per-head q/k
 // RMSNorm: attn_q_norm / attn_k_norm), `qwen3moe`, `qwen2` (llama with attn_{q,k,v}.bias, NEOX RoPE) and
 // `qwen2moe` (qwen2's attention; routed experts beside a shared expert: ffn_gate_inp_shexp (1-D) and
-// ffn_{gate,up,down}_shexp, width expert_shared_feed_forward_length) and `gemma3` (per-head q/k norms,
+// ffn_{gate,up,down}_shexp, width expert_shared_feed_forward_length), `gemma3` (per-head q/k norms,
 // post_attention_norm / post_ffw_norm, key/value lengths always written, attention.sliding_window when
 // given, final_logit_softcapping when given, no rope.dimension_count, an SPM vocabulary without a space
 // prefix; norm weights are drawn as the stored 1 + w of Gemma's converter, so 1 + 0.1 N(0, 1) as the
 // others'); `gemma2` the same without the q/k norms and without rope.freq_base unless given (its
 // converter writes neither), with attn_logit_softcapping when given, and always tied (llama.cpp loads no
-// gemma2 output.weight). Key names, tensor names, shapes and
-// order follow the
+// gemma2 output.weight); and `gpt-oss` (attention with Q/K/V/O biases and attn_sinks,
+// post_attention_norm before the MoE, router and expert biases; keys attention.sliding_window and YaRN's
+// rope.scaling.{type,factor,original_context_length}, as llama.cpp's converter writes them). Key names,
+// tensor names, shapes and order follow the
 // llama.cpp-made fixtures in ../shared/conformance/models/. Weights are drawn as those fixtures' were:
 // token_embd N(0, 1), linear weights N(0, 0.5/sqrt(fan_in)), router N(0, 0.5), output N(0, 0.15), norm
 // weights 1 + 0.1 N(0, 1), from a seeded generator: the same spec gives the same bytes. Q/K/V biases are
-// N(0, 0.5), the shared expert's gate vector N(0, 2/sqrt(n_embd)) (so its sigmoid spreads over (0, 1)).
+// N(0, 0.5), the shared expert's gate vector N(0, 2/sqrt(n_embd)) (so its sigmoid spreads over (0, 1));
+// gpt-oss's O / router / down biases N(0, 0.5), its gate / up expert biases N(0, 3) (so swiglu_oai's clamp at
+// 7 is reached) and sinks N(0, 2).
 //
 // Weight types: F32, F16, BF16 always; quantized types through car::tensor::quantize_row when car_tensor is
 // linked and can_quantize() says yes (otherwise an error naming the type). Norms and the router are always
-// F32, and so is every 1-D tensor (biases, the shared expert's gate). `q4_k_m` / `q5_k_m` mix types per
-// tensor like llama-quantize (see resolve_tensor_type).
+// F32, and so is every 1-D tensor (biases, the shared expert's gate) and gpt-oss's per-expert biases.
+// `q4_k_m` / `q5_k_m` mix types per tensor like llama-quantize (see resolve_tensor_type); `mxfp4_moe` is
+// its MXFP4_MOE: expert banks MXFP4, every other matrix Q8_0.
 //
 // The embedded tokenizer (unless `vocab_file` brings a real one) is a SentencePiece (`llama`) vocabulary: <unk>=0, <s>=1, </s>=2 (CONTROL), the
 // 256 byte-fallback tokens <0x00>..<0xFF> (BYTE), then common English pieces with descending scores,
@@ -47,7 +52,8 @@
 namespace car::synth {
 
 struct SynthSpec {
-  std::string arch = "llama";   ///< "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3"
+  /// "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "gpt-oss"
+  std::string arch = "llama";
   uint32_t n_layer = 2;
   uint32_t n_embd = 256;
   uint32_t n_ff = 512;          ///< dense FFN width (qwen3moe: feed_forward_length, unused by the model)
@@ -60,15 +66,18 @@ struct SynthSpec {
   uint32_t n_expert_used = 0;   ///< 0 = min(2, n_expert)
   uint32_t n_vocab = 512;       ///< at least 260 (3 specials + 256 bytes + "▁")
   uint32_t n_ctx = 512;
-  float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen*, gemma3)
-  float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama) / 1e-6 (qwen*, gemma3)
-  uint32_t sliding_window = 0;  ///< gemma2/3: <arch>.attention.sliding_window (0 = not written: gemma3 all
-                                ///< global, gemma2 4096)
+  float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen*, gemma3) / 150000 (gpt-oss)
+  float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama, gpt-oss) / 1e-6 (qwen*, gemma3)
+  uint32_t sliding_window = 0;  ///< gemma2/3, gpt-oss: <arch>.attention.sliding_window (0 = gemma3: not
+                                ///< written, all global; gemma2: not written, 4096; gpt-oss: 128, the
+                                ///< released files')
   float final_logit_softcap = 0.0f;  ///< gemma2/3: <arch>.final_logit_softcapping (0 = not written)
   float attn_logit_softcap = 0.0f;   ///< gemma2: <arch>.attn_logit_softcapping (0 = not written: 50)
+  float rope_scaling_factor = 0.0f;  ///< gpt-oss: YaRN's rope.scaling.factor (0 = 32)
+  uint32_t rope_orig_ctx = 0;   ///< gpt-oss: rope.scaling.original_context_length (0 = 4096)
   bool tied_embeddings = false; ///< no output.weight (the output projection is token_embd)
   uint64_t seed = 1;
-  /// "f32", "f16", "bf16", "q4_k_m", "q5_k_m", or any ggml type name ("q8_0", "q4_0", "q6_k", ...).
+  /// "f32", "f16", "bf16", "q4_k_m", "q5_k_m", "mxfp4_moe", or any ggml type name ("q8_0", "q4_0", "q6_k", ...).
   std::string weight_type = "f32";
   std::string name;             ///< general.name; empty = derived from the shape
   std::string chat_template;    ///< tokenizer.chat_template (Jinja text); empty = the key is not written
@@ -87,10 +96,12 @@ enum class TensorRole { token_embd, output, norm, router, attn_q, attn_k, attn_v
 /// The ggml type of one tensor under `spec.weight_type`: norms and routers F32; mixes pick per role and
 /// layer as llama-quantize does (q4_k_m: Q4_K, with Q6_K for output and, in the "more bits" layers, for
 /// attn_v and ffn_down; q5_k_m the same with Q5_K); rows that are not a multiple of the type's block fall
-/// back as llama.cpp does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS/IQ2_XXS -> IQ4_NL,
-/// others -> F16).
+/// back as llama.cpp does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS and the codebook types
+/// IQ3_XXS/IQ3_S/IQ2_XXS/IQ2_XS/IQ2_S/IQ1_S/IQ1_M -> IQ4_NL, TQ1_0/TQ2_0 -> Q4_0, others -> F16).
+/// `expert_bank`: a stacked 3-D expert tensor (mxfp4_moe gives those MXFP4).
 /// Errors: unknown weight type name.
-Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len);
+Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len,
+                                     bool expert_bank = false);
 
 /// Check a spec (arch known, sizes non-zero and consistent, vocab large enough, weight type known).
 Result<void> validate(const SynthSpec& spec);
@@ -102,8 +113,8 @@ Result<gguf::GgufWriter> build_synth_model(const SynthSpec& spec);
 Result<void> write_synth_model(const SynthSpec& spec, const std::string& path);
 
 /// A very small valid spec per flavour ("llama", "llama-moe", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
-/// "gemma2", "gemma3": seven layers, so some are global, window 4): two layers unless said,
-/// n_embd 32, vocab 300; a few tens of KB. For unit tests and fuzz seeds.
+/// "gemma2", "gemma3": seven layers, so some are global, window 4; "gpt-oss": sliding window 4): two layers
+/// unless said, n_embd 32, vocab 300; a few tens of KB. For unit tests and fuzz seeds.
 SynthSpec tiny_spec(std::string_view flavour);
 
 /// The embedded tokenizer's pieces, scores and token types for a vocabulary of `n_vocab` (>= 260).

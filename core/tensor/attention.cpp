@@ -42,7 +42,7 @@ float dot_f16_ggml(const uint16_t* x, const uint16_t* y, int64_t n) {
 }
 
 void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                        float scale, float* out, uint16_t* q16, uint16_t* acc16) {
+                        float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink) {
   for (int64_t d = 0; d < dk; ++d) q16[d] = fp32_to_fp16(q[d]);
   std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
   float sum = 0.0f;
@@ -59,13 +59,20 @@ void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, in
     }
     sum = sum * ms + vs;
   }
+  if (sink == kNoSink) {
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (int64_t d = 0; d < dv; ++d) out[d] = fp16_to_fp32(acc16[d]) * inv;
+    return;
+  }
+  // The sink scales the float accumulator (after its fp16 conversion), then the sum divides it.
+  const float ms = detail::online_sink_step(sink, mx, sum);
   const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-  for (int64_t d = 0; d < dv; ++d) out[d] = fp16_to_fp32(acc16[d]) * inv;
+  for (int64_t d = 0; d < dv; ++d) out[d] = (fp16_to_fp32(acc16[d]) * ms) * inv;
 }
 
 void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                 float scale, float* out, uint16_t* q16, uint16_t* acc16) {
-  detail::active_kernels().attend(q, k, v, n_kv, dk, dv, scale, out, q16, acc16);
+                 float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink) {
+  detail::active_kernels().attend(q, k, v, n_kv, dk, dv, scale, out, q16, acc16, sink);
 }
 
 }  // namespace car::tensor

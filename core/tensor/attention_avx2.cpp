@@ -17,7 +17,7 @@
 namespace car::tensor::detail {
 
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                      float scale, float* out, uint16_t* q16, uint16_t* acc16) {
+                      float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink) {
   for (int64_t d = 0; d < dk; ++d) q16[d] = fp32_to_fp16(q[d]);
   std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
   const int64_t dk64 = dk & ~int64_t{63};
@@ -76,8 +76,15 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
     }
     sum = sum * ms + vs;
   }
+  if (sink == kNoSink) {
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (int64_t d = 0; d < dv; ++d) out[d] = fp16_to_fp32(acc16[d]) * inv;
+    return;
+  }
+  // The attention sink, as attend_head_scalar applies it (a float scale of the converted accumulator).
+  const float ms = online_sink_step(sink, mx, sum);
   const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-  for (int64_t d = 0; d < dv; ++d) out[d] = fp16_to_fp32(acc16[d]) * inv;
+  for (int64_t d = 0; d < dv; ++d) out[d] = (fp16_to_fp32(acc16[d]) * ms) * inv;
 }
 
 }  // namespace car::tensor::detail

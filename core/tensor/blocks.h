@@ -23,6 +23,27 @@
 //   IQ1_S:           8 groups of 32, group g: qh[g] bits 3l..3l+2 are the high bits of grid index l (low
 //                    byte qs[4g + l]) of elements 8l..8l+7, bits 12..14 the scale s, bit 15 the delta's sign;
 //                    value = d * (2s + 1) * (grid byte (-1, 0, 1) + delta), delta = +-0.125.
+//   IQ3_XXS:         8 groups of 32: qs[8g + k] (k < 8) is the grid index of elements 4k..4k+3 of group g; the
+//                    u32 at qs[64 + 4g] holds the sign codes (bits 7l..7l+6, elements 8l..8l+7, as IQ2_XXS) and
+//                    the scale s (bits 28..31); value = d * (0.5 + s) * 0.5 * grid byte * sign.
+//   IQ3_S:           8 groups of 32: index of elements 4k..4k+3 of group g is qs[8g + k] | bit k of qh[g] << 8;
+//                    bit e % 8 of signs[4g + e / 8] negates element e of the group; scale s is nibble g % 2
+//                    of scales[g / 2]; value = d * (1 + 2s) * grid byte * sign.
+//   IQ2_XS:          8 groups of 32: qs[4g + l] (u16) holds the 9-bit grid index of elements 8l..8l+7 and (bits
+//                    9..15) their sign code; 16-element sub-block scale s = nibble (e / 16) % 2 of scales[g];
+//                    value = d * (0.5 + s) * 0.25 * grid byte * sign.
+//   IQ2_S:           8 groups of 32: index of elements 8l..8l+7 of group g is qs[4g + l] | bits 2l..2l+1 of qh[g]
+//                    << 8; bit j of qs[32 + 4g + l] negates element 8l + j; scales as IQ2_XS.
+//   IQ1_M:           8 groups of 32: index of elements 8l..8l+7 of group g is qs[4g + l] | 3 bits of qh[2g + l / 2]
+//                    (nibble l % 2, bits 0..2) << 8, the nibble's bit 3 the delta sign of those 8; 16-element
+//                    sub-block scale s (3 bits) at bit 6 (g % 2) + 3 (e / 16) of the u16 scales word g / 2; the
+//                    four words' top nibbles form the fp16 super-block scale d; value = d * (2s + 1) * (grid +-
+//                    0.125).
+//   TQ1_0:           ternary, base 3: byte qs[m] (m < 32) holds elements 32n + m (n < 5) as trit n (the value
+//                    t = (byte * 3^n mod 256) * 3 >> 8), qs[32 + m] (m < 16) elements 160 + 16n + m, qh[j] (j < 4)
+//                    elements 240 + 4n + j (n < 4); value = d * (t - 1).
+//   TQ2_0:           element 128 (j / 32) + 32 l + k is bits 2l..2l+1 of qs[j + k] (j in {0, 32}, k < 32) minus 1,
+//                    times d.
 //   IQ4_XS:          8 sub-blocks of 32, each laid out as one IQ4_NL block's 16 bytes (qs[16 * s ...]); 6-bit
 //                    signed sub-block scale s: low 4 bits from scales_l[s / 2] (nibble s % 2), high 2 bits
 //                    from scales_h at bit 2 * s, minus 32.
@@ -158,6 +179,65 @@ struct block_iq1_s {
 };
 static_assert(sizeof(block_iq1_s) == 2 + QK_K / 8 + QK_K / 16, "wrong iq1_s block size/padding");
 inline constexpr float IQ1S_DELTA = 0.125f;
+
+/// 3.0625 bpw codebook format: 4-element grid points (256), IQ2_XXS's sign codes, 4-bit group scales.
+struct block_iq3_xxs {
+  ggml_half d;
+  uint8_t qs[3 * QK_K / 8];  ///< 64 grid indices, then 8 x u32 of sign codes and scale
+};
+static_assert(sizeof(block_iq3_xxs) == 2 + 3 * QK_K / 8, "wrong iq3_xxs block size/padding");
+
+/// 3.4375 bpw codebook format: 4-element grid points (512), free signs, 4-bit group scales.
+struct block_iq3_s {
+  ggml_half d;
+  uint8_t qs[QK_K / 4];      ///< grid index, low 8 bits
+  uint8_t qh[QK_K / 32];     ///< grid index bit 8, one byte per group
+  uint8_t signs[QK_K / 8];   ///< one bit per element
+  uint8_t scales[QK_K / 64]; ///< 4-bit group scales, two per byte
+};
+static_assert(sizeof(block_iq3_s) == 2 + 13 * (QK_K / 32) + QK_K / 64, "wrong iq3_s block size/padding");
+
+/// 2.3125 bpw codebook format: 8-element grid points (512) with sign codes, 4-bit scales per 16 elements.
+struct block_iq2_xs {
+  ggml_half d;
+  uint16_t qs[QK_K / 8];     ///< 9-bit grid index | 7-bit sign code << 9
+  uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq2_xs) == 2 + QK_K / 4 + QK_K / 32, "wrong iq2_xs block size/padding");
+
+/// 2.5625 bpw codebook format: 8-element grid points (1024), free signs, 4-bit scales per 16 elements.
+struct block_iq2_s {
+  ggml_half d;
+  uint8_t qs[QK_K / 4];      ///< 32 grid index low bytes, then 32 sign bytes
+  uint8_t qh[QK_K / 32];     ///< grid index bits 8..9, four per byte
+  uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq2_s) == 2 + QK_K / 4 + QK_K / 16, "wrong iq2_s block size/padding");
+
+/// 1.75 bpw codebook format: IQ1_S's ternary grid, a delta sign per 8 elements, 3-bit scales per 16 elements;
+/// the fp16 super-block scale is spread over the top nibbles of the scale words.
+struct block_iq1_m {
+  uint8_t qs[QK_K / 8];      ///< grid index, low 8 bits
+  uint8_t qh[QK_K / 16];     ///< per 8 elements (a nibble): grid index high 3 bits, delta sign (bit 3)
+  uint8_t scales[QK_K / 32]; ///< 4 x u16: 4 x 3-bit sub-block scales, top nibble a quarter of d
+};
+static_assert(sizeof(block_iq1_m) == QK_K / 8 + QK_K / 16 + QK_K / 32, "wrong iq1_m block size/padding");
+inline constexpr float IQ1M_DELTA = 0.125f;
+
+/// 1.6875 bpw ternary format: 5 trits a byte (4 in qh), one fp16 scale at the end.
+struct block_tq1_0 {
+  uint8_t qs[(QK_K - 4 * QK_K / 64) / 5];  ///< 48 bytes of 5 trits
+  uint8_t qh[QK_K / 64];                   ///< 4 bytes of 4 trits
+  ggml_half d;
+};
+static_assert(sizeof(block_tq1_0) == 2 + QK_K / 64 + (QK_K - 4 * QK_K / 64) / 5, "wrong tq1_0 block size/padding");
+
+/// 2.0625 bpw ternary format: 2 bits a value (0, 1, 2 = -1, 0, +1), one fp16 scale at the end.
+struct block_tq2_0 {
+  uint8_t qs[QK_K / 4];
+  ggml_half d;
+};
+static_assert(sizeof(block_tq2_0) == 2 + QK_K / 4, "wrong tq2_0 block size/padding");
 
 inline constexpr int QK4_NL = 32;
 inline constexpr int QK_MXFP4 = 32;

@@ -157,6 +157,8 @@ DotKernels make_table() {
   avx2::add_k_quant_kernels(k);
   avx2::add_iq4_kernels(k);
   avx2::add_iq2_kernels(k);
+  avx2::add_iq3_kernels(k);
+  avx2::add_tq_kernels(k);
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // one order for every AVX2 kernel
   k.attend = attend_head_avx2;
   return k;

@@ -241,6 +241,7 @@ DotKernels make_table() {
   k.dot_id[slot(GgmlType::BF16)] = dot_bf16_vec;
   add_matvec_kernels(k);
   add_matmul_kernels(k);
+  add_nl32_repacked_kernels(k);
   return k;
 }
 

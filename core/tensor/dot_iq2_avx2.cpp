@@ -16,20 +16,6 @@
 namespace car::tensor::detail {
 namespace {
 
-/// The 128 sign codes as 8 bytes of +1 / -1 each (ksigns_iq2xs expanded), for psignb.
-struct SignBytes {
-  uint64_t v[128];
-  constexpr SignBytes() : v() {
-    for (int c = 0; c < 128; ++c) {
-      uint64_t r = 0;
-      for (int j = 0; j < 8; ++j)
-        r |= static_cast<uint64_t>((ksigns_iq2xs(c) >> j) & 1 ? 0xff : 0x01) << (8 * j);
-      v[c] = r;
-    }
-  }
-};
-constexpr SignBytes kSignBytes{};
-
 /// 32 elements of one group: grid points (4 x 8 bytes) and the signs of the activations.
 inline __m256i group_points(uint32_t grid) {
   return _mm256_set_epi64x(static_cast<long long>(iq2xxs_grid[(grid >> 24) & 0xff]),
@@ -38,10 +24,10 @@ inline __m256i group_points(uint32_t grid) {
                            static_cast<long long>(iq2xxs_grid[grid & 0xff]));
 }
 inline __m256i group_signs(uint32_t signs) {
-  return _mm256_set_epi64x(static_cast<long long>(kSignBytes.v[(signs >> 21) & 127]),
-                           static_cast<long long>(kSignBytes.v[(signs >> 14) & 127]),
-                           static_cast<long long>(kSignBytes.v[(signs >> 7) & 127]),
-                           static_cast<long long>(kSignBytes.v[signs & 127]));
+  return _mm256_set_epi64x(static_cast<long long>(ksign_bytes.v[(signs >> 21) & 127]),
+                           static_cast<long long>(ksign_bytes.v[(signs >> 14) & 127]),
+                           static_cast<long long>(ksign_bytes.v[(signs >> 7) & 127]),
+                           static_cast<long long>(ksign_bytes.v[signs & 127]));
 }
 
 float dot_iq2_xxs(const void* w, const void* a, int64_t n) {

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <utility>
 
 #include "core/tensor/blocks.h"
 #include "core/tensor/fp16.h"
@@ -46,6 +47,32 @@ float dot_nl32(const void* w, const void* a, int64_t n, const int8_t* table) {
   return sumf;
 }
 
+/// llama.cpp's repacked order (kernel_table.h repacked(); dot_*_repacked_ref): each block's exact integer
+/// (dot_s8s8's lanes, then their sum), times the scales' product by FMA, in block order.
+template <typename Block>
+float dot_nl32_repacked(const void* w, const void* a, int64_t n, const int8_t* table) {
+  const auto* x = static_cast<const Block*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  const int64_t nb = n / 32;
+  const __m128i values = _mm_load_si128(reinterpret_cast<const __m128i*>(table));
+  float acc = 0;
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const int sumi = hsum_i32x8(dot_s8s8(table_values32(x[ib].qs, values), load32(y[ib].qs)));
+    acc = std::fma(static_cast<float>(sumi), nl32_scale(x[ib]) * h2f(y[ib].d), acc);
+  }
+  return acc;
+}
+
+float dot_q4_0_repacked(const void* w, const void* a, int64_t n) {
+  return dot_nl32_repacked<block_q4_0>(w, a, n, kvalues_q4_0);
+}
+float dot_iq4_nl_repacked(const void* w, const void* a, int64_t n) {
+  return dot_nl32_repacked<block_iq4_nl>(w, a, n, kvalues_iq4nl);
+}
+float dot_mxfp4_repacked(const void* w, const void* a, int64_t n) {
+  return dot_nl32_repacked<block_mxfp4>(w, a, n, kvalues_mxfp4);
+}
+
 float dot_iq4_nl(const void* w, const void* a, int64_t n) {
   return dot_nl32<block_iq4_nl>(w, a, n, kvalues_iq4nl);
 }
@@ -81,6 +108,11 @@ void add_iq4_kernels(DotKernels& k) {
   k.dot[slot(GgmlType::IQ4_NL)] = dot_iq4_nl;
   k.dot[slot(GgmlType::IQ4_XS)] = dot_iq4_xs;
   k.dot[slot(GgmlType::MXFP4)] = dot_mxfp4;
+  for (auto [t, fn] : {std::pair{GgmlType::Q4_0, &dot_q4_0_repacked}, std::pair{GgmlType::IQ4_NL, &dot_iq4_nl_repacked},
+                       std::pair{GgmlType::MXFP4, &dot_mxfp4_repacked}}) {
+    k.dot_gemv[slot(t)] = fn;  // one order for both (kernel_table.h repacked())
+    k.dot_gemm[slot(t)] = fn;
+  }
 }
 }  // namespace avx2
 

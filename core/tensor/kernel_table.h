@@ -42,9 +42,9 @@ using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrow
                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                                 const uint8_t* gemm);
 
-/// attend_head (kernels.h).
+/// attend_head (kernels.h); `sink` is the head's attention sink logit or kNoSink.
 using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
-                          int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                          int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
 
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
@@ -62,8 +62,9 @@ struct DotKernels {
   DotFn dot_gemm[kTypeSlots] = {};
   /// Multi-row kernel in the gemv order (null: loop over dot_gemv).
   RowsFn rows_gemv[kTypeSlots] = {};
-  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp, which
-  /// transposes the chunk's rows per call; matmul hands it chunks of whole groups of 16 rows.
+  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp (Q4_K)
+  /// and matmul_nl32_vnni.cpp (Q4_0, IQ4_NL, MXFP4), which transpose the chunk's rows per call; matmul hands
+  /// them chunks of whole groups of 16 rows.
   RepackedTileFn tile_repacked[kTypeSlots] = {};
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;
@@ -71,7 +72,7 @@ struct DotKernels {
 
 /// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                      float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                      float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
 
 /// Does llama.cpp's CPU backend (x86, AVX2 or better) hold this matrix repacked (ggml-cpu repack.cpp,
 /// ggml_repack_get_optimal_repack_type)? Q4_K weights whose row count is a multiple of 8 become
@@ -81,10 +82,22 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
 /// with a row count that is a multiple of 8 are repacked too where the backend has AVX-512 (block_q2_Kx8,
 /// ggml_gemv / ggml_gemm_q2_K_8x8_q8_K: the same two chains, per super-block / per 128 elements; issue #27):
 /// this project follows that build, the one its goldens come from (an AVX2-only llama.cpp sums Q2_K in
-/// ggml_vec_dot_q2_K_q8_K's order instead). (Q4_0 is repacked too; its order is not mirrored yet.) It is a
-/// property of the product, not of our ISA: every table computes these products in the same order.
+/// ggml_vec_dot_q2_K_q8_K's order instead). Q4_0, IQ4_NL and MXFP4 weights with a row count that is a multiple
+/// of 8 become block_q4_0x8 / block_iq4_nlx8 / block_mxfp4x8, multiplied by one template of gemv and gemm
+/// whose two orders are the same: one exact integer per 32-element block, times the product of the scales by
+/// FMA, in block order (dot_*_repacked_ref). It is a property of the product, not of our ISA: every table
+/// computes these products in the same order.
 inline bool repacked(const MatrixView& w) {
-  return (w.type == GgmlType::Q4_K || w.type == GgmlType::Q2_K) && w.rows % 8 == 0;
+  switch (w.type) {
+    case GgmlType::Q4_K:
+    case GgmlType::Q2_K:
+    case GgmlType::Q4_0:
+    case GgmlType::IQ4_NL:
+    case GgmlType::MXFP4:
+      return w.rows % 8 == 0;
+    default:
+      return false;
+  }
 }
 /// Vectors [0, gemm_vectors(n)) of an n-vector batch of a repacked mul_mat product use the gemm order, the
 /// rest the gemv order (llama.cpp runs gemm on whole groups of 4 rows of src1 and gemv on the remainder).
@@ -200,6 +213,10 @@ bool dequantize_iq4_ref(GgmlType t, const void* src, float* dst, int64_t nb);
 bool quantize_iq4_ref(GgmlType t, const float* x, void* dst, int64_t nb);
 float dot_iq4_nl_q8_0_ref(const void* w, const void* a, int64_t n);
 float dot_mxfp4_q8_0_ref(const void* w, const void* a, int64_t n);
+/// Q4_0, IQ4_NL and MXFP4 in llama.cpp's repacked order (repacked(); the gemv and gemm orders are one order).
+float dot_q4_0_q8_0_repacked_ref(const void* w, const void* a, int64_t n);
+float dot_iq4_nl_q8_0_repacked_ref(const void* w, const void* a, int64_t n);
+float dot_mxfp4_q8_0_repacked_ref(const void* w, const void* a, int64_t n);
 float dot_iq4_xs_q8_K_ref(const void* w, const void* a, int64_t n);
 // The codebook formats IQ2_XXS, IQ1_S (ref_iq2.cpp; a plain quantizer for IQ2_XXS only).
 bool dequantize_iq2_xxs_ref(const void* src, float* dst, int64_t nb);
@@ -207,6 +224,21 @@ void quantize_iq2_xxs_ref(const float* x, void* dst, int64_t nb);
 float dot_iq2_xxs_q8_K_ref(const void* w, const void* a, int64_t n);
 bool dequantize_iq1_s_ref(const void* src, float* dst, int64_t nb);
 float dot_iq1_s_q8_K_ref(const void* w, const void* a, int64_t n);
+// The second slice of codebook formats, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M (ref_iq3.cpp: dequantizers and
+// dots in ggml's x86 order; quantize_codebook.cpp: the quantizers). false for any other type.
+bool dequantize_codebook_ref(GgmlType t, const void* src, float* dst, int64_t nb);
+bool quantize_codebook_ref(GgmlType t, const float* x, void* dst, int64_t nb);  ///< also IQ1_S
+float dot_iq3_xxs_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq3_s_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq2_xs_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq2_s_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_iq1_m_q8_K_ref(const void* w, const void* a, int64_t n);
+// The ternary formats TQ1_0, TQ2_0 (ref_tq.cpp): dequantizer, quantizer, dots in ggml's x86 order; false for
+// any other type.
+bool dequantize_tq_ref(GgmlType t, const void* src, float* dst, int64_t nb);
+bool quantize_tq_ref(GgmlType t, const float* x, void* dst, int64_t nb);
+float dot_tq1_0_q8_K_ref(const void* w, const void* a, int64_t n);
+float dot_tq2_0_q8_K_ref(const void* w, const void* a, int64_t n);
 
 inline int slot(GgmlType t) {
   return static_cast<int>(t);

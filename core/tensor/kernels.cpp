@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "core/tensor/blocks.h"
@@ -36,6 +37,13 @@ static_assert(same_geometry<block_iq4_nl>(GgmlType::IQ4_NL, QK4_NL));
 static_assert(same_geometry<block_iq2_xxs>(GgmlType::IQ2_XXS, QK_K));
 static_assert(same_geometry<block_iq1_s>(GgmlType::IQ1_S, QK_K));
 static_assert(same_geometry<block_iq4_xs>(GgmlType::IQ4_XS, QK_K));
+static_assert(same_geometry<block_iq3_xxs>(GgmlType::IQ3_XXS, QK_K));
+static_assert(same_geometry<block_iq3_s>(GgmlType::IQ3_S, QK_K));
+static_assert(same_geometry<block_iq2_xs>(GgmlType::IQ2_XS, QK_K));
+static_assert(same_geometry<block_iq2_s>(GgmlType::IQ2_S, QK_K));
+static_assert(same_geometry<block_iq1_m>(GgmlType::IQ1_M, QK_K));
+static_assert(same_geometry<block_tq1_0>(GgmlType::TQ1_0, QK_K));
+static_assert(same_geometry<block_tq2_0>(GgmlType::TQ2_0, QK_K));
 static_assert(same_geometry<block_mxfp4>(GgmlType::MXFP4, QK_MXFP4));
 static_assert(same_geometry<float>(GgmlType::F32, 1));
 static_assert(same_geometry<uint16_t>(GgmlType::F16, 1));
@@ -62,7 +70,14 @@ BlockGeometry geometry(GgmlType t) {
     case GgmlType::IQ4_XS:
     case GgmlType::MXFP4:
     case GgmlType::IQ2_XXS:
-    case GgmlType::IQ1_S: {
+    case GgmlType::IQ1_S:
+    case GgmlType::IQ3_XXS:
+    case GgmlType::IQ3_S:
+    case GgmlType::IQ2_XS:
+    case GgmlType::IQ2_S:
+    case GgmlType::IQ1_M:
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: {
       const GgmlTypeTraits& g = ggml_traits(t);
       return {g.block_size, g.bytes_per_block};
     }
@@ -88,7 +103,14 @@ GgmlType act_type(GgmlType w) {
     case GgmlType::Q6_K:
     case GgmlType::IQ4_XS:
     case GgmlType::IQ2_XXS:
-    case GgmlType::IQ1_S: return GgmlType::Q8_K;
+    case GgmlType::IQ1_S:
+    case GgmlType::IQ3_XXS:
+    case GgmlType::IQ3_S:
+    case GgmlType::IQ2_XS:
+    case GgmlType::IQ2_S:
+    case GgmlType::IQ1_M:
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: return GgmlType::Q8_K;
     default: return GgmlType::F32;
   }
 }
@@ -124,8 +146,21 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::MXFP4)] = dot_mxfp4_q8_0_ref;
   k.dot[slot(GgmlType::IQ2_XXS)] = dot_iq2_xxs_q8_K_ref;
   k.dot[slot(GgmlType::IQ1_S)] = dot_iq1_s_q8_K_ref;
+  k.dot[slot(GgmlType::IQ3_XXS)] = dot_iq3_xxs_q8_K_ref;
+  k.dot[slot(GgmlType::IQ3_S)] = dot_iq3_s_q8_K_ref;
+  k.dot[slot(GgmlType::IQ2_XS)] = dot_iq2_xs_q8_K_ref;
+  k.dot[slot(GgmlType::IQ2_S)] = dot_iq2_s_q8_K_ref;
+  k.dot[slot(GgmlType::IQ1_M)] = dot_iq1_m_q8_K_ref;
+  k.dot[slot(GgmlType::TQ1_0)] = dot_tq1_0_q8_K_ref;
+  k.dot[slot(GgmlType::TQ2_0)] = dot_tq2_0_q8_K_ref;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
+  for (auto [t, fn] : {std::pair{GgmlType::Q4_0, &dot_q4_0_q8_0_repacked_ref},
+                       std::pair{GgmlType::IQ4_NL, &dot_iq4_nl_q8_0_repacked_ref},
+                       std::pair{GgmlType::MXFP4, &dot_mxfp4_q8_0_repacked_ref}}) {
+    k.dot_gemv[slot(t)] = fn;  // one order for both
+    k.dot_gemm[slot(t)] = fn;
+  }
   k.dot_gemm[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemm_ref;
   k.dot_gemv[slot(GgmlType::Q2_K)] = dot_q2_K_q8_K_gemv_ref;
   k.dot_gemm[slot(GgmlType::Q2_K)] = dot_q2_K_q8_K_gemm_ref;
@@ -262,8 +297,8 @@ bool can_compute(GgmlType type) {
 }
 
 bool can_quantize(GgmlType type) {
-  // IQ1_S is computed but not written (no quantizer; IQ2_XXS has a plain one, ref_iq2.cpp).
-  if (type == GgmlType::IQ1_S) return false;
+  // Every computed type is written (IQ2_XXS's plain quantizer in ref_iq2.cpp, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S,
+  // IQ1_S, IQ1_M theirs in quantize_codebook.cpp).
   return can_compute(type) || type == GgmlType::Q8_1 || type == GgmlType::Q8_K;
 }
 

@@ -4,7 +4,8 @@
 //
 // Numerics follow llama.cpp's CPU backend so that logits match it to ~1e-5: the input vector of every
 // product is first rounded to the weight type's dot-product partner (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL,
-// MXFP4: Q8_0 blocks of 32; K-quants, IQ4_XS, IQ2_XXS, IQ1_S: Q8_K blocks of 256; F16: fp16; BF16: bf16;
+// MXFP4: Q8_0 blocks of 32; K-quants, IQ4_XS and the codebook types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S,
+// IQ1_S, IQ1_M, and the ternary TQ1_0, TQ2_0: Q8_K blocks of 256; F16: fp16; BF16: bf16;
 // F32: unrounded), then multiplied.
 //
 // Every function has a scalar reference, always compiled (the test oracle), and SIMD variants (AVX2+FMA,
@@ -18,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "core/gguf/ggml_type.h"
@@ -103,7 +105,7 @@ void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx,
 
 /// The type an input vector is rounded to for products with weights of type `w`: Q8_0 (Q4_0, Q5_0, Q8_0,
 /// IQ4_NL, MXFP4), Q8_1 (Q4_1, Q5_1; Q8_0 rounding plus per-block sums, as ggml pairs them), Q8_K (K-quants,
-/// IQ4_XS, IQ2_XXS, IQ1_S), F16, BF16, or F32 (F32 weights: not rounded).
+/// IQ4_XS, the IQ codebook types, TQ1_0, TQ2_0), F16, BF16, or F32 (F32 weights: not rounded).
 GgmlType activation_type(GgmlType w);
 /// Bytes of a rounded activation row of `n` elements for weights of type `w`.
 size_t activation_row_bytes(GgmlType w, int64_t n);
@@ -115,15 +117,21 @@ float dot_row(GgmlType w, const void* w_row, const void* act, int64_t n,
 
 // ---- Attention over an fp16 KV cache (the engine's attention step; see core/engine/ops.h for its order). ----
 
+/// No attention sink (attend_head's `sink` for every architecture but gpt-oss).
+inline constexpr float kNoSink = -std::numeric_limits<float>::infinity();
+
 /// Attention of one query head over `n_kv` cached positions, with the current ISA's kernel. k: n_kv rows of
 /// dk fp16 values (row stride dk), v: n_kv rows of dv fp16 values. out: dv floats. q16 (dk) and acc16 (dv)
-/// are scratch.
+/// are scratch. `sink` (gpt-oss's attn_sinks, one logit per head) joins the softmax's denominator without a
+/// value, as ggml's flash attention applies it after the last key; kNoSink = none (and the arithmetic of a
+/// head without one is unchanged).
 void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
-                 float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                 float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink = kNoSink);
 
 /// The scalar version of attend_head (the scalar table's kernel and the test oracle for the SIMD one).
 void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
-                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16);
+                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16,
+                        float sink = kNoSink);
 
 /// dot(x, y) of fp16 vectors in the order of ggml's AVX-512 ggml_vec_dot_f16 (llama.cpp's Q.K product): each
 /// whole chunk of 64 elements into four 16-lane float accumulators by FMA, the accumulators reduced pairwise

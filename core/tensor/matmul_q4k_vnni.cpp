@@ -135,14 +135,6 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   }
 }
 
-/// acc + vpdpbusd(w, 4 bytes at p broadcast to every lane), the broadcast folded into the instruction (GCC 12
-/// loads it into a register first: one more instruction per product).
-inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
-  using dword = int32_t __attribute__((may_alias, aligned(1)));
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const dword*>(p)));
-  return acc;
-}
-
 /// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
 /// block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r] for the rows in
 /// `mask`.

@@ -1,4 +1,4 @@
-// The 32-element non-linear blocks (IQ4_NL, MXFP4) as the dot kernels of every ISA share them: a block's
+// The 32-element table blocks (IQ4_NL, MXFP4; Q4_0 as the table kvalues_q4_0) as the dot kernels of every ISA share them: a block's
 // scale, and one block's product in the scalar reference's order (the odd last block of a row, which the
 // vector kernels leave to it). Internal linkage, as simd_x86.h: each ISA's file gets its own copy, compiled
 // for that ISA.
@@ -15,6 +15,9 @@ namespace car::tensor::detail {
 namespace {
 
 inline float nl32_scale(const block_iq4_nl& b) {
+  return h2f(b.d);
+}
+inline float nl32_scale(const block_q4_0& b) {  // Q4_0 as a table format (kvalues_q4_0)
   return h2f(b.d);
 }
 inline float nl32_scale(const block_mxfp4& b) {

@@ -213,6 +213,13 @@ bool dequantize_ref(GgmlType t, const void* src, float* dst, int64_t n) {
     case GgmlType::MXFP4: return dequantize_iq4_ref(t, src, dst, nb);
     case GgmlType::IQ2_XXS: return dequantize_iq2_xxs_ref(src, dst, nb);
     case GgmlType::IQ1_S: return dequantize_iq1_s_ref(src, dst, nb);
+    case GgmlType::IQ3_XXS:
+    case GgmlType::IQ3_S:
+    case GgmlType::IQ2_XS:
+    case GgmlType::IQ2_S:
+    case GgmlType::IQ1_M: return dequantize_codebook_ref(t, src, dst, nb);
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: return dequantize_tq_ref(t, src, dst, nb);
     default: return false;
   }
 }

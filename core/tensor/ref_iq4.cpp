@@ -39,6 +39,11 @@ struct Iq4nl {
   static constexpr const int8_t* values = kvalues_iq4nl;
   static float scale(const Block& b) { return fp16_to_fp32(b.d); }
 };
+struct Q40 {
+  using Block = block_q4_0;
+  static constexpr const int8_t* values = kvalues_q4_0;
+  static float scale(const Block& b) { return fp16_to_fp32(b.d); }
+};
 struct Mxfp4 {
   using Block = block_mxfp4;
   static constexpr const int8_t* values = kvalues_mxfp4;
@@ -84,6 +89,23 @@ float dot_nl32_q8_0(const void* w, const void* a, int64_t n) {
     sumf = std::fma(d, static_cast<float>(sumi1 + sumi2), sumf);
   }
   return sumf;
+}
+
+/// llama.cpp's repacked order (kernel_table.h repacked(): ggml's gemv / gemm for block_q4_0x8, block_iq4_nlx8
+/// and block_mxfp4x8, one template for all three and one order for both): per block, one exact integer, times
+/// the product of the two scales by FMA, in block order.
+template <typename F>
+float dot_nl32_q8_0_repacked(const void* w, const void* a, int64_t n) {
+  assert(n % 32 == 0);
+  const auto* x = static_cast<const typename F::Block*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  float acc = 0;
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    int32_t sumi = 0;
+    for (int e = 0; e < 32; ++e) sumi += F::values[nibble(x[ib].qs, e)] * y[ib].qs[e];
+    acc = std::fma(static_cast<float>(sumi), F::scale(x[ib]) * fp16_to_fp32(y[ib].d), acc);
+  }
+  return acc;
 }
 
 // ---- quantizers ----
@@ -275,6 +297,16 @@ float dot_iq4_nl_q8_0_ref(const void* w, const void* a, int64_t n) {
 
 float dot_mxfp4_q8_0_ref(const void* w, const void* a, int64_t n) {
   return dot_nl32_q8_0<Mxfp4>(w, a, n);
+}
+
+float dot_q4_0_q8_0_repacked_ref(const void* w, const void* a, int64_t n) {
+  return dot_nl32_q8_0_repacked<Q40>(w, a, n);
+}
+float dot_iq4_nl_q8_0_repacked_ref(const void* w, const void* a, int64_t n) {
+  return dot_nl32_q8_0_repacked<Iq4nl>(w, a, n);
+}
+float dot_mxfp4_q8_0_repacked_ref(const void* w, const void* a, int64_t n) {
+  return dot_nl32_q8_0_repacked<Mxfp4>(w, a, n);
 }
 
 float dot_iq4_xs_q8_K_ref(const void* w, const void* a, int64_t n) {

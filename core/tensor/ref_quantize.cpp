@@ -459,6 +459,14 @@ bool quantize_weights_ref(GgmlType t, const float* x, void* dst, int64_t n) {
     case GgmlType::IQ4_XS:
     case GgmlType::MXFP4: return quantize_iq4_ref(t, x, dst, nb);
     case GgmlType::IQ2_XXS: quantize_iq2_xxs_ref(x, dst, nb); return true;
+    case GgmlType::IQ3_XXS:
+    case GgmlType::IQ3_S:
+    case GgmlType::IQ2_XS:
+    case GgmlType::IQ2_S:
+    case GgmlType::IQ1_M:
+    case GgmlType::IQ1_S: return quantize_codebook_ref(t, x, dst, nb);
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: return quantize_tq_ref(t, x, dst, nb);
     default: return false;
   }
 }

@@ -83,10 +83,15 @@ namespace avx2 {
 /// Set the K-quant dot kernels (dot_k_avx2.cpp) / the activation rounding kernels (quantize_avx2.cpp) in `k`.
 void add_k_quant_kernels(DotKernels& k);
 void add_activation_kernels(DotKernels& k);
-/// Set the IQ4_NL / IQ4_XS / MXFP4 dot kernels (dot_iq4_avx2.cpp) in `k`.
+/// Set the IQ4_NL / IQ4_XS / MXFP4 dot kernels and the repacked-order Q4_0 / IQ4_NL / MXFP4 ones
+/// (dot_iq4_avx2.cpp) in `k`.
 void add_iq4_kernels(DotKernels& k);
 /// Set the IQ2_XXS / IQ1_S dot kernels (dot_iq2_avx2.cpp) in `k`.
 void add_iq2_kernels(DotKernels& k);
+/// Set the IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M dot kernels (dot_iq3_avx2.cpp) in `k`.
+void add_iq3_kernels(DotKernels& k);
+/// Set the TQ1_0 / TQ2_0 dot kernels (dot_tq_avx2.cpp) in `k`.
+void add_tq_kernels(DotKernels& k);
 
 }  // namespace avx2
 }  // namespace car::tensor::detail

@@ -27,6 +27,14 @@ namespace car::tensor::detail::avx512 {
 inline __m512i load64(const void* p) {
   return _mm512_loadu_si512(p);
 }
+/// acc + vpdpbusd(w, 4 bytes at p broadcast to every lane), the broadcast folded into the instruction (GCC 12
+/// loads it into a register first: one more instruction per product).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  using dword = int32_t __attribute__((may_alias, aligned(1)));
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const dword*>(p)));
+  return acc;
+}
+
 /// Two 32-byte loads side by side in one register.
 inline __m512i load32x2(const void* lo, const void* hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load32(lo)), load32(hi), 1);
@@ -124,6 +132,8 @@ void add_matmul_kernels(DotKernels& k);
 void add_iq4_kernels(DotKernels& k);
 /// The repacked Q4_K matmul tile (DotKernels::tile_repacked; matmul_q4k_vnni.cpp): vpdpbusd sums, 16 rows a
 /// register, bit-equal to dot_q4_K_q8_K_gemm_ref / _gemv_ref.
+/// Set the repacked-order Q4_0 / IQ4_NL / MXFP4 matmul tile and multi-row gemv (matmul_nl32_vnni.cpp).
+void add_nl32_repacked_kernels(DotKernels& k);
 void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                              size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                              const uint8_t* gemm);

@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 
@@ -168,9 +169,10 @@ awaitable<bool> Connection::ollama_ps(const Request& req) {
   for (const CacheEntryInfo& e : stats.items) {  // most recently used first, as Ollama lists them
     ollama::ModelFacts f;
     f.id = e.key;
-    for (const auto& m : *listed) {
-      if (m.id == e.key) f = facts(front_.handler().catalog(), m);
-    }
+    // list_models sorts by id.
+    const auto m = std::lower_bound(listed->begin(), listed->end(), e.key,
+                                    [](const ListedModel& l, const std::string& id) { return l.id < id; });
+    if (m != listed->end() && m->id == e.key) f = facts(front_.handler().catalog(), *m);
     std::optional<int64_t> expires;
     if (e.idle_ttl) {
       const double left_s =

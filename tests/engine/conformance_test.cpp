@@ -9,15 +9,12 @@
 // The largest deviation per file is printed (and recorded as a test property) so the report can cite it.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/engine/forward.h"
 #include "core/experts/resident_source.h"
-#include "core/tensor/kernels.h"
 #include "tests/engine/golden_case.h"
 #include "tests/test_support.h"
 
@@ -57,25 +54,17 @@ TEST(Conformance, LlamaCppGoldens) {
   ASSERT_TRUE(text) << "conformance fixture missing or unreadable: " << dir / "models" / "manifest.json";
   const json manifest = json::parse(*text);
   ASSERT_FALSE(manifest.at("files").empty());
-  // The kernels under test: CAR_INFERENCE_ISA (scalar | avx2 | avx512) when set, else the best this CPU has.
-  tensor::Isa isa = tensor::detect_isa();
-  if (const char* env = std::getenv("CAR_INFERENCE_ISA"); env != nullptr && *env != '\0') {
-    ASSERT_TRUE(tensor::parse_isa(env, &isa)) << "CAR_INFERENCE_ISA=" << env;
-  }
-  tensor::set_isa(isa);
-  std::printf("conformance kernels: %s\n", std::string(tensor::isa_name(tensor::current_isa())).c_str());
+  ASSERT_NO_FATAL_FAILURE(golden::select_isa_under_test("conformance"));
   ThreadPool pool(2);
-  double worst = 0;
+  golden::DeviationLog log("conformance");
   for (const json& entry : manifest.at("files")) {
     const std::string name = entry.at("file").get<std::string>();
     FileResult r = run_file(dir / "models", entry, &pool);
     std::printf("conformance %-28s max |dlogprob| %.3g (tolerance %.4g, llama.cpp vs f64 %.4g), greedy %d/%d\n",
                 name.c_str(), r.max_dev, entry.at("tolerance").get<double>(),
                 entry.at("ref_max_abs_dev").get<double>(), r.greedy_checked, r.greedy_total);
-    ::testing::Test::RecordProperty("max_dev_" + name, std::to_string(r.max_dev));
-    worst = std::max(worst, r.max_dev);
+    log.add(name, r.max_dev);
   }
-  std::printf("conformance worst deviation %.3g\n", worst);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/engine/forward.h"
+#include "core/tensor/kernels.h"
 
 namespace car::engine::golden {
 
@@ -94,5 +97,35 @@ inline void check_golden_case(ForwardPass& fp, int64_t V, const nlohmann::json& 
   }
   res.greedy_total += static_cast<int>(gen.size());
 }
+
+/// Selects the kernels a golden suite tests: CAR_INFERENCE_ISA (scalar | avx2 | avx512) when set, else the
+/// best this CPU has, and prints which under `label`. Fails the calling test on a value it cannot parse.
+inline void select_isa_under_test(const char* label) {
+  tensor::Isa isa = tensor::detect_isa();
+  if (const char* env = std::getenv("CAR_INFERENCE_ISA"); env != nullptr && *env != '\0') {
+    ASSERT_TRUE(tensor::parse_isa(env, &isa)) << "CAR_INFERENCE_ISA=" << env;
+  }
+  tensor::set_isa(isa);
+  std::printf("%s kernels: %s\n", label, std::string(tensor::isa_name(tensor::current_isa())).c_str());
+}
+
+/// A suite's files' deviations: each recorded as the test property max_dev_<file>, the worst printed at the
+/// end under the suite's label.
+class DeviationLog {
+ public:
+  explicit DeviationLog(const char* label) : label_(label) {}
+  ~DeviationLog() { std::printf("%s worst deviation %.3g\n", label_, worst_); }
+  DeviationLog(const DeviationLog&) = delete;
+  DeviationLog& operator=(const DeviationLog&) = delete;
+
+  void add(const std::string& file, double max_dev) {
+    ::testing::Test::RecordProperty("max_dev_" + file, std::to_string(max_dev));
+    worst_ = std::max(worst_, max_dev);
+  }
+
+ private:
+  const char* label_;
+  double worst_ = 0;
+};
 
 }  // namespace car::engine::golden

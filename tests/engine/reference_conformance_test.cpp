@@ -169,6 +169,8 @@ synth::SynthSpec spec_from(const json& j, const std::optional<std::filesystem::p
     else if (key == "sliding_window") s.sliding_window = v.get<uint32_t>();
     else if (key == "final_logit_softcap") s.final_logit_softcap = v.get<float>();
     else if (key == "attn_logit_softcap") s.attn_logit_softcap = v.get<float>();
+    else if (key == "rope_scaling_factor") s.rope_scaling_factor = v.get<float>();
+    else if (key == "rope_orig_ctx") s.rope_orig_ctx = v.get<uint32_t>();
     else ADD_FAILURE() << "unknown synth spec field " << key;
   }
   return s;
@@ -242,21 +244,16 @@ Deviation check_golden(const json& g, const std::string& gguf_path, ThreadPool* 
 TEST(ReferenceConformance, SynthFixturesMatchLlamaCppGoldens) {
   const auto files = golden_files();
   if (golden_dir() == std::filesystem::path(CAR_REFERENCE_DATA_DIR)) {
-    ASSERT_GE(files.size(), 6u) << "goldens missing from " << CAR_REFERENCE_DATA_DIR;
+    ASSERT_GE(files.size(), 14u) << "goldens missing from " << CAR_REFERENCE_DATA_DIR;
   } else {
     ASSERT_GE(files.size(), 1u) << "no *.golden.json in $CAR_REFERENCE_DATA_DIR=" << golden_dir();
   }
-  tensor::Isa isa = tensor::detect_isa();
-  if (const char* env = std::getenv("CAR_INFERENCE_ISA"); env != nullptr && *env != '\0') {
-    ASSERT_TRUE(tensor::parse_isa(env, &isa)) << "CAR_INFERENCE_ISA=" << env;
-  }
-  tensor::set_isa(isa);
-  std::printf("reference conformance kernels: %s\n", std::string(tensor::isa_name(tensor::current_isa())).c_str());
+  ASSERT_NO_FATAL_FAILURE(golden::select_isa_under_test("reference conformance"));
   testing::TempDir dir;
   ThreadPool pool(2);
   const testing::ConformanceLookup conformance = testing::find_conformance();
   ASSERT_TRUE(conformance.error.empty()) << conformance.error;
-  double worst = 0;
+  golden::DeviationLog log("reference");
   for (const auto& path : files) {
     const auto text = testing::read_fixture(path);
     ASSERT_TRUE(text) << path;
@@ -280,10 +277,8 @@ TEST(ReferenceConformance, SynthFixturesMatchLlamaCppGoldens) {
     const Deviation r = check_golden(g, gguf_path, &pool);
     std::printf("reference %-18s max |dlogprob| %.3g (tolerance %.3g), greedy %d/%d\n", name.c_str(), r.max_dev,
                 g.at("tolerance").get<double>(), r.greedy_checked, r.greedy_total);
-    ::testing::Test::RecordProperty("max_dev_" + name, std::to_string(r.max_dev));
-    worst = std::max(worst, r.max_dev);
+    log.add(name, r.max_dev);
   }
-  std::printf("reference worst deviation %.3g\n", worst);
 }
 
 }  // namespace

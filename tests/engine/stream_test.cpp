@@ -3,7 +3,8 @@
 // Bit-identity: logits (exact float equality) of a StreamedExpertSource equal the resident source's, for
 // every MoE conformance fixture (../shared/conformance/models/moe-*.gguf, skipped when absent), for
 // synthetic MoE models of every weight type the project writes (core/synth), and for qwen2moe (whose
-// shared expert stays resident) in F32, Q8_0 and Q4_K_M, with the cache capped at 1
+// shared expert stays resident) in F32, Q8_0 and Q4_K_M, for gpt-oss (expert biases resident) in F32, Q8_0
+// and MXFP4, with the cache capped at 1
 // expert per bank (every acquire of a new expert evicts), at n_expert / 2 and at n_expert, prefetch on and
 // off, for token-by-token decode and for one batched prefill (which leases its experts in waves of
 // slots(layer)). The cap is forced through the pool's budget (ram_gb) and checked in stats().
@@ -194,6 +195,34 @@ TEST(StreamedExperts, Qwen2MoeWithSharedExpertBitIdenticalToResident) {
     auto ok = synth::write_synth_model(spec, path);
     ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
     SCOPED_TRACE(std::string("qwen2moe ") + type);
+    check_streamed_equals_resident(path, 10);
+  }
+}
+
+// gpt-oss: the routed experts stream; their biases (and the router's) are small resident arrays in
+// LayerWeights, read for the leased experts' rows, so the streamed output equals the resident one bit for
+// bit. F32, Q8_0 and MXFP4 experts (mxfp4_moe: llama-quantize's MXFP4_MOE mix).
+TEST(StreamedExperts, GptOssWithExpertBiasesBitIdenticalToResident) {
+  testing::TempDir dir;
+  int i = 0;
+  for (const char* type : {"f32", "q8_0", "mxfp4_moe"}) {
+    synth::SynthSpec spec = synth::tiny_spec("gpt-oss");
+    spec.n_layer = 2;
+    spec.n_embd = 256;
+    spec.n_ff = 256;
+    spec.n_ff_expert = 256;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.head_dim = 64;
+    spec.n_expert = 8;
+    spec.n_expert_used = 2;
+    spec.sliding_window = 4;
+    spec.weight_type = type;
+    spec.seed = static_cast<uint64_t>(41 + i++);
+    const std::string path = (dir / (std::string("gpt-oss-") + type + ".gguf")).string();
+    auto ok = synth::write_synth_model(spec, path);
+    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
+    SCOPED_TRACE(std::string("gpt-oss ") + type);
     check_streamed_equals_resident(path, 10);
   }
 }

@@ -1,8 +1,6 @@
 // `car gguf inspect` / `car gguf synth` end to end, through the built binary (skipped when it is absent).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,33 +17,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct CliRun {
-  int exit_code;
-  std::string out;
-  std::string err;
-};
+using CliRun = car::testing::CommandResult;
+using car::testing::car_binary;
 
-const fs::path& car_binary() {
-  static const fs::path p = fs::path(CAR_BINARY_DIR) / "tools" / "car";
-  return p;
-}
-
+/// Runs this build's car with `args`, standard error captured through a file in `tmp`.
 CliRun run(const std::string& args, const car::testing::TempDir& tmp) {
-  const fs::path err_file = tmp / "stderr.txt";
-  const std::string cmd = car_binary().string() + " " + args + " 2>" + err_file.string();
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while (p != nullptr && (n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = p != nullptr ? pclose(p) : -1;
-  std::string err;
-  if (FILE* e = std::fopen(err_file.c_str(), "r")) {
-    while ((n = std::fread(buf, 1, sizeof buf, e)) > 0) err.append(buf, n);
-    std::fclose(e);
-  }
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
+  return car::testing::run_shell(car_binary().string() + " " + args, tmp);
 }
 
 class GgufCli : public ::testing::Test {
@@ -98,9 +75,9 @@ TEST_F(GgufCli, SynthThenInspectJson) {
   EXPECT_NE(h.out.find("(300 items)"), std::string::npos);
 }
 
-// `--type` takes the 4-bit table formats and IQ2_XXS (issue #27): their tensors and llama.cpp's file type name
-// show in `inspect`; IQ4_XS / IQ2_XXS rows shorter than their 256-element block fall back to IQ4_NL as
-// llama-quantize does.
+// `--type` takes the 4-bit table formats, the codebook and the ternary types (issue #27): their tensors and
+// llama.cpp's file type name show in `inspect`; rows shorter than a 256-element super-block fall back as
+// llama-quantize does (IQ4_XS, the IQ2 / IQ3 / IQ1 types: IQ4_NL; TQ1_0 / TQ2_0: Q4_0).
 TEST_F(GgufCli, SynthWritesTheIq4AndMxfp4Types) {
   struct Want {
     const char* flag;
@@ -108,7 +85,11 @@ TEST_F(GgufCli, SynthWritesTheIq4AndMxfp4Types) {
     const char* file_type;
   };
   for (const Want& w : {Want{"iq4_nl", "IQ4_NL", "IQ4_NL"}, Want{"iq4_xs", "IQ4_XS", "IQ4_XS"},
-                        Want{"mxfp4", "MXFP4", "MXFP4_MOE"}, Want{"iq2_xxs", "IQ2_XXS", "IQ2_XXS"}}) {
+                        Want{"mxfp4", "MXFP4", "MXFP4_MOE"}, Want{"iq2_xxs", "IQ2_XXS", "IQ2_XXS"},
+                        Want{"iq3_xxs", "IQ3_XXS", "IQ3_XXS"}, Want{"iq3_s", "IQ3_S", "IQ3_S"},
+                        Want{"iq2_xs", "IQ2_XS", "IQ2_XS"}, Want{"iq2_s", "IQ2_S", "IQ2_S"},
+                        Want{"iq1_m", "IQ1_M", "IQ1_M"}, Want{"tq1_0", "TQ1_0", "TQ1_0"},
+                        Want{"tq2_0", "TQ2_0", "TQ2_0"}, Want{"iq1_s", "IQ1_S", "IQ1_S"}}) {
     SCOPED_TRACE(w.flag);
     const std::string file = (tmp_ / (std::string(w.flag) + ".gguf")).string();
     CliRun s = run(std::string("gguf synth --arch llama --layers 1 --embd 256 --ff 96 --vocab 300 --seed 3 ") +
@@ -124,14 +105,15 @@ TEST_F(GgufCli, SynthWritesTheIq4AndMxfp4Types) {
     EXPECT_EQ(type_of["blk.0.attn_q.weight"], w.type);
     EXPECT_EQ(type_of["blk.0.ffn_gate.weight"], w.type);
     // ffn_down's rows are 96 long: whole IQ4_NL / MXFP4 blocks, not whole IQ4_XS super-blocks.
-    const bool super_block = std::string(w.type) == "IQ4_XS" || std::string(w.type) == "IQ2_XXS";
-    EXPECT_EQ(type_of["blk.0.ffn_down.weight"], super_block ? "IQ4_NL" : w.type);
+    const bool super_block = std::string(w.type) != "IQ4_NL" && std::string(w.type) != "MXFP4";
+    const bool ternary = w.type[0] == 'T';  // llama-quantize's fallback for TQ1_0 / TQ2_0 is Q4_0
+    EXPECT_EQ(type_of["blk.0.ffn_down.weight"], ternary ? "Q4_0" : super_block ? "IQ4_NL" : w.type);
   }
-  // IQ1_S is computed but has no quantizer: a clear refusal, no file.
-  const std::string file = (tmp_ / "iq1_s.gguf").string();
-  CliRun s = run("gguf synth --arch llama --layers 1 --embd 256 --ff 256 --vocab 300 --type iq1_s -o " + file, tmp_);
+  // A type with no dot product (I8) has no quantizer: a clear refusal naming it, no file.
+  const std::string file = (tmp_ / "i8.gguf").string();
+  CliRun s = run("gguf synth --arch llama --layers 1 --embd 256 --ff 256 --vocab 300 --type i8 -o " + file, tmp_);
   EXPECT_NE(s.exit_code, 0);
-  EXPECT_NE(s.err.find("IQ1_S"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("I8"), std::string::npos) << s.err;
   EXPECT_FALSE(fs::exists(file));
 }
 

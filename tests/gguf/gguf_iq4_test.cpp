@@ -1,4 +1,5 @@
-// GGUF files holding the 4-bit table formats (IQ4_NL, IQ4_XS, MXFP4; issue #27): sized from the type table,
+// GGUF files holding the 4-bit table formats (IQ4_NL, IQ4_XS, MXFP4) and the codebook formats IQ3_XXS, IQ3_S,
+// IQ2_XS, IQ2_S, IQ1_M (issue #27): sized from the type table,
 // and a truncated tensor or a row that is not whole blocks of the type is a clear error, not a crash.
 #include <gtest/gtest.h>
 
@@ -23,6 +24,14 @@ constexpr Case kCases[] = {
     {GgmlType::IQ4_NL, 64, 2 * 18},
     {GgmlType::IQ4_XS, 512, 2 * 136},
     {GgmlType::MXFP4, 96, 3 * 17},
+    // The second slice of codebook formats (issue #27): two super-blocks per row.
+    {GgmlType::IQ3_XXS, 512, 2 * 98},
+    {GgmlType::IQ3_S, 512, 2 * 110},
+    {GgmlType::IQ2_XS, 512, 2 * 74},
+    {GgmlType::IQ2_S, 512, 2 * 82},
+    {GgmlType::IQ1_M, 512, 2 * 56},
+    {GgmlType::TQ1_0, 512, 2 * 54},
+    {GgmlType::TQ2_0, 512, 2 * 66},
 };
 
 std::vector<uint8_t> one_tensor_file(const Case& c, uint64_t rows) {

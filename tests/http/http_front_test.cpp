@@ -478,6 +478,7 @@ TEST_F(HttpFrontTest, OllamaErrorsListingsLoadAndUnload) {
   ASSERT_EQ(ps["models"].size(), 1u) << ps.dump();
   EXPECT_EQ(ps["models"][0]["name"], "alpha");
   EXPECT_EQ(ps["models"][0]["size"], 1000);
+  EXPECT_EQ(ps["models"][0]["digest"], tags["models"][0]["digest"]);  // the listing's facts for the file
   HttpReply unload = c.request("POST", "/api/chat", R"({"model":"alpha","messages":[],"keep_alive":0})");
   ASSERT_EQ(unload.status, 200) << unload.body;
   EXPECT_EQ(unload.json_body()["done_reason"], "unload");

@@ -11,6 +11,7 @@
 #include "core/model/architecture.h"
 #include "core/model/model.h"
 #include "core/synth/synth_model.h"
+#include "tests/model/load_test_support.h"
 #include "tests/test_support.h"
 
 namespace car::model {
@@ -26,26 +27,11 @@ class Gemma3LoadTest : public ::testing::Test {
     auto ok = synth::write_synth_model(spec, p);
     EXPECT_TRUE(ok.ok()) << (ok.ok() ? "" : ok.error().message);
     if (drop_tensor.empty() && set_f32_key.empty()) return p;
-    auto f = gguf::GgufFile::open(p);
-    EXPECT_TRUE(f.ok());
-    gguf::GgufWriter w;
-    for (const auto& kv : (*f)->metadata()) w.set(kv.key, kv.value);
-    if (!set_f32_key.empty()) w.set_f32(set_f32_key, value);
-    for (const auto& t : (*f)->tensors()) {
-      if (t.name == drop_tensor) continue;
-      auto bytes = (*f)->tensor_data(t);
-      std::vector<uint64_t> shape(t.ne.begin(), t.ne.begin() + t.n_dims);
-      EXPECT_TRUE(w.add_tensor(t.name, t.type, shape, std::vector<uint8_t>(bytes.begin(), bytes.end())).ok());
-    }
-    const std::string p2 = p + ".edited.gguf";
-    EXPECT_TRUE(w.write(p2).ok());
-    return p2;
+    return testing::rewrite_gguf(p, drop_tensor, {}, [&](gguf::GgufWriter& w) {
+      if (!set_f32_key.empty()) w.set_f32(set_f32_key, value);
+    });
   }
-  Result<std::shared_ptr<const Model>> load(const std::string& path) {
-    auto f = gguf::GgufFile::open(path);
-    EXPECT_TRUE(f.ok());
-    return Model::load(*f);
-  }
+  Result<std::shared_ptr<const Model>> load(const std::string& path) { return testing::load_model_file(path); }
   testing::TempDir dir_;
   int n_ = 0;
 };
@@ -102,10 +88,7 @@ TEST_F(Gemma3LoadTest, SoftcapAndThe27BQueryScale) {
 TEST_F(Gemma3LoadTest, ErrorsNameTheTensorOrKey) {
   const synth::SynthSpec s = synth::tiny_spec("gemma3");
   for (const char* t : {"blk.3.post_ffw_norm.weight", "blk.0.post_attention_norm.weight", "blk.6.attn_k_norm.weight"}) {
-    auto m = load(write(s, t));
-    ASSERT_FALSE(m.ok()) << t;
-    EXPECT_EQ(m.error().code, "load_failed");
-    EXPECT_NE(m.error().message.find(t), std::string::npos) << m.error().message;
+    testing::expect_load_error(load(write(s, t)), t);
   }
   auto m = load(write(s, {}, "gemma3.final_logit_softcapping", -1.0f));
   ASSERT_FALSE(m.ok());

@@ -9,12 +9,15 @@
 #include "core/gguf/gguf_writer.h"
 #include "core/model/architecture.h"
 #include "tests/engine/tiny_model.h"
+#include "tests/model/load_test_support.h"
 #include "tests/test_support.h"
 
 namespace car::model {
 namespace {
 
 using testing::TinySpec;
+
+using testing::expect_load_error;
 
 class ModelLoadTest : public ::testing::Test {
  protected:
@@ -24,30 +27,8 @@ class ModelLoadTest : public ::testing::Test {
                                             const std::string& drop_key = {}) {
     const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
     testing::write_tiny_model(p, spec);
-    auto f = gguf::GgufFile::open(p);
-    EXPECT_TRUE(f.ok());
-    if (edit || !drop_key.empty()) {
-      gguf::GgufWriter w;
-      for (const auto& kv : (*f)->metadata()) {
-        if (kv.key != drop_key) w.set(kv.key, kv.value);
-      }
-      for (const auto& t : (*f)->tensors()) {
-        auto bytes = (*f)->tensor_data(t);
-        std::vector<uint64_t> shape(t.ne.begin(), t.ne.begin() + t.n_dims);
-        EXPECT_TRUE(w.add_tensor(t.name, t.type, shape, std::vector<uint8_t>(bytes.begin(), bytes.end())).ok());
-      }
-      if (edit) edit(w);
-      const std::string p2 = p + ".edited.gguf";
-      EXPECT_TRUE(w.write(p2).ok());
-      f = gguf::GgufFile::open(p2);
-      EXPECT_TRUE(f.ok());
-    }
-    return Model::load(*f);
-  }
-  void expect_error(const Result<std::shared_ptr<const Model>>& r, const std::string& needle) {
-    ASSERT_FALSE(r.ok()) << "expected an error naming " << needle;
-    EXPECT_EQ(r.error().code, "load_failed");
-    EXPECT_NE(r.error().message.find(needle), std::string::npos) << r.error().message;
+    if (!edit && drop_key.empty()) return testing::load_model_file(p);
+    return testing::load_model_file(testing::rewrite_gguf(p, {}, drop_key, edit));
   }
   testing::TempDir dir_;
   int n_ = 0;
@@ -121,36 +102,36 @@ TEST_F(ModelLoadTest, MissingOrWronglyTypedKeysAreNamed) {
   for (const char* key : {"llama.embedding_length", "llama.block_count", "llama.attention.head_count",
                           "llama.context_length", "llama.feed_forward_length",
                           "llama.attention.layer_norm_rms_epsilon", "general.architecture"}) {
-    expect_error(load(s, {}, key), key);
-    expect_error(load(s, [&](gguf::GgufWriter& w) { w.set_string(key, "oops"); }), key);
+    expect_load_error(load(s, {}, key), key);
+    expect_load_error(load(s, [&](gguf::GgufWriter& w) { w.set_string(key, "oops"); }), key);
   }
   TinySpec moe;
   moe.arch = "qwen3moe";
   moe.n_expert = 4;
   moe.n_expert_used = 2;
-  expect_error(load(moe, {}, "qwen3moe.expert_feed_forward_length"), "qwen3moe.expert_feed_forward_length");
-  expect_error(load(moe, {}, "qwen3moe.expert_count"), "qwen3moe.expert_count");
+  expect_load_error(load(moe, {}, "qwen3moe.expert_feed_forward_length"), "qwen3moe.expert_feed_forward_length");
+  expect_load_error(load(moe, {}, "qwen3moe.expert_count"), "qwen3moe.expert_count");
 }
 
 TEST_F(ModelLoadTest, InconsistentValuesAreNamed) {
   TinySpec s;
-  expect_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.attention.head_count_kv", 3); }),
+  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.attention.head_count_kv", 3); }),
                "llama.attention.head_count_kv");
-  expect_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.rope.dimension_count", 7); }),
+  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.rope.dimension_count", 7); }),
                "llama.rope.dimension_count");
-  expect_error(load(s, [](gguf::GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); }),
+  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_string("llama.rope.scaling.type", "longrope"); }),
                "llama.rope.scaling.type");
-  expect_error(load(s, [](gguf::GgufWriter& w) { w.set_string("general.architecture", "gpt2"); }), "gpt2");
+  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_string("general.architecture", "gpt2"); }), "gpt2");
   // A shape that no longer matches the hyperparameters names the tensor.
-  expect_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.feed_forward_length", 100); }),
+  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.feed_forward_length", 100); }),
                "blk.0.ffn_gate.weight");
-  expect_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.embedding_length", 32); }), "token_embd.weight");
+  expect_load_error(load(s, [](gguf::GgufWriter& w) { w.set_u32("llama.embedding_length", 32); }), "token_embd.weight");
   TinySpec moe;
   moe.n_expert = 4;
   moe.n_expert_used = 2;
-  expect_error(load(moe, [](gguf::GgufWriter& w) { w.set_u32("llama.expert_used_count", 5); }),
+  expect_load_error(load(moe, [](gguf::GgufWriter& w) { w.set_u32("llama.expert_used_count", 5); }),
                "llama.expert_used_count");
-  expect_error(load(moe, [](gguf::GgufWriter& w) { w.set_u32("llama.expert_count", 8); }), "ffn_gate_inp");
+  expect_load_error(load(moe, [](gguf::GgufWriter& w) { w.set_u32("llama.expert_count", 8); }), "ffn_gate_inp");
 }
 
 TEST_F(ModelLoadTest, LinearRopeScalingSetsFrequencyScale) {
@@ -167,14 +148,14 @@ TEST_F(ModelLoadTest, MissingTensorsAreNamed) {
   for (const char* t : {"output_norm.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight", "token_embd.weight"}) {
     TinySpec s;
     s.skip_tensor = t;
-    expect_error(load(s), t);
+    expect_load_error(load(s), t);
   }
   TinySpec moe;
   moe.arch = "qwen3moe";
   moe.n_expert = 4;
   moe.n_expert_used = 2;
   moe.skip_tensor = "blk.0.ffn_up_exps.weight";
-  expect_error(load(moe), "blk.0.ffn_up_exps.weight");
+  expect_load_error(load(moe), "blk.0.ffn_up_exps.weight");
 }
 
 TEST(Architectures, Registry) {

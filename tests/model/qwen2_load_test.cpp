@@ -12,47 +12,26 @@
 #include "core/model/architecture.h"
 #include "core/model/model.h"
 #include "core/synth/synth_model.h"
+#include "tests/model/load_test_support.h"
 #include "tests/test_support.h"
 
 namespace car::model {
 namespace {
 
+using testing::expect_load_error;
+
 class Qwen2LoadTest : public ::testing::Test {
  protected:
-  /// Write `spec` with synth; when `drop_tensor`, `drop_key` or `edit` is given, copy it through a writer
-  /// without that tensor / key and with `edit` applied. Returns the path.
+  /// Write `spec` with synth; when `drop_tensor`, `drop_key` or `edit` is given, rewrite it without that
+  /// tensor / key and with `edit` applied (load_test_support.h). Returns the path.
   std::string write(const synth::SynthSpec& spec, const std::string& drop_tensor = {},
                     const std::string& drop_key = {}, const std::function<void(gguf::GgufWriter&)>& edit = {}) {
     const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
     EXPECT_TRUE(synth::write_synth_model(spec, p).ok());
     if (drop_tensor.empty() && drop_key.empty() && !edit) return p;
-    auto f = gguf::GgufFile::open(p);
-    EXPECT_TRUE(f.ok());
-    gguf::GgufWriter w;
-    for (const auto& kv : (*f)->metadata()) {
-      if (kv.key != drop_key) w.set(kv.key, kv.value);
-    }
-    for (const auto& t : (*f)->tensors()) {
-      if (t.name == drop_tensor) continue;
-      auto bytes = (*f)->tensor_data(t);
-      std::vector<uint64_t> shape(t.ne.begin(), t.ne.begin() + t.n_dims);
-      EXPECT_TRUE(w.add_tensor(t.name, t.type, shape, std::vector<uint8_t>(bytes.begin(), bytes.end())).ok());
-    }
-    if (edit) edit(w);
-    const std::string p2 = p + ".edited.gguf";
-    EXPECT_TRUE(w.write(p2).ok());
-    return p2;
+    return testing::rewrite_gguf(p, drop_tensor, drop_key, edit);
   }
-  Result<std::shared_ptr<const Model>> load(const std::string& path) {
-    auto f = gguf::GgufFile::open(path);
-    EXPECT_TRUE(f.ok());
-    return Model::load(*f);
-  }
-  void expect_error(const Result<std::shared_ptr<const Model>>& r, const std::string& needle) {
-    ASSERT_FALSE(r.ok()) << "expected an error naming " << needle;
-    EXPECT_EQ(r.error().code, "load_failed");
-    EXPECT_NE(r.error().message.find(needle), std::string::npos) << r.error().message;
-  }
+  Result<std::shared_ptr<const Model>> load(const std::string& path) { return testing::load_model_file(path); }
   testing::TempDir dir_;
   int n_ = 0;
 };
@@ -109,7 +88,7 @@ TEST_F(Qwen2LoadTest, BiasesAreOptionalAndCheckedForLength) {
   const std::string bad = write(spec, "blk.0.attn_v.bias", {}, [](gguf::GgufWriter& w) {
     EXPECT_TRUE(w.add_tensor("blk.0.attn_v.bias", GgmlType::F32, {8}, std::vector<uint8_t>(32, 0)).ok());
   });
-  expect_error(load(bad), "blk.0.attn_v.bias");
+  expect_load_error(load(bad), "blk.0.attn_v.bias");
 }
 
 TEST_F(Qwen2LoadTest, Qwen2MoeHasASharedExpertBesideTheRoutedOnes) {
@@ -142,13 +121,13 @@ TEST_F(Qwen2LoadTest, Qwen2MoeErrorsNameTheMissingPiece) {
   const synth::SynthSpec spec = synth::tiny_spec("qwen2moe");
   for (const char* t : {"blk.0.ffn_gate_inp_shexp.weight", "blk.1.ffn_down_shexp.weight",
                         "blk.1.ffn_up_shexp.weight", "blk.0.ffn_gate_exps.weight"}) {
-    expect_error(load(write(spec, t)), t);
+    expect_load_error(load(write(spec, t)), t);
   }
   // Without its own key the shared expert's width is feed_forward_length (64 here, not the files' 48):
   // the tensors' shapes then disagree, and the error says so.
-  expect_error(load(write(spec, {}, "qwen2moe.expert_shared_feed_forward_length")), "ffn_gate_shexp.weight");
+  expect_load_error(load(write(spec, {}, "qwen2moe.expert_shared_feed_forward_length")), "ffn_gate_shexp.weight");
   // The routed experts' width has no fallback.
-  expect_error(load(write(spec, {}, "qwen2moe.expert_feed_forward_length")),
+  expect_load_error(load(write(spec, {}, "qwen2moe.expert_feed_forward_length")),
                "qwen2moe.expert_feed_forward_length");
 }
 

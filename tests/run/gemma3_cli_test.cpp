@@ -3,9 +3,6 @@
 // `--chat` renders Gemma 3's own template (the shared chat conformance set) into the prompt.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -14,27 +11,11 @@
 
 namespace {
 
-struct Output {
-  int status = -1;
-  std::string out;
-};
+using car::testing::CommandResult;
+using car::testing::run_car;
 
-/// Run the car binary with `args` (a shell-quoted string), capturing stdout; stderr is discarded.
-Output car(const std::string& args) {
-  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>/dev/null";
-  Output o;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.out.append(buf, n);
-  const int st = pclose(p);
-  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
-}
-
-nlohmann::json parse(const Output& o) {
-  EXPECT_EQ(o.status, 0) << o.out;
+nlohmann::json parse(const CommandResult& o) {
+  EXPECT_EQ(o.exit_code, 0) << o.out;
   return nlohmann::json::parse(o.out, nullptr, false);
 }
 
@@ -45,25 +26,25 @@ const std::string kShape =
 TEST(Gemma3Cli, InspectShowAndRun) {
   car::testing::TempDir dir;
   const std::string path = (dir.path() / "gemma3.gguf").string();
-  ASSERT_EQ(car(kShape + "--type q8_0 --seed 5 --final-softcap 30 -o " + path).status, 0);
-  const auto ins = parse(car("gguf inspect " + path + " --json"));
+  ASSERT_EQ(run_car(kShape + "--type q8_0 --seed 5 --final-softcap 30 -o " + path).exit_code, 0);
+  const auto ins = parse(run_car("gguf inspect " + path + " --json"));
   EXPECT_EQ(ins.at("metadata").at("general.architecture"), "gemma3");
   EXPECT_EQ(ins.at("metadata").at("gemma3.attention.sliding_window"), 4);
   EXPECT_EQ(ins.at("metadata").at("gemma3.final_logit_softcapping"), 30.0);
   EXPECT_EQ(ins.at("metadata").at("tokenizer.ggml.add_space_prefix"), false);
-  const auto show = parse(car("show " + path + " --json"));
+  const auto show = parse(run_car("show " + path + " --json"));
   EXPECT_EQ(show.at("architecture"), "gemma3");
   EXPECT_EQ(show.at("block_count"), 7);
-  const auto human = car("show " + path);
+  const auto human = run_car("show " + path);
   EXPECT_NE(human.out.find("architecture    gemma3"), std::string::npos) << human.out;
   // 12 prompt tokens + 10 generated: well past the window of 4.
-  const auto run = parse(car("run " + path +
+  const auto run = parse(run_car("run " + path +
                              " --prompt-ids 1,5,7,9,11,13,15,17,19,21,23,25 -n 10 --temperature 0 --top-logprobs 2 "
                              "--threads 1 --json"));
   EXPECT_EQ(run.at("tokens").size(), 10u);
   EXPECT_EQ(run.at("finish_reason"), "length");
   // Two threads, same tokens and logprobs.
-  const auto run2 = parse(car("run " + path +
+  const auto run2 = parse(run_car("run " + path +
                               " --prompt-ids 1,5,7,9,11,13,15,17,19,21,23,25 -n 10 --temperature 0 --top-logprobs 2 "
                               "--threads 2 --json"));
   EXPECT_EQ(run.at("tokens"), run2.at("tokens"));
@@ -74,21 +55,21 @@ TEST(Gemma3Cli, InspectShowAndRun) {
 TEST(Gemma3Cli, Gemma2InspectShowAndRun) {
   car::testing::TempDir dir;
   const std::string path = (dir.path() / "gemma2.gguf").string();
-  ASSERT_EQ(car("gguf synth --arch gemma2 --tied --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 16 "
+  ASSERT_EQ(run_car("gguf synth --arch gemma2 --tied --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 16 "
                 "--vocab 300 --ctx 256 --sliding-window 4 --attn-softcap 50 --final-softcap 30 --type q8_0 --seed 6 -o " +
                 path)
-                .status,
+                .exit_code,
             0);
   // No --tied: refused, as llama.cpp refuses a gemma2 file with output.weight.
-  EXPECT_NE(car("gguf synth --arch gemma2 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 --vocab 300 -o " +
+  EXPECT_NE(run_car("gguf synth --arch gemma2 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 --vocab 300 -o " +
                 (dir.path() / "untied.gguf").string())
-                .status,
+                .exit_code,
             0);
-  const auto ins = parse(car("gguf inspect " + path + " --json"));
+  const auto ins = parse(run_car("gguf inspect " + path + " --json"));
   EXPECT_EQ(ins.at("metadata").at("general.architecture"), "gemma2");
   EXPECT_EQ(ins.at("metadata").at("gemma2.attn_logit_softcapping"), 50.0);
-  EXPECT_EQ(parse(car("show " + path + " --json")).at("architecture"), "gemma2");
-  const auto run = parse(car("run " + path + " --prompt-ids 1,5,7,9,11,13,15,17 -n 6 --temperature 0 --threads 2 --json"));
+  EXPECT_EQ(parse(run_car("show " + path + " --json")).at("architecture"), "gemma2");
+  const auto run = parse(run_car("run " + path + " --prompt-ids 1,5,7,9,11,13,15,17 -n 6 --temperature 0 --threads 2 --json"));
   EXPECT_EQ(run.at("tokens").size(), 6u);
 }
 
@@ -101,12 +82,12 @@ TEST(Gemma3Cli, ChatWithGemma3sOwnTemplate) {
   ASSERT_TRUE(car::testing::read_fixture(tmpl)) << tmpl;
   car::testing::TempDir dir;
   const std::string path = (dir.path() / "gemma3-chat.gguf").string();
-  ASSERT_EQ(car(kShape + "--type q8_0 --seed 8 --chat-template '" + tmpl.string() + "' -o " + path).status, 0);
-  EXPECT_EQ(parse(car("show " + path + " --json")).at("chat_template"), true);
-  const auto chat = parse(car("run " + path + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
+  ASSERT_EQ(run_car(kShape + "--type q8_0 --seed 8 --chat-template '" + tmpl.string() + "' -o " + path).exit_code, 0);
+  EXPECT_EQ(parse(run_car("show " + path + " --json")).at("chat_template"), true);
+  const auto chat = parse(run_car("run " + path + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
   const std::string rendered = (dir.path() / "rendered.txt").string();
   std::ofstream(rendered, std::ios::binary) << "<start_of_turn>user\nHello there<end_of_turn>\n<start_of_turn>model\n";
-  const auto plain = parse(car("run " + path + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
+  const auto plain = parse(run_car("run " + path + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
   EXPECT_EQ(chat.at("prompt_tokens"), plain.at("prompt_tokens"));
   EXPECT_EQ(chat.at("prompt_tokens").at(0), 1);  // one BOS, not two
   EXPECT_NE(chat.at("prompt_tokens").at(1), 1);

@@ -4,8 +4,6 @@
 // into the prompt.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,27 +13,11 @@
 
 namespace {
 
-struct Output {
-  int status = -1;
-  std::string out;
-};
+using car::testing::CommandResult;
+using car::testing::run_car;
 
-/// Run the car binary with `args` (a shell-quoted string), capturing stdout; stderr is discarded.
-Output car(const std::string& args) {
-  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>/dev/null";
-  Output o;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.out.append(buf, n);
-  const int st = pclose(p);
-  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
-}
-
-nlohmann::json parse(const Output& o) {
-  EXPECT_EQ(o.status, 0) << o.out;
+nlohmann::json parse(const CommandResult& o) {
+  EXPECT_EQ(o.exit_code, 0) << o.out;
   return nlohmann::json::parse(o.out, nullptr, false);
 }
 
@@ -52,14 +34,14 @@ class Qwen2Cli : public ::testing::Test {
     std::ofstream(tmpl) << kChatMl;
     moe_ = (dir_->path() / "qwen2moe.gguf").string();
     dense_ = (dir_->path() / "qwen2.gguf").string();
-    ASSERT_EQ(car("gguf synth --arch qwen2moe --layers 2 --embd 64 --ff 128 --ff-expert 64 --ff-shared 96 "
+    ASSERT_EQ(run_car("gguf synth --arch qwen2moe --layers 2 --embd 64 --ff 128 --ff-expert 64 --ff-shared 96 "
                   "--heads 4 --kv-heads 2 --experts 8 --experts-used 2 --vocab 300 --ctx 256 --type q8_0 "
                   "--seed 5 --chat-template " + tmpl + " -o " + moe_)
-                  .status,
+                  .exit_code,
               0);
-    ASSERT_EQ(car("gguf synth --arch qwen2 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 --vocab 300 "
+    ASSERT_EQ(run_car("gguf synth --arch qwen2 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 --vocab 300 "
                   "--ctx 256 --type f32 --seed 6 -o " + dense_)
-                  .status,
+                  .exit_code,
               0);
   }
   static void TearDownTestSuite() {
@@ -74,41 +56,41 @@ std::string Qwen2Cli::moe_;
 std::string Qwen2Cli::dense_;
 
 TEST_F(Qwen2Cli, InspectAndShowNameTheArchitecture) {
-  const auto ins = parse(car("gguf inspect " + moe_ + " --json"));
+  const auto ins = parse(run_car("gguf inspect " + moe_ + " --json"));
   EXPECT_EQ(ins.at("metadata").at("general.architecture"), "qwen2moe");
   EXPECT_EQ(ins.at("metadata").at("qwen2moe.expert_shared_feed_forward_length"), 96);
   EXPECT_EQ(ins.at("metadata").at("qwen2moe.expert_feed_forward_length"), 64);
-  const auto show = parse(car("show " + moe_ + " --json"));
+  const auto show = parse(run_car("show " + moe_ + " --json"));
   EXPECT_EQ(show.at("architecture"), "qwen2moe");
   EXPECT_EQ(show.at("expert_count"), 8);
   EXPECT_EQ(show.at("chat_template"), true);
   EXPECT_GT(show.at("memory").at("total_bytes").get<uint64_t>(), 0u);
-  EXPECT_EQ(parse(car("show " + dense_ + " --json")).at("architecture"), "qwen2");
-  const auto human = car("show " + dense_);
+  EXPECT_EQ(parse(run_car("show " + dense_ + " --json")).at("architecture"), "qwen2");
+  const auto human = run_car("show " + dense_);
   EXPECT_NE(human.out.find("architecture    qwen2"), std::string::npos) << human.out;
 }
 
 TEST_F(Qwen2Cli, RunGeneratesTheSameResidentAndStreamed) {
   const std::string args = " --prompt-ids 1,5,7,9,11 -n 8 --temperature 0 --top-logprobs 2 --threads 1 --json";
-  const auto resident = parse(car("run " + moe_ + args + " --stream-experts off"));
-  const auto streamed = parse(car("run " + moe_ + args + " --stream-experts on --expert-ram-gb 0.0001"));
+  const auto resident = parse(run_car("run " + moe_ + args + " --stream-experts off"));
+  const auto streamed = parse(run_car("run " + moe_ + args + " --stream-experts on --expert-ram-gb 0.0001"));
   EXPECT_EQ(resident.at("experts").at("mode"), "resident");
   EXPECT_EQ(streamed.at("experts").at("mode"), "streamed");
   ASSERT_EQ(resident.at("tokens").size(), 8u);
   EXPECT_EQ(resident.at("tokens"), streamed.at("tokens"));
   EXPECT_EQ(resident.at("top_logprobs"), streamed.at("top_logprobs"));
-  const auto dense = parse(car("run " + dense_ + args));
+  const auto dense = parse(run_car("run " + dense_ + args));
   EXPECT_EQ(dense.at("tokens").size(), 8u);
 }
 
 TEST_F(Qwen2Cli, ChatRendersTheChatMlTemplate) {
-  const auto chat = parse(car("run " + moe_ + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
+  const auto chat = parse(run_car("run " + moe_ + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
   // The same prompt written out as the template renders it, tokenized as text (the synthetic vocabulary has
   // no <|im_start|> token, so the markers are plain text either way).
   const std::string rendered = (dir_->path() / "rendered.txt").string();
   std::ofstream(rendered, std::ios::binary) << "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n";
   const auto plain =
-      parse(car("run " + moe_ + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
+      parse(run_car("run " + moe_ + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
   EXPECT_EQ(chat.at("prompt_tokens"), plain.at("prompt_tokens"));
   EXPECT_GT(chat.at("prompt_tokens").size(), 20u);
   EXPECT_EQ(chat.at("tokens"), plain.at("tokens"));
@@ -121,11 +103,11 @@ TEST_F(Qwen2Cli, ChatWithQwen25sOwnTemplate) {
   const auto tmpl = conf / "chat" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja";
   ASSERT_TRUE(car::testing::read_fixture(tmpl)) << tmpl;
   const std::string path = (dir_->path() / "qwen25.gguf").string();
-  ASSERT_EQ(car("gguf synth --arch qwen2 --layers 1 --embd 64 --ff 128 --heads 4 --kv-heads 2 --vocab 300 "
+  ASSERT_EQ(run_car("gguf synth --arch qwen2 --layers 1 --embd 64 --ff 128 --heads 4 --kv-heads 2 --vocab 300 "
                 "--ctx 512 --type q8_0 --seed 8 --chat-template '" + tmpl.string() + "' -o " + path)
-                .status,
+                .exit_code,
             0);
-  const auto chat = parse(car("run " + path + " --chat 'Hi' -n 2 --temperature 0 --threads 1 --json"));
+  const auto chat = parse(run_car("run " + path + " --chat 'Hi' -n 2 --temperature 0 --threads 1 --json"));
   EXPECT_EQ(chat.at("tokens").size(), 2u);
   // "You are Qwen, created by Alibaba Cloud..." is in the rendered prompt: far more than the message's tokens.
   EXPECT_GT(chat.at("prompt_tokens").size(), 60u);

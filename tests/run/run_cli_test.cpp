@@ -2,11 +2,9 @@
 // fields, greedy consistency with top_logprobs, seeded reproducibility, exit codes for bad input.
 #include <gtest/gtest.h>
 
-#include <fstream>
-
-#include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -14,24 +12,8 @@
 
 namespace {
 
-struct Output {
-  int status = -1;
-  std::string out;
-};
-
-/// Run the car binary with `args` (a shell-quoted string), capturing stdout; stderr is discarded.
-Output car(const std::string& args) {
-  const std::string cmd = std::string(CAR_BINARY_DIR) + "/tools/car " + args + " 2>/dev/null";
-  Output o;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.out.append(buf, n);
-  const int st = pclose(p);
-  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
-}
+using car::testing::CommandResult;
+using car::testing::run_car;
 
 class RunCli : public ::testing::Test {
  protected:
@@ -39,10 +21,10 @@ class RunCli : public ::testing::Test {
     dir_ = new car::testing::TempDir();
     model_ = (dir_->path() / "tiny.gguf").string();
     const auto o =
-        car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
+        run_car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
             "--ctx 256 --type f32 --seed 3 -o " +
             model_);
-    ASSERT_EQ(o.status, 0) << "car gguf synth failed";
+    ASSERT_EQ(o.exit_code, 0) << "car gguf synth failed";
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -55,10 +37,10 @@ car::testing::TempDir* RunCli::dir_ = nullptr;
 std::string RunCli::model_;
 
 TEST_F(RunCli, JsonHasTheContractFieldsAndGreedyMatchesTopLogprobs) {
-  const auto o = car("run " + model_ +
+  const auto o = run_car("run " + model_ +
                      " --prompt-ids 1,5,7,9 --max-tokens 6 --temperature 0 --top-logprobs 3 "
                      "--threads 1 --json");
-  ASSERT_EQ(o.status, 0);
+  ASSERT_EQ(o.exit_code, 0);
   const auto j = nlohmann::json::parse(o.out);
   EXPECT_EQ(j.at("prompt_tokens"), (nlohmann::json{1, 5, 7, 9}));
   const auto& tokens = j.at("tokens");
@@ -92,27 +74,27 @@ TEST_F(RunCli, SeededSamplingIsReproducible) {
   const std::string args = "run " + model_ +
                            " --prompt-ids 1,2,3 --max-tokens 8 --temperature 1.0 --top-k 0 "
                            "--top-p 1 --min-p 0 --seed 11 --threads 1 --json";
-  const auto a = car(args);
-  const auto b = car(args);
-  ASSERT_EQ(a.status, 0);
-  ASSERT_EQ(b.status, 0);
+  const auto a = run_car(args);
+  const auto b = run_car(args);
+  ASSERT_EQ(a.exit_code, 0);
+  ASSERT_EQ(b.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(b.out).at("tokens"));
 }
 
 TEST_F(RunCli, TextPromptAndHumanMode) {
-  const auto o = car("run " + model_ + " --prompt 'hello world' --max-tokens 3 --temperature 0 --threads 1");
-  EXPECT_EQ(o.status, 0);
+  const auto o = run_car("run " + model_ + " --prompt 'hello world' --max-tokens 3 --temperature 0 --threads 1");
+  EXPECT_EQ(o.exit_code, 0);
 }
 
 TEST_F(RunCli, BadInputExitCodes) {
-  EXPECT_EQ(car("run " + model_ + " --prompt-ids 1,x --threads 1").status, 2);
-  EXPECT_NE(car("run " + model_ + " --prompt hi --top-p 7").status, 0);  // CLI11 range check: its own code
-  EXPECT_EQ(car("run " + model_).status, 2);                             // neither --prompt nor --prompt-ids
+  EXPECT_EQ(run_car("run " + model_ + " --prompt-ids 1,x --threads 1").exit_code, 2);
+  EXPECT_NE(run_car("run " + model_ + " --prompt hi --top-p 7").exit_code, 0);  // CLI11 range check: its own code
+  EXPECT_EQ(run_car("run " + model_).exit_code, 2);                             // neither --prompt nor --prompt-ids
   // A path that names no file (nor a model id) is bad input, as for car show and bench.
-  EXPECT_EQ(car("run " + (dir_->path() / "missing.gguf").string() + " --prompt hi").status, 2);
+  EXPECT_EQ(run_car("run " + (dir_->path() / "missing.gguf").string() + " --prompt hi").exit_code, 2);
   std::ofstream(dir_->path() / "garbage.gguf") << "not a GGUF file";
-  EXPECT_EQ(car("run " + (dir_->path() / "garbage.gguf").string() + " --prompt hi").status, 1);  // not GGUF
-  EXPECT_EQ(car("run " + model_ + " --prompt-ids 1,299999 --threads 1").status,
+  EXPECT_EQ(run_car("run " + (dir_->path() / "garbage.gguf").string() + " --prompt hi").exit_code, 1);  // not GGUF
+  EXPECT_EQ(run_car("run " + model_ + " --prompt-ids 1,299999 --threads 1").exit_code,
             1);  // id outside the vocabulary
 }
 
@@ -126,53 +108,43 @@ TEST_F(RunCli, EnvironmentSettingsAreValidated) {
 
 TEST_F(RunCli, PromptIsPositionalWithFlagAliasAndStdin) {
   const std::string common = " --max-tokens 4 --temperature 0 --threads 1 --json";
-  const auto positional = car("run " + model_ + " 'hello world'" + common);
-  const auto flag = car("run " + model_ + " --prompt 'hello world'" + common);
-  ASSERT_EQ(positional.status, 0);
-  ASSERT_EQ(flag.status, 0);
+  const auto positional = run_car("run " + model_ + " 'hello world'" + common);
+  const auto flag = run_car("run " + model_ + " --prompt 'hello world'" + common);
+  ASSERT_EQ(positional.exit_code, 0);
+  ASSERT_EQ(flag.exit_code, 0);
   const auto a = nlohmann::json::parse(positional.out), b = nlohmann::json::parse(flag.out);
   EXPECT_EQ(a.at("prompt_tokens"), b.at("prompt_tokens"));
   EXPECT_EQ(a.at("tokens"), b.at("tokens"));
   // popen runs /bin/sh, which has no process substitution: pipe through printf instead.
-  const std::string bin = std::string(CAR_BINARY_DIR) + "/tools/car";
-  Output p;
-  {
-    const std::string cmd =
-        "printf 'hello world' | " + bin + " run " + model_ + " -" + common + " 2>/dev/null";
-    FILE* f = popen(cmd.c_str(), "r");
-    ASSERT_NE(f, nullptr);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) p.out.append(buf, n);
-    const int st = pclose(f);
-    p.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-  ASSERT_EQ(p.status, 0);
+  const CommandResult p = car::testing::run_shell_stdout("printf 'hello world' | " +
+                                                         car::testing::car_binary().string() + " run " +
+                                                         model_ + " -" + common + " 2>/dev/null");
+  ASSERT_EQ(p.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(p.out).at("prompt_tokens"), a.at("prompt_tokens"));
-  EXPECT_EQ(car("run " + model_ + " 'hello' --prompt 'hello' --threads 1").status, 2);  // the prompt twice
-  EXPECT_EQ(car("run " + model_ + " - --threads 1 < /dev/null").status, 2);             // empty stdin
+  EXPECT_EQ(run_car("run " + model_ + " 'hello' --prompt 'hello' --threads 1").exit_code, 2);  // the prompt twice
+  EXPECT_EQ(run_car("run " + model_ + " - --threads 1 < /dev/null").exit_code, 2);             // empty stdin
 }
 
 TEST_F(RunCli, UsageErrorsExitTwoAndPlainCarListsTheCommands) {
-  const auto plain = car("");
-  EXPECT_EQ(plain.status, 0);
+  const auto plain = run_car("");
+  EXPECT_EQ(plain.exit_code, 0);
   for (const char* command : {"run", "infer", "show", "bench", "tokenize", "gguf", "health"}) {
     EXPECT_NE(plain.out.find(command), std::string::npos) << command;
   }
-  EXPECT_EQ(car("frobnicate").status, 2);
-  EXPECT_EQ(car("run").status, 2);                                   // FILE missing
-  EXPECT_EQ(car("run " + model_ + " hi --top-p 7").status, 2);       // out of range
-  EXPECT_EQ(car("run " + model_ + " hi --no-such-flag").status, 2);  // unknown flag
-  EXPECT_EQ(car("--help").status, 0);
-  EXPECT_NE(car("run --help").out.find("128"), std::string::npos) << "defaults are shown (--max-tokens 128)";
+  EXPECT_EQ(run_car("frobnicate").exit_code, 2);
+  EXPECT_EQ(run_car("run").exit_code, 2);                                   // FILE missing
+  EXPECT_EQ(run_car("run " + model_ + " hi --top-p 7").exit_code, 2);       // out of range
+  EXPECT_EQ(run_car("run " + model_ + " hi --no-such-flag").exit_code, 2);  // unknown flag
+  EXPECT_EQ(run_car("--help").exit_code, 0);
+  EXPECT_NE(run_car("run --help").out.find("128"), std::string::npos) << "defaults are shown (--max-tokens 128)";
 }
 
 TEST_F(RunCli, ShowDescribesTheModelByFileOrId) {
-  const auto inspect = car("gguf inspect " + model_ + " --json");
-  ASSERT_EQ(inspect.status, 0);
+  const auto inspect = run_car("gguf inspect " + model_ + " --json");
+  ASSERT_EQ(inspect.exit_code, 0);
   const auto file = nlohmann::json::parse(inspect.out);
-  const auto by_file = car("show " + model_ + " --json");
-  ASSERT_EQ(by_file.status, 0);
+  const auto by_file = run_car("show " + model_ + " --json");
+  ASSERT_EQ(by_file.exit_code, 0);
   const auto j = nlohmann::json::parse(by_file.out);
   EXPECT_EQ(j.at("architecture"), "llama");
   EXPECT_EQ(j.at("parameters"), file.at("totals").at("elements"));
@@ -190,25 +162,25 @@ TEST_F(RunCli, ShowDescribesTheModelByFileOrId) {
   EXPECT_GT(mem.at("kv_cache").get<uint64_t>(), 0u);
   // By id in a models directory, with or without the .gguf suffix; a missing id is a usage error.
   const std::string dir = " --models-dir " + dir_->path().string();
-  const auto by_id = car("show tiny --json" + dir);
-  ASSERT_EQ(by_id.status, 0);
+  const auto by_id = run_car("show tiny --json" + dir);
+  ASSERT_EQ(by_id.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(by_id.out).at("parameters"), j.at("parameters"));
-  EXPECT_EQ(car("show tiny.gguf --json" + dir).status, 0);
-  EXPECT_EQ(car("show no-such-model" + dir).status, 2);
-  const auto human = car("show " + model_);
-  ASSERT_EQ(human.status, 0);
+  EXPECT_EQ(run_car("show tiny.gguf --json" + dir).exit_code, 0);
+  EXPECT_EQ(run_car("show no-such-model" + dir).exit_code, 2);
+  const auto human = run_car("show " + model_);
+  ASSERT_EQ(human.exit_code, 0);
   EXPECT_NE(human.out.find("quantization    F32"), std::string::npos) << human.out;
 }
 
 TEST_F(RunCli, InspectDecodesFileTypeAndTokenTypes) {
   const std::string q8 = (dir_->path() / "tiny-q8.gguf").string();
-  ASSERT_EQ(car("gguf synth --arch llama --layers 1 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
+  ASSERT_EQ(run_car("gguf synth --arch llama --layers 1 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
                 "--ctx 64 --type q8_0 --seed 4 -o " +
                 q8)
-                .status,
+                .exit_code,
             0);
-  const auto o = car("gguf inspect " + q8 + " --json");
-  ASSERT_EQ(o.status, 0);
+  const auto o = run_car("gguf inspect " + q8 + " --json");
+  ASSERT_EQ(o.exit_code, 0);
   const auto j = nlohmann::json::parse(o.out);
   EXPECT_EQ(j.at("metadata").at("general.file_type"), 7);
   EXPECT_EQ(j.at("decoded").at("file_type"), "Q8_0");
@@ -216,24 +188,24 @@ TEST_F(RunCli, InspectDecodesFileTypeAndTokenTypes) {
   for (const auto& [name, n] : j.at("decoded").at("token_types").items()) counted += n.get<uint64_t>();
   EXPECT_EQ(counted, 300u);
   EXPECT_EQ(j.at("decoded").at("token_types").at("byte"), 256);
-  const auto human = car("gguf inspect " + q8);
+  const auto human = run_car("gguf inspect " + q8);
   EXPECT_NE(human.out.find("7 (Q8_0)"), std::string::npos);
-  EXPECT_EQ(car("show " + q8 + " --json").status, 0);
-  EXPECT_EQ(nlohmann::json::parse(car("show " + q8 + " --json").out).at("quantization"), "Q8_0");
+  EXPECT_EQ(run_car("show " + q8 + " --json").exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(run_car("show " + q8 + " --json").out).at("quantization"), "Q8_0");
 }
 
 TEST_F(RunCli, BenchPrintsRowsAndMeasuresBandwidthUnlessGiven) {
-  const auto human = car("bench " + model_ + " -p 8 -n 4 -r 1 --threads 1");
-  ASSERT_EQ(human.status, 0);
+  const auto human = run_car("bench " + model_ + " -p 8 -n 4 -r 1 --threads 1");
+  ASSERT_EQ(human.exit_code, 0);
   EXPECT_NE(human.out.find("| pp8 |"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("| tg4 |"), std::string::npos) << human.out;
   EXPECT_EQ(human.out.find("MiB"), std::string::npos) << "one unit system (decimal): " << human.out;
   const auto measured =
-      nlohmann::json::parse(car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json").out);
+      nlohmann::json::parse(run_car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json").out);
   EXPECT_EQ(measured.at("bandwidth_source"), "measured");
   EXPECT_GT(measured.at("bandwidth_gbs").get<double>(), 0.0);
   const auto given = nlohmann::json::parse(
-      car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json --bandwidth-gbs 12.5").out);
+      run_car("bench " + model_ + " -p 0 -n 2 -r 1 --threads 1 --json --bandwidth-gbs 12.5").out);
   EXPECT_EQ(given.at("bandwidth_source"), "given");
   EXPECT_DOUBLE_EQ(given.at("bandwidth_gbs").get<double>(), 12.5);
 }
@@ -243,15 +215,9 @@ TEST_F(RunCli, SettingsFollowTheDaemonsRules) {
   // environment and for the flags that set the same thing; the message is the daemon's.
   const std::string run = std::string(CAR_BINARY_DIR) + "/tools/car run " + model_ + " --prompt hi --max-tokens 1";
   auto output_of = [](const std::string& cmd, int* status) {
-    std::string out;
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    if (p == nullptr) return out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    const int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return out;
+    const CommandResult r = car::testing::run_shell_stdout(cmd + " 2>&1");
+    *status = r.exit_code;
+    return r.out;
   };
   int status = 0;
   std::string out = output_of("CAR_INFERENCE_THREADS=0 " + run, &status);
@@ -275,8 +241,8 @@ TEST_F(RunCli, SettingsFollowTheDaemonsRules) {
 }
 
 TEST_F(RunCli, BenchJson) {
-  const auto o = car("bench " + model_ + " -p 8 -n 4 -r 2 --threads 1 --json");
-  ASSERT_EQ(o.status, 0);
+  const auto o = run_car("bench " + model_ + " -p 8 -n 4 -r 2 --threads 1 --json");
+  ASSERT_EQ(o.exit_code, 0);
   const auto j = nlohmann::json::parse(o.out);
   ASSERT_EQ(j.at("pp").at("samples").size(), 2u);
   ASSERT_EQ(j.at("tg").at("samples").size(), 2u);

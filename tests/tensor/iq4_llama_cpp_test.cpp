@@ -1,4 +1,5 @@
-// Our IQ4_NL / IQ4_XS / MXFP4 kernels against llama.cpp's own (issue #27), bit for bit: the weight rows,
+// Our IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS / IQ1_S kernels (and the second slice's IQ3_XXS / IQ3_S / IQ2_XS /
+// IQ2_S / IQ1_M: tests/data/reference/iq27) against llama.cpp's own (issue #27), bit for bit: the weight rows,
 // activations and results in tests/data/reference/quant27/kernel_goldens.json were made by calling the
 // ggml libraries of the reference harness's llama.cpp build (make_kernel_goldens.py: ggml's quantizers and
 // dequantizers, the CPU backend's activation rounding and ggml_vec_dot_*, its AVX2 and AVX-512 builds
@@ -46,14 +47,15 @@ std::string bits(float f) {
   return s;
 }
 
-TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
-  const auto path =
-      std::filesystem::path(CAR_SOURCE_DIR) / "tests/data/reference/quant27/kernel_goldens.json";
+/// Every type of a kernel_goldens.json (`types` of them): activation rounding, dequantizer and each ISA's dot
+/// kernel against llama.cpp's bits.
+void check_kernel_goldens(const char* file, size_t types) {
+  const auto path = std::filesystem::path(CAR_SOURCE_DIR) / file;
   const auto text = car::testing::read_fixture(path);
   ASSERT_TRUE(text) << "missing " << path;
   const json doc = json::parse(*text);
   const auto n = doc.at("n").get<int64_t>();
-  ASSERT_EQ(doc.at("types").size(), 5u);
+  ASSERT_EQ(doc.at("types").size(), types);
   for (const json& t : doc.at("types")) {
     const auto type = ggml_type_from_name(t.at("type").get<std::string>());
     ASSERT_TRUE(type.has_value());
@@ -95,6 +97,16 @@ TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
       }
     }
   }
+}
+
+TEST(Iq4LlamaCpp, KernelsGiveLlamaCppsBits) {
+  check_kernel_goldens("tests/data/reference/quant27/kernel_goldens.json", 5);
+}
+
+// The second slice of issue #27's types (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_M, TQ1_0, TQ2_0): rows from ggml's quantizers
+// and random rows, tests/data/reference/iq27/make_kernel_goldens.py.
+TEST(IqSlice2LlamaCpp, KernelsGiveLlamaCppsBits) {
+  check_kernel_goldens("tests/data/reference/iq27/kernel_goldens.json", 7);
 }
 
 }  // namespace

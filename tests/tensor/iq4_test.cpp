@@ -189,7 +189,7 @@ TEST(Iq4Formats, ReferenceDotMatchesDequantizedProduct) {
 namespace car::tensor {
 namespace {
 
-// IQ2_XXS and IQ1_S (issue #27's codebook formats): computed, not written. Random blocks under a sane fp16
+// IQ2_XXS and IQ1_S (issue #27's codebook formats; both written by synth). Random blocks under a sane fp16
 // scale (every grid index, sign code, group scale and delta sign is valid): every ISA's dot equals the
 // reference bit for bit, and the reference equals the double-precision product of the dequantized rows.
 std::vector<uint8_t> random_codebook_row(GgmlType t, std::mt19937& rng, int64_t n) {
@@ -210,7 +210,7 @@ TEST(Iq2Xxs, ComputedAndOnlyIq2XxsWritten) {
     EXPECT_EQ(activation_type(t), GgmlType::Q8_K) << ggml_type_name(t);
   }
   EXPECT_TRUE(can_quantize(GgmlType::IQ2_XXS));
-  EXPECT_FALSE(can_quantize(GgmlType::IQ1_S));
+  EXPECT_TRUE(can_quantize(GgmlType::IQ1_S));  // since slice 2 (quantize_codebook.cpp)
 }
 
 // The plain IQ2_XXS quantizer: N(0, 1) rows come back within the format's resolution (2.06 bits a weight;

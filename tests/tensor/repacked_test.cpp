@@ -1,6 +1,6 @@
 // The products of matrices llama.cpp's x86 CPU backend repacks (kernel_table.h repacked(): Q4_K, and Q2_K
 // as its AVX-512 build does, with a row count that is a multiple of 8), which it sums in the order of its
-// repacked gemv / gemm kernels:
+// repacked gemv / gemm kernels (Q4_0, IQ4_NL and MXFP4, repacked too, in repacked_nl32_test.cpp):
 //   - every table's gemv / gemm kernels (and the AVX-512 multi-row gemv kernel) equal the scalar references
 //     bit for bit on general data - the integer sums are exact and the float steps are the same FMAs;
 //   - the references compute the dot product (against a double-precision sum of the dequantized terms);
@@ -224,9 +224,9 @@ TEST(Repacked, ForcedOffIsaFallsBackWithTheSameBits) {
   }
 }
 
-TEST(Repacked, OnlyQ4KAndQ2KMatricesWithRowsAMultipleOf8) {
+TEST(Repacked, OnlyTheTypesLlamaCppRepacksWithRowsAMultipleOf8) {
   MatrixView w;
-  for (GgmlType t : kRepackedTypes) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q2_K, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4}) {
     w.type = t;
     for (int64_t rows : {8, 16, 256, 512}) {
       w.rows = rows;
@@ -239,7 +239,7 @@ TEST(Repacked, OnlyQ4KAndQ2KMatricesWithRowsAMultipleOf8) {
   }
   w.rows = 256;
   for (GgmlType t :
-       {GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F32}) {
+       {GgmlType::Q3_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::IQ4_XS, GgmlType::F32}) {
     w.type = t;
     EXPECT_FALSE(detail::repacked(w)) << ggml_type_name(t);
   }

@@ -408,7 +408,7 @@ TEST(SimdMirror, AttentionOfEveryTableEqualsScalarBitForBit) {
       for (size_t i = 0; i < kf.size(); ++i) kh[i] = fp32_to_fp16(kf[i]);
       for (size_t i = 0; i < vf.size(); ++i) vh[i] = fp32_to_fp16(vf[i]);
       std::vector<float> a(static_cast<size_t>(dv)), b(static_cast<size_t>(dv)), c(static_cast<size_t>(dv));
-      k.attend(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, a.data(), q16.data(), acc.data());
+      k.attend(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, a.data(), q16.data(), acc.data(), kNoSink);
       attend_head(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, b.data(), q16.data(), acc.data());
       attend_head_scalar(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, c.data(), q16.data(),
                          acc.data());

@@ -1,0 +1,215 @@
+// ForwardPass on gpt-oss files written by synth (issue #27): sinks, the sliding-window layers, the O / router /
+// expert biases, softmax-top-k routing and swiglu_oai run in the prompt path, the decode path and batched
+// steps alike, so
+//   - a prompt longer than the window evaluated in one batch gives bit for bit the logits of token-by-token
+//     decode (F32, Q8_0, and MXFP4 experts beside Q8_0: llama-quantize's MXFP4_MOE), and chunking or a
+//     second thread changes nothing;
+//   - a sequence's logits are the same alone and in a step with another sequence at other positions;
+//   - the sinks and the window are live: changing the sink logits or the window changes the logits.
+// Agreement with llama.cpp itself is engine_reference_conformance_test's (gpt-oss-* fixtures).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/engine/forward.h"
+#include "core/experts/resident_source.h"
+#include "core/gguf/gguf_writer.h"
+#include "core/synth/synth_model.h"
+#include "tests/test_support.h"
+
+namespace car::engine {
+namespace {
+
+struct Loaded {
+  std::shared_ptr<const model::Model> model;
+  std::unique_ptr<experts::ResidentExpertSource> experts;
+};
+
+Loaded load(const std::string& path) {
+  Loaded l;
+  auto f = gguf::GgufFile::open(path);
+  EXPECT_TRUE(f.ok()) << path;
+  if (!f.ok()) return l;
+  auto m = model::Model::load(*f);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+  if (!m.ok()) return l;
+  l.model = *m;
+  l.experts = std::make_unique<experts::ResidentExpertSource>(l.model->expert_banks());
+  return l;
+}
+
+synth::SynthSpec spec_of(const std::string& type) {
+  synth::SynthSpec s = synth::tiny_spec("gpt-oss");
+  s.n_layer = 3;
+  s.n_embd = 256;  // MXFP4 / Q8_0 rows
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.head_dim = 64;
+  s.n_ff = 256;
+  s.n_ff_expert = 256;
+  s.n_expert = 8;
+  s.n_expert_used = 3;
+  s.n_vocab = 320;
+  s.sliding_window = 5;
+  s.weight_type = type;
+  s.seed = 78;
+  return s;
+}
+
+std::string write(const testing::TempDir& dir, const synth::SynthSpec& s, const std::string& tag = {}) {
+  const std::string path = (dir / (s.arch + "-" + s.weight_type + tag + ".gguf")).string();
+  auto ok = synth::write_synth_model(s, path);
+  EXPECT_TRUE(ok.ok()) << (ok.ok() ? "" : ok.error().message);
+  return path;
+}
+
+std::vector<int32_t> tokens(int n, int64_t vocab) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(1 + (5 + i * 97) % (vocab - 1)));
+  return t;
+}
+
+std::vector<float> batch_logits(const Loaded& l, const std::vector<int32_t>& toks, ThreadPool* pool, int64_t max_batch) {
+  ForwardPass fp(l.model, l.experts.get(), pool, max_batch);
+  KvCache kv = fp.make_cache(64);
+  std::vector<float> out(toks.size() * static_cast<size_t>(l.model->hparams().n_vocab));
+  EXPECT_TRUE(fp.eval(toks, kv, out.data(), true).ok());
+  return out;
+}
+
+std::vector<float> decode_logits(const Loaded& l, const std::vector<int32_t>& toks, ThreadPool* pool) {
+  ForwardPass fp(l.model, l.experts.get(), pool, 64);
+  KvCache kv = fp.make_cache(64);
+  const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
+  std::vector<float> out(toks.size() * V);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    EXPECT_TRUE(fp.eval(std::span<const int32_t>(&toks[i], 1), kv, out.data() + i * V, false).ok());
+  }
+  return out;
+}
+
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+TEST(GptOssForward, BatchEqualsDecodeAndChunkingAndThreadsChangeNothing) {
+  testing::TempDir dir;
+  ThreadPool pool(2);
+  for (const char* type : {"f32", "q8_0", "mxfp4_moe"}) {
+    SCOPED_TRACE(type);
+    Loaded l = load(write(dir, spec_of(type)));
+    ASSERT_TRUE(l.model);
+    if (std::string(type) == "mxfp4_moe") {
+      EXPECT_EQ(l.model->expert_banks()[0].gate_bank.type, GgmlType::MXFP4);
+      EXPECT_EQ(l.model->layers()[0].wq.type, GgmlType::Q8_0);
+    }
+    const auto toks = tokens(13, l.model->hparams().n_vocab);  // past the window of 5
+    const auto batch = batch_logits(l, toks, &pool, 64);
+    expect_same_bits(batch, decode_logits(l, toks, &pool), "batch vs token by token");
+    expect_same_bits(batch, batch_logits(l, toks, nullptr, 4), "chunks of 4, one thread");
+    double spread = 0;
+    for (float v : batch) spread = std::max(spread, static_cast<double>(std::fabs(v)));
+    EXPECT_GT(spread, 0.5);  // not vacuous
+  }
+}
+
+TEST(GptOssForward, SequenceAloneEqualsInCompany) {
+  testing::TempDir dir;
+  ThreadPool pool(2);
+  Loaded l = load(write(dir, spec_of("mxfp4_moe")));
+  ASSERT_TRUE(l.model);
+  const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
+  const auto a = tokens(11, static_cast<int64_t>(V));
+  auto b = tokens(7, static_cast<int64_t>(V));
+  for (int32_t& t : b) t = static_cast<int32_t>((t * 3 + 1) % static_cast<int32_t>(V));
+  ForwardPass fp(l.model, l.experts.get(), &pool, 64);
+  // Alone: a's prompt and one decoded token; b's prompt.
+  std::vector<float> want_a(V), want_a2(V), want_b(V);
+  const int32_t next = 17;
+  {
+    KvCache kv = fp.make_cache(64);
+    ASSERT_TRUE(fp.eval(a, kv, want_a.data(), false).ok());
+    ASSERT_TRUE(fp.eval(std::span<const int32_t>(&next, 1), kv, want_a2.data(), false).ok());
+    KvCache kv2 = fp.make_cache(64);
+    ASSERT_TRUE(fp.eval(b, kv2, want_b.data(), false).ok());
+  }
+  // Together: a's prompt beside b's; then a's decode row beside nothing else.
+  KvCache ka = fp.make_cache(64), kb = fp.make_cache(64);
+  SeqChunk chunks[2];
+  chunks[0].kv = &ka;
+  chunks[0].tokens = a;
+  chunks[0].output = SeqChunk::Output::last;
+  chunks[1].kv = &kb;
+  chunks[1].tokens = b;
+  chunks[1].output = SeqChunk::Output::last;
+  std::vector<float> got(2 * V);
+  ASSERT_TRUE(fp.eval_step(chunks, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), want_a.data(), V * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(got.data() + V, want_b.data(), V * sizeof(float)));
+  // a's decode row in a step with b's next token (b at another position).
+  SeqChunk step[2];
+  step[0].kv = &kb;
+  step[0].tokens = std::span<const int32_t>(&next, 1);
+  step[0].output = SeqChunk::Output::last;
+  step[1].kv = &ka;
+  step[1].tokens = std::span<const int32_t>(&next, 1);
+  step[1].output = SeqChunk::Output::last;
+  ASSERT_TRUE(fp.eval_step(step, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(got.data() + V, want_a2.data(), V * sizeof(float)));
+}
+
+TEST(GptOssForward, SinksAndWindowAreLive) {
+  testing::TempDir dir;
+  const synth::SynthSpec s = spec_of("q8_0");
+  const std::string base = write(dir, s);
+  synth::SynthSpec wide = s;
+  wide.sliding_window = 64;  // wider than the prompt: every layer sees everything
+  const std::string global = write(dir, wide, "-wide");
+  // The same file with every sink at -1e4 (no sink at all, in effect).
+  const std::string nosink = (dir / "nosink.gguf").string();
+  {
+    auto f = gguf::GgufFile::open(base);
+    ASSERT_TRUE(f.ok());
+    gguf::GgufWriter w;
+    for (const auto& kv : (*f)->metadata()) w.set(kv.key, kv.value);
+    for (const auto& t : (*f)->tensors()) {
+      auto bytes = (*f)->tensor_data(t);
+      std::vector<uint8_t> data(bytes.begin(), bytes.end());
+      if (t.name.ends_with("attn_sinks.weight")) {
+        for (size_t i = 0; i < data.size(); i += 4) {
+          const float v = -1e4f;
+          std::memcpy(data.data() + i, &v, 4);
+        }
+      }
+      std::vector<uint64_t> shape(t.ne.begin(), t.ne.begin() + t.n_dims);
+      ASSERT_TRUE(w.add_tensor(t.name, t.type, shape, std::move(data)).ok());
+    }
+    ASSERT_TRUE(w.write(nosink).ok());
+  }
+  Loaded a = load(base), b = load(global), c = load(nosink);
+  ASSERT_TRUE(a.model && b.model && c.model);
+  const auto toks = tokens(12, s.n_vocab);
+  const auto la = batch_logits(a, toks, nullptr, 64);
+  const auto lb = batch_logits(b, toks, nullptr, 64);
+  const auto lc = batch_logits(c, toks, nullptr, 64);
+  const size_t V = s.n_vocab;
+  // Within the window (the first 5 positions) the window changes nothing; past it, it does.
+  const std::vector<float> head_a(la.begin(), la.begin() + 5 * V), head_b(lb.begin(), lb.begin() + 5 * V);
+  expect_same_bits(head_a, head_b, "positions inside the window");
+  EXPECT_GT(max_abs_diff(la, lb), 1e-3);
+  EXPECT_GT(max_abs_diff(la, lc), 1e-3);  // the sinks take part in every position's softmax
+}
+
+}  // namespace
+}  // namespace car::engine
