@@ -436,6 +436,9 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
                                     w.rows / kMinMatmulChunks));
   // The repacked tile interleaves rows by 16: chunks of whole groups leave no padded group but the last.
   if (tile_rp != nullptr) grain = std::max<int64_t>(16, grain / 16 * 16);
+  // So does the Q8_0 VNNI tile (matmul_q8_vnni.cpp), which also sets up per-vector data once per call: whole
+  // groups, rounded up (the others' tiles are indifferent to it).
+  if (tile != nullptr) grain = (grain + 15) / 16 * 16;
   if (n <= kVectorTile) {
     // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
     // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.
