@@ -7,6 +7,7 @@
 #include <new>
 #include <vector>
 
+#include "core/tensor/amx.h"
 #include "core/tensor/blocks.h"
 #include "core/tensor/kernel_table.h"
 #include "core/util/result.h"
@@ -145,6 +146,8 @@ const DotKernels& scalar_kernels() {
 }
 
 const DotKernels& kernels_for(Isa isa) {
+  // AMX extends the AVX-512 level (amx.h): its table where the CPU and the OS allow the tiles.
+  if (isa == Isa::avx512 && amx_kernels() != nullptr) return *amx_kernels();
   if (isa == Isa::avx512 && avx512_kernels() != nullptr) return *avx512_kernels();
   if (isa != Isa::scalar && avx2_kernels() != nullptr) return *avx2_kernels();
   return scalar_kernels();
