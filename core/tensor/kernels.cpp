@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor/amx.h"
+#include "core/tensor/avx_vnni.h"
 #include "core/tensor/blocks.h"
 #include "core/tensor/kernel_table.h"
 #include "core/util/result.h"
@@ -149,6 +150,8 @@ const DotKernels& kernels_for(Isa isa) {
   // AMX extends the AVX-512 level (amx.h): its table where the CPU and the OS allow the tiles.
   if (isa == Isa::avx512 && amx_kernels() != nullptr) return *amx_kernels();
   if (isa == Isa::avx512 && avx512_kernels() != nullptr) return *avx512_kernels();
+  // AVX-VNNI extends the AVX2 level (avx_vnni.h): its table where the CPU has it.
+  if (isa != Isa::scalar && avx_vnni_kernels() != nullptr) return *avx_vnni_kernels();
   if (isa != Isa::scalar && avx2_kernels() != nullptr) return *avx2_kernels();
   return scalar_kernels();
 }

@@ -1,3 +1,5 @@
+// The tiles of the ISA extensions (issue #26): AMX on the AVX-512 level, AVX-VNNI on the AVX2 level.
+//
 // AMX (core/tensor/amx.h, amx_tiles.h, matmul_q4k_amx.h):
 //   - the emulated tiles follow Intel's documented semantics (tileloadd with a stride and the zeroed rest,
 //     tdpbusd's unsigned x signed dword sums of 4 with wrap-around, tilestored, the configured shape);
@@ -5,6 +7,10 @@
 //     for bit for every row count (whole and partial groups of 16), vector count 1..64 and order mix;
 //   - the same kernel on the real instructions, where the CPU has AMX (skipped elsewhere, saying why);
 //   - the AVX-512 level's table takes the AMX tile only where AMX is usable, and a forced lower ISA leaves it.
+// AVX-VNNI (core/tensor/avx_vnni.h, matmul_q4k_vnni256.h):
+//   - the 256-bit repacked Q4_K tile built on the EVEX vpdpbusd (AVX-512 VL + VNNI, the same instruction
+//     semantics) equals the references as above; the VEX build (the table's) where the CPU has AVX-VNNI;
+//   - the AVX2 level's table takes it only where AVX-VNNI is usable.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,6 +20,7 @@
 
 #include "core/tensor/amx.h"
 #include "core/tensor/amx_tiles.h"
+#include "core/tensor/avx_vnni.h"
 #include "core/tensor/blocks.h"
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
@@ -163,6 +170,36 @@ TEST(Amx, TheAvx512LevelTakesTheAmxTileOnlyWhereUsable) {
   }
   // A forced lower ISA (CAR_INFERENCE_ISA=avx2) leaves AMX with the rest of AVX-512.
   testing::IsaScope scope(Isa::avx2);
+  EXPECT_EQ(detail::active_kernels().tile_repacked[q4k], nullptr);
+}
+
+TEST(AvxVnni, Q4KTileThroughTheEvexEncodingEqualsTheReferences) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the EVEX build of the tile needs AVX-512 VL + VNNI";
+  std::mt19937 rng(53);
+  expect_tile_equals_references(detail::tile_q4_K_repacked_vnni256_evex, "vnni256 (EVEX)", rng, {1, 3, 9});
+}
+
+TEST(AvxVnni, Q4KTileOnRealAvxVnniEqualsTheReferences) {
+  if (!detail::avx_vnni_usable()) {
+    GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit tile was NOT run; its source is "
+                    "covered through the EVEX build only";
+  }
+  std::mt19937 rng(54);
+  expect_tile_equals_references(detail::tile_q4_K_repacked_avx_vnni, "vnni256 (VEX)", rng, {1, 3, 9});
+}
+
+TEST(AvxVnni, TheAvx2LevelTakesTheTileOnlyWhereUsable) {
+  const int q4k = detail::slot(GgmlType::Q4_K);
+  if (detect_isa() == Isa::scalar) GTEST_SKIP() << "no AVX2 level on this CPU";
+  const detail::DotKernels& k = detail::kernels_for(Isa::avx2);
+  if (detail::avx_vnni_usable()) {
+    ASSERT_NE(detail::avx_vnni_kernels(), nullptr);
+    EXPECT_EQ(k.tile_repacked[q4k], &detail::tile_q4_K_repacked_avx_vnni);
+  } else {
+    EXPECT_EQ(detail::avx_vnni_kernels(), nullptr);
+    EXPECT_EQ(k.tile_repacked[q4k], nullptr);
+  }
+  testing::IsaScope scope(Isa::scalar);
   EXPECT_EQ(detail::active_kernels().tile_repacked[q4k], nullptr);
 }
 
