@@ -318,7 +318,7 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
 
 /// One thread, the prompt tile (DotKernels::tile) of a `t` matrix that llama.cpp does not repack (Q8_0, Q6_K)
 /// with `nvec` vectors, called on chunks of rows as matmul deals them to its threads (about kChunkBytes of
-/// rows, whole groups of 16); the activations are rounded once, outside the timing. The same counters as
+/// rows, or a 16th of them for a tile that packs rows); the activations are rounded once, outside the timing. The same counters as
 /// BM_Q4KTile.
 void BM_PromptTile(benchmark::State& state, GgmlType t) {
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
@@ -340,8 +340,10 @@ void BM_PromptTile(benchmark::State& state, GgmlType t) {
     for (auto& e : x) e = dist(rng);
     quantize_activation(t, x.data(), acts.data() + ab * static_cast<size_t>(v), cols);
   }
+  // matmul_impl's chunks (kernels.cpp)
   int64_t grain = std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / rb), rows / 16));
-  grain = (grain + 15) / 16 * 16;  // as kernels.cpp's matmul_impl
+  const int64_t group = detail::active_kernels().tile_group[detail::slot(t)];
+  if (group > 0) grain = std::max<int64_t>(group, rows / 16 / group * group);
   std::vector<float> y(static_cast<size_t>(rows * nvec));
   for (auto _ : state) {
     for (int64_t r0 = 0; r0 < rows; r0 += grain) {

@@ -442,9 +442,14 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
                                     w.rows / kMinMatmulChunks));
   // The repacked tile interleaves rows by 16: chunks of whole groups leave no padded group but the last.
   if (tile_rp != nullptr) grain = std::max<int64_t>(16, grain / 16 * 16);
-  // So does the Q8_0 VNNI tile (matmul_q8_vnni.cpp), which also sets up per-vector data once per call: whole
-  // groups, rounded up (the others' tiles are indifferent to it).
-  if (tile != nullptr) grain = (grain + 15) / 16 * 16;
+  // A tile that packs its chunk's rows (DotKernels::tile_group) reads their weights once per call, whatever the
+  // vector count, but repeats its per-vector setup per call: its chunks are sized for balance alone (at least
+  // kMinMatmulChunks per product and four per thread), in whole groups.
+  const int64_t group = tile != nullptr ? k.tile_group[slot(w.type)] : 0;
+  if (group > 0) {
+    const int64_t chunks = std::max<int64_t>(kMinMatmulChunks, 4 * static_cast<int64_t>(pool->size()));
+    grain = std::max<int64_t>(group, w.rows / chunks / group * group);
+  }
   if (n <= kVectorTile) {
     // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
     // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.

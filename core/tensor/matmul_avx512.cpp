@@ -409,6 +409,7 @@ void add_matmul_kernels(DotKernels& k) {
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
   k.tile[slot(GgmlType::Q8_0)] = tile_q8_0_vnni;
+  k.tile_group[slot(GgmlType::Q8_0)] = 16;
 }
 
 }  // namespace car::tensor::detail::avx512
