@@ -30,7 +30,8 @@ const DotKernels* amx_kernels();
 /// AMX tiles, 16 rows x 16 vectors per tdpbusd. Only where amx_usable(). Fewer than 16 vectors run the VNNI
 /// tile (the same bits).
 void tile_q4_K_repacked_amx(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
-                            size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm);
+                            size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                            const uint8_t* gemm);
 /// The same kernel on the emulated tiles (amx_tiles.h EmulatedTiles), every vector count; needs the AVX-512
 /// level only. For tests.
 void tile_q4_K_repacked_amx_emulated(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,

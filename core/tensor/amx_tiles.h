@@ -56,7 +56,8 @@ class EmulatedTiles {
     static_assert(T >= 0 && T < kTiles);
     std::memset(t_[T], 0, sizeof(t_[T]));
     for (int r = 0; r < cfg_.rows[T]; ++r) {
-      std::memcpy(t_[T][r], static_cast<const uint8_t*>(base) + static_cast<size_t>(r) * stride, cfg_.colsb[T]);
+      std::memcpy(t_[T][r], static_cast<const uint8_t*>(base) + static_cast<size_t>(r) * stride,
+                  cfg_.colsb[T]);
     }
   }
   template <int T>
@@ -68,7 +69,8 @@ class EmulatedTiles {
   template <int C, int A, int B>
   void dpbusd() {
     static_assert(C != A && C != B && A != B && C < kTiles && A < kTiles && B < kTiles);
-    CAR_CHECK(cfg_.rows[C] == cfg_.rows[A] && cfg_.colsb[A] / 4 == cfg_.rows[B] && cfg_.colsb[C] == cfg_.colsb[B]);
+    CAR_CHECK(cfg_.rows[C] == cfg_.rows[A] && cfg_.colsb[A] / 4 == cfg_.rows[B] &&
+              cfg_.colsb[C] == cfg_.colsb[B]);
     CAR_CHECK(cfg_.colsb[A] % 4 == 0 && cfg_.colsb[C] % 4 == 0);
     for (int m = 0; m < cfg_.rows[C]; ++m) {
       for (int n = 0; n < cfg_.colsb[C] / 4; ++n) {
@@ -104,11 +106,25 @@ class EmulatedTiles {
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 // The intrinsics take the tile number as a literal (it is pasted into the instruction's text).
-#define CAR_AMX_EACH_TILE(T, OP) \
-  if constexpr ((T) == 0) { OP(0); } else if constexpr ((T) == 1) { OP(1); } \
-  else if constexpr ((T) == 2) { OP(2); } else if constexpr ((T) == 3) { OP(3); } \
-  else if constexpr ((T) == 4) { OP(4); } else if constexpr ((T) == 5) { OP(5); } \
-  else if constexpr ((T) == 6) { OP(6); } else { static_assert((T) == 7); OP(7); }
+#define CAR_AMX_EACH_TILE(T, OP)   \
+  if constexpr ((T) == 0) {        \
+    OP(0);                         \
+  } else if constexpr ((T) == 1) { \
+    OP(1);                         \
+  } else if constexpr ((T) == 2) { \
+    OP(2);                         \
+  } else if constexpr ((T) == 3) { \
+    OP(3);                         \
+  } else if constexpr ((T) == 4) { \
+    OP(4);                         \
+  } else if constexpr ((T) == 5) { \
+    OP(5);                         \
+  } else if constexpr ((T) == 6) { \
+    OP(6);                         \
+  } else {                         \
+    static_assert((T) == 7);       \
+    OP(7);                         \
+  }
 
 /// The instructions. Tile numbers are template arguments because the instructions encode them.
 struct NativeTiles {
@@ -141,7 +157,9 @@ struct NativeTiles {
     CAR_AMX_EACH_TILE(T, CAR_AMX_STORE)
 #undef CAR_AMX_STORE
   }
-  void release() { _tile_release(); }
+  void release() {
+    _tile_release();
+  }
 };
 #undef CAR_AMX_EACH_TILE
 #endif

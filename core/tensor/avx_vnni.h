@@ -1,5 +1,5 @@
-// AVX-VNNI (the VEX, 256-bit vpdpbusd of AVX2 cores such as Alder Lake) in core/tensor: detection, the kernel,
-// and its table.
+// AVX-VNNI (the VEX, 256-bit vpdpbusd of AVX2 cores such as Alder Lake) in core/tensor: detection, the
+// kernel, and its table.
 //
 // Like AMX for the AVX-512 level (amx.h), AVX-VNNI extends the AVX2 level: where the CPU reports it, the AVX2
 // level's table is avx_vnni_kernels() - the AVX2 table with the 256-bit VNNI repacked Q4_K tile

@@ -147,14 +147,16 @@ void rows16x16(Tiles& tiles, const AmxWeights* pw, const AmxActs* pa, int64_t nb
       const __m512i plo = _mm512_load_si512(a.pair[g][0]), phi = _mm512_load_si512(a.pair[g][1]);
       for (int m = 0; m < nr; ++m) {
         // isum = sc[2g] lo + sc[2g+1] hi, imin = min[2g] pair_lo + min[2g+1] pair_hi (exact int32)
-        const __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(c[0][m]), _mm512_set1_epi32(w.sc[m][2 * g])),
-                                            _mm512_mullo_epi32(_mm512_load_si512(c[1][m]), _mm512_set1_epi32(w.sc[m][2 * g + 1])));
+        const __m512i is = _mm512_add_epi32(
+            _mm512_mullo_epi32(_mm512_load_si512(c[0][m]), _mm512_set1_epi32(w.sc[m][2 * g])),
+            _mm512_mullo_epi32(_mm512_load_si512(c[1][m]), _mm512_set1_epi32(w.sc[m][2 * g + 1])));
         const __m512i im = _mm512_add_epi32(_mm512_mullo_epi32(plo, _mm512_set1_epi32(w.mn[m][2 * g])),
                                             _mm512_mullo_epi32(phi, _mm512_set1_epi32(w.mn[m][2 * g + 1])));
         // gemm lanes: acc = fma(float(isum), x.d * y.d, acc), acc_m likewise, per group
         const __m512 d = _mm512_mul_ps(_mm512_set1_ps(w.d[m]), yd);
         const __m512 dmin = _mm512_mul_ps(_mm512_set1_ps(w.dmin[m]), yd);
-        _mm512_store_ps(acc[m], _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(is), d, _mm512_load_ps(acc[m]), gemm));
+        _mm512_store_ps(acc[m],
+                        _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(is), d, _mm512_load_ps(acc[m]), gemm));
         _mm512_store_ps(acc_m[m],
                         _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(im), dmin, _mm512_load_ps(acc_m[m]), gemm));
         bsum[m] = _mm512_add_epi32(bsum[m], is);
@@ -166,9 +168,10 @@ void rows16x16(Tiles& tiles, const AmxWeights* pw, const AmxActs* pa, int64_t nb
     for (int m = 0; m < nr; ++m) {
       const __m512 d = _mm512_mul_ps(_mm512_set1_ps(w.d[m]), yd);
       const __m512 dmin = _mm512_mul_ps(_mm512_set1_ps(w.dmin[m]), yd);
-      _mm512_store_ps(acc[m], _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(bsum[m]), d, _mm512_load_ps(acc[m]), gemv));
-      _mm512_store_ps(acc_m[m],
-                      _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(bmin[m]), dmin, _mm512_load_ps(acc_m[m]), gemv));
+      _mm512_store_ps(acc[m],
+                      _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(bsum[m]), d, _mm512_load_ps(acc[m]), gemv));
+      _mm512_store_ps(
+          acc_m[m], _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(bmin[m]), dmin, _mm512_load_ps(acc_m[m]), gemv));
     }
   }
   for (int m = 0; m < nr; ++m) {
@@ -180,8 +183,9 @@ void rows16x16(Tiles& tiles, const AmxWeights* pw, const AmxActs* pa, int64_t nb
 
 /// RepackedTileFn over a tile layer (see the top).
 template <class Tiles>
-void tile_q4_K_repacked(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
-                        int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm) {
+void tile_q4_K_repacked(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                        size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                        const uint8_t* gemm) {
   assert(n % QK_K == 0);
   thread_local AlignedScratch wbuf, abuf;
   const int64_t nb = n / QK_K;

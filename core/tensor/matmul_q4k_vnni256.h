@@ -82,7 +82,8 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
       uint8_t sm[16];
       unpack_scale_min_k4(x.scales, sm);
       for (int j = 0; j < 8; ++j) b.sc[j][r] = sm[j];
-      for (int g = 0; g < 4; ++g) b.mn[g][r] = static_cast<int32_t>(sm[8 + 2 * g] | (sm[8 + 2 * g + 1] << 16));
+      for (int g = 0; g < 4; ++g)
+        b.mn[g][r] = static_cast<int32_t>(sm[8 + 2 * g] | (sm[8 + 2 * g + 1] << 16));
       b.d[r] = r < nrows ? h2f(x.d) : 0.0f;
       b.dmin[r] = r < nrows ? h2f(x.dmin) : 0.0f;
     }
@@ -148,8 +149,8 @@ void rows8(const PackedBlock8* pb, int64_t nb, const block_q8_K* const* y, const
 }
 
 template <bool kGemm>
-void run_vectors(const PackedBlock8* pb, int64_t nb, const uint8_t* acts, size_t act_bytes, const int32_t* pairs,
-                 int64_t v0, int64_t v1, float* y, int64_t ldy, __m256i rows) {
+void run_vectors(const PackedBlock8* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
+                 const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __m256i rows) {
   constexpr int kV = 2;  // VEX code has 16 registers
   auto run = [&]<int kN>(int64_t first) {
     const block_q8_K* yv[kN];
@@ -166,8 +167,9 @@ void run_vectors(const PackedBlock8* pb, int64_t nb, const uint8_t* acts, size_t
 }
 
 /// RepackedTileFn (kernel_table.h).
-void tile_q4_K_repacked(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
-                        int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm) {
+void tile_q4_K_repacked(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                        size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                        const uint8_t* gemm) {
   assert(n % QK_K == 0);
   thread_local AlignedScratch pack_buf, pair_buf;
   const int64_t nb = n / QK_K;

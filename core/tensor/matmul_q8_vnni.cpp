@@ -17,7 +17,8 @@
 //
 // Cost model: per 4 elements x 16 rows x 1 vector, one vpdpbusd, one conversion and one FMA (the broadcasts
 // are loads). The existing tile (matmul_avx512.cpp q8_0_tile) spent a sign fix-up and a permute more per
-// product and horizontal sums per row (~2x slower at 128 vectors, equal at 4); it serves calls of 1-3 vectors.
+// product and horizontal sums per row (~2x slower at 128 vectors, equal at 4); it serves calls of 1-3
+// vectors.
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
@@ -29,7 +30,7 @@
 namespace car::tensor::detail::avx512 {
 namespace {
 
-constexpr int kRows = 16;        // weight rows per packed group: one int32 / float lane each
+constexpr int kRows = 16;           // weight rows per packed group: one int32 / float lane each
 constexpr int64_t kMinVectors = 4;  // fewer (only direct calls: matmul tiles 4 and more): the per-vector tile
 
 /// One Q8_0 block of a group of 16 rows, interleaved so that lane r of every register is row r.
@@ -51,7 +52,8 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   for (int64_t i = 0; i < nb; ++i) {
     PackedQ8Block& b = pb[i];
     if (i % 2 == 0 && i + kAhead < nb) {
-      for (int r = 0; r < nrows; ++r) _mm_prefetch(reinterpret_cast<const char*>(&block(r, i + kAhead)), _MM_HINT_T0);
+      for (int r = 0; r < nrows; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(&block(r, i + kAhead)), _MM_HINT_T0);
     }
     __m512i z[8], out[8];
 #pragma GCC unroll 8

@@ -6,7 +6,8 @@
 //   - the repacked Q4_K AMX tile, run on the emulated tiles, equals the scalar references of both orders bit
 //     for bit for every row count (whole and partial groups of 16), vector count 1..64 and order mix;
 //   - the same kernel on the real instructions, where the CPU has AMX (skipped elsewhere, saying why);
-//   - the AVX-512 level's table takes the AMX tile only where AMX is usable, and a forced lower ISA leaves it.
+//   - the AVX-512 level's table takes the AMX tile only where AMX is usable, and a forced lower ISA leaves
+//   it.
 // AVX-VNNI (core/tensor/avx_vnni.h, matmul_q4k_vnni256.h):
 //   - the 256-bit repacked Q4_K tile built on the EVEX vpdpbusd (AVX-512 VL + VNNI, the same instruction
 //     semantics) equals the references as above; the VEX build (the table's) where the CPU has AVX-VNNI;
@@ -60,7 +61,8 @@ TEST(Amx, EmulatedTilesFollowTheDocumentedSemantics) {
       int64_t s = c0[static_cast<size_t>(3 * m + n)];
       for (int k = 0; k < 2; ++k) {
         for (int i = 0; i < 4; ++i) {
-          s += int64_t{a[static_cast<size_t>(10 * m + 4 * k + i)]} * b[static_cast<size_t>(12 * k + 4 * n + i)];
+          s += int64_t{a[static_cast<size_t>(10 * m + 4 * k + i)]} *
+               b[static_cast<size_t>(12 * k + 4 * n + i)];
         }
       }
       const auto want = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(s)));
@@ -129,8 +131,8 @@ void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what
               const float got = y[static_cast<size_t>(v * ldy + r)];
               const float exp = r < nrows ? want[o][static_cast<size_t>(v * kMaxRows + r)] : -7.0f;
               ASSERT_EQ(std::memcmp(&got, &exp, sizeof(float)), 0)
-                  << what << " " << order << " nb " << nb << " nrows " << nrows << " nvec " << nvec << " v " << v
-                  << " r " << r << ": " << got << " vs " << exp;
+                  << what << " " << order << " nb " << nb << " nrows " << nrows << " nvec " << nvec << " v "
+                  << v << " r " << r << ": " << got << " vs " << exp;
             }
           }
           ASSERT_EQ(y.back(), -7.0f) << what << ": wrote past the last vector";
@@ -148,9 +150,10 @@ TEST(Amx, Q4KTileOnEmulatedTilesEqualsTheReferences) {
 
 TEST(Amx, Q4KTileOnRealAmxEqualsTheReferences) {
   if (!detail::amx_usable()) {
-    GTEST_SKIP() << "no usable AMX here (CPUID AMX-TILE/AMX-INT8, or Linux's ARCH_REQ_XCOMP_PERM for the tile "
-                    "data was refused): the kernel on the real tile instructions was NOT run; its numerics are "
-                    "covered through the emulated tiles only";
+    GTEST_SKIP()
+        << "no usable AMX here (CPUID AMX-TILE/AMX-INT8, or Linux's ARCH_REQ_XCOMP_PERM for the tile "
+           "data was refused): the kernel on the real tile instructions was NOT run; its numerics are "
+           "covered through the emulated tiles only";
   }
   std::mt19937 rng(52);
   expect_tile_equals_references(detail::tile_q4_K_repacked_amx, "real AMX", rng, {1, 3, 9});
