@@ -2,7 +2,7 @@
 // interchangeable forms with one interface.
 //
 //   NativeTiles   - the AMX instructions themselves (ldtilecfg, tileloadd, tilezero, tdpbusd, tilestored,
-//                   tilerelease); only in files compiled with -mamx-tile -mamx-int8 (__AMX_INT8__), only run
+//                   tilerelease); only in files compiled with -mamx-tile -mamx-int8 (GCC's __AMX_INT8__, clang's __AMXINT8__), only run
 //                   where amx_usable() (amx.h) said yes.
 //   EmulatedTiles - the same operations in plain C++ on eight 1 KiB arrays, written from Intel's documented
 //                   semantics (SDM vol. 2, TILELOADD / TDPBUSD / TILESTORED; palette 1), so a kernel written
@@ -25,7 +25,7 @@
 
 #include "core/util/result.h"
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#if (defined(__AMX_INT8__) || defined(__AMXINT8__)) && (defined(__AMX_TILE__) || defined(__AMXTILE__))
 #include <immintrin.h>
 #endif
 
@@ -104,7 +104,7 @@ class EmulatedTiles {
   uint8_t t_[kTiles][kMaxRows][kMaxColsb] = {};
 };
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#if (defined(__AMX_INT8__) || defined(__AMXINT8__)) && (defined(__AMX_TILE__) || defined(__AMXTILE__))
 // The intrinsics take the tile number as a literal (it is pasted into the instruction's text).
 #define CAR_AMX_EACH_TILE(T, OP)   \
   if constexpr ((T) == 0) {        \
