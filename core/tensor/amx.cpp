@@ -2,6 +2,12 @@
 // runs on every CPU, before anything knows which kernels the CPU can take.
 #include "core/tensor/amx.h"
 
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "core/tensor/kernels.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -33,10 +39,48 @@ bool amx_usable() {
   return usable;
 }
 
+bool q4_K_tile_agrees(const DotKernels& vnni, RepackedTileFn candidate) {
+  constexpr int64_t kRows = 48, kVec = 20, kCols = 2 * 256;
+  const size_t rb = row_bytes(GgmlType::Q4_K, kCols), ab = row_bytes(GgmlType::Q8_K, kCols);
+  std::vector<uint8_t> w(rb * kRows), acts(ab * kVec);
+  std::vector<float> x(static_cast<size_t>(kCols));
+  uint32_t state = 0x9e3779b9u;  // xorshift: no dependence on <random>'s implementation
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    return static_cast<float>(static_cast<int32_t>(state)) * 0x1p-31f;
+  };
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (auto& v : x) v = next();
+    quantize_row(GgmlType::Q4_K, x.data(), w.data() + rb * static_cast<size_t>(r), kCols);
+  }
+  for (int64_t v = 0; v < kVec; ++v) {
+    for (auto& e : x) e = next() * 4.0f;
+    quantize_act_q8_K(x.data(), acts.data() + ab * static_cast<size_t>(v), kCols);
+  }
+  std::vector<uint8_t> orders(kVec);
+  for (int64_t v = 0; v < kVec; ++v) orders[static_cast<size_t>(v)] = static_cast<uint8_t>(v % 3 != 0);
+  std::vector<float> want(static_cast<size_t>(kRows * kVec)), got(want.size());
+  for (const uint8_t* gemm : {static_cast<const uint8_t*>(nullptr), static_cast<const uint8_t*>(orders.data())}) {
+    vnni.tile_repacked[slot(GgmlType::Q4_K)](w.data(), rb, kRows, acts.data(), ab, kVec, kCols, want.data(), kRows,
+                                             gemm);
+    candidate(w.data(), rb, kRows, acts.data(), ab, kVec, kCols, got.data(), kRows, gemm);
+    if (std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) != 0) return false;
+  }
+  return true;
+}
+
 const DotKernels* amx_kernels() {
   static const DotKernels* table = []() -> const DotKernels* {
     const DotKernels* base = avx512_kernels();
-    if (base == nullptr || !amx_usable()) return nullptr;
+    if (base == nullptr || !amx_usable() || base->tile_repacked[slot(GgmlType::Q4_K)] == nullptr) return nullptr;
+    if (!q4_K_tile_agrees(*base, tile_q4_K_repacked_amx)) {
+      std::fprintf(stderr,
+                   "car-inference: the AMX Q4_K tile disagrees with the VNNI tile on this CPU; using VNNI "
+                   "(please report)\n");
+      return nullptr;
+    }
     static DotKernels k = *base;
     k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_amx;
     return &k;

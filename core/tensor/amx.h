@@ -26,6 +26,13 @@ bool amx_usable();
 /// The AVX-512 table with the AMX tiles, or null unless amx_usable() (and the CPU has the AVX-512 level).
 const DotKernels* amx_kernels();
 
+/// The check amx_kernels() makes before the AMX tile serves a product: `candidate` gives `vnni`'s Q4_K tile's
+/// bits on a product of its own (48 rows, three groups of 16, x 20 vectors, a whole tile of 16 and a tail;
+/// both orders). The AMX tile has run on the emulated instructions only where this project is tested, so a
+/// CPU whose real tiles disagree keeps the VNNI tile (the same bits, slower) and says so on stderr once,
+/// rather than answering wrong. Needs the AVX-512 level (vnni's tile).
+bool q4_K_tile_agrees(const DotKernels& vnni, RepackedTileFn candidate);
+
 /// The repacked Q4_K tile (RepackedTileFn; both orders, bit-equal to dot_q4_K_q8_K_gemm_ref / _gemv_ref) on
 /// AMX tiles, 16 rows x 16 vectors per tdpbusd. Only where amx_usable(). Fewer than 16 vectors run the VNNI
 /// tile (the same bits).

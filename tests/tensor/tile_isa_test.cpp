@@ -159,6 +159,25 @@ TEST(Amx, Q4KTileOnRealAmxEqualsTheReferences) {
   expect_tile_equals_references(detail::tile_q4_K_repacked_amx, "real AMX", rng, {1, 3, 9});
 }
 
+// The check amx_kernels() makes before the AMX tile serves anything: the emulated AMX tile passes it, and a
+// tile one bit off anywhere fails it (then the table keeps the VNNI tile).
+void tile_one_bit_off(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                      int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm) {
+  detail::tile_q4_K_repacked_amx_emulated(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy, gemm);
+  uint32_t bits;
+  float* last = y + (nvec - 1) * ldy + nrows - 1;
+  std::memcpy(&bits, last, sizeof bits);
+  bits ^= 1u;
+  std::memcpy(last, &bits, sizeof bits);
+}
+
+TEST(Amx, TheSelfCheckPassesTheEmulatedTileAndFailsAWrongOne) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the check compares with the AVX-512 VNNI tile";
+  const detail::DotKernels& vnni = detail::kernels_for(Isa::avx512);
+  EXPECT_TRUE(detail::q4_K_tile_agrees(vnni, detail::tile_q4_K_repacked_amx_emulated));
+  EXPECT_FALSE(detail::q4_K_tile_agrees(vnni, tile_one_bit_off));
+}
+
 TEST(Amx, TheAvx512LevelTakesTheAmxTileOnlyWhereUsable) {
   const int q4k = detail::slot(GgmlType::Q4_K);
   if (detect_isa() != Isa::avx512) GTEST_SKIP() << "no AVX-512 level on this CPU";
