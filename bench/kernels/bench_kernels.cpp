@@ -12,6 +12,8 @@
 //   bench_kernels --benchmark_filter='Q4KTile'
 //                                      # the repacked Q4_K prompt tile (issue #26): GMAC/s, share of the
 //                                      # vpdpbusd peak, weight GiB/s
+//   bench_kernels --benchmark_filter='PromptTile'
+//                                      # the Q8_0 / Q6_K prompt tiles (issue #26), the same counters
 //
 // Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
 // set, tiled), so the kernels see valid scales; values do not affect speed. Q4_K matrices get a row count
@@ -314,6 +316,50 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
 }
 
+/// One thread, the prompt tile (DotKernels::tile) of a `t` matrix that llama.cpp does not repack (Q8_0, Q6_K)
+/// with `nvec` vectors, called on chunks of rows as matmul deals them to its threads (about kChunkBytes of
+/// rows, or a 16th of them for a tile that packs rows); the activations are rounded once, outside the timing. The same counters as
+/// BM_Q4KTile.
+void BM_PromptTile(benchmark::State& state, GgmlType t) {
+  const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
+  const size_t rb = detail::row_bytes(t, cols);
+  AlignedBuffer buf(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
+  set_isa(detect_isa());
+  const detail::TileFn tile = detail::active_kernels().tile[detail::slot(t)];
+  if (tile == nullptr) {
+    state.SkipWithError("no tile for this type in the active table");
+    return;
+  }
+  const size_t ab = activation_row_bytes(t, cols);
+  std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
+  std::vector<float> x(static_cast<size_t>(cols));
+  for (int64_t v = 0; v < nvec; ++v) {
+    for (auto& e : x) e = dist(rng);
+    quantize_activation(t, x.data(), acts.data() + ab * static_cast<size_t>(v), cols);
+  }
+  // matmul_impl's chunks (kernels.cpp)
+  int64_t grain = std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / rb), rows / 16));
+  const int64_t group = detail::active_kernels().tile_group[detail::slot(t)];
+  if (group > 0) grain = std::max<int64_t>(group, rows / 16 / group * group);
+  std::vector<float> y(static_cast<size_t>(rows * nvec));
+  for (auto _ : state) {
+    for (int64_t r0 = 0; r0 < rows; r0 += grain) {
+      tile(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab, nvec, cols,
+           y.data() + r0, rows);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double macs = static_cast<double>(rows) * static_cast<double>(cols) * static_cast<double>(nvec);
+  state.counters["GMACps"] =
+      benchmark::Counter(macs * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["peak_GMACps"] = 64.0 * cpu_ghz();
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
+}
+
 /// 12 independent vpdpbusd chains (more than latency x throughput on current cores): this core's attainable
 /// integer multiply-add rate, the denominator of the kernels' share of the peak. Needs AVX512-VNNI.
 // GCC 12's AVX-512 headers trip -Wuninitialized in _mm512_reduce_add_epi32 (see core/tensor/simd_avx512.h).
@@ -412,6 +458,17 @@ void register_all(bool big) {
       const std::string name = std::string("Q4KTile/") + (gemm ? "gemm" : "gemv") + "/" + std::to_string(sh[0]) +
                                "x" + std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
       benchmark::RegisterBenchmark(name.c_str(), [gemm](benchmark::State& s) { BM_Q4KTile(s, gemm); })
+          ->Args({sh[0], sh[1], sh[2]})
+          ->MinTime(0.5);
+    }
+  }
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K}) {
+    // dense-1b's products with a 128-token prompt (attention, gate/up, down), and 8 vectors (batched decode)
+    for (const std::array<int64_t, 3>& sh : std::vector<std::array<int64_t, 3>>{
+             {2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}, {2048, 2048, 8}, {2048, 2048, 4}}) {
+      const std::string name = std::string("PromptTile/") + std::string(car::ggml_type_name(t)) + "/" + std::to_string(sh[0]) +
+                               "x" + std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
+      benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_PromptTile(s, t); })
           ->Args({sh[0], sh[1], sh[2]})
           ->MinTime(0.5);
     }

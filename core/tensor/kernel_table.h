@@ -54,6 +54,9 @@ struct DotKernels {
   /// mul_mat order; kernels.cpp uses them for mul_mat_id only where dot_id equals dot (the quantized types).
   RowsFn rows[kTypeSlots] = {};
   TileFn tile[kTypeSlots] = {};
+  /// Rows a tile packs together (the VNNI tiles: a row per int32 lane), or 0. Such a tile reads each weight
+  /// once per call and redoes its per-vector setup per call, so matmul hands it large chunks of whole groups.
+  int16_t tile_group[kTypeSlots] = {};
   /// The products of matrices llama.cpp's x86 CPU backend repacks (see repacked()), in the order of its
   /// repacked kernels (ggml-cpu repack.cpp): `gemv` for a single vector (decode, every MoE expert row) and
   /// for the vectors of a batch past its last whole group of 4, `gemm` for those groups. Null for other
@@ -64,7 +67,8 @@ struct DotKernels {
   RowsFn rows_gemv[kTypeSlots] = {};
   /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp (Q4_K)
   /// and matmul_nl32_vnni.cpp (Q4_0, IQ4_NL, MXFP4), which transpose the chunk's rows per call; matmul hands
-  /// them chunks of whole groups of 16 rows.
+  /// them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h, avx_vnni.h) put their own
+  /// Q4_K tiles here.
   RepackedTileFn tile_repacked[kTypeSlots] = {};
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;

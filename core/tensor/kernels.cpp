@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/tensor/amx.h"
+#include "core/tensor/avx_vnni.h"
 #include "core/tensor/blocks.h"
 #include "core/tensor/kernel_table.h"
 #include "core/util/result.h"
@@ -180,7 +182,11 @@ const DotKernels& scalar_kernels() {
 }
 
 const DotKernels& kernels_for(Isa isa) {
+  // AMX extends the AVX-512 level (amx.h): its table where the CPU and the OS allow the tiles.
+  if (isa == Isa::avx512 && amx_kernels() != nullptr) return *amx_kernels();
   if (isa == Isa::avx512 && avx512_kernels() != nullptr) return *avx512_kernels();
+  // AVX-VNNI extends the AVX2 level (avx_vnni.h): its table where the CPU has it.
+  if (isa != Isa::scalar && avx_vnni_kernels() != nullptr) return *avx_vnni_kernels();
   if (isa != Isa::scalar && avx2_kernels() != nullptr) return *avx2_kernels();
   return scalar_kernels();
 }
@@ -471,6 +477,14 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
                                     w.rows / kMinMatmulChunks));
   // The repacked tile interleaves rows by 16: chunks of whole groups leave no padded group but the last.
   if (tile_rp != nullptr) grain = std::max<int64_t>(16, grain / 16 * 16);
+  // A tile that packs its chunk's rows (DotKernels::tile_group) reads their weights once per call, whatever the
+  // vector count, but repeats its per-vector setup per call: its chunks are sized for balance alone (at least
+  // kMinMatmulChunks per product and four per thread), in whole groups.
+  const int64_t group = tile != nullptr ? k.tile_group[slot(w.type)] : 0;
+  if (group > 0) {
+    const int64_t chunks = std::max<int64_t>(kMinMatmulChunks, 4 * static_cast<int64_t>(pool->size()));
+    grain = std::max<int64_t>(group, w.rows / chunks / group * group);
+  }
   if (n <= kVectorTile) {
     // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
     // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.

@@ -177,10 +177,6 @@ struct q8_0_tile {
   }
 };
 
-void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
-               int64_t nvec, int64_t n, float* y, int64_t ldy) {
-  run_tiles<q8_0_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK8_0, y, ldy);
-}
 
 /// vpermw indices for the Q4_K tile: lanes [0,16) get scale 2j, [16,32) scale 2j+1.
 constexpr Perm2 kK4TilePerm[4] = {make_perm2(0, 1), make_perm2(2, 3), make_perm2(4, 5), make_perm2(6, 7)};
@@ -403,11 +399,17 @@ void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
 
 }  // namespace
 
+void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  run_tiles<q8_0_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK8_0, y, ldy);
+}
+
 void add_matmul_kernels(DotKernels& k) {
   k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_vnni;
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
-  k.tile[slot(GgmlType::Q8_0)] = tile_q8_0;
+  k.tile[slot(GgmlType::Q8_0)] = tile_q8_0_vnni;
+  k.tile_group[slot(GgmlType::Q8_0)] = 16;
 }
 
 }  // namespace car::tensor::detail::avx512

@@ -16,6 +16,7 @@
 
 #include "core/tensor/aligned_scratch.h"
 #include "core/tensor/simd_avx512.h"
+#include "core/tensor/vnni_pack_avx512.h"
 
 namespace car::tensor::detail::avx512 {
 namespace {
@@ -36,35 +37,6 @@ struct PackedBlock {
 static_assert(sizeof(PackedBlock) == 4 * 8 * 64 + 8 * 64 + 4 * 64 + 2 * 64);
 
 using Scratch = AlignedScratch;
-
-/// Transpose 16 rows' qs bytes of group g (32 bytes each) into 8 registers, lane r = row r's dword k.
-/// z[r] holds row r in its low 256 bits and row r + 8 in its high 256 bits.
-inline void transpose_group(const __m512i* z, __m512i* out) {
-  __m512i t[8], u[8];
-#pragma GCC unroll 4
-  for (int p = 0; p < 4; ++p) {
-    t[2 * p] = _mm512_unpacklo_epi32(z[2 * p], z[2 * p + 1]);
-    t[2 * p + 1] = _mm512_unpackhi_epi32(z[2 * p], z[2 * p + 1]);
-  }
-  // u[q]: 128-bit lanes [dword q of rows 0-3, dword q + 4 of rows 0-3, the same of rows 8-11] (u[q + 4]: rows
-  // 4-7 and 12-15)
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {
-    __m512i* uh = u + 4 * h;
-    const __m512i* th = t + 4 * h;
-    uh[0] = _mm512_unpacklo_epi64(th[0], th[2]);
-    uh[1] = _mm512_unpackhi_epi64(th[0], th[2]);
-    uh[2] = _mm512_unpacklo_epi64(th[1], th[3]);
-    uh[3] = _mm512_unpackhi_epi64(th[1], th[3]);
-  }
-  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-  const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; ++q) {
-    out[q] = _mm512_permutex2var_epi64(u[q], lo, u[q + 4]);
-    out[q + 4] = _mm512_permutex2var_epi64(u[q], hi, u[q + 4]);
-  }
-}
 
 /// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb); missing rows read as a zero block.
 void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
@@ -93,7 +65,7 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
       __m512i z[8], out[8];
 #pragma GCC unroll 8
       for (int r = 0; r < 8; ++r) z[r] = load32x2(block(r, i).qs + 32 * g, block(r + 8, i).qs + 32 * g);
-      transpose_group(z, out);
+      transpose16x8_dwords(z, out);
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) _mm512_store_si512(b.qs[g][k], out[k]);
     }

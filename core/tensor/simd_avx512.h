@@ -125,6 +125,14 @@ inline float q6_K_row(const block_q6_K* x, const block_q8_K* y, int64_t nb) {
 /// dot(Q8_0 row, Q8_0 activations) in llama.cpp's order (dot_avx512.cpp); the multi-row kernel's odd row.
 float dot_q8_0(const void* w, const void* a, int64_t n);
 
+/// The Q8_0 matmul tiles: tile_q8_0 (matmul_avx512.cpp: vectors in pairs per register) and tile_q8_0_vnni
+/// (matmul_q8_vnni.cpp: 16 rows per register, the table's tile; it runs tile_q8_0 for a few vectors). Both
+/// bit-equal to dot_q8_0.
+void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q8_0_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+
 /// Set the multi-row matvec kernels (matvec_avx512.cpp) / the matmul tile kernels (matmul_avx512.cpp) in `k`.
 void add_matvec_kernels(DotKernels& k);
 void add_matmul_kernels(DotKernels& k);

@@ -1,0 +1,34 @@
+// AVX-VNNI (the VEX, 256-bit vpdpbusd of AVX2 cores such as Alder Lake) in core/tensor: detection, the
+// kernel, and its table.
+//
+// Like AMX for the AVX-512 level (amx.h), AVX-VNNI extends the AVX2 level: where the CPU reports it, the AVX2
+// level's table is avx_vnni_kernels() - the AVX2 table with the 256-bit VNNI repacked Q4_K tile
+// (matmul_q4k_vnni256.h), which gives the bits of the loop over the dot kernels it replaces. An AVX-512 CPU
+// keeps its own table; CAR_INFERENCE_ISA=avx2 on a CPU with both selects this one, =scalar neither.
+//
+// Thread safety: safe from any thread (computed once).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor/kernel_table.h"
+
+namespace car::tensor::detail {
+
+/// CPUID reports AVX-VNNI (and the AVX2 level).
+bool avx_vnni_usable();
+/// The AVX2 table with the AVX-VNNI tile, or null unless avx_vnni_usable().
+const DotKernels* avx_vnni_kernels();
+
+/// The repacked Q4_K tile (RepackedTileFn; both orders, bit-equal to dot_q4_K_q8_K_gemm_ref / _gemv_ref),
+/// 8 rows per register: on the VEX vpdpbusd (only where avx_vnni_usable()), and the same source on the EVEX
+/// 256-bit vpdpbusd of AVX-512 VL + VNNI (identical semantics; for tests on CPUs without AVX-VNNI).
+void tile_q4_K_repacked_avx_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                                 const uint8_t* gemm);
+void tile_q4_K_repacked_vnni256_evex(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                     size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                                     const uint8_t* gemm);
+
+}  // namespace car::tensor::detail

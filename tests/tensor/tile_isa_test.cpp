@@ -1,0 +1,229 @@
+// The tiles of the ISA extensions (issue #26): AMX on the AVX-512 level, AVX-VNNI on the AVX2 level.
+//
+// AMX (core/tensor/amx.h, amx_tiles.h, matmul_q4k_amx.h):
+//   - the emulated tiles follow Intel's documented semantics (tileloadd with a stride and the zeroed rest,
+//     tdpbusd's unsigned x signed dword sums of 4 with wrap-around, tilestored, the configured shape);
+//   - the repacked Q4_K AMX tile, run on the emulated tiles, equals the scalar references of both orders bit
+//     for bit for every row count (whole and partial groups of 16), vector count 1..64 and order mix;
+//   - the same kernel on the real instructions, where the CPU has AMX (skipped elsewhere, saying why);
+//   - the AVX-512 level's table takes the AMX tile only where AMX is usable, and a forced lower ISA leaves
+//   it.
+// AVX-VNNI (core/tensor/avx_vnni.h, matmul_q4k_vnni256.h):
+//   - the 256-bit repacked Q4_K tile built on the EVEX vpdpbusd (AVX-512 VL + VNNI, the same instruction
+//     semantics) equals the references as above; the VEX build (the table's) where the CPU has AVX-VNNI;
+//   - the AVX2 level's table takes it only where AVX-VNNI is usable.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor/amx.h"
+#include "core/tensor/amx_tiles.h"
+#include "core/tensor/avx_vnni.h"
+#include "core/tensor/blocks.h"
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+#include "tests/tensor/test_data.h"
+
+namespace car::tensor {
+namespace {
+
+using detail::amx::EmulatedTiles;
+using detail::amx::TileConfig;
+using testing::random_floats;
+
+TEST(Amx, EmulatedTilesFollowTheDocumentedSemantics) {
+  TileConfig cfg;
+  cfg.rows[0] = 3;  // A: 3 x 8 bytes (K = 2 dwords)
+  cfg.colsb[0] = 8;
+  cfg.rows[1] = 2;  // B: 2 x 12 bytes (N = 3)
+  cfg.colsb[1] = 12;
+  cfg.rows[2] = 3;  // C: 3 x 12 bytes
+  cfg.colsb[2] = 12;
+  EmulatedTiles t;
+  t.configure(cfg);
+  // A rows 10 bytes apart in memory (stride > colsb): only colsb bytes of each configured row are read.
+  std::vector<uint8_t> a(40);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(200 + i);  // unsigned values > 127
+  std::vector<int8_t> b(2 * 12);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int8_t>(static_cast<int>(i) * 11 - 128);
+  t.load<0>(a.data(), 10);
+  t.load<1>(b.data(), 12);
+  std::vector<int32_t> c0 = {1, -2, 3, 4, 5, 6, 7, 8, 2147483647};  // C starts as these (last: wraps)
+  t.load<2>(c0.data(), 12);
+  t.dpbusd<2, 0, 1>();
+  std::vector<int32_t> got(3 * 4, -1);
+  t.store<2>(got.data(), 16);  // stride 16 bytes: 4 dwords, the 4th of each row untouched
+  for (int m = 0; m < 3; ++m) {
+    for (int n = 0; n < 3; ++n) {
+      int64_t s = c0[static_cast<size_t>(3 * m + n)];
+      for (int k = 0; k < 2; ++k) {
+        for (int i = 0; i < 4; ++i) {
+          s += int64_t{a[static_cast<size_t>(10 * m + 4 * k + i)]} *
+               b[static_cast<size_t>(12 * k + 4 * n + i)];
+        }
+      }
+      const auto want = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(s)));
+      EXPECT_EQ(got[static_cast<size_t>(4 * m + n)], want) << m << "," << n;
+    }
+    EXPECT_EQ(got[static_cast<size_t>(4 * m + 3)], -1) << "tilestored wrote past colsb";
+  }
+  // An unconfigured tile (0 rows) reads and writes nothing.
+  EmulatedTiles u;
+  u.configure(cfg);
+  std::vector<uint8_t> ones(16 * 64, 1);
+  u.load<3>(ones.data(), 64);  // tile 3 is unconfigured in cfg (0 rows): nothing read, all zero
+  std::vector<uint8_t> back(16 * 64, 9);
+  u.store<3>(back.data(), 64);  // 0 rows: writes nothing
+  EXPECT_EQ(back[0], 9);
+  // A shape the hardware refuses (#UD) aborts.
+  TileConfig bad = cfg;
+  bad.rows[1] = 3;  // B must have colsb(A) / 4 = 2 rows
+  EmulatedTiles v;
+  v.configure(bad);
+  EXPECT_DEATH((v.dpbusd<2, 0, 1>()), "invariant failed");
+}
+
+/// Every row count, vector count 1..64 and order mix of one repacked Q4_K tile against the references.
+void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what, std::mt19937& rng,
+                                   std::initializer_list<int64_t> nbs) {
+  constexpr GgmlType kT = GgmlType::Q4_K;
+  constexpr int64_t kMaxRows = 48, kMaxVec = 64;
+  const detail::DotKernels& ref = detail::scalar_kernels();
+  for (int64_t nb : nbs) {
+    const int64_t cols = nb * QK_K;
+    const size_t rb = detail::row_bytes(kT, cols);
+    const auto w = testing::quantize_rows(kT, random_floats(rng, cols * kMaxRows), kMaxRows, cols);
+    const size_t ab = activation_row_bytes(kT, cols);
+    std::vector<uint8_t> acts(ab * kMaxVec);
+    for (int64_t v = 0; v < kMaxVec; ++v) {
+      const float scale = v == 5 ? 0.0f : v == 6 ? 1000.0f : v == 17 ? 1e-4f : 1.0f;
+      const auto xf = random_floats(rng, cols, scale);
+      detail::quantize_act_q8_K(xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
+    }
+    std::vector<float> want[2];  // [0] gemv, [1] gemm; [v * kMaxRows + r]
+    for (int o = 0; o < 2; ++o) {
+      want[o].resize(static_cast<size_t>(kMaxVec * kMaxRows));
+      const detail::DotFn oracle = o == 1 ? ref.dot_gemm[detail::slot(kT)] : ref.dot_gemv[detail::slot(kT)];
+      for (int64_t v = 0; v < kMaxVec; ++v) {
+        for (int64_t r = 0; r < kMaxRows; ++r) {
+          want[o][static_cast<size_t>(v * kMaxRows + r)] =
+              oracle(w.data() + rb * static_cast<size_t>(r), acts.data() + ab * static_cast<size_t>(v), cols);
+        }
+      }
+    }
+    std::vector<uint8_t> mixed(kMaxVec);
+    for (auto& m : mixed) m = static_cast<uint8_t>(rng() % 3 == 0 ? 0 : 1);
+    const std::vector<uint8_t> all_gemm(kMaxVec, 1);
+    const uint8_t* const masks[] = {all_gemm.data(), nullptr, mixed.data()};
+    for (const uint8_t* mask : masks) {
+      const char* order = mask == nullptr ? "gemv" : mask == all_gemm.data() ? "gemm" : "mixed";
+      for (int64_t nrows : {1, 5, 16, 17, 33, 48}) {
+        const int64_t ldy = nrows + 3;
+        for (int64_t nvec = 1; nvec <= kMaxVec; ++nvec) {
+          std::vector<float> y(static_cast<size_t>(nvec * ldy + 3), -7.0f);
+          tile(w.data(), rb, nrows, acts.data(), ab, nvec, cols, y.data(), ldy, mask);
+          for (int64_t v = 0; v < nvec; ++v) {
+            const int o = mask != nullptr && mask[v] != 0 ? 1 : 0;
+            for (int64_t r = 0; r < ldy; ++r) {
+              const float got = y[static_cast<size_t>(v * ldy + r)];
+              const float exp = r < nrows ? want[o][static_cast<size_t>(v * kMaxRows + r)] : -7.0f;
+              ASSERT_EQ(std::memcmp(&got, &exp, sizeof(float)), 0)
+                  << what << " " << order << " nb " << nb << " nrows " << nrows << " nvec " << nvec << " v "
+                  << v << " r " << r << ": " << got << " vs " << exp;
+            }
+          }
+          ASSERT_EQ(y.back(), -7.0f) << what << ": wrote past the last vector";
+        }
+      }
+    }
+  }
+}
+
+TEST(Amx, Q4KTileOnEmulatedTilesEqualsTheReferences) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the AMX kernel's non-tile steps need AVX-512";
+  std::mt19937 rng(51);
+  expect_tile_equals_references(detail::tile_q4_K_repacked_amx_emulated, "emulated AMX", rng, {1, 3});
+}
+
+TEST(Amx, Q4KTileOnRealAmxEqualsTheReferences) {
+  if (!detail::amx_usable()) {
+    GTEST_SKIP()
+        << "no usable AMX here (CPUID AMX-TILE/AMX-INT8, or Linux's ARCH_REQ_XCOMP_PERM for the tile "
+           "data was refused): the kernel on the real tile instructions was NOT run; its numerics are "
+           "covered through the emulated tiles only";
+  }
+  std::mt19937 rng(52);
+  expect_tile_equals_references(detail::tile_q4_K_repacked_amx, "real AMX", rng, {1, 3, 9});
+}
+
+// The check amx_kernels() makes before the AMX tile serves anything: the emulated AMX tile passes it, and a
+// tile one bit off anywhere fails it (then the table keeps the VNNI tile).
+void tile_one_bit_off(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                      int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm) {
+  detail::tile_q4_K_repacked_amx_emulated(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy, gemm);
+  uint32_t bits;
+  float* last = y + (nvec - 1) * ldy + nrows - 1;
+  std::memcpy(&bits, last, sizeof bits);
+  bits ^= 1u;
+  std::memcpy(last, &bits, sizeof bits);
+}
+
+TEST(Amx, TheSelfCheckPassesTheEmulatedTileAndFailsAWrongOne) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the check compares with the AVX-512 VNNI tile";
+  const detail::DotKernels& vnni = detail::kernels_for(Isa::avx512);
+  EXPECT_TRUE(detail::q4_K_tile_agrees(vnni, detail::tile_q4_K_repacked_amx_emulated));
+  EXPECT_FALSE(detail::q4_K_tile_agrees(vnni, tile_one_bit_off));
+}
+
+TEST(Amx, TheAvx512LevelTakesTheAmxTileOnlyWhereUsable) {
+  const int q4k = detail::slot(GgmlType::Q4_K);
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "no AVX-512 level on this CPU";
+  const detail::DotKernels& k = detail::kernels_for(Isa::avx512);
+  if (detail::amx_usable()) {
+    ASSERT_NE(detail::amx_kernels(), nullptr);
+    EXPECT_EQ(k.tile_repacked[q4k], &detail::tile_q4_K_repacked_amx);
+  } else {
+    EXPECT_EQ(detail::amx_kernels(), nullptr);
+    EXPECT_NE(k.tile_repacked[q4k], &detail::tile_q4_K_repacked_amx);
+    EXPECT_NE(k.tile_repacked[q4k], nullptr) << "the VNNI tile";
+  }
+  // A forced lower ISA (CAR_INFERENCE_ISA=avx2) leaves AMX with the rest of AVX-512.
+  testing::IsaScope scope(Isa::avx2);
+  EXPECT_EQ(detail::active_kernels().tile_repacked[q4k], nullptr);
+}
+
+TEST(AvxVnni, Q4KTileThroughTheEvexEncodingEqualsTheReferences) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the EVEX build of the tile needs AVX-512 VL + VNNI";
+  std::mt19937 rng(53);
+  expect_tile_equals_references(detail::tile_q4_K_repacked_vnni256_evex, "vnni256 (EVEX)", rng, {1, 3, 9});
+}
+
+TEST(AvxVnni, Q4KTileOnRealAvxVnniEqualsTheReferences) {
+  if (!detail::avx_vnni_usable()) {
+    GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit tile was NOT run; its source is "
+                    "covered through the EVEX build only";
+  }
+  std::mt19937 rng(54);
+  expect_tile_equals_references(detail::tile_q4_K_repacked_avx_vnni, "vnni256 (VEX)", rng, {1, 3, 9});
+}
+
+TEST(AvxVnni, TheAvx2LevelTakesTheTileOnlyWhereUsable) {
+  const int q4k = detail::slot(GgmlType::Q4_K);
+  if (detect_isa() == Isa::scalar) GTEST_SKIP() << "no AVX2 level on this CPU";
+  const detail::DotKernels& k = detail::kernels_for(Isa::avx2);
+  if (detail::avx_vnni_usable()) {
+    ASSERT_NE(detail::avx_vnni_kernels(), nullptr);
+    EXPECT_EQ(k.tile_repacked[q4k], &detail::tile_q4_K_repacked_avx_vnni);
+  } else {
+    EXPECT_EQ(detail::avx_vnni_kernels(), nullptr);
+    EXPECT_EQ(k.tile_repacked[q4k], nullptr);
+  }
+  testing::IsaScope scope(Isa::scalar);
+  EXPECT_EQ(detail::active_kernels().tile_repacked[q4k], nullptr);
+}
+
+}  // namespace
+}  // namespace car::tensor
