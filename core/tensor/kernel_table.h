@@ -153,6 +153,9 @@ inline constexpr size_t kMinParallelBytes = 96 * 1024;
 /// parallel_for_shares hands each thread a contiguous share of such chunks; matmul: one task sweeps one chunk
 /// with every vector, at most this many bytes).
 inline constexpr size_t kChunkBytes = 64 * 1024;
+/// Rows a repacked tile or gemv kernel interleaves (one per int32 lane of a 512-bit register): products
+/// hand repacked matrices to their kernels in whole groups of this many rows, but for the matrix's last.
+inline constexpr int64_t kRepackedRowGroup = 16;
 
 /// The calling thread's grow-only, 64-byte aligned scratch for rounded activations (matvec_fused, matmul;
 /// never both at once on one thread). Allocates only when it grows; valid until the next call.

@@ -23,7 +23,7 @@
 namespace car::tensor::detail::avx512 {
 namespace {
 
-constexpr int kRows = 16;  // weight rows per packed group: one int32 / float lane each
+constexpr int kRows = static_cast<int>(kRepackedRowGroup);  // weight rows per group: one int32 / float lane each
 
 /// One 32-element block of a group of 16 rows, lane r = row r. Rows past the group's end are zero (d too).
 struct PackedBlock {
@@ -118,10 +118,12 @@ struct RowGroup {
 struct NextGroupPrefetch {
   const uint8_t* next;
   int64_t lines = 0, nb;
-  NextGroupPrefetch(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t nrows, int64_t nb_) : nb(nb_) {
+  /// The 16 rows after the group at r0, also past the call's last row: products call these kernels on
+  /// consecutive chunks, so those are usually the next call's (a prefetch is a hint and never faults, even
+  /// past the matrix).
+  NextGroupPrefetch(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t nb_) : nb(nb_) {
     next = w + static_cast<size_t>(r0 + kRows) * row_bytes;
-    const int64_t rows = std::min<int64_t>(kRows, nrows - r0 - kRows);
-    if (rows > 0) lines = static_cast<int64_t>((static_cast<size_t>(rows) * row_bytes + 63) / 64);
+    lines = static_cast<int64_t>((static_cast<size_t>(kRows) * row_bytes + 63) / 64);
   }
   /// The share of the lines that goes with block i.
   void at(int64_t i) const {
@@ -223,7 +225,7 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<F>(RowGroup<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr),
-                 NextGroupPrefetch(w, row_bytes, r0, nrows, nb), nb, pb);
+                 NextGroupPrefetch(w, row_bytes, r0, nb), nb, pb);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const block_q8_0* yv[kN];
@@ -267,7 +269,7 @@ void rows_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     const RowGroup<F> g(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr);
-    const NextGroupPrefetch ahead(w, row_bytes, r0, nrows, nb);
+    const NextGroupPrefetch ahead(w, row_bytes, r0, nb);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
       ahead.at(i);
