@@ -338,7 +338,8 @@ void setup(CLI::App& root) {
   auto o = std::make_shared<SynthOptions>();
   auto& s = o->spec;
   syn->add_option("-o,--output", o->out, "Output .gguf file")->required();
-  syn->add_option("--arch", s.arch, "llama | qwen2 | qwen2moe | qwen3 | qwen3moe | gpt-oss")->capture_default_str();
+  syn->add_option("--arch", s.arch, "llama | qwen2 | qwen2moe | qwen3 | qwen3moe | gemma2 | gemma3 | gpt-oss")
+      ->capture_default_str();
   syn->add_option("--layers", s.n_layer, "Number of blocks")->capture_default_str();
   syn->add_option("--embd", s.n_embd, "Embedding width")->capture_default_str();
   syn->add_option("--ff", s.n_ff, "Dense FFN width (qwen3moe, qwen2moe: feed_forward_length)")->capture_default_str();
@@ -355,13 +356,19 @@ void setup(CLI::App& root) {
   syn->add_option("--vocab", s.n_vocab, "Vocabulary size (>= 260)")->capture_default_str();
   syn->add_option("--ctx", s.n_ctx, "Context length")->capture_default_str();
   syn->add_option("--rope-base", s.rope_freq_base, "RoPE base (0 = arch default)")->capture_default_str();
-  syn->add_option("--sliding-window", s.sliding_window, "gpt-oss: attention.sliding_window (0 = 128)")
-      ->capture_default_str();
   syn->add_option("--yarn-factor", s.rope_scaling_factor, "gpt-oss: YaRN rope.scaling.factor (0 = 32)")
       ->capture_default_str();
   syn->add_option("--yarn-orig-ctx", s.rope_orig_ctx, "gpt-oss: rope.scaling.original_context_length (0 = 4096)")
       ->capture_default_str();
   syn->add_option("--seed", s.seed, "Random seed")->capture_default_str();
+  syn->add_option("--sliding-window", s.sliding_window,
+                  "gemma2, gemma3, gpt-oss: attention.sliding_window (0 = gemma: not written, gpt-oss: 128)")
+      ->capture_default_str();
+  syn->add_option("--final-softcap", s.final_logit_softcap,
+                  "gemma2, gemma3: final_logit_softcapping (0 = not written)")
+      ->capture_default_str();
+  syn->add_option("--attn-softcap", s.attn_logit_softcap, "gemma2: attn_logit_softcapping (0 = not written)")
+      ->capture_default_str();
   syn->add_option("--type", s.weight_type,
                   "f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q6_k | q4_k_m | q5_k_m | mxfp4_moe | ...")
       ->capture_default_str();

@@ -32,6 +32,11 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   rope_.type = hp_.rope_type;
   rope_.freq_factors = model_->rope_freq_factors();
   rope_.yarn = hp_.yarn;
+  rope_swa_ = rope_;
+  if (hp_.rope_freq_base_swa > 0.0f) {
+    rope_swa_.freq_base = hp_.rope_freq_base_swa;
+    rope_swa_.freq_scale = hp_.rope_freq_scale_swa;
+  }
 
   const int64_t B = max_batch_;
   const int64_t ff = std::max({hp_.n_ff, hp_.n_ff_exp, hp_.n_ff_shexp});
@@ -47,6 +52,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   gate_.resize(sz(ff_rows));
   up_.resize(sz(ff_rows));
   rope_cache_.resize(sz(B * hp_.n_rot));
+  if (hp_.rope_freq_base_swa > 0.0f) rope_cache_swa_.resize(sz(B * hp_.n_rot));
   row_token_.resize(sz(B));
   row_kv_.resize(sz(B));
   row_pos_.resize(sz(B));
@@ -80,8 +86,8 @@ KvCache ForwardPass::make_cache(int64_t n_ctx) const {
 
 uint64_t ForwardPass::scratch_bytes() const {
   uint64_t f = x_.size() + xn_.size() + q_.size() + k_.size() + v_.size() + attn_.size() + proj_.size() +
-               gate_.size() + up_.size() + rope_cache_.size() + router_.size() + probs_.size() + sel_w_.size() +
-               slot_out_.size() + xe_.size() + shexp_gate_.size();
+               gate_.size() + up_.size() + rope_cache_.size() + rope_cache_swa_.size() + router_.size() +
+               probs_.size() + sel_w_.size() + slot_out_.size() + xe_.size() + shexp_gate_.size();
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
                         row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
@@ -100,6 +106,7 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
       B * (2 * embd + static_cast<uint64_t>(hp.q_dim() + hp.k_dim() + hp.v_dim() + hp.attn_out_dim()) + embd +
            static_cast<uint64_t>(hp.n_rot)) +
       2 * ff_rows;
+  if (hp.rope_freq_base_swa > 0.0f) f += B * static_cast<uint64_t>(hp.n_rot);  // rope_cache_swa_
   uint64_t i = 0;
   if (hp.is_moe()) {
     const uint64_t E = static_cast<uint64_t>(hp.n_expert);
@@ -131,12 +138,13 @@ void ForwardPass::glu(int64_t count) {
   // sharing with the pool's other threads, which would otherwise wait (a fork-join costs ~0.25 us).
   float* g = gate_.data();
   const float* u = up_.data();
+  auto act = hp_.traits->ffn_act == model::FfnAct::gelu ? &geglu : &swiglu;
   if (pool_ == nullptr || pool_->size() == 1 || count < kMinParallelGlu) {
-    swiglu(g, u, g, count);
+    act(g, u, g, count);
     return;
   }
   pool_->parallel_for_shares(count, kGluGrain, 0,
-                             [&](int64_t b, int64_t e) { swiglu(g + b, u + b, g + b, e - b); });
+                             [&](int64_t b, int64_t e) { act(g + b, u + b, g + b, e - b); });
 }
 
 void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
@@ -180,6 +188,10 @@ void ForwardPass::embed(const int32_t* tokens, int64_t n) {
     const uint8_t* row = te.data + sz(tokens[i]) * te.row_bytes;
     tensor::dequantize_row(te.type, row, x_.data() + i * hp_.n_embd, hp_.n_embd);
   }
+  if (hp_.traits->embed_scale) {  // gemma: ggml_scale(inp_embd, sqrtf(n_embd))
+    const float scale = std::sqrt(static_cast<float>(hp_.n_embd));
+    for (int64_t i = 0; i < n * hp_.n_embd; ++i) x_[sz(i)] = x_[sz(i)] * scale;
+  }
 }
 
 Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* logits) {
@@ -214,6 +226,11 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
 
   embed(row_token_.data(), n);
   for (int64_t i = 0; i < n; ++i) rope_cache(rope_, row_pos_[sz(i)], rope_cache_.data() + i * hp_.n_rot);
+  if (!rope_cache_swa_.empty()) {
+    for (int64_t i = 0; i < n; ++i) {
+      rope_cache(rope_swa_, row_pos_[sz(i)], rope_cache_swa_.data() + i * hp_.n_rot);
+    }
+  }
 
   int64_t rows = n;  // rows still carried through the layers
   const bool prefetch = prefetch_ && experts_ != nullptr && experts_->streams();
@@ -257,6 +274,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
   if (const float* b = model_->output_bias(); b != nullptr) {
     for (int64_t i = 0; i < rows; ++i) add_bias(logits + i * hp_.n_vocab, b, hp_.n_vocab);
   }
+  if (hp_.final_logit_softcap > 0.0f) softcap(logits, hp_.final_logit_softcap, rows * hp_.n_vocab);
   return {};
 }
 
@@ -316,9 +334,15 @@ void ForwardPass::attention(int64_t il, int64_t n) {
       for (int64_t h = 0; h < n_head; ++h) rms_norm(qi + h * dk, L.q_norm, qi + h * dk, dk, hp_.rms_eps);
       for (int64_t h = 0; h < n_kv_head; ++h) rms_norm(ki + h * dk, L.k_norm, ki + h * dk, dk, hp_.rms_eps);
     }
-    const float* rc = rope_cache_.data() + i * hp_.n_rot;
-    rope_apply(rope_, rc, qi, n_head);
-    rope_apply(rope_, rc, ki, n_kv_head);
+    const bool swa_rope = hp_.swa_rope(il);
+    const RopeParams& rp = swa_rope ? rope_swa_ : rope_;
+    const float* rc = (swa_rope ? rope_cache_swa_ : rope_cache_).data() + i * hp_.n_rot;
+    rope_apply(rp, rc, qi, n_head);
+    rope_apply(rp, rc, ki, n_kv_head);
+    // Gemma: Q scaled in float before the kernel rounds it to fp16 (the kernel's scale is then 1).
+    if (hp_.attn_scale > 0.0f) {
+      for (int64_t d = 0; d < hp_.q_dim(); ++d) qi[d] = qi[d] * hp_.attn_scale;
+    }
     // Store K and V of this position in fp16.
     const float* vi = v_.data() + i * hp_.v_dim();
     KvCache& kv = *row_kv_[sz(i)];
@@ -329,7 +353,7 @@ void ForwardPass::attention(int64_t il, int64_t n) {
     }
   }
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const float scale = hp_.attn_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t group = n_head / n_kv_head;
   const float* sinks = L.attn_sinks;  // gpt-oss: one logit per head in the softmax's denominator
   auto task = [&](int64_t begin, int64_t end) {
@@ -344,9 +368,15 @@ void ForwardPass::attention(int64_t il, int64_t n) {
       // attention skips; starting the loop at the window's first key is the same arithmetic.
       const int64_t pos = row_pos_[sz(i)];
       const int64_t first = ckv.first_visible(il, pos);
-      attend_head(q_.data() + i * hp_.q_dim() + h * dk, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv,
-                  pos + 1 - first, dk, dv, scale, attn_.data() + i * hp_.attn_out_dim() + h * dv, q16.data(),
-                  acc16.data(), sinks != nullptr ? sinks[h] : tensor::kNoSink);
+      const float* qh = q_.data() + i * hp_.q_dim() + h * dk;
+      float* out = attn_.data() + i * hp_.attn_out_dim() + h * dv;
+      if (hp_.attn_logit_softcap > 0.0f) {  // gemma2: the cap sits inside the softmax (no sinks there)
+        attend_head_softcap(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv,
+                            scale, hp_.attn_logit_softcap, out, q16.data(), acc16.data());
+      } else {
+        attend_head(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv, scale,
+                    out, q16.data(), acc16.data(), sinks != nullptr ? sinks[h] : tensor::kNoSink);
+      }
     }
   };
   parallel(n * n_head, 1, task);
@@ -354,6 +384,13 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   if (L.o_bias != nullptr) {
     for (int64_t i = 0; i < n; ++i) add_bias(proj_.data() + i * E, L.o_bias, E);
   }
+  post_norm(L.attn_post_norm, n);
+}
+
+void ForwardPass::post_norm(const float* w, int64_t n) {
+  if (w == nullptr) return;
+  const int64_t E = hp_.n_embd;
+  for (int64_t i = 0; i < n; ++i) rms_norm(proj_.data() + i * E, w, proj_.data() + i * E, E, hp_.rms_eps);
 }
 
 void ForwardPass::dense_ffn(int64_t il, int64_t n) {
@@ -369,6 +406,7 @@ void ForwardPass::dense_ffn(int64_t il, int64_t n) {
   }
   glu(n * ff);
   mm_rows(L.ffn_down, gate_.data(), n, proj_.data());
+  post_norm(L.ffn_post_norm, n);
 }
 
 Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {

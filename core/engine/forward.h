@@ -1,22 +1,26 @@
 // ForwardPass: evaluates a Model on a batch of token ids, appending their keys/values to a KvCache and
 // producing logits - the one transformer every supported architecture shares (see core/model/architecture.h):
 //
-//   x = embed(tokens)                                       dequantized rows of token_embd
+//   x = embed(tokens)                                       dequantized rows of token_embd (gemma: x sqrtf(n_embd))
 //   for each layer:
 //     h = rms_norm(x) * attn_norm
 //     q, k, v = h Wq + bq, h Wk + bk, h Wv + bv             (biases when the file has them: qwen2;
 //                                                           qk_norm archs: per-head rms_norm of q, k)
-//     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16
-//     x += attention(q, cache) Wo                           causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
+//     q, k = rope(q, pos), rope(k, pos);  cache k, v in fp16   (gemma3's windowed layers: their own RoPE base;
+//                                                           gemma: q *= attn_scale, the kernel's scale 1)
+//     x += post(attention(q, cache) Wo + bo)                causal, grouped-query: q head h reads kv head h / (n_head / n_head_kv);
 //                                                           a sliding-window layer reads only the keys at
-//                                                           pos - p' < window (KvCache::first_visible)
+//                                                           pos - p' < window (KvCache::first_visible);
+//                                                           post = rms_norm * attn_post_norm (gemma), else none;
+//                                                           gemma2: scores soft-capped (attend_head_softcap);
 //                                                           gpt-oss: each head's sink logit joins its softmax; + bo
 //     h = rms_norm(x) * ffn_norm
-//     x += dense: (silu(h Wgate) * (h Wup)) Wdown
+//     x += dense: post((act(h Wgate) * (h Wup)) Wdown)     act = silu, or gelu (gemma); post: ffn_post_norm
 //          moe:   sum over the router's top-k experts e of weight_e * expert_e(h)    (ExpertSource)
 //                 gpt-oss: router / expert biases, weights = softmax of the top-k logits, swiglu_oai
 //                 + sigmoid(h . w_gate_shexp) * shared_expert(h)   (qwen2moe: a resident dense SwiGLU FFN)
 //   logits = (rms_norm(x) * output_norm) Wout (+ output bias when the file has one)
+//            (then c * tanh(logits / c) with final_logit_softcapping c)
 //
 // A batch (prompt processing) runs every product as a matrix-matrix product over its rows, and an MoE layer
 // groups the batch's rows by expert so each chosen expert's weights are read once per batch; a single token
@@ -114,6 +118,8 @@ class ForwardPass {
  private:
   void embed(const int32_t* tokens, int64_t n);
   void attention(int64_t il, int64_t n);
+  /// proj_'s n rows = rms_norm(row) * w (a sub-block's post norm, gemma); nothing when w is null.
+  void post_norm(const float* w, int64_t n);
   void dense_ffn(int64_t il, int64_t n);
   Result<void> moe_ffn(int64_t il, int64_t n);
   /// moe_ffn for one token (decode): all chosen experts' products in two parallel regions.
@@ -136,7 +142,8 @@ class ForwardPass {
   void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
   /// mm over the step's rows x_ / xn_ / attn_ / gate_ layout: row i in the order gemm_[i] says.
   void mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
-  /// gate_[i] = swiglu(gate_[i], up_[i]) for i in [0, count), on the pool when it is long enough.
+  /// gate_[i] = act(gate_[i], up_[i]) (swiglu, or geglu for FfnAct::gelu) for i in [0, count), on the pool
+  /// when it is long enough.
   void glu(int64_t count);
   /// fn(begin, end) over [0, n) on the pool (inline when there is none).
   void parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn);
@@ -147,6 +154,7 @@ class ForwardPass {
   ThreadPool* pool_;                // non-owning; may be null
   int64_t max_batch_;
   RopeParams rope_;
+  RopeParams rope_swa_;  // the sliding-window layers' (rope_freq_base_swa; = rope_ when they share it)
   bool prefetch_ = true;
 
   // Scratch, max_batch_ rows each (widths in the comments).
@@ -160,6 +168,7 @@ class ForwardPass {
   std::vector<float> gate_;     // (max(n_ff, n_ff_exp))
   std::vector<float> up_;       // (max(n_ff, n_ff_exp))
   std::vector<float> rope_cache_;  // (n_rot) per row
+  std::vector<float> rope_cache_swa_;  // (n_rot) per row, with rope_swa_; only when rope_freq_base_swa is set
   // MoE scratch
   std::vector<float> router_;      // router logits (n_expert) per row
   std::vector<float> probs_;       // (n_expert) per row

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 #include <numbers>
 
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernels.h"
+#include "core/tensor/online_softmax.h"
 #include "core/util/result.h"
 
 namespace car::engine {
@@ -103,6 +105,82 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
     const float silu = g / (1.0f + std::exp(-g));
     out[i] = silu * up[i];
   }
+}
+
+namespace {
+
+// ggml_gelu_f32 of an fp16 value, rounded to fp16: one entry of ggml's table.
+uint16_t gelu_table_entry(uint16_t h) {
+  constexpr float kGeluCoefA = 0.044715f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  const float f = tensor::fp16_to_fp32(h);
+  const float inner = kSqrt2OverPi * f * (1.0f + kGeluCoefA * f * f);
+  return tensor::fp32_to_fp16(0.5f * f * (1.0f + std::tanh(inner)));
+}
+
+// The whole table (128 KiB), built once on first use and immutable after: a tanhf per FFN element would
+// cost a decode step of a small model a good fraction of its time.
+const std::vector<uint16_t>& gelu_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(size_t{1} << 16);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = gelu_table_entry(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+float gelu_ggml(float x) {
+  // ggml_vec_geglu_f32 with GGML_GELU_FP16: the table is indexed by x's fp16 bits.
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  return tensor::fp16_to_fp32(gelu_table()[tensor::fp32_to_fp16(x)]);
+}
+
+void geglu(const float* gate, const float* up, float* out, int64_t n) {
+  const uint16_t* table = gelu_table().data();
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    if (x <= -10.0f) {
+      out[i] = 0.0f;
+    } else if (x >= 10.0f) {  // x itself (not its fp16 rounding) times up, as ggml
+      out[i] = x * up[i];
+    } else {
+      out[i] = tensor::fp16_to_fp32(table[tensor::fp32_to_fp16(x)]) * up[i];
+    }
+  }
+}
+
+void softcap(float* x, float cap, int64_t n) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = std::tanh(x[i] * inv);
+    x[i] = t * cap;
+  }
+}
+
+void attend_head_softcap(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                         int64_t dv, float scale, float cap, float* out, uint16_t* q16, uint16_t* acc16) {
+  const float scale_c = scale / cap;
+  for (int64_t d = 0; d < dk; ++d) q16[d] = tensor::fp32_to_fp16(q[d]);
+  std::memset(acc16, 0, static_cast<size_t>(dv) * sizeof(uint16_t));
+  float sum = 0.0f;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t ic = 0; ic < n_kv; ++ic) {
+    const float s = cap * std::tanh(tensor::dot_f16_ggml(k + ic * dk, q16, dk) * scale_c);
+    float ms, vs;
+    if (tensor::detail::online_softmax_step(s, mx, ms, vs)) {
+      for (int64_t d = 0; d < dv; ++d) acc16[d] = tensor::fp32_to_fp16(tensor::fp16_to_fp32(acc16[d]) * ms);
+    }
+    const uint16_t* vr = v + ic * dv;
+    for (int64_t d = 0; d < dv; ++d) {
+      acc16[d] = tensor::fp32_to_fp16(std::fma(tensor::fp16_to_fp32(vr[d]), vs, tensor::fp16_to_fp32(acc16[d])));
+    }
+    sum = sum * ms + vs;
+  }
+  const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+  for (int64_t d = 0; d < dv; ++d) out[d] = tensor::fp16_to_fp32(acc16[d]) * inv;
 }
 
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n) {

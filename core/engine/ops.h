@@ -11,6 +11,10 @@
 //   swiglu_oai    x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1)
 //                 (ggml_compute_forward_swiglu_oai_f32: gpt-oss's experts, alpha 1.702, limit 7)
 //   add_bias      x + b, element by element (ggml_add of a projection's bias)
+//   geglu         gelu(gate) * up with ggml's GELU: 0 below -10, the identity above 10, else the tanh
+//                 approximation 0.5 x (1 + tanhf(sqrt(2/pi) x (1 + 0.044715 x^2))) evaluated at x rounded to
+//                 fp16 and rounded to fp16 itself (ggml's 64K-entry table, GGML_GELU_FP16)
+//   softcap       c * tanhf(x * (1 / c)) (llama.cpp's final logit soft-capping: scale, tanh, scale)
 //   attention     one query head over fp16 K/V, as ggml_compute_forward_flash_attn_ext_f16_one_chunk: Q rounded
 //                 to fp16, s = dot(K, Q) * scale in float (dot in ggml_vec_dot_f16's order, see dot_f16_ggml), online softmax with a running max in float, the V
 //                 accumulator kept in fp16 and rounded after every scale / multiply-add, divided by the sum at
@@ -57,6 +61,13 @@ void add_bias(float* x, const float* b, int64_t n);
 /// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
+/// ggml's GELU of one value (its fp16 table's entry for x, or the limits outside (-10, 10)).
+float gelu_ggml(float x);
+/// out[i] = gelu_ggml(gate[i]) * up[i]; out may alias gate or up.
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+
+/// x[i] = cap * tanh(x[i] / cap) in llama.cpp's steps; cap > 0.
+void softcap(float* x, float cap, int64_t n);
 /// gpt-oss's clamped SwiGLU (llama.cpp's build_moe_ffn LLM_FFN_SWIGLU_OAI_MOE constants).
 inline constexpr float kSwigluOaiAlpha = 1.702f;
 inline constexpr float kSwigluOaiLimit = 7.0f;
@@ -68,6 +79,12 @@ void swiglu_oai(const float* gate, const float* up, float* out, int64_t n);
 using tensor::attend_head;
 using tensor::attend_head_scalar;
 using tensor::dot_f16_ggml;
+
+/// attend_head_scalar's arithmetic with ggml's attention logit soft-cap (gemma2): each score is
+/// cap * tanhf(dot(K, Q) * (scale / cap)), as ggml_compute_forward_flash_attn_ext divides its scale by the
+/// cap and applies tanhf before the online softmax. Scalar only (the kernel table's heads have no cap).
+void attend_head_softcap(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                         int64_t dv, float scale, float cap, float* out, uint16_t* q16, uint16_t* acc16);
 
 /// Route one token: probs (n_expert scratch, left holding the softmax, or the logits for softmax_topk),
 /// ids[k] and weights[k] out. `normalize` applies to softmax gating only.

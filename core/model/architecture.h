@@ -2,7 +2,7 @@
 // pre-norm transformer (embeddings -> N x [RMSNorm, GQA attention, residual, RMSNorm, SwiGLU FFN or MoE,
 // residual] -> RMSNorm -> output projection); everything an architecture changes is a field here, and each
 // architecture defines its traits in its own file (llama.cpp, qwen2.cpp, qwen2moe.cpp, qwen3.cpp,
-// qwen3moe.cpp, gpt_oss.cpp).
+// qwen3moe.cpp, gemma2.cpp, gemma3.cpp, gpt_oss.cpp).
 //
 // Optional tensors every architecture takes when the file has them (as llama.cpp's shared graph builders
 // do): Q/K/V biases (blk.N.attn_{q,k,v}.bias, added after the projections), the attention output's bias
@@ -11,11 +11,18 @@
 // Immutable static data; safe to share.
 #pragma once
 
+#include <optional>
 #include <string_view>
 
 #include "core/model/hparams.h"
 
 namespace car::model {
+
+/// The FFN's gated activation: act(h Wgate) * (h Wup).
+enum class FfnAct {
+  silu,  ///< SwiGLU: silu(g) = g / (1 + exp(-g))
+  gelu,  ///< GEGLU: ggml's GELU (tanh approximation, looked up in its fp16 table; ops.h geglu)
+};
 
 /// How the router's logits become the chosen experts and their weights (llama.cpp's
 /// llama_expert_gating_func_type).
@@ -48,6 +55,19 @@ struct ArchTraits {
   /// key below, or feed_forward_length when that is absent (llama.cpp's rule).
   bool shared_expert = false;
   std::string_view shared_expert_ff_key;
+  /// Gemma: the embedding rows are multiplied by sqrtf(n_embd) (llama.cpp's ggml_scale of the input).
+  bool embed_scale = false;
+  /// Gemma 2/3: each sub-block's output is RMS-normed again before its residual add
+  /// (blk.N.post_attention_norm, blk.N.post_ffw_norm).
+  bool post_norms = false;
+  FfnAct ffn_act = FfnAct::silu;
+  /// Gemma: Q is multiplied by the attention scale (in float, before the kernel rounds it to fp16) and the
+  /// kernel's scale is 1, as llama.cpp's ggml_scale of Qcur then build_attn(kq_scale = 1). The scale is
+  /// 1/sqrt(key_length), or 1/sqrt(n_embd / n_head) when block_count == query_scale_embd_layers (the size
+  /// whose query_pre_attn_scalar is n_embd / n_head: Gemma 3 27B, 62 layers). false: 1/sqrt(key_length)
+  /// inside the kernel (llama).
+  bool scale_query = false;
+  int64_t query_scale_embd_layers = 0;
   /// The norm before the FFN: blk.N.<this>.weight (gpt-oss names it post_attention_norm; same role).
   std::string_view ffn_norm_name = "ffn_norm";
   /// Every layer has blk.N.attn_sinks.weight (n_head logits): each head's softmax denominator gains
@@ -59,8 +79,17 @@ struct ArchTraits {
   /// required, added after their products; and the attention output's bias is required (gpt-oss).
   bool moe_biases = false;
   /// Sliding-window layers as llama.cpp's set_swa_pattern(swa_pattern) (0 = the architecture has none), the
-  /// window from <arch>.attention.sliding_window (absent or 0 = every layer global).
+  /// window from <arch>.attention.sliding_window, else swa_default_window (0 = every layer global).
   int64_t swa_pattern = 0;
+  int64_t swa_default_window = 0;
+  /// RoPE base (with frequency scale 1) of the sliding-window layers; 0 = the global layers' (gemma3: 10000).
+  float swa_rope_freq_base = 0.0f;
+  /// Reads <arch>.final_logit_softcapping c, with this default when absent: logits = c * tanh(logits / c)
+  /// (Gemma 2: 30, Gemma 3: 0 = none). nullopt: the key is not read.
+  std::optional<float> final_logit_softcap;
+  /// Reads <arch>.attn_logit_softcapping c, with this default (Gemma 2: 50): each attention score s (after
+  /// the scale) becomes c * tanh(s / c), inside the softmax, as ggml's flash attention. nullopt: not read.
+  std::optional<float> attn_logit_softcap;
 };
 
 const ArchTraits& llama_traits();
@@ -68,6 +97,8 @@ const ArchTraits& qwen2_traits();
 const ArchTraits& qwen2moe_traits();
 const ArchTraits& qwen3_traits();
 const ArchTraits& qwen3moe_traits();
+const ArchTraits& gemma2_traits();
+const ArchTraits& gemma3_traits();
 const ArchTraits& gpt_oss_traits();
 
 /// Traits for a general.architecture value; null when unsupported.

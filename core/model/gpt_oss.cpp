@@ -27,12 +27,21 @@ const ArchTraits& gpt_oss_traits() {
       .qkv_bias = true,
       .shared_expert = false,
       .shared_expert_ff_key = {},
+      .embed_scale = false,
+      .post_norms = false,
+      .ffn_act = FfnAct::silu,
+      .scale_query = false,
+      .query_scale_embd_layers = 0,
       .ffn_norm_name = "post_attention_norm",
       .attn_sinks = true,
       .expert_gating = ExpertGating::softmax_topk,
       .expert_activation = ExpertActivation::swiglu_oai,
       .moe_biases = true,
       .swa_pattern = 2,
+      .swa_default_window = 0,
+      .swa_rope_freq_base = 0.0f,
+      .final_logit_softcap = std::nullopt,
+      .attn_logit_softcap = std::nullopt,
   };
   return traits;
 }

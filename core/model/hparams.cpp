@@ -1,7 +1,9 @@
 #include "core/model/hparams.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "core/model/architecture.h"
 #include "core/util/error_codes.h"
@@ -152,10 +154,32 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   }
   h.yarn.attn_factor *= static_cast<float>(attn_factor);
 
+  // Sliding-window layers (gemma2, gemma3, gpt-oss) and the other per-architecture numbers of
+  // core/model/architecture.h.
   if (t.swa_pattern > 0) {
     int64_t n_swa = 0;
-    CAR_TRY_ASSIGN(n_swa, kr.dim_or("attention.sliding_window", 0));
+    CAR_TRY_ASSIGN(n_swa, kr.dim_or("attention.sliding_window", t.swa_default_window));
     set_swa_pattern(h, n_swa, t.swa_pattern);
+    if (n_swa > 0 && t.swa_rope_freq_base > 0.0f) {
+      h.rope_freq_base_swa = t.swa_rope_freq_base;
+      h.rope_freq_scale_swa = 1.0f;
+    }
+  }
+  if (t.scale_query) {
+    const bool by_embd = t.query_scale_embd_layers > 0 && h.n_layer == t.query_scale_embd_layers;
+    const int64_t d = by_embd ? h.n_embd / h.n_head : h.head_dim_k;
+    if (d <= 0) return load_error("model key " + kr.key("embedding_length") + ": smaller than head_count");
+    h.attn_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  }
+  // Soft-caps: 0 = none (llama.cpp would divide by a zero final cap).
+  using Cap = std::tuple<std::optional<float>, const char*, float*>;
+  for (auto [def, key, out] : {Cap{t.final_logit_softcap, "final_logit_softcapping", &h.final_logit_softcap},
+                               Cap{t.attn_logit_softcap, "attn_logit_softcapping", &h.attn_logit_softcap}}) {
+    if (!def) continue;
+    double cap = 0;
+    CAR_TRY_ASSIGN(cap, kr.real_or(key, *def));
+    if (cap < 0) return load_error("model key " + kr.key(key) + " is negative");
+    *out = static_cast<float>(cap);
   }
 
   CAR_TRY_ASSIGN(h.n_expert, kr.dim_or("expert_count", 0));

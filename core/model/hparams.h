@@ -59,11 +59,22 @@ struct Hparams {
   /// Per layer: the sliding window (a query at p sees keys at p' with p - p' < window; 0 = global), or
   /// empty when every layer is global. The KV cache applies it (engine::KvCache::first_visible).
   std::vector<int64_t> swa_window;
+  float rope_freq_base_swa = 0.0f;   ///< the windowed layers' RoPE base when they differ (gemma3); 0 = same
+  float rope_freq_scale_swa = 1.0f;  ///< their frequency scale (with rope_freq_base_swa)
+  /// scale_query archs: Q is multiplied by this before attention and the kernel's scale is 1; 0 = the
+  /// kernel scales by 1/sqrt(head_dim_k).
+  float attn_scale = 0.0f;
+  float final_logit_softcap = 0.0f;  ///< c > 0: logits = c * tanh(logits / c) (<arch>.final_logit_softcapping)
+  float attn_logit_softcap = 0.0f;   ///< c > 0: attention scores s -> c * tanh(s / c) (<arch>.attn_logit_softcapping)
 
   int64_t q_dim() const { return n_head * head_dim_k; }      ///< width of Q
   int64_t k_dim() const { return n_head_kv * head_dim_k; }   ///< width of K
   int64_t v_dim() const { return n_head_kv * head_dim_v; }   ///< width of V
   int64_t attn_out_dim() const { return n_head * head_dim_v; }
+  /// The sliding window of layer il (0 = global).
+  int64_t window(int64_t il) const { return swa_window.empty() ? 0 : swa_window[static_cast<size_t>(il)]; }
+  /// Whether layer il rotates with the windowed layers' own RoPE base.
+  bool swa_rope(int64_t il) const { return rope_freq_base_swa > 0.0f && window(il) > 0; }
   bool is_moe() const { return n_expert > 0; }
 };
 

@@ -187,6 +187,10 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     }
     const std::string ffn_norm_name(traits.ffn_norm_name);
     CAR_TRY_ASSIGN(L.ffn_norm, vec(blk(il, ffn_norm_name.c_str()), h.n_embd));
+    if (traits.post_norms) {
+      CAR_TRY_ASSIGN(L.attn_post_norm, vec(blk(il, "post_attention_norm"), h.n_embd));
+      CAR_TRY_ASSIGN(L.ffn_post_norm, vec(blk(il, "post_ffw_norm"), h.n_embd));
+    }
     const bool has_router = tl.find(blk(il, "ffn_gate_inp")) != nullptr;
     if (has_router && h.n_expert == 0) {
       return load_error("tensor " + blk(il, "ffn_gate_inp") + " present but " + h.arch + ".expert_count is missing");

@@ -33,7 +33,9 @@ struct LayerWeights {
   const float* attn_sinks = nullptr;  // (n_head) attention sink logits, attn_sinks architectures (gpt-oss)
   const float* q_norm = nullptr;      // (head_dim_k), qk_norm architectures only
   const float* k_norm = nullptr;      // (head_dim_k), qk_norm architectures only
+  const float* attn_post_norm = nullptr;  // (n_embd), post_norms archs: blk.N.post_attention_norm
   const float* ffn_norm = nullptr;    // (n_embd); the file's blk.N.<traits.ffn_norm_name>.weight
+  const float* ffn_post_norm = nullptr;   // (n_embd), post_norms archs: blk.N.post_ffw_norm
   // Dense FFN (is_moe == false)
   tensor::MatrixView ffn_gate;        // (n_ff, n_embd)
   tensor::MatrixView ffn_up;          // (n_ff, n_embd)

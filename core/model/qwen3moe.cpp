@@ -17,12 +17,21 @@ const ArchTraits& qwen3moe_traits() {
       .qkv_bias = false,
       .shared_expert = false,
       .shared_expert_ff_key = {},
+      .embed_scale = false,
+      .post_norms = false,
+      .ffn_act = FfnAct::silu,
+      .scale_query = false,
+      .query_scale_embd_layers = 0,
       .ffn_norm_name = "ffn_norm",
       .attn_sinks = false,
       .expert_gating = ExpertGating::softmax,
       .expert_activation = ExpertActivation::swiglu,
       .moe_biases = false,
       .swa_pattern = 0,
+      .swa_default_window = 0,
+      .swa_rope_freq_base = 0.0f,
+      .final_logit_softcap = std::nullopt,
+      .attn_logit_softcap = std::nullopt,
   };
   return traits;
 }

@@ -26,6 +26,9 @@ using gguf::ValueType;
 bool is_qwen3(const SynthSpec& s) { return s.arch == "qwen3" || s.arch == "qwen3moe"; }
 bool is_qwen2(const SynthSpec& s) { return s.arch == "qwen2" || s.arch == "qwen2moe"; }
 bool is_qwen(const SynthSpec& s) { return is_qwen3(s) || is_qwen2(s); }
+bool is_gemma3(const SynthSpec& s) { return s.arch == "gemma3"; }
+bool is_gemma2(const SynthSpec& s) { return s.arch == "gemma2"; }
+bool is_gemma(const SynthSpec& s) { return is_gemma2(s) || is_gemma3(s); }
 bool is_gpt_oss(const SynthSpec& s) { return s.arch == "gpt-oss"; }
 bool has_shared_expert(const SynthSpec& s) { return s.arch == "qwen2moe"; }
 // Architectures whose expert width has its own key (feed_forward_length is then the dense width).
@@ -281,7 +284,7 @@ ArrayValue array_of(ValueType t, const std::vector<T>& items) {
 
 void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme, const gguf::GgufFile* vocab) {
   const std::string& a = s.arch;
-  const bool qwen = is_qwen(s);
+  const bool qwen = is_qwen(s) || is_gemma(s);  // 1e6 rope base (gemma2: 10000, not written), 1e-6 eps
   w.set_string("general.architecture", a);
   w.set_string("general.name", s.name.empty() ? default_name(s) : s.name);
   if (s.alignment != 0) w.set_u32("general.alignment", s.alignment);
@@ -297,13 +300,19 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
   }
   w.set_u32(a + ".attention.head_count", s.n_head);
   w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
-  if (is_qwen3(s) || head_dim(s) != s.n_embd / s.n_head) {
+  if (is_qwen3(s) || is_gemma(s) || head_dim(s) != s.n_embd / s.n_head) {
     w.set_u32(a + ".attention.key_length", head_dim(s));
     w.set_u32(a + ".attention.value_length", head_dim(s));
   }
-  w.set_u32(a + ".rope.dimension_count", head_dim(s));
-  const float default_base = qwen ? 1e6f : is_gpt_oss(s) ? 150000.0f : 1e4f;
-  w.set_f32(a + ".rope.freq_base", s.rope_freq_base != 0.0f ? s.rope_freq_base : default_base);
+  if (!is_gemma(s)) w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's converters omit it
+  // gpt-oss writes its window below, with its default.
+  if (is_gemma(s) && s.sliding_window != 0) w.set_u32(a + ".attention.sliding_window", s.sliding_window);
+  if (s.final_logit_softcap != 0.0f) w.set_f32(a + ".final_logit_softcapping", s.final_logit_softcap);
+  if (s.attn_logit_softcap != 0.0f) w.set_f32(a + ".attn_logit_softcapping", s.attn_logit_softcap);
+  if (!is_gemma2(s) || s.rope_freq_base != 0.0f) {
+    const float default_base = qwen ? 1e6f : is_gpt_oss(s) ? 150000.0f : 1e4f;
+    w.set_f32(a + ".rope.freq_base", s.rope_freq_base != 0.0f ? s.rope_freq_base : default_base);
+  }
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps != 0.0f ? s.rms_eps : (qwen ? 1e-6f : 1e-5f));
   if (is_moe(s)) {
     w.set_u32(a + ".expert_count", s.n_expert);
@@ -336,6 +345,7 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.seperator_token_id", 0xffffffffu);  // llama.cpp's spelling; unset
   w.set_u32("tokenizer.ggml.padding_token_id", 0xffffffffu);
+  if (is_gemma(s)) w.set_bool("tokenizer.ggml.add_space_prefix", false);  // as Gemma's converters
   if (!s.chat_template.empty()) w.set_string("tokenizer.chat_template", s.chat_template);
 }
 
@@ -380,9 +390,23 @@ Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uin
 
 Result<void> validate(const SynthSpec& s) {
   auto bad = [](const std::string& msg) { return make_error(errc::kBadSpec, msg); };
-  if (s.arch != "llama" && !is_qwen(s) && !is_gpt_oss(s)) {
-    return bad("unknown arch '" + s.arch + "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss)");
+  if (s.arch != "llama" && !is_qwen(s) && !is_gemma(s) && !is_gpt_oss(s)) {
+    return bad("unknown arch '" + s.arch +
+               "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, gpt-oss)");
   }
+  if (is_gemma(s) && s.n_expert != 0) return bad(s.arch + " is dense");
+  if (!is_gemma(s) && !is_gpt_oss(s) && s.sliding_window != 0) {
+    return bad("a sliding window is a gemma2 / gemma3 / gpt-oss key (arch " + s.arch + ")");
+  }
+  if (!is_gemma(s) && s.final_logit_softcap != 0.0f) {
+    return bad("final logit soft-capping is a gemma2 / gemma3 key");
+  }
+  if (!is_gemma2(s) && s.attn_logit_softcap != 0.0f) return bad("attention logit soft-capping is a gemma2 key");
+  if (is_gemma2(s) && !s.tied_embeddings) {
+    return bad("gemma2 ties its output to token_embd (llama.cpp refuses a gemma2 file with output.weight): "
+               "give --tied");
+  }
+  if (s.final_logit_softcap < 0.0f || s.attn_logit_softcap < 0.0f) return bad("soft-caps must be >= 0");
   if (s.n_layer == 0 || s.n_embd == 0 || s.n_ff == 0 || s.n_head == 0 || s.n_head_kv == 0 || s.n_ctx == 0) {
     return bad("layers, n_embd, n_ff, heads, kv heads and context length must all be > 0");
   }
@@ -400,8 +424,8 @@ Result<void> validate(const SynthSpec& s) {
   if (s.arch == "qwen2moe" && s.n_expert == 0) return bad("qwen2moe needs experts > 0");
   if (s.arch == "qwen2" && s.n_expert != 0) return bad("qwen2 is dense; use qwen2moe for experts");
   if (is_gpt_oss(s) && s.n_expert == 0) return bad("gpt-oss needs experts > 0");
-  if (!is_gpt_oss(s) && (s.sliding_window != 0 || s.rope_scaling_factor != 0.0f || s.rope_orig_ctx != 0)) {
-    return bad("sliding window and YaRN terms are gpt-oss's (arch " + s.arch + ")");
+  if (!is_gpt_oss(s) && (s.rope_scaling_factor != 0.0f || s.rope_orig_ctx != 0)) {
+    return bad("YaRN terms are gpt-oss's (arch " + s.arch + ")");
   }
   if (s.rope_scaling_factor < 0.0f) return bad("rope scaling factor must be >= 0");
   if (is_qwen2(s) && head_dim(s) * s.n_head != s.n_embd) {
@@ -472,10 +496,11 @@ Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
       ts.push_back({p + "attn_output.bias", TensorRole::norm, {d}, 0.0f, 0.5f});
       ts.push_back({p + "attn_sinks.weight", TensorRole::norm, {s.n_head}, 0.0f, 2.0f});
     }
-    if (is_qwen3(s)) {
+    if (is_qwen3(s) || is_gemma3(s)) {
       ts.push_back({p + "attn_q_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
       ts.push_back({p + "attn_k_norm.weight", TensorRole::norm, {hd}, 1.0f, 0.1f});
     }
+    if (is_gemma(s)) ts.push_back({p + "post_attention_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
     ts.push_back({p + (is_gpt_oss(s) ? "post_attention_norm.weight" : "ffn_norm.weight"), TensorRole::norm, {d},
                   1.0f, 0.1f});
     if (is_gpt_oss(s)) {
@@ -511,6 +536,7 @@ Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
       ts.push_back({p + "ffn_up.weight", TensorRole::ffn_up, {d, ff}, 0.0f, lin(d)});
       ts.push_back({p + "ffn_down.weight", TensorRole::ffn_down, {ff, d}, 0.0f, lin(ff)});
     }
+    if (is_gemma(s)) ts.push_back({p + "post_ffw_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
     for (auto& t : ts) {
       if (auto r = b.add(t.name, t.role, l, std::move(t.shape), t.mean, t.stddev); !r) return r.error();
     }
@@ -548,6 +574,12 @@ SynthSpec tiny_spec(std::string_view flavour) {
     s.head_dim = 16;  // q is 64 wide, wider than n_embd, as in the qwen3 fixture
   } else if (flavour == "qwen2") {
     s.arch = "qwen2";
+  } else if (flavour == "gemma3" || flavour == "gemma2") {
+    s.arch = std::string(flavour);
+    s.tied_embeddings = flavour == "gemma2";
+    s.n_layer = 7;
+    s.head_dim = 16;
+    s.sliding_window = 4;
   } else if (flavour == "qwen2moe") {
     s.arch = "qwen2moe";
     s.n_expert = 4;

@@ -5,10 +5,16 @@
 // blk.N.ffn_gate_inp.weight and stacked blk.N.ffn_{gate,up,down}_exps.weight), `qwen3` (per-head q/k
 // RMSNorm: attn_q_norm / attn_k_norm), `qwen3moe`, `qwen2` (llama with attn_{q,k,v}.bias, NEOX RoPE) and
 // `qwen2moe` (qwen2's attention; routed experts beside a shared expert: ffn_gate_inp_shexp (1-D) and
-// ffn_{gate,up,down}_shexp, width expert_shared_feed_forward_length) and `gpt-oss` (attention with Q/K/V/O
-// biases and attn_sinks, post_attention_norm before the MoE, router and expert biases; keys
-// attention.sliding_window and YaRN's rope.scaling.{type,factor,original_context_length}, as llama.cpp's
-// converter writes them). Key names, tensor names, shapes and order follow the
+// ffn_{gate,up,down}_shexp, width expert_shared_feed_forward_length), `gemma3` (per-head q/k norms,
+// post_attention_norm / post_ffw_norm, key/value lengths always written, attention.sliding_window when
+// given, final_logit_softcapping when given, no rope.dimension_count, an SPM vocabulary without a space
+// prefix; norm weights are drawn as the stored 1 + w of Gemma's converter, so 1 + 0.1 N(0, 1) as the
+// others'); `gemma2` the same without the q/k norms and without rope.freq_base unless given (its
+// converter writes neither), with attn_logit_softcapping when given, and always tied (llama.cpp loads no
+// gemma2 output.weight); and `gpt-oss` (attention with Q/K/V/O biases and attn_sinks,
+// post_attention_norm before the MoE, router and expert biases; keys attention.sliding_window and YaRN's
+// rope.scaling.{type,factor,original_context_length}, as llama.cpp's converter writes them). Key names,
+// tensor names, shapes and order follow the
 // llama.cpp-made fixtures in ../shared/conformance/models/. Weights are drawn as those fixtures' were:
 // token_embd N(0, 1), linear weights N(0, 0.5/sqrt(fan_in)), router N(0, 0.5), output N(0, 0.15), norm
 // weights 1 + 0.1 N(0, 1), from a seeded generator: the same spec gives the same bytes. Q/K/V biases are
@@ -46,7 +52,8 @@
 namespace car::synth {
 
 struct SynthSpec {
-  std::string arch = "llama";   ///< "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gpt-oss"
+  /// "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "gpt-oss"
+  std::string arch = "llama";
   uint32_t n_layer = 2;
   uint32_t n_embd = 256;
   uint32_t n_ff = 512;          ///< dense FFN width (qwen3moe: feed_forward_length, unused by the model)
@@ -59,9 +66,13 @@ struct SynthSpec {
   uint32_t n_expert_used = 0;   ///< 0 = min(2, n_expert)
   uint32_t n_vocab = 512;       ///< at least 260 (3 specials + 256 bytes + "▁")
   uint32_t n_ctx = 512;
-  float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen*)
-  float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama, gpt-oss) / 1e-6 (qwen*)
-  uint32_t sliding_window = 0;  ///< gpt-oss: attention.sliding_window (0 = 128, the released files')
+  float rope_freq_base = 0.0f;  ///< 0 = 10000 (llama) / 1e6 (qwen*, gemma3) / 150000 (gpt-oss)
+  float rms_eps = 0.0f;         ///< 0 = 1e-5 (llama, gpt-oss) / 1e-6 (qwen*, gemma3)
+  uint32_t sliding_window = 0;  ///< gemma2/3, gpt-oss: <arch>.attention.sliding_window (0 = gemma3: not
+                                ///< written, all global; gemma2: not written, 4096; gpt-oss: 128, the
+                                ///< released files')
+  float final_logit_softcap = 0.0f;  ///< gemma2/3: <arch>.final_logit_softcapping (0 = not written)
+  float attn_logit_softcap = 0.0f;   ///< gemma2: <arch>.attn_logit_softcapping (0 = not written: 50)
   float rope_scaling_factor = 0.0f;  ///< gpt-oss: YaRN's rope.scaling.factor (0 = 32)
   uint32_t rope_orig_ctx = 0;   ///< gpt-oss: rope.scaling.original_context_length (0 = 4096)
   bool tied_embeddings = false; ///< no output.weight (the output projection is token_embd)
@@ -102,8 +113,8 @@ Result<gguf::GgufWriter> build_synth_model(const SynthSpec& spec);
 Result<void> write_synth_model(const SynthSpec& spec, const std::string& path);
 
 /// A very small valid spec per flavour ("llama", "llama-moe", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
-/// "gpt-oss": sliding window 4): two layers, n_embd 32, vocab 300; a few tens of KB. For unit tests and fuzz
-/// seeds.
+/// "gemma2", "gemma3": seven layers, so some are global, window 4; "gpt-oss": sliding window 4): two layers
+/// unless said, n_embd 32, vocab 300; a few tens of KB. For unit tests and fuzz seeds.
 SynthSpec tiny_spec(std::string_view flavour);
 
 /// The embedded tokenizer's pieces, scores and token types for a vocabulary of `n_vocab` (>= 260).

@@ -103,7 +103,8 @@ INSTANTIATE_TEST_SUITE_P(Models, MemoryEstimateTest,
                                            Case{"qwen3", "q8_0", 0}, Case{"llama-moe", "f32", 0},
                                            Case{"llama-moe", "q4_0", 100}, Case{"qwen3moe", "f16", 16},
                                            Case{"qwen2", "q8_0", 0}, Case{"qwen2moe", "f32", 0},
-                                           Case{"qwen2moe", "q8_0", 64}, Case{"gpt-oss", "f32", 0},
+                                           Case{"qwen2moe", "q8_0", 64}, Case{"gemma3", "q8_0", 0},
+                                           Case{"gemma2", "f32", 0}, Case{"gpt-oss", "f32", 0},
                                            Case{"gpt-oss", "q8_0", 64}));
 
 TEST(MemoryEstimateErrorsTest, MissingAndCorruptFilesAndBadOptions) {

@@ -128,6 +128,94 @@ TEST(Swiglu, MatchesDefinition) {
   }
 }
 
+// ggml's GELU (GGML_GELU_FP16): the tanh approximation of the input rounded to fp16, itself rounded to
+// fp16; 0 at and below -10, the identity at and above 10.
+TEST(Geglu, IsGgmlsFp16TableGelu) {
+  auto g = randn(200, 9, 3.0f);
+  g.push_back(-10.0f);
+  g.push_back(-12.5f);
+  g.push_back(10.0f);
+  g.push_back(11.25f);
+  g.push_back(0.0f);
+  auto u = randn(g.size(), 10);
+  std::vector<float> o(g.size());
+  geglu(g.data(), u.data(), o.data(), static_cast<int64_t>(g.size()));
+  int rounded_differently = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float x = g[i];
+    float want;
+    if (x <= -10.0f) {
+      want = 0.0f;
+    } else if (x >= 10.0f) {
+      want = x * u[i];
+    } else {
+      const double f = tensor::fp16_to_fp32(tensor::fp32_to_fp16(x));
+      const double exact = 0.5 * f * (1.0 + std::tanh(0.7978845608028654 * f * (1.0 + 0.044715 * f * f)));
+      const float table = tensor::fp16_to_fp32(tensor::fp32_to_fp16(static_cast<float>(exact)));
+      // The float evaluation may land on the other side of an fp16 rounding boundary: one fp16 step at most.
+      EXPECT_NEAR(gelu_ggml(x), table, std::fabs(table) * 1e-3 + 1e-7) << x;
+      want = gelu_ggml(x) * u[i];
+      // The table's value is a function of x's fp16 rounding.
+      EXPECT_EQ(gelu_ggml(x), gelu_ggml(tensor::fp16_to_fp32(tensor::fp32_to_fp16(x)))) << x;
+      const double plain = 0.5 * double(x) * (1.0 + std::tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)));
+      if (static_cast<float>(plain) != gelu_ggml(x)) ++rounded_differently;
+    }
+    EXPECT_EQ(o[i], want) << "x = " << x;
+  }
+  EXPECT_GT(rounded_differently, 100);  // the fp16 table is not the float formula
+  EXPECT_EQ(gelu_ggml(1.0f), tensor::fp16_to_fp32(tensor::fp32_to_fp16(0.8411920070648193f)));
+}
+
+TEST(Softcap, IsCapTimesTanhOfXOverCap) {
+  std::vector<float> x{-100.0f, -3.0f, 0.0f, 0.5f, 29.0f, 1000.0f};
+  std::vector<float> y = x;
+  softcap(y.data(), 30.0f, static_cast<int64_t>(y.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(y[i], 30.0 * std::tanh(double(x[i]) / 30.0), 1e-5) << x[i];
+    EXPECT_LE(std::fabs(y[i]), 30.0f);
+  }
+  EXPECT_EQ(y[2], 0.0f);
+}
+
+// gemma2's soft-capped head: in double, cap * tanh(dot(K, Q16) * scale / cap) per score, then an exact
+// softmax over the same fp16 V; and with a cap far above every score it is attend_head_scalar's result.
+TEST(AttentionSoftcap, CapsTheScoresInsideTheSoftmax) {
+  const int64_t n_kv = 37, dk = 64, dv = 64;
+  auto q = randn(static_cast<size_t>(dk), 30, 2.0f);
+  auto kf = randn(static_cast<size_t>(n_kv * dk), 31);
+  auto vf = randn(static_cast<size_t>(n_kv * dv), 32);
+  std::vector<uint16_t> k(kf.size()), v(vf.size()), q16(static_cast<size_t>(dk)), acc(static_cast<size_t>(dv));
+  to_fp16(kf.data(), k.data(), static_cast<int64_t>(k.size()));
+  to_fp16(vf.data(), v.data(), static_cast<int64_t>(v.size()));
+  const float scale = 0.125f, cap = 2.0f;
+  std::vector<float> out(static_cast<size_t>(dv));
+  attend_head_softcap(q.data(), k.data(), v.data(), n_kv, dk, dv, scale, cap, out.data(), q16.data(), acc.data());
+  std::vector<double> w(static_cast<size_t>(n_kv));
+  double mx = -1e300, uncapped_max = 0;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    double dot = 0;
+    for (int64_t d = 0; d < dk; ++d) {
+      dot += double(tensor::fp16_to_fp32(k[static_cast<size_t>(j * dk + d)])) *
+             tensor::fp16_to_fp32(tensor::fp32_to_fp16(q[static_cast<size_t>(d)]));
+    }
+    uncapped_max = std::max(uncapped_max, std::fabs(dot * scale));
+    w[static_cast<size_t>(j)] = cap * std::tanh(dot * scale / cap);
+    mx = std::max(mx, w[static_cast<size_t>(j)]);
+  }
+  EXPECT_GT(uncapped_max, 2.0 * cap);  // the cap bites
+  double sum = 0;
+  for (double& x : w) sum += (x = std::exp(x - mx));
+  for (int64_t d = 0; d < dv; ++d) {
+    double want = 0;
+    for (int64_t j = 0; j < n_kv; ++j) want += w[static_cast<size_t>(j)] * tensor::fp16_to_fp32(v[static_cast<size_t>(j * dv + d)]);
+    EXPECT_NEAR(out[static_cast<size_t>(d)], want / sum, 2e-3) << d;
+  }
+  std::vector<float> capped_wide(static_cast<size_t>(dv)), plain(static_cast<size_t>(dv));
+  attend_head_softcap(q.data(), k.data(), v.data(), n_kv, dk, dv, scale, 1e6f, capped_wide.data(), q16.data(), acc.data());
+  attend_head_scalar(q.data(), k.data(), v.data(), n_kv, dk, dv, scale, plain.data(), q16.data(), acc.data());
+  for (int64_t d = 0; d < dv; ++d) EXPECT_NEAR(capped_wide[static_cast<size_t>(d)], plain[static_cast<size_t>(d)], 1e-3);
+}
+
 // Exact attention in double over the same fp16 K/V: the fp16 accumulator costs ~1e-3 relative at most.
 void check_attention(int64_t n_kv, int64_t dk, int64_t dv, bool use_simd) {
   auto q = randn(static_cast<size_t>(dk), 20, 1.5f);

@@ -167,6 +167,8 @@ synth::SynthSpec spec_from(const json& j, const std::optional<std::filesystem::p
     else if (key == "n_ctx") s.n_ctx = v.get<uint32_t>();
     else if (key == "seed") s.seed = v.get<uint64_t>();
     else if (key == "sliding_window") s.sliding_window = v.get<uint32_t>();
+    else if (key == "final_logit_softcap") s.final_logit_softcap = v.get<float>();
+    else if (key == "attn_logit_softcap") s.attn_logit_softcap = v.get<float>();
     else if (key == "rope_scaling_factor") s.rope_scaling_factor = v.get<float>();
     else if (key == "rope_orig_ctx") s.rope_orig_ctx = v.get<uint32_t>();
     else ADD_FAILURE() << "unknown synth spec field " << key;

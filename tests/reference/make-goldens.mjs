@@ -34,7 +34,8 @@ const flags = {
   n_ff_shared: "--ff-shared", n_head: "--heads", n_head_kv: "--kv-heads", head_dim: "--head-dim",
   n_expert: "--experts", n_expert_used: "--experts-used", n_vocab: "--vocab", n_ctx: "--ctx", seed: "--seed",
   weight_type: "--type", vocab_file: "--vocab-from", tied_embeddings: "--tied",
-  sliding_window: "--sliding-window", rope_scaling_factor: "--yarn-factor", rope_orig_ctx: "--yarn-orig-ctx",
+  sliding_window: "--sliding-window", final_logit_softcap: "--final-softcap", attn_logit_softcap: "--attn-softcap",
+  rope_scaling_factor: "--yarn-factor", rope_orig_ctx: "--yarn-orig-ctx",
 };
 // "conformance:PATH" names a file of the shared conformance folder ($CAR_CONFORMANCE_DIR, else
 // ../shared/conformance beside the checkout), as the test resolves it.
