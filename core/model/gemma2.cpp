@@ -11,33 +11,23 @@
 namespace car::model {
 
 const ArchTraits& gemma2_traits() {
-  static const ArchTraits traits{
-      .name = "gemma2",
-      .rope_type = RopeType::neox,
-      .qk_norm = false,
-      .moe_required = false,
-      .dense_only = true,
-      .expert_ff_key = {},
-      .moe_norm_weights = true,
-      .qkv_bias = false,
-      .shared_expert = false,
-      .shared_expert_ff_key = {},
-      .embed_scale = true,
-      .post_norms = true,
-      .ffn_act = FfnAct::gelu,
-      .scale_query = true,
-      .query_scale_embd_layers = 46,
-      .ffn_norm_name = "ffn_norm",
-      .attn_sinks = false,
-      .expert_gating = ExpertGating::softmax,
-      .expert_activation = ExpertActivation::swiglu,
-      .moe_biases = false,
-      .swa_pattern = 2,
-      .swa_default_window = 4096,
-      .swa_rope_freq_base = 0.0f,
-      .final_logit_softcap = 30.0f,
-      .attn_logit_softcap = 50.0f,
-  };
+  // Only what differs from ArchTraits' defaults (the llama layout).
+  static const ArchTraits traits = [] {
+    ArchTraits t;
+    t.name = "gemma2";
+    t.rope_type = RopeType::neox;
+    t.dense_only = true;
+    t.embed_scale = true;
+    t.post_norms = true;
+    t.ffn_act = FfnAct::gelu;
+    t.scale_query = true;
+    t.query_scale_embd_layers = 46;
+    t.swa_pattern = 2;
+    t.swa_default_window = 4096;
+    t.final_logit_softcap = 30.0f;
+    t.attn_logit_softcap = 50.0f;
+    return t;
+  }();
   return traits;
 }
 

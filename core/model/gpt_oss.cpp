@@ -16,33 +16,23 @@
 namespace car::model {
 
 const ArchTraits& gpt_oss_traits() {
-  static const ArchTraits traits{
-      .name = "gpt-oss",
-      .rope_type = RopeType::neox,
-      .qk_norm = false,
-      .moe_required = true,
-      .dense_only = false,
-      .expert_ff_key = "expert_feed_forward_length",
-      .moe_norm_weights = false,
-      .qkv_bias = true,
-      .shared_expert = false,
-      .shared_expert_ff_key = {},
-      .embed_scale = false,
-      .post_norms = false,
-      .ffn_act = FfnAct::silu,
-      .scale_query = false,
-      .query_scale_embd_layers = 0,
-      .ffn_norm_name = "post_attention_norm",
-      .attn_sinks = true,
-      .expert_gating = ExpertGating::softmax_topk,
-      .expert_activation = ExpertActivation::swiglu_oai,
-      .moe_biases = true,
-      .swa_pattern = 2,
-      .swa_default_window = 0,
-      .swa_rope_freq_base = 0.0f,
-      .final_logit_softcap = std::nullopt,
-      .attn_logit_softcap = std::nullopt,
-  };
+  // Only what differs from ArchTraits' defaults (the llama layout).
+  static const ArchTraits traits = [] {
+    ArchTraits t;
+    t.name = "gpt-oss";
+    t.rope_type = RopeType::neox;
+    t.moe_required = true;
+    t.expert_ff_key = "expert_feed_forward_length";
+    t.moe_norm_weights = false;
+    t.qkv_bias = true;
+    t.ffn_norm_name = "post_attention_norm";
+    t.attn_sinks = true;
+    t.expert_gating = ExpertGating::softmax_topk;
+    t.expert_activation = ExpertActivation::swiglu_oai;
+    t.moe_biases = true;
+    t.swa_pattern = 2;
+    return t;
+  }();
   return traits;
 }
 

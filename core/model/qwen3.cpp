@@ -6,33 +6,15 @@
 namespace car::model {
 
 const ArchTraits& qwen3_traits() {
-  static const ArchTraits traits{
-      .name = "qwen3",
-      .rope_type = RopeType::neox,
-      .qk_norm = true,
-      .moe_required = false,
-      .dense_only = true,
-      .expert_ff_key = {},
-      .moe_norm_weights = true,
-      .qkv_bias = false,
-      .shared_expert = false,
-      .shared_expert_ff_key = {},
-      .embed_scale = false,
-      .post_norms = false,
-      .ffn_act = FfnAct::silu,
-      .scale_query = false,
-      .query_scale_embd_layers = 0,
-      .ffn_norm_name = "ffn_norm",
-      .attn_sinks = false,
-      .expert_gating = ExpertGating::softmax,
-      .expert_activation = ExpertActivation::swiglu,
-      .moe_biases = false,
-      .swa_pattern = 0,
-      .swa_default_window = 0,
-      .swa_rope_freq_base = 0.0f,
-      .final_logit_softcap = std::nullopt,
-      .attn_logit_softcap = std::nullopt,
-  };
+  // Only what differs from ArchTraits' defaults (the llama layout).
+  static const ArchTraits traits = [] {
+    ArchTraits t;
+    t.name = "qwen3";
+    t.rope_type = RopeType::neox;
+    t.qk_norm = true;
+    t.dense_only = true;
+    return t;
+  }();
   return traits;
 }
 
