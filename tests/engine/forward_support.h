@@ -1,0 +1,84 @@
+// What the per-architecture forward tests share: a synthetic model written and loaded with its experts
+// resident, a fixed token sequence, its logits from one batch and token by token, and a bit-for-bit check.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/engine/forward.h"
+#include "core/experts/resident_source.h"
+#include "core/gguf/gguf_file.h"
+#include "core/model/model.h"
+#include "core/synth/synth_model.h"
+#include "core/util/thread_pool.h"
+#include "tests/test_support.h"
+
+namespace car::engine::forward_testing {
+
+struct Loaded {
+  std::shared_ptr<const model::Model> model;
+  std::unique_ptr<experts::ResidentExpertSource> experts;
+};
+
+inline Loaded load(const std::string& path) {
+  Loaded l;
+  auto f = gguf::GgufFile::open(path);
+  EXPECT_TRUE(f.ok()) << path;
+  if (!f.ok()) return l;
+  auto m = model::Model::load(*f);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+  if (!m.ok()) return l;
+  l.model = *m;
+  if (l.model->hparams().is_moe()) {
+    l.experts = std::make_unique<experts::ResidentExpertSource>(l.model->expert_banks());
+  }
+  return l;
+}
+
+/// Write `s` into `dir` as <arch>-<weight type><tag>.gguf; returns the path.
+inline std::string write(const testing::TempDir& dir, const synth::SynthSpec& s,
+                         const std::string& tag = {}) {
+  const std::string path = (dir / (s.arch + "-" + s.weight_type + tag + ".gguf")).string();
+  auto ok = synth::write_synth_model(s, path);
+  EXPECT_TRUE(ok.ok()) << (ok.ok() ? "" : ok.error().message);
+  return path;
+}
+
+inline std::vector<int32_t> tokens(int n, int64_t vocab) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(1 + (5 + i * 97) % (vocab - 1)));
+  return t;
+}
+
+inline std::vector<float> batch_logits(const Loaded& l, const std::vector<int32_t>& toks, ThreadPool* pool,
+                                       int64_t max_batch) {
+  ForwardPass fp(l.model, l.experts.get(), pool, max_batch);
+  KvCache kv = fp.make_cache(64);
+  std::vector<float> out(toks.size() * static_cast<size_t>(l.model->hparams().n_vocab));
+  EXPECT_TRUE(fp.eval(toks, kv, out.data(), true).ok());
+  return out;
+}
+
+inline std::vector<float> decode_logits(const Loaded& l, const std::vector<int32_t>& toks, ThreadPool* pool) {
+  ForwardPass fp(l.model, l.experts.get(), pool, 64);
+  KvCache kv = fp.make_cache(64);
+  const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
+  std::vector<float> out(toks.size() * V);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    EXPECT_TRUE(fp.eval(std::span<const int32_t>(&toks[i], 1), kv, out.data() + i * V, false).ok());
+  }
+  return out;
+}
+
+inline void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b,
+                             const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what;
+}
+
+}  // namespace car::engine::forward_testing
