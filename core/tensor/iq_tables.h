@@ -1,8 +1,9 @@
 // The value tables of the non-linear, microscaling and codebook formats (IQ4_NL, IQ4_XS, MXFP4, IQ2_XXS,
 // IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M): the one place their numbers are written (the large grids in
-// iq_tables.cpp). Values per ggml's ggml-common.h (kvalues_iq4nl, kvalues_mxfp4, iq2xxs_grid, iq2xs_grid,
-// iq2s_grid, iq3xxs_grid, iq3s_grid, ksigns_iq2xs, iq1s_grid) and its E8M0 scale
-// conversion (ggml-impl.h); the kernels (reference and SIMD) and the quantizers read them from here.
+// iq1_grids.cpp, iq2_grids.cpp and iq3_grids.cpp, one file per codebook family). Values per ggml's
+// ggml-common.h (kvalues_iq4nl, kvalues_mxfp4, iq2xxs_grid, iq2xs_grid, iq2s_grid, iq3xxs_grid, iq3s_grid,
+// ksigns_iq2xs, iq1s_grid) and its E8M0 scale conversion (ggml-impl.h); the kernels (reference and SIMD) and
+// the quantizers read them from here.
 //
 // Plain constant data; no state.
 #pragma once
@@ -37,24 +38,24 @@ inline float e8m0_to_fp32_half(uint8_t e) {
 }
 
 /// IQ2_XXS: 256 points of the E8 lattice's shell, 8 magnitudes each from {8, 25, 43}, one byte per element
-/// (element 0 in the low byte). iq_tables.cpp.
+/// (element 0 in the low byte). iq2_grids.cpp.
 extern const uint64_t iq2xxs_grid[256];
 
 /// IQ1_S / IQ1_M: 2048 ternary points, 8 int8 elements each in {-1, 0, 1} (element 0 in the low byte).
-/// iq_tables.cpp.
+/// iq1_grids.cpp.
 extern const uint64_t iq1s_grid[2048];
 
 /// IQ3_XXS: 256 points of 4 elements, magnitudes {4, 12, 20, ..., 52, 62}, one byte per element (element 0 in
-/// the low byte). iq_tables.cpp.
+/// the low byte). iq3_grids.cpp.
 extern const uint32_t iq3xxs_grid[256];
 
-/// IQ3_S: 512 points of 4 elements, odd magnitudes 1..15, one byte per element. iq_tables.cpp.
+/// IQ3_S: 512 points of 4 elements, odd magnitudes 1..15, one byte per element. iq3_grids.cpp.
 extern const uint32_t iq3s_grid[512];
 
-/// IQ2_XS: 512 points of 8 elements, magnitudes {8, 25, 43} (IQ2_XXS's 256 among them). iq_tables.cpp.
+/// IQ2_XS: 512 points of 8 elements, magnitudes {8, 25, 43} (IQ2_XXS's 256 among them). iq2_grids.cpp.
 extern const uint64_t iq2xs_grid[512];
 
-/// IQ2_S: 1024 points of 8 elements, magnitudes {8, 25, 43}. iq_tables.cpp.
+/// IQ2_S: 1024 points of 8 elements, magnitudes {8, 25, 43}. iq2_grids.cpp.
 extern const uint64_t iq2s_grid[1024];
 
 /// IQ2_XXS / IQ2_XS / IQ3_XXS sign codes: 7 bits give the signs of elements 0..6, the eighth (bit 7) makes the number

@@ -12,29 +12,13 @@
 #include "core/model/model.h"
 #include "core/synth/synth_model.h"
 #include "tests/model/load_test_support.h"
+#include "tests/model/synth_load_test.h"
 #include "tests/test_support.h"
 
 namespace car::model {
 namespace {
 
-class Gemma3LoadTest : public ::testing::Test {
- protected:
-  /// Write `spec`; with `drop_tensor` or `set_f32_key`, copied through a writer without that tensor / with
-  /// that float key set to `value`.
-  std::string write(const synth::SynthSpec& spec, const std::string& drop_tensor = {},
-                    const std::string& set_f32_key = {}, float value = 0.0f) {
-    const std::string p = (dir_ / ("g" + std::to_string(n_++) + ".gguf")).string();
-    auto ok = synth::write_synth_model(spec, p);
-    EXPECT_TRUE(ok.ok()) << (ok.ok() ? "" : ok.error().message);
-    if (drop_tensor.empty() && set_f32_key.empty()) return p;
-    return testing::rewrite_gguf(p, drop_tensor, {}, [&](gguf::GgufWriter& w) {
-      if (!set_f32_key.empty()) w.set_f32(set_f32_key, value);
-    });
-  }
-  Result<std::shared_ptr<const Model>> load(const std::string& path) { return testing::load_model_file(path); }
-  testing::TempDir dir_;
-  int n_ = 0;
-};
+class Gemma3LoadTest : public testing::SynthLoadTest {};
 
 TEST_F(Gemma3LoadTest, HparamsAsLlamaCppDerivesThem) {
   const synth::SynthSpec s = synth::tiny_spec("gemma3");  // 7 layers, head dim 16, window 4
@@ -90,7 +74,7 @@ TEST_F(Gemma3LoadTest, ErrorsNameTheTensorOrKey) {
   for (const char* t : {"blk.3.post_ffw_norm.weight", "blk.0.post_attention_norm.weight", "blk.6.attn_k_norm.weight"}) {
     testing::expect_load_error(load(write(s, t)), t);
   }
-  auto m = load(write(s, {}, "gemma3.final_logit_softcapping", -1.0f));
+  auto m = load(write_with_f32(s, "gemma3.final_logit_softcapping", -1.0f));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("gemma3.final_logit_softcapping"), std::string::npos) << m.error().message;
 }
@@ -127,7 +111,7 @@ TEST_F(Gemma3LoadTest, Gemma2HparamsAndDefaults) {
   auto big = load(write(s));
   ASSERT_TRUE(big.ok()) << big.error().message;
   EXPECT_EQ(big.value()->hparams().attn_scale, 1.0f / std::sqrt(8.0f));
-  auto neg = load(write(synth::tiny_spec("gemma2"), {}, "gemma2.attn_logit_softcapping", -1.0f));
+  auto neg = load(write_with_f32(synth::tiny_spec("gemma2"), "gemma2.attn_logit_softcapping", -1.0f));
   ASSERT_FALSE(neg.ok());
   EXPECT_NE(neg.error().message.find("gemma2.attn_logit_softcapping"), std::string::npos) << neg.error().message;
 }

@@ -14,41 +14,19 @@
 #include "core/model/model.h"
 #include "core/synth/synth_model.h"
 #include "tests/model/load_test_support.h"
+#include "tests/model/synth_load_test.h"
 #include "tests/test_support.h"
 
 namespace car::model {
 namespace {
 
+using testing::tensor_values;
+
 using testing::expect_load_error;
 using testing::load_model_file;
 using testing::rewrite_gguf;
 
-class GptOssLoadTest : public ::testing::Test {
- protected:
-  /// Write `spec` with synth; with `drop_tensor` or `edit`, a rewritten copy (load_test_support.h).
-  std::string write(const synth::SynthSpec& spec, const std::string& drop_tensor = {},
-                    const std::function<void(gguf::GgufWriter&)>& edit = {}) {
-    const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
-    EXPECT_TRUE(synth::write_synth_model(spec, p).ok());
-    if (drop_tensor.empty() && !edit) return p;
-    return rewrite_gguf(p, drop_tensor, {}, edit);
-  }
-  testing::TempDir dir_;
-  int n_ = 0;
-};
-
-/// The F32 values of tensor `name` in the file at `path`.
-std::vector<float> tensor_values(const std::string& path, const std::string& name) {
-  auto f = gguf::GgufFile::open(path);
-  const gguf::TensorInfo* t = (*f)->find_tensor(name);
-  EXPECT_NE(t, nullptr) << name;
-  if (t == nullptr) return {};
-  EXPECT_EQ(t->type, GgmlType::F32);
-  auto bytes = (*f)->tensor_data(*t);
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), bytes.size());
-  return v;
-}
+class GptOssLoadTest : public testing::SynthLoadTest {};
 
 void expect_values(const float* got, const std::vector<float>& want, int64_t n, const std::string& what) {
   ASSERT_NE(got, nullptr) << what;
@@ -108,7 +86,7 @@ TEST_F(GptOssLoadTest, RequiredTensorsAreNamed) {
     expect_load_error(load_model_file(write(spec, t)), t);
   }
   // An expert bias of the wrong shape is named with both shapes.
-  const std::string bad = write(spec, "blk.0.ffn_up_exps.bias", [](gguf::GgufWriter& w) {
+  const std::string bad = write(spec, "blk.0.ffn_up_exps.bias", {}, [](gguf::GgufWriter& w) {
     EXPECT_TRUE(w.add_tensor("blk.0.ffn_up_exps.bias", GgmlType::F32, {32, 3}, std::vector<uint8_t>(384, 0)).ok());
   });
   expect_load_error(load_model_file(bad), "blk.0.ffn_up_exps.bias");

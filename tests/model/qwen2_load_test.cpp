@@ -13,41 +13,17 @@
 #include "core/model/model.h"
 #include "core/synth/synth_model.h"
 #include "tests/model/load_test_support.h"
+#include "tests/model/synth_load_test.h"
 #include "tests/test_support.h"
 
 namespace car::model {
 namespace {
 
+using testing::tensor_values;
+
 using testing::expect_load_error;
 
-class Qwen2LoadTest : public ::testing::Test {
- protected:
-  /// Write `spec` with synth; when `drop_tensor`, `drop_key` or `edit` is given, rewrite it without that
-  /// tensor / key and with `edit` applied (load_test_support.h). Returns the path.
-  std::string write(const synth::SynthSpec& spec, const std::string& drop_tensor = {},
-                    const std::string& drop_key = {}, const std::function<void(gguf::GgufWriter&)>& edit = {}) {
-    const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
-    EXPECT_TRUE(synth::write_synth_model(spec, p).ok());
-    if (drop_tensor.empty() && drop_key.empty() && !edit) return p;
-    return testing::rewrite_gguf(p, drop_tensor, drop_key, edit);
-  }
-  Result<std::shared_ptr<const Model>> load(const std::string& path) { return testing::load_model_file(path); }
-  testing::TempDir dir_;
-  int n_ = 0;
-};
-
-/// The F32 values of tensor `name` in the file at `path`.
-std::vector<float> tensor_values(const std::string& path, const std::string& name) {
-  auto f = gguf::GgufFile::open(path);
-  const gguf::TensorInfo* t = (*f)->find_tensor(name);
-  EXPECT_NE(t, nullptr) << name;
-  if (t == nullptr) return {};
-  EXPECT_EQ(t->type, GgmlType::F32);
-  auto bytes = (*f)->tensor_data(*t);
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), bytes.size());
-  return v;
-}
+class Qwen2LoadTest : public testing::SynthLoadTest {};
 
 TEST_F(Qwen2LoadTest, Qwen2HasBiasesNeoxRopeAndNoQkNorm) {
   const synth::SynthSpec spec = synth::tiny_spec("qwen2");

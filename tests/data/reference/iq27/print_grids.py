@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prints the IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S grids as C++ arrays, read back through llama.cpp's own
-dequantizers (issue #27, slice 2). core/tensor/iq_tables.cpp holds the output.
+dequantizers (issue #27, slice 2). core/tensor/iq{1,2,3}_grids.cpp hold the output.
 
 Each grid point is recovered from ggml's dequantize_row_* (libggml-base of node-llama-cpp 3.22.1, llama.cpp
 de3ff81, the reference harness's build): one block with d = 1, the smallest group scale and no signs, whose
