@@ -6,17 +6,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/run/cli_support.h"
 #include "tests/test_support.h"
 
 namespace {
 
-using car::testing::CommandResult;
+using car::testing::parse_json_output;
 using car::testing::run_car;
 
-nlohmann::json parse(const CommandResult& o) {
-  EXPECT_EQ(o.exit_code, 0) << o.out;
-  return nlohmann::json::parse(o.out, nullptr, false);
-}
+using car::testing::expect_streamed_equals_resident;
 
 class GptOssCli : public ::testing::Test {
  protected:
@@ -40,7 +38,7 @@ car::testing::TempDir* GptOssCli::dir_ = nullptr;
 std::string GptOssCli::path_;
 
 TEST_F(GptOssCli, InspectAndShowNameTheArchitecture) {
-  const auto ins = parse(run_car("gguf inspect " + path_ + " --json"));
+  const auto ins = parse_json_output(run_car("gguf inspect " + path_ + " --json"));
   const auto& md = ins.at("metadata");
   EXPECT_EQ(md.at("general.architecture"), "gpt-oss");
   EXPECT_EQ(md.at("gpt-oss.attention.sliding_window"), 4);
@@ -51,7 +49,7 @@ TEST_F(GptOssCli, InspectAndShowNameTheArchitecture) {
   bool mxfp4_bank = false;
   for (const auto& b : ins.at("expert_banks")) mxfp4_bank = mxfp4_bank || b.at("type") == "MXFP4";
   EXPECT_TRUE(mxfp4_bank);
-  const auto show = parse(run_car("show " + path_ + " --json"));
+  const auto show = parse_json_output(run_car("show " + path_ + " --json"));
   EXPECT_EQ(show.at("architecture"), "gpt-oss");
   EXPECT_EQ(show.at("expert_count"), 8);
   const auto human = run_car("show " + path_);
@@ -60,13 +58,7 @@ TEST_F(GptOssCli, InspectAndShowNameTheArchitecture) {
 
 TEST_F(GptOssCli, RunGeneratesTheSameResidentAndStreamed) {
   const std::string args = " --prompt-ids 1,5,7,9,11,13,15 -n 8 --temperature 0 --top-logprobs 2 --threads 1 --json";
-  const auto resident = parse(run_car("run " + path_ + args + " --stream-experts off"));
-  const auto streamed = parse(run_car("run " + path_ + args + " --stream-experts on --expert-ram-gb 0.0001"));
-  EXPECT_EQ(resident.at("experts").at("mode"), "resident");
-  EXPECT_EQ(streamed.at("experts").at("mode"), "streamed");
-  ASSERT_EQ(resident.at("tokens").size(), 8u);
-  EXPECT_EQ(resident.at("tokens"), streamed.at("tokens"));
-  EXPECT_EQ(resident.at("top_logprobs"), streamed.at("top_logprobs"));
+  expect_streamed_equals_resident(path_, args, 8);
 }
 
 }  // namespace

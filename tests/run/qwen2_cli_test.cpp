@@ -9,17 +9,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/run/cli_support.h"
 #include "tests/test_support.h"
 
 namespace {
 
-using car::testing::CommandResult;
+using car::testing::parse_json_output;
 using car::testing::run_car;
 
-nlohmann::json parse(const CommandResult& o) {
-  EXPECT_EQ(o.exit_code, 0) << o.out;
-  return nlohmann::json::parse(o.out, nullptr, false);
-}
+using car::testing::expect_streamed_equals_resident;
 
 constexpr const char* kChatMl =
     "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -56,41 +54,35 @@ std::string Qwen2Cli::moe_;
 std::string Qwen2Cli::dense_;
 
 TEST_F(Qwen2Cli, InspectAndShowNameTheArchitecture) {
-  const auto ins = parse(run_car("gguf inspect " + moe_ + " --json"));
+  const auto ins = parse_json_output(run_car("gguf inspect " + moe_ + " --json"));
   EXPECT_EQ(ins.at("metadata").at("general.architecture"), "qwen2moe");
   EXPECT_EQ(ins.at("metadata").at("qwen2moe.expert_shared_feed_forward_length"), 96);
   EXPECT_EQ(ins.at("metadata").at("qwen2moe.expert_feed_forward_length"), 64);
-  const auto show = parse(run_car("show " + moe_ + " --json"));
+  const auto show = parse_json_output(run_car("show " + moe_ + " --json"));
   EXPECT_EQ(show.at("architecture"), "qwen2moe");
   EXPECT_EQ(show.at("expert_count"), 8);
   EXPECT_EQ(show.at("chat_template"), true);
   EXPECT_GT(show.at("memory").at("total_bytes").get<uint64_t>(), 0u);
-  EXPECT_EQ(parse(run_car("show " + dense_ + " --json")).at("architecture"), "qwen2");
+  EXPECT_EQ(parse_json_output(run_car("show " + dense_ + " --json")).at("architecture"), "qwen2");
   const auto human = run_car("show " + dense_);
   EXPECT_NE(human.out.find("architecture    qwen2"), std::string::npos) << human.out;
 }
 
 TEST_F(Qwen2Cli, RunGeneratesTheSameResidentAndStreamed) {
   const std::string args = " --prompt-ids 1,5,7,9,11 -n 8 --temperature 0 --top-logprobs 2 --threads 1 --json";
-  const auto resident = parse(run_car("run " + moe_ + args + " --stream-experts off"));
-  const auto streamed = parse(run_car("run " + moe_ + args + " --stream-experts on --expert-ram-gb 0.0001"));
-  EXPECT_EQ(resident.at("experts").at("mode"), "resident");
-  EXPECT_EQ(streamed.at("experts").at("mode"), "streamed");
-  ASSERT_EQ(resident.at("tokens").size(), 8u);
-  EXPECT_EQ(resident.at("tokens"), streamed.at("tokens"));
-  EXPECT_EQ(resident.at("top_logprobs"), streamed.at("top_logprobs"));
-  const auto dense = parse(run_car("run " + dense_ + args));
+  expect_streamed_equals_resident(moe_, args, 8);
+  const auto dense = parse_json_output(run_car("run " + dense_ + args));
   EXPECT_EQ(dense.at("tokens").size(), 8u);
 }
 
 TEST_F(Qwen2Cli, ChatRendersTheChatMlTemplate) {
-  const auto chat = parse(run_car("run " + moe_ + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
+  const auto chat = parse_json_output(run_car("run " + moe_ + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
   // The same prompt written out as the template renders it, tokenized as text (the synthetic vocabulary has
   // no <|im_start|> token, so the markers are plain text either way).
   const std::string rendered = (dir_->path() / "rendered.txt").string();
   std::ofstream(rendered, std::ios::binary) << "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n";
   const auto plain =
-      parse(run_car("run " + moe_ + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
+      parse_json_output(run_car("run " + moe_ + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
   EXPECT_EQ(chat.at("prompt_tokens"), plain.at("prompt_tokens"));
   EXPECT_GT(chat.at("prompt_tokens").size(), 20u);
   EXPECT_EQ(chat.at("tokens"), plain.at("tokens"));
@@ -107,7 +99,7 @@ TEST_F(Qwen2Cli, ChatWithQwen25sOwnTemplate) {
                 "--ctx 512 --type q8_0 --seed 8 --chat-template '" + tmpl.string() + "' -o " + path)
                 .exit_code,
             0);
-  const auto chat = parse(run_car("run " + path + " --chat 'Hi' -n 2 --temperature 0 --threads 1 --json"));
+  const auto chat = parse_json_output(run_car("run " + path + " --chat 'Hi' -n 2 --temperature 0 --threads 1 --json"));
   EXPECT_EQ(chat.at("tokens").size(), 2u);
   // "You are Qwen, created by Alibaba Cloud..." is in the rendered prompt: far more than the message's tokens.
   EXPECT_GT(chat.at("prompt_tokens").size(), 60u);
