@@ -147,83 +147,69 @@ TEST(StreamedExperts, ConformanceFixturesBitIdenticalToResident) {
   EXPECT_GT(checked, 0) << "no moe-*.gguf in " << (dir / "models");
 }
 
+/// The MoE shape the synthetic streamed-vs-resident cases share: 2 layers, rows of 256 (the K-quants' block),
+/// 8 experts top-2, 4 heads of 64 over 2 KV heads; the architecture's own traits from tiny_spec.
+synth::SynthSpec stream_spec(const std::string& arch, const char* type, uint64_t seed) {
+  synth::SynthSpec spec = synth::tiny_spec(arch);
+  spec.n_layer = 2;
+  spec.n_embd = 256;
+  spec.n_ff = 256;
+  spec.n_ff_expert = 256;
+  spec.n_head = 4;
+  spec.n_head_kv = 2;
+  spec.head_dim = 64;
+  spec.n_expert = 8;
+  spec.n_expert_used = 2;
+  spec.weight_type = type;
+  spec.seed = seed;
+  return spec;
+}
+
+/// Write `spec` into `dir` and check streamed == resident on it (check_streamed_equals_resident, 10 tokens).
+void check_synth_streamed_equals_resident(const testing::TempDir& dir, const synth::SynthSpec& spec) {
+  const std::string name = spec.arch + "-" + spec.weight_type;
+  SCOPED_TRACE(name);
+  const std::string path = (dir / (name + ".gguf")).string();
+  auto ok = synth::write_synth_model(spec, path);
+  ASSERT_TRUE(ok.ok()) << name << ": " << ok.error().message;
+  check_streamed_equals_resident(path, 10);
+}
+
 TEST(StreamedExperts, SyntheticModelsOfEveryTypeBitIdenticalToResident) {
   testing::TempDir dir;
-  int i = 0;
+  uint64_t seed = 11;
   for (const char* type :
        {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k"}) {
-    synth::SynthSpec spec = synth::tiny_spec(i % 2 == 0 ? "llama-moe" : "qwen3moe");
-    spec.n_layer = 2;
-    spec.n_embd = 256;  // K-quants need rows of 256
-    spec.n_ff = 256;
-    spec.n_ff_expert = 256;
-    spec.n_head = 4;
-    spec.n_head_kv = 2;
-    spec.head_dim = 64;
-    spec.n_expert = 8;
-    spec.n_expert_used = 2;
-    spec.weight_type = type;
-    spec.seed = static_cast<uint64_t>(11 + i++);
-    const std::string path = (dir / (std::string("moe-") + type + ".gguf")).string();
-    auto ok = synth::write_synth_model(spec, path);
-    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
-    SCOPED_TRACE(std::string(type) + " " + spec.arch);
-    check_streamed_equals_resident(path, 10);
+    check_synth_streamed_equals_resident(dir, stream_spec(seed % 2 == 1 ? "llama-moe" : "qwen3moe", type, seed));
+    ++seed;
   }
 }
 
 // qwen2moe: the routed experts stream, the shared expert (dense weights beside them) stays resident; the
 // streamed output equals the resident one bit for bit. Shapes as the reference fixtures
-// (tests/data/reference/fixtures.json), smaller: 8 experts top-2, Q4_K rows of 256.
+// (tests/data/reference/fixtures.json), smaller: 8 experts top-2, Q4_K rows of 256, 8 heads of 32.
 TEST(StreamedExperts, Qwen2MoeWithSharedExpertBitIdenticalToResident) {
   testing::TempDir dir;
-  int i = 0;
+  uint64_t seed = 31;
   for (const char* type : {"f32", "q8_0", "q4_k_m"}) {
-    synth::SynthSpec spec = synth::tiny_spec("qwen2moe");
-    spec.n_layer = 2;
-    spec.n_embd = 256;
-    spec.n_ff = 256;
-    spec.n_ff_expert = 256;
+    synth::SynthSpec spec = stream_spec("qwen2moe", type, seed++);
     spec.n_ff_shared = 512;
     spec.n_head = 8;
-    spec.n_head_kv = 2;
-    spec.n_expert = 8;
-    spec.n_expert_used = 2;
-    spec.weight_type = type;
-    spec.seed = static_cast<uint64_t>(31 + i++);
-    const std::string path = (dir / (std::string("qwen2moe-") + type + ".gguf")).string();
-    auto ok = synth::write_synth_model(spec, path);
-    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
-    SCOPED_TRACE(std::string("qwen2moe ") + type);
-    check_streamed_equals_resident(path, 10);
+    spec.head_dim = 32;
+    check_synth_streamed_equals_resident(dir, spec);
   }
 }
 
 // gpt-oss: the routed experts stream; their biases (and the router's) are small resident arrays in
 // LayerWeights, read for the leased experts' rows, so the streamed output equals the resident one bit for
-// bit. F32, Q8_0 and MXFP4 experts (mxfp4_moe: llama-quantize's MXFP4_MOE mix).
+// bit. F32, Q8_0 and MXFP4 experts (mxfp4_moe: llama-quantize's MXFP4_MOE mix), windowed layers of 4.
 TEST(StreamedExperts, GptOssWithExpertBiasesBitIdenticalToResident) {
   testing::TempDir dir;
-  int i = 0;
+  uint64_t seed = 41;
   for (const char* type : {"f32", "q8_0", "mxfp4_moe"}) {
-    synth::SynthSpec spec = synth::tiny_spec("gpt-oss");
-    spec.n_layer = 2;
-    spec.n_embd = 256;
-    spec.n_ff = 256;
-    spec.n_ff_expert = 256;
-    spec.n_head = 4;
-    spec.n_head_kv = 2;
-    spec.head_dim = 64;
-    spec.n_expert = 8;
-    spec.n_expert_used = 2;
+    synth::SynthSpec spec = stream_spec("gpt-oss", type, seed++);
     spec.sliding_window = 4;
-    spec.weight_type = type;
-    spec.seed = static_cast<uint64_t>(41 + i++);
-    const std::string path = (dir / (std::string("gpt-oss-") + type + ".gguf")).string();
-    auto ok = synth::write_synth_model(spec, path);
-    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
-    SCOPED_TRACE(std::string("gpt-oss ") + type);
-    check_streamed_equals_resident(path, 10);
+    check_synth_streamed_equals_resident(dir, spec);
   }
 }
 
