@@ -15,19 +15,21 @@ Usage (from the repository root):
     tests/data/reference/iq27/make_kernel_goldens.py \
         [--lib-dir tests/reference/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64]
 """
-import argparse
 import ctypes
-import json
+import importlib.util
 import os
 import random
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-N = 512           # elements per row (two super-blocks)
+_spec = importlib.util.spec_from_file_location("quant27_kernel_goldens",
+                                               os.path.join(HERE, "..", "quant27", "make_kernel_goldens.py"))
+quant27 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quant27)
+N = quant27.N  # elements per row (two super-blocks)
 N_QUANT_ROWS = 2  # rows from ggml's quantizer
 N_RANDOM_ROWS = 2
-N_ACTS = 3
-CPU_VARIANTS = ["haswell", "icelake"]
+CPU_VARIANTS = quant27.CPU_VARIANTS
 
 # type -> (ggml type id, block bytes)
 TYPES = {
@@ -39,10 +41,6 @@ TYPES = {
     "tq1_0": (34, 54),
     "tq2_0": (35, 66),
 }
-
-
-def f32_bits(x):
-    return "%08x" % struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 def set_scale(name, block, rng):
@@ -59,16 +57,7 @@ def set_scale(name, block, rng):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib-dir",
-                    default="tests/reference/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64")
-    a = ap.parse_args()
-    base = ctypes.CDLL(os.path.join(a.lib_dir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-    cpus = {}
-    for v in CPU_VARIANTS:
-        lib = ctypes.CDLL(os.path.join(a.lib_dir, "libggml-cpu-%s.so" % v))
-        lib.ggml_cpu_init()
-        cpus[v] = lib
+    base, cpus = quant27.open_libs()
     rng = random.Random(272)
     out = {"about": "llama.cpp's IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S / IQ1_M / TQ1_0 / TQ2_0 kernels on fixed data (issue #27); "
                     "regenerate with make_kernel_goldens.py",
@@ -96,52 +85,8 @@ def main():
                     set_scale(name, sub, rng)
                     b[blk * bb:(blk + 1) * bb] = sub
                 rows.append(bytes(b))
-        acts_x, acts_q = [], []
-        act_bytes = N // 256 * 292
-        for i in range(N_ACTS):
-            x = [rng.gauss(0.0, 1.0) * (30.0 if i == 2 else 1.0) for _ in range(N)]
-            x = [struct.unpack("<f", struct.pack("<f", v))[0] for v in x]
-            acts_x.append(x)
-            qa = None
-            for v, lib in cpus.items():
-                buf = ctypes.create_string_buffer(act_bytes)
-                lib.quantize_row_q8_K((ctypes.c_float * N)(*x), buf, ctypes.c_int64(N))
-                assert qa is None or qa == buf.raw, "CPU variants disagree on quantize_row_q8_K"
-                qa = buf.raw
-            acts_q.append(qa)
-        deq = []
-        for b in rows:
-            o = (ctypes.c_float * N)()
-            getattr(base, "dequantize_row_" + name)(ctypes.create_string_buffer(b, len(b)), o, ctypes.c_int64(N))
-            deq.append([f32_bits(v) for v in o])
-        dots = []
-        for b in rows:
-            wb = ctypes.create_string_buffer(b, len(b))
-            row = []
-            for qa in acts_q:
-                ab = ctypes.create_string_buffer(qa, len(qa))
-                got = None
-                for v, lib in cpus.items():
-                    s = ctypes.c_float()
-                    getattr(lib, "ggml_vec_dot_%s_q8_K" % name)(
-                        ctypes.c_int(N), ctypes.byref(s), ctypes.c_size_t(0), wb, ctypes.c_size_t(0), ab,
-                        ctypes.c_size_t(0), ctypes.c_int(1))
-                    assert got is None or got == f32_bits(s.value), "CPU variants disagree on " + name
-                    got = f32_bits(s.value)
-                row.append(got)
-            dots.append(row)
-        out["types"].append({
-            "type": name.upper(), "activation_type": "Q8_K",
-            "rows": [b.hex() for b in rows],
-            "dequantized": deq,
-            "activations": [[f32_bits(v) for v in x] for x in acts_x],
-            "activations_rounded": [q.hex() for q in acts_q],
-            "dots": dots,
-        })
-    with open(os.path.join(HERE, "kernel_goldens.json"), "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-
+        out["types"].append(quant27.type_entry(rng, base, cpus, name, rows, "q8_K", "ggml_vec_dot_%s_q8_K" % name))
+    quant27.write_goldens(HERE, out)
 
 if __name__ == "__main__":
     main()

@@ -41,25 +41,81 @@ VEC_DOT = {"iq4_nl": "ggml_vec_dot_iq4_nl_q8_0", "iq4_xs": "ggml_vec_dot_iq4_xs_
            "iq1_s": "ggml_vec_dot_iq1_s_q8_K"}
 
 
-def floats(buf, n):
-    return list(struct.unpack("<%df" % n, bytes(buf)[: 4 * n]))
-
-
 def f32_bits(x):
     return "%08x" % struct.unpack("<I", struct.pack("<f", x))[0]
 
 
-def main():
+def open_libs(argv=None):
+    """ggml's base library and the CPU variants' libraries from --lib-dir (shared with ../iq27)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib-dir",
                     default="tests/reference/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     base = ctypes.CDLL(os.path.join(a.lib_dir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpus = {}
     for v in CPU_VARIANTS:
         lib = ctypes.CDLL(os.path.join(a.lib_dir, "libggml-cpu-%s.so" % v))
         lib.ggml_cpu_init()
         cpus[v] = lib
+    return base, cpus
+
+
+def type_entry(rng, base, cpus, name, rows, act, vec_dot):
+    """The goldens of weight type `name` on `rows`: N_ACTS seeded activations rounded to `act` by every CPU
+    variant, ggml's dequantization of each row, and every row x activation product by `vec_dot` (the
+    variants must agree bit for bit)."""
+    acts_x, acts_q = [], []
+    abs_, abb = ACT_BYTES[act]
+    act_bytes = N // abs_ * abb
+    for i in range(N_ACTS):
+        x = [rng.gauss(0.0, 1.0) * (30.0 if i == 2 else 1.0) for _ in range(N)]
+        x = [struct.unpack("<f", struct.pack("<f", v))[0] for v in x]  # as float32
+        acts_x.append(x)
+        qa = None
+        for v, lib in cpus.items():
+            buf = ctypes.create_string_buffer(act_bytes)
+            getattr(lib, "quantize_row_" + act)((ctypes.c_float * N)(*x), buf, ctypes.c_int64(N))
+            assert qa is None or qa == buf.raw, "CPU variants disagree on quantize_row_" + act
+            qa = buf.raw
+        acts_q.append(qa)
+    deq = []
+    for b in rows:
+        o = (ctypes.c_float * N)()
+        getattr(base, "dequantize_row_" + name)(ctypes.create_string_buffer(b, len(b)), o, ctypes.c_int64(N))
+        deq.append([f32_bits(v) for v in o])
+    dots = []
+    for b in rows:
+        wb = ctypes.create_string_buffer(b, len(b))
+        row = []
+        for qa in acts_q:
+            ab = ctypes.create_string_buffer(qa, len(qa))
+            got = None
+            for v, lib in cpus.items():
+                s = ctypes.c_float()
+                getattr(lib, vec_dot)(ctypes.c_int(N), ctypes.byref(s), ctypes.c_size_t(0), wb,
+                                      ctypes.c_size_t(0), ab, ctypes.c_size_t(0), ctypes.c_int(1))
+                assert got is None or got == f32_bits(s.value), "CPU variants disagree on " + vec_dot
+                got = f32_bits(s.value)
+            row.append(got)
+        dots.append(row)
+    return {
+        "type": name.upper(), "activation_type": act.upper(),
+        "rows": [b.hex() for b in rows],
+        "dequantized": deq,  # float32 bit patterns, per row
+        "activations": [[f32_bits(v) for v in x] for x in acts_x],
+        "activations_rounded": [q.hex() for q in acts_q],
+        "dots": dots,  # [row][activation] float32 bit patterns
+    }
+
+
+def write_goldens(here, out):
+    with open(os.path.join(here, "kernel_goldens.json"), "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    base, cpus = open_libs()
     rng = random.Random(27)
     out = {"about": "llama.cpp's IQ4_NL / IQ4_XS / MXFP4 / IQ2_XXS / IQ1_S kernels on fixed data (issue #27); regenerate with "
                     "make_kernel_goldens.py", "llama_cpp": "de3ff815ea7d559ee917f063901b8986f038abc6 "
@@ -83,52 +139,8 @@ def main():
                     for k in range(scale_bytes, bb):
                         b[blk * bb + k] = rng.randrange(256)
             rows.append(bytes(b))
-        acts_x, acts_q = [], []
-        abs_, abb = ACT_BYTES[act]
-        act_bytes = N // abs_ * abb
-        for i in range(N_ACTS):
-            x = [rng.gauss(0.0, 1.0) * (30.0 if i == 2 else 1.0) for _ in range(N)]
-            x = [struct.unpack("<f", struct.pack("<f", v))[0] for v in x]  # as float32
-            acts_x.append(x)
-            qa = None
-            for v, lib in cpus.items():
-                buf = ctypes.create_string_buffer(act_bytes)
-                getattr(lib, "quantize_row_" + act)((ctypes.c_float * N)(*x), buf, ctypes.c_int64(N))
-                assert qa is None or qa == buf.raw, "CPU variants disagree on quantize_row_" + act
-                qa = buf.raw
-            acts_q.append(qa)
-        deq = []
-        for b in rows:
-            o = (ctypes.c_float * N)()
-            getattr(base, "dequantize_row_" + name)(ctypes.create_string_buffer(b, len(b)), o, ctypes.c_int64(N))
-            deq.append([f32_bits(v) for v in o])
-        dots = []
-        for b in rows:
-            wb = ctypes.create_string_buffer(b, len(b))
-            row = []
-            for qa in acts_q:
-                ab = ctypes.create_string_buffer(qa, len(qa))
-                got = None
-                for v, lib in cpus.items():
-                    s = ctypes.c_float()
-                    getattr(lib, VEC_DOT[name])(ctypes.c_int(N), ctypes.byref(s), ctypes.c_size_t(0), wb,
-                                                ctypes.c_size_t(0), ab, ctypes.c_size_t(0), ctypes.c_int(1))
-                    assert got is None or got == f32_bits(s.value), "CPU variants disagree on " + VEC_DOT[name]
-                    got = f32_bits(s.value)
-                row.append(got)
-            dots.append(row)
-        out["types"].append({
-            "type": name.upper(), "activation_type": act.upper(),
-            "rows": [b.hex() for b in rows],
-            "dequantized": deq,  # float32 bit patterns, per row
-            "activations": [[f32_bits(v) for v in x] for x in acts_x],
-            "activations_rounded": [q.hex() for q in acts_q],
-            "dots": dots,  # [row][activation] float32 bit patterns
-        })
-    with open(os.path.join(HERE, "kernel_goldens.json"), "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-
+        out["types"].append(type_entry(rng, base, cpus, name, rows, act, VEC_DOT[name]))
+    write_goldens(HERE, out)
 
 if __name__ == "__main__":
     main()
