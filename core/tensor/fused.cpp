@@ -128,8 +128,8 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
     const MatrixView& w = tasks[i].w;
     int64_t rpc =
         std::max<int64_t>(1, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, w.row_bytes)));
-    // Repacked gemv kernels may work 16 rows at a time (matmul_nl32_vnni.cpp): whole groups, none padded.
-    if (detail::repacked(w)) rpc = std::max<int64_t>(detail::kRepackedRowGroup, rpc / detail::kRepackedRowGroup * detail::kRepackedRowGroup);
+    // A gemv kernel that interleaves rows (DotKernels::gemv_group) gets whole groups, none padded.
+    if (detail::repacked(w)) rpc = detail::whole_groups(rpc, k.gemv_group[slot(w.type)]);
     s.rows_per_chunk[i] = rpc;
     chunks += (w.rows + rpc - 1) / rpc;
     s.chunk_end[i] = chunks;

@@ -11,6 +11,7 @@
 // in the same float order), which is what llama.cpp's results are compared against.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -65,6 +66,11 @@ struct DotKernels {
   DotFn dot_gemm[kTypeSlots] = {};
   /// Multi-row kernel in the gemv order (null: loop over dot_gemv).
   RowsFn rows_gemv[kTypeSlots] = {};
+  /// Rows rows_gemv interleaves (matmul_nl32_vnni.cpp: kRepackedRowGroup, a row per int32 lane), or 0 for a
+  /// kernel that takes its rows one at a time (Q4_K). Products hand a kernel with a group whole groups but for
+  /// the matrix's last; the others get chunks of plain kChunkBytes (rounding them down cost Q4_K decode up to
+  /// a fifth more calls, each preparing its activations again: issue #29).
+  int16_t gemv_group[kTypeSlots] = {};
   /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp (Q4_K)
   /// and matmul_nl32_vnni.cpp (Q4_0, IQ4_NL, MXFP4), which transpose the chunk's rows per call; matmul hands
   /// them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h, avx_vnni.h) put their own
@@ -156,6 +162,10 @@ inline constexpr size_t kChunkBytes = 64 * 1024;
 /// Rows a repacked tile or gemv kernel interleaves (one per int32 lane of a 512-bit register): products
 /// hand repacked matrices to their kernels in whole groups of this many rows, but for the matrix's last.
 inline constexpr int64_t kRepackedRowGroup = 16;
+/// `rows` rounded down to whole groups of `group` rows (at least one group); `rows` itself when group <= 1.
+inline int64_t whole_groups(int64_t rows, int64_t group) {
+  return group <= 1 ? std::max<int64_t>(1, rows) : std::max(group, rows / group * group);
+}
 
 /// The calling thread's grow-only, 64-byte aligned scratch for rounded activations (matvec_fused, matmul;
 /// never both at once on one thread). Allocates only when it grows; valid until the next call.

@@ -425,9 +425,8 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
       // A few vectors (an expert's rows in a batched decode step; 2-3 streams): the matvec kernel per vector,
       // over sub-chunks that stay in L2 while the vectors take their turns, so the weights come from memory
       // once. It gives the one-row gemv kernel's bits (both are dot_q4_K_q8_K_gemv_ref's) and is faster.
-      const int64_t sub = std::max<int64_t>(
-          detail::kRepackedRowGroup, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)) /
-                                         detail::kRepackedRowGroup * detail::kRepackedRowGroup);
+      const int64_t sub = detail::whole_groups(
+          static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)), k.gemv_group[slot(w.type)]);
       for (int64_t r0 = begin; r0 < end; r0 += sub) {
         const int64_t r1 = std::min(end, r0 + sub);
         for (int64_t i = 0; i < n; ++i) {
@@ -476,9 +475,11 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   int64_t grain =
       std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)),
                                     w.rows / kMinMatmulChunks));
-  // The repacked tiles and gemv kernels interleave rows by 16: chunks of whole groups leave no padded group
-  // but the last.
-  if (repacked) grain = std::max<int64_t>(detail::kRepackedRowGroup, grain / detail::kRepackedRowGroup * detail::kRepackedRowGroup);
+  // The repacked tiles interleave rows by kRepackedRowGroup, and some gemv kernels by DotKernels::gemv_group:
+  // chunks of whole groups leave no padded group but the last.
+  if (repacked) {
+    grain = detail::whole_groups(grain, tile_rp != nullptr ? detail::kRepackedRowGroup : k.gemv_group[slot(w.type)]);
+  }
   // A tile that packs its chunk's rows (DotKernels::tile_group) reads their weights once per call, whatever the
   // vector count, but repeats its per-vector setup per call: its chunks are sized for balance alone (at least
   // kMinMatmulChunks per product and four per thread), in whole groups.

@@ -299,6 +299,7 @@ void add_nl32_repacked_kernels(DotKernels& k) {
   k.rows_gemv[slot(GgmlType::Q4_0)] = rows_gemv<Q40>;
   k.rows_gemv[slot(GgmlType::IQ4_NL)] = rows_gemv<Iq4nl>;
   k.rows_gemv[slot(GgmlType::MXFP4)] = rows_gemv<Mxfp4>;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4}) k.gemv_group[slot(t)] = kRepackedRowGroup;
 }
 
 }  // namespace car::tensor::detail::avx512
