@@ -71,6 +71,10 @@ struct DotKernels {
   /// the matrix's last; the others get chunks of plain kChunkBytes (rounding them down cost Q4_K decode up to
   /// a fifth more calls, each preparing its activations again: issue #29).
   int16_t gemv_group[kTypeSlots] = {};
+  /// A few vectors (2-3: batched decode's rows of one MoE expert, or 2-3 dense streams) in the gemv order in
+  /// one pass over the rows, sharing each weight block's unpacking (TileFn's arguments; each result equals
+  /// rows_gemv's bit for bit). Null: rows_gemv per vector.
+  TileFn rows_gemv_few[kTypeSlots] = {};
   /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp (Q4_K)
   /// and matmul_nl32_vnni.cpp (Q4_0, IQ4_NL, MXFP4), which transpose the chunk's rows per call; matmul hands
   /// them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h, avx_vnni.h) put their own

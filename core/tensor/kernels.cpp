@@ -403,6 +403,13 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   // which give the same bits, are faster.
   const detail::RepackedTileFn tile_rp =
       repacked && n >= kMinRepackedTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
+  // Fewer vectors than the tile takes, all in the gemv order: the few-vector gemv kernel, if the type has one.
+  detail::TileFn rows_few = nullptr;
+  if (repacked && tile_rp == nullptr && at != GgmlType::F32) {
+    bool all_gemv = true;
+    for (int64_t i = 0; i < n && all_gemv; ++i) all_gemv = !gemm_at(i);
+    if (all_gemv) rows_few = k.rows_gemv_few[slot(w.type)];
+  }
   // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
   const uint8_t* orders = nullptr;
   if (tile_rp != nullptr && by_order) {
@@ -421,10 +428,17 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
               y + begin, ldy, orders);
       return;
     }
+    if (rows_few != nullptr) {
+      // A few vectors, all in the gemv order (an expert's rows in a batched decode step; 2-3 streams): one
+      // pass over the rows that unpacks each weight block once for all of them, same bits as rows_gemv.
+      rows_few(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
+               y + begin, ldy);
+      return;
+    }
     if (repacked && rows_gemv != nullptr) {
-      // A few vectors (an expert's rows in a batched decode step; 2-3 streams): the matvec kernel per vector,
-      // over sub-chunks that stay in L2 while the vectors take their turns, so the weights come from memory
-      // once. It gives the one-row gemv kernel's bits (both are dot_q4_K_q8_K_gemv_ref's) and is faster.
+      // A few vectors, some in the gemm order: the matvec kernel per gemv vector, over sub-chunks that stay in
+      // L2 while the vectors take their turns, so the weights come from memory once. It gives the one-row gemv
+      // kernel's bits (both are dot_q4_K_q8_K_gemv_ref's) and is faster.
       const int64_t sub = detail::whole_groups(
           static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)), k.gemv_group[slot(w.type)]);
       for (int64_t r0 = begin; r0 < end; r0 += sub) {

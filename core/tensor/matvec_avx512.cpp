@@ -232,12 +232,14 @@ struct alignas(64) Q8KGroupPrepared {
   __m256 d_pairs;
 };
 
-thread_local std::vector<Q8KPrepared> tls_q8k_prepared;
-thread_local std::vector<Q8KGroupPrepared> tls_q8k_group_prepared;
+/// Vectors a gemv kernel call takes at most (rows_q4_K_gemv_few); each has its own prepared activations.
+constexpr int kMaxFewVectors = 3;
+thread_local std::vector<Q8KPrepared> tls_q8k_prepared[kMaxFewVectors];
+thread_local std::vector<Q8KGroupPrepared> tls_q8k_group_prepared[kMaxFewVectors];
 
-/// The calling thread's Q8KPrepared for y's nb blocks (valid until its next call).
-const Q8KPrepared* prepare_q8_K(const block_q8_K* y, int64_t nb) {
-  std::vector<Q8KPrepared>& prep = tls_q8k_prepared;
+/// The calling thread's Q8KPrepared for y's nb blocks in its buffer `v` (valid until its next call with `v`).
+const Q8KPrepared* prepare_q8_K(const block_q8_K* y, int64_t nb, int v = 0) {
+  std::vector<Q8KPrepared>& prep = tls_q8k_prepared[v];
   if (prep.size() < static_cast<size_t>(nb)) prep.resize(static_cast<size_t>(nb));
   for (int64_t i = 0; i < nb; ++i) {
     const int8_t* q8 = y[i].qs;
@@ -252,10 +254,11 @@ const Q8KPrepared* prepare_q8_K(const block_q8_K* y, int64_t nb) {
   return prep.data();
 }
 
-/// The calling thread's Q8KGroupPrepared for the nb blocks of `prep` (valid until its next call).
-const Q8KGroupPrepared* prepare_q8_K_groups(const Q8KPrepared* prep, int64_t nb) {
+/// The calling thread's Q8KGroupPrepared for the nb blocks of `prep` in its buffer `v` (valid until its next
+/// call with `v`).
+const Q8KGroupPrepared* prepare_q8_K_groups(const Q8KPrepared* prep, int64_t nb, int v = 0) {
   const int64_t ng = (nb + kGemvGroup - 1) / kGemvGroup;
-  std::vector<Q8KGroupPrepared>& groups = tls_q8k_group_prepared;
+  std::vector<Q8KGroupPrepared>& groups = tls_q8k_group_prepared[v];
   if (groups.size() < static_cast<size_t>(ng)) groups.resize(static_cast<size_t>(ng));
   for (int64_t g = 0; g < ng; ++g) {
     alignas(64) __m128i pairs[kGemvGroup];
@@ -311,6 +314,30 @@ inline __m512i q4_K_block_sums(const block_q4_K& xb, const Q8KPrepared& yp, cons
                           _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits1, 4), c.m4), yp.y[3]),
                           _mm512_shuffle_epi8(sc, c.p11));
   return _mm512_add_epi32(s0, s1);
+}
+
+/// q4_K_block_sums for V vectors at once: the block's bits, nibble masks and scale shuffles are computed once
+/// and each vector's integer work is q4_K_block_sums' (so out[v] equals q4_K_block_sums(xb, *yp[v], c, sc)).
+template <int V>
+inline void q4_K_block_sums_v(const block_q4_K& xb, const Q8KPrepared* const* yp, const Q4KConsts& c, __m512i sc,
+                              __m512i* out) {
+  const char* ahead = reinterpret_cast<const char*>(&xb) + kQ4KPrefetchBytes;
+  _mm_prefetch(ahead, _MM_HINT_T0);
+  _mm_prefetch(ahead + 64, _MM_HINT_T0);
+  _mm_prefetch(ahead + 128, _MM_HINT_T0);
+  const __m512i bits0 = load64(xb.qs), bits1 = load64(xb.qs + 64);
+  const __m512i lo0 = _mm512_and_si512(bits0, c.m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(bits0, 4), c.m4);
+  const __m512i lo1 = _mm512_and_si512(bits1, c.m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(bits1, 4), c.m4);
+  const __m512i s00 = _mm512_shuffle_epi8(sc, c.p00), s01 = _mm512_shuffle_epi8(sc, c.p01);
+  const __m512i s10 = _mm512_shuffle_epi8(sc, c.p10), s11 = _mm512_shuffle_epi8(sc, c.p11);
+  for (int v = 0; v < V; ++v) {
+    const Q8KPrepared& y = *yp[v];
+    const __m512i s0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo0, y.y[0]), s00),
+                                           _mm512_maddubs_epi16(hi0, y.y[1]), s01);
+    const __m512i s1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo1, y.y[2]), s10),
+                                           _mm512_maddubs_epi16(hi1, y.y[3]), s11);
+    out[v] = _mm512_add_epi32(s0, s1);
+  }
 }
 
 /// matvec for Q4_K: dot_k4<false> per row with the activation side prepared once (Q8KPrepared), the scales
@@ -455,6 +482,139 @@ void rows_q4_K_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const voi
   }
 }
 
+/// gemv_pair for V vectors (q4_K_block_sums_v): half[v] is gemv_pair's result for vector v.
+template <int kPair, int kCount, int V>
+inline void gemv_pair_v(const block_q4_K* x, const Q8KPrepared* const* yp, const Q4KConsts& c, __m512i scale_min,
+                        __m512i* half) {
+  constexpr int j = 2 * kPair;
+  __m512i sa[V], sb[V];
+  const Q8KPrepared* ya[V];
+  const Q8KPrepared* yb[V];
+  for (int v = 0; v < V; ++v) {
+    sa[v] = sb[v] = _mm512_setzero_si512();
+    ya[v] = yp[v] + j;
+    yb[v] = yp[v] + j + 1;
+  }
+  keep_prefetch_in_place();
+  if constexpr (j < kCount) q4_K_block_sums_v<V>(x[j], ya, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j), sa);
+  keep_prefetch_in_place();
+  if constexpr (j + 1 < kCount) {
+    q4_K_block_sums_v<V>(x[j + 1], yb, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * (j + 1)), sb);
+  }
+  for (int v = 0; v < V; ++v) {
+    half[v] = _mm512_add_epi32(_mm512_shuffle_i64x2(sa[v], sb[v], 0x44), _mm512_shuffle_i64x2(sa[v], sb[v], 0xee));
+  }
+}
+
+/// gemv_group for V vectors sharing each block's weight work (q4_K_block_sums_v) and the group's scales: for
+/// each vector v the integers, their reduction and the FMA chain are gemv_group's, so acc[v] ends as
+/// gemv_group would leave it for that vector alone. yp[v] and yg[v]: vector v's prepared blocks (from the
+/// group's first) and group.
+template <int kCount, int V>
+inline void gemv_group_v(const block_q4_K* x, const Q8KPrepared* const* yp, const Q8KGroupPrepared* const* yg,
+                         const Q4KConsts& c, __m128* acc) {
+  __m128i raw[kGemvGroup];
+  for (int j = 0; j < kGemvGroup; ++j) {
+    raw[j] =
+        j < kCount ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[j].scales)) : _mm_setzero_si128();
+  }
+  const __m512i scale_min = scale_min_k4_x4(_mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_set_m128i(raw[1], raw[0])), _mm256_set_m128i(raw[3], raw[2]), 1));
+  // Blocks (0, 1) and (2, 3) of every vector, as gemv_pair reduces them.
+  __m512i half[2][V];
+  gemv_pair_v<0, kCount, V>(x, yp, c, scale_min, half[0]);
+  gemv_pair_v<1, kCount, V>(x, yp, c, scale_min, half[1]);
+  uint32_t dm[kGemvGroup];
+  for (int j = 0; j < kGemvGroup; ++j) {
+    dm[j] = 0;
+    if (j < kCount) std::memcpy(&dm[j], &x[j].d, sizeof(uint32_t));
+  }
+  const __m256 dmf = _mm256_cvtph_ps(_mm_setr_epi32(static_cast<int>(dm[0]), static_cast<int>(dm[1]),
+                                                    static_cast<int>(dm[2]), static_cast<int>(dm[3])));
+  const __m512i mins = _mm512_unpackhi_epi8(scale_min, _mm512_setzero_si512());
+  for (int v = 0; v < V; ++v) {
+    const __m512i s = _mm512_add_epi32(_mm512_shuffle_i64x2(half[0][v], half[1][v], 0x88),
+                                       _mm512_shuffle_i64x2(half[0][v], half[1][v], 0xdd));
+    const __m512i m = _mm512_madd_epi16(mins, yg[v]->bsum_pairs);
+    const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s, m), _mm512_unpackhi_epi64(s, m));
+    const __m512i sm = _mm512_add_epi32(_mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0x88)),
+                                        _mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0xdd)));
+    alignas(64) float f[4 * kGemvGroup];
+    _mm512_store_ps(f, _mm512_cvtepi32_ps(sm));
+    alignas(32) float dd[2 * kGemvGroup];
+    _mm256_store_ps(dd, _mm256_mul_ps(yg[v]->d_pairs, dmf));
+    for (int j = 0; j < kCount; ++j) {
+      const __m128 d = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dd + 2 * j)));
+      acc[v] = _mm_fmadd_ps(_mm_load_ps(f + 4 * j), d, acc[v]);
+    }
+  }
+}
+
+/// rows_q4_K_gemv for V vectors (acts + v * act_bytes) in one pass over the rows: y[v * ldy + r] equals
+/// rows_q4_K_gemv's result for row r and vector v bit for bit, and each weight block is loaded and unpacked
+/// once for the V vectors.
+template <int V>
+void rows_q4_K_gemv_v(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                      int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = n / QK_K;
+  const Q8KPrepared* prep[V];
+  const Q8KGroupPrepared* groups[V];
+  for (int v = 0; v < V; ++v) {
+    prep[v] = prepare_q8_K(reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes), nb, v);
+    groups[v] = prepare_q8_K_groups(prep[v], nb, v);
+  }
+  const Q4KConsts c;
+  const int64_t full = nb / kGemvGroup;
+  const int rest = static_cast<int>(nb % kGemvGroup);
+  for (int64_t r = 0; r < nrows; ++r) {
+    const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
+    __m128 acc[V];
+    for (int v = 0; v < V; ++v) acc[v] = _mm_setzero_ps();
+    const Q8KPrepared* yp[V];
+    const Q8KGroupPrepared* yg[V];
+    for (int64_t g = 0; g <= full; ++g) {
+      if (g == full && rest == 0) break;
+      for (int v = 0; v < V; ++v) {
+        yp[v] = prep[v] + g * kGemvGroup;
+        yg[v] = groups[v] + g;
+      }
+      const block_q4_K* xg = x + g * kGemvGroup;
+      if (g < full) {
+        gemv_group_v<kGemvGroup, V>(xg, yp, yg, c, acc);
+      } else if (rest == 1) {
+        gemv_group_v<1, V>(xg, yp, yg, c, acc);
+      } else if (rest == 2) {
+        gemv_group_v<2, V>(xg, yp, yg, c, acc);
+      } else {
+        gemv_group_v<3, V>(xg, yp, yg, c, acc);
+      }
+    }
+    for (int v = 0; v < V; ++v) {
+      y[v * ldy + r] = _mm_cvtss_f32(acc[v]) - _mm_cvtss_f32(_mm_movehdup_ps(acc[v]));
+    }
+  }
+}
+
+/// DotKernels::rows_gemv_few for Q4_K: vectors in passes of up to kMaxFewVectors (rows_q4_K_gemv_v).
+void rows_q4_K_gemv_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                        int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  for (int64_t i = 0; i < nvec;) {
+    const int64_t left = nvec - i;
+    const uint8_t* a = acts + static_cast<size_t>(i) * act_bytes;
+    float* yi = y + i * ldy;
+    if (left >= 3 && left != 4) {
+      rows_q4_K_gemv_v<3>(w, row_bytes, nrows, a, act_bytes, n, yi, ldy);
+      i += 3;
+    } else if (left >= 2) {
+      rows_q4_K_gemv_v<2>(w, row_bytes, nrows, a, act_bytes, n, yi, ldy);
+      i += 2;
+    } else {
+      rows_q4_K_gemv_v<1>(w, row_bytes, nrows, a, act_bytes, n, yi, ldy);
+      i += 1;
+    }
+  }
+}
+
 /// How far ahead rows_q6_K prefetches. Q6_K's one-row loop is cheap enough to be bound by the memory
 /// stream, which the hardware prefetcher alone kept at ~60 % of the read (2026-12-03, 1 GiB, 1 and 2
 /// threads).
@@ -478,6 +638,7 @@ void add_matvec_kernels(DotKernels& k) {
   k.rows[slot(GgmlType::Q8_0)] = rows_q8_0;
   k.rows[slot(GgmlType::Q4_K)] = rows_q4_K;
   k.rows_gemv[slot(GgmlType::Q4_K)] = rows_q4_K_gemv;
+  k.rows_gemv_few[slot(GgmlType::Q4_K)] = rows_q4_K_gemv_few;
   k.rows[slot(GgmlType::Q6_K)] = rows_q6_K;
 }
 

@@ -90,6 +90,49 @@ TEST(Repacked, KernelsOfEveryIsaEqualTheReferencesBitForBit) {
   }
 }
 
+// The few-vector gemv kernel (DotKernels::rows_gemv_few: 2-3 vectors share each block's unpacking) gives every
+// (row, vector) the gemv reference's bits, for 1..5 vectors (passes of 3, 2 and 1), partial groups of 4 blocks
+// and the output stride.
+TEST(Repacked, FewVectorGemvKernelEqualsTheGemvReferencePerVector) {
+  std::mt19937 rng(35);
+  const detail::DotKernels& ref = detail::scalar_kernels();
+  int checked = 0;
+  for (GgmlType t : kRepackedTypes) {
+    for (Isa isa : available_isas()) {
+      const detail::TileFn few = detail::kernels_for(isa).rows_gemv_few[detail::slot(t)];
+      if (few == nullptr) continue;
+      for (int64_t nb : {1, 2, 3, 4, 5, 7, 8, 11, 22}) {
+        for (int64_t nvec = 1; nvec <= 5; ++nvec) {
+          const int64_t nrows = 1 + static_cast<int64_t>(rng() % 12);
+          const Case c = make_case(rng, nb, nrows, 1.0f, t);
+          const size_t ab = c.act.size();
+          std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
+          for (int64_t i = 0; i < nvec; ++i) {
+            const std::vector<float> x = random_floats(rng, c.cols, i == 2 ? 300.0f : 1.0f);
+            detail::quantize_act_q8_K(x.data(), acts.data() + ab * static_cast<size_t>(i), c.cols);
+          }
+          const int64_t ldy = nrows + 3;
+          std::vector<float> y(static_cast<size_t>(ldy * nvec), -7.0f);
+          few(c.w.data(), c.rb, nrows, acts.data(), ab, nvec, c.cols, y.data(), ldy);
+          for (int64_t i = 0; i < nvec; ++i) {
+            for (int64_t r = 0; r < nrows; ++r) {
+              const float want = ref.dot_gemv[detail::slot(t)](c.w.data() + c.rb * static_cast<size_t>(r),
+                                                               acts.data() + ab * static_cast<size_t>(i), c.cols);
+              const float got = y[static_cast<size_t>(i * ldy + r)];
+              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
+                  << ggml_type_name(t) << " " << isa_name(isa) << " nb " << nb << " nvec " << nvec << " vector " << i
+                  << " row " << r << ": " << got << " vs " << want;
+            }
+            for (int64_t r = nrows; r < ldy; ++r) ASSERT_EQ(y[static_cast<size_t>(i * ldy + r)], -7.0f);
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no ISA here has a few-vector gemv kernel (AVX-512 Q4_K)";
+}
+
 TEST(Repacked, ReferencesComputeTheDotProductInDistinctOrders) {
   std::mt19937 rng(32);
   const detail::DotKernels& ref = detail::scalar_kernels();
