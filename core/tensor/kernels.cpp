@@ -251,7 +251,11 @@ class Scratch {
 thread_local Scratch tls_act_scratch;
 
 constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
-constexpr int64_t kMinRepackedTileVectors = 4;  // matmul: fewest vectors the repacked tile is used for
+constexpr int64_t kMinTileVectors = 4;  // matmul: fewest vectors a tile is used for
+// ... and a repacked tile where the type has a few-vector gemv kernel (DotKernels::rows_gemv_few): below
+// this, passes of 2-3 vectors over the rows cost less than the tile's row transposition (moe-2b Q4_K_M,
+// tg32 x8, 1 thread: ~6 % less CPU than the tile from 4 vectors; dense-1b x4: ~7 %; issue #25).
+constexpr int64_t kMinRepackedTileVectorsWithFew = 6;
 
 }  // namespace
 
@@ -388,7 +392,7 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   const size_t stride = w.row_bytes;
   const bool repacked = detail::repacked(w);
   const detail::TileFn tile =
-      at == GgmlType::F32 || repacked || n < kMinRepackedTileVectors ? nullptr : detail::tile_for(k, w.type, w.order);
+      at == GgmlType::F32 || repacked || n < kMinTileVectors ? nullptr : detail::tile_for(k, w.type, w.order);
   // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole groups
   // of 4 vectors and its gemv over the rest; its mul_mat_id runs gemv on every row.
   const bool by_order = repacked && w.order == ProductOrder::mul_mat;
@@ -398,18 +402,18 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
   const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
   const detail::RowsFn rows_gemv = repacked ? k.rows_gemv[slot(w.type)] : nullptr;
+  // Fewer vectors than the tile is worth, all in the gemv order: the few-vector gemv kernel, if the type has one.
+  bool all_gemv = true;
+  for (int64_t i = 0; i < n && all_gemv; ++i) all_gemv = !gemm_at(i);
+  const detail::TileFn few = repacked && all_gemv ? k.rows_gemv_few[slot(w.type)] : nullptr;
   // The repacked tile transposes each chunk's rows before it multiplies, a cost shared by the call's vectors:
-  // with fewer than kMinRepackedTileVectors (an expert's rows in a batched decode step) the dot kernels,
-  // which give the same bits, are faster.
+  // with fewer than kMinTileVectors (kMinRepackedTileVectorsWithFew where the few-vector kernel serves) the
+  // other kernels, which give the same bits, are faster.
   const detail::RepackedTileFn tile_rp =
-      repacked && n >= kMinRepackedTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
-  // Fewer vectors than the tile takes, all in the gemv order: the few-vector gemv kernel, if the type has one.
-  detail::TileFn rows_few = nullptr;
-  if (repacked && tile_rp == nullptr && at != GgmlType::F32) {
-    bool all_gemv = true;
-    for (int64_t i = 0; i < n && all_gemv; ++i) all_gemv = !gemm_at(i);
-    if (all_gemv) rows_few = k.rows_gemv_few[slot(w.type)];
-  }
+      repacked && n >= (few != nullptr ? kMinRepackedTileVectorsWithFew : kMinTileVectors)
+          ? k.tile_repacked[slot(w.type)]
+          : nullptr;
+  const detail::TileFn rows_few = tile_rp == nullptr ? few : nullptr;
   // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
   const uint8_t* orders = nullptr;
   if (tile_rp != nullptr && by_order) {
