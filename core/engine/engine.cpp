@@ -322,6 +322,8 @@ int64_t model_context_length(const LoadedModel& lm) {
 
 int64_t model_kv_pool_tokens(const LoadedModel& lm) { return lm.scheduler->pool_tokens(); }
 
+uint64_t model_kv_resident_bytes(const LoadedModel& lm) { return lm.scheduler->kv_bytes_mapped_resident(); }
+
 MemoryBreakdown model_memory(const LoadedModel& lm) {
   MemoryBreakdown m;
   m.weights = mapped_weight_bytes(lm);

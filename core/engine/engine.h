@@ -151,6 +151,9 @@ const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model);
 int64_t model_context_length(const LoadedModel& model);
 /// The KV pool's positions (over all the model's sequences).
 int64_t model_kv_pool_tokens(const LoadedModel& model);
+/// Bytes of the model's KV caches resident now as the kernel reports them (mincore of every sequence's
+/// mapping; SchedulerStats::kv_bytes_resident counts the same pages from the rows written). Thread-safe.
+uint64_t model_kv_resident_bytes(const LoadedModel& model);
 /// What a loaded model holds now.
 MemoryBreakdown model_memory(const LoadedModel& model);
 /// OK when `path` still names, unchanged, the file the model was loaded from and no read of it faulted.

@@ -112,6 +112,13 @@ void Scheduler::keep_prefix(Slot& s, int64_t keep) {
   s.resident = s.kv->resident_bytes();
 }
 
+uint64_t Scheduler::kv_bytes_mapped_resident() const {
+  MutexLock lock(mu_);
+  uint64_t total = 0;
+  for (const Slot& s : slots_) total += s.kv->mapping().resident_bytes();
+  return total;
+}
+
 uint64_t Scheduler::logits_bytes() const { return logits_.size() * sizeof(float); }
 
 SchedulerStats Scheduler::stats() const {

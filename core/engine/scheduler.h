@@ -120,6 +120,9 @@ class Scheduler {
   /// the logits rows.
   uint64_t kv_bytes() const;
   uint64_t logits_bytes() const;
+  /// Bytes of the slots' KV mappings the kernel reports resident (mincore): SchedulerStats'
+  /// kv_bytes_resident as the kernel sees it, for tests and diagnostics (a system call per slot).
+  uint64_t kv_bytes_mapped_resident() const;
   const ForwardPass& forward() const { return *forward_; }
 
  private:
