@@ -102,7 +102,7 @@ inline constexpr std::string_view state_dir = "/var/lib/car-inference";
 inline constexpr unsigned workers = 2;
 inline constexpr unsigned step_tokens = 256;
 /// Sequences per model: the cores, at least 8 (batching pays even on two cores: a step reads each weight
-/// once for all its sequences) and at most 16. Their KV memory is the model's pool (kv_mb), not a context
+/// once for all its sequences) and at most 16. Their KV memory is the model's pool (kv_pool_mb), not a context
 /// each, so more sequences cost only a logits row each.
 inline unsigned parallel(unsigned hardware_threads) { return hardware_threads < 8 ? 8 : hardware_threads > 16 ? 16 : hardware_threads; }
 inline constexpr std::size_t queue_depth = 64;
@@ -145,8 +145,8 @@ struct Settings {
   unsigned workers = defaults::workers;  ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
   /// CAR_INFERENCE_PARALLEL: sequences each model runs at once (resolved default: defaults::parallel).
   unsigned parallel = 8;
-  /// CAR_INFERENCE_KV_MB: each model's KV pool in MiB; 0 = min(parallel, 4) full contexts.
-  std::uint64_t kv_mb = 0;
+  /// CAR_INFERENCE_KV_POOL_MB: each model's KV pool in MiB; 0 = min(parallel, 4) full contexts.
+  std::uint64_t kv_pool_mb = 0;
   unsigned step_tokens = defaults::step_tokens;  ///< CAR_INFERENCE_STEP_TOKENS: rows of one batched step
   std::size_t queue_depth = defaults::queue_depth;  ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
   std::uint64_t shutdown_grace_secs = defaults::shutdown_grace_secs;  ///< CAR_INFERENCE_SHUTDOWN_GRACE_SECS

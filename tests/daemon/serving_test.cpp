@@ -476,7 +476,7 @@ TEST_F(DaemonServingTest, ConcurrentClientsHoldNoMoreKvThanThePool) {
   spec.n_ctx = 2048;
   ASSERT_TRUE(synth::write_synth_model(spec, (models_ / "tiny.gguf").string()).ok());
   env_["CAR_INFERENCE_PARALLEL"] = "8";
-  env_["CAR_INFERENCE_KV_MB"] = "4";
+  env_["CAR_INFERENCE_KV_POOL_MB"] = "4";
   env_["CAR_INFERENCE_CONTEXT"] = "2048";
   start();
   auto conn = connect();
