@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """KV memory a daemon holds for N sequences of L positions (issue #25's KV pool).
 
-Starts DAEMON (a car-inferenced binary) on MODEL with the given PARALLEL and CONTEXT, loads the model and
-runs one short request (every weight page touched), then for each N in --sequences and L in --lengths:
-N clients at once, each a prompt of about L - 8 tokens and 8 tokens generated (~L positions), and reports
-the model's charge (`load`'s size_bytes), the daemon's RSS growth over that warm start and, where the
-daemon reports it, `sequences.kv_bytes_resident`. Each (N, L) runs on a fresh daemon, so one cell's
-prefixes do not count in the next.
+Starts DAEMON (a car-inferenced binary) on MODEL with the given PARALLEL and CONTEXT and loads the model,
+then for each N in --sequences and L in --lengths: N clients at once, each a prompt of about L - 8 tokens
+and 8 tokens generated (~L positions). Reports the model's charge (`load`'s size_bytes), the growth of the
+daemon's anonymous resident memory (RssAnon: the KV caches and the heap, not the mapped weights) from just
+after the load to after the requests, and, where the daemon reports it, `sequences.kv_bytes_resident`. Each
+(N, L) runs on a fresh daemon, so one cell's caches do not count in the next.
 
   bench/serving/kv_resident.py --daemon build/daemon/car-inferenced --model dense-1b-q4_k_m.gguf \
       --parallel 4 --context 4096 --sequences 1,4 --lengths 128,1024
@@ -22,10 +22,10 @@ import threading
 import time
 
 
-def rss_bytes(pid):
+def rss_anon_bytes(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -46,9 +46,9 @@ class Conn:
 
 def run_cell(args, n_seq, length):
     tmp = tempfile.mkdtemp(prefix="kv-resident-")
-    models = os.path.join(tmp, "models")
-    os.mkdir(models)
-    os.symlink(os.path.abspath(args.model), os.path.join(models, "m.gguf"))
+    # The model's own directory is the models directory (a link out of it would be refused as forbidden).
+    models = os.path.dirname(os.path.abspath(args.model))
+    mid = os.path.basename(args.model)[: -len(".gguf")]
     sock = os.path.join(tmp, "d.sock")
     env = dict(os.environ, CAR_INFERENCE_SOCKET=sock, CAR_INFERENCE_MODELS_DIR=models,
                CAR_INFERENCE_STATE_DIR=tmp, CAR_INFERENCE_THREADS=str(args.threads),
@@ -60,19 +60,16 @@ def run_cell(args, n_seq, length):
                 break
             time.sleep(0.05)
         c = Conn(sock)
-        load = c.call({"id": "l", "op": "load", "model": "m"})
+        load = c.call({"id": "l", "op": "load", "model": mid})
         assert load["ok"], load
-        warm = c.call({"id": "w", "op": "infer", "model": "m", "prompt": "Warm up", "max_tokens": 2,
-                       "temperature": 0})
-        assert warm["ok"], warm
-        before = rss_bytes(daemon.pid)
+        before = rss_anon_bytes(daemon.pid)
         results = [None] * n_seq
 
         def client(i):
             # " a" is one token in the byte-level BPE and SentencePiece vocabularies (the pre-tokenizer splits
             # at spaces); the positions each request took are read back from its usage below.
             text = f"Client {i}:" + " a" * (length - 16)
-            req = {"id": i, "op": "infer", "model": "m", "prompt": text, "max_tokens": 8, "temperature": 0,
+            req = {"id": i, "op": "infer", "model": mid, "prompt": text, "max_tokens": 8, "temperature": 0,
                    "ignore_eos": True}
             results[i] = Conn(sock).call(req)
 
@@ -83,12 +80,12 @@ def run_cell(args, n_seq, length):
             t.join()
         for r in results:
             assert r["ok"], r
-        after = rss_bytes(daemon.pid)
+        after = rss_anon_bytes(daemon.pid)
         stats = c.call({"id": "s", "op": "stats"})["result"]
-        seq = next(m for m in stats["models"] if m["model"] == "m").get("sequences", {})
+        seq = next(m for m in stats["models"] if m["model"] == mid).get("sequences", {})
         positions = [r["result"]["usage"]["prompt_tokens"] + len(r["result"]["tokens"]) for r in results]
         return {"n": n_seq, "L": length, "positions": positions, "charged": load["result"]["size_bytes"],
-                "rss_growth": after - before, "kv_bytes_resident": seq.get("kv_bytes_resident")}
+                "anon_growth": after - before, "kv_bytes_resident": seq.get("kv_bytes_resident")}
     finally:
         daemon.terminate()
         daemon.wait()
@@ -106,14 +103,14 @@ def main():
     p.add_argument("--lengths", default="128,1024")
     args = p.parse_args()
     mib = 1 << 20
-    print("| N | L | positions | charged MiB | RSS growth MiB | kv_bytes_resident MiB |")
+    print("| N | L | positions | charged MiB | RssAnon growth MiB | kv_bytes_resident MiB |")
     print("|---:|---:|---|---:|---:|---:|")
     for n in [int(x) for x in args.sequences.split(",")]:
         for length in [int(x) for x in args.lengths.split(",")]:
             r = run_cell(args, n, length)
             kv = "-" if r["kv_bytes_resident"] is None else f"{r['kv_bytes_resident'] / mib:.1f}"
             print(f"| {n} | {length} | {min(r['positions'])}-{max(r['positions'])} | {r['charged'] / mib:.1f} | "
-                  f"{r['rss_growth'] / mib:.1f} | {kv} |", flush=True)
+                  f"{r['anon_growth'] / mib:.1f} | {kv} |", flush=True)
 
 
 if __name__ == "__main__":
