@@ -2,7 +2,9 @@
 // models: prefix reuse as the replies report it (`usage.cached_tokens`, the metrics counter) for a follow-up
 // chat turn over the socket and from `car chat`; a cancelled and a disconnected stream leave their
 // companions' streams byte-identical to their solo runs; more requests than sequences queue, then get
-// `busy`, and the daemon's RSS stays within the model's charge plus a stated overhead.
+// `busy`, and the daemon's RSS stays within the model's charge plus a stated overhead; eight clients against
+// a small KV pool (CAR_INFERENCE_KV_POOL_MB) all finish and the daemon's peak RSS grows by at most the pool
+// and a stated margin.
 //
 // There is no per-request deadline or timeout in the protocol (docs/protocol.md: only the line timeout of
 // an incomplete request line), so a sequence's deadline is not tested here: a client that wants one sends
