@@ -167,17 +167,21 @@ void Scheduler::submit(const GenerateRequest& req, GenerateCallbacks cb, const s
                                          std::to_string(loaded_ctx) + " tokens)");
   }
   const int64_t n_ctx = req.num_ctx > 0 ? req.num_ctx : loaded_ctx;
-  if (req.max_tokens_to_context && n_prompt < n_ctx) {
-    // Until the context is full (Ollama's num_predict -1), within the longest generation car allows.
-    job->req = req;
-    job->req.max_tokens = static_cast<int>(std::min<int64_t>(n_ctx - n_prompt, limits::kMaxGenerateTokens));
+  job->req = req;
+  if (req.max_tokens_to_context) {
+    // Until the context is full (Ollama's num_predict -1) - or the KV pool, where a set pool is smaller -
+    // within the longest generation car allows. A prompt that fills it is refused below.
+    const int64_t room = std::min(n_ctx, options_.pool_tokens);
+    if (n_prompt < room) {
+      job->req.max_tokens = static_cast<int>(std::min<int64_t>(room - n_prompt, limits::kMaxGenerateTokens));
+    }
     job->req.max_tokens_to_context = false;
-  } else if (n_prompt + req.max_tokens > n_ctx) {
+  }
+  if (n_prompt + job->req.max_tokens > n_ctx) {
     return refuse(errc::kContextOverflow, "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
-                                              std::to_string(req.max_tokens) + ") exceeds the context of " +
+                                              std::to_string(job->req.max_tokens) + ") exceeds the context of " +
                                               std::to_string(n_ctx) + " tokens");
   }
-  if (!req.max_tokens_to_context) job->req = req;
   job->need = std::min<int64_t>(loaded_ctx, n_prompt + job->req.max_tokens);
   if (job->need > options_.pool_tokens) {
     return refuse(errc::kContextOverflow,

@@ -312,8 +312,8 @@ TEST_F(SchedulerTest, MaxTokensToContextGeneratesUntilTheContextIsFull) {
   EXPECT_EQ(full.error().code, "context_overflow");
 }
 
-// The memory a model with N sequences is charged (estimate) equals what it reports loaded, and counts a
-// KV cache per sequence.
+// The memory a model with N sequences is charged (estimate) equals what it reports loaded; up to
+// kPoolContexts sequences, the default pool is a full context per sequence.
 TEST_F(SchedulerTest, MemoryChargesEverySequencesCache) {
   const TinySpec s = q4k_spec(false);
   auto one = load(s, 1);
@@ -460,6 +460,19 @@ TEST_F(SchedulerTest, KvPoolRefusesARequestLargerThanThePool) {
   auto fits = generate(*m, fixed_request(5, 10, 50), nullptr, nullptr);
   ASSERT_TRUE(fits.ok()) << fits.error().message;
   EXPECT_EQ(fits->tokens.size(), 50u);
+  // Generating "until the context is full" (Ollama's num_predict -1) stops where the pool is full instead.
+  GenerateRequest to_context = fixed_request(6, 10, 4);
+  to_context.max_tokens_to_context = true;
+  auto until = generate(*m, to_context, nullptr, nullptr);
+  ASSERT_TRUE(until.ok()) << until.error().message;
+  EXPECT_EQ(until->tokens.size(), 50u);
+  EXPECT_EQ(until->finish_reason, "length");
+  // A prompt that fills the pool leaves nothing to generate.
+  to_context = fixed_request(7, 60, 4);
+  to_context.max_tokens_to_context = true;
+  auto full = generate(*m, to_context, nullptr, nullptr);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code, errc::kContextOverflow);
 }
 
 // The pool exhausted and the queue full: the next request gets busy at once; the others still finish.
