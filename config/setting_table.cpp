@@ -284,8 +284,9 @@ const std::vector<SettingInfo>& rows() {
        .show = show_path<&S::state_dir>},
       {.variable = "CAR_INFERENCE_CONTEXT",
        .flag = "--context",
-       .default_doc = "the model's trained context, shortened so its KV cache takes at most a quarter of "
-                      "MemTotal less the cache reserve",
+       .default_doc = "the model's trained context, shortened so that min(`CAR_INFERENCE_PARALLEL`, 4) full "
+                      "contexts fit in the KV pool (`CAR_INFERENCE_KV_POOL_MB`, or a quarter of MemTotal less the "
+                      "cache reserve)",
        .meaning = "context length (KV cache, tokens) models are loaded with ({range}; `0` = the default); a "
                   "request's `num_ctx` may only narrow it",
        .max = limits::kMaxContextTokens,
@@ -355,14 +356,24 @@ const std::vector<SettingInfo>& rows() {
        .show = show_number<&S::workers>},
       {.variable = "CAR_INFERENCE_PARALLEL",
        .flag = "--parallel",
-       .default_doc = "the hardware threads, at least 4 and at most 8",
-       .meaning = "sequences each model runs at once, batched in one forward pass per step ({range}); each "
-                  "has a KV cache of the model's context, and the default context's KV memory is shared "
-                  "among them; more requests wait in the model's queue",
+       .default_doc = "the hardware threads, at least 8 and at most 16",
+       .meaning = "sequences each model runs at once, batched in one forward pass per step ({range}); their "
+                  "KV caches share the model's KV pool (`CAR_INFERENCE_KV_POOL_MB`), so more sequences cost no "
+                  "KV memory; more requests wait in the model's queue",
        .min = 1,
        .max = 256,
        .parse = parse_integer<&S::parallel>,
        .show = show_number<&S::parallel>},
+      {.variable = "CAR_INFERENCE_KV_POOL_MB",
+       .flag = "--kv-pool-mb",
+       .meaning = "MiB of KV cache each model's sequences share - its KV pool, charged to the model in the "
+                  "cache budget ({range}; `0` = min(`CAR_INFERENCE_PARALLEL`, 4) full contexts, which the "
+                  "default context fits in a quarter of MemTotal less the cache reserve). A request "
+                  "reserves prompt + `max_tokens` positions and waits in the model's queue until the pool "
+                  "has them; one that needs more than the whole pool gets `context_overflow`",
+       .max = 16'777'216,
+       .parse = parse_integer<&S::kv_pool_mb>,
+       .show = show_number<&S::kv_pool_mb>},
       {.variable = "CAR_INFERENCE_STEP_TOKENS",
        .flag = "--step-tokens",
        .meaning = "tokens one batched step evaluates at most: a token of every generating sequence, then "

@@ -101,9 +101,10 @@ inline constexpr std::string_view models_dir = "/var/lib/car-inference/models";
 inline constexpr std::string_view state_dir = "/var/lib/car-inference";
 inline constexpr unsigned workers = 2;
 inline constexpr unsigned step_tokens = 256;
-/// Sequences per model: the cores, at least 4 (batching pays even on two cores: a step reads each weight
-/// once for all its sequences) and at most 8.
-inline unsigned parallel(unsigned hardware_threads) { return hardware_threads < 4 ? 4 : hardware_threads > 8 ? 8 : hardware_threads; }
+/// Sequences per model: the cores, at least 8 (batching pays even on two cores: a step reads each weight
+/// once for all its sequences) and at most 16. Their KV memory is the model's pool (kv_pool_mb), not a context
+/// each, so more sequences cost only a logits row each.
+inline unsigned parallel(unsigned hardware_threads) { return hardware_threads < 8 ? 8 : hardware_threads > 16 ? 16 : hardware_threads; }
 inline constexpr std::size_t queue_depth = 64;
 inline constexpr std::uint64_t shutdown_grace_secs = 10;
 inline constexpr std::size_t max_connections = 256;
@@ -143,7 +144,9 @@ struct Settings {
   std::vector<gid_t> allow_gids;  ///< CAR_INFERENCE_ALLOW_GIDS
   unsigned workers = defaults::workers;  ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
   /// CAR_INFERENCE_PARALLEL: sequences each model runs at once (resolved default: defaults::parallel).
-  unsigned parallel = 4;
+  unsigned parallel = 8;
+  /// CAR_INFERENCE_KV_POOL_MB: each model's KV pool in MiB; 0 = min(parallel, 4) full contexts.
+  std::uint64_t kv_pool_mb = 0;
   unsigned step_tokens = defaults::step_tokens;  ///< CAR_INFERENCE_STEP_TOKENS: rows of one batched step
   std::size_t queue_depth = defaults::queue_depth;  ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`
   std::uint64_t shutdown_grace_secs = defaults::shutdown_grace_secs;  ///< CAR_INFERENCE_SHUTDOWN_GRACE_SECS

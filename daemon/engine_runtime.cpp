@@ -218,7 +218,10 @@ class EngineRuntime final : public ModelRuntime {
                    engine::model_streams_experts(**model) ? "streamed" : "resident", reason);
     }
     for (const auto& w : engine::model_take_warnings(**model)) spdlog::warn("model {}: {}", name, w);
-    spdlog::info("model {}: context {} tokens", name, engine::model_context_length(**model));
+    const engine::SchedulerStats seq = engine::model_scheduler_stats(**model);
+    spdlog::info("model {}: context {} tokens; KV pool {} positions ({} MiB) shared by {} sequences", name,
+                 engine::model_context_length(**model), seq.kv_tokens_capacity,
+                 engine::model_memory(**model).kv_cache >> 20, seq.slots);
     return std::shared_ptr<Backend>(std::make_shared<EngineBackend>(std::move(*model), name));
   }
   Result<uint64_t> estimate_bytes(const std::filesystem::path& path, const LoadRequest& request) override {

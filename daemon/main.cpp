@@ -203,12 +203,13 @@ int main(int argc, char** argv) {
   runtime_options.expert_ram_gb = settings->expert_ram_gb.value_or(0.0);
   runtime_options.state_dir = settings->state_dir.string();
   runtime_options.context_length = static_cast<int>(settings->context);
-  // The default context's KV cache takes at most a quarter of the memory-derived cache budget (MemTotal less
-  // the reserve), whatever CAR_INFERENCE_MODEL_CACHE_MB says: a small budget refuses a model rather than
-  // shrinking its context.
+  // The default KV pool (min(parallel, 4) full contexts) takes at most a quarter of the memory-derived cache
+  // budget (MemTotal less the reserve), whatever CAR_INFERENCE_MODEL_CACHE_MB says: a small budget refuses a
+  // model rather than shrinking its context. CAR_INFERENCE_KV_POOL_MB sets the pool (and so the default context).
   const uint64_t budget =
       car::config::default_cache_mb(car::config::SystemFacts::current().mem_total_bytes) * car::config::kMiB;
-  runtime_options.context_memory_bytes = budget / 4;  // shared by the model's sequences
+  runtime_options.context_memory_bytes = budget / 4;
+  runtime_options.kv_pool_bytes = settings->kv_pool_mb * car::config::kMiB;
   runtime_options.parallel = static_cast<int>(settings->parallel);
   runtime_options.step_tokens = settings->step_tokens;
   runtime_options.max_queued = static_cast<int>(settings->queue_depth);

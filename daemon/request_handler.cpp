@@ -710,6 +710,7 @@ json RequestHandler::sequences_json(const engine::SchedulerStats& s) {
           {"queued", s.queued},
           {"kv_tokens_used", s.kv_tokens_used},
           {"kv_tokens_capacity", s.kv_tokens_capacity},
+          {"kv_bytes_resident", s.kv_bytes_resident},
           {"tokens_generated", s.tokens_generated},
           {"steps", s.steps},
           {"tokens_per_s", s.tokens_per_s}};

@@ -124,11 +124,14 @@ std::string RequestHandler::metrics_text() const {
                       "Requests waiting for a sequence of the model, per cached model.", "gauge",
                       [](const engine::SchedulerStats& q) { return q.queued; });
   per_model_sequences("car_inference_model_kv_tokens_used",
-                      "KV cache positions held by running sequences, per cached model.", "gauge",
-                      [](const engine::SchedulerStats& q) { return q.kv_tokens_used; });
-  per_model_sequences("car_inference_model_kv_tokens_capacity",
-                      "KV cache positions of all the model's sequences, per cached model.", "gauge",
+                      "KV pool positions taken (running requests' reservations, idle sequences' prefixes), per "
+                      "cached model.",
+                      "gauge", [](const engine::SchedulerStats& q) { return q.kv_tokens_used; });
+  per_model_sequences("car_inference_model_kv_tokens_capacity", "KV pool positions, per cached model.", "gauge",
                       [](const engine::SchedulerStats& q) { return q.kv_tokens_capacity; });
+  per_model_sequences("car_inference_model_kv_bytes_resident",
+                      "Bytes of KV cache pages the model's sequences hold now, per cached model.", "gauge",
+                      [](const engine::SchedulerStats& q) { return q.kv_bytes_resident; });
   per_model_sequences("car_inference_model_generated_tokens_per_second",
                       "Tokens generated per second over the last 10 s, per cached model.", "gauge",
                       [](const engine::SchedulerStats& q) { return q.tokens_per_s; });

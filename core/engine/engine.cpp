@@ -45,14 +45,15 @@ uint64_t expert_bank_bytes(const std::vector<experts::ExpertBankInfo>& banks) {
 /// The KV cache length a load with `options` gives a model of `hp`.
 int64_t context_tokens(const model::Hparams& hp, const LoadOptions& options) {
   if (options.context_length > 0) return options.context_length;
-  if (options.context_memory_bytes == 0 || hp.n_ctx_train <= 0) {
+  const uint64_t kv_bytes = options.kv_pool_bytes > 0 ? options.kv_pool_bytes : options.context_memory_bytes;
+  if (kv_bytes == 0 || hp.n_ctx_train <= 0) {
     return std::min<int64_t>(hp.n_ctx_train, kDefaultMaxContext);
   }
-  // The trained context, shortened (to a multiple of 256 tokens, at least 256) until the KV caches of all
-  // the model's sequences fit.
-  const uint64_t per_token = std::max<uint64_t>(1, ForwardPass::kv_cache_bytes_for(hp, 1024) / 1024);
-  const uint64_t sequences = static_cast<uint64_t>(std::max(1, options.parallel));
-  int64_t fit = static_cast<int64_t>(options.context_memory_bytes / sequences / per_token);
+  // The trained context, shortened (to a multiple of 256 tokens, at least 256) until the default pool's
+  // full contexts fit.
+  const uint64_t per_token = std::max<uint64_t>(1, ForwardPass::kv_cache_bytes_for(hp, 1));
+  const uint64_t contexts = static_cast<uint64_t>(std::clamp(options.parallel, 1, kPoolContexts));
+  int64_t fit = static_cast<int64_t>(kv_bytes / contexts / per_token);
   fit = std::max<int64_t>(256, fit / 256 * 256);
   return std::min<int64_t>(hp.n_ctx_train, fit);
 }
@@ -62,6 +63,19 @@ int64_t max_batch(int64_t n_ctx) {
 /// The sequences a load with `options` runs: `parallel`, at least 1 and at most a step's rows.
 int sequence_slots(const LoadOptions& options, int64_t n_ctx) {
   return std::clamp<int>(options.parallel, 1, static_cast<int>(max_batch(n_ctx)));
+}
+/// The KV pool's positions for a load of `hp` with `options` (LoadOptions::kv_pool_bytes).
+int64_t pool_tokens(const model::Hparams& hp, const LoadOptions& options, int64_t n_ctx) {
+  const int slots = sequence_slots(options, n_ctx);
+  const int64_t full = static_cast<int64_t>(slots) * n_ctx;
+  int64_t pool = static_cast<int64_t>(std::min(slots, kPoolContexts)) * n_ctx;
+  if (options.kv_pool_tokens > 0) {
+    pool = options.kv_pool_tokens;
+  } else if (options.kv_pool_bytes > 0) {
+    const uint64_t per_token = std::max<uint64_t>(1, ForwardPass::kv_cache_bytes_for(hp, 1));
+    pool = static_cast<int64_t>(std::min<uint64_t>(options.kv_pool_bytes / per_token, static_cast<uint64_t>(full)));
+  }
+  return std::clamp<int64_t>(pool, 1, full);
 }
 }  // namespace
 
@@ -166,10 +180,13 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
   SchedulerOptions so;
   so.slots = sequence_slots(options, n_ctx);
   so.n_ctx = n_ctx;
+  so.pool_tokens = pool_tokens(hp, options, n_ctx);
   so.step_tokens = options.step_tokens;
   so.max_queued = std::max(0, options.max_queued);
   so.gate = options.compute_gate;
-  lm->scheduler = std::make_unique<Scheduler>(lm->model, lm->tok, lm->file, std::move(forward), so);
+  auto scheduler = Scheduler::create(lm->model, lm->tok, lm->file, std::move(forward), so);
+  if (!scheduler.ok()) return make_error(errc::kLoadFailed, path + ": " + scheduler.error().message);
+  lm->scheduler = std::move(*scheduler);
   // The tokenizer and model read the mapping; a file cut or rewritten meanwhile gave them zeros.
   if (auto intact = lm->file->check_intact(); !intact) {
     return make_error(errc::kLoadFailed, path + ": changed while loading: " + intact.error().message);
@@ -290,7 +307,7 @@ Result<MemoryBreakdown> estimate_memory(const std::string& path, const LoadOptio
     }
   }
   const int slots = sequence_slots(options, n_ctx);
-  m.kv_cache = static_cast<uint64_t>(slots) * ForwardPass::kv_cache_bytes_for(*hp, n_ctx);
+  m.kv_cache = static_cast<uint64_t>(pool_tokens(*hp, options, n_ctx)) * ForwardPass::kv_cache_bytes_for(*hp, 1);
   m.scratch = ForwardPass::scratch_bytes_for(*hp, max_batch(n_ctx));
   m.logits = static_cast<uint64_t>(slots) * static_cast<uint64_t>(hp->n_vocab) * sizeof(float);
   return m;
@@ -303,10 +320,14 @@ int64_t model_context_length(const LoadedModel& lm) {
   return lm.scheduler->n_ctx();
 }
 
+int64_t model_kv_pool_tokens(const LoadedModel& lm) { return lm.scheduler->pool_tokens(); }
+
+uint64_t model_kv_resident_bytes(const LoadedModel& lm) { return lm.scheduler->kv_bytes_mapped_resident(); }
+
 MemoryBreakdown model_memory(const LoadedModel& lm) {
   MemoryBreakdown m;
   m.weights = mapped_weight_bytes(lm);
-  m.kv_cache = lm.scheduler->kv_bytes();  // the pool in full: charged before any slot is used
+  m.kv_cache = lm.scheduler->kv_bytes();  // the pool in full: charged before any position is written
   m.scratch = lm.scheduler->forward().scratch_bytes();
   m.logits = lm.scheduler->logits_bytes();
   m.experts = expert_cache_bytes(lm);

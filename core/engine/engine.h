@@ -30,6 +30,9 @@ class Tokenizer;
 
 namespace car::engine {
 
+/// Full contexts the default KV pool holds when a model runs at least this many sequences.
+inline constexpr int kPoolContexts = 4;
+
 struct LoadOptions {
   int threads = 0;                       ///< compute threads; 0 = hardware concurrency
   /// MoE experts: `on` streams them from disk into a bounded cache (StreamedExpertSource), `off` serves
@@ -41,19 +44,25 @@ struct LoadOptions {
   /// when expert_pool is set (the pool has its own budget).
   double expert_ram_gb = 0;
   std::string state_dir;                 ///< usage sidecars live in <state_dir>/experts/; empty = none
-  /// KV cache size in tokens (per sequence); 0 = the default: with context_memory_bytes, the model's
-  /// trained context shortened until its `parallel` KV caches fit in context_memory_bytes (a multiple of
-  /// 256, at least 256); without, min(model's, 4096).
+  /// Context in tokens (the most one sequence holds); 0 = the default: with kv_pool_bytes or
+  /// context_memory_bytes, the model's trained context shortened until min(parallel, kPoolContexts) full
+  /// contexts fit in that many bytes (a multiple of 256, at least 256); without, min(model's, 4096).
   int context_length = 0;
   uint64_t context_memory_bytes = 0;  ///< see context_length; 0 = the fixed 4096 cap
+  /// The model's KV pool (positions over all its sequences; see core/engine/scheduler.h): kv_pool_tokens
+  /// when set, else kv_pool_bytes / bytes per position when set, else min(parallel, kPoolContexts) full
+  /// contexts - in every case at most parallel full contexts and at least one position. The pool's bytes
+  /// are what estimate_memory charges for KV.
+  uint64_t kv_pool_bytes = 0;
+  int64_t kv_pool_tokens = 0;
   /// The budget and readers shared by every streamed model of the process (the daemon's); null = a
   /// private pool for this model.
   std::shared_ptr<experts::ExpertPool> expert_pool;
   bool prefetch = true;            ///< prefetch the next MoE layer's guessed experts when streaming
   bool direct_io = true;           ///< O_DIRECT expert reads where the filesystem allows them
   experts::PreadFn expert_reader;  ///< test seam: the streamed source's positional reads; null = pread
-  /// Sequences the model runs at once (continuous batching; see core/engine/scheduler.h): each has a KV
-  /// cache of the model's context, allocated on first use and charged in full by estimate_memory.
+  /// Sequences the model runs at once (continuous batching; see core/engine/scheduler.h): each maps a KV
+  /// cache of the model's context, holding only the pages it writes; together they hold at most the pool.
   int parallel = 1;
   /// Tokens per batched step (decode rows + prompt chunks); 0 = the forward pass's batch size.
   int64_t step_tokens = 0;
@@ -116,7 +125,7 @@ SchedulerStats model_scheduler_stats(const LoadedModel& model);
 /// after it, so the two can be compared term by term.
 struct MemoryBreakdown {
   uint64_t weights = 0;   ///< the mapped file: header (read at load) and the tensors the forward pass reads
-  uint64_t kv_cache = 0;  ///< fp16 K and V for the context the model is loaded with
+  uint64_t kv_cache = 0;  ///< fp16 K and V: the KV pool (positions x bytes per position)
   uint64_t scratch = 0;   ///< the forward pass's activation buffers
   uint64_t logits = 0;    ///< one row of n_vocab floats
   uint64_t experts = 0;   ///< bytes an expert source keeps beyond the mapping (0 for resident experts)
@@ -140,6 +149,11 @@ const tokenizer::Tokenizer& model_tokenizer(const LoadedModel& model);
 
 /// The context (KV cache length, tokens) the model was loaded with.
 int64_t model_context_length(const LoadedModel& model);
+/// The KV pool's positions (over all the model's sequences).
+int64_t model_kv_pool_tokens(const LoadedModel& model);
+/// Bytes of the model's KV caches resident now as the kernel reports them (mincore of every sequence's
+/// mapping; SchedulerStats::kv_bytes_resident counts the same pages from the rows written). Thread-safe.
+uint64_t model_kv_resident_bytes(const LoadedModel& model);
 /// What a loaded model holds now.
 MemoryBreakdown model_memory(const LoadedModel& model);
 /// OK when `path` still names, unchanged, the file the model was loaded from and no read of it faulted.

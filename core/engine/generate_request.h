@@ -18,7 +18,9 @@ struct GenerateRequest {
   bool parse_special = false;       ///< let special-token text in the prompt become special tokens
   int max_tokens = 128;
   /// Generate until the request's context is full (at most limits::kMaxGenerateTokens) instead of
-  /// max_tokens: Ollama's num_predict -1. A prompt that fills the context is still context_overflow.
+  /// max_tokens: Ollama's num_predict -1. Such a request reserves its whole context in the model's KV pool,
+  /// or the whole pool where that is smaller (and then stops when the pool is full). A prompt that fills
+  /// the context (or that pool) is still context_overflow.
   bool max_tokens_to_context = false;
   /// The context window of this request in tokens (prompt + max_tokens must fit): 0 = the whole context
   /// the model is loaded with; larger than that is bad_request.

@@ -1,20 +1,106 @@
 #include "core/engine/kv_cache.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <string>
 #include <utility>
 
-#include "core/util/result.h"
+#include "core/util/error_codes.h"
 
 namespace car::engine {
 
+namespace {
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+size_t round_down(size_t x, size_t to) { return x / to * to; }
+}  // namespace
+
+size_t KvMapping::page_size() {
+  static const size_t page = [] {
+    const long p = ::sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<size_t>(p) : size_t{4096};
+  }();
+  return page;
+}
+
+Result<KvMapping> KvMapping::map(size_t bytes) {
+  const size_t size = round_up(std::max<size_t>(bytes, 1), page_size());
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return make_error(errc::kInternal, "KV cache: cannot map " + std::to_string(size) +
+                                           " bytes: " + std::strerror(err));
+  }
+  // A huge page would make a few written rows hold 2 MiB; where the kernel has no THP this fails harmlessly.
+  (void)::madvise(p, size, MADV_NOHUGEPAGE);
+  KvMapping m;
+  m.data_ = static_cast<std::byte*>(p);
+  m.size_ = size;
+  return m;
+}
+
+KvMapping::~KvMapping() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+KvMapping::KvMapping(KvMapping&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+KvMapping& KvMapping::operator=(KvMapping&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+void KvMapping::release(size_t begin, size_t end) {
+  const size_t page = page_size();
+  begin = round_up(begin, page);
+  end = std::min(round_down(end, page), size_);
+  if (begin >= end) return;
+  // Cannot fail on a range of our own private anonymous mapping; if it did, the pages simply stay.
+  (void)::madvise(data_ + begin, end - begin, MADV_DONTNEED);
+}
+
+uint64_t KvMapping::resident_bytes() const {
+  if (data_ == nullptr) return 0;
+  const size_t page = page_size();
+  std::vector<unsigned char> vec(size_ / page);
+  if (::mincore(data_, size_, vec.data()) != 0) return 0;
+  uint64_t pages = 0;
+  for (unsigned char c : vec) pages += c & 1u;
+  return pages * page;
+}
+
+Result<KvCache> KvCache::create(int64_t n_layer, int64_t n_ctx, int64_t n_head_kv, int64_t head_dim_k,
+                                int64_t head_dim_v, std::vector<int64_t> windows) {
+  CAR_CHECK(n_layer > 0 && n_ctx > 0 && n_head_kv > 0 && head_dim_k > 0 && head_dim_v > 0);
+  const uint64_t bytes = static_cast<uint64_t>(n_layer * n_head_kv * n_ctx * (head_dim_k + head_dim_v)) *
+                         sizeof(uint16_t);
+  auto map = KvMapping::map(bytes);
+  if (!map.ok()) return map.error();
+  return KvCache(n_layer, n_ctx, n_head_kv, head_dim_k, head_dim_v, std::move(windows), std::move(*map));
+}
+
 KvCache::KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_head_kv, int64_t head_dim_k, int64_t head_dim_v,
                  std::vector<int64_t> windows)
+    : KvCache([&] {
+        auto c = create(n_layer, n_ctx, n_head_kv, head_dim_k, head_dim_v, std::move(windows));
+        if (!c.ok()) throw std::bad_alloc();
+        return std::move(*c);
+      }()) {}
+
+KvCache::KvCache(int64_t n_layer, int64_t n_ctx, int64_t n_head_kv, int64_t head_dim_k, int64_t head_dim_v,
+                 std::vector<int64_t> windows, KvMapping map)
     : n_layer_(n_layer), n_ctx_(n_ctx), n_head_kv_(n_head_kv), dk_(head_dim_k), dv_(head_dim_v),
-      windows_(std::move(windows)) {
-  CAR_CHECK(n_layer > 0 && n_ctx > 0 && n_head_kv > 0 && head_dim_k > 0 && head_dim_v > 0);
+      windows_(std::move(windows)), map_(std::move(map)) {
   CAR_CHECK(windows_.empty() || static_cast<int64_t>(windows_.size()) == n_layer);
   for (int64_t w : windows_) CAR_CHECK(w >= 0);
-  k_.assign(static_cast<size_t>(n_layer * n_head_kv * n_ctx * head_dim_k), 0);
-  v_.assign(static_cast<size_t>(n_layer * n_head_kv * n_ctx * head_dim_v), 0);
 }
 
 void KvCache::truncate(int64_t n) {
@@ -25,6 +111,57 @@ void KvCache::truncate(int64_t n) {
 void KvCache::advance(int64_t n) {
   CAR_CHECK(n >= 0 && n_past_ + n <= n_ctx_);
   n_past_ += n;
+  touched_ = std::max(touched_, n_past_);
+}
+
+void KvCache::touch(int64_t end) { touched_ = std::clamp(end, touched_, n_ctx_); }
+
+void KvCache::shrink(int64_t keep) {
+  truncate(keep);
+  if (touched_ <= keep) return;
+  if (keep == 0) {
+    map_.release(0, map_.size());
+    touched_ = 0;
+    return;
+  }
+  // Region by region (K's, then V's): the pages wholly past row `keep` up to the rows written. A page that
+  // also holds the next region's first rows is kept (it is in that region's prefix).
+  const size_t page = KvMapping::page_size();
+  const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
+  const size_t total = size_bytes();
+  for (int kind = 0; kind < 2; ++kind) {
+    const size_t row = static_cast<size_t>(kind == 0 ? dk_ : dv_) * sizeof(uint16_t);
+    const size_t first = kind == 0 ? 0 : k_elems() * sizeof(uint16_t);
+    for (size_t r = 0; r < regions; ++r) {
+      const size_t start = first + r * static_cast<size_t>(n_ctx_) * row;
+      const size_t stop = start + static_cast<size_t>(n_ctx_) * row;
+      const size_t limit = stop == total ? map_.size() : round_down(stop, page);
+      const size_t end = std::min(round_up(start + static_cast<size_t>(touched_) * row, page), limit);
+      map_.release(start + static_cast<size_t>(keep) * row, end);
+    }
+  }
+  touched_ = keep;
+}
+
+uint64_t KvCache::resident_bytes(int64_t rows) const {
+  rows = std::clamp<int64_t>(rows, 0, n_ctx_);
+  if (rows == 0) return 0;
+  const size_t page = KvMapping::page_size();
+  const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
+  size_t covered = 0;  // pages [0, covered) already counted
+  uint64_t pages = 0;
+  for (int kind = 0; kind < 2; ++kind) {
+    const size_t row = static_cast<size_t>(kind == 0 ? dk_ : dv_) * sizeof(uint16_t);
+    const size_t first = kind == 0 ? 0 : k_elems() * sizeof(uint16_t);
+    for (size_t r = 0; r < regions; ++r) {
+      const size_t start = first + r * static_cast<size_t>(n_ctx_) * row;
+      const size_t p0 = std::max(start / page, covered);
+      const size_t p1 = (start + static_cast<size_t>(rows) * row + page - 1) / page;
+      if (p1 > p0) pages += p1 - p0;
+      covered = std::max(covered, p1);
+    }
+  }
+  return pages * page;
 }
 
 }  // namespace car::engine

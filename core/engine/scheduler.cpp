@@ -28,6 +28,7 @@ struct Scheduler::Job {
   GenerateResult res;
   Result<void> error;  // set when the job failed (res is then not reported)
   int64_t n_prompt = 0;
+  int64_t need = 0;          // KV positions it can reach: prompt + max_tokens, at most the context
   Slot* slot = nullptr;
   int64_t evaluated = 0;     // prompt positions in the slot's cache (reused or computed)
   bool decoding = false;     // the prompt is done; `next` is the token to evaluate
@@ -44,12 +45,37 @@ struct Scheduler::Job {
   SeqChunk::Output output = SeqChunk::Output::none;
 };
 
+Result<std::unique_ptr<Scheduler>> Scheduler::create(std::shared_ptr<const model::Model> model,
+                                                     std::shared_ptr<const tokenizer::Tokenizer> tok,
+                                                     std::shared_ptr<const gguf::GgufFile> file,
+                                                     std::unique_ptr<ForwardPass> forward,
+                                                     const SchedulerOptions& options) {
+  CAR_CHECK(options.slots >= 1 && options.n_ctx >= 1);
+  // Every slot maps a whole context up front: address space only (nothing is written, so no page is
+  // resident), and a refusal is the load's error rather than a request's.
+  const model::Hparams& hp = model->hparams();
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (int i = 0; i < options.slots; ++i) {
+    auto kv = KvCache::create(hp.n_layer, options.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.swa_window);
+    if (!kv.ok()) {
+      return make_error(kv.error().code, kv.error().message + " (sequence " + std::to_string(i + 1) + " of " +
+                                             std::to_string(options.slots) + ")");
+    }
+    caches.push_back(std::make_unique<KvCache>(std::move(*kv)));
+  }
+  return std::unique_ptr<Scheduler>(new Scheduler(std::move(model), std::move(tok), std::move(file),
+                                                  std::move(forward), options, std::move(caches)));
+}
+
 Scheduler::Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
                      std::shared_ptr<const gguf::GgufFile> file, std::unique_ptr<ForwardPass> forward,
-                     const SchedulerOptions& options)
+                     const SchedulerOptions& options, std::vector<std::unique_ptr<KvCache>> caches)
     : model_(std::move(model)), tok_(std::move(tok)), file_(std::move(file)), forward_(std::move(forward)),
       options_(options) {
   CAR_CHECK(options_.slots >= 1 && options_.n_ctx >= 1);
+  CAR_CHECK(caches.size() == static_cast<size_t>(options_.slots));
+  const int64_t full = static_cast<int64_t>(options_.slots) * options_.n_ctx;
+  if (options_.pool_tokens <= 0 || options_.pool_tokens > full) options_.pool_tokens = full;
   if (options_.step_tokens <= 0 || options_.step_tokens > forward_->max_batch()) {
     options_.step_tokens = forward_->max_batch();
   }
@@ -60,6 +86,7 @@ Scheduler::Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<
   {
     MutexLock lock(mu_);
     slots_.resize(static_cast<size_t>(options_.slots));
+    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].kv = std::move(caches[i]);
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -74,7 +101,22 @@ Scheduler::~Scheduler() {
 }
 
 uint64_t Scheduler::kv_bytes() const {
-  return static_cast<uint64_t>(options_.slots) * ForwardPass::kv_cache_bytes_for(model_->hparams(), options_.n_ctx);
+  return static_cast<uint64_t>(options_.pool_tokens) * ForwardPass::kv_cache_bytes_for(model_->hparams(), 1);
+}
+
+void Scheduler::keep_prefix(Slot& s, int64_t keep) {
+  s.kv->shrink(keep);
+  s.cached.resize(static_cast<size_t>(keep));
+  pool_used_ += keep - s.charge;
+  s.charge = keep;
+  s.resident = s.kv->resident_bytes();
+}
+
+uint64_t Scheduler::kv_bytes_mapped_resident() const {
+  MutexLock lock(mu_);
+  uint64_t total = 0;
+  for (const Slot& s : slots_) total += s.kv->mapping().resident_bytes();
+  return total;
 }
 
 uint64_t Scheduler::logits_bytes() const { return logits_.size() * sizeof(float); }
@@ -85,10 +127,9 @@ SchedulerStats Scheduler::stats() const {
   s.slots = options_.slots;
   s.active = static_cast<int>(running_.size());
   s.queued = static_cast<int>(queue_.size());
-  for (const auto& job : running_) {
-    s.kv_tokens_used += static_cast<int64_t>(job->slot != nullptr ? job->slot->cached.size() : 0);
-  }
-  s.kv_tokens_capacity = static_cast<int64_t>(options_.slots) * options_.n_ctx;
+  s.kv_tokens_used = pool_used_;
+  s.kv_tokens_capacity = options_.pool_tokens;
+  for (const Slot& slot : slots_) s.kv_bytes_resident += slot.resident;
   s.steps = steps_;
   s.tokens_generated = tokens_generated_;
   s.batched_rows = batched_rows_;
@@ -126,17 +167,30 @@ void Scheduler::submit(const GenerateRequest& req, GenerateCallbacks cb, const s
                                          std::to_string(loaded_ctx) + " tokens)");
   }
   const int64_t n_ctx = req.num_ctx > 0 ? req.num_ctx : loaded_ctx;
-  if (req.max_tokens_to_context && n_prompt < n_ctx) {
-    // Until the context is full (Ollama's num_predict -1), within the longest generation car allows.
-    job->req = req;
-    job->req.max_tokens = static_cast<int>(std::min<int64_t>(n_ctx - n_prompt, limits::kMaxGenerateTokens));
+  job->req = req;
+  if (req.max_tokens_to_context) {
+    // Until the context is full (Ollama's num_predict -1) - or the KV pool, where a set pool is smaller -
+    // within the longest generation car allows. A prompt that fills it is refused below.
+    const int64_t room = std::min(n_ctx, options_.pool_tokens);
+    if (n_prompt < room) {
+      job->req.max_tokens = static_cast<int>(std::min<int64_t>(room - n_prompt, limits::kMaxGenerateTokens));
+    }
     job->req.max_tokens_to_context = false;
-  } else if (n_prompt + req.max_tokens > n_ctx) {
+  }
+  if (n_prompt + job->req.max_tokens > n_ctx) {
     return refuse(errc::kContextOverflow, "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
-                                              std::to_string(req.max_tokens) + ") exceeds the context of " +
+                                              std::to_string(job->req.max_tokens) + ") exceeds the context of " +
                                               std::to_string(n_ctx) + " tokens");
   }
-  if (!req.max_tokens_to_context) job->req = req;
+  job->need = std::min<int64_t>(loaded_ctx, n_prompt + job->req.max_tokens);
+  if (job->need > options_.pool_tokens) {
+    return refuse(errc::kContextOverflow,
+                  "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
+                      std::to_string(job->req.max_tokens) + ") needs " + std::to_string(job->need) +
+                      " KV positions, more than the model's whole KV pool (" +
+                      std::to_string(options_.pool_tokens) + " positions over its " +
+                      std::to_string(options_.slots) + " sequences)");
+  }
   job->cb = std::move(cb);
   job->cancelled = cancelled;
   job->n_prompt = n_prompt;
@@ -186,9 +240,31 @@ void Scheduler::admit(std::vector<std::unique_ptr<Job>>& finished) {
       }
     }
     if (best == nullptr) return;  // every slot busy: the queue waits, first come first served
-    if (best->kv == nullptr) best->kv = std::make_unique<KvCache>(forward_->make_cache(options_.n_ctx));
-    best->kv->truncate(std::min(best_common, best->kv->n_past()));
-    best->cached.resize(static_cast<size_t>(best->kv->n_past()));
+    const int64_t common = std::min(best_common, best->kv->n_past());
+    // The pool: the slot's charge becomes the request's reservation (its reused prefix is part of it).
+    int64_t over = pool_used_ - best->charge + job.need - options_.pool_tokens;
+    if (over > 0) {
+      // Room from the other idle slots' prefixes, least recently used first - only if that is enough;
+      // otherwise the request waits (keeping every prefix) for running ones to end.
+      std::vector<Slot*> idle;
+      int64_t reclaimable = 0;
+      for (Slot& s : slots_) {
+        if (s.job == nullptr && &s != best && s.charge > 0) {
+          idle.push_back(&s);
+          reclaimable += s.charge;
+        }
+      }
+      if (reclaimable < over) return;
+      std::sort(idle.begin(), idle.end(), [](const Slot* a, const Slot* b) { return a->last_used < b->last_used; });
+      for (Slot* s : idle) {
+        if (over <= 0) break;
+        over -= s->charge;
+        keep_prefix(*s, 0);
+      }
+    }
+    keep_prefix(*best, common);
+    pool_used_ += job.need - best->charge;
+    best->charge = job.need;
     best->job = &job;
     best->last_used = ++clock_;
     job.slot = best;
@@ -272,8 +348,7 @@ void Scheduler::fail_all_running(const Error& e, std::vector<std::unique_ptr<Job
   MutexLock lock(mu_);
   for (auto& job : running_) {
     Slot& s = *job->slot;
-    s.kv->truncate(std::min(static_cast<int64_t>(s.cached.size()), s.kv->n_past()));
-    s.cached.resize(static_cast<size_t>(s.kv->n_past()));
+    keep_prefix(s, std::min(static_cast<int64_t>(s.cached.size()), s.kv->n_past()));
     s.job = nullptr;
     job->error = e;
     job->done = true;
@@ -350,9 +425,14 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
       if (auto intact = file_->check_intact(); !intact) {
         {
           MutexLock lock(mu_);
+          // Every prefix was computed from what may be other weights: none is kept, and the idle slots'
+          // pages go back now (the running ones' when fail_all_running ends them).
           for (Slot& s : slots_) {
-            if (s.kv != nullptr) s.kv->truncate(0);
-            s.cached.clear();
+            if (s.job == nullptr) {
+              keep_prefix(s, 0);
+            } else {
+              s.cached.clear();
+            }
           }
         }
         static const std::string what =
@@ -367,6 +447,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
       for (Job* job : in_step) {
         job->error = r.error();
         job->done = true;
+        // Its rows may have been written in part: their pages are given back when the slot goes idle.
+        job->slot->kv->touch(job->slot->kv->n_past() + static_cast<int64_t>(job->chunk.size()));
       }
     }
     if (r.ok()) {
@@ -375,6 +457,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
       for (const SeqChunk& c : chunks) batched_rows_ += c.tokens.size();
       for (Job* job : in_step) {
         job->slot->cached.insert(job->slot->cached.end(), job->chunk.begin(), job->chunk.end());
+        job->slot->resident = job->slot->kv->resident_bytes();
         if (!job->decoding) job->evaluated += static_cast<int64_t>(job->chunk.size());
       }
     }
@@ -465,6 +548,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
       Slot& s = *(*it)->slot;
       s.job = nullptr;
       s.last_used = ++clock_;
+      keep_prefix(s, static_cast<int64_t>(s.cached.size()));  // the reservation's unused rest goes back
       finished.push_back(std::move(*it));
       it = running_.erase(it);
     } else {

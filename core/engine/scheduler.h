@@ -5,7 +5,17 @@
 // its next token with its own sampler and streams it.
 //
 //   submit() --> queue (FIFO) --> a free slot (the one whose cached ids share the longest prefix with the
-//   prompt; those positions are not recomputed) --> steps --> on_done, the slot keeps its cache for reuse
+//   prompt; those positions are not recomputed) and room in the KV pool --> steps --> on_done, the slot
+//   keeps its cache for reuse
+//
+// KV memory comes from one pool per model, counted in positions (SchedulerOptions::pool_tokens): a running
+// request holds the positions it can reach (prompt + max_tokens, at most the context), an idle slot the
+// prefix it keeps for reuse. A request starts only when its slot and those positions are free; when they
+// are not, the least recently used idle slots' prefixes are dropped (their pages given back) if that makes
+// room, else the request waits at the head of the queue (a later, smaller request does not overtake it).
+// A request that needs more than the whole pool is refused at once (context_overflow). Each slot's cache
+// maps a whole context but holds only the pages of the rows written (KvCache), so the memory resident is
+// bounded by the pool, not by slots x context.
 //
 // A request waits in the queue, not on a thread: submit() returns at once and the callbacks run on the
 // scheduler's thread. Output does not depend on company: eval_step computes each row as its sequence alone
@@ -44,8 +54,11 @@ class Tokenizer;
 namespace car::engine {
 
 struct SchedulerOptions {
-  int slots = 1;            ///< sequences run at once (each a KV cache of n_ctx tokens, allocated on first use)
+  int slots = 1;            ///< sequences run at once (each a KV cache mapping n_ctx positions)
   int64_t n_ctx = 0;        ///< tokens per slot
+  /// KV positions over all slots (running requests' reservations + idle slots' kept prefixes); 0 or more
+  /// than slots x n_ctx = slots x n_ctx.
+  int64_t pool_tokens = 0;
   int64_t step_tokens = 0;  ///< rows per step (decode tokens + prompt chunks); 0 = the forward pass's max_batch
   int max_queued = 0;       ///< requests waiting for a slot beyond which submit() refuses with busy; 0 = no limit
   /// The compute threads' turns shared with the process's other models (each step's forward pass holds
@@ -64,8 +77,13 @@ struct SchedulerStats {
   int slots = 0;
   int active = 0;               ///< sequences in a slot (reading their prompt or generating)
   int queued = 0;               ///< requests waiting for a slot
-  int64_t kv_tokens_used = 0;   ///< positions held by active sequences
-  int64_t kv_tokens_capacity = 0;
+  /// KV pool positions taken: running requests' reservations (prompt + max_tokens) and idle slots' kept
+  /// prefixes.
+  int64_t kv_tokens_used = 0;
+  int64_t kv_tokens_capacity = 0;  ///< the KV pool, positions
+  /// Bytes of the pages the slots' KV caches hold now (the rows written, page by page; at most the pool's
+  /// bytes plus a page per region boundary per slot).
+  uint64_t kv_bytes_resident = 0;
   uint64_t steps = 0;           ///< steps run since load
   uint64_t tokens_generated = 0;
   uint64_t batched_rows = 0;    ///< rows evaluated over all steps (prompt + decode)
@@ -77,9 +95,13 @@ class Scheduler {
  public:
   static constexpr std::chrono::seconds kRateWindow{10};
 
-  Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
-            std::shared_ptr<const gguf::GgufFile> file, std::unique_ptr<ForwardPass> forward,
-            const SchedulerOptions& options);
+  /// Maps every slot's KV cache (address space only: no page is touched). Errors: internal (a mapping
+  /// was refused).
+  static Result<std::unique_ptr<Scheduler>> create(std::shared_ptr<const model::Model> model,
+                                                   std::shared_ptr<const tokenizer::Tokenizer> tok,
+                                                   std::shared_ptr<const gguf::GgufFile> file,
+                                                   std::unique_ptr<ForwardPass> forward,
+                                                   const SchedulerOptions& options);
   /// Stops the thread; requests still queued or running end with `cancelled`.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -93,21 +115,34 @@ class Scheduler {
   SchedulerStats stats() const;
   int64_t n_ctx() const { return options_.n_ctx; }
   int slots() const { return options_.slots; }
-  /// Bytes of the KV caches when every slot is in use, and of the logits rows.
+  int64_t pool_tokens() const { return options_.pool_tokens; }
+  /// Bytes of the KV pool (pool_tokens x bytes per position: what the model is charged for KV), and of
+  /// the logits rows.
   uint64_t kv_bytes() const;
   uint64_t logits_bytes() const;
+  /// Bytes of the slots' KV mappings the kernel reports resident (mincore): SchedulerStats'
+  /// kv_bytes_resident as the kernel sees it, for tests and diagnostics (a system call per slot).
+  uint64_t kv_bytes_mapped_resident() const;
   const ForwardPass& forward() const { return *forward_; }
 
  private:
   struct Job;
   struct Slot {
-    std::unique_ptr<KvCache> kv;  // null until first used
+    std::unique_ptr<KvCache> kv;
     std::vector<int32_t> cached;  // the ids whose K/V are in kv
     Job* job = nullptr;
     uint64_t last_used = 0;
+    int64_t charge = 0;          // pool positions: the job's reservation, or cached.size() when idle
+    uint64_t resident = 0;       // kv->resident_bytes() as of the last change
   };
 
+  Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
+            std::shared_ptr<const gguf::GgufFile> file, std::unique_ptr<ForwardPass> forward,
+            const SchedulerOptions& options, std::vector<std::unique_ptr<KvCache>> caches);
   void run();
+  /// Keep the first `keep` positions of an idle slot (or of one being admitted): its cache gives back the
+  /// pages past them, and the pool charges it `keep`.
+  void keep_prefix(Slot& s, int64_t keep) CAR_REQUIRES(mu_);
   /// Take queued requests into free slots (and drop cancelled queued ones into `finished`).
   void admit(std::vector<std::unique_ptr<Job>>& finished) CAR_REQUIRES(mu_);
   /// One step over the running jobs; finished jobs move to `finished`.
@@ -131,6 +166,7 @@ class Scheduler {
   std::vector<Slot> slots_ CAR_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Job>> running_ CAR_GUARDED_BY(mu_);  // in admission order
   uint64_t clock_ CAR_GUARDED_BY(mu_) = 0;
+  int64_t pool_used_ CAR_GUARDED_BY(mu_) = 0;  // sum of the slots' charges
   uint64_t steps_ CAR_GUARDED_BY(mu_) = 0;
   uint64_t tokens_generated_ CAR_GUARDED_BY(mu_) = 0;
   uint64_t batched_rows_ CAR_GUARDED_BY(mu_) = 0;

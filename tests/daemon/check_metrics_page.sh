@@ -57,6 +57,9 @@ expect 'car_inference_request_queue_wait_seconds_count 3'
 expect_re 'car_inference_expert_cache_misses_total\{model="moe"\} [1-9][0-9]*'
 expect_re 'car_inference_expert_read_bytes_total\{model="moe"\} [1-9][0-9]*'
 expect_re 'car_inference_decode_seconds_per_token_bucket\{le="\+Inf"\} [1-3]'
+# The MoE model's idle sequences keep their prefixes: KV pages held, within its pool.
+expect_re 'car_inference_model_kv_bytes_resident\{model="moe"\} [1-9][0-9.e+]*'
+expect_re 'car_inference_model_kv_tokens_capacity\{model="moe"\} [1-9][0-9.e+]*'
 # The process families of every Prometheus client, and what runs.
 expect_re 'process_cpu_seconds_total [0-9.e+-]+'
 expect_re 'process_resident_memory_bytes [1-9][0-9.e+]*'

@@ -1,17 +1,23 @@
 // The per-model scheduler (core/engine/scheduler.h) on small models the test writes: requests run
 // together give each request bit for bit what it gets alone (dense and MoE, greedy and seeded sampling,
 // logprobs), whatever joins or leaves and whatever its slot held; the queue is first come, first served;
-// cancelling one sequence leaves the others' output unchanged; prefix reuse skips the shared prefix.
+// cancelling one sequence leaves the others' output unchanged; prefix reuse skips the shared prefix. The KV
+// pool (KvPool*): requests that do not fit together run one after another in arrival order with the same
+// bits, one larger than the pool is refused, a full queue answers busy, and a reclaimed prefix's pages go
+// back to the kernel.
 #include "core/engine/scheduler.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "core/engine/engine.h"
+#include "core/engine/kv_cache.h"
+#include "core/util/error_codes.h"
 #include "tests/engine/random_request.h"
 #include "tests/engine/tiny_model.h"
 #include "tests/test_support.h"
@@ -38,7 +44,8 @@ TinySpec q4k_spec(bool moe) {
 
 class SchedulerTest : public ::testing::Test {
  public:
-  std::shared_ptr<LoadedModel> load(const TinySpec& s, int parallel, int64_t step_tokens = 0, int max_queued = 0) {
+  std::shared_ptr<LoadedModel> load(const TinySpec& s, int parallel, int64_t step_tokens = 0, int max_queued = 0,
+                                    int64_t pool_tokens = 0) {
     const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
     testing::write_tiny_model(p, s);
     LoadOptions o;
@@ -47,6 +54,7 @@ class SchedulerTest : public ::testing::Test {
     o.parallel = parallel;
     o.step_tokens = step_tokens;
     o.max_queued = max_queued;
+    o.kv_pool_tokens = pool_tokens;
     auto m = load_model(p, o);
     EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
     return m.ok() ? *m : nullptr;
@@ -80,7 +88,8 @@ void expect_same(const GenerateResult& a, const GenerateResult& b, size_t i) {
 // N requests alone (one after another, each on a fresh model so no prefix is shared), then all of them at
 // once from N threads with random start delays on a model running `parallel` sequences and a small step
 // budget (prompts split in chunks and interleaved with decode rows): every request's result is identical.
-void check_company(SchedulerTest& t, const TinySpec& s, int n_requests, int parallel, uint32_t seed) {
+void check_company(SchedulerTest& t, const TinySpec& s, int n_requests, int parallel, uint32_t seed,
+                   int64_t pool_tokens = 0) {
   std::mt19937 rng(seed);
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < n_requests; ++i) reqs.push_back(random_request(rng, s.n_vocab));
@@ -91,7 +100,7 @@ void check_company(SchedulerTest& t, const TinySpec& s, int n_requests, int para
     ASSERT_TRUE(res.ok()) << res.error().message;
     alone.push_back(*res);
   }
-  auto m = t.load(s, parallel, 24);
+  auto m = t.load(s, parallel, 24, 0, pool_tokens);
   std::vector<GenerateResult> together(reqs.size());
   std::vector<std::thread> threads;
   std::vector<uint32_t> delays;
@@ -303,8 +312,8 @@ TEST_F(SchedulerTest, MaxTokensToContextGeneratesUntilTheContextIsFull) {
   EXPECT_EQ(full.error().code, "context_overflow");
 }
 
-// The memory a model with N sequences is charged (estimate) equals what it reports loaded, and counts a
-// KV cache per sequence.
+// The memory a model with N sequences is charged (estimate) equals what it reports loaded; up to
+// kPoolContexts sequences, the default pool is a full context per sequence.
 TEST_F(SchedulerTest, MemoryChargesEverySequencesCache) {
   const TinySpec s = q4k_spec(false);
   auto one = load(s, 1);
@@ -319,6 +328,239 @@ TEST_F(SchedulerTest, MemoryChargesEverySequencesCache) {
   auto est = estimate_memory((dir_ / "m1.gguf").string(), o);
   ASSERT_TRUE(est.ok());
   EXPECT_EQ(est->total(), m4.total());
+}
+
+// With a pool of 64 positions (a request needs up to 52) most of the eight requests wait for room, and every
+// one still gets its result alone bit for bit.
+TEST_F(SchedulerTest, KvPoolQueueingKeepsTheOutputOfEachRequest) {
+  check_company(*this, q4k_spec(false), 8, 4, 21u, 64);
+}
+
+GenerateRequest fixed_request(int32_t first, int n_prompt, int max_tokens) {
+  GenerateRequest r;
+  r.prompt_ids.push_back(first);
+  for (int i = 1; i < n_prompt; ++i) r.prompt_ids.push_back(static_cast<int32_t>((first * 31 + i * 7) % 300));
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.logprobs = true;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+/// Requests submitted to one model while the first one is held at its first token, and the order of what
+/// happened to them: "<i>:first" at a request's first token, "<i>:done" at its end.
+struct Recorder {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> log;
+  std::vector<Result<GenerateResult>> out;
+  std::atomic<bool> release{false};
+  int done = 0;
+
+  GenerateCallbacks callbacks(size_t i, bool hold) {
+    if (out.size() <= i) out.resize(i + 1, make_error("unset", ""));
+    GenerateCallbacks cb;
+    auto seen = std::make_shared<bool>(false);
+    cb.on_token = [this, i, hold, seen](const TokenEvent& e) {
+      if (e.token < 0 || *seen) return;
+      *seen = true;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        log.push_back(std::to_string(i) + ":first");
+        cv.notify_all();
+      }
+      if (hold) {
+        while (!release.load()) std::this_thread::yield();
+      }
+    };
+    cb.on_done = [this, i](Result<GenerateResult> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      log.push_back(std::to_string(i) + ":done");
+      out[i] = std::move(r);
+      ++done;
+      cv.notify_all();
+    };
+    return cb;
+  }
+  void wait_for(const std::string& entry) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return std::find(log.begin(), log.end(), entry) != log.end(); });
+  }
+  void wait_done(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == n; });
+  }
+  size_t at(const std::string& entry) {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<size_t>(std::find(log.begin(), log.end(), entry) - log.begin());
+  }
+};
+
+// Three slots and a pool of 60 positions: A (20 + 30 = 50) runs; B (10 + 30 = 40) does not fit beside it
+// and waits; C (3 + 2 = 5) would fit beside A but arrived after B, so it waits too (first come, first
+// served). Once A ends, B and C run - B dropping A's idle prefix for room - and each result is what the
+// request gets alone.
+TEST_F(SchedulerTest, KvPoolRunsWhatDoesNotFitOneAfterAnotherInArrivalOrder) {
+  const TinySpec s = q4k_spec(false);
+  const std::vector<GenerateRequest> reqs = {fixed_request(11, 20, 30), fixed_request(12, 10, 30),
+                                             fixed_request(13, 3, 2)};
+  std::vector<GenerateResult> alone;
+  for (const auto& r : reqs) {
+    auto m = load(s, 1);
+    auto res = generate(*m, r, nullptr, nullptr);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    alone.push_back(*res);
+  }
+  auto m = load(s, 3, 0, 0, 60);
+  ASSERT_EQ(model_kv_pool_tokens(*m), 60);
+  Recorder rec;
+  submit(*m, reqs[0], rec.callbacks(0, true), nullptr);
+  rec.wait_for("0:first");
+  submit(*m, reqs[1], rec.callbacks(1, false), nullptr);
+  submit(*m, reqs[2], rec.callbacks(2, false), nullptr);
+  SchedulerStats st = model_scheduler_stats(*m);
+  EXPECT_EQ(st.active, 1);
+  EXPECT_EQ(st.queued, 2);
+  EXPECT_EQ(st.kv_tokens_used, 50);
+  EXPECT_EQ(st.kv_tokens_capacity, 60);
+  rec.release = true;
+  rec.wait_done(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(rec.out[i].ok()) << rec.out[i].error().message;
+    expect_same(alone[i], *rec.out[i], i);
+    EXPECT_EQ(rec.out[i]->cached_tokens, 0);
+  }
+  EXPECT_LT(rec.at("0:done"), rec.at("1:first"));
+  EXPECT_LT(rec.at("1:first"), rec.at("2:first"));
+  EXPECT_LT(rec.at("0:done"), rec.at("2:first")) << "C overtook B";
+  st = model_scheduler_stats(*m);
+  EXPECT_EQ(st.active, 0);
+  EXPECT_EQ(st.queued, 0);
+  // Idle: B's prefix (10 + 29 evaluated) and C's (3 + 1); A's was dropped to make room for B.
+  EXPECT_EQ(st.kv_tokens_used, 39 + 4);
+  EXPECT_LE(st.kv_tokens_used, st.kv_tokens_capacity);
+}
+
+// A request that needs more positions than the whole pool could never start: refused at once, although it
+// fits the context; one that needs exactly the pool runs.
+TEST_F(SchedulerTest, KvPoolRefusesARequestLargerThanThePool) {
+  auto m = load(q4k_spec(false), 2, 0, 0, 60);
+  bool called = false;
+  GenerateCallbacks cb;
+  cb.on_done = [&](Result<GenerateResult> res) {
+    called = true;
+    ASSERT_FALSE(res.ok());
+    EXPECT_EQ(res.error().code, errc::kContextOverflow);
+    EXPECT_NE(res.error().message.find("needs 70 KV positions, more than the model's whole KV pool (60 positions"),
+              std::string::npos)
+        << res.error().message;
+  };
+  submit(*m, fixed_request(5, 10, 60), std::move(cb), nullptr);
+  EXPECT_TRUE(called);
+  auto fits = generate(*m, fixed_request(5, 10, 50), nullptr, nullptr);
+  ASSERT_TRUE(fits.ok()) << fits.error().message;
+  EXPECT_EQ(fits->tokens.size(), 50u);
+  // Generating "until the context is full" (Ollama's num_predict -1) stops where the pool is full instead.
+  GenerateRequest to_context = fixed_request(6, 10, 4);
+  to_context.max_tokens_to_context = true;
+  auto until = generate(*m, to_context, nullptr, nullptr);
+  ASSERT_TRUE(until.ok()) << until.error().message;
+  EXPECT_EQ(until->tokens.size(), 50u);
+  EXPECT_EQ(until->finish_reason, "length");
+  // A prompt that fills the pool leaves nothing to generate.
+  to_context = fixed_request(7, 60, 4);
+  to_context.max_tokens_to_context = true;
+  auto full = generate(*m, to_context, nullptr, nullptr);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code, errc::kContextOverflow);
+}
+
+// The pool exhausted and the queue full: the next request gets busy at once; the others still finish.
+TEST_F(SchedulerTest, KvPoolExhaustedWithAFullQueueAnswersBusy) {
+  auto m = load(q4k_spec(false), 3, 0, 1, 60);
+  Recorder rec;
+  submit(*m, fixed_request(21, 20, 30), rec.callbacks(0, true), nullptr);
+  rec.wait_for("0:first");
+  submit(*m, fixed_request(22, 10, 30), rec.callbacks(1, false), nullptr);  // waits for room
+  bool refused = false;
+  GenerateCallbacks extra;
+  extra.on_done = [&](Result<GenerateResult> r) {
+    refused = true;
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, errc::kBusy);
+  };
+  submit(*m, fixed_request(23, 3, 2), std::move(extra), nullptr);
+  EXPECT_TRUE(refused);
+  rec.release = true;
+  rec.wait_done(2);
+  EXPECT_TRUE(rec.out[0].ok());
+  EXPECT_TRUE(rec.out[1].ok());
+}
+
+// An idle prefix dropped for room gives its pages back: what the kernel reports resident for the model's KV
+// mappings (mincore) is exactly the pages of the prefixes kept, before and after.
+TEST_F(SchedulerTest, KvPoolGivesAReclaimedPrefixsPagesBack) {
+  const TinySpec s = q4k_spec(false);
+  auto m = load(s, 2, 0, 0, 100);
+  EXPECT_EQ(model_kv_resident_bytes(*m), 0u) << "nothing written, nothing resident";
+  // The pages `rows` positions of one sequence hold in a cache of this shape.
+  const KvCache shape(s.n_layer, 128, s.n_head_kv, s.head_dim, s.head_dim);
+  auto a = generate(*m, fixed_request(1, 40, 20), nullptr, nullptr);  // needs 60; keeps 40 + 19
+  ASSERT_TRUE(a.ok());
+  SchedulerStats st = model_scheduler_stats(*m);
+  EXPECT_EQ(st.kv_tokens_used, 59);
+  const uint64_t r1 = model_kv_resident_bytes(*m);
+  EXPECT_EQ(r1, shape.resident_bytes(59));
+  EXPECT_EQ(st.kv_bytes_resident, r1);
+
+  // B needs 80: beside A's 59 that is more than 100, so A's prefix is dropped.
+  auto b = generate(*m, fixed_request(2, 30, 50), nullptr, nullptr);
+  ASSERT_TRUE(b.ok());
+  st = model_scheduler_stats(*m);
+  EXPECT_EQ(st.kv_tokens_used, 79);
+  const uint64_t r2 = model_kv_resident_bytes(*m);
+  EXPECT_EQ(r2, shape.resident_bytes(79)) << "A's pages are still resident";
+  EXPECT_EQ(st.kv_bytes_resident, r2);
+
+  // A's first 20 ids again (needing 21 positions, which fit beside B's prefix): A's prefix is gone, so
+  // nothing is reused, and B's prefix is kept for B's follow-up.
+  auto again = generate(*m, fixed_request(1, 20, 1), nullptr, nullptr);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->cached_tokens, 0);
+  auto follow = generate(*m, fixed_request(2, 30, 1), nullptr, nullptr);
+  ASSERT_TRUE(follow.ok());
+  EXPECT_EQ(follow->cached_tokens, 29);
+}
+
+// The pool is charged (estimate and loaded model alike), not parallel x context: the default pool holds
+// min(parallel, kPoolContexts) full contexts, a set pool its positions.
+TEST_F(SchedulerTest, MemoryChargesThePoolNotEverySequencesContext) {
+  const TinySpec s = q4k_spec(false);
+  auto one = load(s, 1);
+  auto eight = load(s, 8);
+  auto pooled = load(s, 8, 0, 0, 100);
+  const uint64_t per_token = static_cast<uint64_t>(s.n_layer * s.n_head_kv * s.head_dim * 2) * 2;
+  EXPECT_EQ(model_memory(*one).kv_cache, 128 * per_token);
+  EXPECT_EQ(model_memory(*eight).kv_cache, static_cast<uint64_t>(kPoolContexts) * 128 * per_token);
+  EXPECT_EQ(model_kv_pool_tokens(*eight), kPoolContexts * 128);
+  EXPECT_EQ(model_memory(*pooled).kv_cache, 100 * per_token);
+  LoadOptions o;
+  o.context_length = 128;
+  o.parallel = 8;
+  o.kv_pool_tokens = 100;
+  auto est = estimate_memory((dir_ / "m2.gguf").string(), o);
+  ASSERT_TRUE(est.ok());
+  EXPECT_EQ(est->total(), model_memory(*pooled).total());
+  // In bytes: the positions they hold, at most parallel full contexts.
+  o.kv_pool_tokens = 0;
+  o.kv_pool_bytes = 100 * per_token + per_token / 2;
+  est = estimate_memory((dir_ / "m2.gguf").string(), o);
+  ASSERT_TRUE(est.ok());
+  EXPECT_EQ(est->kv_cache, 100 * per_token);
+  o.kv_pool_bytes = uint64_t{1} << 40;
+  est = estimate_memory((dir_ / "m2.gguf").string(), o);
+  ASSERT_TRUE(est.ok());
+  EXPECT_EQ(est->kv_cache, 8 * 128 * per_token);
 }
 
 }  // namespace
