@@ -320,7 +320,7 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
 /// with `nvec` vectors, called on chunks of rows as matmul deals them to its threads (about kChunkBytes of
 /// rows, or a 16th of them for a tile that packs rows); the activations are rounded once, outside the timing. The same counters as
 /// BM_Q4KTile.
-void BM_PromptTile(benchmark::State& state, GgmlType t) {
+void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false) {
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
   const size_t rb = detail::row_bytes(t, cols);
   AlignedBuffer buf(rb * static_cast<size_t>(rows));
@@ -328,8 +328,11 @@ void BM_PromptTile(benchmark::State& state, GgmlType t) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
   set_isa(detect_isa());
-  const detail::TileFn tile = detail::active_kernels().tile[detail::slot(t)];
-  if (tile == nullptr) {
+  // dot_loop: what matmul runs for a type without a tile (kernels.cpp: per chunk, vectors 8 at a time, each
+  // (row, vector) by the dot kernel) - the "before" of a new tile.
+  const detail::DotFn dot = detail::active_kernels().dot[detail::slot(t)];
+  const detail::TileFn tile = dot_loop ? nullptr : detail::active_kernels().tile[detail::slot(t)];
+  if (tile == nullptr && !dot_loop) {
     state.SkipWithError("no tile for this type in the active table");
     return;
   }
@@ -342,13 +345,26 @@ void BM_PromptTile(benchmark::State& state, GgmlType t) {
   }
   // matmul_impl's chunks (kernels.cpp)
   int64_t grain = std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / rb), rows / 16));
-  const int64_t group = detail::active_kernels().tile_group[detail::slot(t)];
+  const int64_t group = dot_loop ? 0 : detail::active_kernels().tile_group[detail::slot(t)];
   if (group > 0) grain = std::max<int64_t>(group, rows / 16 / group * group);
   std::vector<float> y(static_cast<size_t>(rows * nvec));
+  auto loop = [&](const uint8_t* w, int64_t nrows, float* out) {
+    for (int64_t t0 = 0; t0 < nvec; t0 += 8) {
+      for (int64_t r = 0; r < nrows; ++r) {
+        for (int64_t i = t0; i < std::min(nvec, t0 + 8); ++i) {
+          out[i * rows + r] = dot(w + static_cast<size_t>(r) * rb, acts.data() + ab * static_cast<size_t>(i), cols);
+        }
+      }
+    }
+  };
   for (auto _ : state) {
     for (int64_t r0 = 0; r0 < rows; r0 += grain) {
-      tile(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab, nvec, cols,
-           y.data() + r0, rows);
+      if (tile != nullptr) {
+        tile(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab, nvec,
+             cols, y.data() + r0, rows);
+      } else {
+        loop(buf.data + static_cast<size_t>(r0) * rb, std::min(grain, rows - r0), y.data() + r0);
+      }
     }
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -462,15 +478,23 @@ void register_all(bool big) {
           ->MinTime(0.5);
     }
   }
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K}) {
-    // dense-1b's products with a 128-token prompt (attention, gate/up, down), and 8 vectors (batched decode)
-    for (const std::array<int64_t, 3>& sh : std::vector<std::array<int64_t, 3>>{
-             {2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}, {2048, 2048, 8}, {2048, 2048, 4}}) {
-      const std::string name = std::string("PromptTile/") + std::string(car::ggml_type_name(t)) + "/" + std::to_string(sh[0]) +
-                               "x" + std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
-      benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_PromptTile(s, t); })
-          ->Args({sh[0], sh[1], sh[2]})
-          ->MinTime(0.5);
+  // Q5_K (and the types after it, issue #26) also as "<type>_dotloop": the path they had before their tile.
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K}) {
+    for (bool dot_loop : {false, true}) {
+      if (dot_loop && (t == GgmlType::Q8_0 || t == GgmlType::Q6_K)) continue;
+      // dense-1b's products with a 128-token prompt (attention, gate/up, down), 8 vectors (batched decode),
+      // and a cache-resident one (256 rows: 176 KiB of Q5_K)
+      for (const std::array<int64_t, 3>& sh : std::vector<std::array<int64_t, 3>>{
+               {2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}, {2048, 2048, 8}, {2048, 2048, 4},
+               {256, 2048, 128}}) {
+        const std::string name = std::string("PromptTile/") + std::string(car::ggml_type_name(t)) +
+                                 (dot_loop ? "_dotloop" : "") + "/" + std::to_string(sh[0]) + "x" +
+                                 std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [t, dot_loop](benchmark::State& s) { BM_PromptTile(s, t, dot_loop); })
+            ->Args({sh[0], sh[1], sh[2]})
+            ->MinTime(0.5);
+      }
     }
   }
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,

@@ -399,6 +399,10 @@ void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
 
 }  // namespace
 
+/// The VNNI tiles of the K-quants in ggml's vec_dot order (matmul_q5k_vnni.cpp ...): 16 rows a register.
+void tile_q5_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+
 void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
   run_tiles<q8_0_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK8_0, y, ldy);
@@ -410,6 +414,8 @@ void add_matmul_kernels(DotKernels& k) {
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
   k.tile[slot(GgmlType::Q8_0)] = tile_q8_0_vnni;
   k.tile_group[slot(GgmlType::Q8_0)] = 16;
+  k.tile[slot(GgmlType::Q5_K)] = tile_q5_K_vnni;
+  k.tile_group[slot(GgmlType::Q5_K)] = 16;
 }
 
 }  // namespace car::tensor::detail::avx512

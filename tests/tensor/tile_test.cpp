@@ -41,7 +41,7 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
   int tiles = 0;
   for (Isa isa : available_isas()) {
     const detail::DotKernels& k = detail::kernels_for(isa);
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
       const detail::TileFn tile = k.tile[detail::slot(t)];
       if (tile == nullptr) continue;
       ++tiles;
@@ -88,7 +88,7 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
     }
   }
   if (detect_isa() == Isa::avx512) {
-    EXPECT_GE(tiles, 3) << "the AVX-512 table lacks a Q8_0 / Q4_K / Q6_K tile";
+    EXPECT_GE(tiles, 4) << "the AVX-512 table lacks a Q8_0 / Q4_K / Q5_K / Q6_K tile";
   }
 }
 
