@@ -399,8 +399,10 @@ void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
 
 }  // namespace
 
-/// The VNNI tiles of the K-quants in ggml's vec_dot order (matmul_q5k_vnni.cpp ...): 16 rows a register.
+/// The VNNI tiles of the K-quants in ggml's vec_dot order (matmul_k_vnni.cpp): 16 rows a register.
 void tile_q5_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q3_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                     int64_t nvec, int64_t n, float* y, int64_t ldy);
 
 void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
@@ -416,6 +418,8 @@ void add_matmul_kernels(DotKernels& k) {
   k.tile_group[slot(GgmlType::Q8_0)] = 16;
   k.tile[slot(GgmlType::Q5_K)] = tile_q5_K_vnni;
   k.tile_group[slot(GgmlType::Q5_K)] = 16;
+  k.tile[slot(GgmlType::Q3_K)] = tile_q3_K_vnni;
+  k.tile_group[slot(GgmlType::Q3_K)] = 16;
 }
 
 }  // namespace car::tensor::detail::avx512

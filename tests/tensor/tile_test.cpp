@@ -1,4 +1,4 @@
-// The matmul tiles (DotKernels::tile: Q8_0, Q4_K in the vec_dot order, Q6_K) called directly, as matmul's
+// The matmul tiles (DotKernels::tile: Q8_0, Q3_K, Q4_K in the vec_dot order, Q5_K, Q6_K) called directly, as matmul's
 // chunks call them: every (row, vector) result equals the same table's dot kernel bit for bit, for every row
 // count (whole and partial groups of 16: the VNNI tiles pack rows 16 to a register), every vector count
 // 1..64 (the tiles switch kernels by count and run vectors in groups with odd tails), several block counts
@@ -41,7 +41,7 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
   int tiles = 0;
   for (Isa isa : available_isas()) {
     const detail::DotKernels& k = detail::kernels_for(isa);
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
       const detail::TileFn tile = k.tile[detail::slot(t)];
       if (tile == nullptr) continue;
       ++tiles;
@@ -88,7 +88,7 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
     }
   }
   if (detect_isa() == Isa::avx512) {
-    EXPECT_GE(tiles, 4) << "the AVX-512 table lacks a Q8_0 / Q4_K / Q5_K / Q6_K tile";
+    EXPECT_GE(tiles, 5) << "the AVX-512 table lacks a Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K tile";
   }
 }
 
