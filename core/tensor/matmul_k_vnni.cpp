@@ -75,7 +75,9 @@ struct Q5K {
                          _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(sc[2 * g + 1])));
     }
   }
-  static float dmin(const Block& x) { return h2f(x.dmin); }
+  static float dmin(const Block& x) {
+    return h2f(x.dmin);
+  }
 };
 
 /// Q3_K: levels (q - 4 where the hmask bit is clear, -4..3) times the 16-element sub-blocks' signed scales.
@@ -97,7 +99,9 @@ struct Q3K {
       _mm512_store_si512(out + 32 * b, _mm512_mullo_epi16(_mm512_cvtepi8_epi16(lv), sc));
     }
   }
-  static float dmin(const Block&) { return 0.0f; }
+  static float dmin(const Block&) {
+    return 0.0f;
+  }
 };
 
 /// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb).
@@ -152,8 +156,9 @@ void prepare(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, Ve
       VecBlock& o = out[v * nb + i];
 #pragma GCC unroll 4
       for (int m = 0; m < 4; ++m) {
-        _mm512_store_si512(o.q + 64 * m,
-                           _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * m))));
+        _mm512_store_si512(
+            o.q + 64 * m,
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * m))));
         _mm512_store_si512(o.q + 64 * m + 32, _mm512_cvtepi8_epi16(_mm256_loadu_si256(
                                                   reinterpret_cast<const __m256i*>(y[i].qs + 64 * m + 32))));
       }
@@ -189,7 +194,8 @@ void rows16(const PackedKBlock* pb, int64_t nb, const VecBlock* const* yv, float
       if constexpr (!K::kMins) continue;
       __m512i im = _mm512_setzero_si512();
 #pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) im = _mm512_dpwssd_epi32(im, _mm512_load_si512(b.mn[g]), _mm512_set1_epi32(y.pairs[g]));
+      for (int g = 0; g < 4; ++g)
+        im = _mm512_dpwssd_epi32(im, _mm512_load_si512(b.mn[g]), _mm512_set1_epi32(y.pairs[g]));
       const __m512 dmin = _mm512_mul_ps(_mm512_xor_ps(yd, neg), xdmin);
       summs[v] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(im), summs[v]);
     }

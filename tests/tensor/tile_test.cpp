@@ -1,5 +1,5 @@
-// The matmul tiles (DotKernels::tile: Q8_0, Q3_K, Q4_K in the vec_dot order, Q5_K, Q6_K) called directly, as matmul's
-// chunks call them: every (row, vector) result equals the same table's dot kernel bit for bit, for every row
+// The matmul tiles (DotKernels::tile: Q8_0, Q3_K, Q4_K in the vec_dot order, Q5_K, Q6_K) called directly,
+// as matmul's chunks call them: every (row, vector) result equals the same table's dot kernel bit for bit, for every row
 // count (whole and partial groups of 16: the VNNI tiles pack rows 16 to a register), every vector count
 // 1..64 (the tiles switch kernels by count and run vectors in groups with odd tails), several block counts
 // (one block, a few, more than one slab), extreme activation scales side by side, and extreme weights
