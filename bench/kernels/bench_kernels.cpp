@@ -479,7 +479,8 @@ void register_all(bool big) {
     }
   }
   // Q5_K (and the types after it, issue #26) also as "<type>_dotloop": the path they had before their tile.
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q3_K}) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q3_K, GgmlType::Q4_1,
+                     GgmlType::Q5_0, GgmlType::Q5_1}) {
     for (bool dot_loop : {false, true}) {
       if (dot_loop && (t == GgmlType::Q8_0 || t == GgmlType::Q6_K)) continue;
       // dense-1b's products with a 128-token prompt (attention, gate/up, down), 8 vectors (batched decode),

@@ -1,5 +1,5 @@
-// The matmul tiles (DotKernels::tile: Q8_0, Q3_K, Q4_K in the vec_dot order, Q5_K, Q6_K) called directly,
-// as matmul's chunks call them: every (row, vector) result equals the same table's dot kernel bit for bit, for every row
+// The matmul tiles (DotKernels::tile: Q8_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K in the vec_dot order, Q5_K, Q6_K)
+// called directly, as matmul's chunks call them: every (row, vector) result equals the same table's dot kernel bit for bit, for every row
 // count (whole and partial groups of 16: the VNNI tiles pack rows 16 to a register), every vector count
 // 1..64 (the tiles switch kernels by count and run vectors in groups with odd tails), several block counts
 // (one block, a few, more than one slab), extreme activation scales side by side, and extreme weights
@@ -41,12 +41,13 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
   int tiles = 0;
   for (Isa isa : available_isas()) {
     const detail::DotKernels& k = detail::kernels_for(isa);
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q3_K,
+                       GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
       const detail::TileFn tile = k.tile[detail::slot(t)];
       if (tile == nullptr) continue;
       ++tiles;
       const detail::DotFn dot = k.dot[detail::slot(t)];
-      const bool k_quant = t != GgmlType::Q8_0;
+      const bool k_quant = testing::block_size(t) == QK_K;
       for (int64_t nb : k_quant ? std::vector<int64_t>{1, 3, 9} : std::vector<int64_t>{1, 7, 70}) {
         const int64_t cols = nb * testing::block_size(t);
         const size_t rb = detail::row_bytes(t, cols);
@@ -88,7 +89,7 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
     }
   }
   if (detect_isa() == Isa::avx512) {
-    EXPECT_GE(tiles, 5) << "the AVX-512 table lacks a Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K tile";
+    EXPECT_GE(tiles, 8) << "the AVX-512 table lacks one of the eight tiles";
   }
 }
 
