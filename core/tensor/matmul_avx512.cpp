@@ -411,6 +411,11 @@ void tile_q5_0_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uin
                     int64_t nvec, int64_t n, float* y, int64_t ldy);
 void tile_q5_1_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                     int64_t nvec, int64_t n, float* y, int64_t ldy);
+/// The repacked Q2_K tile (DotKernels::tile_repacked; matmul_q2k_vnni.cpp): vpdpbusd sums, 16 rows a register,
+/// bit-equal to dot_q2_K_q8_K_gemm_ref / _gemv_ref.
+void tile_q2_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                             const uint8_t* gemm);
 
 void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
@@ -419,6 +424,7 @@ void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
 
 void add_matmul_kernels(DotKernels& k) {
   k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_vnni;
+  k.tile_repacked[slot(GgmlType::Q2_K)] = tile_q2_K_repacked_vnni;
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
   k.tile[slot(GgmlType::Q8_0)] = tile_q8_0_vnni;
