@@ -31,6 +31,7 @@ const DotKernels* avx_vnni_kernels() {
     if (base == nullptr || !avx_vnni_usable()) return nullptr;
     static DotKernels k = *base;
     k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_avx_vnni;
+    k.tile_repacked[slot(GgmlType::Q2_K)] = tile_q2_K_repacked_avx_vnni;
     // The types without an AVX2 tile (issue #26): 8 rows per register, matmul hands them whole groups.
     const std::pair<GgmlType, TileFn> tiles[] = {{GgmlType::Q5_K, tile_q5_K_avx_vnni},
                                                  {GgmlType::Q3_K, tile_q3_K_avx_vnni},

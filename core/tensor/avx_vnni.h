@@ -31,6 +31,13 @@ void tile_q4_K_repacked_avx_vnni(const uint8_t* w, size_t row_bytes, int64_t nro
 void tile_q4_K_repacked_vnni256_evex(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                                      size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                                      const uint8_t* gemm);
+/// The same for repacked Q2_K (bit-equal to dot_q2_K_q8_K_gemm_ref / _gemv_ref; matmul_tiles_vnni256.h).
+void tile_q2_K_repacked_avx_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                                 const uint8_t* gemm);
+void tile_q2_K_repacked_vnni256_evex(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                     size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                                     const uint8_t* gemm);
 
 /// The prompt tiles (TileFn) of Q5_K, Q3_K, Q4_1, Q5_0 and Q5_1, 8 rows per register, bit-equal to the AVX2
 /// table's dot kernels (matmul_tiles_vnni256.h): VEX builds (avx_vnni; the AVX-VNNI table's) and EVEX builds

@@ -1,10 +1,12 @@
-// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K (vpdpwssd) and Q4_1, Q5_0, Q5_1 (vpdpbusd) in
-// 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of matmul_k_vnni.cpp and
-// matmul_legacy_vnni.cpp with eight weight rows per register instead of sixteen: lane r of every int32 /
-// float register is row r, the vector's int16 pair (K-quants) or 4 quants (legacy) of the same elements are
-// broadcast, and the float steps are lane-wise copies of the AVX2 table's dot kernels (dot_k_avx2.cpp
-// dot_q5_K / dot_q3_K, dot_avx2.cpp dot_q4_1 / dot_q5_0 / dot_q5_1), so each result equals them bit for bit.
-// See those two files for the orders and why the K-quant levels are pre-multiplied by their scales.
+// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K (vpdpwssd), Q4_1, Q5_0, Q5_1 and repacked Q2_K
+// (vpdpbusd) in 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of
+// matmul_k_vnni.cpp, matmul_legacy_vnni.cpp and matmul_q2k_vnni.cpp with eight weight rows per register
+// instead of sixteen: lane r of every int32 / float register is row r, the vector's int16 pair (K-quants) or
+// 4 quants (legacy) of the same elements are broadcast, and the float steps are lane-wise copies of the AVX2
+// table's dot kernels (dot_k_avx2.cpp dot_q5_K / dot_q3_K, dot_avx2.cpp dot_q4_1 / dot_q5_0 / dot_q5_1; for
+// Q2_K the references of its repacked orders, dot_q2_K_q8_K_gemm_ref / _gemv_ref), so each result equals them
+// bit for bit. See those two files for the orders and why the K-quant levels are pre-multiplied by their
+// scales.
 //
 // VEX code has 16 vector registers: a (row group, vector) pair's 8 lane accumulators, two integer chains and
 // the weights fill most of them, so the tiles run one vector at a time over the packed rows.
@@ -371,6 +373,125 @@ void tile_l8(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* a
     for (int64_t v = 0; v < nvec; ++v) {
       const auto* yv = reinterpret_cast<const ActBlock*>(acts + static_cast<size_t>(v) * act_bytes);
       rows8_l<F>(pb, nb, yv, off == nullptr ? nullptr : off + 8 * v * nb, y + v * ldy + r0, rows);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Repacked Q2_K: scale * level bytes, vpdpbusd, llama.cpp's gemm / gemv orders (matmul_q2k_vnni.cpp)
+
+struct PackedQ2x8 {
+  alignas(32) uint8_t q[64][32];  ///< [k] lane r = row r's scale * level of elements 4k .. 4k + 3
+  int32_t mn[8][kRows8];          ///< [p] lane r = row r's mins 2p (low int16) and 2p + 1 (high)
+  float d[kRows8];
+  float dmin[kRows8];
+};
+
+inline void pack_q2_8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedQ2x8* pb) {
+  alignas(32) uint8_t lv[kRows8][256];
+  for (int r = nrows; r < kRows8; ++r) std::memset(lv[r], 0, sizeof lv[r]);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  auto table = [](int sc) { return static_cast<int32_t>((sc << 8) | (2 * sc << 16) | (3u * sc << 24)); };
+  for (int64_t i = 0; i < nb; ++i) {
+    PackedQ2x8& b = pb[i];
+    for (int r = 0; r < kRows8; ++r) {
+      if (r < nrows) {
+        const auto& x = reinterpret_cast<const block_q2_K*>(w + static_cast<size_t>(r) * row_bytes)[i];
+        for (int c = 0; c < 8; ++c) {  // elements 32c .. 32c + 31: sub-blocks 2c, 2c + 1
+          const __m256i q = _mm256_and_si256(_mm256_srli_epi16(load32(x.qs + 32 * (c / 4)), 2 * (c % 4)), m3);
+          const __m256i t = _mm256_setr_epi32(table(x.scales[2 * c] & 0x0f), 0, 0, 0,
+                                              table(x.scales[2 * c + 1] & 0x0f), 0, 0, 0);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(lv[r] + 32 * c), _mm256_shuffle_epi8(t, q));
+        }
+        for (int p = 0; p < 8; ++p) {
+          b.mn[p][r] = static_cast<int32_t>(static_cast<uint32_t>(x.scales[2 * p] >> 4) |
+                                            (static_cast<uint32_t>(x.scales[2 * p + 1] >> 4) << 16));
+        }
+        b.d[r] = h2f(x.d);
+        b.dmin[r] = h2f(x.dmin);
+      } else {
+        for (int p = 0; p < 8; ++p) b.mn[p][r] = 0;
+        b.d[r] = b.dmin[r] = 0.0f;
+      }
+    }
+    for (int s = 0; s < 8; ++s) {
+      __m256i z[8], out[8];
+      for (int r = 0; r < 8; ++r) z[r] = load32(lv[r] + 32 * s);
+      transpose8x8(z, out);
+      for (int k = 0; k < 8; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(b.q[8 * s + k]), out[k]);
+    }
+  }
+}
+
+/// 8 packed rows x kV vectors over nb super-blocks in one order; out[v * ldy + r] for the rows in `rows`.
+template <int kV, bool kGemm>
+void rows8_q2(const PackedQ2x8* pb, int64_t nb, const block_q8_K* const* y, float* out, int64_t ldy,
+              __m256i rows) {
+  __m256 acc[kV], acc_m[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const PackedQ2x8& b = pb[i];
+    const __m256 xd = _mm256_load_ps(b.d), xdmin = _mm256_load_ps(b.dmin);
+    // integer chains: the half's sums (gemm) or the block's (gemv: not reset between the halves)
+    __m256i s0[kV], s1[kV], m[kV];
+    for (int v = 0; v < kV; ++v) s0[v] = s1[v] = m[v] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      if (kGemm && h == 1) {
+        for (int v = 0; v < kV; ++v) s0[v] = s1[v] = m[v] = _mm256_setzero_si256();
+      }
+#pragma GCC unroll 16
+      for (int k = 0; k < 32; k += 2) {
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b.q[32 * h + k]));
+        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b.q[32 * h + k + 1]));
+        for (int v = 0; v < kV; ++v) {
+          s0[v] = dpbusd8(s0[v], w0, bcast_dword(y[v][i].qs + 128 * h + 4 * k));
+          s1[v] = dpbusd8(s1[v], w1, bcast_dword(y[v][i].qs + 128 * h + 4 * k + 4));
+        }
+      }
+      for (int p = 4 * h; p < 4 * h + 4; ++p) {
+        const __m256i mn = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.mn[p]));
+        for (int v = 0; v < kV; ++v) m[v] = dpwssd8(m[v], mn, bcast_dword(y[v][i].bsums + 2 * p));
+      }
+      if (kGemm || h == 1) {
+        for (int v = 0; v < kV; ++v) {
+          const __m256 yd = _mm256_set1_ps(y[v][i].d);
+          const __m256i sum = _mm256_add_epi32(s0[v], s1[v]);
+          acc[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(xd, yd), acc[v]);
+          acc_m[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[v]), _mm256_mul_ps(xdmin, yd), acc_m[v]);
+        }
+      }
+    }
+  }
+  for (int v = 0; v < kV; ++v) _mm256_maskstore_ps(out + v * ldy, rows, _mm256_sub_ps(acc[v], acc_m[v]));
+}
+
+/// RepackedTileFn (kernel_table.h) for Q2_K.
+inline void tile_q2_K_repacked8(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                                const uint8_t* gemm) {
+  assert(n % QK_K == 0);
+  thread_local AlignedScratch pack_buf;
+  const int64_t nb = n / QK_K;
+  auto* pb = static_cast<PackedQ2x8*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedQ2x8)));
+  auto gemm_at = [&](int64_t v) { return gemm != nullptr && gemm[v] != 0; };
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows8) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows8, nrows - r0));
+    pack_q2_8(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    const __m256i rows = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int64_t v = 0; v < nvec;) {
+      const bool g = gemm_at(v);
+      const int kN = v + 1 < nvec && gemm_at(v + 1) == g ? 2 : 1;  // VEX code has 16 registers: 2 at a time
+      const block_q8_K* yv[2];
+      for (int j = 0; j < kN; ++j) {
+        yv[j] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v + j) * act_bytes);
+      }
+      float* out = y + v * ldy + r0;
+      if (kN == 2) {
+        g ? rows8_q2<2, true>(pb, nb, yv, out, ldy, rows) : rows8_q2<2, false>(pb, nb, yv, out, ldy, rows);
+      } else {
+        g ? rows8_q2<1, true>(pb, nb, yv, out, ldy, rows) : rows8_q2<1, false>(pb, nb, yv, out, ldy, rows);
+      }
+      v += kN;
     }
   }
 }

@@ -11,6 +11,7 @@
 // AVX-VNNI (core/tensor/avx_vnni.h, matmul_q4k_vnni256.h, matmul_tiles_vnni256.h):
 //   - the 256-bit repacked Q4_K tile built on the EVEX vpdpbusd (AVX-512 VL + VNNI, the same instruction
 //     semantics) equals the references as above; the VEX build (the table's) where the CPU has AVX-VNNI;
+//   - the same for the 256-bit repacked Q2_K tile;
 //   - the 256-bit prompt tiles of Q5_K, Q3_K, Q4_1, Q5_0, Q5_1 (EVEX build; VEX where the CPU has it) equal
 //     the AVX2 table's dot kernels bit for bit for every row count (whole and partial groups of 8), vector
 //     count 1..64 and a few block counts;
@@ -89,10 +90,10 @@ TEST(Amx, EmulatedTilesFollowTheDocumentedSemantics) {
   EXPECT_DEATH((v.dpbusd<2, 0, 1>()), "invariant failed");
 }
 
-/// Every row count, vector count 1..64 and order mix of one repacked Q4_K tile against the references.
+/// Every row count, vector count 1..64 and order mix of one repacked Q4_K (or Q2_K) tile against the
+/// references.
 void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what, std::mt19937& rng,
-                                   std::initializer_list<int64_t> nbs) {
-  constexpr GgmlType kT = GgmlType::Q4_K;
+                                   std::initializer_list<int64_t> nbs, GgmlType kT = GgmlType::Q4_K) {
   constexpr int64_t kMaxRows = 48, kMaxVec = 64;
   const detail::DotKernels& ref = detail::scalar_kernels();
   for (int64_t nb : nbs) {
@@ -204,6 +205,23 @@ TEST(AvxVnni, Q4KTileThroughTheEvexEncodingEqualsTheReferences) {
   expect_tile_equals_references(detail::tile_q4_K_repacked_vnni256_evex, "vnni256 (EVEX)", rng, {1, 3, 9});
 }
 
+TEST(AvxVnni, Q2KTileThroughTheEvexEncodingEqualsTheReferences) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the EVEX build of the tile needs AVX-512 VL + VNNI";
+  std::mt19937 rng(57);
+  expect_tile_equals_references(detail::tile_q2_K_repacked_vnni256_evex, "Q2_K vnni256 (EVEX)", rng,
+                                {1, 3, 9}, GgmlType::Q2_K);
+}
+
+TEST(AvxVnni, Q2KTileOnRealAvxVnniEqualsTheReferences) {
+  if (!detail::avx_vnni_usable()) {
+    GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit Q2_K tile was NOT run; its source "
+                    "is covered through the EVEX build only";
+  }
+  std::mt19937 rng(58);
+  expect_tile_equals_references(detail::tile_q2_K_repacked_avx_vnni, "Q2_K vnni256 (VEX)", rng, {1, 3, 9},
+                                GgmlType::Q2_K);
+}
+
 TEST(AvxVnni, Q4KTileOnRealAvxVnniEqualsTheReferences) {
   if (!detail::avx_vnni_usable()) {
     GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit tile was NOT run; its source is "
@@ -310,15 +328,19 @@ TEST(AvxVnni, TheAvx2LevelTakesTheTileOnlyWhereUsable) {
   const int q4k = detail::slot(GgmlType::Q4_K);
   if (detect_isa() == Isa::scalar) GTEST_SKIP() << "no AVX2 level on this CPU";
   const detail::DotKernels& k = detail::kernels_for(Isa::avx2);
+  const int q2k = detail::slot(GgmlType::Q2_K);
   if (detail::avx_vnni_usable()) {
     ASSERT_NE(detail::avx_vnni_kernels(), nullptr);
     EXPECT_EQ(k.tile_repacked[q4k], &detail::tile_q4_K_repacked_avx_vnni);
+    EXPECT_EQ(k.tile_repacked[q2k], &detail::tile_q2_K_repacked_avx_vnni);
   } else {
     EXPECT_EQ(detail::avx_vnni_kernels(), nullptr);
     EXPECT_EQ(k.tile_repacked[q4k], nullptr);
+    EXPECT_EQ(k.tile_repacked[q2k], nullptr);
   }
   testing::IsaScope scope(Isa::scalar);
   EXPECT_EQ(detail::active_kernels().tile_repacked[q4k], nullptr);
+  EXPECT_EQ(detail::active_kernels().tile_repacked[q2k], nullptr);
 }
 
 }  // namespace
