@@ -323,7 +323,7 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
 /// on chunks of rows as matmul deals them to its threads (about kChunkBytes of rows, or a 16th of them for a
 /// tile that packs rows); the activations are rounded once, outside the timing. The same counters as
 /// BM_Q4KTile.
-void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false) {
+void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false, bool vec_dot = false) {
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
   const size_t rb = detail::row_bytes(t, cols);
   AlignedBuffer buf(rb * static_cast<size_t>(rows));
@@ -335,7 +335,7 @@ void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false) {
   // (row, vector) by the dot kernel) - the "before" of a new tile.
   // A type llama.cpp repacks (Q2_K) runs its repacked tile with every vector in the gemm order, as a prompt's
   // whole groups of 4 are, or the loop over dot_gemm.
-  const bool repacked = t == GgmlType::Q2_K;
+  const bool repacked = t == GgmlType::Q2_K && !vec_dot;  // vec_dot: its tile in the vec_dot order
   const detail::DotFn dot = repacked ? detail::active_kernels().dot_gemm[detail::slot(t)]
                                      : detail::active_kernels().dot[detail::slot(t)];
   const detail::RepackedTileFn tile_rp =
@@ -516,6 +516,20 @@ void register_all(bool big) {
             ->Args({sh[0], sh[1], sh[2]})
             ->MinTime(0.5);
       }
+    }
+  }
+  // Q2_K in the vec_dot order (a matrix whose row count is not a multiple of 8; the rows here are, but the
+  // tile is called directly)
+  for (bool dot_loop : {false, true}) {
+    for (const std::array<int64_t, 3>& sh :
+         std::vector<std::array<int64_t, 3>>{{2048, 2048, 128}, {2048, 2048, 8}, {2048, 2048, 4}}) {
+      const std::string name = std::string("PromptTile/Q2_K_vecdot") + (dot_loop ? "_dotloop" : "") + "/" +
+                               std::to_string(sh[0]) + "x" + std::to_string(sh[1]) + "/v" +
+                               std::to_string(sh[2]);
+      benchmark::RegisterBenchmark(
+          name.c_str(), [dot_loop](benchmark::State& s) { BM_PromptTile(s, GgmlType::Q2_K, dot_loop, true); })
+          ->Args({sh[0], sh[1], sh[2]})
+          ->MinTime(0.5);
     }
   }
   const GgmlType types[] = {

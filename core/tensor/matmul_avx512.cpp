@@ -404,6 +404,8 @@ void tile_q5_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uin
                     int64_t nvec, int64_t n, float* y, int64_t ldy);
 void tile_q3_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                     int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q2_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
 /// The VNNI tiles of the 32-element types with offsets or mins (matmul_legacy_vnni.cpp): 16 rows a register.
 void tile_q4_1_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                     int64_t nvec, int64_t n, float* y, int64_t ldy);
@@ -433,6 +435,8 @@ void add_matmul_kernels(DotKernels& k) {
   k.tile_group[slot(GgmlType::Q5_K)] = 16;
   k.tile[slot(GgmlType::Q3_K)] = tile_q3_K_vnni;
   k.tile_group[slot(GgmlType::Q3_K)] = 16;
+  k.tile[slot(GgmlType::Q2_K)] = tile_q2_K_vnni;  // Q2_K matrices llama.cpp does not repack (repacked())
+  k.tile_group[slot(GgmlType::Q2_K)] = 16;
   k.tile[slot(GgmlType::Q4_1)] = tile_q4_1_vnni;
   k.tile_group[slot(GgmlType::Q4_1)] = 16;
   k.tile[slot(GgmlType::Q5_0)] = tile_q5_0_vnni;

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
+#include <cstring>
 
 #include "core/tensor/aligned_scratch.h"
 #include "core/tensor/k_scales.h"
@@ -38,11 +39,15 @@ constexpr int kRows = 16;  // weight rows per packed group: one int32 / float la
 /// Invariant: rows past the group's end (the chunk's last, short group) are all zero.
 struct PackedKBlock {
   alignas(64) int16_t w[128][2 * kRows];  ///< [k] lane r = row r's (q * sc) of elements 2k, 2k + 1
-  int32_t mn[4][kRows];                   ///< Q5_K: [g] lane r = row r's mins 2g (low int16), 2g + 1 (high)
+  int32_t mn[8][kRows];                   ///< [p] lane r = row r's mins 2p (low int16), 2p + 1 (high)
   float d[kRows];                         ///< row r's super-block scale
-  float dmin[kRows];                      ///< Q5_K: row r's min scale
+  float dmin[kRows];                      ///< row r's min scale
 };
-static_assert(sizeof(PackedKBlock) == 128 * 64 + 4 * 64 + 2 * 64);
+static_assert(sizeof(PackedKBlock) == 128 * 64 + 8 * 64 + 2 * 64);
+
+/// How a type's dot kernel adds its mins: not at all (Q3_K); one exact integer per super-block into a scalar
+/// `summs` (Q5_K); 8 integer lanes per super-block into 8 float accumulators, subtracted at the end (Q2_K).
+enum class Mins { none, summs, lanes };
 
 /// acc + vpdpwssd(w, the int16 pair at p broadcast to every lane).
 inline __m512i dpwssd_bcast(__m512i acc, __m512i w, const int16_t* p) {
@@ -54,7 +59,7 @@ inline __m512i dpwssd_bcast(__m512i acc, __m512i w, const int16_t* p) {
 /// Q5_K: row x's block as 256 int16 levels times their sub-block scales, in element order; its mins.
 struct Q5K {
   using Block = block_q5_K;
-  static constexpr bool kMins = true;
+  static constexpr Mins kMins = Mins::summs;
   static void levels(const Block& x, int16_t* out, uint16_t* mins) {
     uint32_t sm[4];
     unpack_scale_min_k4_words(x.scales, sm);
@@ -83,7 +88,7 @@ struct Q5K {
 /// Q3_K: levels (q - 4 where the hmask bit is clear, -4..3) times the 16-element sub-blocks' signed scales.
 struct Q3K {
   using Block = block_q3_K;
-  static constexpr bool kMins = false;
+  static constexpr Mins kMins = Mins::none;
   static void levels(const Block& x, int16_t* out, uint16_t* /*mins*/) {
     int8_t raw[16];
     unpack_q3_K_scales(x.scales, raw);
@@ -104,6 +109,28 @@ struct Q3K {
   }
 };
 
+/// Q2_K (a matrix llama.cpp does not repack: rows not a multiple of 8): levels (0..3) times the 16-element
+/// sub-blocks' 4-bit scales; its 16 mins.
+struct Q2K {
+  using Block = block_q2_K;
+  static constexpr Mins kMins = Mins::lanes;
+  static void levels(const Block& x, int16_t* out, uint16_t* mins) {
+    for (int j = 0; j < 16; ++j) mins[j] = static_cast<uint16_t>(x.scales[j] >> 4);
+    const __m256i m3 = _mm256_set1_epi8(3);
+#pragma GCC unroll 8
+    for (int b = 0; b < 8; ++b) {  // elements 32b .. 32b + 31: qs bits 2(b % 4) of bytes 32(b / 4) ..
+      const __m256i q = _mm256_and_si256(_mm256_srli_epi16(load32(x.qs + 32 * (b / 4)), 2 * (b % 4)), m3);
+      const __m512i sc =
+          _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(x.scales[2 * b] & 0x0f)),
+                             _mm256_set1_epi16(static_cast<int16_t>(x.scales[2 * b + 1] & 0x0f)), 1);
+      _mm512_store_si512(out + 32 * b, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), sc));
+    }
+  }
+  static float dmin(const Block& x) {
+    return h2f(x.dmin);
+  }
+};
+
 /// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb).
 template <class K>
 void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedKBlock* pb) {
@@ -112,7 +139,7 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   for (int64_t i = 0; i < nb; ++i) {
     PackedKBlock& b = pb[i];
     for (int r = 0; r < kRows; ++r) {
-      uint16_t mins[8] = {};
+      uint16_t mins[16] = {};
       float d = 0.0f, dmin = 0.0f;
       if (r < nrows) {
         const auto& x = reinterpret_cast<const typename K::Block*>(w + static_cast<size_t>(r) * row_bytes)[i];
@@ -121,9 +148,9 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
         d = h2f(x.d);
         dmin = K::dmin(x);
       }
-      for (int g = 0; g < 4; ++g) {
-        b.mn[g][r] = static_cast<int32_t>(static_cast<uint32_t>(mins[2 * g]) |
-                                          (static_cast<uint32_t>(mins[2 * g + 1]) << 16));
+      for (int p = 0; p < 8; ++p) {
+        b.mn[p][r] = static_cast<int32_t>(static_cast<uint32_t>(mins[2 * p]) |
+                                          (static_cast<uint32_t>(mins[2 * p + 1]) << 16));
       }
       b.d[r] = d;
       b.dmin[r] = dmin;
@@ -140,12 +167,13 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
 }
 
 /// The vector side, once per call: per vector and block the 256 activations as int16, then the sub-block
-/// sums as 4 int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3; Q5_K's mins).
+/// sums as 4 int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3; Q5_K's mins), the 16 bsums as 8 pairs (Q2_K's).
 struct VecBlock {
   alignas(64) int16_t q[256];
   int32_t pairs[4];
+  int32_t bs[8];
   float d;
-  int32_t pad[11];
+  int32_t pad[3];
 };
 static_assert(sizeof(VecBlock) == 9 * 64);
 
@@ -165,6 +193,7 @@ void prepare(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, Ve
       const __m256i bs = load32(y[i].bsums);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o.pairs),
                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+      std::memcpy(o.bs, y[i].bsums, sizeof o.bs);
       o.d = y[i].d;
     }
   }
@@ -175,11 +204,17 @@ template <class K, int kV>
 void rows16(const PackedKBlock* pb, int64_t nb, const VecBlock* const* yv, float* out, int64_t ldy,
             __mmask16 mask) {
   __m512 acc[kV][8], summs[kV];
+  alignas(64) float acc_m[K::kMins == Mins::lanes ? kV : 1][8][kRows];  // Q2_K's min lanes (kept in memory)
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) {
     summs[v] = _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) acc[v][l] = _mm512_setzero_ps();
+  }
+  if constexpr (K::kMins == Mins::lanes) {
+    for (int v = 0; v < kV; ++v) {
+      for (int j = 0; j < 8; ++j) _mm512_store_ps(acc_m[v][j], _mm512_setzero_ps());
+    }
   }
   const __m512 neg = _mm512_set1_ps(-0.0f);
   for (int64_t i = 0; i < nb; ++i) {
@@ -191,13 +226,24 @@ void rows16(const PackedKBlock* pb, int64_t nb, const VecBlock* const* yv, float
       const VecBlock& y = yv[v][i];
       const __m512 yd = _mm512_set1_ps(y.d);
       d[v] = _mm512_mul_ps(yd, xd);
-      if constexpr (!K::kMins) continue;
-      __m512i im = _mm512_setzero_si512();
+      if constexpr (K::kMins == Mins::summs) {
+        __m512i im = _mm512_setzero_si512();
 #pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g)
-        im = _mm512_dpwssd_epi32(im, _mm512_load_si512(b.mn[g]), _mm512_set1_epi32(y.pairs[g]));
-      const __m512 dmin = _mm512_mul_ps(_mm512_xor_ps(yd, neg), xdmin);
-      summs[v] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(im), summs[v]);
+        for (int g = 0; g < 4; ++g) {
+          im = _mm512_dpwssd_epi32(im, _mm512_load_si512(b.mn[g]), _mm512_set1_epi32(y.pairs[g]));
+        }
+        const __m512 dmin = _mm512_mul_ps(_mm512_xor_ps(yd, neg), xdmin);  // -y.d * x.dmin
+        summs[v] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(im), summs[v]);
+      } else if constexpr (K::kMins == Mins::lanes) {
+        const __m512 dmin = _mm512_mul_ps(yd, xdmin);  // y.d * x.dmin
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const __m512i m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_load_si512(b.mn[j]),
+                                                _mm512_set1_epi32(y.bs[j]));
+          _mm512_store_ps(acc_m[v][j],
+                          _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(m), _mm512_load_ps(acc_m[v][j])));
+        }
+      }
     }
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
@@ -220,13 +266,23 @@ void rows16(const PackedKBlock* pb, int64_t nb, const VecBlock* const* yv, float
       }
     }
   }
-  // hsum8's tree per lane: ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)), then + summs
+  // hsum8's tree per lane: ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)); then + summs (Q5_K) or minus
+  // the same tree of the min lanes (Q2_K)
+  auto tree = [](const __m512* a) {
+    const __m512 r0 = _mm512_add_ps(a[4], a[0]), r1 = _mm512_add_ps(a[5], a[1]);
+    const __m512 r2 = _mm512_add_ps(a[6], a[2]), r3 = _mm512_add_ps(a[7], a[3]);
+    return _mm512_add_ps(_mm512_add_ps(r0, r2), _mm512_add_ps(r1, r3));
+  };
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) {
-    const __m512 r0 = _mm512_add_ps(acc[v][4], acc[v][0]), r1 = _mm512_add_ps(acc[v][5], acc[v][1]);
-    const __m512 r2 = _mm512_add_ps(acc[v][6], acc[v][2]), r3 = _mm512_add_ps(acc[v][7], acc[v][3]);
-    const __m512 h = _mm512_add_ps(_mm512_add_ps(r0, r2), _mm512_add_ps(r1, r3));
-    _mm512_mask_storeu_ps(out + v * ldy, mask, K::kMins ? _mm512_add_ps(h, summs[v]) : h);
+    __m512 h = tree(acc[v]);
+    if constexpr (K::kMins == Mins::summs) h = _mm512_add_ps(h, summs[v]);
+    if constexpr (K::kMins == Mins::lanes) {
+      __m512 m[8];
+      for (int j = 0; j < 8; ++j) m[j] = _mm512_load_ps(acc_m[v][j]);
+      h = _mm512_sub_ps(h, tree(m));
+    }
+    _mm512_mask_storeu_ps(out + v * ldy, mask, h);
   }
 }
 
@@ -265,6 +321,11 @@ void tile_q5_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uin
 void tile_q3_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                     int64_t nvec, int64_t n, float* y, int64_t ldy) {
   tile_k<Q3K>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
+}
+
+void tile_q2_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  tile_k<Q2K>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy);
 }
 
 }  // namespace car::tensor::detail::avx512
