@@ -501,7 +501,7 @@ void register_all(bool big) {
     for (bool dot_loop : {false, true}) {
       if (dot_loop && (t == GgmlType::Q8_0 || t == GgmlType::Q6_K)) continue;
       // dense-1b's products with a 128-token prompt (attention, gate/up, down), 8 vectors (batched decode),
-      // and a cache-resident one (256 rows: 176 KiB of Q5_K)
+      // and a cache-resident one (256 rows: 168-384 KiB, in L2)
       for (const std::array<int64_t, 3>& sh : std::vector<std::array<int64_t, 3>>{{2048, 2048, 128},
                                                                                   {5632, 2048, 128},
                                                                                   {2048, 5632, 128},
