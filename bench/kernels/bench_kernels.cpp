@@ -500,14 +500,12 @@ void register_all(bool big) {
                      GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1}) {
     for (bool dot_loop : {false, true}) {
       if (dot_loop && (t == GgmlType::Q8_0 || t == GgmlType::Q6_K)) continue;
-      // dense-1b's products with a 128-token prompt (attention, gate/up, down), 8 vectors (batched decode),
-      // and a cache-resident one (256 rows: 168-384 KiB, in L2)
-      for (const std::array<int64_t, 3>& sh : std::vector<std::array<int64_t, 3>>{{2048, 2048, 128},
-                                                                                  {5632, 2048, 128},
-                                                                                  {2048, 5632, 128},
-                                                                                  {2048, 2048, 8},
-                                                                                  {2048, 2048, 4},
-                                                                                  {256, 2048, 128}}) {
+      // dense-1b's products with a 128-token prompt (attention, gate/up, down), 32 / 16 / 8 / 4 vectors
+      // (short prompts, batched decode), and a cache-resident one (256 rows: 168-384 KiB, in L2)
+      const std::vector<std::array<int64_t, 3>> shapes = {
+          {2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}, {2048, 2048, 32},
+          {2048, 2048, 16},  {2048, 2048, 8},   {2048, 2048, 4},   {256, 2048, 128}};
+      for (const std::array<int64_t, 3>& sh : shapes) {
         const std::string name = std::string("PromptTile/") + std::string(car::ggml_type_name(t)) +
                                  (dot_loop ? "_dotloop" : "") + "/" + std::to_string(sh[0]) + "x" +
                                  std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
