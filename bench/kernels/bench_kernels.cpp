@@ -13,7 +13,9 @@
 //                                      # the repacked Q4_K prompt tile (issue #26): GMAC/s, share of the
 //                                      # vpdpbusd peak, weight GiB/s
 //   bench_kernels --benchmark_filter='PromptTile'
-//                                      # the Q8_0 / Q6_K prompt tiles (issue #26), the same counters
+//                                      # the Q8_0 / Q6_K / Q5_K / Q3_K / Q2_K / Q4_1 / Q5_0 / Q5_1 prompt
+//                                      # tiles (issue #26), the same counters; <type>_dotloop: the loop
+//                                      # over the dot kernel those types ran before their tiles
 //
 // Matrices are 4096 columns wide; rows = size / row_bytes. Their contents are real quantized rows (a small
 // set, tiled), so the kernels see valid scales; values do not affect speed. Q4_K matrices get a row count
@@ -25,9 +27,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -316,11 +318,12 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
 }
 
-/// One thread, the prompt tile (DotKernels::tile) of a `t` matrix that llama.cpp does not repack (Q8_0, Q6_K)
-/// with `nvec` vectors, called on chunks of rows as matmul deals them to its threads (about kChunkBytes of
-/// rows, or a 16th of them for a tile that packs rows); the activations are rounded once, outside the timing. The same counters as
+/// One thread, the prompt tile (DotKernels::tile) of a `t` matrix that llama.cpp does not repack (Q8_0, Q6_K,
+/// ...; for Q2_K, which it repacks, DotKernels::tile_repacked in the gemm order) with `nvec` vectors, called
+/// on chunks of rows as matmul deals them to its threads (about kChunkBytes of rows, or a 16th of them for a
+/// tile that packs rows); the activations are rounded once, outside the timing. The same counters as
 /// BM_Q4KTile.
-void BM_PromptTile(benchmark::State& state, GgmlType t) {
+void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false, bool vec_dot = false) {
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
   const size_t rb = detail::row_bytes(t, cols);
   AlignedBuffer buf(rb * static_cast<size_t>(rows));
@@ -328,8 +331,18 @@ void BM_PromptTile(benchmark::State& state, GgmlType t) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
   set_isa(detect_isa());
-  const detail::TileFn tile = detail::active_kernels().tile[detail::slot(t)];
-  if (tile == nullptr) {
+  // dot_loop: what matmul runs for a type without a tile (kernels.cpp: per chunk, vectors 8 at a time, each
+  // (row, vector) by the dot kernel) - the "before" of a new tile.
+  // A type llama.cpp repacks (Q2_K) runs its repacked tile with every vector in the gemm order, as a prompt's
+  // whole groups of 4 are, or the loop over dot_gemm.
+  const bool repacked = t == GgmlType::Q2_K && !vec_dot;  // vec_dot: its tile in the vec_dot order
+  const detail::DotFn dot = repacked ? detail::active_kernels().dot_gemm[detail::slot(t)]
+                                     : detail::active_kernels().dot[detail::slot(t)];
+  const detail::RepackedTileFn tile_rp =
+      repacked && !dot_loop ? detail::active_kernels().tile_repacked[detail::slot(t)] : nullptr;
+  const std::vector<uint8_t> all_gemm(static_cast<size_t>(nvec), 1);
+  const detail::TileFn tile = dot_loop || repacked ? nullptr : detail::active_kernels().tile[detail::slot(t)];
+  if (tile == nullptr && tile_rp == nullptr && !dot_loop) {
     state.SkipWithError("no tile for this type in the active table");
     return;
   }
@@ -342,13 +355,32 @@ void BM_PromptTile(benchmark::State& state, GgmlType t) {
   }
   // matmul_impl's chunks (kernels.cpp)
   int64_t grain = std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / rb), rows / 16));
-  const int64_t group = detail::active_kernels().tile_group[detail::slot(t)];
+  const int64_t group = dot_loop             ? 0
+                        : tile_rp != nullptr ? 16
+                                             : detail::active_kernels().tile_group[detail::slot(t)];
   if (group > 0) grain = std::max<int64_t>(group, rows / 16 / group * group);
   std::vector<float> y(static_cast<size_t>(rows * nvec));
+  auto loop = [&](const uint8_t* w, int64_t nrows, float* out) {
+    for (int64_t t0 = 0; t0 < nvec; t0 += 8) {
+      for (int64_t r = 0; r < nrows; ++r) {
+        for (int64_t i = t0; i < std::min(nvec, t0 + 8); ++i) {
+          out[i * rows + r] =
+              dot(w + static_cast<size_t>(r) * rb, acts.data() + ab * static_cast<size_t>(i), cols);
+        }
+      }
+    }
+  };
   for (auto _ : state) {
     for (int64_t r0 = 0; r0 < rows; r0 += grain) {
-      tile(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab, nvec, cols,
-           y.data() + r0, rows);
+      if (tile != nullptr) {
+        tile(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab, nvec,
+             cols, y.data() + r0, rows);
+      } else if (tile_rp != nullptr) {
+        tile_rp(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab,
+                nvec, cols, y.data() + r0, rows, all_gemm.data());
+      } else {
+        loop(buf.data + static_cast<size_t>(r0) * rb, std::min(grain, rows - r0), y.data() + r0);
+      }
     }
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -412,11 +444,11 @@ void register_all(bool big) {
   }
   for (int64_t kib : sizes_kib) {
     if (kib < (64 << 10)) continue;  // DRAM-sized only: the point is the bandwidth ratio
-    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                       GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
-                       GgmlType::IQ2_XXS, GgmlType::IQ1_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
-                       GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ1_M, GgmlType::TQ1_0,
-                       GgmlType::TQ2_0}) {
+    for (GgmlType t :
+         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+          GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ2_XXS,
+          GgmlType::IQ1_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS, GgmlType::IQ2_S,
+          GgmlType::IQ1_M, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
       for (int threads : {1, 2}) {
         const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) + "/" +
                                  name_size(kib) + "/t" + std::to_string(threads);
@@ -455,30 +487,55 @@ void register_all(bool big) {
         gemm ? std::vector<std::array<int64_t, 3>>{{2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}}
              : std::vector<std::array<int64_t, 3>>{{2816, 1024, 16}, {1024, 2816, 16}, {2048, 2048, 8}};
     for (const auto& sh : shapes) {
-      const std::string name = std::string("Q4KTile/") + (gemm ? "gemm" : "gemv") + "/" + std::to_string(sh[0]) +
-                               "x" + std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
+      const std::string name = std::string("Q4KTile/") + (gemm ? "gemm" : "gemv") + "/" +
+                               std::to_string(sh[0]) + "x" + std::to_string(sh[1]) + "/v" +
+                               std::to_string(sh[2]);
       benchmark::RegisterBenchmark(name.c_str(), [gemm](benchmark::State& s) { BM_Q4KTile(s, gemm); })
           ->Args({sh[0], sh[1], sh[2]})
           ->MinTime(0.5);
     }
   }
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K}) {
-    // dense-1b's products with a 128-token prompt (attention, gate/up, down), and 8 vectors (batched decode)
-    for (const std::array<int64_t, 3>& sh : std::vector<std::array<int64_t, 3>>{
-             {2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}, {2048, 2048, 8}, {2048, 2048, 4}}) {
-      const std::string name = std::string("PromptTile/") + std::string(car::ggml_type_name(t)) + "/" + std::to_string(sh[0]) +
-                               "x" + std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
-      benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_PromptTile(s, t); })
+  // Q5_K (and the types after it, issue #26) also as "<type>_dotloop": the path they had before their tile.
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q3_K, GgmlType::Q2_K,
+                     GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1}) {
+    for (bool dot_loop : {false, true}) {
+      if (dot_loop && (t == GgmlType::Q8_0 || t == GgmlType::Q6_K)) continue;
+      // dense-1b's products with a 128-token prompt (attention, gate/up, down), 32 / 16 / 8 / 4 vectors
+      // (short prompts, batched decode), and a cache-resident one (256 rows: 168-384 KiB, in L2)
+      const std::vector<std::array<int64_t, 3>> shapes = {
+          {2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}, {2048, 2048, 32},
+          {2048, 2048, 16},  {2048, 2048, 8},   {2048, 2048, 4},   {256, 2048, 128}};
+      for (const std::array<int64_t, 3>& sh : shapes) {
+        const std::string name = std::string("PromptTile/") + std::string(car::ggml_type_name(t)) +
+                                 (dot_loop ? "_dotloop" : "") + "/" + std::to_string(sh[0]) + "x" +
+                                 std::to_string(sh[1]) + "/v" + std::to_string(sh[2]);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [t, dot_loop](benchmark::State& s) { BM_PromptTile(s, t, dot_loop); })
+            ->Args({sh[0], sh[1], sh[2]})
+            ->MinTime(0.5);
+      }
+    }
+  }
+  // Q2_K in the vec_dot order (a matrix whose row count is not a multiple of 8; the rows here are, but the
+  // tile is called directly)
+  for (bool dot_loop : {false, true}) {
+    for (const std::array<int64_t, 3>& sh :
+         std::vector<std::array<int64_t, 3>>{{2048, 2048, 128}, {2048, 2048, 8}, {2048, 2048, 4}}) {
+      const std::string name = std::string("PromptTile/Q2_K_vecdot") + (dot_loop ? "_dotloop" : "") + "/" +
+                               std::to_string(sh[0]) + "x" + std::to_string(sh[1]) + "/v" +
+                               std::to_string(sh[2]);
+      benchmark::RegisterBenchmark(
+          name.c_str(), [dot_loop](benchmark::State& s) { BM_PromptTile(s, GgmlType::Q2_K, dot_loop, true); })
           ->Args({sh[0], sh[1], sh[2]})
           ->MinTime(0.5);
     }
   }
-  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                            GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                            GgmlType::F16,  GgmlType::BF16, GgmlType::F32,  GgmlType::IQ4_NL,
-                            GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ2_XXS, GgmlType::IQ1_S,
-                            GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS, GgmlType::IQ2_S,
-                            GgmlType::IQ1_M, GgmlType::TQ1_0, GgmlType::TQ2_0};
+  const GgmlType types[] = {
+      GgmlType::Q4_0,   GgmlType::Q4_1,    GgmlType::Q5_0,  GgmlType::Q5_1,    GgmlType::Q8_0,
+      GgmlType::Q2_K,   GgmlType::Q3_K,    GgmlType::Q4_K,  GgmlType::Q5_K,    GgmlType::Q6_K,
+      GgmlType::F16,    GgmlType::BF16,    GgmlType::F32,   GgmlType::IQ4_NL,  GgmlType::IQ4_XS,
+      GgmlType::MXFP4,  GgmlType::IQ2_XXS, GgmlType::IQ1_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+      GgmlType::IQ2_XS, GgmlType::IQ2_S,   GgmlType::IQ1_M, GgmlType::TQ1_0,   GgmlType::TQ2_0};
   for (GgmlType t : types) {
     // Q4_K twice: the repacked gemv order (rows % 8 == 0, as in models) and the vec_dot order.
     for (bool vec_dot_order : {false, true}) {

@@ -75,10 +75,10 @@ struct DotKernels {
   /// one pass over the rows, sharing each weight block's unpacking (TileFn's arguments; each result equals
   /// rows_gemv's bit for bit). Null: rows_gemv per vector.
   TileFn rows_gemv_few[kTypeSlots] = {};
-  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp (Q4_K)
-  /// and matmul_nl32_vnni.cpp (Q4_0, IQ4_NL, MXFP4), which transpose the chunk's rows per call; matmul hands
-  /// them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h, avx_vnni.h) put their own
-  /// Q4_K tiles here.
+  /// matmul tile in either order (null: loop over dot_gemm / dot_gemv). AVX-512: matmul_q4k_vnni.cpp (Q4_K),
+  /// matmul_q2k_vnni.cpp (Q2_K) and matmul_nl32_vnni.cpp (Q4_0, IQ4_NL, MXFP4), which transpose the chunk's
+  /// rows per call; matmul hands them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h,
+  /// avx_vnni.h) put their own Q4_K (AVX-VNNI: and Q2_K) tiles here.
   RepackedTileFn tile_repacked[kTypeSlots] = {};
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;

@@ -177,7 +177,6 @@ struct q8_0_tile {
   }
 };
 
-
 /// vpermw indices for the Q4_K tile: lanes [0,16) get scale 2j, [16,32) scale 2j+1.
 constexpr Perm2 kK4TilePerm[4] = {make_perm2(0, 1), make_perm2(2, 3), make_perm2(4, 5), make_perm2(6, 7)};
 
@@ -190,9 +189,14 @@ constexpr Perm2 kK4TilePerm[4] = {make_perm2(0, 1), make_perm2(2, 3), make_perm2
 /// lane-wise the same operations as dot_k4's, so each result equals dot_q4_K bit for bit.
 /// pack, per block: y.d spread for acc (kG/2 x 16 floats), -y.d spread for acc_m (kG/4 x 16) and the
 /// pairwise bsums (kG/4 x 32 int16, vector v in int16 lanes [8(v%4), 8(v%4)+8)).
-struct q4_K_tile {
+/// Q5_K (Block = block_q5_K; dot_k4<true>, issue #26): the same with each level's fifth bit from qh, and the
+/// mins as dot_q5_K sums them - one exact integer per block (the 4 lanes of a vector's 128 bits added up),
+/// summs = fma(-y.d * xdmin, float(it), summs) in those lanes, the result hsum8(acc) + summs.
+template <class Block>
+struct k4_tile {
+  static constexpr bool kQ5 = std::is_same_v<Block, block_q5_K>;
   static constexpr int64_t kSlab = 8;  // the group's copies: 16 KiB per slab
-  static constexpr size_t kBlockBytes = sizeof(block_q4_K), kActBlockBytes = sizeof(block_q8_K);
+  static constexpr size_t kBlockBytes = sizeof(Block), kActBlockBytes = sizeof(block_q8_K);
   static constexpr size_t kStateBytes = 6 * 64;
   template <int kG>
   static constexpr size_t block_pack_bytes() {
@@ -227,7 +231,7 @@ struct q4_K_tile {
   template <int kG>
   static void row(const uint8_t* wrow, const uint8_t* const* av, const uint8_t* pk, int64_t nb, float* out,
                   int64_t ldy, int nv, const Carry& carry) {
-    const auto* x = reinterpret_cast<const block_q4_K*>(wrow);
+    const auto* x = reinterpret_cast<const Block*>(wrow);
     constexpr int kP = kG / 2, kQ = kG / 4;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -246,6 +250,14 @@ struct q4_K_tile {
       for (int j = 0; j < 4; ++j) {
         q[j] = _mm512_and_si512(
             _mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(x[i].qs + 32 * j)), nibble_shift), m4);
+        if constexpr (kQ5) {
+          // fifth bits: qh bit 2j of byte e for element 64j + e, bit 2j + 1 for element 64j + 32 + e
+          const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(2 * j)),
+                                                   _mm256_set1_epi16(static_cast<int16_t>(2 * j + 1)), 1);
+          const __m512i hb = _mm512_and_si512(
+              _mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(x[i].qh)), shift), _mm512_set1_epi8(1));
+          q[j] = _mm512_or_si512(q[j], _mm512_slli_epi16(hb, 4));
+        }
         sc[j] = _mm512_permutexvar_epi16(perm_idx(kK4TilePerm[j]), sc16);
       }
       const __m512 xd = _mm512_set1_ps(h2f(x[i].d));
@@ -275,7 +287,11 @@ struct q4_K_tile {
       }
 #pragma GCC unroll 16
       for (int qq = 0; qq < kQ; ++qq) {
-        const __m512i m = _mm512_madd_epi16(mins, _mm512_load_si512(pairs + 64 * qq));
+        __m512i m = _mm512_madd_epi16(mins, _mm512_load_si512(pairs + 64 * qq));
+        if constexpr (kQ5) {  // each vector's 4 lanes summed (exact), in all 4
+          m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, _MM_PERM_BADC));
+          m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, _MM_PERM_CDAB));
+        }
         const __m512 dmin = _mm512_mul_ps(_mm512_load_ps(ydm + 16 * qq), xdmin);
         acc_m[qq] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(m), acc_m[qq]);
       }
@@ -284,15 +300,23 @@ struct q4_K_tile {
     if (!carry_out<kP + kQ>(carry, acc)) return;
 #pragma GCC unroll 16
     for (int v = 0; v < kG; ++v) {
-      if (v < nv)
-        out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2)) + hsum4(extract_ps128(acc_m[v / 4], v % 4));
+      if (v < nv) {
+        const __m128 m = extract_ps128(acc_m[v / 4], v % 4);
+        out[v * ldy] = hsum8(half_ps(acc[v / 2], v % 2)) + (kQ5 ? _mm_cvtss_f32(m) : hsum4(m));
+      }
     }
   }
 };
+using q4_K_tile = k4_tile<block_q4_K>;
 
 void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
   run_tiles<q4_K_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
+}
+
+void tile_q5_K_pairs(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                     int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  run_tiles<k4_tile<block_q5_K>>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK_K, y, ldy);
 }
 
 /// matmul tile for Q6_K. Per (row, vector) and block, dot_q6_K forms 8 int32 lanes (lane k: bytes 4k..4k+3 of
@@ -399,17 +423,59 @@ void tile_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
 
 }  // namespace
 
+/// The VNNI tiles of the K-quants in ggml's vec_dot order (matmul_k_vnni.cpp): 16 rows a register.
+void tile_q5_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q3_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q2_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+/// The VNNI tiles of the 32-element types with offsets or mins (matmul_legacy_vnni.cpp): 16 rows a register.
+void tile_q4_1_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q5_0_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q5_1_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+/// The repacked Q2_K tile (DotKernels::tile_repacked; matmul_q2k_vnni.cpp): vpdpbusd sums, 16 rows a
+/// register, bit-equal to dot_q2_K_q8_K_gemm_ref / _gemv_ref.
+void tile_q2_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                             const uint8_t* gemm);
+
 void tile_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t n, float* y, int64_t ldy) {
   run_tiles<q8_0_tile>(w, row_bytes, nrows, acts, act_bytes, nvec, n / QK8_0, y, ldy);
 }
 
+/// Q5_K: below kQ5KPairsBelow vectors the two-vector maddubs tile (its per-row unpacking is shared by 8
+/// vectors, the VNNI tile's transpose and int16 widening by all of them), else the VNNI tile; the same bits.
+void tile_q5_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  constexpr int64_t kQ5KPairsBelow = 64;  // PromptTile/Q5_K: par at ~32-64 vectors
+  (nvec < kQ5KPairsBelow ? tile_q5_K_pairs : tile_q5_K_vnni)(w, row_bytes, nrows, acts, act_bytes, nvec, n, y,
+                                                             ldy);
+}
+
 void add_matmul_kernels(DotKernels& k) {
   k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_vnni;
+  k.tile_repacked[slot(GgmlType::Q2_K)] = tile_q2_K_repacked_vnni;
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;
   k.tile[slot(GgmlType::Q8_0)] = tile_q8_0_vnni;
   k.tile_group[slot(GgmlType::Q8_0)] = 16;
+  k.tile[slot(GgmlType::Q5_K)] = tile_q5_K;
+  k.tile_group[slot(GgmlType::Q5_K)] = 16;
+  k.tile[slot(GgmlType::Q3_K)] = tile_q3_K_vnni;
+  k.tile_group[slot(GgmlType::Q3_K)] = 16;
+  k.tile[slot(GgmlType::Q2_K)] = tile_q2_K_vnni;  // Q2_K matrices llama.cpp does not repack (repacked())
+  k.tile_group[slot(GgmlType::Q2_K)] = 16;
+  k.tile[slot(GgmlType::Q4_1)] = tile_q4_1_vnni;
+  k.tile_group[slot(GgmlType::Q4_1)] = 16;
+  k.tile[slot(GgmlType::Q5_0)] = tile_q5_0_vnni;
+  k.tile_group[slot(GgmlType::Q5_0)] = 16;
+  k.tile[slot(GgmlType::Q5_1)] = tile_q5_1_vnni;
+  k.tile_group[slot(GgmlType::Q5_1)] = 16;
 }
 
 }  // namespace car::tensor::detail::avx512

@@ -80,19 +80,22 @@ TEST(Matmul, EqualsMatvecPerVectorWithStrides) {
   }
 }
 
-// The tile kernels group vectors by eight (a tail by four, padded), so every vector count from 1 to 17 and a
-// few beyond cover full, padded and mixed groups; odd row counts and several block counts per row, in both
-// product orders, each result equal to the dot kernel's bit for bit.
+// The tile kernels group vectors by eight (a tail by four, padded; the VNNI tiles by 2-4 with exact tails and
+// rows by 16), so every vector count from 1 to 17 and a few beyond cover full, padded and mixed groups; odd row
+// counts and several block counts per row, in both product orders, each result equal to the dot kernel's (a
+// repacked matrix: its order's) bit for bit, on every table (a forced lower ISA takes its own path).
 TEST(Matmul, TilesEqualRowDotsForEveryVectorCount) {
   std::mt19937 rng(25);
   ThreadPool pool(2);
   for (Isa isa : available_isas()) {
     IsaScope scope(isa);
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                       GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
       for (int64_t cols : {256, 768, 4864}) {  // 4864: several slabs of blocks (19 K-quant, 152 Q8_0 blocks)
         SCOPED_TRACE(std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa)) +
                      " cols=" + std::to_string(cols));
-        const int64_t rows = t == GgmlType::Q4_K ? 40 : 37;  // Q4_K: a multiple of 8, repacked by llama.cpp
+        // Q4_K, Q2_K: a multiple of 8, repacked by llama.cpp; the rest a partial group of 16 rows at the end
+        const int64_t rows = t == GgmlType::Q4_K || t == GgmlType::Q2_K ? 40 : 37;
         const auto wf = random_floats(rng, cols * rows);
         const auto w = testing::quantize_rows(t, wf, rows, cols);
         MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};

@@ -8,10 +8,14 @@
 //   - the same kernel on the real instructions, where the CPU has AMX (skipped elsewhere, saying why);
 //   - the AVX-512 level's table takes the AMX tile only where AMX is usable, and a forced lower ISA leaves
 //   it.
-// AVX-VNNI (core/tensor/avx_vnni.h, matmul_q4k_vnni256.h):
+// AVX-VNNI (core/tensor/avx_vnni.h, matmul_q4k_vnni256.h, matmul_tiles_vnni256.h):
 //   - the 256-bit repacked Q4_K tile built on the EVEX vpdpbusd (AVX-512 VL + VNNI, the same instruction
 //     semantics) equals the references as above; the VEX build (the table's) where the CPU has AVX-VNNI;
-//   - the AVX2 level's table takes it only where AVX-VNNI is usable.
+//   - the same for the 256-bit repacked Q2_K tile;
+//   - the 256-bit prompt tiles of Q5_K, Q3_K, Q4_1, Q5_0, Q5_1 (EVEX build; VEX where the CPU has it) equal
+//     the AVX2 table's dot kernels bit for bit for every row count (whole and partial groups of 8), vector
+//     count 1..64 and a few block counts;
+//   - the AVX2 level's table takes them only where AVX-VNNI is usable.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -86,10 +90,10 @@ TEST(Amx, EmulatedTilesFollowTheDocumentedSemantics) {
   EXPECT_DEATH((v.dpbusd<2, 0, 1>()), "invariant failed");
 }
 
-/// Every row count, vector count 1..64 and order mix of one repacked Q4_K tile against the references.
+/// Every row count, vector count 1..64 and order mix of one repacked Q4_K (or Q2_K) tile against the
+/// references.
 void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what, std::mt19937& rng,
-                                   std::initializer_list<int64_t> nbs) {
-  constexpr GgmlType kT = GgmlType::Q4_K;
+                                   std::initializer_list<int64_t> nbs, GgmlType kT = GgmlType::Q4_K) {
   constexpr int64_t kMaxRows = 48, kMaxVec = 64;
   const detail::DotKernels& ref = detail::scalar_kernels();
   for (int64_t nb : nbs) {
@@ -161,8 +165,8 @@ TEST(Amx, Q4KTileOnRealAmxEqualsTheReferences) {
 
 // The check amx_kernels() makes before the AMX tile serves anything: the emulated AMX tile passes it, and a
 // tile one bit off anywhere fails it (then the table keeps the VNNI tile).
-void tile_one_bit_off(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
-                      int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm) {
+void tile_one_bit_off(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                      size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm) {
   detail::tile_q4_K_repacked_amx_emulated(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy, gemm);
   uint32_t bits;
   float* last = y + (nvec - 1) * ldy + nrows - 1;
@@ -201,6 +205,23 @@ TEST(AvxVnni, Q4KTileThroughTheEvexEncodingEqualsTheReferences) {
   expect_tile_equals_references(detail::tile_q4_K_repacked_vnni256_evex, "vnni256 (EVEX)", rng, {1, 3, 9});
 }
 
+TEST(AvxVnni, Q2KTileThroughTheEvexEncodingEqualsTheReferences) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the EVEX build of the tile needs AVX-512 VL + VNNI";
+  std::mt19937 rng(57);
+  expect_tile_equals_references(detail::tile_q2_K_repacked_vnni256_evex, "Q2_K vnni256 (EVEX)", rng,
+                                {1, 3, 9}, GgmlType::Q2_K);
+}
+
+TEST(AvxVnni, Q2KTileOnRealAvxVnniEqualsTheReferences) {
+  if (!detail::avx_vnni_usable()) {
+    GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit Q2_K tile was NOT run; its source "
+                    "is covered through the EVEX build only";
+  }
+  std::mt19937 rng(58);
+  expect_tile_equals_references(detail::tile_q2_K_repacked_avx_vnni, "Q2_K vnni256 (VEX)", rng, {1, 3, 9},
+                                GgmlType::Q2_K);
+}
+
 TEST(AvxVnni, Q4KTileOnRealAvxVnniEqualsTheReferences) {
   if (!detail::avx_vnni_usable()) {
     GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit tile was NOT run; its source is "
@@ -210,19 +231,116 @@ TEST(AvxVnni, Q4KTileOnRealAvxVnniEqualsTheReferences) {
   expect_tile_equals_references(detail::tile_q4_K_repacked_avx_vnni, "vnni256 (VEX)", rng, {1, 3, 9});
 }
 
+/// The 256-bit prompt tiles of the types without an AVX2 tile (issue #26), in the two builds.
+struct Vnni256Tile {
+  GgmlType type;
+  detail::TileFn evex, vex;
+};
+const Vnni256Tile kVnni256Tiles[] = {
+    {GgmlType::Q5_K, detail::tile_q5_K_vnni256_evex, detail::tile_q5_K_avx_vnni},
+    {GgmlType::Q3_K, detail::tile_q3_K_vnni256_evex, detail::tile_q3_K_avx_vnni},
+    {GgmlType::Q4_1, detail::tile_q4_1_vnni256_evex, detail::tile_q4_1_avx_vnni},
+    {GgmlType::Q5_0, detail::tile_q5_0_vnni256_evex, detail::tile_q5_0_avx_vnni},
+    {GgmlType::Q5_1, detail::tile_q5_1_vnni256_evex, detail::tile_q5_1_avx_vnni},
+};
+
+/// Every row count (whole and partial groups of 8), vector count 1..64 and a few block counts of one tile of
+/// type t against the AVX2 table's dot kernel (the AVX-VNNI table's dot), bit for bit; nothing written past
+/// the rows or the last vector.
+void expect_tile_equals_avx2_dot(GgmlType t, detail::TileFn tile, const char* what, std::mt19937& rng) {
+  constexpr int64_t kMaxRows = 48, kMaxVec = 64;
+  const detail::DotFn dot = detail::kernels_for(Isa::avx2).dot[detail::slot(t)];
+  ASSERT_NE(dot, nullptr);
+  const bool k_quant = testing::block_size(t) == QK_K;
+  for (int64_t nb : k_quant ? std::vector<int64_t>{1, 3, 9} : std::vector<int64_t>{1, 7, 70}) {
+    const int64_t cols = nb * testing::block_size(t);
+    const size_t rb = detail::row_bytes(t, cols);
+    const auto w = testing::quantize_rows(t, random_floats(rng, cols * kMaxRows), kMaxRows, cols);
+    const size_t ab = activation_row_bytes(t, cols);
+    std::vector<uint8_t> acts(ab * kMaxVec);
+    for (int64_t v = 0; v < kMaxVec; ++v) {
+      const float scale = v == 5 ? 0.0f : v == 6 ? 1000.0f : v == 7 ? 1e-4f : 1.0f;
+      const auto xf = random_floats(rng, cols, scale);
+      quantize_activation(t, xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
+    }
+    std::vector<float> want(static_cast<size_t>(kMaxVec * kMaxRows));
+    for (int64_t v = 0; v < kMaxVec; ++v) {
+      for (int64_t r = 0; r < kMaxRows; ++r) {
+        want[static_cast<size_t>(v * kMaxRows + r)] =
+            dot(w.data() + rb * static_cast<size_t>(r), acts.data() + ab * static_cast<size_t>(v), cols);
+      }
+    }
+    for (int64_t nrows : {1, 5, 8, 9, 15, 17, 48}) {
+      const int64_t ldy = nrows + 3;
+      for (int64_t nvec = 1; nvec <= kMaxVec; ++nvec) {
+        std::vector<float> y(static_cast<size_t>(nvec * ldy + 3), -7.0f);
+        tile(w.data(), rb, nrows, acts.data(), ab, nvec, cols, y.data(), ldy);
+        for (int64_t v = 0; v < nvec; ++v) {
+          for (int64_t r = 0; r < ldy; ++r) {
+            const float got = y[static_cast<size_t>(v * ldy + r)];
+            const float exp = r < nrows ? want[static_cast<size_t>(v * kMaxRows + r)] : -7.0f;
+            ASSERT_EQ(std::memcmp(&got, &exp, sizeof(float)), 0)
+                << what << " " << ggml_type_name(t) << " nb " << nb << " nrows " << nrows << " nvec " << nvec
+                << " v " << v << " r " << r << ": " << got << " vs " << exp;
+          }
+        }
+        ASSERT_EQ(y.back(), -7.0f) << what << ": wrote past the last vector";
+      }
+    }
+  }
+}
+
+TEST(AvxVnni, PromptTilesThroughTheEvexEncodingEqualTheAvx2DotKernels) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the EVEX build of the tiles needs AVX-512 VL + VNNI";
+  std::mt19937 rng(55);
+  for (const Vnni256Tile& t : kVnni256Tiles)
+    expect_tile_equals_avx2_dot(t.type, t.evex, "vnni256 (EVEX)", rng);
+}
+
+TEST(AvxVnni, PromptTilesOnRealAvxVnniEqualTheAvx2DotKernels) {
+  if (!detail::avx_vnni_usable()) {
+    GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit prompt tiles was NOT run; their "
+                    "source is covered through the EVEX build only";
+  }
+  std::mt19937 rng(56);
+  for (const Vnni256Tile& t : kVnni256Tiles) expect_tile_equals_avx2_dot(t.type, t.vex, "vnni256 (VEX)", rng);
+}
+
+TEST(AvxVnni, TheAvx2LevelTakesThePromptTilesOnlyWhereUsable) {
+  if (detect_isa() == Isa::scalar) GTEST_SKIP() << "no AVX2 level on this CPU";
+  const detail::DotKernels& k = detail::kernels_for(Isa::avx2);
+  for (const Vnni256Tile& t : kVnni256Tiles) {
+    const int s = detail::slot(t.type);
+    if (detail::avx_vnni_usable()) {
+      EXPECT_EQ(k.tile[s], t.vex) << ggml_type_name(t.type);
+      EXPECT_EQ(k.tile_group[s], 8) << ggml_type_name(t.type);
+    } else {
+      EXPECT_EQ(k.tile[s], nullptr) << ggml_type_name(t.type) << ": the AVX2 level has no tile of its own";
+    }
+  }
+  // A forced lower ISA (CAR_INFERENCE_ISA=scalar) leaves them with the rest of the AVX2 level.
+  testing::IsaScope scope(Isa::scalar);
+  for (const Vnni256Tile& t : kVnni256Tiles)
+    EXPECT_EQ(detail::active_kernels().tile[detail::slot(t.type)], nullptr);
+}
+
 TEST(AvxVnni, TheAvx2LevelTakesTheTileOnlyWhereUsable) {
   const int q4k = detail::slot(GgmlType::Q4_K);
   if (detect_isa() == Isa::scalar) GTEST_SKIP() << "no AVX2 level on this CPU";
   const detail::DotKernels& k = detail::kernels_for(Isa::avx2);
+  const int q2k = detail::slot(GgmlType::Q2_K);
   if (detail::avx_vnni_usable()) {
     ASSERT_NE(detail::avx_vnni_kernels(), nullptr);
     EXPECT_EQ(k.tile_repacked[q4k], &detail::tile_q4_K_repacked_avx_vnni);
+    EXPECT_EQ(k.tile_repacked[q2k], &detail::tile_q2_K_repacked_avx_vnni);
   } else {
     EXPECT_EQ(detail::avx_vnni_kernels(), nullptr);
     EXPECT_EQ(k.tile_repacked[q4k], nullptr);
+    EXPECT_EQ(k.tile_repacked[q2k], nullptr);
   }
   testing::IsaScope scope(Isa::scalar);
   EXPECT_EQ(detail::active_kernels().tile_repacked[q4k], nullptr);
+  EXPECT_EQ(detail::active_kernels().tile_repacked[q2k], nullptr);
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
-// The matmul tiles (DotKernels::tile: Q8_0, Q4_K in the vec_dot order, Q6_K) called directly, as matmul's
-// chunks call them: every (row, vector) result equals the same table's dot kernel bit for bit, for every row
-// count (whole and partial groups of 16: the VNNI tiles pack rows 16 to a register), every vector count
-// 1..64 (the tiles switch kernels by count and run vectors in groups with odd tails), several block counts
-// (one block, a few, more than one slab), extreme activation scales side by side, and extreme weights
-// (Q8_0 bytes of -128 and 127, which the VNNI tile's +128 offset must carry exactly). Nothing is written
-// past the rows or the last vector.
+// The matmul tiles (DotKernels::tile: Q8_0, Q4_1, Q5_0, Q5_1, Q2_K and Q4_K in the vec_dot order, Q3_K, Q5_K,
+// Q6_K) called directly, as matmul's chunks call them: every (row, vector) result equals the same table's dot
+// kernel bit for bit, for every row count (whole and partial groups of 16: the VNNI tiles pack rows 16 to a
+// register), every vector count 1..64 (the tiles switch kernels by count and run vectors in groups with odd
+// tails), several block counts (one block, a few, more than one slab), extreme activation scales side by
+// side, and extreme weights (Q8_0 bytes of -128 and 127, which the VNNI tile's +128 offset must carry
+// exactly). Nothing is written past the rows or the last vector.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -36,17 +36,35 @@ void add_extreme_q8_0(std::vector<uint8_t>& w, std::mt19937& rng) {
   }
 }
 
+}  // namespace
+
+// The AVX-512 table's Q5_K tile is two kernels split by vector count (matmul_avx512.cpp tile_q5_K); the VNNI
+// one (matmul_k_vnni.cpp) is also called directly below so that it meets every count too.
+namespace detail::avx512 {
+void tile_q5_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                    int64_t nvec, int64_t n, float* y, int64_t ldy);
+}  // namespace detail::avx512
+
+namespace {
+
 TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
   std::mt19937 rng(41);
   int tiles = 0;
   for (Isa isa : available_isas()) {
     const detail::DotKernels& k = detail::kernels_for(isa);
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
-      const detail::TileFn tile = k.tile[detail::slot(t)];
+    for (int entry = 0; entry < 10; ++entry) {
+      constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                                     GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                                     GgmlType::Q6_K, GgmlType::Q5_K};
+      const GgmlType t = kTypes[entry];
+      // entry 9: the VNNI Q5_K kernel alone, on the AVX-512 level
+      const bool direct = entry == 9;
+      if (direct && isa != Isa::avx512) continue;
+      const detail::TileFn tile = direct ? detail::avx512::tile_q5_K_vnni : k.tile[detail::slot(t)];
       if (tile == nullptr) continue;
       ++tiles;
       const detail::DotFn dot = k.dot[detail::slot(t)];
-      const bool k_quant = t != GgmlType::Q8_0;
+      const bool k_quant = testing::block_size(t) == QK_K;
       for (int64_t nb : k_quant ? std::vector<int64_t>{1, 3, 9} : std::vector<int64_t>{1, 7, 70}) {
         const int64_t cols = nb * testing::block_size(t);
         const size_t rb = detail::row_bytes(t, cols);
@@ -88,7 +106,7 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
     }
   }
   if (detect_isa() == Isa::avx512) {
-    EXPECT_GE(tiles, 3) << "the AVX-512 table lacks a Q8_0 / Q4_K / Q6_K tile";
+    EXPECT_GE(tiles, 10) << "the AVX-512 table lacks one of the nine tiles";
   }
 }
 
