@@ -292,32 +292,12 @@ struct Q4KConsts {
   }
 };
 
-/// One Q4_K block against its prepared activations: prefetches kQ4KPrefetchBytes past the block, and returns
-/// 16 int32 lanes of scale * level * y (lanes k and k+8: bytes 4k..4k+3 of every 32-byte chunk, as dot_k4
-/// pairs them), whose sum is the block's exact scale integer. `sc`: the block's 8 scales in bytes 0..7 of
-/// every 128-bit lane (scale_min_k4_vec's layout), widened to int16 per register by an in-lane vpshufb
-/// (cheaper than vpermw from a widened copy, ~3 % of the kernel's time from L2).
-inline __m512i q4_K_block_sums(const block_q4_K& xb, const Q8KPrepared& yp, const Q4KConsts& c, __m512i sc) {
-  const char* ahead = reinterpret_cast<const char*>(&xb) + kQ4KPrefetchBytes;
-  _mm_prefetch(ahead, _MM_HINT_T0);
-  _mm_prefetch(ahead + 64, _MM_HINT_T0);
-  _mm_prefetch(ahead + 128, _MM_HINT_T0);
-  const __m512i bits0 = load64(xb.qs), bits1 = load64(xb.qs + 64);
-  const __m512i s0 =
-      _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits0, c.m4), yp.y[0]),
-                                            _mm512_shuffle_epi8(sc, c.p00)),
-                          _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits0, 4), c.m4), yp.y[1]),
-                          _mm512_shuffle_epi8(sc, c.p01));
-  const __m512i s1 =
-      _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(bits1, c.m4), yp.y[2]),
-                                            _mm512_shuffle_epi8(sc, c.p10)),
-                          _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(bits1, 4), c.m4), yp.y[3]),
-                          _mm512_shuffle_epi8(sc, c.p11));
-  return _mm512_add_epi32(s0, s1);
-}
-
-/// q4_K_block_sums for V vectors at once: the block's bits, nibble masks and scale shuffles are computed once
-/// and each vector's integer work is q4_K_block_sums' (so out[v] equals q4_K_block_sums(xb, *yp[v], c, sc)).
+/// One Q4_K block against the prepared activations of V vectors (yp[v]): prefetches kQ4KPrefetchBytes past
+/// the block, and writes out[v], 16 int32 lanes of scale * level * y (lanes k and k+8: bytes 4k..4k+3 of every
+/// 32-byte chunk, as dot_k4 pairs them), whose sum is the block's exact scale integer for vector v. The weight
+/// side (the bits, the nibble masks, the scale shuffles) is built once for the V vectors. `sc`: the block's 8
+/// scales in bytes 0..7 of every 128-bit lane (scale_min_k4_vec's layout), widened to int16 per register by
+/// an in-lane vpshufb (cheaper than vpermw from a widened copy, ~3 % of the kernel's time from L2).
 template <int V>
 inline void q4_K_block_sums_v(const block_q4_K& xb, const Q8KPrepared* const* yp, const Q4KConsts& c, __m512i sc,
                               __m512i* out) {
@@ -338,6 +318,14 @@ inline void q4_K_block_sums_v(const block_q4_K& xb, const Q8KPrepared* const* yp
                                            _mm512_maddubs_epi16(hi1, y.y[3]), s11);
     out[v] = _mm512_add_epi32(s0, s1);
   }
+}
+
+/// q4_K_block_sums_v for one vector (rows_q4_K).
+inline __m512i q4_K_block_sums(const block_q4_K& xb, const Q8KPrepared& yp, const Q4KConsts& c, __m512i sc) {
+  const Q8KPrepared* one = &yp;
+  __m512i out;
+  q4_K_block_sums_v<1>(xb, &one, c, sc, &out);
+  return out;
 }
 
 /// matvec for Q4_K: dot_k4<false> per row with the activation side prepared once (Q8KPrepared), the scales
@@ -384,108 +372,12 @@ inline void keep_prefetch_in_place() {
   asm volatile("");
 }
 
-/// Blocks 2p and 2p + 1 of a gemv group (blocks from kCount on are zero): their sums, each from
-/// 16 lanes to 8, side by side (128-bit lanes 0, 1: block 2p; 2, 3: block 2p + 1). `scale_min`: lane j
-/// block j's scales and mins.
-template <int kPair, int kCount>
-inline __m512i gemv_pair(const block_q4_K* x, const Q8KPrepared* yp, const Q4KConsts& c, __m512i scale_min) {
-  constexpr int j = 2 * kPair;
-  __m512i sa = _mm512_setzero_si512(), sb = sa;
-  keep_prefetch_in_place();
-  if constexpr (j < kCount)
-    sa = q4_K_block_sums(x[j], yp[j], c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j));
-  keep_prefetch_in_place();
-  if constexpr (j + 1 < kCount) {
-    sb = q4_K_block_sums(x[j + 1], yp[j + 1], c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * (j + 1)));
-  }
-  return _mm512_add_epi32(_mm512_shuffle_i64x2(sa, sb, 0x44), _mm512_shuffle_i64x2(sa, sb, 0xee));
-}
-
-/// The first kCount (1..kGemvGroup) blocks of a group of a row into the gemv order's two chains, held
-/// in lanes 0 (scales) and 1 (mins) of `acc`: for each block j in order, acc[0] = fma(float(scale integer j),
-/// y.d * h2f(d_j), acc[0]) and acc[1] = fma(float(min integer j), y.d * h2f(dmin_j), acc[1]) - the
-/// operations of dot_q4_K_q8_K_gemv_ref, two lanes of one FMA. The integers are exact whichever way they are
-/// summed: the 4 blocks' 16-lane sums are reduced together by shuffles that pair registers (~3 instructions
-/// a block, where reducing each block alone took ~14 and a trip through a general register), and the mins'
-/// dot with the bsum pairs is one madd for the 4 blocks. Everything stays in registers except the final
-/// integers and scale products, stored whole and read back per block (loads within one store, so they are
-/// forwarded). Four blocks, not eight: a row's last, partial group (MoE expert rows are 4 or 11 blocks)
-/// costs as much as a full one.
-template <int kCount>
-inline void gemv_group(const block_q4_K* x, const Q8KPrepared* yp, const Q8KGroupPrepared& yg,
-                       const Q4KConsts& c, __m128& acc) {
-  // Lane j: 16 bytes from block j's scales (zero from kCount on), then its scales and mins.
-  __m128i raw[kGemvGroup];
-  for (int j = 0; j < kGemvGroup; ++j) {
-    raw[j] =
-        j < kCount ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[j].scales)) : _mm_setzero_si128();
-  }
-  const __m512i scale_min = scale_min_k4_x4(_mm512_inserti64x4(
-      _mm512_castsi256_si512(_mm256_set_m128i(raw[1], raw[0])), _mm256_set_m128i(raw[3], raw[2]), 1));
-  const __m512i half0 = gemv_pair<0, kCount>(x, yp, c, scale_min);
-  const __m512i half1 = gemv_pair<1, kCount>(x, yp, c, scale_min);
-  // 128-bit lane L: 4 lanes of block L's scale sums.
-  const __m512i s =
-      _mm512_add_epi32(_mm512_shuffle_i64x2(half0, half1, 0x88), _mm512_shuffle_i64x2(half0, half1, 0xdd));
-  // The mins (bytes 8..15 of each 128-bit lane, widened) times the bsum pairs: 4 lanes per block.
-  const __m512i m = _mm512_madd_epi16(_mm512_unpackhi_epi8(scale_min, _mm512_setzero_si512()), yg.bsum_pairs);
-  // 128-bit lane L = [scale integer, min integer, the same two again] of block L.
-  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s, m), _mm512_unpackhi_epi64(s, m));
-  const __m512i sm = _mm512_add_epi32(_mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0x88)),
-                                      _mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0xdd)));
-  // f + 4j: [float(scale integer), float(min integer), ...] of block j; dd + 2j: its two scale products.
-  alignas(64) float f[4 * kGemvGroup];
-  _mm512_store_ps(f, _mm512_cvtepi32_ps(sm));
-  uint32_t dm[kGemvGroup];  // the blocks' d and dmin (fp16), as stored
-  for (int j = 0; j < kGemvGroup; ++j) {
-    dm[j] = 0;
-    if (j < kCount) std::memcpy(&dm[j], &x[j].d, sizeof(uint32_t));
-  }
-  const __m128i dm4 = _mm_setr_epi32(static_cast<int>(dm[0]), static_cast<int>(dm[1]),
-                                     static_cast<int>(dm[2]), static_cast<int>(dm[3]));
-  alignas(32) float dd[2 * kGemvGroup];
-  _mm256_store_ps(dd, _mm256_mul_ps(yg.d_pairs, _mm256_cvtph_ps(dm4)));
-  for (int j = 0; j < kCount; ++j) {
-    const __m128 d = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dd + 2 * j)));
-    acc = _mm_fmadd_ps(_mm_load_ps(f + 4 * j), d, acc);
-  }
-}
-
-/// matvec for Q4_K in llama.cpp's repacked gemv order (kernel_table.h repacked()): each result equals
-/// dot_q4_K_q8_K_gemv_ref bit for bit. The block work is rows_q4_K's (q4_K_block_sums, the same prefetch);
-/// instead of reducing each block's sums to one integer on the spot (a chain of shuffles, a trip through a
-/// general register and two scalar FMAs per block, which left this kernel ~25 % more instructions per block
-/// than rows_q4_K and decode ~10 % slower, issue #29), it reduces kGemvGroup blocks at a time (gemv_group).
-void rows_q4_K_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
-                    float* out) {
-  const auto* y = static_cast<const block_q8_K*>(act);
-  const int64_t nb = n / QK_K;
-  const Q8KPrepared* prep = prepare_q8_K(y, nb);
-  const Q8KGroupPrepared* groups = prepare_q8_K_groups(prep, nb);
-  const Q4KConsts c;
-  const int64_t full = nb / kGemvGroup;
-  const int rest = static_cast<int>(nb % kGemvGroup);
-  for (int64_t r = 0; r < nrows; ++r) {
-    const auto* x = reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes);
-    __m128 acc = _mm_setzero_ps();
-    for (int64_t g = 0; g < full; ++g) {
-      gemv_group<kGemvGroup>(x + g * kGemvGroup, prep + g * kGemvGroup, groups[g], c, acc);
-    }
-    if (rest != 0) {
-      const block_q4_K* xt = x + full * kGemvGroup;
-      const Q8KPrepared* yt = prep + full * kGemvGroup;
-      if (rest == 1) gemv_group<1>(xt, yt, groups[full], c, acc);
-      if (rest == 2) gemv_group<2>(xt, yt, groups[full], c, acc);
-      if (rest == 3) gemv_group<3>(xt, yt, groups[full], c, acc);
-    }
-    out[r] = _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
-  }
-}
-
-/// gemv_pair for V vectors (q4_K_block_sums_v): half[v] is gemv_pair's result for vector v.
+/// Blocks 2p and 2p + 1 of a gemv group (blocks from kCount on are zero), for each of V vectors: half[v] holds
+/// their sums, each from 16 lanes to 8, side by side (128-bit lanes 0, 1: block 2p; 2, 3: block 2p + 1).
+/// `scale_min`: lane j block j's scales and mins.
 template <int kPair, int kCount, int V>
-inline void gemv_pair_v(const block_q4_K* x, const Q8KPrepared* const* yp, const Q4KConsts& c, __m512i scale_min,
-                        __m512i* half) {
+inline void gemv_pair(const block_q4_K* x, const Q8KPrepared* const* yp, const Q4KConsts& c, __m512i scale_min,
+                      __m512i* half) {
   constexpr int j = 2 * kPair;
   __m512i sa[V], sb[V];
   const Q8KPrepared* ya[V];
@@ -496,23 +388,33 @@ inline void gemv_pair_v(const block_q4_K* x, const Q8KPrepared* const* yp, const
     yb[v] = yp[v] + j + 1;
   }
   keep_prefetch_in_place();
-  if constexpr (j < kCount) q4_K_block_sums_v<V>(x[j], ya, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j), sa);
+  if constexpr (j < kCount) {
+    q4_K_block_sums_v<V>(x[j], ya, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j), sa);
+  }
   keep_prefetch_in_place();
   if constexpr (j + 1 < kCount) {
     q4_K_block_sums_v<V>(x[j + 1], yb, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * (j + 1)), sb);
   }
   for (int v = 0; v < V; ++v) {
-    half[v] = _mm512_add_epi32(_mm512_shuffle_i64x2(sa[v], sb[v], 0x44), _mm512_shuffle_i64x2(sa[v], sb[v], 0xee));
+    half[v] =
+        _mm512_add_epi32(_mm512_shuffle_i64x2(sa[v], sb[v], 0x44), _mm512_shuffle_i64x2(sa[v], sb[v], 0xee));
   }
 }
 
-/// gemv_group for V vectors sharing each block's weight work (q4_K_block_sums_v) and the group's scales: for
-/// each vector v the integers, their reduction and the FMA chain are gemv_group's, so acc[v] ends as
-/// gemv_group would leave it for that vector alone. yp[v] and yg[v]: vector v's prepared blocks (from the
-/// group's first) and group.
+/// The first kCount (1..kGemvGroup) blocks of a group of a row into the gemv order's two chains of each of V
+/// vectors, held in lanes 0 (scales) and 1 (mins) of acc[v]: for each block j in order, lane 0 = fma(float(scale
+/// integer j), y.d * h2f(d_j), lane 0) and lane 1 = fma(float(min integer j), y.d * h2f(dmin_j), lane 1) - the
+/// operations of dot_q4_K_q8_K_gemv_ref, two lanes of one FMA. yp[v], yg[v]: vector v's prepared blocks from
+/// the group's first, and its group; the group's scales and mins are unpacked once for the V vectors. The
+/// integers are exact whichever way they are summed: the 4 blocks' 16-lane sums are reduced together by
+/// shuffles that pair registers (~3 instructions a block, where reducing each block alone took ~14 and a trip
+/// through a general register), and the mins' dot with the bsum pairs is one madd for the 4 blocks.
+/// Everything stays in registers except the final integers and scale products, stored whole and read back per
+/// block (loads within one store, so they are forwarded). Four blocks, not eight: a row's last, partial group
+/// (MoE expert rows are 4 or 11 blocks) costs as much as a full one.
 template <int kCount, int V>
-inline void gemv_group_v(const block_q4_K* x, const Q8KPrepared* const* yp, const Q8KGroupPrepared* const* yg,
-                         const Q4KConsts& c, __m128* acc) {
+inline void gemv_group(const block_q4_K* x, const Q8KPrepared* const* yp, const Q8KGroupPrepared* const* yg,
+                       const Q4KConsts& c, __m128* acc) {
   __m128i raw[kGemvGroup];
   for (int j = 0; j < kGemvGroup; ++j) {
     raw[j] =
@@ -522,8 +424,8 @@ inline void gemv_group_v(const block_q4_K* x, const Q8KPrepared* const* yp, cons
       _mm512_castsi256_si512(_mm256_set_m128i(raw[1], raw[0])), _mm256_set_m128i(raw[3], raw[2]), 1));
   // Blocks (0, 1) and (2, 3) of every vector, as gemv_pair reduces them.
   __m512i half[2][V];
-  gemv_pair_v<0, kCount, V>(x, yp, c, scale_min, half[0]);
-  gemv_pair_v<1, kCount, V>(x, yp, c, scale_min, half[1]);
+  gemv_pair<0, kCount, V>(x, yp, c, scale_min, half[0]);
+  gemv_pair<1, kCount, V>(x, yp, c, scale_min, half[1]);
   uint32_t dm[kGemvGroup];
   for (int j = 0; j < kGemvGroup; ++j) {
     dm[j] = 0;
@@ -550,9 +452,12 @@ inline void gemv_group_v(const block_q4_K* x, const Q8KPrepared* const* yp, cons
   }
 }
 
-/// rows_q4_K_gemv for V vectors (acts + v * act_bytes) in one pass over the rows: y[v * ldy + r] equals
-/// rows_q4_K_gemv's result for row r and vector v bit for bit, and each weight block is loaded and unpacked
-/// once for the V vectors.
+/// Q4_K rows in llama.cpp's repacked gemv order (kernel_table.h repacked()) against V vectors (acts + v *
+/// act_bytes) in one pass, each weight block loaded and unpacked once for the V: y[v * ldy + r] equals
+/// dot_q4_K_q8_K_gemv_ref bit for bit. The block work is rows_q4_K's (q4_K_block_sums, the same prefetch);
+/// instead of reducing each block's sums to one integer on the spot (a chain of shuffles, a trip through a
+/// general register and two scalar FMAs per block, which left this kernel ~25 % more instructions per block
+/// than rows_q4_K and decode ~10 % slower, issue #29), it reduces kGemvGroup blocks at a time (gemv_group).
 template <int V>
 void rows_q4_K_gemv_v(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                       int64_t n, float* y, int64_t ldy) {
@@ -560,7 +465,8 @@ void rows_q4_K_gemv_v(const uint8_t* w, size_t row_bytes, int64_t nrows, const u
   const Q8KPrepared* prep[V];
   const Q8KGroupPrepared* groups[V];
   for (int v = 0; v < V; ++v) {
-    prep[v] = prepare_q8_K(reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes), nb, v);
+    const auto* yv = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+    prep[v] = prepare_q8_K(yv, nb, v);
     groups[v] = prepare_q8_K_groups(prep[v], nb, v);
   }
   const Q4KConsts c;
@@ -580,19 +486,25 @@ void rows_q4_K_gemv_v(const uint8_t* w, size_t row_bytes, int64_t nrows, const u
       }
       const block_q4_K* xg = x + g * kGemvGroup;
       if (g < full) {
-        gemv_group_v<kGemvGroup, V>(xg, yp, yg, c, acc);
+        gemv_group<kGemvGroup, V>(xg, yp, yg, c, acc);
       } else if (rest == 1) {
-        gemv_group_v<1, V>(xg, yp, yg, c, acc);
+        gemv_group<1, V>(xg, yp, yg, c, acc);
       } else if (rest == 2) {
-        gemv_group_v<2, V>(xg, yp, yg, c, acc);
+        gemv_group<2, V>(xg, yp, yg, c, acc);
       } else {
-        gemv_group_v<3, V>(xg, yp, yg, c, acc);
+        gemv_group<3, V>(xg, yp, yg, c, acc);
       }
     }
     for (int v = 0; v < V; ++v) {
       y[v * ldy + r] = _mm_cvtss_f32(acc[v]) - _mm_cvtss_f32(_mm_movehdup_ps(acc[v]));
     }
   }
+}
+
+/// matvec for Q4_K in the gemv order (DotKernels::rows_gemv: decode, every MoE expert row): the one-vector
+/// instance.
+void rows_q4_K_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* out) {
+  rows_q4_K_gemv_v<1>(w, row_bytes, nrows, static_cast<const uint8_t*>(act), 0, n, out, 0);
 }
 
 /// DotKernels::rows_gemv_few for Q4_K: vectors in passes of up to kMaxFewVectors (rows_q4_K_gemv_v).
