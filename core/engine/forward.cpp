@@ -7,6 +7,7 @@
 
 #include "core/engine/deepseek2_ops.h"
 #include "core/model/architecture.h"
+#include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
 #include "core/util/result.h"
 
@@ -89,7 +90,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
     mla_q_.resize(sz(B * hp_.n_head * dc));
     mla_lat_.resize(sz(B * hp_.n_head * hp_.kv_lora_rank));
     mla_sel_.resize(sz(hp_.n_expert));
-    mla_tasks_.reserve(sz(B * hp_.n_head));
+    mla_tasks_.reserve(sz(B * hp_.n_head * std::max<int64_t>(1, std::max(hp_.kv_lora_rank, hp_.head_dim_v) / 7 + 1)));
   }
 }
 
@@ -417,6 +418,28 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   post_norm(L.attn_post_norm, n);
 }
 
+namespace {
+
+/// Push the product y = W x of one head's matrix W of deepseek2's attn_k_b / attn_v_b. llama.cpp keeps these
+/// 3-D tensors in plain form (its CPU repacking takes 2-D weights only), so a head whose type and row count
+/// our kernels would sum in a repacked order is split into 7-row pieces, which they sum row by row in the
+/// plain dot order (each row's result is the same in any split).
+void push_head_product(std::vector<tensor::MatvecTask>& tasks, tensor::MatrixView w, const float* x, float* y) {
+  if (!tensor::detail::repacked(w)) {
+    tasks.push_back({w, x, y});
+    return;
+  }
+  const int64_t rows = w.rows;
+  for (int64_t r = 0; r < rows; r += 7) {
+    tensor::MatrixView piece = w;
+    piece.data += sz(r) * w.row_bytes;
+    piece.rows = std::min<int64_t>(7, rows - r);
+    tasks.push_back({piece, x, y + r});
+  }
+}
+
+}  // namespace
+
 void ForwardPass::attention_mla(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t E = hp_.n_embd;
@@ -461,7 +484,7 @@ void ForwardPass::attention_mla(int64_t il, int64_t n) {
       tensor::MatrixView wk = L.wk_b;
       wk.data += sz(h * rank) * wk.row_bytes;
       wk.rows = rank;
-      mla_tasks_.push_back({wk, qh, qa});
+      push_head_product(mla_tasks_, wk, qh, qa);
     }
   }
   tensor::matvec_fused(mla_tasks_.data(), mla_tasks_.size(), pool_);
@@ -488,7 +511,7 @@ void ForwardPass::attention_mla(int64_t il, int64_t n) {
     tensor::MatrixView wv = L.wv_b;
     wv.data += sz(h * dv) * wv.row_bytes;
     wv.rows = dv;
-    mla_tasks_.push_back({wv, mla_lat_.data() + t * rank, attn_.data() + t * dv});
+    push_head_product(mla_tasks_, wv, mla_lat_.data() + t * rank, attn_.data() + t * dv);
   }
   tensor::matvec_fused(mla_tasks_.data(), mla_tasks_.size(), pool_);
   mm_rows(L.wo, attn_.data(), n, proj_.data());
