@@ -48,11 +48,13 @@ void select_experts_deepseek2(const float* logits, int64_t n_expert, int64_t k, 
       scores[g] = static_cast<float>(static_cast<double>(s[top[0]]) + static_cast<double>(s[top[1]]));
     }
     int32_t kept[1024];
-    for (int64_t j = 0; j < r.n_group_used; ++j) kept[j] = static_cast<int32_t>(best_untaken(scores, r.n_groups, kept, j));
+    for (int64_t j = 0; j < r.n_group_used; ++j)
+      kept[j] = static_cast<int32_t>(best_untaken(scores, r.n_groups, kept, j));
     for (int64_t g = 0; g < r.n_groups; ++g) {
       bool keep = false;
       for (int64_t j = 0; j < r.n_group_used; ++j) keep = keep || kept[j] == g;
-      if (!keep) std::fill(selection + g * per, selection + (g + 1) * per, -std::numeric_limits<float>::infinity());
+      if (!keep)
+        std::fill(selection + g * per, selection + (g + 1) * per, -std::numeric_limits<float>::infinity());
     }
   }
 

@@ -90,7 +90,8 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
     mla_q_.resize(sz(B * hp_.n_head * dc));
     mla_lat_.resize(sz(B * hp_.n_head * hp_.kv_lora_rank));
     mla_sel_.resize(sz(hp_.n_expert));
-    mla_tasks_.reserve(sz(B * hp_.n_head * std::max<int64_t>(1, std::max(hp_.kv_lora_rank, hp_.head_dim_v) / 7 + 1)));
+    mla_tasks_.reserve(
+        sz(B * hp_.n_head * std::max<int64_t>(1, std::max(hp_.kv_lora_rank, hp_.head_dim_v) / 7 + 1)));
   }
 }
 
@@ -129,13 +130,14 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
     const uint64_t E = static_cast<uint64_t>(hp.n_expert);
     const uint64_t K = static_cast<uint64_t>(hp.n_expert_used);
     f += 2 * B * E + B * K + B * K * embd + B * embd;  // router_, probs_, sel_w_, slot_out_, xe_
-    if (hp.n_ff_shexp > 0 && !hp.is_mla()) f += B;    // shexp_gate_
+    if (hp.n_ff_shexp > 0 && !hp.is_mla()) f += B;     // shexp_gate_
     i += B * K + B * K + (E + 1) + E + E;  // sel_ids_, group_rows_, group_start_, cursor_, active_
   }
   if (hp.is_mla()) {  // mla_qa_, mla_kv_, mla_q_, mla_lat_, mla_sel_
     const uint64_t dc = static_cast<uint64_t>(hp.mla_cache_dim_k());
     const uint64_t heads = static_cast<uint64_t>(hp.n_head);
-    f += B * (static_cast<uint64_t>(hp.q_lora_rank) + dc + heads * dc + heads * static_cast<uint64_t>(hp.kv_lora_rank)) +
+    f += B * (static_cast<uint64_t>(hp.q_lora_rank) + dc + heads * dc +
+              heads * static_cast<uint64_t>(hp.kv_lora_rank)) +
          static_cast<uint64_t>(hp.n_expert);
   }
   // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_
@@ -424,7 +426,8 @@ namespace {
 /// 3-D tensors in plain form (its CPU repacking takes 2-D weights only), so a head whose type and row count
 /// our kernels would sum in a repacked order is split into 7-row pieces, which they sum row by row in the
 /// plain dot order (each row's result is the same in any split).
-void push_head_product(std::vector<tensor::MatvecTask>& tasks, tensor::MatrixView w, const float* x, float* y) {
+void push_head_product(std::vector<tensor::MatvecTask>& tasks, tensor::MatrixView w, const float* x,
+                       float* y) {
   if (!tensor::detail::repacked(w)) {
     tasks.push_back({w, x, y});
     return;
@@ -444,13 +447,14 @@ void ForwardPass::attention_mla(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t E = hp_.n_embd;
   const int64_t n_head = hp_.n_head;
-  const int64_t dq = hp_.head_dim_k;         // a query head: [nope | rope]
+  const int64_t dq = hp_.head_dim_k;  // a query head: [nope | rope]
   const int64_t nope = dq - hp_.n_rot;
   const int64_t rank = hp_.kv_lora_rank;
   const int64_t dc = hp_.mla_cache_dim_k();  // a cache row / absorbed query head: [latent | rope]
   const int64_t dv = hp_.head_dim_v;
 
-  for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  for (int64_t i = 0; i < n; ++i)
+    rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
   // q = wq h, or wq_b(rms_norm(wq_a h) * attn_q_a_norm); [latent | k_pe] = wkv_a_mqa h.
   if (hp_.q_lora_rank > 0) {
     mm_rows(L.wq_a, xn_.data(), n, mla_qa_.data());

@@ -75,7 +75,8 @@ Result<void> read_mla_hparams(const KeyReader& kr, const gguf::GgufFile& file, H
   CAR_TRY_ASSIGN(k_mla, kr.dim_or("attention.key_length_mla", 0));
   CAR_TRY_ASSIGN(v_mla, kr.dim_or("attention.value_length_mla", 0));
   if (k_mla == 0 || v_mla == 0) {
-    return load_error("model keys " + kr.key("attention.key_length_mla") + " / value_length_mla are missing: " +
+    return load_error("model keys " + kr.key("attention.key_length_mla") +
+                      " / value_length_mla are missing: " +
                       "a deepseek2 file with the unsplit attn_kv_b (an older converter) is not supported; " +
                       "convert it again with a current llama.cpp");
   }
@@ -106,7 +107,9 @@ Result<void> read_mla_hparams(const KeyReader& kr, const gguf::GgufFile& file, H
     const float f = 1.0f / h.rope_freq_scale;
     const float mscale_all = h.rope_yarn_log_mul;
     const float mscale = mscale_all != 1.0f ? mscale_all : 1.0f;
-    auto get_mscale = [](float factor, float m) { return factor <= 1.0f ? 1.0f : 0.1f * m * std::log(factor) + 1.0f; };
+    auto get_mscale = [](float factor, float m) {
+      return factor <= 1.0f ? 1.0f : 0.1f * m * std::log(factor) + 1.0f;
+    };
     float af = get_mscale(f, mscale) / get_mscale(f, mscale_all);
     af *= 1.0f / (1.0f + 0.1f * std::log(f));
     double rope_attn = 1.0;
@@ -303,14 +306,17 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
   if (t.mla && h.n_expert > 0) {
     if (h.n_layer_dense_lead >= h.n_layer) {
       return load_error("model key " + kr.key("leading_dense_block_count") + " = " +
-                        std::to_string(h.n_layer_dense_lead) + ": no MoE layer left of " + std::to_string(h.n_layer));
+                        std::to_string(h.n_layer_dense_lead) + ": no MoE layer left of " +
+                        std::to_string(h.n_layer));
     }
     if (h.n_expert_shared > 0) h.n_ff_shexp = h.n_ff_exp * h.n_expert_shared;
     if (h.n_expert_groups > 1) {
       // llama.cpp's asserts, as errors.
       if (h.n_expert % h.n_expert_groups != 0 || h.n_group_used == 0 || h.n_group_used >= h.n_expert_groups ||
-          h.n_expert / h.n_expert_groups < 2 || h.n_group_used * (h.n_expert / h.n_expert_groups) < h.n_expert_used) {
-        return load_error("model keys " + kr.key("expert_group_count") + " = " + std::to_string(h.n_expert_groups) +
+          h.n_expert / h.n_expert_groups < 2 ||
+          h.n_group_used * (h.n_expert / h.n_expert_groups) < h.n_expert_used) {
+        return load_error("model keys " + kr.key("expert_group_count") + " = " +
+                          std::to_string(h.n_expert_groups) +
                           ", expert_group_used_count = " + std::to_string(h.n_group_used) +
                           ": the groups must divide expert_count = " + std::to_string(h.n_expert) +
                           ", hold two experts or more, and the used groups be fewer than all yet hold " +

@@ -92,7 +92,8 @@ std::string blk_bias(int64_t il, const char* what) { return "blk." + std::to_str
 /// deepseek2's MLA attention weights (llama_model_deepseek2::load_arch_tensors, the split attn_k_b / attn_v_b
 /// form). `vec` is Model::load's norm-vector loader.
 template <typename Vec>
-Result<void> load_mla_attention(const TensorLoader& tl, Vec& vec, const Hparams& h, int64_t il, LayerWeights& L) {
+Result<void> load_mla_attention(const TensorLoader& tl, Vec& vec, const Hparams& h, int64_t il,
+                                LayerWeights& L) {
   const int64_t nope = h.head_dim_k - h.n_rot;
   if (h.q_lora_rank > 0) {
     CAR_TRY_ASSIGN(L.wq_a, tl.matrix(blk(il, "attn_q_a"), h.n_embd, h.q_lora_rank));
@@ -115,7 +116,6 @@ Result<void> load_mla_attention(const TensorLoader& tl, Vec& vec, const Hparams&
   L.wv_b.order = tensor::ProductOrder::mul_mat_id;
   return {};
 }
-
 
 }  // namespace
 

@@ -30,7 +30,9 @@ bool is_gemma3(const SynthSpec& s) { return s.arch == "gemma3"; }
 bool is_gemma2(const SynthSpec& s) { return s.arch == "gemma2"; }
 bool is_gemma(const SynthSpec& s) { return is_gemma2(s) || is_gemma3(s); }
 bool is_gpt_oss(const SynthSpec& s) { return s.arch == "gpt-oss"; }
-bool is_deepseek2(const SynthSpec& s) { return s.arch == "deepseek2"; }
+bool is_deepseek2(const SynthSpec& s) {
+  return s.arch == "deepseek2";
+}
 bool has_shared_expert(const SynthSpec& s) { return s.arch == "qwen2moe"; }
 // Architectures whose expert width has its own key (feed_forward_length is then the dense width).
 bool has_expert_ff_key(const SynthSpec& s) {
@@ -44,9 +46,15 @@ bool is_moe(const SynthSpec& s) { return s.n_expert > 0; }
 uint32_t head_dim(const SynthSpec& s) { return s.head_dim != 0 ? s.head_dim : s.n_embd / s.n_head; }
 uint32_t expert_ff(const SynthSpec& s) { return s.n_ff_expert != 0 ? s.n_ff_expert : s.n_ff; }
 uint32_t shared_ff(const SynthSpec& s) { return s.n_ff_shared != 0 ? s.n_ff_shared : s.n_ff; }
-uint32_t kv_lora(const SynthSpec& s) { return s.kv_lora_rank != 0 ? s.kv_lora_rank : s.n_embd / 2; }
-uint32_t rope_dim(const SynthSpec& s) { return s.rope_dim != 0 ? s.rope_dim : head_dim(s) / 2; }
-uint32_t v_head_dim(const SynthSpec& s) { return s.v_head_dim != 0 ? s.v_head_dim : head_dim(s); }
+uint32_t kv_lora(const SynthSpec& s) {
+  return s.kv_lora_rank != 0 ? s.kv_lora_rank : s.n_embd / 2;
+}
+uint32_t rope_dim(const SynthSpec& s) {
+  return s.rope_dim != 0 ? s.rope_dim : head_dim(s) / 2;
+}
+uint32_t v_head_dim(const SynthSpec& s) {
+  return s.v_head_dim != 0 ? s.v_head_dim : head_dim(s);
+}
 uint32_t expert_used(const SynthSpec& s) {
   return s.n_expert_used != 0 ? s.n_expert_used : std::min<uint32_t>(2, s.n_expert);
 }
@@ -330,7 +338,8 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
       w.set_string(a + ".rope.scaling.type", "yarn");
       w.set_f32(a + ".rope.scaling.factor", s.rope_scaling_factor);
       w.set_u32(a + ".rope.scaling.original_context_length", yarn_orig_ctx(s));
-      if (s.yarn_log_multiplier != 0.0f) w.set_f32(a + ".rope.scaling.yarn_log_multiplier", s.yarn_log_multiplier);
+      if (s.yarn_log_multiplier != 0.0f)
+        w.set_f32(a + ".rope.scaling.yarn_log_multiplier", s.yarn_log_multiplier);
     }
   } else {
     w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
@@ -339,7 +348,8 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
     w.set_u32(a + ".attention.key_length", head_dim(s));
     w.set_u32(a + ".attention.value_length", head_dim(s));
   }
-  if (!is_gemma(s) && !is_deepseek2(s)) w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's omit it
+  if (!is_gemma(s) && !is_deepseek2(s))
+    w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's omit it
   // gpt-oss writes its window below, with its default.
   if (is_gemma(s) && s.sliding_window != 0) w.set_u32(a + ".attention.sliding_window", s.sliding_window);
   if (s.final_logit_softcap != 0.0f) w.set_f32(a + ".final_logit_softcapping", s.final_logit_softcap);
@@ -416,7 +426,8 @@ Result<void> add_deepseek2_layer(const SynthSpec& s, Builder& b, uint32_t l) {
     ts.push_back({p + "attn_q.weight", TensorRole::attn_q, {d, heads * hd}, 0.0f, lin(d)});
   }
   ts.push_back({p + "attn_kv_a_mqa.weight", TensorRole::attn_k, {d, rank + rope}, 0.0f, lin(d)});
-  ts.push_back({p + "attn_k_b.weight", TensorRole::attn_k, {hd - rope, rank, heads}, 0.0f, lin(hd - rope), true});
+  ts.push_back(
+      {p + "attn_k_b.weight", TensorRole::attn_k, {hd - rope, rank, heads}, 0.0f, lin(hd - rope), true});
   ts.push_back({p + "attn_v_b.weight", TensorRole::attn_v, {rank, vd, heads}, 0.0f, lin(rank), true});
   ts.push_back({p + "attn_output.weight", TensorRole::attn_output, {heads * vd, d}, 0.0f, lin(heads * vd)});
   ts.push_back({p + "ffn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
@@ -443,7 +454,8 @@ Result<void> add_deepseek2_layer(const SynthSpec& s, Builder& b, uint32_t l) {
     }
   }
   for (auto& t : ts) {
-    if (auto r = b.add(t.name, t.role, l, std::move(t.shape), t.mean, t.stddev, t.per_head); !r) return r.error();
+    if (auto r = b.add(t.name, t.role, l, std::move(t.shape), t.mean, t.stddev, t.per_head); !r)
+      return r.error();
   }
   return {};
 }
@@ -500,8 +512,8 @@ Result<void> validate(const SynthSpec& s) {
       return bad("deepseek2's rope dim " + std::to_string(rope_dim(s)) + " must be even and below head dim " +
                  std::to_string(head_dim(s)));
     }
-    if (s.n_expert_groups > 1 && (s.n_expert % s.n_expert_groups != 0 || s.n_group_used == 0 ||
-                                  s.n_group_used >= s.n_expert_groups)) {
+    if (s.n_expert_groups > 1 &&
+        (s.n_expert % s.n_expert_groups != 0 || s.n_group_used == 0 || s.n_group_used >= s.n_expert_groups)) {
       return bad("deepseek2's expert groups must divide the experts, with 1 <= groups used < groups");
     }
   }

@@ -28,7 +28,9 @@ namespace {
 
 using namespace forward_testing;  // NOLINT(google-build-using-namespace): the shared test helpers
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 TEST(Deepseek2Router, SigmoidBiasGroupsNormAndScale) {
   // 8 experts in 4 groups of 2; keep 2 groups, choose 2 experts.
@@ -189,7 +191,8 @@ TEST(Deepseek2Forward, SelectionBiasAndGroupsAreLive) {
   ASSERT_TRUE(lb.model);
   EXPECT_EQ(lb.model->layers()[1].exp_probs_b, nullptr);
   const auto nb = batch_logits(lb, tokens(9, 320), &pool, 64);
-  EXPECT_NE(0, std::memcmp(base.data(), nb.data(), base.size() * sizeof(float))) << "the bias changes nothing";
+  EXPECT_NE(0, std::memcmp(base.data(), nb.data(), base.size() * sizeof(float)))
+      << "the bias changes nothing";
 }
 
 }  // namespace

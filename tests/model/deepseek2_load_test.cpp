@@ -27,7 +27,8 @@ using testing::rewrite_gguf;
 class Deepseek2LoadTest : public ::testing::Test {
  protected:
   std::string write(const synth::SynthSpec& spec, const std::string& drop_tensor = {},
-                    const std::string& drop_key = {}, const std::function<void(gguf::GgufWriter&)>& edit = {}) {
+                    const std::string& drop_key = {},
+                    const std::function<void(gguf::GgufWriter&)>& edit = {}) {
     const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
     EXPECT_TRUE(synth::write_synth_model(spec, p).ok());
     if (drop_tensor.empty() && drop_key.empty() && !edit) return p;
@@ -84,10 +85,10 @@ TEST_F(Deepseek2LoadTest, MlaHparamsRouterAndLayers) {
   EXPECT_NE(L.q_a_norm, nullptr);
   EXPECT_EQ(L.wkv_a_mqa.rows, 40);
   EXPECT_NE(L.kv_a_norm, nullptr);
-  EXPECT_EQ(L.wk_b.cols, 8);        // nope
-  EXPECT_EQ(L.wk_b.rows, 4 * 32);   // n_head x kv_lora_rank
-  EXPECT_EQ(L.wv_b.cols, 32);       // kv_lora_rank
-  EXPECT_EQ(L.wv_b.rows, 4 * 16);   // n_head x value_length_mla
+  EXPECT_EQ(L.wk_b.cols, 8);       // nope
+  EXPECT_EQ(L.wk_b.rows, 4 * 32);  // n_head x kv_lora_rank
+  EXPECT_EQ(L.wv_b.cols, 32);      // kv_lora_rank
+  EXPECT_EQ(L.wv_b.rows, 4 * 16);  // n_head x value_length_mla
   EXPECT_EQ(L.wo.cols, 4 * 16);
   EXPECT_EQ(L.wk_b.order, tensor::ProductOrder::mul_mat_id);
 }
@@ -132,8 +133,8 @@ TEST_F(Deepseek2LoadTest, YarnLogMultiplierScalesAttention) {
 
 TEST_F(Deepseek2LoadTest, NamedErrors) {
   const synth::SynthSpec spec = synth::tiny_spec("deepseek2");
-  for (const char* t : {"blk.1.attn_kv_a_mqa.weight", "blk.2.attn_kv_a_norm.weight", "blk.1.attn_q_a_norm.weight",
-                        "blk.2.attn_v_b.weight", "blk.1.ffn_up_shexp.weight"}) {
+  for (const char* t : {"blk.1.attn_kv_a_mqa.weight", "blk.2.attn_kv_a_norm.weight",
+                        "blk.1.attn_q_a_norm.weight", "blk.2.attn_v_b.weight", "blk.1.ffn_up_shexp.weight"}) {
     expect_load_error(load_model_file(write(spec, t)), t);
   }
   // An older converter's file: no _mla keys, one attn_kv_b.
@@ -145,23 +146,23 @@ TEST_F(Deepseek2LoadTest, NamedErrors) {
   });
   expect_load_error(load_model_file(legacy), "blk.0.attn_kv_b.weight");
   // The cache row's widths must be the latent's.
-  expect_load_error(load_model_file(write(spec, {}, {}, [](gguf::GgufWriter& w) {
-                      w.set_u32("deepseek2.attention.key_length", 16);
-                    })),
-                    "kv_lora_rank + rope.dimension_count");
+  expect_load_error(
+      load_model_file(
+          write(spec, {}, {}, [](gguf::GgufWriter& w) { w.set_u32("deepseek2.attention.key_length", 16); })),
+      "kv_lora_rank + rope.dimension_count");
   // A MoE layer where the file says dense, and groups that do not divide the experts.
-  expect_load_error(load_model_file(write(spec, {}, {}, [](gguf::GgufWriter& w) {
-                      w.set_u32("deepseek2.leading_dense_block_count", 2);
-                    })),
-                    "present in a leading dense layer");
-  expect_load_error(load_model_file(write(spec, {}, {}, [](gguf::GgufWriter& w) {
-                      w.set_u32("deepseek2.expert_group_count", 3);
-                    })),
-                    "expert_group_count");
-  expect_load_error(load_model_file(write(spec, {}, {}, [](gguf::GgufWriter& w) {
-                      w.set_u32("deepseek2.expert_gating_func", 3);
-                    })),
-                    "expert_gating_func");
+  expect_load_error(
+      load_model_file(write(
+          spec, {}, {}, [](gguf::GgufWriter& w) { w.set_u32("deepseek2.leading_dense_block_count", 2); })),
+      "present in a leading dense layer");
+  expect_load_error(
+      load_model_file(
+          write(spec, {}, {}, [](gguf::GgufWriter& w) { w.set_u32("deepseek2.expert_group_count", 3); })),
+      "expert_group_count");
+  expect_load_error(
+      load_model_file(
+          write(spec, {}, {}, [](gguf::GgufWriter& w) { w.set_u32("deepseek2.expert_gating_func", 3); })),
+      "expert_gating_func");
 }
 
 }  // namespace

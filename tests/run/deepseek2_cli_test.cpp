@@ -1,7 +1,7 @@
-// The car binary on deepseek2 files written by `car gguf synth` (issue #27): `car gguf inspect` and `car show`
-// name the architecture and its MLA / router keys and IQ expert banks; `car run` loads and generates with the
-// experts resident and streamed, the same tokens and logprobs; `--chat` renders the shared DeepSeek-V3
-// template (the chat conformance set's deepseek_v3.jinja) into the prompt.
+// The car binary on deepseek2 files written by `car gguf synth` (issue #27): `car gguf inspect` and `car
+// show` name the architecture and its MLA / router keys and IQ expert banks; `car run` loads and generates
+// with the experts resident and streamed, the same tokens and logprobs; `--chat` renders the shared
+// DeepSeek-V3 template (the chat conformance set's deepseek_v3.jinja) into the prompt.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -47,7 +47,8 @@ TEST(Deepseek2Cli, InspectShowAndRunResidentAndStreamed) {
   const auto human = run_car("show " + path);
   EXPECT_NE(human.out.find("architecture    deepseek2"), std::string::npos) << human.out;
 
-  const std::string args = " --prompt-ids 1,5,7,9,11,13,15 -n 8 --temperature 0 --top-logprobs 2 --threads 1 --json";
+  const std::string args =
+      " --prompt-ids 1,5,7,9,11,13,15 -n 8 --temperature 0 --top-logprobs 2 --threads 1 --json";
   const auto resident = parse(run_car("run " + path + args + " --stream-experts off"));
   const auto streamed = parse(run_car("run " + path + args + " --stream-experts on --expert-ram-gb 0.0001"));
   EXPECT_EQ(resident.at("experts").at("mode"), "resident");
@@ -66,12 +67,17 @@ TEST(Deepseek2Cli, ChatWithTheDeepseekTemplate) {
   ASSERT_TRUE(car::testing::read_fixture(tmpl)) << tmpl;
   car::testing::TempDir dir;
   const std::string path = (dir.path() / "deepseek2-chat.gguf").string();
-  ASSERT_EQ(run_car(kShape + "--type q8_0 --seed 8 --chat-template '" + tmpl.string() + "' -o " + path).exit_code, 0);
+  ASSERT_EQ(
+      run_car(kShape + "--type q8_0 --seed 8 --chat-template '" + tmpl.string() + "' -o " + path).exit_code,
+      0);
   EXPECT_EQ(parse(run_car("show " + path + " --json")).at("chat_template"), true);
-  const auto chat = parse(run_car("run " + path + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
+  const auto chat =
+      parse(run_car("run " + path + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
   const std::string rendered = (dir.path() / "rendered.txt").string();
-  std::ofstream(rendered, std::ios::binary) << "<\xEF\xBD\x9CUser\xEF\xBD\x9C>Hello there<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>";
-  const auto plain = parse(run_car("run " + path + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
+  std::ofstream(rendered, std::ios::binary) << "<\xEF\xBD\x9CUser\xEF\xBD\x9C>Hello there<\xEF\xBD\x9C"
+                                               "Assistant\xEF\xBD\x9C>";
+  const auto plain =
+      parse(run_car("run " + path + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
   EXPECT_EQ(chat.at("prompt_tokens"), plain.at("prompt_tokens"));
   EXPECT_EQ(chat.at("prompt_tokens").at(0), 1);  // one BOS, not two
   EXPECT_NE(chat.at("prompt_tokens").at(1), 1);
