@@ -313,13 +313,14 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
     if (h.n_expert_groups > 1) {
       // llama.cpp's asserts, as errors.
       if (h.n_expert % h.n_expert_groups != 0 || h.n_group_used == 0 || h.n_group_used >= h.n_expert_groups ||
-          h.n_expert / h.n_expert_groups < 2 ||
+          h.n_expert_groups > 1024 || h.n_expert / h.n_expert_groups < 2 ||
           h.n_group_used * (h.n_expert / h.n_expert_groups) < h.n_expert_used) {
         return load_error("model keys " + kr.key("expert_group_count") + " = " +
                           std::to_string(h.n_expert_groups) +
                           ", expert_group_used_count = " + std::to_string(h.n_group_used) +
                           ": the groups must divide expert_count = " + std::to_string(h.n_expert) +
-                          ", hold two experts or more, and the used groups be fewer than all yet hold " +
+                          ", be at most 1024 of two experts or more, and the used groups fewer than " +
+                          "all yet hold " +
                           "expert_used_count = " + std::to_string(h.n_expert_used));
       }
     }

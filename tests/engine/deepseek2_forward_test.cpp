@@ -6,7 +6,8 @@
 //   - a sequence's logits are the same alone and in a step with another sequence;
 //   - the KV cache is MLA's: one row of latent + rope key (and the latent as value) per position and layer,
 //     whatever the head count, and make_cache allocates what kv_cache_bytes_for says;
-//   - the router's options are live: the selection bias and the groups change the logits.
+//   - the router's options are live: the selection bias and the groups change the logits;
+//   - a latent too wide for one attention head is a load error (load_failed), not an abort.
 // Agreement with llama.cpp itself is engine_reference_conformance_test's (deepseek2-* fixtures).
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "core/engine/deepseek2_ops.h"
+#include "core/engine/engine.h"
 #include "core/engine/forward.h"
 #include "core/synth/synth_model.h"
 #include "core/util/thread_pool.h"
@@ -193,6 +195,25 @@ TEST(Deepseek2Forward, SelectionBiasAndGroupsAreLive) {
   const auto nb = batch_logits(lb, tokens(9, 320), &pool, 64);
   EXPECT_NE(0, std::memcmp(base.data(), nb.data(), base.size() * sizeof(float)))
       << "the bias changes nothing";
+}
+
+}  // namespace
+}  // namespace car::engine
+
+namespace car::engine {
+namespace {
+
+// A latent too wide for the attention kernels' one head (kv_lora_rank + rope > kMaxHeadDim) is a named
+// load error, not an abort in the forward pass.
+TEST(Deepseek2Forward, TooWideLatentIsALoadError) {
+  testing::TempDir dir;
+  synth::SynthSpec s = synth::tiny_spec("deepseek2");
+  s.kv_lora_rank = 1024;
+  const std::string path = forward_testing::write(dir, s, "-wide");
+  auto m = load_model(path, LoadOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code, "load_failed");
+  EXPECT_NE(m.error().message.find("kv_lora_rank + rope = 1032"), std::string::npos) << m.error().message;
 }
 
 }  // namespace
