@@ -338,7 +338,8 @@ void setup(CLI::App& root) {
   auto o = std::make_shared<SynthOptions>();
   auto& s = o->spec;
   syn->add_option("-o,--output", o->out, "Output .gguf file")->required();
-  syn->add_option("--arch", s.arch, "llama | qwen2 | qwen2moe | qwen3 | qwen3moe | gemma2 | gemma3 | gpt-oss")
+  syn->add_option("--arch", s.arch,
+                  "llama | qwen2 | qwen2moe | qwen3 | qwen3moe | gemma2 | gemma3 | gpt-oss | deepseek2")
       ->capture_default_str();
   syn->add_option("--layers", s.n_layer, "Number of blocks")->capture_default_str();
   syn->add_option("--embd", s.n_embd, "Embedding width")->capture_default_str();
@@ -356,9 +357,38 @@ void setup(CLI::App& root) {
   syn->add_option("--vocab", s.n_vocab, "Vocabulary size (>= 260)")->capture_default_str();
   syn->add_option("--ctx", s.n_ctx, "Context length")->capture_default_str();
   syn->add_option("--rope-base", s.rope_freq_base, "RoPE base (0 = arch default)")->capture_default_str();
-  syn->add_option("--yarn-factor", s.rope_scaling_factor, "gpt-oss: YaRN rope.scaling.factor (0 = 32)")
+  syn->add_option("--yarn-factor", s.rope_scaling_factor,
+                  "gpt-oss: YaRN rope.scaling.factor (0 = 32); deepseek2: 0 = no YaRN")
       ->capture_default_str();
-  syn->add_option("--yarn-orig-ctx", s.rope_orig_ctx, "gpt-oss: rope.scaling.original_context_length (0 = 4096)")
+  syn->add_option("--yarn-orig-ctx", s.rope_orig_ctx,
+                  "gpt-oss, deepseek2: rope.scaling.original_context_length (0 = 4096)")
+      ->capture_default_str();
+  syn->add_option("--yarn-log-mul", s.yarn_log_multiplier,
+                  "deepseek2: rope.scaling.yarn_log_multiplier with --yarn-factor (0 = not written)")
+      ->capture_default_str();
+  syn->add_option("--q-lora-rank", s.q_lora_rank, "deepseek2: attention.q_lora_rank (0 = a plain attn_q)")
+      ->capture_default_str();
+  syn->add_option("--kv-lora-rank", s.kv_lora_rank, "deepseek2: attention.kv_lora_rank (0 = embd / 2)")
+      ->capture_default_str();
+  syn->add_option("--rope-dim", s.rope_dim, "deepseek2: the rope part of a head (0 = head dim / 2)")
+      ->capture_default_str();
+  syn->add_option("--v-head-dim", s.v_head_dim, "deepseek2: value_length_mla (0 = head dim)")
+      ->capture_default_str();
+  syn->add_option("--dense-lead", s.n_dense_lead, "deepseek2: leading_dense_block_count")
+      ->capture_default_str();
+  syn->add_option("--shared-experts", s.n_expert_shared, "deepseek2: expert_shared_count")
+      ->capture_default_str();
+  syn->add_option("--expert-groups", s.n_expert_groups, "deepseek2: expert_group_count (0 = not written)")
+      ->capture_default_str();
+  syn->add_option("--expert-groups-used", s.n_group_used, "deepseek2: expert_group_used_count")
+      ->capture_default_str();
+  syn->add_option("--expert-weights-scale", s.expert_weights_scale, "deepseek2: expert_weights_scale")
+      ->capture_default_str();
+  syn->add_option("--expert-weights-norm", s.expert_weights_norm,
+                  "deepseek2: expert_weights_norm (true/false)")
+      ->capture_default_str();
+  syn->add_option("--sigmoid-gating", s.sigmoid_gating,
+                  "deepseek2: sigmoid router with exp_probs_b (true) or softmax (false)")
       ->capture_default_str();
   syn->add_option("--seed", s.seed, "Random seed")->capture_default_str();
   syn->add_option("--sliding-window", s.sliding_window,

@@ -129,6 +129,11 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
                                              std::to_string(std::max(hp.head_dim_k, hp.head_dim_v)) +
                                              " larger than the supported " + std::to_string(kMaxHeadDim));
   }
+  if (hp.is_mla() && hp.mla_cache_dim_k() > kMaxHeadDim) {  // deepseek2: one attention head of this width
+    return make_error(errc::kLoadFailed, path + ": MLA cache row kv_lora_rank + rope = " +
+                                             std::to_string(hp.mla_cache_dim_k()) + " larger than the supported " +
+                                             std::to_string(kMaxHeadDim));
+  }
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
   if (!tok.ok()) return make_error(errc::kLoadFailed, path + ": tokenizer: " + tok.error().message);
   if ((*tok)->n_vocab() > hp.n_vocab) {

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/engine/deepseek2_ops.h"
 #include "core/model/architecture.h"
+#include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
 #include "core/util/result.h"
 
@@ -76,18 +78,34 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
     tasks_.reserve(sz(2 * K));
     guessed_.resize(sz(E));
     guess_.reserve(sz(E));
-    if (hp_.n_ff_shexp > 0) shexp_gate_.resize(sz(B));
+    if (hp_.n_ff_shexp > 0 && !hp_.is_mla()) shexp_gate_.resize(sz(B));
+  }
+  if (hp_.is_mla()) {
+    CAR_CHECK(hp_.mla_cache_dim_k() <= kMaxHeadDim);
+    rope_mla_ = rope_;
+    rope_mla_.head_dim = hp_.n_rot;
+    const int64_t dc = hp_.mla_cache_dim_k();
+    mla_qa_.resize(sz(B * hp_.q_lora_rank));
+    mla_kv_.resize(sz(B * dc));
+    mla_q_.resize(sz(B * hp_.n_head * dc));
+    mla_lat_.resize(sz(B * hp_.n_head * hp_.kv_lora_rank));
+    mla_sel_.resize(sz(hp_.n_expert));
+    mla_tasks_.reserve(
+        sz(B * hp_.n_head * std::max<int64_t>(1, std::max(hp_.kv_lora_rank, hp_.head_dim_v) / 7 + 1)));
   }
 }
 
 KvCache ForwardPass::make_cache(int64_t n_ctx) const {
+  // MLA: one KV head holding [latent | rope key] as keys and the latent again as values (see hparams.h).
+  if (hp_.is_mla()) return KvCache(hp_.n_layer, n_ctx, 1, hp_.mla_cache_dim_k(), hp_.mla_cache_dim_v());
   return KvCache(hp_.n_layer, n_ctx, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v, hp_.swa_window);
 }
 
 uint64_t ForwardPass::scratch_bytes() const {
   uint64_t f = x_.size() + xn_.size() + q_.size() + k_.size() + v_.size() + attn_.size() + proj_.size() +
                gate_.size() + up_.size() + rope_cache_.size() + rope_cache_swa_.size() + router_.size() +
-               probs_.size() + sel_w_.size() + slot_out_.size() + xe_.size() + shexp_gate_.size();
+               probs_.size() + sel_w_.size() + slot_out_.size() + xe_.size() + shexp_gate_.size() +
+               mla_qa_.size() + mla_kv_.size() + mla_q_.size() + mla_lat_.size() + mla_sel_.size();
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
                         row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
@@ -112,8 +130,15 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
     const uint64_t E = static_cast<uint64_t>(hp.n_expert);
     const uint64_t K = static_cast<uint64_t>(hp.n_expert_used);
     f += 2 * B * E + B * K + B * K * embd + B * embd;  // router_, probs_, sel_w_, slot_out_, xe_
-    if (hp.n_ff_shexp > 0) f += B;                     // shexp_gate_
+    if (hp.n_ff_shexp > 0 && !hp.is_mla()) f += B;     // shexp_gate_
     i += B * K + B * K + (E + 1) + E + E;  // sel_ids_, group_rows_, group_start_, cursor_, active_
+  }
+  if (hp.is_mla()) {  // mla_qa_, mla_kv_, mla_q_, mla_lat_, mla_sel_
+    const uint64_t dc = static_cast<uint64_t>(hp.mla_cache_dim_k());
+    const uint64_t heads = static_cast<uint64_t>(hp.n_head);
+    f += B * (static_cast<uint64_t>(hp.q_lora_rank) + dc + heads * dc +
+              heads * static_cast<uint64_t>(hp.kv_lora_rank)) +
+         static_cast<uint64_t>(hp.n_expert);
   }
   // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_
   const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t) + 1);
@@ -121,6 +146,10 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
 }
 
 uint64_t ForwardPass::kv_cache_bytes_for(const model::Hparams& hp, int64_t n_ctx) {
+  if (hp.is_mla()) {
+    return static_cast<uint64_t>(hp.n_layer * n_ctx * (hp.mla_cache_dim_k() + hp.mla_cache_dim_v())) *
+           sizeof(uint16_t);
+  }
   return static_cast<uint64_t>(hp.n_layer * hp.n_head_kv * n_ctx * (hp.head_dim_k + hp.head_dim_v)) *
          sizeof(uint16_t);
 }
@@ -237,7 +266,11 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const model::LayerWeights& L = model_->layers()[sz(il)];
     if (prefetch && L.is_moe) prefetch_layer(il, rows);
-    attention(il, rows);
+    if (hp_.is_mla()) {
+      attention_mla(il, rows);
+    } else {
+      attention(il, rows);
+    }
     // Last layer: only the rows that give logits need the FFN (llama.cpp's inp_out_ids). A row kept alone
     // from its chunk is a batch of one there (the gemv order), as in eval() of that chunk.
     if (il == hp_.n_layer - 1 && n_keep < rows) {
@@ -387,6 +420,107 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   post_norm(L.attn_post_norm, n);
 }
 
+namespace {
+
+/// Push the product y = W x of one head's matrix W of deepseek2's attn_k_b / attn_v_b. llama.cpp keeps these
+/// 3-D tensors in plain form (its CPU repacking takes 2-D weights only), so a head whose type and row count
+/// our kernels would sum in a repacked order is split into 7-row pieces, which they sum row by row in the
+/// plain dot order (each row's result is the same in any split).
+void push_head_product(std::vector<tensor::MatvecTask>& tasks, tensor::MatrixView w, const float* x,
+                       float* y) {
+  if (!tensor::detail::repacked(w)) {
+    tasks.push_back({w, x, y});
+    return;
+  }
+  const int64_t rows = w.rows;
+  for (int64_t r = 0; r < rows; r += 7) {
+    tensor::MatrixView piece = w;
+    piece.data += sz(r) * w.row_bytes;
+    piece.rows = std::min<int64_t>(7, rows - r);
+    tasks.push_back({piece, x, y + r});
+  }
+}
+
+}  // namespace
+
+void ForwardPass::attention_mla(int64_t il, int64_t n) {
+  const model::LayerWeights& L = model_->layers()[sz(il)];
+  const int64_t E = hp_.n_embd;
+  const int64_t n_head = hp_.n_head;
+  const int64_t dq = hp_.head_dim_k;  // a query head: [nope | rope]
+  const int64_t nope = dq - hp_.n_rot;
+  const int64_t rank = hp_.kv_lora_rank;
+  const int64_t dc = hp_.mla_cache_dim_k();  // a cache row / absorbed query head: [latent | rope]
+  const int64_t dv = hp_.head_dim_v;
+
+  for (int64_t i = 0; i < n; ++i)
+    rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  // q = wq h, or wq_b(rms_norm(wq_a h) * attn_q_a_norm); [latent | k_pe] = wkv_a_mqa h.
+  if (hp_.q_lora_rank > 0) {
+    mm_rows(L.wq_a, xn_.data(), n, mla_qa_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* qa = mla_qa_.data() + i * hp_.q_lora_rank;
+      rms_norm(qa, L.q_a_norm, qa, hp_.q_lora_rank, hp_.rms_eps);
+    }
+    mm_rows(L.wq_b, mla_qa_.data(), n, q_.data());
+  } else {
+    mm_rows(L.wq, xn_.data(), n, q_.data());
+  }
+  mm_rows(L.wkv_a_mqa, xn_.data(), n, mla_kv_.data());
+
+  // Per row: rotate k_pe, norm the latent, cache [latent | k_pe] (and the latent as the value) in fp16; each
+  // head's absorbed query is [attn_k_b[h] q_nope | rope(q_pe)].
+  mla_tasks_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* rc = rope_cache_.data() + i * hp_.n_rot;
+    float* kv_row = mla_kv_.data() + i * dc;
+    rope_apply(rope_mla_, rc, kv_row + rank, 1);
+    rms_norm(kv_row, L.kv_a_norm, kv_row, rank, hp_.rms_eps);
+    KvCache& kv = *row_kv_[sz(i)];
+    const int64_t pos = row_pos_[sz(i)];
+    to_fp16(kv_row, kv.k(il, 0) + pos * dc, dc);
+    to_fp16(kv_row, kv.v(il, 0) + pos * rank, rank);
+    for (int64_t h = 0; h < n_head; ++h) {
+      const float* qh = q_.data() + i * hp_.q_dim() + h * dq;
+      float* qa = mla_q_.data() + (i * n_head + h) * dc;
+      std::memcpy(qa + rank, qh + nope, sz(hp_.n_rot) * sizeof(float));
+      rope_apply(rope_mla_, rc, qa + rank, 1);
+      tensor::MatrixView wk = L.wk_b;
+      wk.data += sz(h * rank) * wk.row_bytes;
+      wk.rows = rank;
+      push_head_product(mla_tasks_, wk, qh, qa);
+    }
+  }
+  tensor::matvec_fused(mla_tasks_.data(), mla_tasks_.size(), pool_);
+
+  // Attention of every absorbed head over the one cached latent head (MQA), llama.cpp's kq_scale.
+  const float scale = hp_.mla_kq_scale;
+  auto task = [&](int64_t begin, int64_t end) {
+    std::array<uint16_t, kMaxHeadDim> q16;
+    std::array<uint16_t, kMaxHeadDim> acc16;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t / n_head;
+      const KvCache& ckv = *row_kv_[sz(i)];
+      const int64_t pos = row_pos_[sz(i)];
+      attend_head(mla_q_.data() + t * dc, ckv.k(il, 0), ckv.v(il, 0), pos + 1, dc, rank, scale,
+                  mla_lat_.data() + t * rank, q16.data(), acc16.data());
+    }
+  };
+  parallel(n * n_head, 1, task);
+
+  // Decompress each head's latent output with attn_v_b[h], then wo.
+  mla_tasks_.clear();
+  for (int64_t t = 0; t < n * n_head; ++t) {
+    const int64_t h = t % n_head;
+    tensor::MatrixView wv = L.wv_b;
+    wv.data += sz(h * dv) * wv.row_bytes;
+    wv.rows = dv;
+    push_head_product(mla_tasks_, wv, mla_lat_.data() + t * rank, attn_.data() + t * dv);
+  }
+  tensor::matvec_fused(mla_tasks_.data(), mla_tasks_.size(), pool_);
+  mm_rows(L.wo, attn_.data(), n, proj_.data());
+}
+
 void ForwardPass::post_norm(const float* w, int64_t n) {
   if (w == nullptr) return;
   const int64_t E = hp_.n_embd;
@@ -458,6 +592,20 @@ void ForwardPass::route(int64_t il, int64_t n) {
   // The router (F32 weights: the input is not rounded), its bias when it has one (gpt-oss), and the top-k
   // experts and their weights per row as the architecture's gating computes them.
   mm_rows(L.ffn_gate_inp, xn_.data(), n, router_.data());
+  if (hp_.is_mla()) {
+    Deepseek2Routing r;
+    r.sigmoid = hp_.gating_sigmoid;
+    r.bias = L.exp_probs_b;
+    r.n_groups = hp_.n_expert_groups;
+    r.n_group_used = hp_.n_group_used;
+    r.norm = hp_.expert_weights_norm;
+    r.scale = hp_.expert_weights_scale;
+    for (int64_t i = 0; i < n; ++i) {
+      select_experts_deepseek2(router_.data() + i * NE, NE, K, r, probs_.data() + i * NE, mla_sel_.data(),
+                               sel_ids_.data() + i * K, sel_w_.data() + i * K);
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     if (L.ffn_gate_inp_bias != nullptr) add_bias(router_.data() + i * NE, L.ffn_gate_inp_bias, NE);
     select_experts(router_.data() + i * NE, NE, K, hp_.traits->moe_norm_weights, probs_.data() + i * NE,
@@ -486,18 +634,24 @@ void ForwardPass::shared_expert(int64_t il, int64_t n) {
   const int64_t ff = hp_.n_ff_shexp;
   // Dense products over xn_'s rows (the same input as the routed experts): the gate's logit s per row, then
   // SwiGLU into gate_ and the down projection into xe_ (both free once the slots are summed).
+  const bool gated = L.ffn_gate_inp_shexp.data != nullptr;  // deepseek2's shared experts have no gate
   if (n == 1) {
-    const tensor::MatvecTask tasks[] = {{L.ffn_gate_inp_shexp, xn_.data(), shexp_gate_.data()},
-                                        {L.ffn_gate_shexp, xn_.data(), gate_.data()},
-                                        {L.ffn_up_shexp, xn_.data(), up_.data()}};
-    tensor::matvec_fused(tasks, 3, pool_);
+    const tensor::MatvecTask tasks[] = {{L.ffn_gate_shexp, xn_.data(), gate_.data()},
+                                        {L.ffn_up_shexp, xn_.data(), up_.data()},
+                                        {L.ffn_gate_inp_shexp, xn_.data(), shexp_gate_.data()}};
+    tensor::matvec_fused(tasks, gated ? 3 : 2, pool_);
   } else {
-    mm_rows(L.ffn_gate_inp_shexp, xn_.data(), n, shexp_gate_.data());
+    if (gated) mm_rows(L.ffn_gate_inp_shexp, xn_.data(), n, shexp_gate_.data());
     mm_rows(L.ffn_gate_shexp, xn_.data(), n, gate_.data());
     mm_rows(L.ffn_up_shexp, xn_.data(), n, up_.data());
   }
   glu(n * ff);
   mm_rows(L.ffn_down_shexp, gate_.data(), n, xe_.data());
+  if (!gated) {
+    // llama.cpp's ggml_add(moe_out, ffn_shexp).
+    for (int64_t i = 0; i < n * E; ++i) proj_[sz(i)] = proj_[sz(i)] + xe_[sz(i)];
+    return;
+  }
   // proj_ (the routed sum) += shared * g, g = silu(s) / s: llama.cpp's ggml_div(ggml_silu(s), s), the product
   // rounded before the sum (ggml_mul, then ggml_add). s == 0 would be 0 / 0 there; its limit is 1/2.
   for (int64_t i = 0; i < n; ++i) {

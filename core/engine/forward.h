@@ -118,6 +118,9 @@ class ForwardPass {
  private:
   void embed(const int32_t* tokens, int64_t n);
   void attention(int64_t il, int64_t n);
+  /// deepseek2's multi-head latent attention in llama.cpp's absorbed form (model/deepseek2.cpp): proj_ rows =
+  /// wo(attn_v_b(attention over the cached latent of the absorbed queries)) of x_'s n rows.
+  void attention_mla(int64_t il, int64_t n);
   /// proj_'s n rows = rms_norm(row) * w (a sub-block's post norm, gemma); nothing when w is null.
   void post_norm(const float* w, int64_t n);
   void dense_ffn(int64_t il, int64_t n);
@@ -177,6 +180,14 @@ class ForwardPass {
   std::vector<float> slot_out_;    // weighted expert outputs (n_expert_used x n_embd) per row
   std::vector<float> xe_;          // gathered rows for one expert; the shared expert's output (n_embd)
   std::vector<float> shexp_gate_;  // the shared expert's gate logit (1) per row; shared_expert archs only
+  // MLA scratch (deepseek2 only)
+  RopeParams rope_mla_;         // rope_ over one contiguous rope part (head_dim = n_rot)
+  std::vector<float> mla_qa_;   // (q_lora_rank) per row: the compressed query
+  std::vector<float> mla_kv_;   // (kv_lora_rank + n_rot) per row: the latent and the rope key
+  std::vector<float> mla_q_;    // (n_head * (kv_lora_rank + n_rot)) per row: the absorbed queries
+  std::vector<float> mla_lat_;  // (n_head * kv_lora_rank) per row: the attention output in the latent
+  std::vector<float> mla_sel_;  // (n_expert): the router's selection values
+  std::vector<tensor::MatvecTask> mla_tasks_;  // per-head products of a step
   std::vector<int32_t> group_rows_;   // (token * n_expert_used + slot) per assignment, grouped by expert
   std::vector<int32_t> group_start_;  // (n_expert + 1) offsets into group_rows_
   std::vector<int32_t> cursor_;       // (n_expert) fill positions while grouping

@@ -2,7 +2,7 @@
 // pre-norm transformer (embeddings -> N x [RMSNorm, GQA attention, residual, RMSNorm, SwiGLU FFN or MoE,
 // residual] -> RMSNorm -> output projection); everything an architecture changes is a field here, and each
 // architecture defines its traits in its own file (llama.cpp, qwen2.cpp, qwen2moe.cpp, qwen3.cpp,
-// qwen3moe.cpp, gemma2.cpp, gemma3.cpp, gpt_oss.cpp).
+// qwen3moe.cpp, gemma2.cpp, gemma3.cpp, gpt_oss.cpp, deepseek2.cpp).
 //
 // Optional tensors every architecture takes when the file has them (as llama.cpp's shared graph builders
 // do): Q/K/V biases (blk.N.attn_{q,k,v}.bias, added after the projections), the attention output's bias
@@ -29,6 +29,7 @@ enum class FfnAct {
 enum class ExpertGating {
   softmax,       ///< softmax over all experts, the top k of it (renormalized when moe_norm_weights)
   softmax_topk,  ///< the top k of the raw logits, then a softmax over those k (gpt-oss: SOFTMAX_WEIGHT)
+  sigmoid,       ///< sigmoid of each logit; selection may add exp_probs_b and be group-limited (deepseek2 V3)
 };
 
 /// The routed experts' gated activation of gate g and up u (llama.cpp's llm_ffn_op_type).
@@ -90,6 +91,11 @@ struct ArchTraits {
   /// Reads <arch>.attn_logit_softcapping c, with this default (Gemma 2: 50): each attention score s (after
   /// the scale) becomes c * tanh(s / c), inside the softmax, as ggml's flash attention. nullopt: not read.
   std::optional<float> attn_logit_softcap;
+  /// DeepSeek-V2/V3 multi-head latent attention and router (deepseek2.cpp): the attention is
+  /// ForwardPass::attention_mla (a compressed latent and one shared RoPE key cached per position), the
+  /// deepseek2.* keys of hparams.h's MLA and router fields are read, leading dense layers, plain shared
+  /// experts (no gate), exp_probs_b, group-limited top-k, weight normalisation and scale.
+  bool mla = false;
 };
 
 const ArchTraits& llama_traits();
@@ -100,6 +106,7 @@ const ArchTraits& qwen3moe_traits();
 const ArchTraits& gemma2_traits();
 const ArchTraits& gemma3_traits();
 const ArchTraits& gpt_oss_traits();
+const ArchTraits& deepseek2_traits();
 
 /// Traits for a general.architecture value; null when unsupported.
 const ArchTraits* find_arch(std::string_view name);

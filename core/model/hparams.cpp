@@ -65,6 +65,90 @@ class KeyReader {
   std::string arch_;
 };
 
+/// deepseek2's attention keys (llama_model_deepseek2::load_arch_hparams and llama-context's YaRN terms).
+/// Called after the common keys: it replaces head_dim_k / head_dim_v by the MLA widths.
+Result<void> read_mla_hparams(const KeyReader& kr, const gguf::GgufFile& file, Hparams& h) {
+  CAR_TRY_ASSIGN(h.kv_lora_rank, kr.dim("attention.kv_lora_rank"));
+  CAR_TRY_ASSIGN(h.q_lora_rank, kr.dim_or("attention.q_lora_rank", 0));
+  int64_t k_mla = 0;
+  int64_t v_mla = 0;
+  CAR_TRY_ASSIGN(k_mla, kr.dim_or("attention.key_length_mla", 0));
+  CAR_TRY_ASSIGN(v_mla, kr.dim_or("attention.value_length_mla", 0));
+  if (k_mla == 0 || v_mla == 0) {
+    return load_error("model keys " + kr.key("attention.key_length_mla") +
+                      " / value_length_mla are missing: " +
+                      "a deepseek2 file with the unsplit attn_kv_b (an older converter) is not supported; " +
+                      "convert it again with a current llama.cpp");
+  }
+  // The cache row: the latent and the rope key (attention.key_length), the latent as value (value_length).
+  if (h.head_dim_k != h.kv_lora_rank + h.n_rot || h.head_dim_v != h.kv_lora_rank || h.n_head_kv != 1) {
+    return load_error("model keys " + kr.key("attention.key_length") + " = " + std::to_string(h.head_dim_k) +
+                      ", value_length = " + std::to_string(h.head_dim_v) + ", head_count_kv = " +
+                      std::to_string(h.n_head_kv) + ": MLA needs kv_lora_rank + rope.dimension_count = " +
+                      std::to_string(h.kv_lora_rank + h.n_rot) + ", kv_lora_rank and 1");
+  }
+  if (h.n_rot >= k_mla) {
+    return load_error("model key " + kr.key("rope.dimension_count") + " = " + std::to_string(h.n_rot) +
+                      ": must be smaller than attention.key_length_mla = " + std::to_string(k_mla));
+  }
+  h.head_dim_k = k_mla;
+  h.head_dim_v = v_mla;
+  CAR_TRY_ASSIGN(h.n_layer_dense_lead, kr.dim_or("leading_dense_block_count", 0));
+  if (h.n_layer_dense_lead > h.n_layer) {
+    return load_error("model key " + kr.key("leading_dense_block_count") + " = " +
+                      std::to_string(h.n_layer_dense_lead) + ": more than block_count");
+  }
+  double log_mul = 0.0;
+  CAR_TRY_ASSIGN(log_mul, kr.real_or("rope.scaling.yarn_log_multiplier", 0.0));
+  h.rope_yarn_log_mul = static_cast<float>(log_mul) / 0.1f;  // llama.cpp cancels the converter's 0.1
+  if (h.yarn.ext_factor > 0.0f && h.rope_yarn_log_mul != 0.0f) {
+    // llama_context: attn_factor = get_mscale(f, mscale) / get_mscale(f, mscale_all_dims) / (1 + 0.1 ln f),
+    // mscale = mscale_all_dims for deepseek2 (so the ratio is 1), times rope.scaling.attn_factor.
+    const float f = 1.0f / h.rope_freq_scale;
+    const float mscale_all = h.rope_yarn_log_mul;
+    const float mscale = mscale_all != 1.0f ? mscale_all : 1.0f;
+    auto get_mscale = [](float factor, float m) {
+      return factor <= 1.0f ? 1.0f : 0.1f * m * std::log(factor) + 1.0f;
+    };
+    float af = get_mscale(f, mscale) / get_mscale(f, mscale_all);
+    af *= 1.0f / (1.0f + 0.1f * std::log(f));
+    double rope_attn = 1.0;
+    CAR_TRY_ASSIGN(rope_attn, kr.real_or("rope.scaling.attn_factor", 1.0));
+    h.yarn.attn_factor = af * static_cast<float>(rope_attn);
+  }
+  // The graph's kq_scale: the attn_factor before llama.cpp's yarn adjustment, times the log-multiplier term.
+  const float fs = h.rope_freq_scale;
+  const float attn_factor_org = h.yarn.attn_factor * (1.0f + 0.1f * std::log(1.0f / fs));
+  const float mscale = attn_factor_org * (1.0f + 0.1f * h.rope_yarn_log_mul * std::log(1.0f / fs));
+  h.mla_kq_scale = 1.0f * mscale * mscale / std::sqrt(static_cast<float>(k_mla));
+  (void)file;
+  return {};
+}
+
+/// deepseek2's router keys.
+Result<void> read_mla_router(const KeyReader& kr, const gguf::GgufFile& file, Hparams& h) {
+  CAR_TRY_ASSIGN(h.n_expert_shared, kr.dim_or("expert_shared_count", 0));
+  double scale = 0.0;
+  CAR_TRY_ASSIGN(scale, kr.real_or("expert_weights_scale", 0.0));
+  if (scale < 0) return load_error("model key " + kr.key("expert_weights_scale") + " is negative");
+  h.expert_weights_scale = static_cast<float>(scale);
+  const std::string norm_key = kr.key("expert_weights_norm");
+  if (file.has(norm_key)) {
+    auto v = file.get_bool(norm_key);
+    if (!v.ok()) return load_error("model key " + norm_key + ": " + v.error().message);
+    h.expert_weights_norm = *v;
+  }
+  int64_t gating = 0;
+  CAR_TRY_ASSIGN(gating, kr.dim_or("expert_gating_func", 0));
+  if (gating > 2) {
+    return load_error("model key " + kr.key("expert_gating_func") + " = " + std::to_string(gating) +
+                      ": supported are 1 (softmax) and 2 (sigmoid)");
+  }
+  h.gating_sigmoid = gating == 2;
+  CAR_TRY_ASSIGN(h.n_expert_groups, kr.dim_or("expert_group_count", 0));
+  CAR_TRY_ASSIGN(h.n_group_used, kr.dim_or("expert_group_used_count", 0));
+  return {};
+}
 
 }  // namespace
 
@@ -182,8 +266,15 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
     *out = static_cast<float>(cap);
   }
 
+  if (t.mla) {
+    if (Result<void> r = read_mla_hparams(kr, file, h); !r) return r.error();
+  }
+
   CAR_TRY_ASSIGN(h.n_expert, kr.dim_or("expert_count", 0));
   CAR_TRY_ASSIGN(h.n_expert_used, kr.dim_or("expert_used_count", 0));
+  if (t.mla) {
+    if (Result<void> r = read_mla_router(kr, file, h); !r) return r.error();
+  }
   if (h.n_expert > 0) {
     if (t.dense_only) return load_error("model key " + kr.key("expert_count") + ": architecture " + h.arch + " is dense");
     if (h.n_expert_used == 0 || h.n_expert_used > h.n_expert) {
@@ -211,6 +302,28 @@ Result<Hparams> read_hparams(const gguf::GgufFile& file) {
                         " without expert_count");
     }
     CAR_TRY_ASSIGN(h.n_ff, kr.dim("feed_forward_length"));
+  }
+  if (t.mla && h.n_expert > 0) {
+    if (h.n_layer_dense_lead >= h.n_layer) {
+      return load_error("model key " + kr.key("leading_dense_block_count") + " = " +
+                        std::to_string(h.n_layer_dense_lead) + ": no MoE layer left of " +
+                        std::to_string(h.n_layer));
+    }
+    if (h.n_expert_shared > 0) h.n_ff_shexp = h.n_ff_exp * h.n_expert_shared;
+    if (h.n_expert_groups > 1) {
+      // llama.cpp's asserts, as errors.
+      if (h.n_expert % h.n_expert_groups != 0 || h.n_group_used == 0 || h.n_group_used >= h.n_expert_groups ||
+          h.n_expert_groups > 1024 || h.n_expert / h.n_expert_groups < 2 ||
+          h.n_group_used * (h.n_expert / h.n_expert_groups) < h.n_expert_used) {
+        return load_error("model keys " + kr.key("expert_group_count") + " = " +
+                          std::to_string(h.n_expert_groups) +
+                          ", expert_group_used_count = " + std::to_string(h.n_group_used) +
+                          ": the groups must divide expert_count = " + std::to_string(h.n_expert) +
+                          ", be at most 1024 of two experts or more, and the used groups fewer than " +
+                          "all yet hold " +
+                          "expert_used_count = " + std::to_string(h.n_expert_used));
+      }
+    }
   }
   return h;
 }

@@ -67,6 +67,27 @@ struct Hparams {
   float final_logit_softcap = 0.0f;  ///< c > 0: logits = c * tanh(logits / c) (<arch>.final_logit_softcapping)
   float attn_logit_softcap = 0.0f;   ///< c > 0: attention scores s -> c * tanh(s / c) (<arch>.attn_logit_softcapping)
 
+  // deepseek2 (traits.mla): multi-head latent attention. head_dim_k / head_dim_v are then the per-head
+  // query-key and value widths (attention.key_length_mla / value_length_mla), n_rot the rope part of each
+  // query-key head, and the cache holds kv_lora_rank + n_rot keys (the latent and the rope key) and the
+  // latent again as values, for one KV head (mla_cache_dim_k / _v).
+  int64_t q_lora_rank = 0;         ///< attention.q_lora_rank (0 = a plain attn_q)
+  int64_t kv_lora_rank = 0;        ///< attention.kv_lora_rank (> 0 = MLA)
+  int64_t n_layer_dense_lead = 0;  ///< leading_dense_block_count: the first layers have a dense FFN
+  int64_t n_expert_shared = 0;     ///< expert_shared_count (the shared FFN is this x n_ff_exp wide)
+  /// Router: sigmoid (expert_gating_func 2) instead of softmax (1, and the default when absent).
+  bool gating_sigmoid = false;
+  bool expert_weights_norm = false;   ///< expert_weights_norm: the chosen weights divided by their sum
+  float expert_weights_scale = 0.0f;  ///< expert_weights_scale: the weights times this (0 or 1 = none)
+  int64_t n_expert_groups = 0;        ///< expert_group_count (> 1: group-limited selection)
+  int64_t n_group_used = 0;           ///< expert_group_used_count
+  float rope_yarn_log_mul = 0.0f;     ///< rope.scaling.yarn_log_multiplier / 0.1 (llama.cpp's mscale_all_dim)
+  float mla_kq_scale = 0.0f;          ///< the attention scale mscale^2 / sqrt(key_length_mla)
+
+  int64_t mla_cache_dim_k() const { return kv_lora_rank + n_rot; }
+  int64_t mla_cache_dim_v() const { return kv_lora_rank; }
+  bool is_mla() const { return kv_lora_rank > 0; }
+
   int64_t q_dim() const { return n_head * head_dim_k; }      ///< width of Q
   int64_t k_dim() const { return n_head_kv * head_dim_k; }   ///< width of K
   int64_t v_dim() const { return n_head_kv * head_dim_v; }   ///< width of V

@@ -18,13 +18,15 @@ const ArchTraits& llama_traits() {
 
 const ArchTraits* find_arch(std::string_view name) {
   for (const ArchTraits* t :
-       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits(), &gemma2_traits(),
-        &gemma3_traits(), &gpt_oss_traits()}) {
+       {&llama_traits(), &qwen2_traits(), &qwen2moe_traits(), &qwen3_traits(), &qwen3moe_traits(),
+        &gemma2_traits(), &gemma3_traits(), &gpt_oss_traits(), &deepseek2_traits()}) {
     if (t->name == name) return t;
   }
   return nullptr;
 }
 
-std::string_view supported_archs() { return "llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, gpt-oss"; }
+std::string_view supported_archs() {
+  return "llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, gpt-oss, deepseek2";
+}
 
 }  // namespace car::model

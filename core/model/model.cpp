@@ -89,6 +89,33 @@ class TensorLoader {
 std::string blk(int64_t il, const char* what) { return "blk." + std::to_string(il) + "." + what + ".weight"; }
 std::string blk_bias(int64_t il, const char* what) { return "blk." + std::to_string(il) + "." + what + ".bias"; }
 
+/// deepseek2's MLA attention weights (llama_model_deepseek2::load_arch_tensors, the split attn_k_b / attn_v_b
+/// form). `vec` is Model::load's norm-vector loader.
+template <typename Vec>
+Result<void> load_mla_attention(const TensorLoader& tl, Vec& vec, const Hparams& h, int64_t il,
+                                LayerWeights& L) {
+  const int64_t nope = h.head_dim_k - h.n_rot;
+  if (h.q_lora_rank > 0) {
+    CAR_TRY_ASSIGN(L.wq_a, tl.matrix(blk(il, "attn_q_a"), h.n_embd, h.q_lora_rank));
+    CAR_TRY_ASSIGN(L.q_a_norm, vec(blk(il, "attn_q_a_norm"), h.q_lora_rank));
+    CAR_TRY_ASSIGN(L.wq_b, tl.matrix(blk(il, "attn_q_b"), h.q_lora_rank, h.q_dim()));
+  } else {
+    CAR_TRY_ASSIGN(L.wq, tl.matrix(blk(il, "attn_q"), h.n_embd, h.q_dim()));
+  }
+  CAR_TRY_ASSIGN(L.wkv_a_mqa, tl.matrix(blk(il, "attn_kv_a_mqa"), h.n_embd, h.kv_lora_rank + h.n_rot));
+  CAR_TRY_ASSIGN(L.kv_a_norm, vec(blk(il, "attn_kv_a_norm"), h.kv_lora_rank));
+  if (tl.find(blk(il, "attn_k_b")) == nullptr && tl.find(blk(il, "attn_kv_b")) != nullptr) {
+    return load_error("tensor " + blk(il, "attn_kv_b") + ": the unsplit form (an older converter) is not " +
+                      "supported; convert the model again with a current llama.cpp (attn_k_b / attn_v_b)");
+  }
+  CAR_TRY_ASSIGN(L.wk_b, tl.matrix(blk(il, "attn_k_b"), nope, h.kv_lora_rank, h.n_head));
+  CAR_TRY_ASSIGN(L.wv_b, tl.matrix(blk(il, "attn_v_b"), h.kv_lora_rank, h.head_dim_v, h.n_head));
+  // Their products take a permuted (non-contiguous) activation in llama.cpp, which ggml's mul_mat sums
+  // with ggml_vec_dot_* (tinyBLAS only takes contiguous ones): the mul_mat_id order of the float formats.
+  L.wk_b.order = tensor::ProductOrder::mul_mat_id;
+  L.wv_b.order = tensor::ProductOrder::mul_mat_id;
+  return {};
+}
 
 }  // namespace
 
@@ -169,9 +196,13 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
   for (int64_t il = 0; il < h.n_layer; ++il) {
     LayerWeights& L = m->layers_[static_cast<size_t>(il)];
     CAR_TRY_ASSIGN(L.attn_norm, vec(blk(il, "attn_norm"), h.n_embd));
-    CAR_TRY_ASSIGN(L.wq, tl.matrix(blk(il, "attn_q"), h.n_embd, h.q_dim()));
-    CAR_TRY_ASSIGN(L.wk, tl.matrix(blk(il, "attn_k"), h.n_embd, h.k_dim()));
-    CAR_TRY_ASSIGN(L.wv, tl.matrix(blk(il, "attn_v"), h.n_embd, h.v_dim()));
+    if (traits.mla) {
+      if (Result<void> r = load_mla_attention(tl, vec, h, il, L); !r) return r.error();
+    } else {
+      CAR_TRY_ASSIGN(L.wq, tl.matrix(blk(il, "attn_q"), h.n_embd, h.q_dim()));
+      CAR_TRY_ASSIGN(L.wk, tl.matrix(blk(il, "attn_k"), h.n_embd, h.k_dim()));
+      CAR_TRY_ASSIGN(L.wv, tl.matrix(blk(il, "attn_v"), h.n_embd, h.v_dim()));
+    }
     CAR_TRY_ASSIGN(L.wo, tl.matrix(blk(il, "attn_output"), h.attn_out_dim(), h.n_embd));
     // Biases are optional for every architecture, as in llama.cpp's create_tensor_qkv / build_qkv.
     if (tl.find(blk_bias(il, "attn_q")) != nullptr) CAR_TRY_ASSIGN(L.q_bias, vec(blk_bias(il, "attn_q"), h.q_dim()));
@@ -198,6 +229,12 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     if (h.n_expert > 0 && !has_router && traits.moe_required) {
       return load_error("tensor " + blk(il, "ffn_gate_inp") + " is missing");
     }
+    if (traits.mla && h.n_expert > 0 && has_router != (il >= h.n_layer_dense_lead)) {
+      // llama.cpp takes the FFN by position: the leading_dense_block_count first layers dense, the rest MoE.
+      return load_error("tensor " + blk(il, "ffn_gate_inp") +
+                        (has_router ? " present in a leading dense layer" : " is missing (a MoE layer)") +
+                        " (leading_dense_block_count = " + std::to_string(h.n_layer_dense_lead) + ")");
+    }
     if (h.n_expert > 0 && has_router) {
       L.is_moe = true;
       CAR_TRY_ASSIGN(L.ffn_gate_inp, tl.matrix(blk(il, "ffn_gate_inp"), h.n_embd, h.n_expert));
@@ -218,6 +255,18 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
         CAR_TRY_ASSIGN(L.ffn_gate_exps_bias, vec(blk_bias(il, "ffn_gate_exps"), h.n_ff_exp, h.n_expert));
         CAR_TRY_ASSIGN(L.ffn_up_exps_bias, vec(blk_bias(il, "ffn_up_exps"), h.n_ff_exp, h.n_expert));
         CAR_TRY_ASSIGN(L.ffn_down_exps_bias, vec(blk_bias(il, "ffn_down_exps"), h.n_embd, h.n_expert));
+      }
+      if (traits.mla) {
+        // Optional selection bias (V3) and shared experts as one plain FFN (resident, mul_mat order).
+        if (tl.find(blk_bias(il, "exp_probs_b")) != nullptr) {
+          CAR_TRY_ASSIGN(L.exp_probs_b, vec(blk_bias(il, "exp_probs_b"), h.n_expert));
+        }
+        if (h.n_ff_shexp > 0) {
+          L.has_shexp = true;
+          CAR_TRY_ASSIGN(L.ffn_gate_shexp, tl.matrix(blk(il, "ffn_gate_shexp"), h.n_embd, h.n_ff_shexp));
+          CAR_TRY_ASSIGN(L.ffn_up_shexp, tl.matrix(blk(il, "ffn_up_shexp"), h.n_embd, h.n_ff_shexp));
+          CAR_TRY_ASSIGN(L.ffn_down_shexp, tl.matrix(blk(il, "ffn_down_shexp"), h.n_ff_shexp, h.n_embd));
+        }
       }
       if (traits.shared_expert) {
         // Dense weights (llama.cpp's build_ffn: mul_mat, not mul_mat_id), resident whatever the source.
@@ -243,6 +292,7 @@ uint64_t Model::bytes_per_token() const {
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerWeights& L = layers_[il];
     total += bytes(L.wq) + bytes(L.wk) + bytes(L.wv) + bytes(L.wo);
+    total += bytes(L.wq_a) + bytes(L.wq_b) + bytes(L.wkv_a_mqa) + bytes(L.wk_b) + bytes(L.wv_b);
     if (L.is_moe) {
       const experts::ExpertBankInfo& b = banks_[il];
       const uint64_t per_expert = (bytes(b.gate_bank) + bytes(b.up_bank) + bytes(b.down_bank)) /

@@ -55,6 +55,19 @@ struct LayerWeights {
   tensor::MatrixView ffn_gate_shexp;      // (n_ff_shexp, n_embd)
   tensor::MatrixView ffn_up_shexp;        // (n_ff_shexp, n_embd)
   tensor::MatrixView ffn_down_shexp;      // (n_embd, n_ff_shexp)
+  // deepseek2's shared experts have no gate: ffn_gate_inp_shexp stays empty (data null) and they are added
+  // unscaled. The MLA attention's weights (traits.mla; wq is attn_q when q_lora_rank == 0):
+  tensor::MatrixView wq_a;           // (q_lora_rank, n_embd)
+  const float* q_a_norm = nullptr;   // (q_lora_rank)
+  tensor::MatrixView wq_b;           // (n_head * head_dim_k, q_lora_rank)
+  tensor::MatrixView wkv_a_mqa;      // (kv_lora_rank + n_rot, n_embd)
+  const float* kv_a_norm = nullptr;  // (kv_lora_rank)
+  /// attn_k_b: n_head matrices of (kv_lora_rank, head_dim_k - n_rot) stacked, head h's rows at h *
+  /// kv_lora_rank.
+  tensor::MatrixView wk_b;
+  /// attn_v_b: n_head matrices of (head_dim_v, kv_lora_rank) stacked, head h's rows at h * head_dim_v.
+  tensor::MatrixView wv_b;
+  const float* exp_probs_b = nullptr;  // (n_expert) selection bias (DeepSeek-V3), or null
 };
 
 class Model {

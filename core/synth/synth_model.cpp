@@ -30,9 +30,14 @@ bool is_gemma3(const SynthSpec& s) { return s.arch == "gemma3"; }
 bool is_gemma2(const SynthSpec& s) { return s.arch == "gemma2"; }
 bool is_gemma(const SynthSpec& s) { return is_gemma2(s) || is_gemma3(s); }
 bool is_gpt_oss(const SynthSpec& s) { return s.arch == "gpt-oss"; }
+bool is_deepseek2(const SynthSpec& s) {
+  return s.arch == "deepseek2";
+}
 bool has_shared_expert(const SynthSpec& s) { return s.arch == "qwen2moe"; }
 // Architectures whose expert width has its own key (feed_forward_length is then the dense width).
-bool has_expert_ff_key(const SynthSpec& s) { return s.arch == "qwen3moe" || s.arch == "qwen2moe" || is_gpt_oss(s); }
+bool has_expert_ff_key(const SynthSpec& s) {
+  return s.arch == "qwen3moe" || s.arch == "qwen2moe" || is_gpt_oss(s) || is_deepseek2(s);
+}
 // gpt-oss's defaults where the spec says 0: its released files' sliding window and YaRN terms.
 uint32_t sliding_window(const SynthSpec& s) { return s.sliding_window != 0 ? s.sliding_window : 128; }
 float yarn_factor(const SynthSpec& s) { return s.rope_scaling_factor != 0.0f ? s.rope_scaling_factor : 32.0f; }
@@ -41,6 +46,15 @@ bool is_moe(const SynthSpec& s) { return s.n_expert > 0; }
 uint32_t head_dim(const SynthSpec& s) { return s.head_dim != 0 ? s.head_dim : s.n_embd / s.n_head; }
 uint32_t expert_ff(const SynthSpec& s) { return s.n_ff_expert != 0 ? s.n_ff_expert : s.n_ff; }
 uint32_t shared_ff(const SynthSpec& s) { return s.n_ff_shared != 0 ? s.n_ff_shared : s.n_ff; }
+uint32_t kv_lora(const SynthSpec& s) {
+  return s.kv_lora_rank != 0 ? s.kv_lora_rank : s.n_embd / 2;
+}
+uint32_t rope_dim(const SynthSpec& s) {
+  return s.rope_dim != 0 ? s.rope_dim : head_dim(s) / 2;
+}
+uint32_t v_head_dim(const SynthSpec& s) {
+  return s.v_head_dim != 0 ? s.v_head_dim : head_dim(s);
+}
 uint32_t expert_used(const SynthSpec& s) {
   return s.n_expert_used != 0 ? s.n_expert_used : std::min<uint32_t>(2, s.n_expert);
 }
@@ -205,11 +219,12 @@ class ModelBuilder {
             spec.seed, spec.threads, spec.chunk_values != 0 ? spec.chunk_values : uint64_t{1} << 20)) {}
 
   // A weight tensor of `role` with ggml shape `shape`, values N(mean, stddev), generated at write time.
+  // `per_head`: a 3-D tensor of per-head matrices (deepseek2's attn_k_b / attn_v_b), not an expert bank.
   Result<void> add(const std::string& name, TensorRole role, uint32_t layer, std::vector<uint64_t> shape,
-                   float mean, float stddev) {
+                   float mean, float stddev, bool per_head = false) {
     uint64_t n = 1;
     for (uint64_t d : shape) n *= d;
-    auto type = resolve_tensor_type(spec_, role, layer, shape[0], shape.size() == 3);
+    auto type = resolve_tensor_type(spec_, role, layer, shape[0], shape.size() == 3 && !per_head);
     if (!type) return type.error();
     if (!quantizable(*type)) {
       return make_error(errc::kUnsupportedType, "tensor " + name + ": cannot write " +
@@ -299,12 +314,42 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
     w.set_u32(a + ".feed_forward_length", is_moe(s) ? expert_ff(s) : s.n_ff);
   }
   w.set_u32(a + ".attention.head_count", s.n_head);
-  w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
-  if (is_qwen3(s) || is_gemma(s) || head_dim(s) != s.n_embd / s.n_head) {
+  if (is_deepseek2(s)) {
+    // llama.cpp's current converter (DeepseekV2Model): the cache row's widths as key / value length, one
+    // KV head, the per-head widths as the _mla keys.
+    w.set_u32(a + ".attention.head_count_kv", 1);
+    w.set_u32(a + ".attention.key_length", kv_lora(s) + rope_dim(s));
+    w.set_u32(a + ".attention.value_length", kv_lora(s));
+    w.set_u32(a + ".attention.key_length_mla", head_dim(s));
+    w.set_u32(a + ".attention.value_length_mla", v_head_dim(s));
+    w.set_u32(a + ".rope.dimension_count", rope_dim(s));
+    w.set_u32(a + ".leading_dense_block_count", s.n_dense_lead);
+    w.set_u32(a + ".attention.q_lora_rank", s.q_lora_rank);
+    w.set_u32(a + ".attention.kv_lora_rank", kv_lora(s));
+    w.set_u32(a + ".expert_shared_count", s.n_expert_shared);
+    w.set_f32(a + ".expert_weights_scale", s.expert_weights_scale);
+    w.set_bool(a + ".expert_weights_norm", s.expert_weights_norm);
+    w.set_u32(a + ".expert_gating_func", s.sigmoid_gating ? 2 : 1);
+    if (s.n_expert_groups != 0) {
+      w.set_u32(a + ".expert_group_count", s.n_expert_groups);
+      w.set_u32(a + ".expert_group_used_count", s.n_group_used);
+    }
+    if (s.rope_scaling_factor != 0.0f) {
+      w.set_string(a + ".rope.scaling.type", "yarn");
+      w.set_f32(a + ".rope.scaling.factor", s.rope_scaling_factor);
+      w.set_u32(a + ".rope.scaling.original_context_length", yarn_orig_ctx(s));
+      if (s.yarn_log_multiplier != 0.0f)
+        w.set_f32(a + ".rope.scaling.yarn_log_multiplier", s.yarn_log_multiplier);
+    }
+  } else {
+    w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
+  }
+  if (!is_deepseek2(s) && (is_qwen3(s) || is_gemma(s) || head_dim(s) != s.n_embd / s.n_head)) {
     w.set_u32(a + ".attention.key_length", head_dim(s));
     w.set_u32(a + ".attention.value_length", head_dim(s));
   }
-  if (!is_gemma(s)) w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's converters omit it
+  if (!is_gemma(s) && !is_deepseek2(s))
+    w.set_u32(a + ".rope.dimension_count", head_dim(s));  // Gemma's omit it
   // gpt-oss writes its window below, with its default.
   if (is_gemma(s) && s.sliding_window != 0) w.set_u32(a + ".attention.sliding_window", s.sliding_window);
   if (s.final_logit_softcap != 0.0f) w.set_f32(a + ".final_logit_softcapping", s.final_logit_softcap);
@@ -349,6 +394,72 @@ void add_metadata(const SynthSpec& s, GgufWriter& w, const WeightScheme& scheme,
   if (!s.chat_template.empty()) w.set_string("tokenizer.chat_template", s.chat_template);
 }
 
+// One deepseek2 layer, in llama.cpp's load order: MLA attention, then a dense FFN (the leading layers) or the
+// router, its selection bias, the routed banks and the shared experts.
+template <typename Builder>
+Result<void> add_deepseek2_layer(const SynthSpec& s, Builder& b, uint32_t l) {
+  const std::string p = "blk." + std::to_string(l) + ".";
+  const uint64_t d = s.n_embd;
+  const uint64_t heads = s.n_head;
+  const uint64_t hd = head_dim(s);
+  const uint64_t rope = rope_dim(s);
+  const uint64_t rank = kv_lora(s);
+  const uint64_t vd = v_head_dim(s);
+  const uint64_t ql = s.q_lora_rank;
+  auto lin = [](uint64_t fan_in) { return 0.5f / std::sqrt(static_cast<float>(fan_in)); };
+  struct T {
+    std::string name;
+    TensorRole role;
+    std::vector<uint64_t> shape;
+    float mean, stddev;
+    bool per_head = false;
+  };
+  std::vector<T> ts = {{p + "attn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f}};
+  if (ql > 0) {
+    ts.push_back({p + "attn_q_a_norm.weight", TensorRole::norm, {ql}, 1.0f, 0.1f});
+  }
+  ts.push_back({p + "attn_kv_a_norm.weight", TensorRole::norm, {rank}, 1.0f, 0.1f});
+  if (ql > 0) {
+    ts.push_back({p + "attn_q_a.weight", TensorRole::attn_q, {d, ql}, 0.0f, lin(d)});
+    ts.push_back({p + "attn_q_b.weight", TensorRole::attn_q, {ql, heads * hd}, 0.0f, lin(ql)});
+  } else {
+    ts.push_back({p + "attn_q.weight", TensorRole::attn_q, {d, heads * hd}, 0.0f, lin(d)});
+  }
+  ts.push_back({p + "attn_kv_a_mqa.weight", TensorRole::attn_k, {d, rank + rope}, 0.0f, lin(d)});
+  ts.push_back(
+      {p + "attn_k_b.weight", TensorRole::attn_k, {hd - rope, rank, heads}, 0.0f, lin(hd - rope), true});
+  ts.push_back({p + "attn_v_b.weight", TensorRole::attn_v, {rank, vd, heads}, 0.0f, lin(rank), true});
+  ts.push_back({p + "attn_output.weight", TensorRole::attn_output, {heads * vd, d}, 0.0f, lin(heads * vd)});
+  ts.push_back({p + "ffn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f});
+  if (l < s.n_dense_lead) {
+    ts.push_back({p + "ffn_gate.weight", TensorRole::ffn_gate, {d, s.n_ff}, 0.0f, lin(d)});
+    ts.push_back({p + "ffn_down.weight", TensorRole::ffn_down, {s.n_ff, d}, 0.0f, lin(s.n_ff)});
+    ts.push_back({p + "ffn_up.weight", TensorRole::ffn_up, {d, s.n_ff}, 0.0f, lin(d)});
+  } else {
+    const uint64_t ff = expert_ff(s);
+    const uint64_t ne = s.n_expert;
+    // The router N(0, 2 / sqrt(n_embd)): logits of a few units, so the sigmoid does not saturate (a
+    // saturated sigmoid makes near-ties of 1 - ulp that any rounding difference flips).
+    ts.push_back({p + "ffn_gate_inp.weight", TensorRole::router, {d, ne}, 0.0f, 4.0f * lin(d)});
+    // The V3 selection bias: wide enough (N(0, 0.3) beside sigmoid scores in (0, 1)) to change choices.
+    if (s.sigmoid_gating) ts.push_back({p + "exp_probs_b.bias", TensorRole::norm, {ne}, 0.0f, 0.3f});
+    ts.push_back({p + "ffn_down_exps.weight", TensorRole::ffn_down, {ff, d, ne}, 0.0f, lin(ff)});
+    ts.push_back({p + "ffn_gate_exps.weight", TensorRole::ffn_gate, {d, ff, ne}, 0.0f, lin(d)});
+    ts.push_back({p + "ffn_up_exps.weight", TensorRole::ffn_up, {d, ff, ne}, 0.0f, lin(d)});
+    if (s.n_expert_shared > 0) {
+      const uint64_t sff = ff * s.n_expert_shared;
+      ts.push_back({p + "ffn_gate_shexp.weight", TensorRole::ffn_gate, {d, sff}, 0.0f, lin(d)});
+      ts.push_back({p + "ffn_down_shexp.weight", TensorRole::ffn_down, {sff, d}, 0.0f, lin(sff)});
+      ts.push_back({p + "ffn_up_shexp.weight", TensorRole::ffn_up, {d, sff}, 0.0f, lin(d)});
+    }
+  }
+  for (auto& t : ts) {
+    if (auto r = b.add(t.name, t.role, l, std::move(t.shape), t.mean, t.stddev, t.per_head); !r)
+      return r.error();
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uint32_t layer, uint64_t row_len,
@@ -390,9 +501,21 @@ Result<GgmlType> resolve_tensor_type(const SynthSpec& spec, TensorRole role, uin
 
 Result<void> validate(const SynthSpec& s) {
   auto bad = [](const std::string& msg) { return make_error(errc::kBadSpec, msg); };
-  if (s.arch != "llama" && !is_qwen(s) && !is_gemma(s) && !is_gpt_oss(s)) {
+  if (s.arch != "llama" && !is_qwen(s) && !is_gemma(s) && !is_gpt_oss(s) && !is_deepseek2(s)) {
     return bad("unknown arch '" + s.arch +
-               "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, gpt-oss)");
+               "' (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, gpt-oss, deepseek2)");
+  }
+  if (is_deepseek2(s)) {
+    if (s.n_expert == 0) return bad("deepseek2 needs experts > 0");
+    if (s.n_dense_lead >= s.n_layer) return bad("deepseek2 needs a MoE layer after the leading dense ones");
+    if (rope_dim(s) == 0 || rope_dim(s) % 2 != 0 || rope_dim(s) >= head_dim(s)) {
+      return bad("deepseek2's rope dim " + std::to_string(rope_dim(s)) + " must be even and below head dim " +
+                 std::to_string(head_dim(s)));
+    }
+    if (s.n_expert_groups > 1 &&
+        (s.n_expert % s.n_expert_groups != 0 || s.n_group_used == 0 || s.n_group_used >= s.n_expert_groups)) {
+      return bad("deepseek2's expert groups must divide the experts, with 1 <= groups used < groups");
+    }
   }
   if (is_gemma(s) && s.n_expert != 0) return bad(s.arch + " is dense");
   if (!is_gemma(s) && !is_gpt_oss(s) && s.sliding_window != 0) {
@@ -424,8 +547,8 @@ Result<void> validate(const SynthSpec& s) {
   if (s.arch == "qwen2moe" && s.n_expert == 0) return bad("qwen2moe needs experts > 0");
   if (s.arch == "qwen2" && s.n_expert != 0) return bad("qwen2 is dense; use qwen2moe for experts");
   if (is_gpt_oss(s) && s.n_expert == 0) return bad("gpt-oss needs experts > 0");
-  if (!is_gpt_oss(s) && (s.rope_scaling_factor != 0.0f || s.rope_orig_ctx != 0)) {
-    return bad("YaRN terms are gpt-oss's (arch " + s.arch + ")");
+  if (!is_gpt_oss(s) && !is_deepseek2(s) && (s.rope_scaling_factor != 0.0f || s.rope_orig_ctx != 0)) {
+    return bad("YaRN terms are gpt-oss's and deepseek2's (arch " + s.arch + ")");
   }
   if (s.rope_scaling_factor < 0.0f) return bad("rope scaling factor must be >= 0");
   if (is_qwen2(s) && head_dim(s) * s.n_head != s.n_embd) {
@@ -479,6 +602,10 @@ Result<GgufWriter> build_synth_model(const SynthSpec& spec) {
       std::vector<uint64_t> shape;
       float mean, stddev;
     };
+    if (is_deepseek2(s)) {
+      if (auto r = add_deepseek2_layer(s, b, l); !r) return r.error();
+      continue;
+    }
     std::vector<T> ts = {
         {p + "attn_norm.weight", TensorRole::norm, {d}, 1.0f, 0.1f},
         {p + "attn_q.weight", TensorRole::attn_q, {d, q_dim}, 0.0f, lin(d)},
@@ -593,6 +720,19 @@ SynthSpec tiny_spec(std::string_view flavour) {
     s.n_expert_used = 2;
     s.n_ff_expert = 32;
     s.sliding_window = 4;
+  } else if (flavour == "deepseek2") {
+    s.arch = "deepseek2";
+    s.n_layer = 3;  // one leading dense layer, two MoE layers
+    s.head_dim = 16;
+    s.rope_dim = 8;
+    s.kv_lora_rank = 32;
+    s.q_lora_rank = 32;
+    s.v_head_dim = 16;
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    s.n_ff_expert = 32;
+    s.n_expert_groups = 4;
+    s.n_group_used = 2;
   } else if (flavour == "qwen3moe") {
     s.arch = "qwen3moe";
     s.head_dim = 8;

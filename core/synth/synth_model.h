@@ -13,7 +13,12 @@
 // converter writes neither), with attn_logit_softcapping when given, and always tied (llama.cpp loads no
 // gemma2 output.weight); and `gpt-oss` (attention with Q/K/V/O biases and attn_sinks,
 // post_attention_norm before the MoE, router and expert biases; keys attention.sliding_window and YaRN's
-// rope.scaling.{type,factor,original_context_length}, as llama.cpp's converter writes them). Key names,
+// rope.scaling.{type,factor,original_context_length}, as llama.cpp's converter writes them); and `deepseek2`
+// (MLA attention with attn_q_a / attn_q_a_norm / attn_q_b or attn_q, attn_kv_a_mqa, attn_kv_a_norm and the
+// split attn_k_b / attn_v_b (3-D, one matrix per head), the keys of llama.cpp's current converter:
+// head_count_kv 1, key_length / value_length of the cache row, key_length_mla / value_length_mla; leading
+// dense layers, then MoE layers with exp_probs_b (sigmoid gating), shared experts ffn_{gate,up,down}_shexp
+// of expert_shared_count x expert width, group counts and YaRN with yarn_log_multiplier when given). Key names,
 // tensor names, shapes and order follow the
 // llama.cpp-made fixtures in ../shared/conformance/models/. Weights are drawn as those fixtures' were:
 // token_embd N(0, 1), linear weights N(0, 0.5/sqrt(fan_in)), router N(0, 0.5), output N(0, 0.15), norm
@@ -52,7 +57,7 @@
 namespace car::synth {
 
 struct SynthSpec {
-  /// "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "gpt-oss"
+  /// "llama" | "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "gpt-oss" | "deepseek2"
   std::string arch = "llama";
   uint32_t n_layer = 2;
   uint32_t n_embd = 256;
@@ -73,9 +78,23 @@ struct SynthSpec {
                                 ///< released files')
   float final_logit_softcap = 0.0f;  ///< gemma2/3: <arch>.final_logit_softcapping (0 = not written)
   float attn_logit_softcap = 0.0f;   ///< gemma2: <arch>.attn_logit_softcapping (0 = not written: 50)
-  float rope_scaling_factor = 0.0f;  ///< gpt-oss: YaRN's rope.scaling.factor (0 = 32)
-  uint32_t rope_orig_ctx = 0;   ///< gpt-oss: rope.scaling.original_context_length (0 = 4096)
+  float rope_scaling_factor = 0.0f;  ///< gpt-oss: YaRN's rope.scaling.factor (0 = 32); deepseek2: 0 = no YaRN
+  uint32_t rope_orig_ctx = 0;   ///< gpt-oss, deepseek2: rope.scaling.original_context_length (0 = 4096)
   bool tied_embeddings = false; ///< no output.weight (the output projection is token_embd)
+  // deepseek2 (MLA attention, the V3 router). head_dim is a query-key head's width (key_length_mla),
+  // n_head_kv is not used (the files say 1), n_ff is the leading dense layers' width.
+  uint32_t q_lora_rank = 0;     ///< deepseek2: 0 = a plain attn_q, else attn_q_a / attn_q_a_norm / attn_q_b
+  uint32_t kv_lora_rank = 0;    ///< deepseek2: the latent's width (0 = n_embd / 2)
+  uint32_t rope_dim = 0;        ///< deepseek2: the rope part of a head (0 = head_dim / 2)
+  uint32_t v_head_dim = 0;      ///< deepseek2: value_length_mla (0 = head_dim)
+  uint32_t n_dense_lead = 1;    ///< deepseek2: leading_dense_block_count
+  uint32_t n_expert_shared = 1; ///< deepseek2: expert_shared_count
+  uint32_t n_expert_groups = 0; ///< deepseek2: expert_group_count (0 = not written)
+  uint32_t n_group_used = 0;    ///< deepseek2: expert_group_used_count
+  bool sigmoid_gating = true;   ///< deepseek2: expert_gating_func 2 (sigmoid, with exp_probs_b) or 1 (softmax)
+  bool expert_weights_norm = true;     ///< deepseek2: expert_weights_norm
+  float expert_weights_scale = 2.5f;   ///< deepseek2: expert_weights_scale
+  float yarn_log_multiplier = 0.0f;    ///< deepseek2 with YaRN: rope.scaling.yarn_log_multiplier (0 = not written)
   uint64_t seed = 1;
   /// "f32", "f16", "bf16", "q4_k_m", "q5_k_m", "mxfp4_moe", or any ggml type name ("q8_0", "q4_0", "q6_k", ...).
   std::string weight_type = "f32";

@@ -48,9 +48,15 @@ TEST_P(MemoryEstimateTest, EstimateEqualsWhatTheLoadedModelReports) {
   EXPECT_EQ(estimate->total(), model_memory_bytes(**model));
   // Every term is really there: the context and the batch size it implies show in the KV cache and scratch.
   const int64_t n_ctx = c.context_length > 0 ? c.context_length : spec.n_ctx;
-  EXPECT_EQ(actual.kv_cache, static_cast<uint64_t>(spec.n_layer) * spec.n_head_kv *
-                                 static_cast<uint64_t>(n_ctx) * 2 *
-                                 (spec.head_dim > 0 ? spec.head_dim : spec.n_embd / spec.n_head) * 2);
+  if (spec.arch == "deepseek2") {
+    // MLA: one row of latent + rope key, and the latent as value, per position and layer (fp16).
+    EXPECT_EQ(actual.kv_cache, static_cast<uint64_t>(spec.n_layer) * static_cast<uint64_t>(n_ctx) *
+                                   (2 * spec.kv_lora_rank + spec.rope_dim) * 2);
+  } else {
+    EXPECT_EQ(actual.kv_cache, static_cast<uint64_t>(spec.n_layer) * spec.n_head_kv *
+                                   static_cast<uint64_t>(n_ctx) * 2 *
+                                   (spec.head_dim > 0 ? spec.head_dim : spec.n_embd / spec.n_head) * 2);
+  }
   EXPECT_GT(actual.scratch, 0u);
   EXPECT_EQ(actual.logits, static_cast<uint64_t>(spec.n_vocab) * 4);
   EXPECT_GT(actual.total(), std::filesystem::file_size(path)) << "the file size alone undercharges";
@@ -105,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(Models, MemoryEstimateTest,
                                            Case{"qwen2", "q8_0", 0}, Case{"qwen2moe", "f32", 0},
                                            Case{"qwen2moe", "q8_0", 64}, Case{"gemma3", "q8_0", 0},
                                            Case{"gemma2", "f32", 0}, Case{"gpt-oss", "f32", 0},
-                                           Case{"gpt-oss", "q8_0", 64}));
+                                           Case{"gpt-oss", "q8_0", 64}, Case{"deepseek2", "f32", 0},
+                                           Case{"deepseek2", "q8_0", 64}));
 
 TEST(MemoryEstimateErrorsTest, MissingAndCorruptFilesAndBadOptions) {
   car::testing::TempDir dir;

@@ -171,6 +171,16 @@ synth::SynthSpec spec_from(const json& j, const std::optional<std::filesystem::p
     else if (key == "attn_logit_softcap") s.attn_logit_softcap = v.get<float>();
     else if (key == "rope_scaling_factor") s.rope_scaling_factor = v.get<float>();
     else if (key == "rope_orig_ctx") s.rope_orig_ctx = v.get<uint32_t>();
+    else if (key == "yarn_log_multiplier") s.yarn_log_multiplier = v.get<float>();
+    else if (key == "q_lora_rank") s.q_lora_rank = v.get<uint32_t>();
+    else if (key == "kv_lora_rank") s.kv_lora_rank = v.get<uint32_t>();
+    else if (key == "rope_dim") s.rope_dim = v.get<uint32_t>();
+    else if (key == "v_head_dim") s.v_head_dim = v.get<uint32_t>();
+    else if (key == "n_dense_lead") s.n_dense_lead = v.get<uint32_t>();
+    else if (key == "n_expert_shared") s.n_expert_shared = v.get<uint32_t>();
+    else if (key == "n_expert_groups") s.n_expert_groups = v.get<uint32_t>();
+    else if (key == "n_group_used") s.n_group_used = v.get<uint32_t>();
+    else if (key == "expert_weights_scale") s.expert_weights_scale = v.get<float>();
     else ADD_FAILURE() << "unknown synth spec field " << key;
   }
   return s;

@@ -4,7 +4,8 @@
 // every MoE conformance fixture (../shared/conformance/models/moe-*.gguf, skipped when absent), for
 // synthetic MoE models of every weight type the project writes (core/synth), and for qwen2moe (whose
 // shared expert stays resident) in F32, Q8_0 and Q4_K_M, for gpt-oss (expert biases resident) in F32, Q8_0
-// and MXFP4, with the cache capped at 1
+// and MXFP4, for deepseek2 (leading dense layer, shared expert and selection bias resident) in Q8_0,
+// IQ4_XS and IQ2_XXS, with the cache capped at 1
 // expert per bank (every acquire of a new expert evicts), at n_expert / 2 and at n_expert, prefetch on and
 // off, for token-by-token decode and for one batched prefill (which leases its experts in waves of
 // slots(layer)). The cap is forced through the pool's budget (ram_gb) and checked in stats().
@@ -210,6 +211,32 @@ TEST(StreamedExperts, GptOssWithExpertBiasesBitIdenticalToResident) {
     synth::SynthSpec spec = stream_spec("gpt-oss", type, seed++);
     spec.sliding_window = 4;
     check_synth_streamed_equals_resident(dir, spec);
+  }
+}
+
+// deepseek2: a leading dense layer (no bank), the shared expert resident (dense weights in LayerWeights), the
+// selection bias resident, group-limited sigmoid routing; only the routed banks stream. Q8_0, IQ4_XS and
+// IQ2_XXS experts (the native types for it).
+TEST(StreamedExperts, Deepseek2WithSharedExpertAndDenseLeadBitIdenticalToResident) {
+  testing::TempDir dir;
+  for (const char* type : {"q8_0", "iq4_xs", "iq2_xxs"}) {
+    synth::SynthSpec spec = synth::tiny_spec("deepseek2");
+    spec.n_embd = 256;
+    spec.head_dim = 64;
+    spec.rope_dim = 32;
+    spec.kv_lora_rank = 256;
+    spec.q_lora_rank = 0;
+    spec.n_ff = 256;
+    spec.n_ff_expert = 256;
+    spec.n_expert = 8;
+    spec.n_expert_used = 2;
+    spec.weight_type = type;
+    spec.seed = 83;
+    const std::string path = (dir / (std::string("deepseek2-") + type + ".gguf")).string();
+    auto ok = synth::write_synth_model(spec, path);
+    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
+    SCOPED_TRACE(std::string("deepseek2 ") + type);
+    check_streamed_equals_resident(path, 10);
   }
 }
 

@@ -36,6 +36,10 @@ const flags = {
   weight_type: "--type", vocab_file: "--vocab-from", tied_embeddings: "--tied",
   sliding_window: "--sliding-window", final_logit_softcap: "--final-softcap", attn_logit_softcap: "--attn-softcap",
   rope_scaling_factor: "--yarn-factor", rope_orig_ctx: "--yarn-orig-ctx",
+  yarn_log_multiplier: "--yarn-log-mul", q_lora_rank: "--q-lora-rank", kv_lora_rank: "--kv-lora-rank",
+  rope_dim: "--rope-dim", v_head_dim: "--v-head-dim", n_dense_lead: "--dense-lead",
+  n_expert_shared: "--shared-experts", n_expert_groups: "--expert-groups", n_group_used: "--expert-groups-used",
+  expert_weights_scale: "--expert-weights-scale",
 };
 // "conformance:PATH" names a file of the shared conformance folder ($CAR_CONFORMANCE_DIR, else
 // ../shared/conformance beside the checkout), as the test resolves it.
