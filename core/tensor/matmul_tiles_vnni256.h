@@ -1,12 +1,12 @@
-// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K (vpdpwssd), Q4_1, Q5_0, Q5_1 and repacked Q2_K
-// (vpdpbusd) in 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of
-// matmul_k_vnni.cpp, matmul_legacy_vnni.cpp and matmul_q2k_vnni.cpp with eight weight rows per register
-// instead of sixteen: lane r of every int32 / float register is row r, the vector's int16 pair (K-quants) or
-// 4 quants (legacy) of the same elements are broadcast, and the float steps are lane-wise copies of the AVX2
-// table's dot kernels (dot_k_avx2.cpp dot_q5_K / dot_q3_K, dot_avx2.cpp dot_q4_1 / dot_q5_0 / dot_q5_1; for
-// Q2_K the references of its repacked orders, dot_q2_K_q8_K_gemm_ref / _gemv_ref), so each result equals them
-// bit for bit. See those two files for the orders and why the K-quant levels are pre-multiplied by their
-// scales.
+// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K (vpdpwssd), Q4_1, Q5_0, Q5_1, Q8_0 and repacked
+// Q2_K (vpdpbusd) in 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of
+// matmul_k_vnni.cpp, matmul_legacy_vnni.cpp, matmul_q8_vnni.cpp and matmul_q2k_vnni.cpp with eight weight
+// rows per register instead of sixteen: lane r of every int32 / float register is row r, the vector's int16
+// pair (K-quants) or 4 quants (legacy) of the same elements are broadcast, and the float steps are lane-wise
+// copies of the AVX2 table's dot kernels (dot_k_avx2.cpp dot_q5_K / dot_q3_K, dot_avx2.cpp dot_q4_1 /
+// dot_q5_0 / dot_q5_1 / dot_q8_0; for Q2_K the references of its repacked orders, dot_q2_K_q8_K_gemm_ref /
+// _gemv_ref), so each result equals them bit for bit. See those two files for the orders and why the K-quant
+// levels are pre-multiplied by their scales.
 //
 // VEX code has 16 vector registers: a (row group, vector) pair's 8 lane accumulators, two integer chains and
 // the weights fill most of them, so the tiles run one vector at a time over the packed rows.
@@ -282,6 +282,7 @@ struct Q4_1_8 {
   using Block = block_q4_1;
   using ActBlock = block_q8_1;
   static constexpr bool kMin = true, kOffset = false;
+  static constexpr int kBias = 0;
   static __m256i levels(const Block& x) { return nibbles32(x.qs); }
   static float min(const Block& x) { return h2f(x.m); }
 };
@@ -289,6 +290,7 @@ struct Q5_1_8 {
   using Block = block_q5_1;
   using ActBlock = block_q8_1;
   static constexpr bool kMin = true, kOffset = false;
+  static constexpr int kBias = 0;
   static __m256i levels(const Block& x) { return _mm256_or_si256(nibbles32(x.qs), fifth_bits8(x.qh)); }
   static float min(const Block& x) { return h2f(x.m); }
 };
@@ -296,7 +298,20 @@ struct Q5_0_8 {
   using Block = block_q5_0;
   using ActBlock = block_q8_0;
   static constexpr bool kMin = false, kOffset = true;
+  static constexpr int kBias = 16;  ///< the levels are quants + 16: each dword's sum starts at -16 * y's
   static __m256i levels(const Block& x) { return _mm256_or_si256(nibbles32(x.qs), fifth_bits8(x.qh)); }
+  static float min(const Block&) { return 0.0f; }
+};
+/// Q8_0 (dot_avx2.cpp dot_q8_0): signed quants made unsigned by adding 128 (the bytes' top bit flipped); the
+/// sums start at -128 * y's, so each lane's integer is the exact s8 x s8 sum the dot kernel forms.
+struct Q8_0_8 {
+  using Block = block_q8_0;
+  using ActBlock = block_q8_0;
+  static constexpr bool kMin = false, kOffset = true;
+  static constexpr int kBias = 128;
+  static __m256i levels(const Block& x) {
+    return _mm256_xor_si256(load32(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
   static float min(const Block&) { return 0.0f; }
 };
 
@@ -323,7 +338,8 @@ void pack_l8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedL8
   }
 }
 
-/// 8 packed rows x 1 vector over nb blocks: out[r] for the rows in `rows`. off: Q5_0's per-lane starts.
+/// 8 packed rows x 1 vector over nb blocks: out[r] for the rows in `rows`. off: Q5_0's / Q8_0's per-lane
+/// starts.
 template <class F>
 void rows8_l(const PackedL8* pb, int64_t nb, const typename F::ActBlock* y, const int32_t* off, float* out,
              __m256i rows) {
@@ -356,11 +372,11 @@ void tile_l8(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* a
   int32_t* off = nullptr;
   if constexpr (F::kOffset) {
     off = static_cast<int32_t*>(off_buf.get(static_cast<size_t>(nvec * nb) * 8 * sizeof(int32_t)));
-    const __m256i k16 = _mm256_set1_epi8(16);
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(F::kBias));
     for (int64_t v = 0; v < nvec; ++v) {
       const auto* yb = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes);
       for (int64_t i = 0; i < nb; ++i) {
-        const __m256i s = dpbusd8(_mm256_setzero_si256(), k16, load32(yb[i].qs));
+        const __m256i s = dpbusd8(_mm256_setzero_si256(), bias, load32(yb[i].qs));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(off + 8 * (v * nb + i)),
                             _mm256_sub_epi32(_mm256_setzero_si256(), s));
       }
