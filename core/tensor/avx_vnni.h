@@ -39,21 +39,23 @@ void tile_q2_K_repacked_vnni256_evex(const uint8_t* w, size_t row_bytes, int64_t
                                      size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                                      const uint8_t* gemm);
 
-/// The prompt tiles (TileFn) of Q5_K, Q3_K, Q4_1, Q5_0, Q5_1 and Q8_0, 8 rows per register, bit-equal to the
-/// AVX2 table's dot kernels (matmul_tiles_vnni256.h): VEX builds (avx_vnni; the AVX-VNNI table's) and EVEX
-/// builds of the same source (vnni256_evex; for tests on CPUs without AVX-VNNI).
+/// The prompt tiles (TileFn) of Q5_K, Q3_K, Q6_K, Q4_1, Q5_0, Q5_1 and Q8_0, 8 rows per register, bit-equal
+/// to the AVX2 table's dot kernels (matmul_tiles_vnni256.h): VEX builds (avx_vnni; the AVX-VNNI table's) and
+/// EVEX builds of the same source (vnni256_evex; for tests on CPUs without AVX-VNNI).
 using TileSignature = std::remove_pointer_t<TileFn>;  // declarations of TileFn functions
 TileSignature tile_q5_K_avx_vnni;
 TileSignature tile_q3_K_avx_vnni;
 TileSignature tile_q4_1_avx_vnni;
 TileSignature tile_q5_0_avx_vnni;
 TileSignature tile_q5_1_avx_vnni;
+TileSignature tile_q6_K_avx_vnni;
 TileSignature tile_q8_0_avx_vnni;
 TileSignature tile_q5_K_vnni256_evex;
 TileSignature tile_q3_K_vnni256_evex;
 TileSignature tile_q4_1_vnni256_evex;
 TileSignature tile_q5_0_vnni256_evex;
 TileSignature tile_q5_1_vnni256_evex;
+TileSignature tile_q6_K_vnni256_evex;
 TileSignature tile_q8_0_vnni256_evex;
 
 }  // namespace car::tensor::detail

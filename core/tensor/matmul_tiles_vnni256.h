@@ -1,12 +1,12 @@
-// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K (vpdpwssd), Q4_1, Q5_0, Q5_1, Q8_0 and repacked
-// Q2_K (vpdpbusd) in 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of
+// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K, Q6_K (vpdpwssd), Q4_1, Q5_0, Q5_1, Q8_0 and
+// repacked Q2_K (vpdpbusd) in 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of
 // matmul_k_vnni.cpp, matmul_legacy_vnni.cpp, matmul_q8_vnni.cpp and matmul_q2k_vnni.cpp with eight weight
 // rows per register instead of sixteen: lane r of every int32 / float register is row r, the vector's int16
 // pair (K-quants) or 4 quants (legacy) of the same elements are broadcast, and the float steps are lane-wise
-// copies of the AVX2 table's dot kernels (dot_k_avx2.cpp dot_q5_K / dot_q3_K, dot_avx2.cpp dot_q4_1 /
-// dot_q5_0 / dot_q5_1 / dot_q8_0; for Q2_K the references of its repacked orders, dot_q2_K_q8_K_gemm_ref /
-// _gemv_ref), so each result equals them bit for bit. See those two files for the orders and why the K-quant
-// levels are pre-multiplied by their scales.
+// copies of the AVX2 table's dot kernels (dot_k_avx2.cpp dot_q5_K / dot_q3_K / dot_q6_K, dot_avx2.cpp
+// dot_q4_1 / dot_q5_0 / dot_q5_1 / dot_q8_0; for Q2_K the references of its repacked orders,
+// dot_q2_K_q8_K_gemm_ref / _gemv_ref), so each result equals them bit for bit. See those files for the orders
+// and why the K-quant levels are pre-multiplied by their scales.
 //
 // VEX code has 16 vector registers: a (row group, vector) pair's 8 lane accumulators, two integer chains and
 // the weights fill most of them, so the tiles run one vector at a time over the packed rows.
@@ -91,6 +91,7 @@ inline __m256 hsum8_lanes(const __m256* a) {
 struct PackedK8 {
   alignas(32) int16_t w[128][2 * kRows8];  ///< [k] lane r = row r's (level * scale) of elements 2k, 2k + 1
   int32_t mn[4][kRows8];                   ///< Q5_K: [g] lane r = row r's mins 2g (low int16), 2g + 1 (high)
+  int32_t off[8][kRows8];  ///< Q6_K: [l] lane r = row r's -32 * scales 2l (low int16), 2l + 1 (high)
   float d[kRows8];
   float dmin[kRows8];  ///< Q5_K
 };
@@ -107,8 +108,8 @@ inline void scale_store(__m256i lv, int16_t s0, int16_t s1, int16_t* out) {
 
 struct Q5K8 {
   using Block = block_q5_K;
-  static constexpr bool kMins = true;
-  static void levels(const Block& x, int16_t* out, uint16_t* mins) {
+  static constexpr bool kMins = true, kOffset = false;
+  static void levels(const Block& x, int16_t* out, int16_t* mins) {
     uint32_t sm[4];
     unpack_scale_min_k4_words(x.scales, sm);
     const auto* sc = reinterpret_cast<const uint8_t*>(sm);
@@ -130,8 +131,8 @@ struct Q5K8 {
 
 struct Q3K8 {
   using Block = block_q3_K;
-  static constexpr bool kMins = false;
-  static void levels(const Block& x, int16_t* out, uint16_t* /*mins*/) {
+  static constexpr bool kMins = false, kOffset = false;
+  static void levels(const Block& x, int16_t* out, int16_t* /*mins*/) {
     int8_t raw[16];
     unpack_q3_K_scales(x.scales, raw);
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
@@ -147,6 +148,34 @@ struct Q3K8 {
   static float dmin(const Block&) { return 0.0f; }
 };
 
+/// Q6_K as dot_k_avx2.cpp dot_q6_K forms it: the unsigned levels (0..63) times the scales, and the -32 offset
+/// apart, per lane l of the dot kernel from the activations' sums of sub-blocks 2l and 2l + 1 (`mins` here:
+/// the 16 scales times -32, which fit int16), so each lane's integer is the dot kernel's.
+struct Q6K8 {
+  using Block = block_q6_K;
+  static constexpr bool kMins = false, kOffset = true;
+  static void levels(const Block& x, int16_t* out, int16_t* off) {
+    for (int s = 0; s < 16; ++s) off[s] = static_cast<int16_t>(-32 * x.scales[s]);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l1 = load32(x.ql + 64 * h), l2 = load32(x.ql + 64 * h + 32), hb = load32(x.qh + 32 * h);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l2, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+      for (int k = 0; k < 4; ++k) {  // elements 128h + 32k ..: scales 8h + 2k, 8h + 2k + 1
+        const int s = 8 * h + 2 * k;
+        scale_store<false>(q[k], x.scales[s], x.scales[s + 1], out + 128 * h + 32 * k);
+      }
+    }
+  }
+  static float dmin(const Block&) { return 0.0f; }
+};
+
 template <class K>
 void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8* pb) {
   alignas(32) int16_t lv[kRows8][256];
@@ -154,7 +183,7 @@ void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8
   for (int64_t i = 0; i < nb; ++i) {
     PackedK8& b = pb[i];
     for (int r = 0; r < kRows8; ++r) {
-      uint16_t mins[8] = {};
+      int16_t mins[16] = {};  // Q5_K: the 8 mins; Q6_K: the 16 offsets
       float d = 0.0f, dmin = 0.0f;
       if (r < nrows) {
         const auto& x = reinterpret_cast<const typename K::Block*>(w + static_cast<size_t>(r) * row_bytes)[i];
@@ -162,9 +191,15 @@ void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8
         d = h2f(x.d);
         dmin = K::dmin(x);
       }
-      for (int g = 0; g < 4; ++g) {
-        b.mn[g][r] = static_cast<int32_t>(static_cast<uint32_t>(mins[2 * g]) |
-                                          (static_cast<uint32_t>(mins[2 * g + 1]) << 16));
+      auto pair = [&](int j) {
+        return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(mins[2 * j])) |
+                                    (static_cast<uint32_t>(static_cast<uint16_t>(mins[2 * j + 1])) << 16));
+      };
+      if constexpr (K::kMins) {
+        for (int g = 0; g < 4; ++g) b.mn[g][r] = pair(g);
+      }
+      if constexpr (K::kOffset) {
+        for (int l = 0; l < 8; ++l) b.off[l][r] = pair(l);
       }
       b.d[r] = d;
       b.dmin[r] = dmin;
@@ -178,12 +213,14 @@ void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8
   }
 }
 
-/// Per vector and block: the 256 activations as int16, the sub-block sums as 4 int16 pairs, y.d.
+/// Per vector and block: the 256 activations as int16, the sub-block sums as 4 int16 pairs (sums of 32), y.d,
+/// the 16 sub-block sums (Q6_K's offsets).
 struct VecK {
   alignas(64) int16_t q[256];
   int32_t pairs[4];
   float d;
-  int32_t pad[11];
+  int16_t bsums[16];
+  int32_t pad[3];
 };
 
 inline void prepare_k(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, VecK* out) {
@@ -199,6 +236,7 @@ inline void prepare_k(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o.pairs),
                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
       o.d = y[i].d;
+      std::memcpy(o.bsums, y[i].bsums, sizeof o.bsums);
     }
   }
 }
@@ -226,6 +264,10 @@ void rows8_k(const PackedK8* pb, int64_t nb, const VecK* y, float* out, __m256i 
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
       __m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256();
+      if constexpr (K::kOffset) {  // lane l's share of the offset: sub-blocks 2l and 2l + 1
+        t0 = dpwssd8(t0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.off[l])),
+                     bcast_dword(yv.bsums + 2 * l));
+      }
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         const int k = 16 * c + 2 * l;
@@ -259,7 +301,7 @@ void tile_k8(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* a
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Q4_1, Q5_0, Q5_1: unsigned levels, vpdpbusd (matmul_legacy_vnni.cpp)
+// Q4_1, Q5_0, Q5_1, Q8_0: unsigned levels, vpdpbusd (matmul_legacy_vnni.cpp, matmul_q8_vnni.cpp)
 
 struct PackedL8 {
   alignas(32) uint8_t qs[8][32];  ///< [k] lane r = row r's levels of elements 4k .. 4k + 3

@@ -12,10 +12,9 @@
 //   - the 256-bit repacked Q4_K tile built on the EVEX vpdpbusd (AVX-512 VL + VNNI, the same instruction
 //     semantics) equals the references as above; the VEX build (the table's) where the CPU has AVX-VNNI;
 //   - the same for the 256-bit repacked Q2_K tile;
-//   - the 256-bit prompt tiles of Q5_K, Q3_K, Q4_1, Q5_0, Q5_1, Q8_0 (EVEX build; VEX where the CPU has it)
-//   equal
-//     the AVX2 table's dot kernels bit for bit for every row count (whole and partial groups of 8), vector
-//     count 1..64 and a few block counts;
+//   - the 256-bit prompt tiles of Q5_K, Q3_K, Q6_K, Q4_1, Q5_0, Q5_1, Q8_0 (EVEX build; VEX where the CPU
+//     has it) equal the AVX2 table's dot kernels bit for bit for every row count (whole and partial groups
+//     of 8), vector count 1..64 and a few block counts;
 //   - the AVX2 level's table takes them only where AVX-VNNI is usable.
 #include <gtest/gtest.h>
 
@@ -244,6 +243,7 @@ const Vnni256Tile kVnni256Tiles[] = {
     {GgmlType::Q5_0, detail::tile_q5_0_vnni256_evex, detail::tile_q5_0_avx_vnni},
     {GgmlType::Q5_1, detail::tile_q5_1_vnni256_evex, detail::tile_q5_1_avx_vnni},
     {GgmlType::Q8_0, detail::tile_q8_0_vnni256_evex, detail::tile_q8_0_avx_vnni},
+    {GgmlType::Q6_K, detail::tile_q6_K_vnni256_evex, detail::tile_q6_K_avx_vnni},
 };
 
 /// Every row count (whole and partial groups of 8), vector count 1..64 and a few block counts of one tile of
