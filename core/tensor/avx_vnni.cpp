@@ -32,6 +32,10 @@ const DotKernels* avx_vnni_kernels() {
     static DotKernels k = *base;
     k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_avx_vnni;
     k.tile_repacked[slot(GgmlType::Q2_K)] = tile_q2_K_repacked_avx_vnni;
+    k.tile_repacked[slot(GgmlType::Q4_0)] =
+        tile_q4_0_repacked_avx_vnni;  // the AVX2 level: loops over dot_gemv
+    k.tile_repacked[slot(GgmlType::IQ4_NL)] = tile_iq4_nl_repacked_avx_vnni;
+    k.tile_repacked[slot(GgmlType::MXFP4)] = tile_mxfp4_repacked_avx_vnni;
     // The types without an AVX2 tile (issue #26; the AVX2 level runs Q6_K and Q8_0 as loops over their dot
     // kernels): 8 rows per register, matmul hands them whole groups.
     const std::pair<GgmlType, TileFn> tiles[] = {

@@ -39,6 +39,15 @@ void tile_q2_K_repacked_vnni256_evex(const uint8_t* w, size_t row_bytes, int64_t
                                      size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                                      const uint8_t* gemm);
 
+/// The same for repacked Q4_0, IQ4_NL and MXFP4 (one order: bit-equal to dot_*_q8_0_repacked_ref).
+using RepackedTileSignature = std::remove_pointer_t<RepackedTileFn>;
+RepackedTileSignature tile_q4_0_repacked_avx_vnni;
+RepackedTileSignature tile_iq4_nl_repacked_avx_vnni;
+RepackedTileSignature tile_mxfp4_repacked_avx_vnni;
+RepackedTileSignature tile_q4_0_repacked_vnni256_evex;
+RepackedTileSignature tile_iq4_nl_repacked_vnni256_evex;
+RepackedTileSignature tile_mxfp4_repacked_vnni256_evex;
+
 /// The prompt tiles (TileFn) of Q5_K, Q3_K, Q6_K, Q4_1, Q5_0, Q5_1 and Q8_0, 8 rows per register, bit-equal
 /// to the AVX2 table's dot kernels (matmul_tiles_vnni256.h): VEX builds (avx_vnni; the AVX-VNNI table's) and
 /// EVEX builds of the same source (vnni256_evex; for tests on CPUs without AVX-VNNI).

@@ -26,7 +26,9 @@
 
 #include "core/tensor/aligned_scratch.h"
 #include "core/tensor/blocks.h"
+#include "core/tensor/iq_tables.h"
 #include "core/tensor/k_scales.h"
+#include "core/tensor/nl32.h"
 #include "core/tensor/simd_x86.h"
 
 namespace car::tensor::detail::vnni256 {
@@ -550,6 +552,135 @@ inline void tile_q2_K_repacked8(const uint8_t* w, size_t row_bytes, int64_t nrow
         g ? rows8_q2<1, true>(pb, nb, yv, out, ldy, rows) : rows8_q2<1, false>(pb, nb, yv, out, ldy, rows);
       }
       v += kN;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Repacked Q4_0, IQ4_NL, MXFP4: table value + 128, vpdpbusd, llama.cpp's repacked order
+// (matmul_nl32_vnni.cpp)
+//
+// One exact integer per (row, vector, block) - sum(table value * y) = sum((value + 128) * y) - 128 * sum(y),
+// |sum| <= 32 * 255 * 127 - and one fma(float(integer), x.d * y.d, acc) per block in block order
+// (dot_*_q8_0_repacked_ref; the gemv and gemm orders are the same). The nibbles become table values + 128 at
+// packing, so a vector's block costs eight vpdpbusd.
+
+struct PackedNl8 {
+  alignas(32) uint8_t q[8][32];  ///< [k] lane r = row r's value + 128 of elements 4k .. 4k + 3
+  float d[kRows8];               ///< row r's block scale (0 past the group's end)
+};
+
+struct Q4_0Nl8 {
+  using Block = block_q4_0;
+  static constexpr const int8_t* values = kvalues_q4_0;
+};
+struct Iq4NlNl8 {
+  using Block = block_iq4_nl;
+  static constexpr const int8_t* values = kvalues_iq4nl;
+};
+struct Mxfp4Nl8 {
+  using Block = block_mxfp4;
+  static constexpr const int8_t* values = kvalues_mxfp4;
+};
+
+template <class F>
+void pack_nl8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedNl8* pb) {
+  using Block = typename F::Block;
+  const __m128i lut = _mm_add_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(F::values)),
+                                   _mm_set1_epi8(static_cast<char>(0x80)));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  for (int64_t i = 0; i < nb; ++i) {
+    PackedNl8& b = pb[i];
+    __m256i z[8], out[8];
+    for (int r = 0; r < kRows8; ++r) {
+      if (r < nrows) {
+        const Block& x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * row_bytes)[i];
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs));
+        const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(bits, m4));  // elements 0..15
+        const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));  // 16..31
+        z[r] = _mm256_set_m128i(hi, lo);
+        b.d[r] = nl32_scale(x);
+      } else {
+        z[r] = _mm256_setzero_si256();
+        b.d[r] = 0.0f;
+      }
+    }
+    transpose8x8(z, out);
+    for (int k = 0; k < 8; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(b.q[k]), out[k]);
+  }
+}
+
+/// 8 packed rows x kV vectors over nb blocks. y[v]: vector v's Q8_0 blocks; off[v]: per block, 128 x the sum
+/// of its quants; out[v * ldy + r] for the rows in `rows`.
+template <int kV>
+void rows8_nl(const PackedNl8* pb, int64_t nb, const block_q8_0* const* y, const int32_t* const* off,
+              float* out, int64_t ldy, __m256i rows) {
+  __m256 acc[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const PackedNl8& b = pb[i];
+    __m256i s[kV];
+    for (int v = 0; v < kV; ++v) s[v] = _mm256_set1_epi32(-off[v][i]);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m256i wk = _mm256_load_si256(reinterpret_cast<const __m256i*>(b.q[k]));
+      for (int v = 0; v < kV; ++v) s[v] = dpbusd8(s[v], wk, bcast_dword(y[v][i].qs + 4 * k));
+    }
+    const __m256 xd = _mm256_load_ps(b.d);
+    for (int v = 0; v < kV; ++v) {
+      const __m256 d = _mm256_mul_ps(xd, _mm256_set1_ps(h2f(y[v][i].d)));  // x.d * y.d, as the reference
+      acc[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[v]), d, acc[v]);
+    }
+  }
+  for (int v = 0; v < kV; ++v) _mm256_maskstore_ps(out + v * ldy, rows, acc[v]);
+}
+
+/// RepackedTileFn (kernel_table.h) for Q4_0, IQ4_NL and MXFP4: one order, so `gemm` does not matter.
+template <class F>
+void tile_nl8_repacked(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                       size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                       const uint8_t* /*gemm*/) {
+  assert(n % 32 == 0);
+  thread_local AlignedScratch pack_buf, off_buf;
+  const int64_t nb = n / 32;
+  auto* pb = static_cast<PackedNl8*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedNl8)));
+  auto* off = static_cast<int32_t*>(off_buf.get(static_cast<size_t>(nvec * nb) * sizeof(int32_t)));
+  const __m256i k128 = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t v = 0; v < nvec; ++v) {
+    const auto* yb = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes);
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m256i s = dpbusd8(_mm256_setzero_si256(), k128, load32(yb[i].qs));  // 128 x each dword's sum
+      off[v * nb + i] = hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+    }
+  }
+  constexpr int kV = 4;  // VEX code has 16 registers: 4 vectors' integer and float chains, weights, broadcast
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows8) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows8, nrows - r0));
+    pack_nl8<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    const __m256i rows = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    auto run = [&]<int kN>(int64_t first) {
+      const block_q8_0* yv[kN];
+      const int32_t* ov[kN];
+      for (int v = 0; v < kN; ++v) {
+        yv[v] = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(first + v) * act_bytes);
+        ov[v] = off + (first + v) * nb;
+      }
+      rows8_nl<kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, rows);
+    };
+    int64_t v = 0;
+    for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);
+    switch (nvec - v) {
+      case 3:
+        run.template operator()<3>(v);
+        break;
+      case 2:
+        run.template operator()<2>(v);
+        break;
+      case 1:
+        run.template operator()<1>(v);
+        break;
+      default:
+        break;
     }
   }
 }
