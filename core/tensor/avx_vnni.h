@@ -1,10 +1,12 @@
 // AVX-VNNI (the VEX, 256-bit vpdpbusd of AVX2 cores such as Alder Lake) in core/tensor: detection, the
-// kernel, and its table.
+// kernels, and their table.
 //
 // Like AMX for the AVX-512 level (amx.h), AVX-VNNI extends the AVX2 level: where the CPU reports it, the AVX2
-// level's table is avx_vnni_kernels() - the AVX2 table with the 256-bit VNNI repacked Q4_K tile
-// (matmul_q4k_vnni256.h), which gives the bits of the loop over the dot kernels it replaces. An AVX-512 CPU
-// keeps its own table; CAR_INFERENCE_ISA=avx2 on a CPU with both selects this one, =scalar neither.
+// level's table is avx_vnni_kernels() - the AVX2 table with the 256-bit VNNI prompt tiles: repacked Q4_K
+// (matmul_q4k_vnni256.h), repacked Q2_K, Q4_0, IQ4_NL, MXFP4 and the vec_dot-order Q5_K, Q3_K, Q6_K, Q4_1,
+// Q5_0, Q5_1, Q8_0 (matmul_tiles_vnni256.h), each giving the bits of the loop over the dot kernels it
+// replaces. An AVX-512 CPU keeps its own table; CAR_INFERENCE_ISA=avx2 on a CPU with both selects this one,
+// =scalar neither.
 //
 // Thread safety: safe from any thread (computed once).
 #pragma once
