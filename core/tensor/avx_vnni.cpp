@@ -32,12 +32,17 @@ const DotKernels* avx_vnni_kernels() {
     static DotKernels k = *base;
     k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_avx_vnni;
     k.tile_repacked[slot(GgmlType::Q2_K)] = tile_q2_K_repacked_avx_vnni;
-    // The types without an AVX2 tile (issue #26): 8 rows per register, matmul hands them whole groups.
-    const std::pair<GgmlType, TileFn> tiles[] = {{GgmlType::Q5_K, tile_q5_K_avx_vnni},
-                                                 {GgmlType::Q3_K, tile_q3_K_avx_vnni},
-                                                 {GgmlType::Q4_1, tile_q4_1_avx_vnni},
-                                                 {GgmlType::Q5_0, tile_q5_0_avx_vnni},
-                                                 {GgmlType::Q5_1, tile_q5_1_avx_vnni}};
+    k.tile_repacked[slot(GgmlType::Q4_0)] =
+        tile_q4_0_repacked_avx_vnni;  // the AVX2 level: loops over dot_gemv
+    k.tile_repacked[slot(GgmlType::IQ4_NL)] = tile_iq4_nl_repacked_avx_vnni;
+    k.tile_repacked[slot(GgmlType::MXFP4)] = tile_mxfp4_repacked_avx_vnni;
+    // The types without an AVX2 tile (issue #26; the AVX2 level runs Q6_K and Q8_0 as loops over their dot
+    // kernels): 8 rows per register, matmul hands them whole groups.
+    const std::pair<GgmlType, TileFn> tiles[] = {
+        {GgmlType::Q5_K, tile_q5_K_avx_vnni}, {GgmlType::Q3_K, tile_q3_K_avx_vnni},
+        {GgmlType::Q6_K, tile_q6_K_avx_vnni}, {GgmlType::Q4_1, tile_q4_1_avx_vnni},
+        {GgmlType::Q5_0, tile_q5_0_avx_vnni}, {GgmlType::Q5_1, tile_q5_1_avx_vnni},
+        {GgmlType::Q8_0, tile_q8_0_avx_vnni}};
     for (const auto& [t, fn] : tiles) {
       k.tile[slot(t)] = fn;
       k.tile_group[slot(t)] = 8;

@@ -1,12 +1,12 @@
-// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K (vpdpwssd), Q4_1, Q5_0, Q5_1 and repacked Q2_K
-// (vpdpbusd) in 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of
-// matmul_k_vnni.cpp, matmul_legacy_vnni.cpp and matmul_q2k_vnni.cpp with eight weight rows per register
-// instead of sixteen: lane r of every int32 / float register is row r, the vector's int16 pair (K-quants) or
-// 4 quants (legacy) of the same elements are broadcast, and the float steps are lane-wise copies of the AVX2
-// table's dot kernels (dot_k_avx2.cpp dot_q5_K / dot_q3_K, dot_avx2.cpp dot_q4_1 / dot_q5_0 / dot_q5_1; for
-// Q2_K the references of its repacked orders, dot_q2_K_q8_K_gemm_ref / _gemv_ref), so each result equals them
-// bit for bit. See those two files for the orders and why the K-quant levels are pre-multiplied by their
-// scales.
+// Internal to core/tensor: the prompt tiles of Q5_K, Q3_K, Q6_K (vpdpwssd), Q4_1, Q5_0, Q5_1, Q8_0 and
+// repacked Q2_K (vpdpbusd) in 256-bit registers (issue #26), for AVX2 machines with AVX-VNNI. The designs of
+// matmul_k_vnni.cpp, matmul_legacy_vnni.cpp, matmul_q8_vnni.cpp and matmul_q2k_vnni.cpp with eight weight
+// rows per register instead of sixteen: lane r of every int32 / float register is row r, the vector's int16
+// pair (K-quants) or 4 quants (legacy) of the same elements are broadcast, and the float steps are lane-wise
+// copies of the AVX2 table's dot kernels (dot_k_avx2.cpp dot_q5_K / dot_q3_K / dot_q6_K, dot_avx2.cpp
+// dot_q4_1 / dot_q5_0 / dot_q5_1 / dot_q8_0; for Q2_K the references of its repacked orders,
+// dot_q2_K_q8_K_gemm_ref / _gemv_ref), so each result equals them bit for bit. See those files for the orders
+// and why the K-quant levels are pre-multiplied by their scales.
 //
 // VEX code has 16 vector registers: a (row group, vector) pair's 8 lane accumulators, two integer chains and
 // the weights fill most of them, so the tiles run one vector at a time over the packed rows.
@@ -26,7 +26,9 @@
 
 #include "core/tensor/aligned_scratch.h"
 #include "core/tensor/blocks.h"
+#include "core/tensor/iq_tables.h"
 #include "core/tensor/k_scales.h"
+#include "core/tensor/nl32.h"
 #include "core/tensor/simd_x86.h"
 
 namespace car::tensor::detail::vnni256 {
@@ -91,6 +93,7 @@ inline __m256 hsum8_lanes(const __m256* a) {
 struct PackedK8 {
   alignas(32) int16_t w[128][2 * kRows8];  ///< [k] lane r = row r's (level * scale) of elements 2k, 2k + 1
   int32_t mn[4][kRows8];                   ///< Q5_K: [g] lane r = row r's mins 2g (low int16), 2g + 1 (high)
+  int32_t off[8][kRows8];  ///< Q6_K: [l] lane r = row r's -32 * scales 2l (low int16), 2l + 1 (high)
   float d[kRows8];
   float dmin[kRows8];  ///< Q5_K
 };
@@ -107,8 +110,8 @@ inline void scale_store(__m256i lv, int16_t s0, int16_t s1, int16_t* out) {
 
 struct Q5K8 {
   using Block = block_q5_K;
-  static constexpr bool kMins = true;
-  static void levels(const Block& x, int16_t* out, uint16_t* mins) {
+  static constexpr bool kMins = true, kOffset = false;
+  static void levels(const Block& x, int16_t* out, int16_t* mins) {
     uint32_t sm[4];
     unpack_scale_min_k4_words(x.scales, sm);
     const auto* sc = reinterpret_cast<const uint8_t*>(sm);
@@ -130,8 +133,8 @@ struct Q5K8 {
 
 struct Q3K8 {
   using Block = block_q3_K;
-  static constexpr bool kMins = false;
-  static void levels(const Block& x, int16_t* out, uint16_t* /*mins*/) {
+  static constexpr bool kMins = false, kOffset = false;
+  static void levels(const Block& x, int16_t* out, int16_t* /*mins*/) {
     int8_t raw[16];
     unpack_q3_K_scales(x.scales, raw);
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
@@ -147,6 +150,34 @@ struct Q3K8 {
   static float dmin(const Block&) { return 0.0f; }
 };
 
+/// Q6_K as dot_k_avx2.cpp dot_q6_K forms it: the unsigned levels (0..63) times the scales, and the -32 offset
+/// apart, per lane l of the dot kernel from the activations' sums of sub-blocks 2l and 2l + 1 (`mins` here:
+/// the 16 scales times -32, which fit int16), so each lane's integer is the dot kernel's.
+struct Q6K8 {
+  using Block = block_q6_K;
+  static constexpr bool kMins = false, kOffset = true;
+  static void levels(const Block& x, int16_t* out, int16_t* off) {
+    for (int s = 0; s < 16; ++s) off[s] = static_cast<int16_t>(-32 * x.scales[s]);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l1 = load32(x.ql + 64 * h), l2 = load32(x.ql + 64 * h + 32), hb = load32(x.qh + 32 * h);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l2, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+      for (int k = 0; k < 4; ++k) {  // elements 128h + 32k ..: scales 8h + 2k, 8h + 2k + 1
+        const int s = 8 * h + 2 * k;
+        scale_store<false>(q[k], x.scales[s], x.scales[s + 1], out + 128 * h + 32 * k);
+      }
+    }
+  }
+  static float dmin(const Block&) { return 0.0f; }
+};
+
 template <class K>
 void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8* pb) {
   alignas(32) int16_t lv[kRows8][256];
@@ -154,7 +185,7 @@ void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8
   for (int64_t i = 0; i < nb; ++i) {
     PackedK8& b = pb[i];
     for (int r = 0; r < kRows8; ++r) {
-      uint16_t mins[8] = {};
+      int16_t mins[16] = {};  // Q5_K: the 8 mins; Q6_K: the 16 offsets
       float d = 0.0f, dmin = 0.0f;
       if (r < nrows) {
         const auto& x = reinterpret_cast<const typename K::Block*>(w + static_cast<size_t>(r) * row_bytes)[i];
@@ -162,9 +193,15 @@ void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8
         d = h2f(x.d);
         dmin = K::dmin(x);
       }
-      for (int g = 0; g < 4; ++g) {
-        b.mn[g][r] = static_cast<int32_t>(static_cast<uint32_t>(mins[2 * g]) |
-                                          (static_cast<uint32_t>(mins[2 * g + 1]) << 16));
+      auto pair = [&](int j) {
+        return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(mins[2 * j])) |
+                                    (static_cast<uint32_t>(static_cast<uint16_t>(mins[2 * j + 1])) << 16));
+      };
+      if constexpr (K::kMins) {
+        for (int g = 0; g < 4; ++g) b.mn[g][r] = pair(g);
+      }
+      if constexpr (K::kOffset) {
+        for (int l = 0; l < 8; ++l) b.off[l][r] = pair(l);
       }
       b.d[r] = d;
       b.dmin[r] = dmin;
@@ -178,12 +215,14 @@ void pack_k8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedK8
   }
 }
 
-/// Per vector and block: the 256 activations as int16, the sub-block sums as 4 int16 pairs, y.d.
+/// Per vector and block: the 256 activations as int16, the sub-block sums as 4 int16 pairs (sums of 32), y.d,
+/// the 16 sub-block sums (Q6_K's offsets).
 struct VecK {
   alignas(64) int16_t q[256];
   int32_t pairs[4];
   float d;
-  int32_t pad[11];
+  int16_t bsums[16];
+  int32_t pad[3];
 };
 
 inline void prepare_k(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, VecK* out) {
@@ -199,6 +238,7 @@ inline void prepare_k(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o.pairs),
                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
       o.d = y[i].d;
+      std::memcpy(o.bsums, y[i].bsums, sizeof o.bsums);
     }
   }
 }
@@ -226,6 +266,10 @@ void rows8_k(const PackedK8* pb, int64_t nb, const VecK* y, float* out, __m256i 
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
       __m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256();
+      if constexpr (K::kOffset) {  // lane l's share of the offset: sub-blocks 2l and 2l + 1
+        t0 = dpwssd8(t0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.off[l])),
+                     bcast_dword(yv.bsums + 2 * l));
+      }
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         const int k = 16 * c + 2 * l;
@@ -259,7 +303,7 @@ void tile_k8(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* a
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Q4_1, Q5_0, Q5_1: unsigned levels, vpdpbusd (matmul_legacy_vnni.cpp)
+// Q4_1, Q5_0, Q5_1, Q8_0: unsigned levels, vpdpbusd (matmul_legacy_vnni.cpp, matmul_q8_vnni.cpp)
 
 struct PackedL8 {
   alignas(32) uint8_t qs[8][32];  ///< [k] lane r = row r's levels of elements 4k .. 4k + 3
@@ -282,6 +326,7 @@ struct Q4_1_8 {
   using Block = block_q4_1;
   using ActBlock = block_q8_1;
   static constexpr bool kMin = true, kOffset = false;
+  static constexpr int kBias = 0;
   static __m256i levels(const Block& x) { return nibbles32(x.qs); }
   static float min(const Block& x) { return h2f(x.m); }
 };
@@ -289,6 +334,7 @@ struct Q5_1_8 {
   using Block = block_q5_1;
   using ActBlock = block_q8_1;
   static constexpr bool kMin = true, kOffset = false;
+  static constexpr int kBias = 0;
   static __m256i levels(const Block& x) { return _mm256_or_si256(nibbles32(x.qs), fifth_bits8(x.qh)); }
   static float min(const Block& x) { return h2f(x.m); }
 };
@@ -296,7 +342,20 @@ struct Q5_0_8 {
   using Block = block_q5_0;
   using ActBlock = block_q8_0;
   static constexpr bool kMin = false, kOffset = true;
+  static constexpr int kBias = 16;  ///< the levels are quants + 16: each dword's sum starts at -16 * y's
   static __m256i levels(const Block& x) { return _mm256_or_si256(nibbles32(x.qs), fifth_bits8(x.qh)); }
+  static float min(const Block&) { return 0.0f; }
+};
+/// Q8_0 (dot_avx2.cpp dot_q8_0): signed quants made unsigned by adding 128 (the bytes' top bit flipped); the
+/// sums start at -128 * y's, so each lane's integer is the exact s8 x s8 sum the dot kernel forms.
+struct Q8_0_8 {
+  using Block = block_q8_0;
+  using ActBlock = block_q8_0;
+  static constexpr bool kMin = false, kOffset = true;
+  static constexpr int kBias = 128;
+  static __m256i levels(const Block& x) {
+    return _mm256_xor_si256(load32(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
   static float min(const Block&) { return 0.0f; }
 };
 
@@ -323,7 +382,8 @@ void pack_l8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedL8
   }
 }
 
-/// 8 packed rows x 1 vector over nb blocks: out[r] for the rows in `rows`. off: Q5_0's per-lane starts.
+/// 8 packed rows x 1 vector over nb blocks: out[r] for the rows in `rows`. off: Q5_0's / Q8_0's per-lane
+/// starts.
 template <class F>
 void rows8_l(const PackedL8* pb, int64_t nb, const typename F::ActBlock* y, const int32_t* off, float* out,
              __m256i rows) {
@@ -356,11 +416,11 @@ void tile_l8(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* a
   int32_t* off = nullptr;
   if constexpr (F::kOffset) {
     off = static_cast<int32_t*>(off_buf.get(static_cast<size_t>(nvec * nb) * 8 * sizeof(int32_t)));
-    const __m256i k16 = _mm256_set1_epi8(16);
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(F::kBias));
     for (int64_t v = 0; v < nvec; ++v) {
       const auto* yb = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes);
       for (int64_t i = 0; i < nb; ++i) {
-        const __m256i s = dpbusd8(_mm256_setzero_si256(), k16, load32(yb[i].qs));
+        const __m256i s = dpbusd8(_mm256_setzero_si256(), bias, load32(yb[i].qs));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(off + 8 * (v * nb + i)),
                             _mm256_sub_epi32(_mm256_setzero_si256(), s));
       }
@@ -492,6 +552,135 @@ inline void tile_q2_K_repacked8(const uint8_t* w, size_t row_bytes, int64_t nrow
         g ? rows8_q2<1, true>(pb, nb, yv, out, ldy, rows) : rows8_q2<1, false>(pb, nb, yv, out, ldy, rows);
       }
       v += kN;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Repacked Q4_0, IQ4_NL, MXFP4: table value + 128, vpdpbusd, llama.cpp's repacked order
+// (matmul_nl32_vnni.cpp)
+//
+// One exact integer per (row, vector, block) - sum(table value * y) = sum((value + 128) * y) - 128 * sum(y),
+// |sum| <= 32 * 255 * 127 - and one fma(float(integer), x.d * y.d, acc) per block in block order
+// (dot_*_q8_0_repacked_ref; the gemv and gemm orders are the same). The nibbles become table values + 128 at
+// packing, so a vector's block costs eight vpdpbusd.
+
+struct PackedNl8 {
+  alignas(32) uint8_t q[8][32];  ///< [k] lane r = row r's value + 128 of elements 4k .. 4k + 3
+  float d[kRows8];               ///< row r's block scale (0 past the group's end)
+};
+
+struct Q4_0Nl8 {
+  using Block = block_q4_0;
+  static constexpr const int8_t* values = kvalues_q4_0;
+};
+struct Iq4NlNl8 {
+  using Block = block_iq4_nl;
+  static constexpr const int8_t* values = kvalues_iq4nl;
+};
+struct Mxfp4Nl8 {
+  using Block = block_mxfp4;
+  static constexpr const int8_t* values = kvalues_mxfp4;
+};
+
+template <class F>
+void pack_nl8(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedNl8* pb) {
+  using Block = typename F::Block;
+  const __m128i lut = _mm_add_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(F::values)),
+                                   _mm_set1_epi8(static_cast<char>(0x80)));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  for (int64_t i = 0; i < nb; ++i) {
+    PackedNl8& b = pb[i];
+    __m256i z[8], out[8];
+    for (int r = 0; r < kRows8; ++r) {
+      if (r < nrows) {
+        const Block& x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * row_bytes)[i];
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs));
+        const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(bits, m4));  // elements 0..15
+        const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));  // 16..31
+        z[r] = _mm256_set_m128i(hi, lo);
+        b.d[r] = nl32_scale(x);
+      } else {
+        z[r] = _mm256_setzero_si256();
+        b.d[r] = 0.0f;
+      }
+    }
+    transpose8x8(z, out);
+    for (int k = 0; k < 8; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(b.q[k]), out[k]);
+  }
+}
+
+/// 8 packed rows x kV vectors over nb blocks. y[v]: vector v's Q8_0 blocks; off[v]: per block, 128 x the sum
+/// of its quants; out[v * ldy + r] for the rows in `rows`.
+template <int kV>
+void rows8_nl(const PackedNl8* pb, int64_t nb, const block_q8_0* const* y, const int32_t* const* off,
+              float* out, int64_t ldy, __m256i rows) {
+  __m256 acc[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const PackedNl8& b = pb[i];
+    __m256i s[kV];
+    for (int v = 0; v < kV; ++v) s[v] = _mm256_set1_epi32(-off[v][i]);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m256i wk = _mm256_load_si256(reinterpret_cast<const __m256i*>(b.q[k]));
+      for (int v = 0; v < kV; ++v) s[v] = dpbusd8(s[v], wk, bcast_dword(y[v][i].qs + 4 * k));
+    }
+    const __m256 xd = _mm256_load_ps(b.d);
+    for (int v = 0; v < kV; ++v) {
+      const __m256 d = _mm256_mul_ps(xd, _mm256_set1_ps(h2f(y[v][i].d)));  // x.d * y.d, as the reference
+      acc[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[v]), d, acc[v]);
+    }
+  }
+  for (int v = 0; v < kV; ++v) _mm256_maskstore_ps(out + v * ldy, rows, acc[v]);
+}
+
+/// RepackedTileFn (kernel_table.h) for Q4_0, IQ4_NL and MXFP4: one order, so `gemm` does not matter.
+template <class F>
+void tile_nl8_repacked(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                       size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                       const uint8_t* /*gemm*/) {
+  assert(n % 32 == 0);
+  thread_local AlignedScratch pack_buf, off_buf;
+  const int64_t nb = n / 32;
+  auto* pb = static_cast<PackedNl8*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedNl8)));
+  auto* off = static_cast<int32_t*>(off_buf.get(static_cast<size_t>(nvec * nb) * sizeof(int32_t)));
+  const __m256i k128 = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t v = 0; v < nvec; ++v) {
+    const auto* yb = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes);
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m256i s = dpbusd8(_mm256_setzero_si256(), k128, load32(yb[i].qs));  // 128 x each dword's sum
+      off[v * nb + i] = hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+    }
+  }
+  constexpr int kV = 4;  // VEX code has 16 registers: 4 vectors' integer and float chains, weights, broadcast
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows8) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows8, nrows - r0));
+    pack_nl8<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    const __m256i rows = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    auto run = [&]<int kN>(int64_t first) {
+      const block_q8_0* yv[kN];
+      const int32_t* ov[kN];
+      for (int v = 0; v < kN; ++v) {
+        yv[v] = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(first + v) * act_bytes);
+        ov[v] = off + (first + v) * nb;
+      }
+      rows8_nl<kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, rows);
+    };
+    int64_t v = 0;
+    for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);
+    switch (nvec - v) {
+      case 3:
+        run.template operator()<3>(v);
+        break;
+      case 2:
+        run.template operator()<2>(v);
+        break;
+      case 1:
+        run.template operator()<1>(v);
+        break;
+      default:
+        break;
     }
   }
 }

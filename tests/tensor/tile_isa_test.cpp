@@ -11,10 +11,10 @@
 // AVX-VNNI (core/tensor/avx_vnni.h, matmul_q4k_vnni256.h, matmul_tiles_vnni256.h):
 //   - the 256-bit repacked Q4_K tile built on the EVEX vpdpbusd (AVX-512 VL + VNNI, the same instruction
 //     semantics) equals the references as above; the VEX build (the table's) where the CPU has AVX-VNNI;
-//   - the same for the 256-bit repacked Q2_K tile;
-//   - the 256-bit prompt tiles of Q5_K, Q3_K, Q4_1, Q5_0, Q5_1 (EVEX build; VEX where the CPU has it) equal
-//     the AVX2 table's dot kernels bit for bit for every row count (whole and partial groups of 8), vector
-//     count 1..64 and a few block counts;
+//   - the same for the 256-bit repacked Q2_K tile, and those of Q4_0, IQ4_NL, MXFP4 (one order);
+//   - the 256-bit prompt tiles of Q5_K, Q3_K, Q6_K, Q4_1, Q5_0, Q5_1, Q8_0 (EVEX build; VEX where the CPU
+//     has it) equal the AVX2 table's dot kernels bit for bit for every row count (whole and partial groups
+//     of 8), vector count 1..64 and a few block counts;
 //   - the AVX2 level's table takes them only where AVX-VNNI is usable.
 #include <gtest/gtest.h>
 
@@ -90,14 +90,15 @@ TEST(Amx, EmulatedTilesFollowTheDocumentedSemantics) {
   EXPECT_DEATH((v.dpbusd<2, 0, 1>()), "invariant failed");
 }
 
-/// Every row count, vector count 1..64 and order mix of one repacked Q4_K (or Q2_K) tile against the
-/// references.
+/// Every row count, vector count 1..64 and order mix of one repacked Q4_K (or Q2_K, Q4_0, IQ4_NL, MXFP4) tile
+/// against the references.
 void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what, std::mt19937& rng,
                                    std::initializer_list<int64_t> nbs, GgmlType kT = GgmlType::Q4_K) {
   constexpr int64_t kMaxRows = 48, kMaxVec = 64;
   const detail::DotKernels& ref = detail::scalar_kernels();
   for (int64_t nb : nbs) {
-    const int64_t cols = nb * QK_K;
+    const bool k_quant = testing::block_size(kT) == QK_K;
+    const int64_t cols = nb * testing::block_size(kT);
     const size_t rb = detail::row_bytes(kT, cols);
     const auto w = testing::quantize_rows(kT, random_floats(rng, cols * kMaxRows), kMaxRows, cols);
     const size_t ab = activation_row_bytes(kT, cols);
@@ -105,7 +106,12 @@ void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what
     for (int64_t v = 0; v < kMaxVec; ++v) {
       const float scale = v == 5 ? 0.0f : v == 6 ? 1000.0f : v == 17 ? 1e-4f : 1.0f;
       const auto xf = random_floats(rng, cols, scale);
-      detail::quantize_act_q8_K(xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
+      uint8_t* dst = acts.data() + ab * static_cast<size_t>(v);
+      if (k_quant) {
+        detail::quantize_act_q8_K(xf.data(), dst, cols);
+      } else {
+        quantize_activation(kT, xf.data(), dst, cols);  // Q8_0
+      }
     }
     std::vector<float> want[2];  // [0] gemv, [1] gemm; [v * kMaxRows + r]
     for (int o = 0; o < 2; ++o) {
@@ -124,7 +130,7 @@ void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what
     const uint8_t* const masks[] = {all_gemm.data(), nullptr, mixed.data()};
     for (const uint8_t* mask : masks) {
       const char* order = mask == nullptr ? "gemv" : mask == all_gemm.data() ? "gemm" : "mixed";
-      for (int64_t nrows : {1, 5, 16, 17, 33, 48}) {
+      for (int64_t nrows : {1, 5, 8, 9, 16, 17, 33, 48}) {
         const int64_t ldy = nrows + 3;
         for (int64_t nvec = 1; nvec <= kMaxVec; ++nvec) {
           std::vector<float> y(static_cast<size_t>(nvec * ldy + 3), -7.0f);
@@ -222,6 +228,39 @@ TEST(AvxVnni, Q2KTileOnRealAvxVnniEqualsTheReferences) {
                                 GgmlType::Q2_K);
 }
 
+/// The 256-bit repacked tiles of the 32-element table types (one order), in the two builds.
+struct Vnni256RepackedTile {
+  GgmlType type;
+  detail::RepackedTileFn evex, vex;
+};
+const Vnni256RepackedTile kVnni256Nl32Tiles[] = {
+    {GgmlType::Q4_0, detail::tile_q4_0_repacked_vnni256_evex, detail::tile_q4_0_repacked_avx_vnni},
+    {GgmlType::IQ4_NL, detail::tile_iq4_nl_repacked_vnni256_evex, detail::tile_iq4_nl_repacked_avx_vnni},
+    {GgmlType::MXFP4, detail::tile_mxfp4_repacked_vnni256_evex, detail::tile_mxfp4_repacked_avx_vnni},
+};
+
+TEST(AvxVnni, Nl32TilesThroughTheEvexEncodingEqualTheReferences) {
+  if (detect_isa() != Isa::avx512) GTEST_SKIP() << "the EVEX build of the tiles needs AVX-512 VL + VNNI";
+  std::mt19937 rng(59);
+  for (const Vnni256RepackedTile& t : kVnni256Nl32Tiles) {
+    const std::string what = std::string(ggml_type_name(t.type)) + " vnni256 (EVEX)";
+    expect_tile_equals_references(t.evex, what.c_str(), rng, {1, 7, 70}, t.type);
+  }
+}
+
+TEST(AvxVnni, Nl32TilesOnRealAvxVnniEqualTheReferences) {
+  if (!detail::avx_vnni_usable()) {
+    GTEST_SKIP()
+        << "no AVX-VNNI on this CPU: the VEX build of the 256-bit Q4_0 / IQ4_NL / MXFP4 tiles was NOT "
+           "run; their source is covered through the EVEX build only";
+  }
+  std::mt19937 rng(60);
+  for (const Vnni256RepackedTile& t : kVnni256Nl32Tiles) {
+    const std::string what = std::string(ggml_type_name(t.type)) + " vnni256 (VEX)";
+    expect_tile_equals_references(t.vex, what.c_str(), rng, {1, 7, 70}, t.type);
+  }
+}
+
 TEST(AvxVnni, Q4KTileOnRealAvxVnniEqualsTheReferences) {
   if (!detail::avx_vnni_usable()) {
     GTEST_SKIP() << "no AVX-VNNI on this CPU: the VEX build of the 256-bit tile was NOT run; its source is "
@@ -242,6 +281,8 @@ const Vnni256Tile kVnni256Tiles[] = {
     {GgmlType::Q4_1, detail::tile_q4_1_vnni256_evex, detail::tile_q4_1_avx_vnni},
     {GgmlType::Q5_0, detail::tile_q5_0_vnni256_evex, detail::tile_q5_0_avx_vnni},
     {GgmlType::Q5_1, detail::tile_q5_1_vnni256_evex, detail::tile_q5_1_avx_vnni},
+    {GgmlType::Q8_0, detail::tile_q8_0_vnni256_evex, detail::tile_q8_0_avx_vnni},
+    {GgmlType::Q6_K, detail::tile_q6_K_vnni256_evex, detail::tile_q6_K_avx_vnni},
 };
 
 /// Every row count (whole and partial groups of 8), vector count 1..64 and a few block counts of one tile of
@@ -333,14 +374,20 @@ TEST(AvxVnni, TheAvx2LevelTakesTheTileOnlyWhereUsable) {
     ASSERT_NE(detail::avx_vnni_kernels(), nullptr);
     EXPECT_EQ(k.tile_repacked[q4k], &detail::tile_q4_K_repacked_avx_vnni);
     EXPECT_EQ(k.tile_repacked[q2k], &detail::tile_q2_K_repacked_avx_vnni);
+    for (const Vnni256RepackedTile& t : kVnni256Nl32Tiles)
+      EXPECT_EQ(k.tile_repacked[detail::slot(t.type)], t.vex) << ggml_type_name(t.type);
   } else {
     EXPECT_EQ(detail::avx_vnni_kernels(), nullptr);
     EXPECT_EQ(k.tile_repacked[q4k], nullptr);
     EXPECT_EQ(k.tile_repacked[q2k], nullptr);
+    for (const Vnni256RepackedTile& t : kVnni256Nl32Tiles)
+      EXPECT_EQ(k.tile_repacked[detail::slot(t.type)], nullptr) << ggml_type_name(t.type);
   }
   testing::IsaScope scope(Isa::scalar);
   EXPECT_EQ(detail::active_kernels().tile_repacked[q4k], nullptr);
   EXPECT_EQ(detail::active_kernels().tile_repacked[q2k], nullptr);
+  for (const Vnni256RepackedTile& t : kVnni256Nl32Tiles)
+    EXPECT_EQ(detail::active_kernels().tile_repacked[detail::slot(t.type)], nullptr);
 }
 
 }  // namespace
