@@ -275,8 +275,13 @@ const Q8KGroupPrepared* prepare_q8_K_groups(const Q8KPrepared* prep, int64_t nb,
 }
 
 /// How far ahead the Q4_K rows kernels prefetch their weights. With 2 threads the hardware prefetcher alone
-/// left the (faster) kernel at ~60 % of the read bandwidth; 1 KiB ahead was not enough, 4-16 KiB all helped.
+/// left the (faster) kernel at ~60 % of the read bandwidth; 1 KiB ahead was not enough, 4-16 KiB all helped
+/// the vec_dot-order kernel (rows_q4_K).
 constexpr int64_t kQ4KPrefetchBytes = 8192;
+/// The same for the gemv-order kernels (decode's): 3 KiB ahead instead of 8 took decode of dense-1b Q4_K_M
+/// at 2 threads from 0.95-0.98 to 0.97-1.01 of the vec_dot-order build 153b847 (alternated on the idle
+/// machine), and its Q4_K kernel's samples at 1 thread 2 % lower (issue #29).
+constexpr int64_t kQ4KGemvPrefetchBytes = 3072;
 
 /// The constants of q4_K_block_sums.
 struct Q4KConsts {
@@ -292,16 +297,16 @@ struct Q4KConsts {
   }
 };
 
-/// One Q4_K block against the prepared activations of V vectors (yp[v]): prefetches kQ4KPrefetchBytes past
-/// the block, and writes out[v], 16 int32 lanes of scale * level * y (lanes k and k+8: bytes 4k..4k+3 of every
+/// One Q4_K block against the prepared activations of V vectors (yp[v]): prefetches kAhead bytes past the
+/// block, and writes out[v], 16 int32 lanes of scale * level * y (lanes k and k+8: bytes 4k..4k+3 of every
 /// 32-byte chunk, as dot_k4 pairs them), whose sum is the block's exact scale integer for vector v. The weight
 /// side (the bits, the nibble masks, the scale shuffles) is built once for the V vectors. `sc`: the block's 8
 /// scales in bytes 0..7 of every 128-bit lane (scale_min_k4_vec's layout), widened to int16 per register by
 /// an in-lane vpshufb (cheaper than vpermw from a widened copy, ~3 % of the kernel's time from L2).
-template <int V>
+template <int V, int64_t kAhead>
 inline void q4_K_block_sums_v(const block_q4_K& xb, const Q8KPrepared* const* yp, const Q4KConsts& c, __m512i sc,
                               __m512i* out) {
-  const char* ahead = reinterpret_cast<const char*>(&xb) + kQ4KPrefetchBytes;
+  const char* ahead = reinterpret_cast<const char*>(&xb) + kAhead;
   _mm_prefetch(ahead, _MM_HINT_T0);
   _mm_prefetch(ahead + 64, _MM_HINT_T0);
   _mm_prefetch(ahead + 128, _MM_HINT_T0);
@@ -324,7 +329,7 @@ inline void q4_K_block_sums_v(const block_q4_K& xb, const Q8KPrepared* const* yp
 inline __m512i q4_K_block_sums(const block_q4_K& xb, const Q8KPrepared& yp, const Q4KConsts& c, __m512i sc) {
   const Q8KPrepared* one = &yp;
   __m512i out;
-  q4_K_block_sums_v<1>(xb, &one, c, sc, &out);
+  q4_K_block_sums_v<1, kQ4KPrefetchBytes>(xb, &one, c, sc, &out);
   return out;
 }
 
@@ -389,11 +394,12 @@ inline void gemv_pair(const block_q4_K* x, const Q8KPrepared* const* yp, const Q
   }
   keep_prefetch_in_place();
   if constexpr (j < kCount) {
-    q4_K_block_sums_v<V>(x[j], ya, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j), sa);
+    q4_K_block_sums_v<V, kQ4KGemvPrefetchBytes>(x[j], ya, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * j), sa);
   }
   keep_prefetch_in_place();
   if constexpr (j + 1 < kCount) {
-    q4_K_block_sums_v<V>(x[j + 1], yb, c, _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * (j + 1)), sb);
+    q4_K_block_sums_v<V, kQ4KGemvPrefetchBytes>(x[j + 1], yb, c,
+                                                _mm512_shuffle_i32x4(scale_min, scale_min, 0x55 * (j + 1)), sb);
   }
   for (int v = 0; v < V; ++v) {
     half[v] =
@@ -454,7 +460,7 @@ inline void gemv_group(const block_q4_K* x, const Q8KPrepared* const* yp, const 
 
 /// Q4_K rows in llama.cpp's repacked gemv order (kernel_table.h repacked()) against V vectors (acts + v *
 /// act_bytes) in one pass, each weight block loaded and unpacked once for the V: y[v * ldy + r] equals
-/// dot_q4_K_q8_K_gemv_ref bit for bit. The block work is rows_q4_K's (q4_K_block_sums, the same prefetch);
+/// dot_q4_K_q8_K_gemv_ref bit for bit. The block work is rows_q4_K's (q4_K_block_sums_v, prefetching closer);
 /// instead of reducing each block's sums to one integer on the spot (a chain of shuffles, a trip through a
 /// general register and two scalar FMAs per block, which left this kernel ~25 % more instructions per block
 /// than rows_q4_K and decode ~10 % slower, issue #29), it reduces kGemvGroup blocks at a time (gemv_group).
