@@ -219,24 +219,16 @@ TEST(StreamedExperts, GptOssWithExpertBiasesBitIdenticalToResident) {
 // IQ2_XXS experts (the native types for it).
 TEST(StreamedExperts, Deepseek2WithSharedExpertAndDenseLeadBitIdenticalToResident) {
   testing::TempDir dir;
+  const synth::SynthSpec tiny = synth::tiny_spec("deepseek2");  // its layers (a dense lead) and MLA heads
   for (const char* type : {"q8_0", "iq4_xs", "iq2_xxs"}) {
-    synth::SynthSpec spec = synth::tiny_spec("deepseek2");
-    spec.n_embd = 256;
-    spec.head_dim = 64;
+    synth::SynthSpec spec = stream_spec("deepseek2", type, 83);
+    spec.n_layer = tiny.n_layer;
+    spec.n_head = tiny.n_head;
+    spec.n_head_kv = tiny.n_head_kv;
     spec.rope_dim = 32;
     spec.kv_lora_rank = 256;
     spec.q_lora_rank = 0;
-    spec.n_ff = 256;
-    spec.n_ff_expert = 256;
-    spec.n_expert = 8;
-    spec.n_expert_used = 2;
-    spec.weight_type = type;
-    spec.seed = 83;
-    const std::string path = (dir / (std::string("deepseek2-") + type + ".gguf")).string();
-    auto ok = synth::write_synth_model(spec, path);
-    ASSERT_TRUE(ok.ok()) << type << ": " << ok.error().message;
-    SCOPED_TRACE(std::string("deepseek2 ") + type);
-    check_streamed_equals_resident(path, 10);
+    check_synth_streamed_equals_resident(dir, spec);
   }
 }
 

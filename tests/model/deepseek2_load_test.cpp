@@ -15,6 +15,7 @@
 #include "core/model/model.h"
 #include "core/synth/synth_model.h"
 #include "tests/model/load_test_support.h"
+#include "tests/model/synth_load_test.h"
 #include "tests/test_support.h"
 
 namespace car::model {
@@ -22,21 +23,8 @@ namespace {
 
 using testing::expect_load_error;
 using testing::load_model_file;
-using testing::rewrite_gguf;
 
-class Deepseek2LoadTest : public ::testing::Test {
- protected:
-  std::string write(const synth::SynthSpec& spec, const std::string& drop_tensor = {},
-                    const std::string& drop_key = {},
-                    const std::function<void(gguf::GgufWriter&)>& edit = {}) {
-    const std::string p = (dir_ / ("m" + std::to_string(n_++) + ".gguf")).string();
-    EXPECT_TRUE(synth::write_synth_model(spec, p).ok());
-    if (drop_tensor.empty() && drop_key.empty() && !edit) return p;
-    return rewrite_gguf(p, drop_tensor, drop_key, edit);
-  }
-  testing::TempDir dir_;
-  int n_ = 0;
-};
+class Deepseek2LoadTest : public testing::SynthLoadTest {};
 
 TEST_F(Deepseek2LoadTest, MlaHparamsRouterAndLayers) {
   const synth::SynthSpec spec = synth::tiny_spec("deepseek2");

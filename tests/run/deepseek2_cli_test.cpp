@@ -8,17 +8,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/run/cli_support.h"
 #include "tests/test_support.h"
 
 namespace {
 
-using car::testing::CommandResult;
+using car::testing::expect_streamed_equals_resident;
+using car::testing::parse_json_output;
 using car::testing::run_car;
-
-nlohmann::json parse(const CommandResult& o) {
-  EXPECT_EQ(o.exit_code, 0) << o.out;
-  return nlohmann::json::parse(o.out, nullptr, false);
-}
 
 const std::string kShape =
     "gguf synth --arch deepseek2 --layers 3 --embd 256 --ff 256 --ff-expert 256 --heads 4 --head-dim 64 "
@@ -29,7 +26,7 @@ TEST(Deepseek2Cli, InspectShowAndRunResidentAndStreamed) {
   car::testing::TempDir dir;
   const std::string path = (dir.path() / "deepseek2.gguf").string();
   ASSERT_EQ(run_car(kShape + "--type iq4_xs --seed 5 -o " + path).exit_code, 0);
-  const auto ins = parse(run_car("gguf inspect " + path + " --json"));
+  const auto ins = parse_json_output(run_car("gguf inspect " + path + " --json"));
   const auto& md = ins.at("metadata");
   EXPECT_EQ(md.at("general.architecture"), "deepseek2");
   EXPECT_EQ(md.at("deepseek2.attention.kv_lora_rank"), 256);
@@ -41,7 +38,7 @@ TEST(Deepseek2Cli, InspectShowAndRunResidentAndStreamed) {
   bool iq4_bank = false;
   for (const auto& b : ins.at("expert_banks")) iq4_bank = iq4_bank || b.at("type") == "IQ4_XS";
   EXPECT_TRUE(iq4_bank);
-  const auto show = parse(run_car("show " + path + " --json"));
+  const auto show = parse_json_output(run_car("show " + path + " --json"));
   EXPECT_EQ(show.at("architecture"), "deepseek2");
   EXPECT_EQ(show.at("expert_count"), 8);
   const auto human = run_car("show " + path);
@@ -49,13 +46,7 @@ TEST(Deepseek2Cli, InspectShowAndRunResidentAndStreamed) {
 
   const std::string args =
       " --prompt-ids 1,5,7,9,11,13,15 -n 8 --temperature 0 --top-logprobs 2 --threads 1 --json";
-  const auto resident = parse(run_car("run " + path + args + " --stream-experts off"));
-  const auto streamed = parse(run_car("run " + path + args + " --stream-experts on --expert-ram-gb 0.0001"));
-  EXPECT_EQ(resident.at("experts").at("mode"), "resident");
-  EXPECT_EQ(streamed.at("experts").at("mode"), "streamed");
-  ASSERT_EQ(resident.at("tokens").size(), 8u);
-  EXPECT_EQ(resident.at("tokens"), streamed.at("tokens"));
-  EXPECT_EQ(resident.at("top_logprobs"), streamed.at("top_logprobs"));
+  expect_streamed_equals_resident(path, args, 8);
 }
 
 // DeepSeek-V3's template in a synthetic deepseek2 file: `car run --chat` renders {{ bos_token }}<｜User｜>...
@@ -70,14 +61,14 @@ TEST(Deepseek2Cli, ChatWithTheDeepseekTemplate) {
   ASSERT_EQ(
       run_car(kShape + "--type q8_0 --seed 8 --chat-template '" + tmpl.string() + "' -o " + path).exit_code,
       0);
-  EXPECT_EQ(parse(run_car("show " + path + " --json")).at("chat_template"), true);
+  EXPECT_EQ(parse_json_output(run_car("show " + path + " --json")).at("chat_template"), true);
   const auto chat =
-      parse(run_car("run " + path + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
+      parse_json_output(run_car("run " + path + " --chat 'Hello there' -n 2 --temperature 0 --threads 1 --json"));
   const std::string rendered = (dir.path() / "rendered.txt").string();
   std::ofstream(rendered, std::ios::binary) << "<\xEF\xBD\x9CUser\xEF\xBD\x9C>Hello there<\xEF\xBD\x9C"
                                                "Assistant\xEF\xBD\x9C>";
   const auto plain =
-      parse(run_car("run " + path + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
+      parse_json_output(run_car("run " + path + " - -n 2 --temperature 0 --threads 1 --json < " + rendered));
   EXPECT_EQ(chat.at("prompt_tokens"), plain.at("prompt_tokens"));
   EXPECT_EQ(chat.at("prompt_tokens").at(0), 1);  // one BOS, not two
   EXPECT_NE(chat.at("prompt_tokens").at(1), 1);
