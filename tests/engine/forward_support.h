@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -79,6 +81,48 @@ inline void expect_same_bits(const std::vector<float>& a, const std::vector<floa
                              const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what;
+}
+
+/// Batched prefill equals token-by-token decode, and chunks of `chunk` on one thread change no bit; the logits
+/// are not all near zero (so the comparison is not vacuous). 13 tokens.
+inline void expect_batch_equals_decode(const Loaded& l, ThreadPool* pool, int chunk = 4) {
+  const auto toks = tokens(13, l.model->hparams().n_vocab);
+  const auto batch = batch_logits(l, toks, pool, 64);
+  expect_same_bits(batch, decode_logits(l, toks, pool), "batch vs token by token");
+  expect_same_bits(batch, batch_logits(l, toks, nullptr, chunk), "chunks, one thread");
+  double spread = 0;
+  for (float v : batch) spread = std::max(spread, static_cast<double>(std::fabs(v)));
+  EXPECT_GT(spread, 0.5);  // not vacuous
+}
+
+/// Two prompts (11 and `nb` tokens) in one eval_step give each the last-row logits it gets alone, bit for bit.
+inline void expect_alone_equals_in_company(const Loaded& l, ThreadPool* pool, int nb) {
+  const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
+  const auto a = tokens(11, static_cast<int64_t>(V));
+  auto b = tokens(nb, static_cast<int64_t>(V));
+  for (int32_t& t : b) t = static_cast<int32_t>((t * 3 + 1) % static_cast<int32_t>(V));
+  ForwardPass fp(l.model, l.experts.get(), pool, 64);
+  // Alone: each prompt in its own batch, last row.
+  std::vector<float> want_a(V), want_b(V);
+  {
+    KvCache kv = fp.make_cache(64);
+    ASSERT_TRUE(fp.eval(a, kv, want_a.data(), false).ok());
+    KvCache kv2 = fp.make_cache(64);
+    ASSERT_TRUE(fp.eval(b, kv2, want_b.data(), false).ok());
+  }
+  // Together: one step holding both prompts.
+  KvCache ka = fp.make_cache(64), kb = fp.make_cache(64);
+  SeqChunk chunks[2];
+  chunks[0].kv = &ka;
+  chunks[0].tokens = a;
+  chunks[0].output = SeqChunk::Output::last;
+  chunks[1].kv = &kb;
+  chunks[1].tokens = b;
+  chunks[1].output = SeqChunk::Output::last;
+  std::vector<float> got(2 * V);
+  ASSERT_TRUE(fp.eval_step(chunks, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), want_a.data(), V * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(got.data() + V, want_b.data(), V * sizeof(float)));
 }
 
 }  // namespace car::engine::forward_testing

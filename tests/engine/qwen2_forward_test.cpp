@@ -48,13 +48,7 @@ TEST(Qwen2Forward, BatchEqualsDecodeAndChunkingAndThreadsChangeNothing) {
       SCOPED_TRACE(std::string(arch) + " " + type);
       Loaded l = load(write(dir, spec_of(arch, type)));
       ASSERT_TRUE(l.model);
-      const auto toks = tokens(13, l.model->hparams().n_vocab);
-      const auto batch = batch_logits(l, toks, &pool, 64);
-      expect_same_bits(batch, decode_logits(l, toks, &pool), "batch vs token by token");
-      expect_same_bits(batch, batch_logits(l, toks, nullptr, 5), "chunks of 5, one thread");
-      double spread = 0;
-      for (float v : batch) spread = std::max(spread, static_cast<double>(std::fabs(v)));
-      EXPECT_GT(spread, 0.5);  // not vacuous
+      expect_batch_equals_decode(l, &pool, 5);
     }
   }
 }
@@ -66,32 +60,7 @@ TEST(Qwen2Forward, SequenceAloneEqualsInCompanyQ4KM) {
     SCOPED_TRACE(arch);
     Loaded l = load(write(dir, spec_of(arch, "q4_k_m")));
     ASSERT_TRUE(l.model);
-    const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
-    const auto a = tokens(11, static_cast<int64_t>(V));
-    auto b = tokens(6, static_cast<int64_t>(V));
-    for (int32_t& t : b) t = static_cast<int32_t>((t * 3 + 1) % static_cast<int32_t>(V));
-    // Alone: each prompt in its own batch, last row.
-    ForwardPass fp(l.model, l.experts.get(), &pool, 64);
-    std::vector<float> want_a(V), want_b(V);
-    {
-      KvCache kv = fp.make_cache(64);
-      ASSERT_TRUE(fp.eval(a, kv, want_a.data(), false).ok());
-      KvCache kv2 = fp.make_cache(64);
-      ASSERT_TRUE(fp.eval(b, kv2, want_b.data(), false).ok());
-    }
-    // Together: one step holding both prompts.
-    KvCache ka = fp.make_cache(64), kb = fp.make_cache(64);
-    SeqChunk chunks[2];
-    chunks[0].kv = &ka;
-    chunks[0].tokens = a;
-    chunks[0].output = SeqChunk::Output::last;
-    chunks[1].kv = &kb;
-    chunks[1].tokens = b;
-    chunks[1].output = SeqChunk::Output::last;
-    std::vector<float> got(2 * V);
-    ASSERT_TRUE(fp.eval_step(chunks, got.data()).ok());
-    EXPECT_EQ(0, std::memcmp(got.data(), want_a.data(), V * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(got.data() + V, want_b.data(), V * sizeof(float)));
+    expect_alone_equals_in_company(l, &pool, 6);
   }
 }
 
