@@ -55,7 +55,7 @@ float dot_q4_1(const void* w, const void* a, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   float summs = 0;
   for (int64_t i = 0; i < nb; ++i) {
-    summs += h2f(x[i].m) * h2f(y[i].s);
+    summs = std::fma(h2f(x[i].m), h2f(y[i].s), summs);  // explicit: contracted at -O2 only otherwise
     const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(nibbles32(x[i].qs), load32(y[i].qs)));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc);
   }
@@ -85,7 +85,7 @@ float dot_q5_1(const void* w, const void* a, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   float summs = 0;
   for (int64_t i = 0; i < nb; ++i) {
-    summs += h2f(x[i].m) * h2f(y[i].s);
+    summs = std::fma(h2f(x[i].m), h2f(y[i].s), summs);  // explicit: contracted at -O2 only otherwise
     const __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_and_si256(bits32(x[i].qh), bit4));
     const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(q, load32(y[i].qs)));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), p, acc);

@@ -8,6 +8,8 @@
 //
 // Integer parts are exact (same identities as the scalar reference: levels <= 63 times |activation| <= 127
 // never saturate maddubs' int16 pairs); float accumulation order differs from the scalar one.
+#include <cmath>
+
 #include "core/tensor/simd_avx512.h"
 
 namespace car::tensor::detail {
@@ -68,7 +70,9 @@ float dot_k4(const void* w, const void* a, int64_t n) {
     const float dmin = -y[i].d * h2f(x[i].dmin);
     const __m128i mins = mins_dot_bsums(sm + 2, y[i].bsums);
     if constexpr (kHasHighBit) {
-      summs += dmin * static_cast<float>(hsum_i32x4(mins));
+      // An explicit FMA: what GCC's contraction makes of `summs += dmin * x` at -O2 (llama.cpp's build), and
+      // what the Q5_K tiles do, at every optimization level (the sanitizer builds' -O1 does not contract).
+      summs = std::fma(dmin, static_cast<float>(hsum_i32x4(mins)), summs);
     } else {
       acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m);
     }

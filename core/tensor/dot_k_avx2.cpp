@@ -169,7 +169,8 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
     const __m256i sc16 = k4_scales16(x[i].scales, sm);
     const float d = y[i].d * h2f(x[i].d);
     const float dmin = -y[i].d * h2f(x[i].dmin);
-    summs += dmin * static_cast<float>(hsum_i32x4(mins_dot_bsums(sm + 2, y[i].bsums)));
+    // An explicit FMA, as dot_avx512.cpp's dot_k4 (GCC contracts it at -O2, not at the sanitizers' -O1).
+    summs = std::fma(dmin, static_cast<float>(hsum_i32x4(mins_dot_bsums(sm + 2, y[i].bsums))), summs);
     const uint8_t* q4 = x[i].qs;
     const int8_t* q8 = y[i].qs;
     const __m256i hbits = load32(x[i].qh);
