@@ -46,6 +46,8 @@ using Scratch = AlignedScratch;
 /// unpacked once for the group. Long rows go in slabs of Tile::kSlab blocks (the group's activations and
 /// packed data should stay in L1 while the rows stream past), each row's accumulators kept between slabs,
 /// so every (row, vector) still accumulates its blocks in order.
+constexpr int64_t kRowsAhead = 2;  // run_tiles: rows prefetched ahead of the one computed
+
 template <class Tile>
 void run_tiles(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t nb, float* y, int64_t ldy) {
@@ -67,7 +69,14 @@ void run_tiles(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
                 static_cast<size_t>(b0) * Tile::kActBlockBytes;
       }
       Tile::template pack<kG>(av, ns, pack);
+      const size_t slab_bytes = static_cast<size_t>(ns) * Tile::kBlockBytes;
       for (int64_t r = 0; r < nrows; ++r) {
+        // The slab of the row after next, into L2 while this row runs against the group (a prefetch never
+        // faults, also past the matrix): rows stream from memory, and the hardware prefetcher alone left
+        // the tiles waiting on them (batched decode of dense-1b Q4_K_M, 8 sequences: see docs/performance.md).
+        const char* ahead = reinterpret_cast<const char*>(w + static_cast<size_t>(r + kRowsAhead) * row_bytes +
+                                                          static_cast<size_t>(b0) * Tile::kBlockBytes);
+        for (size_t off = 0; off < slab_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
         const Carry c = state == nullptr
                             ? Carry{}
                             : Carry{state + r * static_cast<int64_t>(Tile::kStateBytes / sizeof(float)),

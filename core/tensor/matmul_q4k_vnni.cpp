@@ -50,17 +50,8 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   const __m512i offsets =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                          _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
-  constexpr int64_t kAhead = 4;  // blocks: the 16 rows are 16 streams, too many for the hardware prefetcher
   for (int64_t i = 0; i < nb; ++i) {
     PackedBlock& b = pb[i];
-    if (i + kAhead < nb) {
-      for (int r = 0; r < nrows; ++r) {
-        const char* p = reinterpret_cast<const char*>(&block(r, i + kAhead));
-        _mm_prefetch(p, _MM_HINT_T0);
-        _mm_prefetch(p + 64, _MM_HINT_T0);
-        _mm_prefetch(p + sizeof(block_q4_K) - 1, _MM_HINT_T0);
-      }
-    }
     for (int g = 0; g < 4; ++g) {
       __m512i z[8], out[8];
 #pragma GCC unroll 8
@@ -107,18 +98,45 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   }
 }
 
+/// The 16 rows of a group are 16 strided streams, too many for the hardware prefetcher; the next group's rows
+/// are one contiguous range, fetched into L2 while this group's vectors run, spread evenly over its runs of
+/// vectors and their blocks. In bursts during the pack, or all in the first run, the prefetches waited on the
+/// core's outstanding misses; into L1 they evicted the group's own data (batched decode of dense-1b Q4_K_M,
+/// 8 sequences: see docs/performance.md).
+struct NextGroup {
+  const char* next;
+  int64_t lines;  ///< to fetch in all
+  int64_t runs;   ///< the group's runs of vectors (rows16 calls) to spread them over, at least
+  int64_t run = 0;
+  /// The 16 rows after the group at w: past the call's last row they are usually the next chunk's (products
+  /// call the tile on consecutive chunks), and a prefetch never faults, even past the matrix.
+  NextGroup(const uint8_t* w, size_t row_bytes, int64_t nvec)
+      : next(reinterpret_cast<const char*>(w + static_cast<size_t>(kRows) * row_bytes)),
+        lines(static_cast<int64_t>((static_cast<size_t>(kRows) * row_bytes + 63) / 64)),
+        runs((nvec + 3) / 4) {}
+  /// The share of the lines that goes with block i of nb in the current run.
+  void at(int64_t i, int64_t nb) const {
+    if (run >= runs) return;
+    const int64_t parts = runs * nb, part = run * nb + i;
+    for (int64_t l = part * lines / parts; l < (part + 1) * lines / parts; ++l) {
+      _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+    }
+  }
+};
+
 /// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
 /// block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r] for the rows in
 /// `mask`.
 template <int kV, bool kGemm>
 void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
-            float* out, int64_t ldy, __mmask16 mask) {
+            float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc[kV], acc_m[kV];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const PackedBlock& b = pb[i];
+    ahead.at(i, nb);
     const int8_t* q8[kV];
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) q8[v] = y[v][i].qs;
@@ -180,7 +198,8 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
 /// Vectors [v0, v1) in one order against one packed group of rows, four at a time.
 template <bool kGemm>
 void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
-                 const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask) {
+                 const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask,
+                 NextGroup& ahead) {
   constexpr int kV = 4;  // 6 and 8 spill on AVX-512's 32 registers and measured slower
   auto run = [&]<int kN>(int64_t first) {
     const block_q8_K* yv[kN];
@@ -189,7 +208,8 @@ void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t 
       yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(first + v) * act_bytes);
       pv[v] = pairs + 4 * (first + v) * nb;
     }
-    rows16<kN, kGemm>(pb, nb, yv, pv, y + first * ldy, ldy, mask);
+    rows16<kN, kGemm>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
+    ++ahead.run;
   };
   int64_t v = v0;
   for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);
@@ -225,14 +245,15 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     // one transpose of the rows serves every run of vectors in the same order
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec);
     for (int64_t v0 = 0; v0 < nvec;) {
       const bool g = gemm_at(v0);
       int64_t v1 = v0 + 1;
       while (v1 < nvec && gemm_at(v1) == g) ++v1;
       if (g) {
-        run_vectors<true>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask);
+        run_vectors<true>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask, ahead);
       } else {
-        run_vectors<false>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask);
+        run_vectors<false>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask, ahead);
       }
       v0 = v1;
     }
