@@ -143,7 +143,6 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
       float d = 0.0f, dmin = 0.0f;
       if (r < nrows) {
         const auto& x = reinterpret_cast<const typename K::Block*>(w + static_cast<size_t>(r) * row_bytes)[i];
-        if (i + 2 < nb) _mm_prefetch(reinterpret_cast<const char*>(&x + 2), _MM_HINT_T0);
         K::levels(x, lv[r], mins);
         d = h2f(x.d);
         dmin = K::dmin(x);
@@ -202,7 +201,7 @@ void prepare(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, Ve
 /// 16 packed rows x kV vectors over nb super-blocks: out[v * ldy + r] for the rows in `mask`.
 template <class K, int kV>
 void rows16(const PackedKBlock* pb, int64_t nb, const VecBlock* const* yv, float* out, int64_t ldy,
-            __mmask16 mask) {
+            __mmask16 mask, const NextGroup<>& ahead) {
   __m512 acc[kV][8], summs[kV];
   alignas(64) float acc_m[K::kMins == Mins::lanes ? kV : 1][8][kRows];  // Q2_K's min lanes (kept in memory)
 #pragma GCC unroll 8
@@ -219,6 +218,7 @@ void rows16(const PackedKBlock* pb, int64_t nb, const VecBlock* const* yv, float
   const __m512 neg = _mm512_set1_ps(-0.0f);
   for (int64_t i = 0; i < nb; ++i) {
     const PackedKBlock& b = pb[i];
+    ahead.at(i, nb);
     const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
     __m512 d[kV];  // y.d * x.d per (row, vector), as the dot kernels form it
 #pragma GCC unroll 8
@@ -299,11 +299,13 @@ void tile_k(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* ac
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<K>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const VecBlock* yv[kN];
       for (int v = 0; v < kN; ++v) yv[v] = vb + (first + v) * nb;
-      rows16<K, kN>(pb, nb, yv, y + first * ldy + r0, ldy, mask);
+      rows16<K, kN>(pb, nb, yv, y + first * ldy + r0, ldy, mask, ahead);
+      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);

@@ -82,15 +82,12 @@ float block_min(const T& x) {
 template <class F>
 void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedLegacyBlock* pb) {
   using Block = typename F::Block;
-  constexpr int64_t kAhead = 8;  // blocks: 16 row streams, too many for the hardware prefetcher
   for (int64_t i = 0; i < nb; ++i) {
     PackedLegacyBlock& b = pb[i];
     alignas(64) uint8_t lv[kRows][32];
     for (int r = 0; r < kRows; ++r) {
       if (r < nrows) {
         const Block& x = reinterpret_cast<const Block*>(w + static_cast<size_t>(r) * row_bytes)[i];
-        if (i % 2 == 0 && i + kAhead < nb)
-          _mm_prefetch(reinterpret_cast<const char*>(&x + kAhead), _MM_HINT_T0);
         _mm256_store_si256(reinterpret_cast<__m256i*>(lv[r]), F::levels(x));
         b.d[r] = h2f(x.d);
         b.m[r] = block_min(x);
@@ -125,7 +122,7 @@ void offsets(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, in
 /// 16 packed rows x kV vectors over nb blocks: out[v * ldy + r] for the rows in `mask`.
 template <class F, int kV>
 void rows16(const PackedLegacyBlock* pb, int64_t nb, const typename F::ActBlock* const* y,
-            const int32_t* const* off, float* out, int64_t ldy, __mmask16 mask) {
+            const int32_t* const* off, float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
   __m512 acc[kV][8], summs[kV];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) {
@@ -135,6 +132,7 @@ void rows16(const PackedLegacyBlock* pb, int64_t nb, const typename F::ActBlock*
   }
   for (int64_t i = 0; i < nb; ++i) {
     const PackedLegacyBlock& b = pb[i];
+    ahead.at(i, nb);
     const __m512 xd = _mm512_load_ps(b.d);
     __m512 d[kV];  // x.d * y.d per (row, vector), as the dot kernels form it
 #pragma GCC unroll 8
@@ -183,6 +181,7 @@ void tile_legacy(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const ActBlock* yv[kN];
@@ -191,7 +190,8 @@ void tile_legacy(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_
         yv[v] = reinterpret_cast<const ActBlock*>(acts + static_cast<size_t>(first + v) * act_bytes);
         ov[v] = off == nullptr ? nullptr : off + 8 * (first + v) * nb;
       }
-      rows16<F, kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, mask);
+      rows16<F, kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, mask, ahead);
+      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);

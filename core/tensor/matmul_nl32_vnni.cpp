@@ -19,6 +19,7 @@
 #include "core/tensor/aligned_scratch.h"
 #include "core/tensor/iq_tables.h"
 #include "core/tensor/simd_avx512.h"
+#include "core/tensor/vnni_pack_avx512.h"
 
 namespace car::tensor::detail::avx512 {
 namespace {
@@ -112,32 +113,10 @@ struct RowGroup {
   }
 };
 
-/// The 16 rows of a group are 16 strided streams, which the hardware prefetcher follows poorly; the next
-/// group's rows are one contiguous range, fetched a part with each block of this group (decode of a Q4_0 model
-/// from memory: 1.55 -> 1.16 s of CPU for 64 tokens; two groups ahead measured slower).
-struct NextGroupPrefetch {
-  const uint8_t* next;
-  int64_t lines = 0, nb;
-  /// The 16 rows after the group at r0, also past the call's last row: products call these kernels on
-  /// consecutive chunks, so those are usually the next call's (a prefetch is a hint and never faults, even
-  /// past the matrix).
-  NextGroupPrefetch(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t nb_) : nb(nb_) {
-    next = w + static_cast<size_t>(r0 + kRows) * row_bytes;
-    lines = static_cast<int64_t>((static_cast<size_t>(kRows) * row_bytes + 63) / 64);
-  }
-  /// The share of the lines that goes with block i.
-  void at(int64_t i) const {
-    for (int64_t l = i * lines / nb; l < (i + 1) * lines / nb; ++l) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T0);
-    }
-  }
-};
-
 /// Pack the group's nb blocks into pb[0, nb).
 template <typename F>
-void pack_rows(const RowGroup<F>& g, const NextGroupPrefetch& ahead, int64_t nb, PackedBlock* pb) {
+void pack_rows(const RowGroup<F>& g, int64_t nb, PackedBlock* pb) {
   for (int64_t i = 0; i < nb; ++i) {
-    ahead.at(i);
     __m512i qs[4];
     __m512 d;
     g.load(i, qs, &d);
@@ -158,13 +137,14 @@ inline void store_rows(float* out, __m512 acc, __mmask16 rows) {
 /// of its quants; out[v * ldy + r] for the rows in `mask`.
 template <int kV>
 void rows16(const PackedBlock* pb, int64_t nb, __m512i lut, const block_q8_0* const* y, const int32_t* const* off,
-            float* out, int64_t ldy, __mmask16 mask) {
+            float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc[kV];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) acc[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const PackedBlock& b = pb[i];
+    ahead.at(i, nb);
     __m512i s[kV];
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) s[v] = _mm512_setzero_si512();
@@ -224,8 +204,8 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts
   constexpr int kV = 4;
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
-    pack_rows<F>(RowGroup<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr),
-                 NextGroupPrefetch(w, row_bytes, r0, nb), nb, pb);
+    pack_rows<F>(RowGroup<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr), nb, pb);
+    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const block_q8_0* yv[kN];
@@ -234,7 +214,8 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts
         yv[v] = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(first + v) * act_bytes);
         ov[v] = off + (first + v) * nb;
       }
-      rows16<kN>(pb, nb, lut, yv, ov, y + first * ldy + r0, ldy, mask);
+      rows16<kN>(pb, nb, lut, yv, ov, y + first * ldy + r0, ldy, mask, ahead);
+      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);
@@ -269,10 +250,12 @@ void rows_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     const RowGroup<F> g(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr);
-    const NextGroupPrefetch ahead(w, row_bytes, r0, nb);
+    // decode of a Q4_0 model from memory with the next group fetched a share per block into L1: 1.55 -> 1.16 s
+    // of CPU for 64 tokens (two groups ahead measured slower)
+    const NextGroup<_MM_HINT_T0> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, 1, 1);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
-      ahead.at(i);
+      ahead.at(i, nb);
       __m512i qs[4];
       __m512 d;
       g.load(i, qs, &d);

@@ -24,6 +24,7 @@ namespace car::tensor::detail::avx512 {
 namespace {
 
 constexpr int kRows = 16;  // weight rows per packed group: one int32 / float lane each
+constexpr int kVectorsPerRun = 4;  // rows16: 4 x 3 integer chains, 4 x 2 float accumulators, 2 weights
 
 /// One super-block of a group of 16 rows, interleaved so that lane r of every register is row r.
 /// Invariant: rows past the group's end (the chunk's last, short group) are all zero.
@@ -58,7 +59,6 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
     for (int r = 0; r < kRows; ++r) {
       if (r < nrows) {
         const auto& x = reinterpret_cast<const block_q2_K*>(w + static_cast<size_t>(r) * row_bytes)[i];
-        if (i + 2 < nb) _mm_prefetch(reinterpret_cast<const char*>(&x + 2), _MM_HINT_T0);
         scaled_levels(x, lv[r]);
         for (int p = 0; p < 8; ++p) {
           b.mn[p][r] = static_cast<int32_t>(static_cast<uint32_t>(x.scales[2 * p] >> 4) |
@@ -92,12 +92,13 @@ inline __m512i dpwssd_bcast(__m512i acc, __m512i w, const int16_t* p) {
 /// 16 packed rows x kV vectors over nb super-blocks; out[v * ldy + r] for the rows in `mask`.
 template <int kV, bool kGemm>
 void rows16(const PackedQ2Block* pb, int64_t nb, const block_q8_K* const* y, float* out, int64_t ldy,
-            __mmask16 mask) {
+            __mmask16 mask, const NextGroup<>& ahead) {
   __m512 acc[kV], acc_m[kV];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const PackedQ2Block& b = pb[i];
+    ahead.at(i, nb);
     const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
     // integer chains: the half's sums (gemm) or the block's (gemv: not reset between the halves)
     __m512i s0[kV], s1[kV], m[kV];
@@ -141,14 +142,15 @@ void rows16(const PackedQ2Block* pb, int64_t nb, const block_q8_K* const* y, flo
 /// Vectors [v0, v1) in one order against one packed group of rows, four at a time.
 template <bool kGemm>
 void run_vectors(const PackedQ2Block* pb, int64_t nb, const uint8_t* acts, size_t act_bytes, int64_t v0,
-                 int64_t v1, float* y, int64_t ldy, __mmask16 mask) {
-  constexpr int kV = 4;  // 4 x 3 integer chains, 4 x 2 float accumulators, 2 weights
+                 int64_t v1, float* y, int64_t ldy, __mmask16 mask, NextGroup<>& ahead) {
+  constexpr int kV = kVectorsPerRun;
   auto run = [&]<int kN>(int64_t first) {
     const block_q8_K* yv[kN];
     for (int v = 0; v < kN; ++v) {
       yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(first + v) * act_bytes);
     }
-    rows16<kN, kGemm>(pb, nb, yv, y + first * ldy, ldy, mask);
+    rows16<kN, kGemm>(pb, nb, yv, y + first * ldy, ldy, mask, ahead);
+    ahead.next_run();
   };
   int64_t v = v0;
   for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);
@@ -180,6 +182,7 @@ void tile_q2_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kVectorsPerRun);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     // one transpose of the rows serves every run of vectors in the same order
     for (int64_t v0 = 0; v0 < nvec;) {
@@ -187,9 +190,9 @@ void tile_q2_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
       int64_t v1 = v0 + 1;
       while (v1 < nvec && gemm_at(v1) == g) ++v1;
       if (g) {
-        run_vectors<true>(pb, nb, acts, act_bytes, v0, v1, y + r0, ldy, mask);
+        run_vectors<true>(pb, nb, acts, act_bytes, v0, v1, y + r0, ldy, mask, ahead);
       } else {
-        run_vectors<false>(pb, nb, acts, act_bytes, v0, v1, y + r0, ldy, mask);
+        run_vectors<false>(pb, nb, acts, act_bytes, v0, v1, y + r0, ldy, mask, ahead);
       }
       v0 = v1;
     }

@@ -22,6 +22,7 @@ namespace car::tensor::detail::avx512 {
 namespace {
 
 constexpr int kRows = 16;  // weight rows per packed group: one int32 / float lane each
+constexpr int kVectorsPerRun = 4;  // rows16's vectors: 6 and 8 spill on AVX-512's 32 registers, measured slower
 
 /// One super-block of a group of 16 rows, interleaved so that lane r of every register is row r.
 /// Invariant: rows past the group's end (the chunk's last, short group) are all zero (scales, mins, d).
@@ -98,38 +99,12 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   }
 }
 
-/// The 16 rows of a group are 16 strided streams, too many for the hardware prefetcher; the next group's rows
-/// are one contiguous range, fetched into L2 while this group's vectors run, spread evenly over its runs of
-/// vectors and their blocks. In bursts during the pack, or all in the first run, the prefetches waited on the
-/// core's outstanding misses; into L1 they evicted the group's own data (batched decode of dense-1b Q4_K_M,
-/// 8 sequences: see docs/performance.md).
-struct NextGroup {
-  const char* next;
-  int64_t lines;  ///< to fetch in all
-  int64_t runs;   ///< the group's runs of vectors (rows16 calls) to spread them over, at least
-  int64_t run = 0;
-  /// The 16 rows after the group at w: past the call's last row they are usually the next chunk's (products
-  /// call the tile on consecutive chunks), and a prefetch never faults, even past the matrix.
-  NextGroup(const uint8_t* w, size_t row_bytes, int64_t nvec)
-      : next(reinterpret_cast<const char*>(w + static_cast<size_t>(kRows) * row_bytes)),
-        lines(static_cast<int64_t>((static_cast<size_t>(kRows) * row_bytes + 63) / 64)),
-        runs((nvec + 3) / 4) {}
-  /// The share of the lines that goes with block i of nb in the current run.
-  void at(int64_t i, int64_t nb) const {
-    if (run >= runs) return;
-    const int64_t parts = runs * nb, part = run * nb + i;
-    for (int64_t l = part * lines / parts; l < (part + 1) * lines / parts; ++l) {
-      _mm_prefetch(next + 64 * l, _MM_HINT_T1);
-    }
-  }
-};
-
 /// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
 /// block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r] for the rows in
 /// `mask`.
 template <int kV, bool kGemm>
 void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
-            float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
+            float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc[kV], acc_m[kV];
 #pragma GCC unroll 8
@@ -199,8 +174,8 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
 template <bool kGemm>
 void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
                  const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask,
-                 NextGroup& ahead) {
-  constexpr int kV = 4;  // 6 and 8 spill on AVX-512's 32 registers and measured slower
+                 NextGroup<>& ahead) {
+  constexpr int kV = kVectorsPerRun;
   auto run = [&]<int kN>(int64_t first) {
     const block_q8_K* yv[kN];
     const int32_t* pv[kN];
@@ -209,7 +184,7 @@ void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t 
       pv[v] = pairs + 4 * (first + v) * nb;
     }
     rows16<kN, kGemm>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
-    ++ahead.run;
+    ahead.next_run();
   };
   int64_t v = v0;
   for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);
@@ -245,7 +220,7 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     // one transpose of the rows serves every run of vectors in the same order
-    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec);
+    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kVectorsPerRun);
     for (int64_t v0 = 0; v0 < nvec;) {
       const bool g = gemm_at(v0);
       int64_t v1 = v0 + 1;

@@ -48,13 +48,8 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
     return r < nrows ? reinterpret_cast<const block_q8_0*>(w + static_cast<size_t>(r) * row_bytes)[i] : kZero;
   };
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  constexpr int64_t kAhead = 8;  // blocks (272 bytes): 16 row streams, too many for the hardware prefetcher
   for (int64_t i = 0; i < nb; ++i) {
     PackedQ8Block& b = pb[i];
-    if (i % 2 == 0 && i + kAhead < nb) {
-      for (int r = 0; r < nrows; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(&block(r, i + kAhead)), _MM_HINT_T0);
-    }
     __m512i z[8], out[8];
 #pragma GCC unroll 8
     for (int r = 0; r < 8; ++r) z[r] = load32x2(block(r, i).qs, block(r + 8, i).qs);
@@ -81,7 +76,7 @@ void offsets(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, in
 /// 16 packed rows x kV vectors over nb blocks: out[v * ldy + r] for the rows in `mask`.
 template <int kV>
 void rows16(const PackedQ8Block* pb, int64_t nb, const block_q8_0* const* y, const int32_t* const* off,
-            float* out, int64_t ldy, __mmask16 mask) {
+            float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
   __m512 acc[kV][8];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) {
@@ -90,6 +85,7 @@ void rows16(const PackedQ8Block* pb, int64_t nb, const block_q8_0* const* y, con
   }
   for (int64_t i = 0; i < nb; ++i) {
     const PackedQ8Block& b = pb[i];
+    ahead.at(i, nb);
     const __m512 xd = _mm512_load_ps(b.d);
     __m512 d[kV];  // x.d * y.d per (row, vector), as dot_q8_0 forms it
 #pragma GCC unroll 8
@@ -131,6 +127,7 @@ void tile_q8_0_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uin
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const block_q8_0* yv[kN];
@@ -139,7 +136,8 @@ void tile_q8_0_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uin
         yv[v] = reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(first + v) * act_bytes);
         ov[v] = off + 8 * (first + v) * nb;
       }
-      rows16<kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, mask);
+      rows16<kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, mask, ahead);
+      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);

@@ -1,4 +1,4 @@
-// Internal to core/tensor's AVX-512 VNNI tile files (matmul_q4k_vnni.cpp, matmul_q8_vnni.cpp): the pieces of
+// Internal to core/tensor's AVX-512 VNNI tile files (matmul_*_vnni.cpp): the pieces of
 // the lane-per-row layout they share. Those tiles put one weight row in each int32 lane of a register and
 // broadcast one vector's 4 activation bytes into vpdpbusd, so each instruction adds 4 products to 16 (row,
 // vector) sums with no horizontal reduction; the rows must first be transposed 16 at a time (dword k of 16
@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace car::tensor::detail::avx512 {
@@ -41,13 +42,38 @@ inline void transpose16x8_dwords(const __m512i* z, __m512i* out) {
   }
 }
 
-/// acc + vpdpbusd(w, 4 bytes at p broadcast to every lane): w's bytes unsigned, p's signed. The broadcast is
-/// folded into the instruction (GCC 12 loads it into a register first: one more instruction per product).
-inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
-  using dword = int32_t __attribute__((may_alias, aligned(1)));
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const dword*>(p)));
-  return acc;
-}
+/// The 16 rows of a packed group are 16 strided streams, too many for the hardware prefetcher; the next
+/// group's rows are one contiguous range, fetched into L2 while this group's vectors run, spread evenly over
+/// the group's runs of vectors (rows16 calls) and their blocks. Fetched in bursts during the pack, or all in
+/// the first run, the prefetches waited on the core's outstanding misses; into L1 they evicted the group's
+/// own data (batched decode of dense-1b Q4_K_M, 8 sequences: docs/performance.md). Usage: one per group,
+/// at(i, nb) in each run's block loop, next_run() after each run. kHint: the cache level; decode's one-vector
+/// kernels, which read each line once as it arrives, fetch into L1 (_MM_HINT_T0).
+template <int kHint = _MM_HINT_T1>
+class NextGroup {
+ public:
+  /// The 16 rows after the group at `group`: past the call's last row they are usually the next chunk's
+  /// (products call the tiles on consecutive chunks), and a prefetch never faults, even past the matrix.
+  NextGroup(const uint8_t* group, size_t row_bytes, int64_t nvec, int vectors_per_run)
+      : next_(reinterpret_cast<const char*>(group + 16 * row_bytes)),
+        lines_(static_cast<int64_t>((16 * row_bytes + 63) / 64)),
+        runs_((nvec + vectors_per_run - 1) / vectors_per_run) {}
+  /// The share of the lines that goes with block i of nb in the current run.
+  void at(int64_t i, int64_t nb) const {
+    if (run_ >= runs_) return;  // runs of an order's tail past the estimate: all fetched already
+    const int64_t parts = runs_ * nb, part = run_ * nb + i;
+    for (int64_t l = part * lines_ / parts; l < (part + 1) * lines_ / parts; ++l) {
+      _mm_prefetch(next_ + 64 * l, static_cast<_mm_hint>(kHint));
+    }
+  }
+  void next_run() { ++run_; }
+
+ private:
+  const char* next_;
+  int64_t lines_;
+  int64_t runs_;  ///< at least the group's runs: every line is fetched by the end of the last
+  int64_t run_ = 0;
+};
 
 }  // namespace
 }  // namespace car::tensor::detail::avx512
