@@ -251,11 +251,12 @@ class Scratch {
 thread_local Scratch tls_act_scratch;
 
 constexpr int64_t kVectorTile = 8;  // matmul: vectors per pass over a chunk of weight rows
-constexpr int64_t kMinTileVectors = 4;  // matmul: fewest vectors a tile is used for
-// ... and a repacked tile where the type has a few-vector gemv kernel (DotKernels::rows_gemv_few): below
-// this, passes of 2-3 vectors over the rows cost less than the tile's row transposition (moe-2b Q4_K_M,
-// tg32 x8, 1 thread: ~6 % less CPU than the tile from 4 vectors; dense-1b x4: ~7 %; issue #25).
-constexpr int64_t kMinRepackedTileVectorsWithFew = 6;
+// matmul: fewest vectors a tile is used for, repacked ones included. Below it the few-vector gemv kernel
+// (DotKernels::rows_gemv_few) where the type has one, else the rows kernels. Since the repacked tiles fetch
+// their next row group into L2 while they compute, 4 and 5 vectors run faster on the tile than in passes of
+// the few-vector kernel (car bench --parallel 4,5, 2 threads: dense-1b Q4_K_M +13-20 %, moe-2b +3 %); 3 do
+// not (dense x3 -8 %). Before that prefetch, the few-vector kernel served up to 5 (issue #25).
+constexpr int64_t kMinTileVectors = 4;
 
 }  // namespace
 
@@ -407,12 +408,8 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   for (int64_t i = 0; i < n && all_gemv; ++i) all_gemv = !gemm_at(i);
   const detail::TileFn few = repacked && all_gemv ? k.rows_gemv_few[slot(w.type)] : nullptr;
   // The repacked tile transposes each chunk's rows before it multiplies, a cost shared by the call's vectors:
-  // with fewer than kMinTileVectors (kMinRepackedTileVectorsWithFew where the few-vector kernel serves) the
-  // other kernels, which give the same bits, are faster.
-  const detail::RepackedTileFn tile_rp =
-      repacked && n >= (few != nullptr ? kMinRepackedTileVectorsWithFew : kMinTileVectors)
-          ? k.tile_repacked[slot(w.type)]
-          : nullptr;
+  // with fewer than kMinTileVectors the other kernels, which give the same bits, are faster.
+  const detail::RepackedTileFn tile_rp = repacked && n >= kMinTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
   const detail::TileFn rows_few = tile_rp == nullptr ? few : nullptr;
   // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
   const uint8_t* orders = nullptr;
