@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "core/engine/deepseek2_ops.h"
 #include "core/model/architecture.h"
@@ -95,10 +96,16 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   }
 }
 
-KvCache ForwardPass::make_cache(int64_t n_ctx) const {
+Result<KvCache> ForwardPass::create_cache(int64_t n_ctx) const {
   // MLA: one KV head holding [latent | rope key] as keys and the latent again as values (see hparams.h).
-  if (hp_.is_mla()) return KvCache(hp_.n_layer, n_ctx, 1, hp_.mla_cache_dim_k(), hp_.mla_cache_dim_v());
-  return KvCache(hp_.n_layer, n_ctx, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v, hp_.swa_window);
+  if (hp_.is_mla()) return KvCache::create(hp_.n_layer, n_ctx, 1, hp_.mla_cache_dim_k(), hp_.mla_cache_dim_v());
+  return KvCache::create(hp_.n_layer, n_ctx, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v, hp_.swa_window);
+}
+
+KvCache ForwardPass::make_cache(int64_t n_ctx) const {
+  auto c = create_cache(n_ctx);
+  if (!c.ok()) throw std::bad_alloc();
+  return std::move(*c);
 }
 
 uint64_t ForwardPass::scratch_bytes() const {

@@ -102,8 +102,11 @@ class ForwardPass {
   void set_prefetch(bool on) { prefetch_ = on; }
   bool prefetch() const { return prefetch_; }
 
-  /// A cache sized for this model.
+  /// A cache sized for this model: make_cache throws std::bad_alloc where create_cache returns the mapping's
+  /// error. Every cache a forward pass runs on must come from one of them: the geometry is the model's
+  /// (deepseek2's MLA caches one [latent | rope key] head, not n_head_kv heads of head_dim_k).
   KvCache make_cache(int64_t n_ctx) const;
+  Result<KvCache> create_cache(int64_t n_ctx) const;
 
   const model::Model& model() const { return *model_; }
   int64_t max_batch() const { return max_batch_; }

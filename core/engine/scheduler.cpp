@@ -53,10 +53,11 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(std::shared_ptr<const model
   CAR_CHECK(options.slots >= 1 && options.n_ctx >= 1);
   // Every slot maps a whole context up front: address space only (nothing is written, so no page is
   // resident), and a refusal is the load's error rather than a request's.
-  const model::Hparams& hp = model->hparams();
+  // The forward pass sizes them: the geometry is the model's (deepseek2's MLA caches one latent head).
+  CAR_CHECK(forward != nullptr);
   std::vector<std::unique_ptr<KvCache>> caches;
   for (int i = 0; i < options.slots; ++i) {
-    auto kv = KvCache::create(hp.n_layer, options.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.swa_window);
+    auto kv = forward->create_cache(options.n_ctx);
     if (!kv.ok()) {
       return make_error(kv.error().code, kv.error().message + " (sequence " + std::to_string(i + 1) + " of " +
                                              std::to_string(options.slots) + ")");
