@@ -367,8 +367,10 @@ const std::vector<SettingInfo>& rows() {
       {.variable = "CAR_INFERENCE_KV_POOL_MB",
        .flag = "--kv-pool-mb",
        .meaning = "MiB of KV cache each model's sequences share - its KV pool, charged to the model in the "
-                  "cache budget ({range}; `0` = min(`CAR_INFERENCE_PARALLEL`, 4) full contexts, which the "
-                  "default context fits in a quarter of MemTotal less the cache reserve). A request "
+                  "cache budget ({range}; `0` = min(`CAR_INFERENCE_PARALLEL`, 4) full contexts - for "
+                  "short contexts up to the positions of 4 contexts of 4096 tokens, so that every sequence "
+                  "fits - which the default context fits in a quarter of MemTotal less the cache reserve). "
+                  "A request "
                   "reserves prompt + `max_tokens` positions and waits in the model's queue until the pool "
                   "has them; one that needs more than the whole pool gets `context_overflow`",
        .max = 16'777'216,

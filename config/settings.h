@@ -145,7 +145,7 @@ struct Settings {
   unsigned workers = defaults::workers;  ///< CAR_INFERENCE_WORKERS: load/infer jobs run in parallel
   /// CAR_INFERENCE_PARALLEL: sequences each model runs at once (resolved default: defaults::parallel).
   unsigned parallel = 8;
-  /// CAR_INFERENCE_KV_POOL_MB: each model's KV pool in MiB; 0 = min(parallel, 4) full contexts.
+  /// CAR_INFERENCE_KV_POOL_MB: each model's KV pool in MiB; 0 = the default (engine.h LoadOptions::kv_pool_tokens).
   std::uint64_t kv_pool_mb = 0;
   unsigned step_tokens = defaults::step_tokens;  ///< CAR_INFERENCE_STEP_TOKENS: rows of one batched step
   std::size_t queue_depth = defaults::queue_depth;  ///< CAR_INFERENCE_QUEUE_DEPTH: queued jobs before `busy`

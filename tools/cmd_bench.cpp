@@ -239,14 +239,9 @@ void bench(const BenchFlags& f) {
   auto load_or = f.engine.load_options(std::max(f.n_prompt, f.n_gen) + 16);
   if (!load_or) fail(2, load_or.error().message);
   engine::LoadOptions load = std::move(*load_or);
-  if (!f.parallel.empty()) {
-    load.parallel = *std::max_element(f.parallel.begin(), f.parallel.end());
-    // Every sequence its whole (small) context: the batched test measures steps of N sequences, which the
-    // default pool (kPoolContexts contexts) would split into waves past 4 (issue #25).
-    if (load.kv_pool_tokens == 0 && load.kv_pool_bytes == 0) {
-      load.kv_pool_tokens = static_cast<int64_t>(load.parallel) * load.context_length;
-    }
-  }
+  // The default pool holds every sequence's whole context at car bench's short contexts (engine.h
+  // LoadOptions::kv_pool_tokens), so the batched test runs steps of all N sequences.
+  if (!f.parallel.empty()) load.parallel = *std::max_element(f.parallel.begin(), f.parallel.end());
   auto figures = model_figures(f.path);
   if (!figures) fail(1, f.path + ": " + figures.error().code + ": " + figures.error().message);
   const ModelFigures& m = *figures;

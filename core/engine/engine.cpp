@@ -68,11 +68,19 @@ int sequence_slots(const LoadOptions& options, int64_t n_ctx) {
 int64_t pool_tokens(const model::Hparams& hp, const LoadOptions& options, int64_t n_ctx) {
   const int slots = sequence_slots(options, n_ctx);
   const int64_t full = static_cast<int64_t>(slots) * n_ctx;
-  int64_t pool = static_cast<int64_t>(std::min(slots, kPoolContexts)) * n_ctx;
+  const uint64_t per_token = std::max<uint64_t>(1, ForwardPass::kv_cache_bytes_for(hp, 1));
+  // The default: min(slots, kPoolContexts) whole contexts - and where contexts are short, up to the positions
+  // of kPoolContexts contexts of the default length (fewer if the KV memory budget holds fewer), so that
+  // short-context sequences run all at once rather than in waves of kPoolContexts (a daemon with a small
+  // context and more sequences, `car bench --parallel`). Contexts of the default length are unchanged.
+  int64_t floor = static_cast<int64_t>(kPoolContexts) * kDefaultMaxContext;
+  if (options.context_memory_bytes > 0) {
+    floor = std::min(floor, static_cast<int64_t>(options.context_memory_bytes / per_token));
+  }
+  int64_t pool = std::max(static_cast<int64_t>(std::min(slots, kPoolContexts)) * n_ctx, std::min(full, floor));
   if (options.kv_pool_tokens > 0) {
     pool = options.kv_pool_tokens;
   } else if (options.kv_pool_bytes > 0) {
-    const uint64_t per_token = std::max<uint64_t>(1, ForwardPass::kv_cache_bytes_for(hp, 1));
     pool = static_cast<int64_t>(std::min<uint64_t>(options.kv_pool_bytes / per_token, static_cast<uint64_t>(full)));
   }
   return std::clamp<int64_t>(pool, 1, full);

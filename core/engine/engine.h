@@ -51,8 +51,9 @@ struct LoadOptions {
   uint64_t context_memory_bytes = 0;  ///< see context_length; 0 = the fixed 4096 cap
   /// The model's KV pool (positions over all its sequences; see core/engine/scheduler.h): kv_pool_tokens
   /// when set, else kv_pool_bytes / bytes per position when set, else min(parallel, kPoolContexts) full
-  /// contexts - in every case at most parallel full contexts and at least one position. The pool's bytes
-  /// are what estimate_memory charges for KV.
+  /// contexts or, if more, the positions of kPoolContexts contexts of the default 4096 (fewer if
+  /// context_memory_bytes holds fewer), so that sequences of a short context all fit - in every case at most parallel
+  /// full contexts and at least one position. The pool's bytes are what estimate_memory charges for KV.
   uint64_t kv_pool_bytes = 0;
   int64_t kv_pool_tokens = 0;
   /// The budget and readers shared by every streamed model of the process (the daemon's); null = a

@@ -533,7 +533,8 @@ TEST_F(SchedulerTest, KvPoolGivesAReclaimedPrefixsPagesBack) {
 }
 
 // The pool is charged (estimate and loaded model alike), not parallel x context: the default pool holds
-// min(parallel, kPoolContexts) full contexts, a set pool its positions.
+// min(parallel, kPoolContexts) full contexts - or, for short contexts, up to the positions of kPoolContexts
+// contexts of the default 4096 (or of the context memory budget, if fewer) - a set pool its positions.
 TEST_F(SchedulerTest, MemoryChargesThePoolNotEverySequencesContext) {
   const TinySpec s = q4k_spec(false);
   auto one = load(s, 1);
@@ -541,8 +542,9 @@ TEST_F(SchedulerTest, MemoryChargesThePoolNotEverySequencesContext) {
   auto pooled = load(s, 8, 0, 0, 100);
   const uint64_t per_token = static_cast<uint64_t>(s.n_layer * s.n_head_kv * s.head_dim * 2) * 2;
   EXPECT_EQ(model_memory(*one).kv_cache, 128 * per_token);
-  EXPECT_EQ(model_memory(*eight).kv_cache, static_cast<uint64_t>(kPoolContexts) * 128 * per_token);
-  EXPECT_EQ(model_kv_pool_tokens(*eight), kPoolContexts * 128);
+  // 8 x 128 positions are fewer than 4 default contexts: every sequence gets its whole context.
+  EXPECT_EQ(model_memory(*eight).kv_cache, 8 * 128 * per_token);
+  EXPECT_EQ(model_kv_pool_tokens(*eight), 8 * 128);
   EXPECT_EQ(model_memory(*pooled).kv_cache, 100 * per_token);
   LoadOptions o;
   o.context_length = 128;
@@ -561,6 +563,24 @@ TEST_F(SchedulerTest, MemoryChargesThePoolNotEverySequencesContext) {
   est = estimate_memory((dir_ / "m2.gguf").string(), o);
   ASSERT_TRUE(est.ok());
   EXPECT_EQ(est->kv_cache, 8 * 128 * per_token);
+  // Long contexts: the default holds kPoolContexts of them, not every sequence's ...
+  o.kv_pool_bytes = 0;
+  o.context_length = 4096;
+  est = estimate_memory((dir_ / "m2.gguf").string(), o);
+  ASSERT_TRUE(est.ok());
+  EXPECT_EQ(est->kv_cache, static_cast<uint64_t>(kPoolContexts) * 4096 * per_token);
+  // ... and with a context memory budget, as many positions as it holds (past kPoolContexts contexts) ...
+  o.context_length = 1024;
+  o.context_memory_bytes = 6 * 1024 * per_token;
+  est = estimate_memory((dir_ / "m2.gguf").string(), o);
+  ASSERT_TRUE(est.ok());
+  EXPECT_EQ(est->kv_cache, 6 * 1024 * per_token);
+  // ... but never more than kPoolContexts default contexts because the budget is large.
+  o.context_length = 4096;
+  o.context_memory_bytes = uint64_t{1} << 40;
+  est = estimate_memory((dir_ / "m2.gguf").string(), o);
+  ASSERT_TRUE(est.ok());
+  EXPECT_EQ(est->kv_cache, static_cast<uint64_t>(kPoolContexts) * 4096 * per_token);
 }
 
 }  // namespace
