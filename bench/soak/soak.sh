@@ -26,9 +26,9 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$work/models" "$work/state"
 
-# Three small llama models (6.3 MB charged each: 3.9 MB of f32 weights + 1 MiB of KV cache for 1024 tokens
-# + 1.6 MB of scratch for 256-token batches), so a request costs milliseconds and the soak measures the
-# serving path; the default budget of 13 MiB holds two of them.
+# Three small llama models (13.1 MiB charged each: 3.9 MB of f32 weights, a KV pool of 8 MiB - the whole
+# 1024-token context of each of the 8 sequences set below, 1 KiB a position - and scratch for 256-token batches), so a
+# request costs milliseconds and the soak measures the serving path; the default budget of 27 MiB holds two.
 for i in 1 2 3; do
   "$car" gguf synth -o "$work/models/m$i.gguf" --arch llama --layers 4 --embd 128 --ff 384 --heads 4 \
     --kv-heads 2 --vocab 512 --ctx 1024 --seed "$i" >/dev/null
@@ -36,7 +36,8 @@ done
 
 sock=$work/d.sock
 CAR_INFERENCE_SOCKET=$sock CAR_INFERENCE_MODELS_DIR=$work/models CAR_INFERENCE_STATE_DIR=$work/state \
-  CAR_INFERENCE_MODEL_CACHE_MB=${CACHE_MB:-13} CAR_INFERENCE_MODEL_IDLE_SECS=0 CAR_INFERENCE_THREADS=1 \
+  CAR_INFERENCE_MODEL_CACHE_MB=${CACHE_MB:-27} CAR_INFERENCE_MODEL_IDLE_SECS=0 CAR_INFERENCE_THREADS=1 \
+  CAR_INFERENCE_PARALLEL=8 \
   CAR_INFERENCE_WORKERS=${WORKERS:-2} CAR_INFERENCE_QUEUE_DEPTH=${QUEUE_DEPTH:-64} CAR_INFERENCE_LOG_LEVEL=warn \
   "$daemon" >"$work/daemon.log" 2>&1 &
 pid=$!
@@ -46,7 +47,7 @@ for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
 rss() { awk -v k="$1:" '$1 == k { print $2 }' "/proc/$pid/status"; }
 sizes=$("$car" load --socket "$sock" --json m1 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["result"]["size_bytes"])' || echo "?")
 rss_before=$(rss VmRSS)
-echo "daemon pid $pid, budget ${CACHE_MB:-13} MiB, each model charged $sizes bytes, RSS before ${rss_before} kB"
+echo "daemon pid $pid, budget ${CACHE_MB:-27} MiB, each model charged $sizes bytes, RSS before ${rss_before} kB"
 
 status=0
 python3 "$here/soak_client.py" --socket "$sock" --models m1,m2,m3 "$@" || status=$?
