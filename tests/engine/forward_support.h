@@ -95,18 +95,21 @@ inline void expect_batch_equals_decode(const Loaded& l, ThreadPool* pool, int ch
   EXPECT_GT(spread, 0.5);  // not vacuous
 }
 
-/// Two prompts (11 and `nb` tokens) in one eval_step give each the last-row logits it gets alone, bit for bit.
+/// Two prompts (11 and `nb` tokens) in one eval_step give each the last-row logits it gets alone, bit for bit;
+/// then the first sequence's next token, decoded in a step beside the second's, gives its logits alone.
 inline void expect_alone_equals_in_company(const Loaded& l, ThreadPool* pool, int nb) {
   const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
   const auto a = tokens(11, static_cast<int64_t>(V));
   auto b = tokens(nb, static_cast<int64_t>(V));
   for (int32_t& t : b) t = static_cast<int32_t>((t * 3 + 1) % static_cast<int32_t>(V));
+  const int32_t next = 17;
   ForwardPass fp(l.model, l.experts.get(), pool, 64);
-  // Alone: each prompt in its own batch, last row.
-  std::vector<float> want_a(V), want_b(V);
+  // Alone: each prompt in its own batch, last row; then a's next token decoded.
+  std::vector<float> want_a(V), want_a2(V), want_b(V);
   {
     KvCache kv = fp.make_cache(64);
     ASSERT_TRUE(fp.eval(a, kv, want_a.data(), false).ok());
+    ASSERT_TRUE(fp.eval(std::span<const int32_t>(&next, 1), kv, want_a2.data(), false).ok());
     KvCache kv2 = fp.make_cache(64);
     ASSERT_TRUE(fp.eval(b, kv2, want_b.data(), false).ok());
   }
@@ -123,6 +126,16 @@ inline void expect_alone_equals_in_company(const Loaded& l, ThreadPool* pool, in
   ASSERT_TRUE(fp.eval_step(chunks, got.data()).ok());
   EXPECT_EQ(0, std::memcmp(got.data(), want_a.data(), V * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(got.data() + V, want_b.data(), V * sizeof(float)));
+  // a's decode row second in a step with b's next token (b at another position).
+  SeqChunk step[2];
+  step[0].kv = &kb;
+  step[0].tokens = std::span<const int32_t>(&next, 1);
+  step[0].output = SeqChunk::Output::last;
+  step[1].kv = &ka;
+  step[1].tokens = std::span<const int32_t>(&next, 1);
+  step[1].output = SeqChunk::Output::last;
+  ASSERT_TRUE(fp.eval_step(step, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(got.data() + V, want_a2.data(), V * sizeof(float)));
 }
 
 }  // namespace car::engine::forward_testing

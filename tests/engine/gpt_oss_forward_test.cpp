@@ -72,44 +72,7 @@ TEST(GptOssForward, SequenceAloneEqualsInCompany) {
   ThreadPool pool(2);
   Loaded l = load(write(dir, spec_of("mxfp4_moe")));
   ASSERT_TRUE(l.model);
-  const size_t V = static_cast<size_t>(l.model->hparams().n_vocab);
-  const auto a = tokens(11, static_cast<int64_t>(V));
-  auto b = tokens(7, static_cast<int64_t>(V));
-  for (int32_t& t : b) t = static_cast<int32_t>((t * 3 + 1) % static_cast<int32_t>(V));
-  ForwardPass fp(l.model, l.experts.get(), &pool, 64);
-  // Alone: a's prompt and one decoded token; b's prompt.
-  std::vector<float> want_a(V), want_a2(V), want_b(V);
-  const int32_t next = 17;
-  {
-    KvCache kv = fp.make_cache(64);
-    ASSERT_TRUE(fp.eval(a, kv, want_a.data(), false).ok());
-    ASSERT_TRUE(fp.eval(std::span<const int32_t>(&next, 1), kv, want_a2.data(), false).ok());
-    KvCache kv2 = fp.make_cache(64);
-    ASSERT_TRUE(fp.eval(b, kv2, want_b.data(), false).ok());
-  }
-  // Together: a's prompt beside b's; then a's decode row beside nothing else.
-  KvCache ka = fp.make_cache(64), kb = fp.make_cache(64);
-  SeqChunk chunks[2];
-  chunks[0].kv = &ka;
-  chunks[0].tokens = a;
-  chunks[0].output = SeqChunk::Output::last;
-  chunks[1].kv = &kb;
-  chunks[1].tokens = b;
-  chunks[1].output = SeqChunk::Output::last;
-  std::vector<float> got(2 * V);
-  ASSERT_TRUE(fp.eval_step(chunks, got.data()).ok());
-  EXPECT_EQ(0, std::memcmp(got.data(), want_a.data(), V * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(got.data() + V, want_b.data(), V * sizeof(float)));
-  // a's decode row in a step with b's next token (b at another position).
-  SeqChunk step[2];
-  step[0].kv = &kb;
-  step[0].tokens = std::span<const int32_t>(&next, 1);
-  step[0].output = SeqChunk::Output::last;
-  step[1].kv = &ka;
-  step[1].tokens = std::span<const int32_t>(&next, 1);
-  step[1].output = SeqChunk::Output::last;
-  ASSERT_TRUE(fp.eval_step(step, got.data()).ok());
-  EXPECT_EQ(0, std::memcmp(got.data() + V, want_a2.data(), V * sizeof(float)));
+  expect_alone_equals_in_company(l, &pool, 7);
 }
 
 TEST(GptOssForward, SinksAndWindowAreLive) {
