@@ -11,7 +11,6 @@
 // Agreement with llama.cpp itself is engine_reference_conformance_test's (deepseek2-* fixtures).
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -167,53 +166,6 @@ TEST(Deepseek2Forward, SelectionBiasAndGroupsAreLive) {
   const auto nb = batch_logits(lb, tokens(9, 320), &pool, 64);
   EXPECT_NE(0, std::memcmp(base.data(), nb.data(), base.size() * sizeof(float)))
       << "the bias changes nothing";
-}
-
-int32_t argmax(const float* row, int64_t n) {
-  return static_cast<int32_t>(std::max_element(row, row + n) - row);
-}
-
-// Through the engine (its scheduler makes the sequences' caches) a prompt that fills most of the context
-// decodes as the forward pass does on make_cache's cache. The scheduler once sized its caches as n_head_kv
-// heads of head_dim_k: MLA's wider latent rows then ran into the next layer's keys past a third of the
-// context, and past the mapping's end at the last layer (car bench -p 20 and up crashed; ASan caught the
-// write in attention_mla).
-TEST(Deepseek2Forward, APromptFillingTheContextThroughTheSchedulerDecodesAsTheForwardPass) {
-  testing::TempDir dir;
-  ThreadPool pool(2);
-  const std::string path = write(dir, spec_of("f32"));
-  Loaded l = load(path);
-  ASSERT_TRUE(l.model);
-  const int64_t V = l.model->hparams().n_vocab;
-  const auto prompt = tokens(29, V);
-  // The forward pass alone: greedy over the prompt, then one decoded token.
-  ForwardPass fp(l.model, l.experts.get(), &pool, 64);
-  KvCache kv = fp.make_cache(64);
-  std::vector<float> out(prompt.size() * static_cast<size_t>(V));
-  ASSERT_TRUE(fp.eval(prompt, kv, out.data(), true).ok());
-  const int32_t t1 = argmax(out.data() + (prompt.size() - 1) * static_cast<size_t>(V), V);
-  std::vector<float> next(static_cast<size_t>(V));
-  ASSERT_TRUE(fp.eval(std::span<const int32_t>(&t1, 1), kv, next.data(), false).ok());
-  const int32_t t2 = argmax(next.data(), V);
-
-  LoadOptions o;
-  o.context_length = 32;
-  o.parallel = 2;
-  o.threads = 2;
-  auto m = load_model(path, o);
-  ASSERT_TRUE(m.ok()) << m.error().message;
-  ASSERT_EQ(model_context_length(**m), 32);
-  GenerateRequest req;
-  req.prompt_ids = prompt;
-  req.add_bos = false;
-  req.max_tokens = 3;
-  req.ignore_eos = true;
-  req.sampling.temperature = 0;
-  auto r = generate(**m, req, {}, nullptr);
-  ASSERT_TRUE(r.ok()) << r.error().message;
-  ASSERT_EQ(r->tokens.size(), 3u);
-  EXPECT_EQ(r->tokens[0], t1);
-  EXPECT_EQ(r->tokens[1], t2);
 }
 
 }  // namespace
