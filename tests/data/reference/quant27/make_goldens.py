@@ -39,10 +39,11 @@ PROMPTS = ["1,300,301,302,400", "1,50,60,70,80,90,100,110,120,130"]
 # Tolerance on |logprob - llama.cpp| per weight type. Issue #27 asks for 1e-4 where llama.cpp's order can be
 # matched. MXFP4, IQ2_XXS and IQ4_NL (since its products follow llama.cpp's repacked order, kernel_table.h
 # repacked(): 2.0e-2 before) see < 2e-6. IQ4_XS is not a repacked type and our kernels give llama.cpp's
-# ggml_vec_dot bits exactly (kernel_goldens.json), yet its models deviate by up to 2.7e-2 and which step
-# causes it is not pinned down (docs/performance.md, "New quant types"): a difference that moves an activation
-# across a Q8_K rounding boundary costs a whole quantization step. IQ4_XS gets 5e-2, which still fails any
-# layout error (those move logprobs by whole units), and greedy ids must be equal.
+# ggml_vec_dot bits exactly (kernel_goldens.json), yet its models deviate by up to 2.7e-2: llama.cpp multiplies
+# batches of 8 or more vectors by IQ4_XS (and the IQ2/IQ3/IQ1 types) with its IQ panel gemm (ggml-cpu/iqp.cpp),
+# another order; with the panel off the same models agree within 5e-7 (../iq_panel_off). A difference that
+# moves an activation across a Q8_K rounding boundary costs a whole quantization step. IQ4_XS gets 5e-2, which
+# still fails any layout error (those move logprobs by whole units), and greedy ids must be equal.
 TOLERANCE = {"mxfp4": 1e-4, "iq2_xxs": 1e-4, "iq4_nl": 1e-4, "iq4_xs": 5e-2}
 
 
@@ -55,15 +56,20 @@ def fnv1a64(path):
     return "%016x" % h
 
 
-def main():
+def arguments():
     ap = argparse.ArgumentParser()
     ap.add_argument("--car", default="build/tools/car")
     ap.add_argument("--harness", default="tests/reference")
     ap.add_argument("--threads", default="4")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def make(a, fixtures, prompts, tolerance_of, about, out_path, env=None):
+    """Write each fixture with `car gguf synth`, run the harness on it (with `env` added to the environment)
+    and write {about, files} to out_path; tolerance_of(name, opts) gives each file's tolerance."""
     files = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, opts in FIXTURES:
+        for name, opts in fixtures:
             gguf = os.path.join(tmp, name + ".gguf")
             args = [a.car, "gguf", "synth", "-o", gguf]
             for k, v in opts.items():
@@ -72,22 +78,27 @@ def main():
             out = os.path.join(tmp, name + ".json")
             cmd = ["node", os.path.join(a.harness, "golden.mjs"), gguf, "--n-predict", "16", "--top-k", "5",
                    "--threads", a.threads, "--out", out]
-            for p in PROMPTS:
+            for p in prompts:
                 cmd += ["--prompt-ids", p]
-            subprocess.run(cmd, check=True)
+            subprocess.run(cmd, check=True, env=dict(os.environ, **(env or {})))
             with open(out) as f:
                 g = json.load(f)
             g["synth"] = opts
             g["fnv1a64"] = fnv1a64(gguf)
-            g["tolerance"] = TOLERANCE[opts["type"]]
+            g["tolerance"] = tolerance_of(name, opts)
             files.append(g)
             print(f"{name}: {g['size']} bytes, cases {[c['generated_ids'][:4] for c in g['cases']]}",
                   file=sys.stderr)
-    doc = {"about": "llama.cpp goldens for synthetic IQ4_NL / IQ4_XS / MXFP4 models (issue #27); "
-                    "regenerate with make_goldens.py", "files": files}
-    with open(os.path.join(HERE, "goldens.json"), "w") as f:
+    doc = {"about": about, "files": files}
+    with open(out_path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
+
+
+def main():
+    make(arguments(), FIXTURES, PROMPTS, lambda name, opts: TOLERANCE[opts["type"]],
+         "llama.cpp goldens for synthetic IQ4_NL / IQ4_XS / MXFP4 models (issue #27); regenerate with "
+         "make_goldens.py", os.path.join(HERE, "goldens.json"))
 
 
 if __name__ == "__main__":
