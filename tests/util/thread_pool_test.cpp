@@ -107,9 +107,12 @@ TEST(ThreadPool, ParallelForSharesRunsOwnShareFrontToBackThenStealsFromTheBack) 
     hits[static_cast<size_t>(b)].fetch_add(1);
   });
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
-  ASSERT_FALSE(caller_order.empty());
-  EXPECT_EQ(caller_order.front(), 0);
-  EXPECT_TRUE(std::is_sorted(caller_order.begin(), caller_order.end()));
+  // A caller descheduled for the whole region (a loaded 2-core machine, the sanitizer builds) takes nothing:
+  // the worker then takes all of the caller's share from the back, which the checks below still hold.
+  if (!caller_order.empty()) {
+    EXPECT_EQ(caller_order.front(), 0);
+    EXPECT_TRUE(std::is_sorted(caller_order.begin(), caller_order.end()));
+  }
   ASSERT_GT(worker_order.size(), size_t{20});
   for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(worker_order[static_cast<size_t>(i)], 20 + i);
   EXPECT_EQ(worker_order[20], 19);
