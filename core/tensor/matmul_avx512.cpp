@@ -39,6 +39,8 @@ inline bool carry_out(const Carry& c, const __m512* acc) {
 
 using Scratch = AlignedScratch;
 
+constexpr int64_t kRowsAhead = 2;  // run_tiles: rows prefetched ahead of the one computed
+
 /// The matmul tile driver shared by the formats. Vectors go in groups of eight (four for a short tail; a
 /// group's missing vectors repeat its last one and are computed but not stored). Per group, Tile::pack
 /// writes the vector-side data every row needs (scales, sums, ...; see each tile) into a per-thread buffer
@@ -46,8 +48,6 @@ using Scratch = AlignedScratch;
 /// unpacked once for the group. Long rows go in slabs of Tile::kSlab blocks (the group's activations and
 /// packed data should stay in L1 while the rows stream past), each row's accumulators kept between slabs,
 /// so every (row, vector) still accumulates its blocks in order.
-constexpr int64_t kRowsAhead = 2;  // run_tiles: rows prefetched ahead of the one computed
-
 template <class Tile>
 void run_tiles(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                int64_t nvec, int64_t nb, float* y, int64_t ldy) {

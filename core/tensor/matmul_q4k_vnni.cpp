@@ -219,8 +219,8 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
-    // one transpose of the rows serves every run of vectors in the same order
     NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kVectorsPerRun);
+    // one transpose of the rows serves every run of vectors in the same order
     for (int64_t v0 = 0; v0 < nvec;) {
       const bool g = gemm_at(v0);
       int64_t v1 = v0 + 1;
