@@ -33,6 +33,7 @@
 
 #include "core/engine/engine.h"
 #include "core/gguf/gguf_file.h"
+#include "core/tensor/kernels.h"
 #include "core/util/error_codes.h"
 #include "tools/command_registry.h"
 #include "tools/model_path.h"
@@ -52,6 +53,7 @@ struct BenchFlags {
   uint64_t seed = 1;
   bool no_warmup = false;
   bool json = false;
+  bool no_iq_panel = false;   // --no-iq-panel: every IQ product in the dot order (A/B of the panel)
   std::vector<int> parallel;  // --parallel: sequence counts for the batched decode test
 };
 
@@ -389,12 +391,16 @@ void setup_bench(CLI::App& root) {
   cmd->add_option("--seed", flags->seed, "Seed for the random prompt ids");
   cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up runs");
   cmd->add_flag("--json", flags->json, "Print one JSON object");
+  cmd->add_flag("--no-iq-panel", flags->no_iq_panel,
+                "Multiply the IQ types in ggml_vec_dot's order in every batch, not llama.cpp's IQ panel order for "
+                "batches of 8+ (its GGML_NO_IQ_PANEL), to compare the two");
   cmd->add_option("--parallel", flags->parallel,
                   "Batched decode: run tg<n> with N sequences at once for each N given (e.g. 1,2,4,8)")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
   cmd->callback([flags] {
     flags->path = resolve_model_path(flags->path, flags->models_dir, "car bench");
+    if (flags->no_iq_panel) tensor::set_iq_panel_enabled(false);
     bench(*flags);
   });
 }

@@ -62,6 +62,8 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   gemm_.resize(sz(B));
   keep_.resize(sz(B));
   keep_gemm_.resize(sz(B));
+  panel_.resize(sz(B));
+  keep_panel_.resize(sz(B));
   if (hp_.is_moe()) {
     const int64_t E = hp_.n_expert;
     const int64_t K = hp_.n_expert_used;
@@ -116,7 +118,7 @@ uint64_t ForwardPass::scratch_bytes() const {
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
                         row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
-                        keep_gemm_.size();
+                        keep_gemm_.size() + panel_.size() + keep_panel_.size();
   return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
@@ -147,8 +149,8 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
               heads * static_cast<uint64_t>(hp.kv_lora_rank)) +
          static_cast<uint64_t>(hp.n_expert);
   }
-  // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_
-  const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t) + 1);
+  // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_, panel_, keep_panel_
+  const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t) + 1 + 2);
   return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
@@ -192,10 +194,10 @@ void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, flo
 }
 
 void ForwardPass::mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
-  if (n == 1 && gemm_[0] == 0) {
+  if (n == 1 && plain_one()) {
     tensor::matvec(w, x, y, pool_);
   } else {
-    tensor::matmul_ordered(w, x, n, w.cols, y, w.rows, gemm_.data(), pool_);
+    tensor::matmul_ordered(w, x, n, w.cols, y, w.rows, gemm_.data(), panel_.data(), pool_);
   }
 }
 
@@ -203,12 +205,15 @@ Result<void> ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, flo
   const int64_t n_total = static_cast<int64_t>(tokens.size());
   CAR_CHECK(n_total > 0);
   CAR_CHECK(kv.n_past() + n_total <= kv.n_ctx());
+  // The call's tokens are one llama.cpp batch, whatever max_batch_ cuts them into.
+  const int64_t panel_end = iq_panel_end(kv.n_past(), n_total);
   for (int64_t begin = 0; begin < n_total; begin += max_batch_) {
     const int64_t n = std::min(max_batch_, n_total - begin);
     const bool last_chunk = begin + n == n_total;
     SeqChunk chunk;
     chunk.kv = &kv;
     chunk.tokens = tokens.subspan(sz(begin), sz(n));
+    chunk.panel_end = panel_end;
     chunk.output = all_rows ? SeqChunk::Output::all : last_chunk && logits != nullptr ? SeqChunk::Output::last
                                                                                       : SeqChunk::Output::none;
     float* out = all_rows ? logits + begin * hp_.n_vocab : logits;
@@ -245,14 +250,17 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
     for (size_t d = 0; d < c; ++d) CAR_CHECK(chunks[d].kv != ch.kv);
     const int64_t pos0 = ch.kv->n_past();
     const int64_t gemm_end = ch.gemm_end >= 0 ? ch.gemm_end : pos0 + len - len % 4;
+    const int64_t panel_end = ch.panel_end >= 0 ? ch.panel_end : iq_panel_end(pos0, len);
     for (int64_t j = 0; j < len; ++j) {
       const int64_t i = n + j;
       row_token_[sz(i)] = ch.tokens[sz(j)];
       row_kv_[sz(i)] = ch.kv;
       row_pos_[sz(i)] = pos0 + j;
       gemm_[sz(i)] = pos0 + j < gemm_end ? 1 : 0;
+      panel_[sz(i)] = pos0 + j < panel_end ? 1 : 0;
       if (ch.output == SeqChunk::Output::all || (ch.output == SeqChunk::Output::last && j == len - 1)) {
         keep_gemm_[sz(n_keep)] = ch.output == SeqChunk::Output::all ? gemm_[sz(i)] : 0;
+        keep_panel_[sz(n_keep)] = ch.output == SeqChunk::Output::all ? panel_[sz(i)] : 0;
         keep_[sz(n_keep++)] = static_cast<int32_t>(i);
       }
     }
@@ -289,6 +297,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
         }
       }
       std::copy(keep_gemm_.begin(), keep_gemm_.begin() + n_keep, gemm_.begin());
+      std::copy(keep_panel_.begin(), keep_panel_.begin() + n_keep, panel_.begin());
       rows = n_keep;
       if (rows == 0) break;
     }
@@ -353,7 +362,7 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   const int64_t n_kv_head = hp_.n_head_kv;
 
   for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
-  if (n == 1) {
+  if (n == 1 && plain_one()) {
     const tensor::MatvecTask qkv[] = {
         {L.wq, xn_.data(), q_.data()}, {L.wk, xn_.data(), k_.data()}, {L.wv, xn_.data(), v_.data()}};
     tensor::matvec_fused(qkv, 3, pool_);
@@ -537,7 +546,7 @@ void ForwardPass::post_norm(const float* w, int64_t n) {
 void ForwardPass::dense_ffn(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
   const int64_t ff = hp_.n_ff;
-  if (n == 1) {
+  if (n == 1 && plain_one()) {
     const tensor::MatvecTask gate_up[] = {{L.ffn_gate, xn_.data(), gate_.data()},
                                           {L.ffn_up, xn_.data(), up_.data()}};
     tensor::matvec_fused(gate_up, 2, pool_);
@@ -642,7 +651,7 @@ void ForwardPass::shared_expert(int64_t il, int64_t n) {
   // Dense products over xn_'s rows (the same input as the routed experts): the gate's logit s per row, then
   // SwiGLU into gate_ and the down projection into xe_ (both free once the slots are summed).
   const bool gated = L.ffn_gate_inp_shexp.data != nullptr;  // deepseek2's shared experts have no gate
-  if (n == 1) {
+  if (n == 1 && plain_one()) {
     const tensor::MatvecTask tasks[] = {{L.ffn_gate_shexp, xn_.data(), gate_.data()},
                                         {L.ffn_up_shexp, xn_.data(), up_.data()},
                                         {L.ffn_gate_inp_shexp, xn_.data(), shexp_gate_.data()}};

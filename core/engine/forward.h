@@ -74,7 +74,21 @@ struct SeqChunk {
   /// rows gemm). The scheduler gives a prompt's rows gemm_end = the prompt's whole groups of 4 from
   /// position 0, so a row's order depends neither on the chunking nor on a reused prefix.
   int64_t gemm_end = -1;
+  /// IQ panel products (tensor::matmul_ordered, iq_panel_product): rows at positions below panel_end take
+  /// llama.cpp's panel order, the others the dot order. -1 = the rule of a batch of this chunk alone (every
+  /// row if it has 8 or more). The scheduler gives a prompt's rows iq_panel_end(0, prompt length), for the
+  /// same reason as gemm_end.
+  int64_t panel_end = -1;
 };
+
+/// llama.cpp's batch of n tokens from position `begin` runs in ubatches of kLlamaUbatch; those of 8 or more
+/// rows take the IQ panel order. The end of the positions that do: begin + n, or the end of the last whole
+/// ubatch when the remainder is under 8.
+inline constexpr int64_t kLlamaUbatch = 512;
+inline int64_t iq_panel_end(int64_t begin, int64_t n) {
+  const int64_t rest = n % kLlamaUbatch;
+  return begin + (rest >= 8 ? n : n - rest);
+}
 
 class ForwardPass {
  public:
@@ -146,7 +160,7 @@ class ForwardPass {
   /// y (n x w.rows) = x (n x w.cols) W^T, each input row rounded as the weight type requires (the batch
   /// rule for repacked orders: an expert's gathered rows).
   void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
-  /// mm over the step's rows x_ / xn_ / attn_ / gate_ layout: row i in the order gemm_[i] says.
+  /// mm over the step's rows x_ / xn_ / attn_ / gate_ layout: row i in the orders gemm_[i] and panel_[i] say.
   void mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
   /// gate_[i] = act(gate_[i], up_[i]) (swiglu, or geglu for FfnAct::gelu) for i in [0, count), on the pool
   /// when it is long enough.
@@ -206,6 +220,11 @@ class ForwardPass {
   std::vector<uint8_t> gemm_;
   std::vector<int32_t> keep_;      // rows carried through the last layer (those that give logits)
   std::vector<uint8_t> keep_gemm_;  // their orders there (a chunk's lone last row: gemv)
+  std::vector<uint8_t> panel_;      // per row: the IQ panel order (SeqChunk::panel_end)
+  std::vector<uint8_t> keep_panel_;  // the kept rows' (a chunk's lone last row: the dot order)
+  /// Does row 0 of a one-row step take the plain matvec order (no gemm, no panel)? The one-row paths that
+  /// fuse matvec products are taken only then.
+  bool plain_one() const { return gemm_[0] == 0 && panel_[0] == 0; }
 };
 
 }  // namespace car::engine

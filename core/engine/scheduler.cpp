@@ -400,6 +400,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
     // A prompt's whole groups of 4 from position 0 take the gemm order, wherever the chunks or a reused
     // prefix split it: a request's output depends neither on its company nor on its slot's history.
     c.gemm_end = job->decoding ? 0 : job->n_prompt - job->n_prompt % 4;
+    // Likewise llama.cpp's IQ panel order: the prompt's rows as one batch of it would take it (iq_panel_end).
+    c.panel_end = job->decoding ? 0 : iq_panel_end(0, job->n_prompt);
     chunks.push_back(c);
     in_step.push_back(job);
   }

@@ -10,6 +10,7 @@
 // never saturate maddubs' int16 pairs); float accumulation order differs from the scalar one.
 #include <cmath>
 
+#include "core/tensor/iq_panel.h"
 #include "core/tensor/simd_avx512.h"
 
 namespace car::tensor::detail {
@@ -246,6 +247,7 @@ DotKernels make_table() {
   add_matvec_kernels(k);
   add_matmul_kernels(k);
   add_nl32_repacked_kernels(k);
+  k.iq_panel = iq_panel_rows_avx512;
   return k;
 }
 

@@ -43,6 +43,12 @@ using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrow
                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                                 const uint8_t* gemm);
 
+/// llama.cpp's IQ panel order (iq_panel.h) over rows x vectors: y[i * ldy + r] = dot_iq_panel_ref(row r,
+/// activation i) for r in [0, nrows) and every i in [0, nvec) with mask null or mask[i] != 0 (the others are
+/// left alone); activation i (Q8_K) starts at acts + i * act_bytes.
+using PanelFn = void (*)(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                         size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy);
+
 /// attend_head (kernels.h); `sink` is the head's attention sink logit or kNoSink.
 using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                           int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
@@ -80,6 +86,8 @@ struct DotKernels {
   /// rows per call; matmul hands them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h,
   /// avx_vnni.h) put their own Q4_K (AVX-VNNI: and Q2_K) tiles here.
   RepackedTileFn tile_repacked[kTypeSlots] = {};
+  /// The IQ panel kernel (iq_panel.h), one for every panel type; every table computes the panel order.
+  PanelFn iq_panel = nullptr;
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;
 };

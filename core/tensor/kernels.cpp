@@ -11,6 +11,7 @@
 #include "core/tensor/amx.h"
 #include "core/tensor/avx_vnni.h"
 #include "core/tensor/blocks.h"
+#include "core/tensor/iq_panel.h"
 #include "core/tensor/kernel_table.h"
 #include "core/util/result.h"
 #include "core/util/thread_pool.h"
@@ -171,6 +172,7 @@ DotKernels make_scalar_table() {
   k.quantize_act[slot(GgmlType::Q8_K)] = quantize_act_q8_K;
   k.quantize_act[slot(GgmlType::F16)] = convert_act_f16;
   k.quantize_act[slot(GgmlType::BF16)] = convert_act_bf16;
+  k.iq_panel = iq_panel_rows_scalar;
   k.attend = attend_head_scalar;
   return k;
 }
@@ -350,14 +352,22 @@ constexpr int64_t kMinMatmulChunks = 16;  // matmul: tasks per product (at least
 }  // namespace
 
 namespace {
-/// matmul and matmul_ordered: `gemm` null = the mul_mat rule (whole groups of 4 vectors in the gemm order).
+/// matmul and matmul_ordered: `gemm` null = the mul_mat rule (whole groups of 4 vectors in the gemm order);
+/// `panel` null = the panel's rule (every vector of a batch of kIqPanelMinBatch or more).
 void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
-                 const uint8_t* gemm, ThreadPool* pool) {
+                 const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool) {
   if (n <= 0) return;
-  if (n == 1 && (gemm == nullptr || gemm[0] == 0)) {
+  // llama.cpp's IQ panel order (iq_panel.h): vector i takes it when panel_at(i).
+  const bool panel_product = detail::iq_panel(w);
+  auto panel_at = [&](int64_t i) {
+    return panel_product && (panel != nullptr ? panel[i] != 0 : n >= detail::kIqPanelMinBatch);
+  };
+  if (n == 1 && (gemm == nullptr || gemm[0] == 0) && !panel_at(0)) {
     matvec(w, x, y, pool);
     return;
   }
+  int64_t n_panel = 0;
+  for (int64_t i = 0; i < n; ++i) n_panel += panel_at(i) ? 1 : 0;
   const DotKernels& k = *active().table;
   detail::check_view(w, k);
   CAR_CHECK(ldx >= w.cols && ldy >= w.rows);
@@ -423,7 +433,22 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
       orders = rule.data();
     }
   }
+  // The panel's vectors: all of them (mask null) or those the caller marks.
+  const uint8_t* panel_mask = n_panel == n ? nullptr : panel;
   auto rows = [&](int64_t begin, int64_t end) {
+    if (n_panel > 0) {
+      k.iq_panel(w.type, base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n,
+                 panel_mask, cols, y + begin, ldy);
+      if (n_panel == n) return;
+      // The rest (a batched step's decode rows beside a prompt's): the dot order, one vector at a time.
+      for (int64_t r = begin; r < end; ++r) {
+        const uint8_t* row = base + static_cast<size_t>(r) * stride;
+        for (int64_t i = 0; i < n; ++i) {
+          if (!panel_at(i)) y[i * ldy + r] = dot(row, act_of(i), cols);
+        }
+      }
+      return;
+    }
     if (tile_rp != nullptr) {
       tile_rp(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
               y + begin, ldy, orders);
@@ -514,13 +539,26 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
 }  // namespace
 
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
-  matmul_impl(w, x, n, ldx, y, ldy, nullptr, pool);
+  matmul_impl(w, x, n, ldx, y, ldy, nullptr, nullptr, pool);
 }
 
 void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
                     const uint8_t* gemm, ThreadPool* pool) {
   CAR_CHECK(gemm != nullptr);
-  matmul_impl(w, x, n, ldx, y, ldy, gemm, pool);
+  matmul_impl(w, x, n, ldx, y, ldy, gemm, nullptr, pool);
+}
+
+void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
+                    const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool) {
+  CAR_CHECK(gemm != nullptr && panel != nullptr);
+  matmul_impl(w, x, n, ldx, y, ldy, gemm, panel, pool);
+}
+
+bool iq_panel_product(const MatrixView& w) { return detail::iq_panel(w); }
+
+float dot_row_panel(GgmlType w, const void* w_row, const void* act, int64_t n) {
+  CAR_CHECK(detail::iq_panel_type(w));
+  return detail::dot_iq_panel_ref(w, w_row, act, n);
 }
 
 }  // namespace car::tensor

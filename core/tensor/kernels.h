@@ -88,7 +88,8 @@ struct MatvecTask {
 void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool);
 
 /// Batched product for prompt processing: for each of n vectors i, Y[i*ldy + r] = dot(W[r,:], round(X[i*ldx +
-/// :])). Each weight block is read once per tile of vectors. X is n x w.cols (row stride ldx), Y is n x
+/// :])) (for a panel product of 8 or more vectors, in the panel order: iq_panel_product). Each weight block is
+/// read once per tile of vectors. X is n x w.cols (row stride ldx), Y is n x
 /// w.rows (row stride ldy).
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
             ThreadPool* pool);
@@ -100,6 +101,27 @@ void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* 
 /// the batch). matmul(w, x, n, ...) is this with gemm[i] = i < detail::gemm_vectors(n).
 void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
                     const uint8_t* gemm, ThreadPool* pool);
+
+/// matmul_ordered with llama.cpp's IQ panel order given per vector too: a panel product (iq_panel_product)
+/// takes it for vector i when panel[i] != 0 and the dot order otherwise. matmul and the overload above give a
+/// batch of 8 or more vectors the panel order (every vector) and a smaller one the dot order, as llama.cpp's
+/// mul_mat does for one batch.
+void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
+                    const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool);
+
+/// Does llama.cpp multiply a batch of 8 or more vectors by this matrix in its IQ panel order (ggml-cpu iqp.cpp:
+/// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M and IQ4_XS mul_mat products, rows a multiple of 8)?
+/// One exact integer per 256-element super-block and vector, times the super-block's scale and the
+/// activation's by FMA, in super-block order (core/tensor/iq_panel.h). Every ISA computes that order.
+bool iq_panel_product(const MatrixView& w);
+
+/// Turn the panel order off (every product in the dot order) or back on, process-wide: llama.cpp's
+/// GGML_NO_IQ_PANEL, for comparing against goldens made with it set. On by default.
+void set_iq_panel_enabled(bool on);
+
+/// The panel order's dot of one weight row of a panel type with a rounded (Q8_K) activation row: the scalar
+/// reference the panel kernels equal bit for bit.
+float dot_row_panel(GgmlType w, const void* w_row, const void* act, int64_t n);
 
 // ---- Lower-level entry points (the pieces matvec is made of), for callers that reuse a rounded vector. ----
 

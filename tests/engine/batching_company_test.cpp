@@ -1,5 +1,5 @@
 // Continuous batching with company that comes and goes (issue #25), dense and MoE, experts resident and
-// streamed from a cache too small for them.
+// streamed from a cache too small for them, Q4_K (repacked orders) and IQ4_XS (the IQ panel order).
 //
 // Company: a subject request and 1, 3 or 7 random companions on one model. Some companions are queued
 // before the subject (their prompts are read in chunks beside its own), the others are submitted from the
@@ -234,6 +234,17 @@ TEST_F(CompanyTest, MoeResidentOutputIsTheSameAloneAndWithCompanyThatComesAndGoe
 TEST_F(CompanyTest, MoeStreamedOutputIsTheSameAloneAndWithCompanyThatComesAndGoes) {
   // Two of eight experts per bank: most steps of several sequences need more than the cache holds (waves).
   for (int companions : {1, 3, 7}) check(moe_spec(), Experts::streamed, 2, companions, 30u + companions);
+}
+
+// IQ4_XS matrices: a prompt's rows take llama.cpp's IQ panel order (prompts of 8 or more tokens), its decode
+// rows the dot order, however the step budget and the company cut the prompt into chunks.
+TEST_F(CompanyTest, IqPanelOutputIsTheSameAloneAndWithCompany) {
+  TinySpec s = dense_spec();
+  s.matrix_type = GgmlType::IQ4_XS;
+  for (int companions : {1, 7}) check(s, Experts::resident, 0, companions, 50u + companions);
+  TinySpec moe = moe_spec();
+  moe.matrix_type = GgmlType::IQ4_XS;
+  check(moe, Experts::resident, 0, 3, 60u);
 }
 
 TEST_F(CompanyTest, MoeStreamedAtOneSlotPerBank) {

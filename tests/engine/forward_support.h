@@ -17,6 +17,7 @@
 #include "core/gguf/gguf_file.h"
 #include "core/model/model.h"
 #include "core/synth/synth_model.h"
+#include "core/tensor/kernels.h"
 #include "core/util/thread_pool.h"
 #include "tests/test_support.h"
 
@@ -84,11 +85,16 @@ inline void expect_same_bits(const std::vector<float>& a, const std::vector<floa
 }
 
 /// Batched prefill equals token-by-token decode, and chunks of `chunk` on one thread change no bit; the logits
-/// are not all near zero (so the comparison is not vacuous). 13 tokens.
+/// are not all near zero (so the comparison is not vacuous). 13 tokens. A batch of 8 or more multiplies the IQ
+/// panel types in llama.cpp's panel order (core/tensor/iq_panel.h), which one-token steps do not take: the
+/// batch is compared with decode with the panel off, and with its own chunks with the panel on.
 inline void expect_batch_equals_decode(const Loaded& l, ThreadPool* pool, int chunk = 4) {
   const auto toks = tokens(13, l.model->hparams().n_vocab);
+  tensor::set_iq_panel_enabled(false);
+  const auto dot_order = batch_logits(l, toks, pool, 64);
+  tensor::set_iq_panel_enabled(true);
+  expect_same_bits(dot_order, decode_logits(l, toks, pool), "batch (IQ panel off) vs token by token");
   const auto batch = batch_logits(l, toks, pool, 64);
-  expect_same_bits(batch, decode_logits(l, toks, pool), "batch vs token by token");
   expect_same_bits(batch, batch_logits(l, toks, nullptr, chunk), "chunks, one thread");
   double spread = 0;
   for (float v : batch) spread = std::max(spread, static_cast<double>(std::fabs(v)));

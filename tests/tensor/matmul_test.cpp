@@ -67,8 +67,9 @@ TEST(Matmul, EqualsMatvecPerVectorWithStrides) {
       for (int64_t i = 0; i < n; ++i) {
         matvec(view, x.data() + i * ldx, col.data(), nullptr);
         quantize_activation(t, x.data() + i * ldx, act.data(), cols);
-        // A repacked matrix's whole groups of 4 vectors take llama.cpp's gemm order, the rest matvec's.
-        const bool gemm = detail::repacked(view) && i < detail::gemm_vectors(n);
+        // A repacked matrix's whole groups of 4 vectors take llama.cpp's gemm order, the rest matvec's; a
+        // batch of 8 or more vectors takes the IQ panel order for the panel types.
+        const bool gemm = (detail::repacked(view) && i < detail::gemm_vectors(n)) || (iq_panel_product(view) && n >= 8);
         for (int64_t r = 0; r < rows; ++r) {
           const float want = gemm ? testing::product_dot(view, r, act.data(), i, n) : col[r];
           ASSERT_EQ(y[i * ldy + r], want) << "n=" << n << " i=" << i << " r=" << r;

@@ -53,8 +53,8 @@ inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scal
 
 /// What a product computes for row r of `w` against the rounded vector i of an n-vector product (matvec: i 0,
 /// n 1), with the current ISA's kernels: llama.cpp's repacked gemm / gemv order for the matrices it repacks
-/// (detail::repacked: gemm for the whole groups of 4 vectors of a mul_mat batch), else the dot kernel of
-/// w.order.
+/// (detail::repacked: gemm for the whole groups of 4 vectors of a mul_mat batch), its IQ panel order for a
+/// panel product (iq_panel_product) of 8 or more vectors, else the dot kernel of w.order.
 inline float product_dot(const MatrixView& w, int64_t r, const void* act, int64_t i, int64_t n) {
   const uint8_t* row = w.data + static_cast<size_t>(r) * w.row_bytes;
   if (detail::repacked(w)) {
@@ -62,6 +62,7 @@ inline float product_dot(const MatrixView& w, int64_t r, const void* act, int64_
     const bool gemm = w.order == ProductOrder::mul_mat && i < detail::gemm_vectors(n);
     return (gemm ? k.dot_gemm : k.dot_gemv)[detail::slot(w.type)](row, act, w.cols);
   }
+  if (iq_panel_product(w) && n >= 8) return dot_row_panel(w.type, row, act, w.cols);  // llama.cpp's IQ panel
   return dot_row(w.type, row, act, w.cols, w.order);
 }
 

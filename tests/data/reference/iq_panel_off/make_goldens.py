@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates goldens.json: the IQ models of ../quant27 and ../iq27 that deviate from llama.cpp by 5e-3 to
 3e-2, run by the same harness with llama.cpp's IQ panel turned off (GGML_NO_IQ_PANEL=1), checked by
-tests/engine/quant_goldens_test.cpp at issue #27's 1e-4.
+tests/engine/quant_goldens_test.cpp at issue #27's 1e-4 with the engine's panel off too.
 
 Why: llama.cpp de3ff81 multiplies batches of at least 8 vectors by IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
 IQ1_S, IQ1_M and IQ4_XS matrices (and experts with at least 8 rows) with its "IQ panel" gemm
@@ -12,8 +12,9 @@ the panel, its one-token decode steps do not. The difference is a rounding in th
 an activation across a Q8_K rounding step, grows along the sequence. GGML_NO_IQ_PANEL is llama.cpp's own
 switch back to ggml_vec_dot; with it every one of these models agrees with ours within 5e-7 - the deviation
 is that order alone. (IQ2_XXS and IQ1_S models agree either way: for them the panel's arithmetic and
-ggml_vec_dot's give the same bits.) Until the engine takes the panel's order for such batches, the default
-goldens keep their 5e-2 tolerance and these hold the rest of the pass to 1e-4.
+ggml_vec_dot's give the same bits.) The engine now takes the panel's order for the same batches
+(core/tensor/iq_panel.h), so the default goldens hold at 1e-4 too; these are checked with the engine's panel
+turned off as well (tensor::set_iq_panel_enabled(false)): the dot-order products stay llama.cpp's.
 
 Usage (from the repository root, after building `car`):
     tests/data/reference/iq_panel_off/make_goldens.py [--car build/tools/car] [--harness tests/reference]

@@ -1,0 +1,67 @@
+// Internal to core/tensor: llama.cpp's "IQ panel" order for batched products of the grid-based IQ types.
+//
+// The llama.cpp build the reference harness carries (de3ff81, ggml-cpu iqp.cpp) multiplies a batch of 8 or
+// more vectors by an IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M or IQ4_XS matrix (a plain 2-D
+// mul_mat; rows a multiple of 8, columns of 256) in another order than ggml_vec_dot: each super-block of a row
+// is decoded to 256 integers and 16 integer scales (one per 16 weights) beside one float factor `dfac`, so that
+// dfac * iscale * q is the dequantized weight bit for bit; each output then is
+//
+//     acc = 0;  for each super-block b:  acc = fma(float(I_b), dfac_b * y_b.d, acc)
+//
+// with I_b = sum over sub-blocks s of iscale_s * sum(q * y.qs) - an exact integer, so any summation order of
+// the integer part gives the same bits. This file is the format of that decode (PanelBlock), its scalar
+// reference and the row kernels that compute many vectors per decoded block (the scalar one here, the
+// AVX-512 VNNI one in iq_panel_avx512.cpp). Which products take the order: kernels.h (matmul_ordered).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gguf/ggml_type.h"
+#include "core/tensor/blocks.h"
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+
+namespace car::tensor::detail {
+
+/// Vectors a mul_mat batch needs for llama.cpp to take the panel (GGML_IQP_MIN_BATCH).
+inline constexpr int64_t kIqPanelMinBatch = 8;
+/// Weights per integer sub-block scale in the panel's decode.
+inline constexpr int kIqPanelSub = 16;
+
+/// One decoded super-block: weight j is dfac * iscale[j / 16] * q[j], exactly as the type's dequantizer
+/// computes it. `wsum` = sum over sub-blocks of iscale * sum(q), for kernels that feed the activations as
+/// unsigned bytes (y + 128) and subtract 128 * wsum.
+struct alignas(64) PanelBlock {
+  int8_t q[QK_K];
+  int8_t iscale[QK_K / kIqPanelSub];
+  float dfac;
+  int32_t wsum;
+};
+
+/// Is `t` one of the eight types llama.cpp's panel takes?
+bool iq_panel_type(GgmlType t);
+
+/// Does the panel apply to this matrix when a batch has enough vectors? Plain mul_mat products only (MoE
+/// expert matrices are mul_mat_id: see ForwardPass::moe_ffn for why the engine keeps them in the dot order).
+bool iq_panel_enabled();  // set_iq_panel_enabled (kernels.h)
+inline bool iq_panel(const MatrixView& w) {
+  return iq_panel_type(w.type) && w.order == ProductOrder::mul_mat && w.rows % 8 == 0 && w.cols % QK_K == 0 &&
+         iq_panel_enabled();
+}
+
+/// Decode one super-block of type `t` (iq_panel_type(t)).
+void iq_panel_decode(GgmlType t, const void* block, PanelBlock& out);
+
+/// The panel order's dot of one row with one Q8_K activation row of `n` elements: the scalar reference the
+/// kernels are checked against.
+float dot_iq_panel_ref(GgmlType t, const void* w, const void* a, int64_t n);
+
+/// The PanelFn kernels (kernel_table.h), each super-block of each row decoded once per call.
+void iq_panel_rows_scalar(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                          size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy);
+/// AVX-512 VNNI (iq_panel_avx512.cpp); same bits.
+void iq_panel_rows_avx512(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                          size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy);
+
+}  // namespace car::tensor::detail
