@@ -4,12 +4,13 @@
 // decode against them bit for bit.
 #include "core/tensor/iq_panel.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/tensor/fp16.h"
-#include "core/tensor/iq_panel_rows.h"
 #include "core/tensor/iq_tables.h"
 #include "core/util/result.h"
 
@@ -163,15 +164,14 @@ void decode_iq4_xs(const void* src, PanelBlock& o) {
   }
 }
 
+/// The exact integer I of a decoded super-block against one Q8_K block's values.
 struct ScalarDot {
-  using Prepared = const PanelBlock*;
-  static Prepared prepare(const PanelBlock& b) { return &b; }
-  static int32_t idot(Prepared b, const int8_t* y) {
+  static int32_t idot(const PanelBlock& b, const int8_t* y) {
     int32_t total = 0;
     for (int s = 0; s < QK_K / kIqPanelSub; ++s) {
       int32_t sum = 0;
-      for (int k = 0; k < kIqPanelSub; ++k) sum += b->q[s * kIqPanelSub + k] * y[s * kIqPanelSub + k];
-      total += b->iscale[s] * sum;
+      for (int k = 0; k < kIqPanelSub; ++k) sum += b.q[s * kIqPanelSub + k] * y[s * kIqPanelSub + k];
+      total += b.iscale[s] * sum;
     }
     return total;
   }
@@ -181,6 +181,48 @@ struct ScalarDot {
 
 namespace {
 std::atomic<bool> g_panel_enabled{true};
+/// The scalar row kernel: rows kRows at a time, super-block by super-block, each decoded block serving every
+/// vector while their blocks stay in cache; every output's float chain in super-block order.
+void panel_rows_scalar(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                       size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = n / QK_K;
+  const auto bb = static_cast<size_t>(geometry(t).block_bytes);
+  thread_local std::vector<int64_t> vecs;  // grow-only scratch: the vectors this call computes
+  thread_local std::vector<float> acc;     // kRows x vecs: the outputs' running sums
+  vecs.clear();
+  for (int64_t i = 0; i < nvec; ++i) {
+    if (mask == nullptr || mask[i] != 0) vecs.push_back(i);
+  }
+  const auto nv = static_cast<int64_t>(vecs.size());
+  if (nv == 0) return;
+  // Rows are taken kRows at a time, super-block by super-block: each decoded block serves every vector while
+  // their blocks (nv x 292 bytes) stay in cache, and each row is read once.
+  constexpr int64_t kRows = 16;
+  if (acc.size() < static_cast<size_t>(kRows * nv)) acc.resize(static_cast<size_t>(kRows * nv));
+  PanelBlock pb;
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
+    const int64_t r1 = std::min(nrows, r0 + kRows);
+    std::fill(acc.begin(), acc.begin() + (r1 - r0) * nv, 0.0f);
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t r = r0; r < r1; ++r) {
+        iq_panel_decode(t, w + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(b) * bb, pb);
+        float* ar = acc.data() + (r - r0) * nv;
+        for (int64_t j = 0; j < nv; ++j) {
+          const auto* a =
+              reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(vecs[static_cast<size_t>(j)]) * act_bytes) +
+              b;
+          const float dy = pb.dfac * a->d;
+          ar[j] = std::fma(static_cast<float>(ScalarDot::idot(pb, a->qs)), dy, ar[j]);
+        }
+      }
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* ar = acc.data() + (r - r0) * nv;
+      for (int64_t j = 0; j < nv; ++j) y[vecs[static_cast<size_t>(j)] * ldy + r] = ar[j];
+    }
+  }
+}
+
 }  // namespace
 
 bool iq_panel_enabled() { return g_panel_enabled.load(std::memory_order_relaxed); }
@@ -229,14 +271,14 @@ float dot_iq_panel_ref(GgmlType t, const void* w, const void* a, int64_t n) {
   float acc = 0.0f;
   for (int64_t b = 0; b < n / QK_K; ++b) {
     iq_panel_decode(t, static_cast<const uint8_t*>(w) + static_cast<size_t>(b) * bb, pb);
-    acc = std::fma(static_cast<float>(ScalarDot::idot(&pb, y[b].qs)), pb.dfac * y[b].d, acc);
+    acc = std::fma(static_cast<float>(ScalarDot::idot(pb, y[b].qs)), pb.dfac * y[b].d, acc);
   }
   return acc;
 }
 
 void iq_panel_rows_scalar(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                           size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy) {
-  iq_panel_rows_impl<ScalarDot>(t, w, row_bytes, nrows, acts, act_bytes, nvec, mask, n, y, ldy);
+  panel_rows_scalar(t, w, row_bytes, nrows, acts, act_bytes, nvec, mask, n, y, ldy);
 }
 
 }  // namespace car::tensor::detail
