@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/tensor/blocks.h"
+#include "core/tensor/iq_panel.h"
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/simd_avx2.h"
 
@@ -160,6 +161,7 @@ DotKernels make_table() {
   avx2::add_iq3_kernels(k);
   avx2::add_tq_kernels(k);
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // one order for every AVX2 kernel
+  k.iq_panel = iq_panel_rows_avx2;
   k.attend = attend_head_avx2;
   return k;
 }

@@ -10,8 +10,9 @@
 //
 // with I_b = sum over sub-blocks s of iscale_s * sum(q * y.qs) - an exact integer, so any summation order of
 // the integer part gives the same bits. This file is the format of that decode (PanelBlock), its scalar
-// reference and the row kernels that compute many vectors per decoded block (the scalar one here, the
-// AVX-512 VNNI one in iq_panel_avx512.cpp). Which products take the order: kernels.h (matmul_ordered).
+// reference and the row kernels that compute many vectors per decoded block (the scalar one in
+// iq_panel.cpp, iq_panel_avx2.cpp, iq_panel_avx512.cpp). Which products take the order: kernels.h
+// (matmul_ordered).
 #pragma once
 
 #include <cstddef>
@@ -60,6 +61,9 @@ float dot_iq_panel_ref(GgmlType t, const void* w, const void* a, int64_t n);
 /// The PanelFn kernels (kernel_table.h), each super-block of each row decoded once per call.
 void iq_panel_rows_scalar(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                           size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy);
+/// AVX2 (iq_panel_avx2.cpp); same bits.
+void iq_panel_rows_avx2(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                        size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy);
 /// AVX-512 VNNI (iq_panel_avx512.cpp); same bits.
 void iq_panel_rows_avx512(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                           size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy);
