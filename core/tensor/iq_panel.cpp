@@ -225,6 +225,18 @@ void panel_rows_scalar(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t n
 
 }  // namespace
 
+PanelScratch panel_scratch(size_t nvec, size_t act_bytes, size_t blocks, size_t acc_floats) {
+  thread_local std::vector<int64_t> vecs;
+  thread_local std::vector<uint8_t> acts;
+  thread_local std::vector<float> yd;
+  thread_local std::vector<float> acc;
+  if (vecs.size() < nvec) vecs.resize(nvec);
+  if (acts.size() < act_bytes) acts.resize(act_bytes);
+  if (yd.size() < blocks) yd.resize(blocks);
+  if (acc.size() < acc_floats) acc.resize(acc_floats);
+  return PanelScratch{vecs.data(), acts.data(), yd.data(), acc.data()};
+}
+
 bool iq_panel_enabled() { return g_panel_enabled.load(std::memory_order_relaxed); }
 
 bool iq_panel_type(GgmlType t) {

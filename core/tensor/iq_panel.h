@@ -51,6 +51,16 @@ inline bool iq_panel(const MatrixView& w) {
          iq_panel_enabled();
 }
 
+/// The calling thread's grow-only scratch for a panel kernel call: vecs (nvec), acts (act_bytes), yd (blocks)
+/// and acc (acc_floats). Defined in iq_panel.cpp so that the ISA files instantiate no container themselves.
+struct PanelScratch {
+  int64_t* vecs;
+  void* acts;
+  float* yd;
+  float* acc;
+};
+PanelScratch panel_scratch(size_t nvec, size_t act_bytes, size_t blocks, size_t acc_floats);
+
 /// Decode one super-block of type `t` (iq_panel_type(t)).
 void iq_panel_decode(GgmlType t, const void* block, PanelBlock& out);
 
