@@ -4,7 +4,8 @@
 // weights. Per sub-block the lanes are multiplied by the rows' integer scales and summed; less 128 * wsum
 // that is each row's exact integer I, converted and added by FMA per lane - the scalar reference's
 // arithmetic lane by lane, so the result equals dot_iq_panel_ref's bit for bit. Four vectors share each
-// weight load.
+// weight load. IQ4_XS and the sign-grid types decode 32 values per register (pshufb; grid points with their
+// signs applied by a masked subtraction), IQ1_S / IQ1_M through iq_panel_decode.
 #include <cstring>
 
 #include "core/tensor/fp16.h"
@@ -40,51 +41,172 @@ void zero_lanes(int rows, Group& g) {
   }
 }
 
-/// Rows [0, rows) of the group from their super-block at block_offset, through iq_panel_decode.
+/// One row's super-block decoded with SIMD: v[gi] holds weights 32 gi .. 32 gi + 31 (sub-blocks 2 gi, 2 gi + 1).
+struct RowDecode {
+  __m256i v[QK_K / 32];
+  int8_t iscale[kSubs];
+  float dfac;
+};
+
+/// Four 8-value grid points with their sign bytes (bit j of byte l: value 8 l + j negated).
+inline __m256i signed_points(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, uint32_t signs) {
+  const __m256i g = _mm256_setr_epi64x(static_cast<long long>(g0), static_cast<long long>(g1),
+                                       static_cast<long long>(g2), static_cast<long long>(g3));
+  return _mm256_mask_sub_epi8(g, static_cast<__mmask32>(signs), _mm256_setzero_si256(), g);
+}
+
+inline uint64_t two_points(uint32_t lo, uint32_t hi) { return static_cast<uint64_t>(lo) | static_cast<uint64_t>(hi) << 32; }
+
+inline uint32_t ksigns4(uint32_t codes) {  // four 7-bit sign codes, 7 bits apart, as four sign bytes
+  uint32_t out = 0;
+  for (int l = 0; l < 4; ++l) out |= static_cast<uint32_t>(ksigns_iq2xs(static_cast<int>((codes >> (7 * l)) & 127))) << (8 * l);
+  return out;
+}
+
+inline void pair(int8_t* iscale, int gi, int s) {
+  iscale[2 * gi] = static_cast<int8_t>(s);
+  iscale[2 * gi + 1] = static_cast<int8_t>(s);
+}
+
+/// The SIMD decode of IQ4_XS and the sign-grid types (the same values, scales and factor as iq_panel_decode);
+/// false for the others (IQ1_S, IQ1_M), which take iq_panel_decode.
+bool decode_simd(GgmlType t, const uint8_t* block, RowDecode& d) {
+  switch (t) {
+    case GgmlType::IQ4_XS: {
+      const auto& x = *reinterpret_cast<const block_iq4_xs*>(block);
+      const __m128i lut = _mm_load_si128(reinterpret_cast<const __m128i*>(kvalues_iq4nl));
+      const __m128i low4 = _mm_set1_epi8(0x0f);
+      d.dfac = fp16_to_fp32(x.d);
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        const int ls = ((x.scales_l[gi / 2] >> (4 * (gi % 2))) & 15) | (((x.scales_h >> (2 * gi)) & 3) << 4);
+        pair(d.iscale, gi, ls - 32);
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs + 16 * gi));
+        d.v[gi] = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low4)),
+                                   _mm_shuffle_epi8(lut, _mm_and_si128(q, low4)));
+      }
+      return true;
+    }
+    case GgmlType::IQ2_XXS: {
+      const auto& x = *reinterpret_cast<const block_iq2_xxs*>(block);
+      d.dfac = fp16_to_fp32(x.d) * 0.125f;
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        uint32_t aux[2];
+        std::memcpy(aux, x.qs + 4 * gi, sizeof aux);
+        pair(d.iscale, gi, 2 * static_cast<int>(aux[1] >> 28) + 1);
+        d.v[gi] = signed_points(iq2xxs_grid[aux[0] & 0xff], iq2xxs_grid[(aux[0] >> 8) & 0xff],
+                                iq2xxs_grid[(aux[0] >> 16) & 0xff], iq2xxs_grid[aux[0] >> 24], ksigns4(aux[1]));
+      }
+      return true;
+    }
+    case GgmlType::IQ2_XS: {
+      const auto& x = *reinterpret_cast<const block_iq2_xs*>(block);
+      d.dfac = fp16_to_fp32(x.d) * 0.125f;
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        d.iscale[2 * gi] = static_cast<int8_t>(2 * (x.scales[gi] & 15) + 1);
+        d.iscale[2 * gi + 1] = static_cast<int8_t>(2 * (x.scales[gi] >> 4) + 1);
+        const uint16_t* q = x.qs + 4 * gi;
+        uint32_t signs = 0;
+        for (int l = 0; l < 4; ++l) signs |= static_cast<uint32_t>(ksigns_iq2xs(q[l] >> 9)) << (8 * l);
+        d.v[gi] = signed_points(iq2xs_grid[q[0] & 511], iq2xs_grid[q[1] & 511], iq2xs_grid[q[2] & 511],
+                                iq2xs_grid[q[3] & 511], signs);
+      }
+      return true;
+    }
+    case GgmlType::IQ2_S: {
+      const auto& x = *reinterpret_cast<const block_iq2_s*>(block);
+      const uint8_t* signs = x.qs + QK_K / 8;
+      d.dfac = fp16_to_fp32(x.d) * 0.125f;
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        d.iscale[2 * gi] = static_cast<int8_t>(2 * (x.scales[gi] & 15) + 1);
+        d.iscale[2 * gi + 1] = static_cast<int8_t>(2 * (x.scales[gi] >> 4) + 1);
+        const uint8_t* qs = x.qs + 4 * gi;
+        const int qh = x.qh[gi];
+        uint32_t sb;
+        std::memcpy(&sb, signs + 4 * gi, 4);
+        d.v[gi] = signed_points(iq2s_grid[qs[0] | ((qh << 8) & 0x300)], iq2s_grid[qs[1] | ((qh << 6) & 0x300)],
+                                iq2s_grid[qs[2] | ((qh << 4) & 0x300)], iq2s_grid[qs[3] | ((qh << 2) & 0x300)], sb);
+      }
+      return true;
+    }
+    case GgmlType::IQ3_XXS: {
+      const auto& x = *reinterpret_cast<const block_iq3_xxs*>(block);
+      const uint8_t* qs = x.qs;
+      d.dfac = fp16_to_fp32(x.d) * 0.25f;
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        uint32_t aux;
+        std::memcpy(&aux, x.qs + QK_K / 4 + 4 * gi, sizeof aux);
+        pair(d.iscale, gi, 2 * static_cast<int>(aux >> 28) + 1);
+        const uint8_t* q = qs + 8 * gi;
+        d.v[gi] = signed_points(two_points(iq3xxs_grid[q[0]], iq3xxs_grid[q[1]]),
+                                two_points(iq3xxs_grid[q[2]], iq3xxs_grid[q[3]]),
+                                two_points(iq3xxs_grid[q[4]], iq3xxs_grid[q[5]]),
+                                two_points(iq3xxs_grid[q[6]], iq3xxs_grid[q[7]]), ksigns4(aux));
+      }
+      return true;
+    }
+    case GgmlType::IQ3_S: {
+      const auto& x = *reinterpret_cast<const block_iq3_s*>(block);
+      d.dfac = fp16_to_fp32(x.d);
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        pair(d.iscale, gi, 1 + 2 * ((x.scales[gi / 2] >> (4 * (gi % 2))) & 15));
+        const uint8_t* q = x.qs + 8 * gi;
+        const int qh = x.qh[gi];
+        uint64_t pts[4];
+        for (int l = 0; l < 4; ++l) {
+          pts[l] = two_points(iq3s_grid[q[2 * l] | ((qh << (8 - 2 * l)) & 256)],
+                              iq3s_grid[q[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)]);
+        }
+        uint32_t sb;
+        std::memcpy(&sb, x.signs + 4 * gi, 4);
+        d.v[gi] = signed_points(pts[0], pts[1], pts[2], pts[3], sb);
+      }
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+/// Row r of a group from a SIMD decode: the weights in the group's layout, the scales, dfac and
+/// 128 * wsum (each sub-block's sum by psadbw on the values + 128).
+void put_row(const RowDecode& d, int r, Group& g) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  int32_t wsum = 0;
+  for (int gi = 0; gi < QK_K / 32; ++gi) {
+    alignas(32) uint8_t v[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(v), d.v[gi]);
+    for (int k = 0; k < 4; ++k) {
+      std::memcpy(&g.w[2 * gi][k][4 * r], v + 4 * k, 4);
+      std::memcpy(&g.w[2 * gi + 1][k][4 * r], v + 16 + 4 * k, 4);
+    }
+    alignas(32) uint64_t sad[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sad),
+                       _mm256_sad_epu8(_mm256_xor_si256(d.v[gi], flip), _mm256_setzero_si256()));
+    wsum += d.iscale[2 * gi] * (static_cast<int32_t>(sad[0] + sad[1]) - 16 * 128) +
+            d.iscale[2 * gi + 1] * (static_cast<int32_t>(sad[2] + sad[3]) - 16 * 128);
+  }
+  for (int s = 0; s < kSubs; ++s) g.scale[s][r] = d.iscale[s];
+  g.dfac[r] = d.dfac;
+  g.bias[r] = 128 * wsum;
+}
+
+/// Rows [0, rows) of the group from their super-block at block_offset.
 void load_group(GgmlType t, const uint8_t* w, size_t row_bytes, int rows, size_t block_offset, Group& g) {
+  RowDecode d;
   PanelBlock pb;
   for (int r = 0; r < rows; ++r) {
-    iq_panel_decode(t, w + static_cast<size_t>(r) * row_bytes + block_offset, pb);
+    const uint8_t* block = w + static_cast<size_t>(r) * row_bytes + block_offset;
+    if (decode_simd(t, block, d)) {
+      put_row(d, r, g);
+      continue;
+    }
+    iq_panel_decode(t, block, pb);
     for (int s = 0; s < kSubs; ++s) {
       for (int k = 0; k < 4; ++k) std::memcpy(&g.w[s][k][4 * r], pb.q + kIqPanelSub * s + 4 * k, 4);
       g.scale[s][r] = pb.iscale[s];
     }
     g.dfac[r] = pb.dfac;
     g.bias[r] = 128 * pb.wsum;
-  }
-  zero_lanes(rows, g);
-}
-
-/// load_group for IQ4_XS, whose decode is a table lookup: 16 values per pshufb, the sums by psadbw.
-void load_group_iq4_xs(const uint8_t* w, size_t row_bytes, int rows, size_t block_offset, Group& g) {
-  const __m128i lut = _mm_load_si128(reinterpret_cast<const __m128i*>(kvalues_iq4nl));
-  const __m128i low4 = _mm_set1_epi8(0x0f);
-  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
-  for (int r = 0; r < rows; ++r) {
-    const auto& x = *reinterpret_cast<const block_iq4_xs*>(w + static_cast<size_t>(r) * row_bytes + block_offset);
-    g.dfac[r] = fp16_to_fp32(x.d);
-    int32_t wsum = 0;
-    for (int gi = 0; gi < QK_K / 32; ++gi) {
-      const int ls = ((x.scales_l[gi / 2] >> (4 * (gi % 2))) & 15) | (((x.scales_h >> (2 * gi)) & 3) << 4);
-      g.scale[2 * gi][r] = ls - 32;
-      g.scale[2 * gi + 1][r] = ls - 32;
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs + 16 * gi));
-      const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, low4));                     // sub-block 2 gi
-      const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low4));  // 2 gi + 1
-      alignas(16) uint8_t v[32];
-      _mm_store_si128(reinterpret_cast<__m128i*>(v), lo);
-      _mm_store_si128(reinterpret_cast<__m128i*>(v + 16), hi);
-      for (int k = 0; k < 4; ++k) {
-        std::memcpy(&g.w[2 * gi][k][4 * r], v + 4 * k, 4);
-        std::memcpy(&g.w[2 * gi + 1][k][4 * r], v + 16 + 4 * k, 4);
-      }
-      // sum(values) = sum(values + 128) - 32 * 128, the biased sums by psadbw against zero.
-      const __m128i sad = _mm_add_epi64(_mm_sad_epu8(_mm_xor_si128(lo, flip), _mm_setzero_si128()),
-                                        _mm_sad_epu8(_mm_xor_si128(hi, flip), _mm_setzero_si128()));
-      const int32_t sum = static_cast<int32_t>(_mm_cvtsi128_si64(sad) + _mm_extract_epi64(sad, 1)) - 32 * 128;
-      wsum += (ls - 32) * sum;
-    }
-    g.bias[r] = 128 * wsum;
   }
   zero_lanes(rows, g);
 }
@@ -104,11 +226,7 @@ struct Avx512Kernel {
     for (int c = 0; c < QK_K; c += 64) _mm512_storeu_si512(dst + c, _mm512_xor_si512(_mm512_loadu_si512(qs + c), flip));
   }
   static void load(GgmlType t, const uint8_t* w, size_t row_bytes, int rows, size_t block_offset, Group& g) {
-    if (t == GgmlType::IQ4_XS) {
-      load_group_iq4_xs(w, row_bytes, rows, block_offset, g);
-    } else {
-      load_group(t, w, row_bytes, rows, block_offset, g);
-    }
+    load_group(t, w, row_bytes, rows, block_offset, g);
   }
   /// acc[v] (16 floats each, one per row) = fma(float(I), dfac * d, acc[v]).
   template <int V>
