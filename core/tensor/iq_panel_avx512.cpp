@@ -4,8 +4,8 @@
 // weights. Per sub-block the lanes are multiplied by the rows' integer scales and summed; less 128 * wsum
 // that is each row's exact integer I, converted and added by FMA per lane - the scalar reference's
 // arithmetic lane by lane, so the result equals dot_iq_panel_ref's bit for bit. Four vectors share each
-// weight load. IQ4_XS and the sign-grid types decode 32 values per register (pshufb; grid points with their
-// signs applied by a masked subtraction), IQ1_S / IQ1_M through iq_panel_decode.
+// weight load. Every type decodes 32 values per register: IQ4_XS by pshufb, the sign-grid types as grid points
+// with their signs applied by a masked subtraction, IQ1_S / IQ1_M as 8 * ternary point + delta.
 #include <cstring>
 
 #include "core/tensor/fp16.h"
@@ -13,6 +13,7 @@
 #include "core/tensor/iq_panel_driver.h"
 #include "core/tensor/iq_tables.h"
 #include "core/tensor/simd_avx512.h"  // <immintrin.h>, and GCC 12's intrinsic-header warnings off
+#include "core/util/result.h"
 
 namespace car::tensor::detail {
 
@@ -55,6 +56,16 @@ inline __m256i signed_points(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3,
   return _mm256_mask_sub_epi8(g, static_cast<__mmask32>(signs), _mm256_setzero_si256(), g);
 }
 
+/// Four 8-value ternary points (bytes -1, 0, 1) as 8 * value + delta, delta one byte per value.
+inline __m256i ternary_points(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, __m256i delta) {
+  __m256i g = _mm256_setr_epi64x(static_cast<long long>(g0), static_cast<long long>(g1), static_cast<long long>(g2),
+                                 static_cast<long long>(g3));
+  g = _mm256_add_epi8(g, g);  // no byte shift: 8 * value by three doublings
+  g = _mm256_add_epi8(g, g);
+  g = _mm256_add_epi8(g, g);
+  return _mm256_add_epi8(g, delta);
+}
+
 inline uint64_t two_points(uint32_t lo, uint32_t hi) { return static_cast<uint64_t>(lo) | static_cast<uint64_t>(hi) << 32; }
 
 inline uint32_t ksigns4(uint32_t codes) {  // four 7-bit sign codes, 7 bits apart, as four sign bytes
@@ -68,8 +79,8 @@ inline void pair(int8_t* iscale, int gi, int s) {
   iscale[2 * gi + 1] = static_cast<int8_t>(s);
 }
 
-/// The SIMD decode of IQ4_XS and the sign-grid types (the same values, scales and factor as iq_panel_decode);
-/// false for the others (IQ1_S, IQ1_M), which take iq_panel_decode.
+/// The SIMD decode of every panel type: the same values, scales and factor as iq_panel_decode (false for any
+/// other type).
 bool decode_simd(GgmlType t, const uint8_t* block, RowDecode& d) {
   switch (t) {
     case GgmlType::IQ4_XS: {
@@ -162,6 +173,43 @@ bool decode_simd(GgmlType t, const uint8_t* block, RowDecode& d) {
       }
       return true;
     }
+    case GgmlType::IQ1_S: {
+      const auto& x = *reinterpret_cast<const block_iq1_s*>(block);
+      d.dfac = fp16_to_fp32(x.d) * 0.125f;
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        const int qh = x.qh[gi];
+        pair(d.iscale, gi, 2 * ((qh >> 12) & 7) + 1);
+        const uint8_t* q = x.qs + 4 * gi;
+        d.v[gi] = ternary_points(iq1s_grid[q[0] | ((qh & 7) << 8)], iq1s_grid[q[1] | (((qh >> 3) & 7) << 8)],
+                                 iq1s_grid[q[2] | (((qh >> 6) & 7) << 8)], iq1s_grid[q[3] | (((qh >> 9) & 7) << 8)],
+                                 _mm256_set1_epi8(static_cast<char>(qh & 0x8000 ? -1 : 1)));
+      }
+      return true;
+    }
+    case GgmlType::IQ1_M: {
+      const auto& x = *reinterpret_cast<const block_iq1_m*>(block);
+      uint16_t sc[4];
+      std::memcpy(sc, x.scales, sizeof sc);
+      const auto d16 = static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
+                                             (sc[3] & 0xf000));
+      d.dfac = fp16_to_fp32(d16) * 0.125f;
+      for (int gi = 0; gi < QK_K / 32; ++gi) {
+        const int s = sc[gi / 2] >> (6 * (gi % 2));
+        d.iscale[2 * gi] = static_cast<int8_t>(2 * (s & 7) + 1);
+        d.iscale[2 * gi + 1] = static_cast<int8_t>(2 * ((s >> 3) & 7) + 1);
+        const int h0 = x.qh[2 * gi];
+        const int h1 = x.qh[2 * gi + 1];
+        const uint8_t* q = x.qs + 4 * gi;
+        // One delta byte per 8 values: -1 where the group's delta bit is set, else +1.
+        const __m256i deltas = _mm256_setr_epi64x(static_cast<long long>(h0 & 0x08 ? ~0ull : 0x0101010101010101ull),
+                                                  static_cast<long long>(h0 & 0x80 ? ~0ull : 0x0101010101010101ull),
+                                                  static_cast<long long>(h1 & 0x08 ? ~0ull : 0x0101010101010101ull),
+                                                  static_cast<long long>(h1 & 0x80 ? ~0ull : 0x0101010101010101ull));
+        d.v[gi] = ternary_points(iq1s_grid[q[0] | ((h0 << 8) & 0x700)], iq1s_grid[q[1] | ((h0 << 4) & 0x700)],
+                                 iq1s_grid[q[2] | ((h1 << 8) & 0x700)], iq1s_grid[q[3] | ((h1 << 4) & 0x700)], deltas);
+      }
+      return true;
+    }
     default:
       return false;
   }
@@ -193,20 +241,10 @@ void put_row(const RowDecode& d, int r, Group& g) {
 /// Rows [0, rows) of the group from their super-block at block_offset.
 void load_group(GgmlType t, const uint8_t* w, size_t row_bytes, int rows, size_t block_offset, Group& g) {
   RowDecode d;
-  PanelBlock pb;
   for (int r = 0; r < rows; ++r) {
-    const uint8_t* block = w + static_cast<size_t>(r) * row_bytes + block_offset;
-    if (decode_simd(t, block, d)) {
-      put_row(d, r, g);
-      continue;
-    }
-    iq_panel_decode(t, block, pb);
-    for (int s = 0; s < kSubs; ++s) {
-      for (int k = 0; k < 4; ++k) std::memcpy(&g.w[s][k][4 * r], pb.q + kIqPanelSub * s + 4 * k, 4);
-      g.scale[s][r] = pb.iscale[s];
-    }
-    g.dfac[r] = pb.dfac;
-    g.bias[r] = 128 * pb.wsum;
+    const bool ok = decode_simd(t, w + static_cast<size_t>(r) * row_bytes + block_offset, d);
+    CAR_CHECK(ok);
+    put_row(d, r, g);
   }
   zero_lanes(rows, g);
 }
