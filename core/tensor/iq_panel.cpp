@@ -132,9 +132,7 @@ void decode_iq1_m(const void* src, PanelBlock& o) {
   const auto& x = *static_cast<const block_iq1_m*>(src);
   uint16_t sc[4];
   std::memcpy(sc, x.scales, sizeof sc);
-  // No d field: the fp16 super-block scale is the top nibbles of the four scale words.
-  const auto d16 = static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
-                                         (sc[3] & 0xf000));
+  const uint16_t d16 = iq1_m_scale_bits(sc);
   o.dfac = fp16_to_fp32(d16) * 0.125f;
   for (int g = 0; g < QK_K / 32; ++g) {
     const int s = sc[g / 2] >> (6 * (g % 2));
@@ -154,8 +152,7 @@ void decode_iq4_xs(const void* src, PanelBlock& o) {
   const auto& x = *static_cast<const block_iq4_xs*>(src);
   o.dfac = fp16_to_fp32(x.d);  // d (ls - 32)
   for (int g = 0; g < QK_K / 32; ++g) {
-    const int ls = ((x.scales_l[g / 2] >> (4 * (g % 2))) & 15) | (((x.scales_h >> (2 * g)) & 3) << 4);
-    pair(o.iscale, g, ls - 32);
+    pair(o.iscale, g, iq4_xs_scale(x, g));
     const uint8_t* qs = x.qs + 16 * g;
     for (int j = 0; j < 16; ++j) {
       o.q[32 * g + j] = kvalues_iq4nl[qs[j] & 15];

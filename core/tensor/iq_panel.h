@@ -61,6 +61,11 @@ struct PanelScratch {
 };
 PanelScratch panel_scratch(size_t nvec, size_t act_bytes, size_t blocks, size_t acc_floats);
 
+/// IQ1_M has no d field: its fp16 super-block scale is the top nibbles of the four scale words.
+inline uint16_t iq1_m_scale_bits(const uint16_t sc[4]) {
+  return static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+}
+
 /// Decode one super-block of type `t` (iq_panel_type(t)).
 void iq_panel_decode(GgmlType t, const void* block, PanelBlock& out);
 

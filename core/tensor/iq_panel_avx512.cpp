@@ -89,8 +89,7 @@ bool decode_simd(GgmlType t, const uint8_t* block, RowDecode& d) {
       const __m128i low4 = _mm_set1_epi8(0x0f);
       d.dfac = fp16_to_fp32(x.d);
       for (int gi = 0; gi < QK_K / 32; ++gi) {
-        const int ls = ((x.scales_l[gi / 2] >> (4 * (gi % 2))) & 15) | (((x.scales_h >> (2 * gi)) & 3) << 4);
-        pair(d.iscale, gi, ls - 32);
+        pair(d.iscale, gi, iq4_xs_scale(x, gi));
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs + 16 * gi));
         d.v[gi] = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low4)),
                                    _mm_shuffle_epi8(lut, _mm_and_si128(q, low4)));
@@ -190,8 +189,7 @@ bool decode_simd(GgmlType t, const uint8_t* block, RowDecode& d) {
       const auto& x = *reinterpret_cast<const block_iq1_m*>(block);
       uint16_t sc[4];
       std::memcpy(sc, x.scales, sizeof sc);
-      const auto d16 = static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
-                                             (sc[3] & 0xf000));
+      const uint16_t d16 = iq1_m_scale_bits(sc);
       d.dfac = fp16_to_fp32(d16) * 0.125f;
       for (int gi = 0; gi < QK_K / 32; ++gi) {
         const int s = sc[gi / 2] >> (6 * (gi % 2));
