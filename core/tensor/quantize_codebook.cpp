@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/tensor/codebook.h"
+#include "core/tensor/first_min.h"
 #include "core/tensor/kernel_table.h"
 
 namespace car::tensor::detail {
@@ -96,6 +97,18 @@ const Codebook& codebook(GgmlType t) {
   }
 }
 
+/// errs[p] = lo_err[lo code of p] + hi_err[hi code of p] for every point of `cb` (256 to 2048, a multiple of 8),
+/// eight points per register by gathers: the same sums as one point at a time.
+__attribute__((target("avx2"))) void point_errors_avx2(const Codebook& cb, const float* lo_err, const float* hi_err,
+                                                       float* errs) {
+  const int npoints = static_cast<int>(cb.lo.size());
+  for (int p = 0; p < npoints; p += 8) {
+    const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(cb.lo.data() + p)));
+    const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(cb.hi.data() + p)));
+    _mm256_storeu_ps(errs + p, _mm256_add_ps(_mm256_i32gather_ps(lo_err, lo, 4), _mm256_i32gather_ps(hi_err, hi, 4)));
+  }
+}
+
 /// The point of `cb` nearest to targets t (weights w) at scale c, values offset by `shift` (IQ1_M's delta):
 /// error sum_j w_j (c * (level + shift) - t_j)^2. Returns the point; *err its error. The error is a sum over
 /// elements, so when every element's own best level makes a grid point that point is the answer; otherwise
@@ -133,18 +146,19 @@ int nearest_point(const Codebook& cb, const float* t, const float* w, float c, f
       n *= nl;
     }
   }
-  int best = 0;
-  float best_err = INFINITY;
   const int npoints = static_cast<int>(cb.lo.size());
-  for (int p = 0; p < npoints; ++p) {
-    const float e = half[0][cb.lo[static_cast<size_t>(p)]] + half[1][cb.hi[static_cast<size_t>(p)]];
-    if (e < best_err) {
-      best_err = e;
-      best = p;
+  alignas(32) float errs[2048];
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) {
+    point_errors_avx2(cb, half[0], half[1], errs);
+  } else {
+    for (int p = 0; p < npoints; ++p) {
+      errs[p] = half[0][cb.lo[static_cast<size_t>(p)]] + half[1][cb.hi[static_cast<size_t>(p)]];
     }
   }
-  *err = best_err;
-  return best;
+  const int best = avx2 ? first_min_avx2(errs, npoints) : first_min(errs, npoints);
+  *err = best < 0 ? INFINITY : errs[best];
+  return best < 0 ? 0 : best;
 }
 
 float point_value(const Codebook& cb, int p, int j) {

@@ -6,6 +6,7 @@
 // iq4_llama_cpp_test.cpp (IqSlice2LlamaCpp) with tests/data/reference/iq27/kernel_goldens.json.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 
 #include "core/tensor/blocks.h"
 #include "core/tensor/codebook.h"
+#include "core/tensor/first_min.h"
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
@@ -184,3 +186,25 @@ TEST(IqSlice2, TernaryValuesRoundTripExactly) {
 
 }  // namespace
 }  // namespace car::tensor
+
+// The quantizers' grid searches take the first of the least errors; the AVX2 search must settle on the same
+// index as the scalar scan, ties, NaNs and infinities included.
+TEST(FirstMin, Avx2SettlesOnTheScalarScansIndex) {
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "no AVX2 here";
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> level(0, 5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 8 * (1 + trial % 32);
+    std::vector<float> err(static_cast<size_t>(n));
+    for (float& e : err) {
+      const int l = level(rng);  // few distinct values, so ties are common
+      e = l == 5 ? (trial % 3 == 0 ? NAN : INFINITY) : static_cast<float>(l);
+    }
+    if (trial % 7 == 0) std::fill(err.begin(), err.end(), trial % 2 ? INFINITY : NAN);
+    EXPECT_EQ(car::tensor::detail::first_min_avx2(err.data(), n), car::tensor::detail::first_min(err.data(), n))
+        << "trial " << trial;
+  }
+  const float one[8] = {3, 2, 1, 1, 2, 3, 1, 0.5f};
+  EXPECT_EQ(car::tensor::detail::first_min(one, 8), 7);
+  EXPECT_EQ(car::tensor::detail::first_min(one, 6), 2);
+}
