@@ -28,10 +28,11 @@ function(car_simd_source file isa)
   set_source_files_properties(${file} PROPERTIES COMPILE_OPTIONS "${CAR_FLAGS_${isa}}")
 endfunction()
 
-# CAR_TEST_COMPILE_OPTIONS: extra options for the test executables' and the two programs' own files (not the
-# libraries). scripts/test.sh --sanitize passes -O0: GoogleTest-heavy test files and the CLI11-heavy `car`
-# files are most of a sanitizer build's compile time and half of it goes to -O1's optimisation, while the
-# code that runs long in the tests (kernels, engine, cache, daemon) is in the libraries, which stay at -O1.
+# CAR_TEST_COMPILE_OPTIONS: extra options for the test executables', the two programs' and the serving
+# libraries' files (car_daemon, car_protocol, car_config, car_openai: CMakeLists.txt). scripts/test.sh
+# --sanitize passes -O0: GoogleTest-heavy test files, the CLI11-heavy `car` files and the Asio / JSON-heavy
+# daemon are most of a sanitizer build's compile time and half of it goes to -O1's optimisation, while the
+# code that runs long in the tests (kernels, engine, cache) is in the other libraries, which stay at -O1.
 # -O0 removes nothing a sanitizer checks (every access stays instrumented).
 set(CAR_TEST_COMPILE_OPTIONS "" CACHE STRING "Extra compile options for test executables, car and car-inferenced")
 
@@ -43,5 +44,8 @@ function(car_add_gtest name)
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock Threads::Threads)
   target_compile_definitions(${name} PRIVATE CAR_DEFAULT_CONFORMANCE_DIR="${CAR_DEFAULT_CONFORMANCE_DIR}"
                                              CAR_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  if(TARGET car_test_pch)
+    target_precompile_headers(${name} REUSE_FROM car_test_pch)
+  endif()
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
 endfunction()

@@ -4,16 +4,18 @@
 #   -R REGEX          run only the ctest tests matching REGEX, and build only the test executables that can
 #                     hold such a test (see below) and what they depend on
 #   --no-deps         skip the dependency check
+#   --dry-run         configure, say what -R would build, and stop
 # CAR_TEST_DEBUG_INFO=-g1 (set by .ci/run): build/ gets line tables only instead of -g, same -O2 and NDEBUG
 # (so the same code and tests, and the same stripped .deb); unset, build/ keeps CMake's RelWithDebInfo flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sanitize=""; regex=""; deps=1
+sanitize=""; regex=""; deps=1; dry=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize="$2"; shift 2 ;;
     -R) regex="$2"; shift 2 ;;
     --no-deps) deps=0; shift ;;
+    --dry-run) dry=1; shift ;;
     *) echo "test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -60,20 +62,33 @@ elif [ -n "$regex" ]; then
     fi
   done
   # Tests the configured tree already lists (scripts, checks run through a test binary, tests of binaries
-  # built before): their executable's target, or everything when that is not a known test executable.
+  # built before): their executable's target; for a script run on programs of this tree (bash, python3 or
+  # node given car, car-inferenced...), those programs' targets; everything when that cannot be told.
   # (A test binary not built yet shows an empty command; a gtest target not built yet, <target>_NOT_BUILT.)
-  while read -r name cmd; do
-    exe=${cmd##*/}
-    [[ $name == *_NOT_BUILT ]] && exe=${name%_NOT_BUILT}
-    if [ -n "$exe" ] && [[ " ${gtests[*]} " == *" $exe "* ]]; then targets+=("$exe"); else targets=(all); break; fi
+  build_dir=$(cd "$build" && pwd)
+  while IFS=$'\t' read -r name cmd; do
+    read -r -a words <<< "$cmd"
+    exe=${words[0]:-}
+    exe=${exe##*/}
+    if [[ $name == *_NOT_BUILT ]]; then exe=${name%_NOT_BUILT}; words=(); fi
+    if [ -n "$exe" ] && [[ " ${gtests[*]} " == *" $exe "* ]]; then targets+=("$exe"); continue; fi
+    found=0
+    if [ "${#words[@]}" -gt 1 ] && [[ ${words[0]} != "$build_dir"/* ]]; then
+      for w in "${words[@]:1}"; do
+        [[ $w == "$build_dir"/* ]] || continue
+        if ninja -C "$build" -t query "${w##*/}" >/dev/null 2>&1; then targets+=("${w##*/}"); found=1; else found=0; break; fi
+      done
+    fi
+    if [ "$found" -ne 1 ]; then targets=(all); break; fi
   done < <(ctest --test-dir "$build" -N -V -R "$regex" | awk '
-      match($0, /^[0-9]+: Test command: /) { cmd = substr($0, RLENGTH + 1); sub(/^"/, "", cmd); sub(/[" ].*/, "", cmd) }
-      match($0, /^ *Test +#[0-9]+: /) { print substr($0, RLENGTH + 1), cmd; cmd = "" }')
+      match($0, /^[0-9]+: Test command: /) { cmd = substr($0, RLENGTH + 1); gsub(/"/, "", cmd) }
+      match($0, /^ *Test +#[0-9]+: /) { print substr($0, RLENGTH + 1) "\t" cmd; cmd = "" }')
   mapfile -t targets < <(printf '%s\n' "${targets[@]}" | sort -u)
   [ "${#targets[@]}" -eq 0 ] && targets=(all)
   [[ " ${targets[*]} " == *" all "* ]] && targets=(all)
 fi
 [ "${#targets[@]}" -gt 0 ] && echo "test.sh: -R $regex: building ${targets[*]}"
+[ "$dry" -eq 1 ] && exit 0
 cmake --build "$build" -j "$(nproc)" ${targets[@]:+--target "${targets[@]}"}
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
