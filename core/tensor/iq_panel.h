@@ -43,9 +43,13 @@ struct alignas(64) PanelBlock {
 /// Is `t` one of the eight types llama.cpp's panel takes?
 bool iq_panel_type(GgmlType t);
 
-/// Does the panel apply to this matrix when a batch has enough vectors? Plain mul_mat products only (MoE
-/// expert matrices are mul_mat_id: see ForwardPass::moe_ffn for why the engine keeps them in the dot order).
-bool iq_panel_enabled();  // set_iq_panel_enabled (kernels.h)
+/// Whether the engine takes the panel at all: set_iq_panel_enabled (kernels.h), `car bench --no-iq-panel`.
+bool iq_panel_enabled();
+
+/// Does the panel apply to this matrix when a batch has enough vectors? Plain mul_mat products only. MoE
+/// expert matrices (mul_mat_id) keep the dot order although llama.cpp takes the panel for an expert with 8 or
+/// more of a ubatch's rows: that count depends on how a prompt is chunked, so on its company here, and a
+/// sequence's bits must not (docs/performance.md, "The engine takes the IQ panel order").
 inline bool iq_panel(const MatrixView& w) {
   return iq_panel_type(w.type) && w.order == ProductOrder::mul_mat && w.rows % 8 == 0 && w.cols % QK_K == 0 &&
          iq_panel_enabled();
