@@ -1195,7 +1195,8 @@ TEST_F(DaemonBinaryTest, ASecondDaemonRefusesTheFirstOnesHttpSocket) {
   const std::string http = (tmp_ / "http.sock").string();
   env_["CAR_INFERENCE_HTTP"] = "unix:" + http;
   start();
-  ASSERT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
+  // start() waits for the NDJSON socket; the HTTP one may come up a moment after it (a loaded CI machine).
+  ASSERT_TRUE(wait_until([&] { return http_health(http) == "HTTP/1.1 200 OK"; }, 20s)) << daemon_->log();
   auto second_env = env_;
   second_env["CAR_INFERENCE_SOCKET"] = (tmp_ / "second.sock").string();
   DaemonProcess second(second_env, (tmp_ / "second.log").string());
@@ -1219,7 +1220,8 @@ TEST_F(DaemonBinaryTest, ExitLeavesASocketFileItDidNotCreate) {
   const std::string http = (tmp_ / "http.sock").string();
   env_["CAR_INFERENCE_HTTP"] = "unix:" + http;
   start();
-  ASSERT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
+  // start() waits for the NDJSON socket; the HTTP one may come up a moment after it (a loaded CI machine).
+  ASSERT_TRUE(wait_until([&] { return http_health(http) == "HTTP/1.1 200 OK"; }, 20s)) << daemon_->log();
   ASSERT_TRUE(std::filesystem::remove(http));
   ASSERT_TRUE(std::filesystem::remove(socket_));
   const int other_http = listening_socket(http);
