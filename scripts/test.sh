@@ -22,7 +22,9 @@ done
 [ "$deps" -eq 1 ] && bash scripts/install-deps.sh
 build=build
 # Tests are required here (the build's default, AUTO, would skip them without GoogleTest).
-cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAR_BUILD_TESTS=ON)
+# Unity batches for the daemon and the chat interpreter (CAR_UNITY_BUILD): a build from scratch is what this
+# script mostly does.
+cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAR_BUILD_TESTS=ON -DCAR_UNITY_BUILD=ON)
 if [ -n "${CAR_TEST_DEBUG_INFO:-}" ] && [ -z "$sanitize" ]; then
   cmake_args+=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $CAR_TEST_DEBUG_INFO -DNDEBUG")
 fi
