@@ -34,7 +34,8 @@ endfunction()
 # daemon are most of a sanitizer build's compile time and half of it goes to -O1's optimisation, while the
 # code that runs long in the tests (kernels, engine, cache) is in the other libraries, which stay at -O1.
 # -O0 removes nothing a sanitizer checks (every access stays instrumented).
-set(CAR_TEST_COMPILE_OPTIONS "" CACHE STRING "Extra compile options for test executables, car and car-inferenced")
+set(CAR_TEST_COMPILE_OPTIONS "" CACHE STRING
+    "Extra compile options for the test executables, car, car-inferenced and the serving libraries")
 
 # CAR_UNITY_BUILD: car_unity_build(TARGET) compiles that target's files in batches of 8 (CMake's unity build).
 # Used on the daemon and the chat interpreter, whose files each instantiate the same Asio / nlohmann_json /

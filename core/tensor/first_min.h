@@ -1,6 +1,6 @@
 // The quantizers' grid searches: the index a strict-< scan over a list of errors settles on (the first of the
 // least values; NaNs never win), scalar and with AVX2 (the minimum itself is exact whichever order it is
-// taken in, so both give the same index). Callers pick the AVX2 one where the CPU has it.
+// taken in, so both give the same index). first_min_best picks the AVX2 one where the CPU has it.
 #pragma once
 
 #include <immintrin.h>
@@ -37,6 +37,17 @@ __attribute__((target("avx2"))) inline int first_min_avx2(const float* err, int 
     if (hit != 0) return p + __builtin_ctz(static_cast<unsigned>(hit));
   }
   return -1;
+}
+
+/// Whether the quantizers' AVX2 search paths may run on this CPU (checked once).
+inline bool search_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+/// first_min by AVX2 where the CPU has it and n % 8 == 0, else the scalar scan: the same index either way.
+inline int first_min_best(const float* err, int n) {
+  return search_has_avx2() && n % 8 == 0 ? first_min_avx2(err, n) : first_min(err, n);
 }
 
 }  // namespace car::tensor::detail

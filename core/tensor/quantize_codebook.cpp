@@ -148,15 +148,14 @@ int nearest_point(const Codebook& cb, const float* t, const float* w, float c, f
   }
   const int npoints = static_cast<int>(cb.lo.size());
   alignas(32) float errs[2048];
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) {
+  if (search_has_avx2()) {
     point_errors_avx2(cb, half[0], half[1], errs);
   } else {
     for (int p = 0; p < npoints; ++p) {
       errs[p] = half[0][cb.lo[static_cast<size_t>(p)]] + half[1][cb.hi[static_cast<size_t>(p)]];
     }
   }
-  const int best = avx2 ? first_min_avx2(errs, npoints) : first_min(errs, npoints);
+  const int best = first_min_best(errs, npoints);
   *err = best < 0 ? INFINITY : errs[best];
   return best < 0 ? 0 : best;
 }

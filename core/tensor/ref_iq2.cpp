@@ -19,6 +19,7 @@
 #include "core/tensor/fp16.h"
 #include "core/tensor/iq_tables.h"
 #include "core/tensor/kernel_table.h"
+#include "core/util/result.h"
 
 namespace car::tensor::detail {
 namespace {
@@ -87,14 +88,20 @@ float dot_iq2_xxs_q8_K_ref(const void* w, const void* a, int64_t n) {
 namespace car::tensor::detail {
 namespace {
 
-/// The IQ2_XXS grid as level indices: byte j of point p is 8, 25 or 43, entry [j][p] its index 0, 1 or 2.
+/// The 3 magnitudes of the IQ2_XXS grid's bytes.
+constexpr float kIq2Level[3] = {8.0f, 25.0f, 43.0f};
+
+/// The IQ2_XXS grid as level indices: byte j of point p is one of kIq2Level, entry [j][p] its index.
 struct Iq2Levels {
   alignas(32) uint8_t k[8][256];
   Iq2Levels() {
     for (int p = 0; p < 256; ++p) {
       for (int j = 0; j < 8; ++j) {
-        const auto b = static_cast<int>((iq2xxs_grid[p] >> (8 * j)) & 0xff);
-        k[j][p] = static_cast<uint8_t>(b == 8 ? 0 : (b == 25 ? 1 : 2));
+        const auto b = static_cast<float>((iq2xxs_grid[p] >> (8 * j)) & 0xff);
+        int level = 0;
+        while (level < 2 && kIq2Level[level] != b) ++level;
+        CAR_CHECK(kIq2Level[level] == b);
+        k[j][p] = static_cast<uint8_t>(level);
       }
     }
   }
@@ -130,8 +137,6 @@ __attribute__((target("avx2"))) void iq2_point_errors_avx2(const float (&sq)[8][
   }
 }
 
-constexpr float kIq2Level[3] = {8.0f, 25.0f, 43.0f};
-
 /// One chunk of 8 weights on the IQ2_XXS grid at scale c (value = c * grid byte * sign): the signs of x with
 /// an even number of negatives (the smallest |x| takes the odd one), the grid point nearest to the signed
 /// magnitudes, and the squared error. `code`: the 7 sign bits of elements 0..6.
@@ -160,15 +165,14 @@ float fit_iq2_chunk(const float* x, float c, int* point, int* code) {
       sq[j][k] = e * e;
     }
   }
-  static const bool avx2 = __builtin_cpu_supports("avx2");
   alignas(32) float err[256];
-  if (avx2) {
+  if (search_has_avx2()) {
     iq2_point_errors_avx2(sq, err);
   } else {
     iq2_point_errors(sq, err);
   }
   *code = signs & 127;  // bit 7 is the parity of bits 0..6 (ksigns_iq2xs)
-  const int p = avx2 ? first_min_avx2(err, 256) : first_min(err, 256);
+  const int p = first_min_best(err, 256);
   if (p < 0) return INFINITY;
   *point = p;
   return err[p];

@@ -148,7 +148,7 @@ TEST_F(DaemonBinaryTest, AnswersEveryOpAndErrorCode) {
   // The log has one info line per request with op and outcome.
   EXPECT_NE(daemon_->log().find(R"(op="load" model="absent" outcome=not_found)"), std::string::npos) << daemon_->log();
   EXPECT_NE(daemon_->log().find("accepted peer pid="), std::string::npos);
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
 }
 
 TEST_F(DaemonBinaryTest, SigtermExitsCleanlyAndRemovesTheSocket) {
@@ -176,7 +176,7 @@ TEST_F(DaemonBinaryTest, SocketActivationUsesTheInheritedSocketAndLeavesIt) {
   EXPECT_EQ(h["ok"], true) << daemon_->log();
   EXPECT_FALSE(std::filesystem::exists(tmp_ / "unused.sock"));
   EXPECT_NE(daemon_->log().find("socket passed by systemd"), std::string::npos) << daemon_->log();
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
   EXPECT_TRUE(std::filesystem::exists(socket_));  // systemd owns it: not unlinked
 }
 
@@ -208,7 +208,7 @@ TEST_F(DaemonBinaryTest, IsaSettingPicksTheKernels) {
   start();
   EXPECT_NE(daemon_->log().find("kernels: scalar (CAR_INFERENCE_ISA=scalar"), std::string::npos)
       << daemon_->log();
-  EXPECT_EQ(daemon_->terminate(), 0);
+  EXPECT_EQ(daemon_->terminate(), 0) << daemon_->log();
 
   env_["CAR_INFERENCE_ISA"] = "mmx";
   DaemonProcess bad(env_, (tmp_ / "bad-isa.log").string());
@@ -246,15 +246,15 @@ std::pair<int, std::string> run_car(const std::string& args) {
 TEST_F(DaemonBinaryTest, WarnsAtStartUpAboutAMissingOrEmptyModelsDirectory) {
   start();  // "garbage.gguf" counts as a model file: no warning
   EXPECT_EQ(daemon_->log().find("holds no models"), std::string::npos) << daemon_->log();
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
   std::filesystem::remove(models_ / "garbage.gguf");
   start();
   EXPECT_NE(daemon_->log().find("holds no models"), std::string::npos) << daemon_->log();
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
   env_["CAR_INFERENCE_MODELS_DIR"] = (tmp_ / "nowhere").string();
   start();
   EXPECT_NE(daemon_->log().find("does not exist"), std::string::npos) << daemon_->log();
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
 }
 
 TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
@@ -289,7 +289,7 @@ TEST_F(DaemonBinaryTest, CarClientCommandsTalkToTheDaemon) {
   auto [uc, unreachable] = run_car("health --socket " + (tmp_ / "nobody.sock").string());
   EXPECT_EQ(uc, 3) << unreachable;
   EXPECT_NE(unreachable.find("cannot connect"), std::string::npos) << unreachable;
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
 }
 
 // ---- with the engine --------------------------------------------------------------------------------------
@@ -680,7 +680,7 @@ TEST_F(DaemonBinaryEngineTest, SeedIsReturnedAndLogprobsComeWithEachToken) {
   json o = call(conn, only);
   ASSERT_EQ(o["result"]["logprobs"].size(), 2u);
   EXPECT_TRUE(o["result"]["logprobs"][0]["top_logprobs"].empty());
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
 }
 
 TEST_F(DaemonBinaryEngineTest, CarInferStreamsAndLoadReports) {
@@ -1210,7 +1210,7 @@ TEST_F(DaemonBinaryTest, ASecondDaemonRefusesTheFirstOnesHttpSocket) {
   EXPECT_EQ(http_health(http), "HTTP/1.1 200 OK") << daemon_->log();
   auto conn = connect();
   EXPECT_EQ(call(conn, {{"id", 1}, {"op", "health"}})["ok"], true);
-  ASSERT_EQ(daemon_->terminate(), 0);
+  ASSERT_EQ(daemon_->terminate(), 0) << daemon_->log();
   EXPECT_FALSE(std::filesystem::exists(http));  // its own: removed at exit
 }
 
@@ -1262,7 +1262,7 @@ TEST_F(DaemonBinaryTest, CarAtTheConnectionCapReportsTooManyConnections) {
     EXPECT_EQ(code, 1) << out;
     EXPECT_NE(out.find("too_many_connections"), std::string::npos) << out;
   }
-  EXPECT_EQ(daemon_->terminate(), 0);
+  EXPECT_EQ(daemon_->terminate(), 0) << daemon_->log();
 }
 
 TEST_F(DaemonBinaryTest, ConnectionSettingsReachTheServer) {
@@ -1286,7 +1286,7 @@ TEST_F(DaemonBinaryTest, ConnectionSettingsReachTheServer) {
   // The half-sent line of the admitted connection times out after a second.
   ASSERT_TRUE(first->send_raw(R"({"id": 2, "op")").ok());
   EXPECT_EQ(error_code(read_json(*first, 10s)), "line_timeout");
-  EXPECT_EQ(daemon_->terminate(), 0);
+  EXPECT_EQ(daemon_->terminate(), 0) << daemon_->log();
 }
 
 TEST_F(DaemonBinaryTest, AConnectionFloodAtALowFileLimitLeavesDescriptorsForOthers) {
