@@ -22,8 +22,13 @@ endif()
 
 # car_simd_source(FILE ISA): compile one kernel file for an instruction set; the runtime dispatcher decides
 # whether it is ever called, so the rest of the program stays runnable on any x86-64.
-set(CAR_FLAGS_AVX2 "-mavx2;-mfma;-mf16c;-mbmi2")
-set(CAR_FLAGS_AVX512 "-mavx2;-mfma;-mf16c;-mbmi2;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16")
+# -ffp-contract=off: these files reproduce exact operation orders (the scalar references', llama.cpp's), and
+# every FMA they mean is written as one; with -mfma GCC would otherwise fuse a written multiply and add (it
+# fused attention_avx2.cpp's softmax sum `sum * ms + vs`, which the scalar reference and llama.cpp's CPU
+# build round twice: a last-bit difference that moved deepseek2's logprobs by up to 6.5e-2, issue #27).
+set(CAR_FLAGS_AVX2 "-mavx2;-mfma;-mf16c;-mbmi2;-ffp-contract=off")
+set(CAR_FLAGS_AVX512
+    "-mavx2;-mfma;-mf16c;-mbmi2;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-ffp-contract=off")
 function(car_simd_source file isa)
   set_source_files_properties(${file} PROPERTIES COMPILE_OPTIONS "${CAR_FLAGS_${isa}}")
 endfunction()

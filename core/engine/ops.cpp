@@ -100,11 +100,7 @@ void add_bias(float* x, const float* b, int64_t n) {
 }
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    const float silu = g / (1.0f + std::exp(-g));
-    out[i] = silu * up[i];
-  }
+  tensor::swiglu(gate, up, out, n);
 }
 
 namespace {

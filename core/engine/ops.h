@@ -7,7 +7,7 @@
 //                 YaRN (ggml's rope_yarn): the angle mixes freq_scale * theta and theta by a ramp over the pairs
 //                 between the correction dims, cos/sin scaled by attn_factor * (1 + 0.1 ln(1/freq_scale))
 //   softmax       expf(x - max) summed in double, scaled by 1 / sum in float (ggml_soft_max_f32)
-//   swiglu        silu(gate) * up, silu(x) = x / (1 + expf(-x))
+//   swiglu        silu(gate) * up, silu(x) = x / (1 + exp(-x)) with ggml_v_expf's AVX-512 exp (tensor::swiglu)
 //   swiglu_oai    x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1)
 //                 (ggml_compute_forward_swiglu_oai_f32: gpt-oss's experts, alpha 1.702, limit 7)
 //   add_bias      x + b, element by element (ggml_add of a projection's bias)

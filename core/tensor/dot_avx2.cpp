@@ -14,6 +14,7 @@
 #include "core/tensor/blocks.h"
 #include "core/tensor/iq_panel.h"
 #include "core/tensor/kernel_table.h"
+#include "core/tensor/silu.h"
 #include "core/tensor/simd_avx2.h"
 
 namespace car::tensor::detail {
@@ -163,6 +164,7 @@ DotKernels make_table() {
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // one order for every AVX2 kernel
   k.iq_panel = iq_panel_rows_avx2;
   k.attend = attend_head_avx2;
+  k.swiglu = swiglu_avx2;
   return k;
 }
 

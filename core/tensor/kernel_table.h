@@ -49,6 +49,9 @@ using RepackedTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t nrow
 using PanelFn = void (*)(GgmlType t, const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                          size_t act_bytes, int64_t nvec, const uint8_t* mask, int64_t n, float* y, int64_t ldy);
 
+/// tensor::swiglu (kernels.h).
+using GluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+
 /// attend_head (kernels.h); `sink` is the head's attention sink logit or kNoSink.
 using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                           int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
@@ -90,6 +93,8 @@ struct DotKernels {
   PanelFn iq_panel = nullptr;
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;
+  /// SwiGLU in llama.cpp's AVX-512 arithmetic (silu.h: swiglu_scalar's bits in every table).
+  GluFn swiglu = nullptr;
 };
 
 /// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.

@@ -13,6 +13,7 @@
 #include "core/tensor/blocks.h"
 #include "core/tensor/iq_panel.h"
 #include "core/tensor/kernel_table.h"
+#include "core/tensor/silu.h"
 #include "core/util/result.h"
 #include "core/util/thread_pool.h"
 
@@ -174,6 +175,7 @@ DotKernels make_scalar_table() {
   k.quantize_act[slot(GgmlType::BF16)] = convert_act_bf16;
   k.iq_panel = iq_panel_rows_scalar;
   k.attend = attend_head_scalar;
+  k.swiglu = swiglu_scalar;
   return k;
 }
 }  // namespace

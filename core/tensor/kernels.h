@@ -150,6 +150,10 @@ inline constexpr float kNoSink = -std::numeric_limits<float>::infinity();
 void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                  float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink = kNoSink);
 
+/// out[i] = silu(gate[i]) * up[i] for i in [0, n), silu(x) = x / (1 + exp(-x)) with llama.cpp's AVX-512 exp
+/// (ggml_v_expf; silu.h), with the current ISA's kernel; out may alias gate or up.
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+
 /// The scalar version of attend_head (the scalar table's kernel and the test oracle for the SIMD one).
 void attend_head_scalar(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                         int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16,

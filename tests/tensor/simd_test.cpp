@@ -17,6 +17,7 @@
 #include "core/tensor/fp16.h"
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
+#include "core/tensor/silu.h"
 #include "tests/tensor/test_data.h"
 
 namespace car::tensor {
@@ -421,6 +422,74 @@ TEST(SimdMirror, AttentionOfEveryTableEqualsScalarBitForBit) {
     }
   }
   set_isa(saved);
+}
+
+// Keys whose scores rise with the position make every key a new maximum, so the softmax sum is rescaled at
+// every step (sum * ms + vs with ms < 1): the step a compiler left to itself fuses into one FMA, which the
+// scalar kernel and llama.cpp round twice (the SIMD files are compiled with -ffp-contract=off; issue #27).
+TEST(SimdMirror, AttentionRescalingAtEveryKeyEqualsScalarBitForBit) {
+  std::mt19937 rng(801);
+  for (Isa isa : testing::available_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    const detail::DotKernels& k = detail::kernels_for(isa);
+    for (const int64_t dk : {64, 288}) {
+      const int64_t n_kv = 96, dv = 64;
+      const auto q = random_floats(rng, dk, 1.0f);
+      std::vector<uint16_t> kh(static_cast<size_t>(n_kv * dk)), vh(static_cast<size_t>(n_kv * dv));
+      for (int64_t i = 0; i < n_kv; ++i) {
+        const float f = 0.05f * static_cast<float>(i + 1) + 0.01f * random_floats(rng, 1, 1.0f)[0];
+        for (int64_t d = 0; d < dk; ++d) kh[static_cast<size_t>(i * dk + d)] = fp32_to_fp16(f * q[static_cast<size_t>(d)]);
+      }
+      const auto vf = random_floats(rng, n_kv * dv, 2.0f);
+      for (size_t i = 0; i < vf.size(); ++i) vh[i] = fp32_to_fp16(vf[i]);
+      std::vector<uint16_t> q16(static_cast<size_t>(dk)), acc(static_cast<size_t>(dv));
+      std::vector<float> a(static_cast<size_t>(dv)), c(static_cast<size_t>(dv));
+      k.attend(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.3f, a.data(), q16.data(), acc.data(), kNoSink);
+      attend_head_scalar(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.3f, c.data(), q16.data(), acc.data());
+      for (int64_t d = 0; d < dv; ++d) ASSERT_EQ(a[static_cast<size_t>(d)], c[static_cast<size_t>(d)]) << dk << " " << d;
+    }
+  }
+}
+
+// SwiGLU (llama.cpp's AVX-512 silu, silu.h) in every table equals the scalar kernel bit for bit, over values
+// from the tiny to past exp's range, the signed zeros, infinities and NaN, and lengths with SIMD tails.
+TEST(SimdMirror, SwigluOfEveryTableEqualsScalarBitForBit) {
+  std::mt19937 rng(802);
+  std::vector<float> g, u;
+  for (const float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 1.0f, -1.0f, 88.0f, -88.0f, 100.0f, -100.0f, 130.0f,
+                        -130.0f, 140.0f, -140.0f, 1e6f, -1e6f, INFINITY, -INFINITY, NAN}) {
+    g.push_back(x);
+  }
+  for (const float v : random_floats(rng, 4000, 30.0f)) g.push_back(v);
+  for (const float v : random_floats(rng, 1000, 0.01f)) g.push_back(v);
+  u = random_floats(rng, static_cast<int64_t>(g.size()), 3.0f);
+  std::vector<float> want(g.size());
+  detail::swiglu_scalar(g.data(), u.data(), want.data(), static_cast<int64_t>(g.size()));
+  for (Isa isa : testing::available_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    const detail::DotKernels& k = detail::kernels_for(isa);
+    ASSERT_NE(k.swiglu, nullptr);
+    for (const size_t n : {g.size(), size_t{7}, size_t{13}}) {
+      std::vector<float> got(n);
+      k.swiglu(g.data(), u.data(), got.data(), static_cast<int64_t>(n));
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << i << ": " << g[i] << " -> " << got[i] << " vs " << want[i];
+      }
+    }
+  }
+}
+
+// exp_ggml is llama.cpp's AVX-512 polynomial: exact at 0, within a few ulp of the C library's expf over the
+// range it serves, 0 / inf past |n| > 192, and NaN through.
+TEST(SimdMirror, GgmlExpIsAnExpWithinAFewUlp) {
+  EXPECT_EQ(detail::exp_ggml(0.0f), 1.0f);
+  EXPECT_EQ(detail::exp_ggml(-200.0f), 0.0f);
+  EXPECT_EQ(detail::exp_ggml(200.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(detail::exp_ggml(NAN)));
+  for (float x = -80.0f; x < 80.0f; x += 0.37f) {
+    const float want = std::exp(x), got = detail::exp_ggml(x);
+    EXPECT_LE(std::fabs(got - want), 4.0f * (std::nextafter(want, INFINITY) - want)) << x;
+  }
 }
 
 }  // namespace
