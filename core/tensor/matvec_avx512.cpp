@@ -278,10 +278,11 @@ const Q8KGroupPrepared* prepare_q8_K_groups(const Q8KPrepared* prep, int64_t nb,
 /// left the (faster) kernel at ~60 % of the read bandwidth; 1 KiB ahead was not enough, 4-16 KiB all helped
 /// the vec_dot-order kernel (rows_q4_K).
 constexpr int64_t kQ4KPrefetchBytes = 8192;
-/// The same for the gemv-order kernels (decode's): 3 KiB ahead instead of 8 took decode of dense-1b Q4_K_M
-/// at 2 threads from 0.95-0.98 to 0.97-1.01 of the vec_dot-order build 153b847 (alternated on the idle
-/// machine), and its Q4_K kernel's samples at 1 thread 2 % lower (issue #29).
-constexpr int64_t kQ4KGemvPrefetchBytes = 3072;
+/// The same for the gemv-order kernels (decode's). 3 KiB was better on the 29-37 GiB/s machines (decode of
+/// dense-1b Q4_K_M at 2 threads 0.97-1.01 of the vec_dot-order build 153b847 against 0.95-0.98 at 8); on the
+/// 50-59 GiB/s one 8 KiB is (the 1 GiB matvec at 2 threads, swept in one run: 3 KiB 39.5-40.1 GiB/s, 8 KiB
+/// 42.9-43.3, 16 KiB 40.7-42.5; decode 0.93-1.25 of 153b847 alternated; docs/performance.md, issue #29).
+constexpr int64_t kQ4KGemvPrefetchBytes = 8192;
 
 /// The constants of q4_K_block_sums.
 struct Q4KConsts {
