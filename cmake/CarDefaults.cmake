@@ -27,8 +27,7 @@ endif()
 # fused attention_avx2.cpp's softmax sum `sum * ms + vs`, which the scalar reference and llama.cpp's CPU
 # build round twice: a last-bit difference that moved deepseek2's logprobs by up to 6.5e-2, issue #27).
 set(CAR_FLAGS_AVX2 "-mavx2;-mfma;-mf16c;-mbmi2;-ffp-contract=off")
-set(CAR_FLAGS_AVX512
-    "-mavx2;-mfma;-mf16c;-mbmi2;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-ffp-contract=off")
+set(CAR_FLAGS_AVX512 "${CAR_FLAGS_AVX2};-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16")
 function(car_simd_source file isa)
   set_source_files_properties(${file} PROPERTIES COMPILE_OPTIONS "${CAR_FLAGS_${isa}}")
 endfunction()

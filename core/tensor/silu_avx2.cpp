@@ -26,8 +26,8 @@ inline __m256 exp_ggml8(__m256 x) {
       _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
                       _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
       u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
-  // |n| > 192 (and NaN, whose lanes the blends below leave as the NaN the arithmetic gives): clamp the
-  // integer so the exponent field cannot wrap; those lanes are replaced.
+  // |n| > 192: clamp the integer so the exponent field cannot wrap; those lanes are replaced below. A NaN n
+  // clamps to -192 and its j is NaN, so its lane stays NaN, as the scalar's does.
   const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
   const __m256 big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
   const __m256i ni = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0f)),
@@ -36,9 +36,7 @@ inline __m256 exp_ggml8(__m256 x) {
   const __m256 res = _mm256_mul_ps(_mm256_mul_ps(j, pow2i(h)), pow2i(_mm256_sub_epi32(ni, h)));
   const __m256 alt = _mm256_blendv_ps(_mm256_set1_ps(INFINITY), _mm256_setzero_ps(),
                                       _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
-  const __m256 out = _mm256_blendv_ps(res, alt, big);
-  // NaN input: n is NaN; keep it.
-  return _mm256_blendv_ps(out, n, _mm256_cmp_ps(n, n, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(res, alt, big);
 }
 
 }  // namespace
