@@ -48,6 +48,10 @@ Server::~Server() {
 }
 
 Result<void> Server::open() {
+  // Before listening: a supervisor (or test) that sees the socket answer may send SIGTERM at once, and
+  // until the set holds it the default action would kill the daemon mid-start-up (exit 143, socket file
+  // left behind). A signal that arrives before run() waits is kept by the set and handled then.
+  if (options_.handle_signals) register_signals();
   // Before listening: once a client can connect, the warning is already in the log.
   warn_about_models_dir();
   if (auto ok = open_ndjson(); !ok) return ok;
@@ -109,9 +113,7 @@ void Server::warn_about_models_dir() const {
 
 int Server::run() {
   if (options_.handle_signals) {
-    signals_.add(SIGTERM);
-    signals_.add(SIGINT);
-    signals_.add(SIGHUP);
+    register_signals();  // a no-op after open()
     wait_signals();
   }
   listener_.start(
@@ -179,6 +181,14 @@ void Server::arm_watchdog(std::chrono::microseconds period) {
     if (ec || finished_) return;
     arm_watchdog(period);
   });
+}
+
+void Server::register_signals() {
+  if (signals_registered_) return;
+  signals_.add(SIGTERM);
+  signals_.add(SIGINT);
+  signals_.add(SIGHUP);
+  signals_registered_ = true;
 }
 
 void Server::wait_signals() {

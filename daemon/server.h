@@ -62,6 +62,7 @@ class Server {
   /// Arm the idle sweep: its usual period, or sooner when a model's keep-alive ends in `next_due`.
   void arm_idle_timer(std::optional<std::chrono::nanoseconds> next_due = std::nullopt);
   void arm_watchdog(std::chrono::microseconds period);
+  void register_signals();  // SIGTERM, SIGINT, SIGHUP into signals_ (once; before the socket is bound)
   void wait_signals();
   void begin_shutdown(const char* why);
   /// Log a warning when the models directory is missing or holds no model.
@@ -76,6 +77,7 @@ class Server {
   // that thread skip the scheduler's lock and wake-ups; workers still post to it safely.
   boost::asio::io_context io_{1};
   boost::asio::signal_set signals_;
+  bool signals_registered_ = false;  // register_signals() ran
   const TimerClock& timer_clock_;
   Timer idle_timer_;
   boost::asio::steady_timer watchdog_timer_;

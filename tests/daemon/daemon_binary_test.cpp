@@ -164,6 +164,21 @@ TEST_F(DaemonBinaryTest, SigtermExitsCleanlyAndRemovesTheSocket) {
   EXPECT_FALSE(std::filesystem::exists(socket_));
 }
 
+TEST_F(DaemonBinaryTest, SigtermTheMomentTheSocketFileAppearsStillExitsCleanly) {
+  // The signal handlers are installed before the socket is bound: a supervisor that sees the socket and
+  // stops the daemon at once gets a clean exit (0, socket removed), not the default action's 143.
+  for (int round = 0; round < 5; ++round) {
+    daemon_ = std::make_unique<DaemonProcess>(env_, (tmp_ / "daemon.log").string());
+    struct stat st {};
+    ASSERT_TRUE(wait_until([&] { return ::stat(socket_.c_str(), &st) == 0; }, 20s, 0ms))
+        << "no socket; log:\n" << daemon_->log();
+    auto code = daemon_->terminate();
+    ASSERT_TRUE(code.has_value()) << "no exit after SIGTERM; log:\n" << daemon_->log();
+    ASSERT_EQ(*code, 0) << "round " << round << "; log:\n" << daemon_->log();
+    EXPECT_FALSE(std::filesystem::exists(socket_));
+  }
+}
+
 TEST_F(DaemonBinaryTest, SocketActivationUsesTheInheritedSocketAndLeavesIt) {
   int fd = listening_socket(socket_);
   ASSERT_GE(fd, 0);

@@ -63,12 +63,18 @@ inline std::string error_code(const json& reply) {
   return code != error->end() && code->is_string() ? code->get<std::string>() : std::string();
 }
 
-/// Poll `done` every 10 ms until it holds or `timeout` passes; returns its last value.
-inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout = 10s) {
+/// Poll `done` every `period` until it holds or `timeout` passes; returns its last value. A zero period
+/// spins (yielding), for tests that must act within microseconds of a state change.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout = 10s,
+                       std::chrono::milliseconds period = 10ms) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!done()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
+    if (period.count() > 0) {
+      std::this_thread::sleep_for(period);
+    } else {
+      std::this_thread::yield();
+    }
   }
   return true;
 }
