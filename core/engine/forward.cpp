@@ -64,6 +64,8 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
   keep_gemm_.resize(sz(B));
   panel_.resize(sz(B));
   keep_panel_.resize(sz(B));
+  sgemm_.resize(sz(B));
+  keep_sgemm_.resize(sz(B));
   if (hp_.is_moe()) {
     const int64_t E = hp_.n_expert;
     const int64_t K = hp_.n_expert_used;
@@ -118,7 +120,8 @@ uint64_t ForwardPass::scratch_bytes() const {
   uint64_t i = sel_ids_.size() + group_rows_.size() + group_start_.size() + cursor_.size() + active_.capacity();
   const uint64_t rows = row_token_.size() * sizeof(int32_t) + row_kv_.size() * sizeof(KvCache*) +
                         row_pos_.size() * sizeof(int64_t) + gemm_.size() + keep_.size() * sizeof(int32_t) +
-                        keep_gemm_.size() + panel_.size() + keep_panel_.size();
+                        keep_gemm_.size() + panel_.size() + keep_panel_.size() + sgemm_.size() +
+                        keep_sgemm_.size();
   return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
@@ -149,8 +152,8 @@ uint64_t ForwardPass::scratch_bytes_for(const model::Hparams& hp, int64_t max_ba
               heads * static_cast<uint64_t>(hp.kv_lora_rank)) +
          static_cast<uint64_t>(hp.n_expert);
   }
-  // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_, panel_, keep_panel_
-  const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t) + 1 + 2);
+  // row_token_, row_kv_, row_pos_, gemm_, keep_, keep_gemm_, panel_, keep_panel_, sgemm_, keep_sgemm_
+  const uint64_t rows = B * (sizeof(int32_t) + sizeof(KvCache*) + sizeof(int64_t) + 1 + sizeof(int32_t) + 1 + 4);
   return f * sizeof(float) + i * sizeof(int32_t) + rows;
 }
 
@@ -207,6 +210,7 @@ Result<void> ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, flo
   CAR_CHECK(kv.n_past() + n_total <= kv.n_ctx());
   // The call's tokens are one llama.cpp batch, whatever max_batch_ cuts them into.
   const int64_t panel_end = iq_panel_end(kv.n_past(), n_total);
+  const int64_t sgemm_to = sgemm_end(kv.n_past(), n_total);
   for (int64_t begin = 0; begin < n_total; begin += max_batch_) {
     const int64_t n = std::min(max_batch_, n_total - begin);
     const bool last_chunk = begin + n == n_total;
@@ -214,6 +218,7 @@ Result<void> ForwardPass::eval(std::span<const int32_t> tokens, KvCache& kv, flo
     chunk.kv = &kv;
     chunk.tokens = tokens.subspan(sz(begin), sz(n));
     chunk.panel_end = panel_end;
+    chunk.sgemm_end = sgemm_to;
     chunk.output = all_rows ? SeqChunk::Output::all : last_chunk && logits != nullptr ? SeqChunk::Output::last
                                                                                       : SeqChunk::Output::none;
     float* out = all_rows ? logits + begin * hp_.n_vocab : logits;
@@ -251,6 +256,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
     const int64_t pos0 = ch.kv->n_past();
     const int64_t gemm_end = ch.gemm_end >= 0 ? ch.gemm_end : pos0 + len - len % 4;
     const int64_t panel_end = ch.panel_end >= 0 ? ch.panel_end : iq_panel_end(pos0, len);
+    const int64_t sgemm_to = ch.sgemm_end >= 0 ? ch.sgemm_end : sgemm_end(pos0, len);
     for (int64_t j = 0; j < len; ++j) {
       const int64_t i = n + j;
       row_token_[sz(i)] = ch.tokens[sz(j)];
@@ -258,9 +264,11 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
       row_pos_[sz(i)] = pos0 + j;
       gemm_[sz(i)] = pos0 + j < gemm_end ? 1 : 0;
       panel_[sz(i)] = pos0 + j < panel_end ? 1 : 0;
+      sgemm_[sz(i)] = pos0 + j < sgemm_to ? 1 : 0;
       if (ch.output == SeqChunk::Output::all || (ch.output == SeqChunk::Output::last && j == len - 1)) {
         keep_gemm_[sz(n_keep)] = ch.output == SeqChunk::Output::all ? gemm_[sz(i)] : 0;
         keep_panel_[sz(n_keep)] = ch.output == SeqChunk::Output::all ? panel_[sz(i)] : 0;
+        keep_sgemm_[sz(n_keep)] = ch.output == SeqChunk::Output::all ? sgemm_[sz(i)] : 0;
         keep_[sz(n_keep++)] = static_cast<int32_t>(i);
       }
     }
@@ -298,6 +306,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
       }
       std::copy(keep_gemm_.begin(), keep_gemm_.begin() + n_keep, gemm_.begin());
       std::copy(keep_panel_.begin(), keep_panel_.begin() + n_keep, panel_.begin());
+      std::copy(keep_sgemm_.begin(), keep_sgemm_.begin() + n_keep, sgemm_.begin());
       rows = n_keep;
       if (rows == 0) break;
     }
@@ -441,9 +450,14 @@ namespace {
 /// Push the product y = W x of one head's matrix W of deepseek2's attn_k_b / attn_v_b. llama.cpp keeps these
 /// 3-D tensors in plain form (its CPU repacking takes 2-D weights only), so a head whose type and row count
 /// our kernels would sum in a repacked order is split into 7-row pieces, which they sum row by row in the
-/// plain dot order (each row's result is the same in any split).
-void push_head_product(std::vector<tensor::MatvecTask>& tasks, tensor::MatrixView w, const float* x,
-                       float* y) {
+/// plain dot order (each row's result is the same in any split). A row of a batch of 2 or more (`sgemm`)
+/// takes llamafile's order unless the head is F32: ggml's mul_mat rounds the permuted activation to the
+/// vec_dot type (Q8_0, Q8_K, F16, BF16) into a contiguous buffer, which llamafile_sgemm accepts
+/// (tensor::ProductOrder::sgemm: F16 / BF16 the mul_mat order); an F32 head's activation needs no rounding,
+/// stays permuted, and goes to ggml_vec_dot_f32 (the mul_mat_id order the model set).
+void push_head_product(std::vector<tensor::MatvecTask>& tasks, tensor::MatrixView w, const float* x, float* y,
+                       bool sgemm) {
+  if (sgemm && w.type != GgmlType::F32) w.order = tensor::ProductOrder::sgemm;  // never repacked()
   if (!tensor::detail::repacked(w)) {
     tasks.push_back({w, x, y});
     return;
@@ -504,7 +518,7 @@ void ForwardPass::attention_mla(int64_t il, int64_t n) {
       tensor::MatrixView wk = L.wk_b;
       wk.data += sz(h * rank) * wk.row_bytes;
       wk.rows = rank;
-      push_head_product(mla_tasks_, wk, qh, qa);
+      push_head_product(mla_tasks_, wk, qh, qa, sgemm_[sz(i)] != 0);
     }
   }
   tensor::matvec_fused(mla_tasks_.data(), mla_tasks_.size(), pool_);
@@ -531,7 +545,7 @@ void ForwardPass::attention_mla(int64_t il, int64_t n) {
     tensor::MatrixView wv = L.wv_b;
     wv.data += sz(h * dv) * wv.row_bytes;
     wv.rows = dv;
-    push_head_product(mla_tasks_, wv, mla_lat_.data() + t * rank, attn_.data() + t * dv);
+    push_head_product(mla_tasks_, wv, mla_lat_.data() + t * rank, attn_.data() + t * dv, sgemm_[sz(t / n_head)] != 0);
   }
   tensor::matvec_fused(mla_tasks_.data(), mla_tasks_.size(), pool_);
   mm_rows(L.wo, attn_.data(), n, proj_.data());

@@ -79,15 +79,28 @@ struct SeqChunk {
   /// row if it has 8 or more). The scheduler gives a prompt's rows iq_panel_end(0, prompt length), for the
   /// same reason as gemm_end.
   int64_t panel_end = -1;
+  /// Quantized products llama.cpp hands to llamafile's tinyBLAS (tensor::ProductOrder::sgemm; deepseek2's
+  /// per-head attn_k_b / attn_v_b): rows at positions below sgemm_end take that order, the others the dot
+  /// order. -1 = the rule of a batch of this chunk alone (every row if it has 2 or more). The scheduler gives
+  /// a prompt's rows sgemm_end(0, prompt length), for the same reason as gemm_end.
+  int64_t sgemm_end = -1;
 };
 
 /// llama.cpp's batch of n tokens from position `begin` runs in ubatches of kLlamaUbatch; those of 8 or more
 /// rows take the IQ panel order. The end of the positions that do: begin + n, or the end of the last whole
 /// ubatch when the remainder is under 8.
 inline constexpr int64_t kLlamaUbatch = 512;
-inline int64_t iq_panel_end(int64_t begin, int64_t n) {
+/// The end of the positions of a batch of n tokens from `begin` that fall in ubatches of `min_rows` or more.
+inline int64_t ubatch_rows_end(int64_t begin, int64_t n, int64_t min_rows) {
   const int64_t rest = n % kLlamaUbatch;
-  return begin + (rest >= 8 ? n : n - rest);
+  return begin + (rest >= min_rows ? n : n - rest);
+}
+inline int64_t iq_panel_end(int64_t begin, int64_t n) {
+  return ubatch_rows_end(begin, n, 8);
+}
+/// llamafile's sgemm takes ubatches of 2 or more rows (a single row goes to ggml_vec_dot_*).
+inline int64_t sgemm_end(int64_t begin, int64_t n) {
+  return ubatch_rows_end(begin, n, 2);
 }
 
 class ForwardPass {
@@ -222,6 +235,8 @@ class ForwardPass {
   std::vector<uint8_t> keep_gemm_;  // their orders there (a chunk's lone last row: gemv)
   std::vector<uint8_t> panel_;      // per row: the IQ panel order (SeqChunk::panel_end)
   std::vector<uint8_t> keep_panel_;  // the kept rows' (a chunk's lone last row: the dot order)
+  std::vector<uint8_t> sgemm_;       // per row: the sgemm order (SeqChunk::sgemm_end)
+  std::vector<uint8_t> keep_sgemm_;  // the kept rows' (a chunk's lone last row: the dot order)
   /// Does row 0 of a one-row step take the plain matvec order (no gemm, no panel)? The one-row paths that
   /// fuse matvec products are taken only then.
   bool plain_one() const { return gemm_[0] == 0 && panel_[0] == 0; }

@@ -402,6 +402,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Job>>& finished) {
     c.gemm_end = job->decoding ? 0 : job->n_prompt - job->n_prompt % 4;
     // Likewise llama.cpp's IQ panel order: the prompt's rows as one batch of it would take it (iq_panel_end).
     c.panel_end = job->decoding ? 0 : iq_panel_end(0, job->n_prompt);
+    // And the rows llama.cpp's mul_mat gives llamafile's sgemm (a batch of 2 or more rows, sgemm_end).
+    c.sgemm_end = job->decoding ? 0 : sgemm_end(0, job->n_prompt);
     chunks.push_back(c);
     in_step.push_back(job);
   }

@@ -63,6 +63,24 @@ float dot_nl32_repacked(const void* w, const void* a, int64_t n, const int8_t* t
   return acc;
 }
 
+/// llamafile's tinyBLAS_Q0_AVX order (dot_iq4_nl_q8_0_sgemm_ref): one accumulator over the blocks in order.
+template <typename Block>
+float dot_nl32_sgemm(const void* w, const void* a, int64_t n, const int8_t* table) {
+  const auto* x = static_cast<const Block*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  const __m128i values = _mm_load_si128(reinterpret_cast<const __m128i*>(table));
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    const __m256i p = dot_s8s8(table_values32(x[ib].qs, values), load32(y[ib].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(nl32_scale(x[ib]) * h2f(y[ib].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum8(acc);
+}
+
+float dot_iq4_nl_sgemm(const void* w, const void* a, int64_t n) {
+  return dot_nl32_sgemm<block_iq4_nl>(w, a, n, kvalues_iq4nl);
+}
+
 float dot_q4_0_repacked(const void* w, const void* a, int64_t n) {
   return dot_nl32_repacked<block_q4_0>(w, a, n, kvalues_q4_0);
 }
@@ -106,6 +124,7 @@ float dot_iq4_xs(const void* w, const void* a, int64_t n) {
 namespace avx2 {
 void add_iq4_kernels(DotKernels& k) {
   k.dot[slot(GgmlType::IQ4_NL)] = dot_iq4_nl;
+  k.dot_sgemm[slot(GgmlType::IQ4_NL)] = dot_iq4_nl_sgemm;
   k.dot[slot(GgmlType::IQ4_XS)] = dot_iq4_xs;
   k.dot[slot(GgmlType::MXFP4)] = dot_mxfp4;
   for (auto [t, fn] : {std::pair{GgmlType::Q4_0, &dot_q4_0_repacked}, std::pair{GgmlType::IQ4_NL, &dot_iq4_nl_repacked},

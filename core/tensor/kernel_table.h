@@ -59,6 +59,8 @@ using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, 
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
   DotFn dot_id[kTypeSlots] = {};            ///< the same products in ProductOrder::mul_mat_id summation order
+  /// ProductOrder::sgemm (llamafile's tinyBLAS), set only where it differs from `dot` (IQ4_NL); null: `dot`.
+  DotFn dot_sgemm[kTypeSlots] = {};
   ConvertFn quantize_act[kTypeSlots] = {};  ///< indexed by *activation* type id (Q8_0, Q8_1, Q8_K, F16, BF16)
   /// Optional multi-row / tile kernels by weight type (null: matvec / matmul loop over dot). They compute the
   /// mul_mat order; kernels.cpp uses them for mul_mat_id only where dot_id equals dot (the quantized types).
@@ -113,8 +115,10 @@ void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int6
 /// of 8 become block_q4_0x8 / block_iq4_nlx8 / block_mxfp4x8, multiplied by one template of gemv and gemm
 /// whose two orders are the same: one exact integer per 32-element block, times the product of the scales by
 /// FMA, in block order (dot_*_repacked_ref). It is a property of the product, not of our ISA: every table
-/// computes these products in the same order.
+/// computes these products in the same order. A view in the sgemm order is by definition one llama.cpp did
+/// not repack (ProductOrder::sgemm).
 inline bool repacked(const MatrixView& w) {
+  if (w.order == ProductOrder::sgemm) return false;
   switch (w.type) {
     case GgmlType::Q4_K:
     case GgmlType::Q2_K:
@@ -154,19 +158,22 @@ const DotKernels* avx512_kernels();
 /// The kernel for a weight type in the given order.
 inline DotFn dot_for(const DotKernels& k, GgmlType t, ProductOrder order) {
   const int s = static_cast<int>(t);
+  if (order == ProductOrder::sgemm && k.dot_sgemm[s] != nullptr) return k.dot_sgemm[s];
   return order == ProductOrder::mul_mat_id ? k.dot_id[s] : k.dot[s];
+}
+/// Does the product's order leave the table's multi-row / tile kernels (which compute `dot`) unusable?
+inline bool order_differs(const DotKernels& k, GgmlType t, ProductOrder order) {
+  const int s = static_cast<int>(t);
+  return (order == ProductOrder::mul_mat_id && k.dot_id[s] != k.dot[s]) ||
+         (order == ProductOrder::sgemm && k.dot_sgemm[s] != nullptr);
 }
 
 /// The multi-row / tile kernels for a product, or null when the product must loop over dot_for().
 inline RowsFn rows_for(const DotKernels& k, GgmlType t, ProductOrder order) {
-  const int s = static_cast<int>(t);
-  if (order == ProductOrder::mul_mat_id && k.dot_id[s] != k.dot[s]) return nullptr;
-  return k.rows[s];
+  return order_differs(k, t, order) ? nullptr : k.rows[static_cast<int>(t)];
 }
 inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
-  const int s = static_cast<int>(t);
-  if (order == ProductOrder::mul_mat_id && k.dot_id[s] != k.dot[s]) return nullptr;
-  return k.tile[s];
+  return order_differs(k, t, order) ? nullptr : k.tile[static_cast<int>(t)];
 }
 
 /// Products with fewer weight bytes than this (all vectors counted) run on the calling thread: a fork-join
@@ -250,6 +257,7 @@ float dot_mxfp4_q8_0_ref(const void* w, const void* a, int64_t n);
 /// Q4_0, IQ4_NL and MXFP4 in llama.cpp's repacked order (repacked(); the gemv and gemm orders are one order).
 float dot_q4_0_q8_0_repacked_ref(const void* w, const void* a, int64_t n);
 float dot_iq4_nl_q8_0_repacked_ref(const void* w, const void* a, int64_t n);
+float dot_iq4_nl_q8_0_sgemm_ref(const void* w, const void* a, int64_t n);  ///< ProductOrder::sgemm
 float dot_mxfp4_q8_0_repacked_ref(const void* w, const void* a, int64_t n);
 float dot_iq4_xs_q8_K_ref(const void* w, const void* a, int64_t n);
 // The codebook formats IQ2_XXS, IQ1_S (ref_iq2.cpp; a plain quantizer for IQ2_XXS only).

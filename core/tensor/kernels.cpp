@@ -158,6 +158,7 @@ DotKernels make_scalar_table() {
   k.dot[slot(GgmlType::TQ1_0)] = dot_tq1_0_q8_K_ref;
   k.dot[slot(GgmlType::TQ2_0)] = dot_tq2_0_q8_K_ref;
   for (int t = 0; t < kTypeSlots; ++t) k.dot_id[t] = k.dot[t];  // the references have one order
+  k.dot_sgemm[slot(GgmlType::IQ4_NL)] = dot_iq4_nl_q8_0_sgemm_ref;
   k.dot_gemv[slot(GgmlType::Q4_K)] = dot_q4_K_q8_K_gemv_ref;
   for (auto [t, fn] : {std::pair{GgmlType::Q4_0, &dot_q4_0_q8_0_repacked_ref},
                        std::pair{GgmlType::IQ4_NL, &dot_iq4_nl_q8_0_repacked_ref},

@@ -51,11 +51,17 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 /// (ggml_row_bytes(type, n) bytes).
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 
-/// Which of llama.cpp's two matrix-product paths a product mirrors. Only the float weight formats (F32, F16,
-/// BF16) sum differently on the two: ggml's mul_mat (dense weights) runs llamafile's tinyBLAS (one 16-lane
-/// accumulator), mul_mat_id (MoE experts) runs ggml_vec_dot_* (four accumulators). For the quantized formats
-/// both paths compute the same thing and this has no effect. Scalar and AVX2 kernels have one order only.
-enum class ProductOrder { mul_mat, mul_mat_id };
+/// Which of llama.cpp's matrix-product paths a product mirrors.
+///  - mul_mat / mul_mat_id: only the float weight formats (F32, F16, BF16) sum differently on the two: ggml's
+///    mul_mat (dense weights) runs llamafile's tinyBLAS (one 16-lane accumulator), mul_mat_id (MoE experts)
+///    runs ggml_vec_dot_* (four accumulators). For the quantized formats both compute the same thing. Scalar
+///    and AVX2 kernels have one float order only.
+///  - sgemm: a quantized product that ggml's mul_mat hands to llamafile's tinyBLAS_Q0_AVX - a weight it does
+///    not repack, times a batch of 2 or more vectors rounded to Q8_0. It sums like ggml_vec_dot_*_q8_0 for
+///    Q8_0, Q4_0 and Q5_0, but not for IQ4_NL, whose vec_dot takes the blocks in pairs into two accumulators
+///    (tinyBLAS: one). Callers that know a row's batch set it (ForwardPass: deepseek2's per-head attn_k_b /
+///    attn_v_b products of a prompt's rows); for every other type it is mul_mat.
+enum class ProductOrder { mul_mat, mul_mat_id, sgemm };
 
 /// A 2-D weight matrix in a GGUF tensor: `rows` rows of `cols` elements, each row `row_bytes` bytes.
 /// Non-owning: `data` points into the mapped file (or any buffer that outlives the call).

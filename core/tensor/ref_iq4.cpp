@@ -108,6 +108,24 @@ float dot_nl32_q8_0_repacked(const void* w, const void* a, int64_t n) {
   return acc;
 }
 
+/// llamafile's tinyBLAS_Q0_AVX order (the sgemm order, kernels.h ProductOrder::sgemm): one 8-lane accumulator
+/// over the blocks in order, each lane's exact integer times the scales' product by FMA, hsum_float_8's
+/// reduction at the end. ggml's mul_mat runs it on a non-repacked product of a batch of 2 or more vectors.
+template <typename F>
+float dot_nl32_q8_0_sgemm(const void* w, const void* a, int64_t n) {
+  assert(n % 32 == 0);
+  const auto* x = static_cast<const typename F::Block*>(w);
+  const auto* y = static_cast<const block_q8_0*>(a);
+  float acc[8] = {};
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    int32_t lane[8] = {};
+    for (int e = 0; e < 32; ++e) lane[e / 4] += F::values[nibble(x[ib].qs, e)] * y[ib].qs[e];
+    const float d = F::scale(x[ib]) * fp16_to_fp32(y[ib].d);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(lane[l]), acc[l]);
+  }
+  return hsum8_ref(acc);
+}
+
 // ---- quantizers ----
 
 /// Index of the IQ4_NL value nearest to v (the lower of two equally near ones): a binary search of the
@@ -304,6 +322,9 @@ float dot_q4_0_q8_0_repacked_ref(const void* w, const void* a, int64_t n) {
 }
 float dot_iq4_nl_q8_0_repacked_ref(const void* w, const void* a, int64_t n) {
   return dot_nl32_q8_0_repacked<Iq4nl>(w, a, n);
+}
+float dot_iq4_nl_q8_0_sgemm_ref(const void* w, const void* a, int64_t n) {
+  return dot_nl32_q8_0_sgemm<Iq4nl>(w, a, n);
 }
 float dot_mxfp4_q8_0_repacked_ref(const void* w, const void* a, int64_t n) {
   return dot_nl32_q8_0_repacked<Mxfp4>(w, a, n);
