@@ -39,7 +39,8 @@
 #include "tools/model_path.h"
 #include "tools/offline_env.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_bench {
 namespace {
 
 struct BenchFlags {
@@ -409,4 +410,4 @@ void setup_bench(CLI::App& root) {
 
 CAR_REGISTER_COMMANDS(setup_bench);
 
-}  // namespace car::tools
+}  // namespace car::tools::cmd_bench

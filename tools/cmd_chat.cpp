@@ -32,7 +32,8 @@
 #include "tools/command_registry.h"
 #include "tools/socket_discovery.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_chat {
 namespace {
 
 using nlohmann::json;
@@ -225,4 +226,4 @@ void setup_chat(CLI::App& root) {
 
 CAR_REGISTER_COMMANDS(setup_chat);
 
-}  // namespace car::tools
+}  // namespace car::tools::cmd_chat

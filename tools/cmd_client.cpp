@@ -27,7 +27,8 @@
 #include "tools/socket_discovery.h"
 #include "tools/stdin_text.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_client {
 namespace {
 
 using nlohmann::json;
@@ -414,4 +415,4 @@ void setup_client_commands(CLI::App& root) {
 CAR_REGISTER_COMMANDS(setup_client_commands);
 
 }  // namespace
-}  // namespace car::tools
+}  // namespace car::tools::cmd_client

@@ -32,7 +32,8 @@
 #include "tools/command_registry.h"
 #include "tools/terminal_text.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_gguf {
 namespace {
 
 using gguf::ArrayValue;
@@ -427,4 +428,4 @@ void setup(CLI::App& root) {
 
 CAR_REGISTER_COMMANDS(setup);
 
-}  // namespace car::tools
+}  // namespace car::tools::cmd_gguf

@@ -28,7 +28,8 @@
 #include "tools/offline_env.h"
 #include "tools/stdin_text.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_run {
 namespace {
 
 struct RunFlags {
@@ -255,4 +256,4 @@ void setup_run(CLI::App& root) {
 
 CAR_REGISTER_COMMANDS(setup_run);
 
-}  // namespace car::tools
+}  // namespace car::tools::cmd_run

@@ -21,7 +21,8 @@
 #include "tools/offline_env.h"
 #include "tools/terminal_text.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_show {
 namespace {
 
 struct ShowFlags {
@@ -159,4 +160,4 @@ void setup_show(CLI::App& root) {
 
 CAR_REGISTER_COMMANDS(setup_show);
 
-}  // namespace car::tools
+}  // namespace car::tools::cmd_show

@@ -25,7 +25,8 @@
 #include "core/util/error_codes.h"
 #include "tools/command_registry.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_template {
 namespace {
 
 struct TemplateOptions {
@@ -163,4 +164,4 @@ void setup(CLI::App& root) {
 
 CAR_REGISTER_COMMANDS(setup);
 
-}  // namespace car::tools
+}  // namespace car::tools::cmd_template

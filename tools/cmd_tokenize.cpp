@@ -25,7 +25,8 @@
 #include "tools/stdin_text.h"
 #include "tools/terminal_text.h"
 
-namespace car::tools {
+// A namespace of its own: `car` may be compiled in unity batches (tools/CMakeLists.txt).
+namespace car::tools::cmd_tokenize {
 namespace {
 
 struct TokenizeOptions {
@@ -82,4 +83,4 @@ void setup(CLI::App& root) {
 
 CAR_REGISTER_COMMANDS(setup);
 
-}  // namespace car::tools
+}  // namespace car::tools::cmd_tokenize
