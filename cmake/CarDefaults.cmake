@@ -42,10 +42,11 @@ set(CAR_TEST_COMPILE_OPTIONS "" CACHE STRING
     "Extra compile options for the test executables, car, car-inferenced and the serving libraries")
 
 # CAR_UNITY_BUILD: car_unity_build(TARGET) compiles that target's files in batches of 8 (CMake's unity build).
-# Used on the daemon and the chat interpreter, whose files each instantiate the same Asio / nlohmann_json /
-# interpreter templates: about a third of their compile time from scratch (scripts/test.sh, CI), at the cost
-# of recompiling a whole batch for a change to one file, so it is off unless asked for.
-option(CAR_UNITY_BUILD "Compile the daemon and the chat interpreter in unity batches" OFF)
+# Used on the daemon, the chat interpreter, `car` and the test executables of several files (car_add_gtest),
+# whose files each instantiate the same Asio / nlohmann_json / CLI11 / GoogleTest templates: a third to a half
+# of their compile time from scratch (scripts/test.sh, CI), at the cost of recompiling a whole batch for a
+# change to one file, so it is off unless asked for.
+option(CAR_UNITY_BUILD "Compile the daemon, the chat interpreter, car and multi-file tests in unity batches" OFF)
 function(car_unity_build target)
   if(CAR_UNITY_BUILD)
     set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
@@ -68,6 +69,14 @@ function(car_add_gtest name)
                                              CAR_BINARY_DIR="${CMAKE_BINARY_DIR}")
   if(TARGET car_test_pch)
     target_precompile_headers(${name} REUSE_FROM car_test_pch)
+  endif()
+  # CAR_UNITY_BUILD: a test executable of several files is one translation unit (they share the GoogleTest,
+  # JSON and module templates they instantiate): half their compile time in each of CI's builds. Their
+  # file-local names are therefore unique across the executable's files.
+  list(LENGTH T_SOURCES n_sources)
+  if(n_sources GREATER 1)
+    car_unity_build(${name})
+    set_target_properties(${name} PROPERTIES UNITY_BUILD_BATCH_SIZE 0)
   endif()
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
 endfunction()

@@ -25,7 +25,7 @@ struct Counted {
 };
 using CountedPtr = std::unique_ptr<Counted>;
 
-Result<int> value(int v) {
+Result<int> int_value(int v) {
   return v;
 }
 
@@ -40,8 +40,8 @@ TEST(BackendCacheBudgetTest, EstimateRunsOnlyOnAMissAndChargesWhenTheLoaderDoesN
     ++estimates;
     return std::uint64_t{300};
   };
-  ASSERT_TRUE(cache.get_or_load("a", estimate, [] { return value(1); }).ok());
-  ASSERT_TRUE(cache.get_or_load("a", estimate, [] { return value(2); }).ok());
+  ASSERT_TRUE(cache.get_or_load("a", estimate, [] { return int_value(1); }).ok());
+  ASSERT_TRUE(cache.get_or_load("a", estimate, [] { return int_value(2); }).ok());
   EXPECT_EQ(estimates, 1) << "a hit does not estimate";
   EXPECT_EQ(cache.entries(), 1u);
   EXPECT_EQ(cache.stats().total_bytes, 300u);
@@ -55,7 +55,7 @@ TEST(BackendCacheBudgetTest, RefusesAnEstimateLargerThanTheBudgetNamingBothSizes
       "big", [] { return std::uint64_t{69'000'000}; },
       [&] {
         loaded = true;
-        return value(1);
+        return int_value(1);
       });
   ASSERT_FALSE(r.ok());
   EXPECT_FALSE(loaded);
@@ -69,7 +69,7 @@ TEST(BackendCacheBudgetTest, RefusesAnEstimateLargerThanTheBudgetNamingBothSizes
   EXPECT_EQ(s.reserved_bytes, 0u);
   // The refusal is not sticky: a bigger budget loads it.
   cache.set_budget(100u << 20);
-  EXPECT_TRUE(cache.get_or_load("big", 69'000'000, [] { return value(1); }).ok());
+  EXPECT_TRUE(cache.get_or_load("big", 69'000'000, [] { return int_value(1); }).ok());
 }
 
 TEST(BackendCacheBudgetTest, AFailedEstimateIsTheCallsErrorAndTheLoaderDoesNotRun) {
@@ -79,7 +79,7 @@ TEST(BackendCacheBudgetTest, AFailedEstimateIsTheCallsErrorAndTheLoaderDoesNotRu
       "x", [] { return Result<std::uint64_t>(make_error("not_found", "x.gguf: no such file")); },
       [&] {
         loaded = true;
-        return value(1);
+        return int_value(1);
       });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, "not_found");
@@ -114,21 +114,21 @@ TEST(BackendCacheBudgetTest, MakesRoomBeforeTheLoaderRuns) {
 TEST(BackendCacheBudgetTest, LoadsInFlightReserveTheirEstimates) {
   // While c loads (estimate 50), a load of d (estimate 50) must evict b to keep c's room.
   BackendCache<int> cache(150);
-  ASSERT_TRUE(cache.get_or_load("a", 50, [] { return value(1); }).ok());
-  ASSERT_TRUE(cache.get_or_load("b", 50, [] { return value(2); }).ok());
+  ASSERT_TRUE(cache.get_or_load("a", 50, [] { return int_value(1); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 50, [] { return int_value(2); }).ok());
   std::promise<void> c_started, release_c;
   std::shared_future<void> release = release_c.get_future().share();
   auto c = std::async(std::launch::async, [&] {
     return cache.get_or_load("c", 50, [&] {
       c_started.set_value();
       release.wait();
-      return value(3);
+      return int_value(3);
     });
   });
   c_started.get_future().wait();
   EXPECT_EQ(cache.stats().reserved_bytes, 50u);
   EXPECT_EQ(cache.stats().entries, 2u) << "a + b + c's 50 fit in 150";
-  ASSERT_TRUE(cache.get_or_load("d", 50, [] { return value(4); }).ok());
+  ASSERT_TRUE(cache.get_or_load("d", 50, [] { return int_value(4); }).ok());
   EXPECT_FALSE(cache.contains("a")) << "a (least recently used) made room for d with c's load reserved";
   release_c.set_value();
   ASSERT_TRUE(c.get().ok());
@@ -140,7 +140,7 @@ TEST(BackendCacheBudgetTest, LoadsInFlightReserveTheirEstimates) {
 
 TEST(BackendCacheBudgetTest, TheLoadersMeasurementCorrectsTheChargeAndEvictsOthers) {
   BackendCache<int> cache(100);
-  ASSERT_TRUE(cache.get_or_load("a", 50, [] { return value(1); }).ok());
+  ASSERT_TRUE(cache.get_or_load("a", 50, [] { return int_value(1); }).ok());
   // Estimated at 10, really 70: after the load a (not in use) goes.
   LoadInfo info;
   auto b = cache.get_or_load(
@@ -175,9 +175,9 @@ TEST(BackendCacheBudgetTest, AMeasurementLargerThanTheBudgetIsRefusedAndNotCache
 
 TEST(BackendCacheBudgetTest, AnEntryInUseIsKeptAndTrimmedWhenItsLeaseEnds) {
   BackendCache<int> cache(100);
-  auto a = cache.lease_or_load("a", 60, [] { return value(1); });
+  auto a = cache.lease_or_load("a", 60, [] { return int_value(1); });
   ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(cache.get_or_load("b", 60, [] { return value(2); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 60, [] { return int_value(2); }).ok());
   CacheStats s = cache.stats();
   EXPECT_TRUE(cache.contains("a")) << "a is in use: evicting it would free nothing";
   EXPECT_TRUE(cache.contains("b"));
@@ -195,9 +195,9 @@ TEST(BackendCacheBudgetTest, AnEntryInUseIsKeptAndTrimmedWhenItsLeaseEnds) {
 
 TEST(BackendCacheBudgetTest, ShrinkingTheBudgetKeepsEntriesInUseUntilTheirLeasesEnd) {
   BackendCache<int> cache(100);
-  auto a = cache.lease_or_load("a", 40, [] { return value(1); });
+  auto a = cache.lease_or_load("a", 40, [] { return int_value(1); });
   ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(cache.get_or_load("b", 40, [] { return value(2); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", 40, [] { return int_value(2); }).ok());
   EXPECT_EQ(cache.set_budget(40), (Evicted{1, 40})) << "b (not in use) goes";
   EXPECT_TRUE(cache.contains("a"));
   EXPECT_EQ(cache.set_budget(30), (Evicted{0, 0})) << "a is in use";
@@ -211,9 +211,9 @@ TEST(BackendCacheBudgetTest, LeasesEndingAfterTheCacheIsGoneDoNotTrim) {
   std::optional<BackendCache<int>::Lease> lease;
   {
     BackendCache<int> cache(100);
-    auto a = cache.lease_or_load("a", 60, [] { return value(1); });
+    auto a = cache.lease_or_load("a", 60, [] { return int_value(1); });
     ASSERT_TRUE(a.ok());
-    ASSERT_TRUE(cache.get_or_load("b", 60, [] { return value(2); }).ok());
+    ASSERT_TRUE(cache.get_or_load("b", 60, [] { return int_value(2); }).ok());
     ASSERT_TRUE(cache.stats().over_budget);
     lease = std::move(a.value());
   }
@@ -232,7 +232,7 @@ TEST(BackendCacheBudgetTest, ZeroBudgetLoadsEveryTimeRefusesNothingAndReportsThe
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a.value()->size_bytes(), 1234u);
   EXPECT_EQ(estimates, 0) << "with caching off a measured load needs no estimate";
-  auto b = cache.get_or_load("a", estimate, [] { return value(1); });
+  auto b = cache.get_or_load("a", estimate, [] { return int_value(1); });
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b.value()->size_bytes(), std::uint64_t{1} << 40) << "unmeasured: labelled with the estimate";
   EXPECT_NE(a.value(), b.value());
@@ -303,7 +303,7 @@ TEST(BackendCacheBudgetTest, TheRoomListenerRunsBeforeTheLoaderAndAfterEveryChan
                   .get_or_load("a", std::uint64_t{300},
                                [&] {
                                  seen_at_load = seen.size();
-                                 return value(1);
+                                 return int_value(1);
                                })
                   .ok());
   ASSERT_GE(seen_at_load, 1u) << "told before the loader ran";
@@ -323,8 +323,8 @@ TEST(BackendCacheBudgetTest, TheRoomListenerRunsBeforeTheLoaderAndAfterEveryChan
   EXPECT_EQ(seen.back(), std::optional<std::uint64_t>(500));
   EXPECT_EQ(seen.size(), before + 3);
   // A refused estimate reserves nothing: the room it reports is unchanged, and no entry was evicted.
-  ASSERT_TRUE(cache.get_or_load("c", std::uint64_t{200}, [] { return value(3); }).ok());
-  EXPECT_FALSE(cache.get_or_load("big", std::uint64_t{600}, [] { return value(4); }).ok());
+  ASSERT_TRUE(cache.get_or_load("c", std::uint64_t{200}, [] { return int_value(3); }).ok());
+  EXPECT_FALSE(cache.get_or_load("big", std::uint64_t{600}, [] { return int_value(4); }).ok());
   EXPECT_TRUE(cache.contains("c"));
   EXPECT_EQ(cache.room_bytes(), std::optional<std::uint64_t>(300));
   // Caching disabled: no budget to share.
@@ -340,7 +340,7 @@ TEST(BackendCacheBudgetTest, TheRoomListenerHearsOnlyOfIdleEvictionsThatHappened
   BackendCache<int> cache(1000, std::chrono::milliseconds(100), [&] {
     return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(now_ns.load()));
   });
-  ASSERT_TRUE(cache.get_or_load("a", std::uint64_t{300}, [] { return value(1); }).ok());
+  ASSERT_TRUE(cache.get_or_load("a", std::uint64_t{300}, [] { return int_value(1); }).ok());
   int told = 0;
   cache.set_room_listener([&] { ++told; });
   EXPECT_EQ(cache.evict_idle(), Evicted{});
@@ -350,7 +350,7 @@ TEST(BackendCacheBudgetTest, TheRoomListenerHearsOnlyOfIdleEvictionsThatHappened
   now_ns += 200'000'000;  // past the TTL
   EXPECT_EQ(cache.evict_idle(), (Evicted{1, 300}));
   EXPECT_EQ(told, 1);
-  ASSERT_TRUE(cache.get_or_load("b", std::uint64_t{200}, [] { return value(2); }).ok());
+  ASSERT_TRUE(cache.get_or_load("b", std::uint64_t{200}, [] { return int_value(2); }).ok());
   told = 0;
   now_ns += 200'000'000;
   EXPECT_TRUE(cache.evict_if_expired("b"));

@@ -23,7 +23,7 @@ using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 // "ERROR[code] message" or the output.
-std::string render(const std::string& src, const json& ctx = json::object(), const RenderOptions& o = {}) {
+std::string render_json(const std::string& src, const json& ctx = json::object(), const RenderOptions& o = {}) {
   auto r = car::chat::render_template(src, Value::from_json(ctx), o);
   if (!r.ok()) return "ERROR[" + r.error().code + "] " + r.error().message;
   return *r;
@@ -59,7 +59,7 @@ TEST(ChatLimits, LongChainsAreRefusedNotRecursedInto) {
       "{% filter upper" + repeat("|lower", 30000) + " %}a{% endfilter %}",
   };
   for (const std::string& src : cases) {
-    const std::string out = render(src, ctx);
+    const std::string out = render_json(src, ctx);
     EXPECT_EQ(out.rfind("ERROR[template_syntax]", 0), 0u) << src.substr(0, 40) << ": " << out.substr(0, 200);
     EXPECT_NE(out.find("nests deeper than"), std::string::npos) << out.substr(0, 200);
   }
@@ -69,10 +69,10 @@ TEST(ChatLimits, LongChainsAreRefusedNotRecursedInto) {
 TEST(ChatLimits, FlatChainsStillRender) {
   std::string src = "{{ 0";
   for (int i = 1; i < 10000; ++i) src += " < " + std::to_string(i);
-  EXPECT_EQ(render(src + " }}"), "True");
+  EXPECT_EQ(render_json(src + " }}"), "True");
   // What real templates write is far inside the limits.
-  EXPECT_EQ(render("{{ 1" + repeat("+1", 99) + " }}"), "100");
-  EXPECT_EQ(render("{{ x" + repeat(".a", 1) + repeat("|string", 100) + " }}", {{"x", {{"a", 7}}}}), "7");
+  EXPECT_EQ(render_json("{{ 1" + repeat("+1", 99) + " }}"), "100");
+  EXPECT_EQ(render_json("{{ x" + repeat(".a", 1) + repeat("|string", 100) + " }}", {{"x", {{"a", 7}}}}), "7");
 }
 
 // A conversation nested deeper than the conversion into template values allows is bad_messages, before
@@ -137,13 +137,13 @@ TEST(ChatLimits, DeepValuesBuiltByATemplate) {
   };
   std::string results[4];
   on_small_stack([&] {
-    results[0] = render(wrap_of(30000) + "{% set ns.x = 0 %}done");  // the old value freed mid-render
-    results[1] = render(wrap_of(30000) + "{{ ns.x|length }}");       // freed when the render ends
+    results[0] = render_json(wrap_of(30000) + "{% set ns.x = 0 %}done");  // the old value freed mid-render
+    results[1] = render_json(wrap_of(30000) + "{{ ns.x|length }}");       // freed when the render ends
     // The same with dicts, and with the outermost made first.
-    results[2] = render(
+    results[2] = render_json(
         "{% set ns = namespace(x={}) %}{% for i in range(30000) %}{% set ns.x = {'k': ns.x} %}"
         "{% endfor %}{{ ns.x|length }}");
-    results[3] = render(
+    results[3] = render_json(
         "{% set root = [] %}{% set ns = namespace(c=root) %}{% for i in range(30000) %}"
         "{% set n = [] %}{% if ns.c.append(n) %}{% endif %}{% set ns.c = n %}{% endfor %}"
         "{{ root|length }}");
@@ -154,11 +154,11 @@ TEST(ChatLimits, DeepValuesBuiltByATemplate) {
   EXPECT_EQ(results[3], "1");
   // Printing stops at its depth bounds (past a few hundred levels is enough to reach them).
   const std::string wrap = wrap_of(1000);
-  EXPECT_NE(render(wrap + "{{ ns.x }}").find("..."), std::string::npos);  // repr stops at 200 levels
-  EXPECT_EQ(render(wrap + "{{ ns.x|tojson }}").rfind("ERROR[template_error]", 0), 0u);
-  EXPECT_EQ(render(wrap + "{{ ns.x == ns.x }}").substr(0, 5), "False");  // equal stops at its depth bound
+  EXPECT_NE(render_json(wrap + "{{ ns.x }}").find("..."), std::string::npos);  // repr stops at 200 levels
+  EXPECT_EQ(render_json(wrap + "{{ ns.x|tojson }}").rfind("ERROR[template_error]", 0), 0u);
+  EXPECT_EQ(render_json(wrap + "{{ ns.x == ns.x }}").substr(0, 5), "False");  // equal stops at its depth bound
   // A list holding itself: printing stops, freeing breaks the cycle.
-  EXPECT_NE(render("{% set l = [] %}{% if l.append(l) %}{% endif %}{{ l }}").find("..."), std::string::npos);
+  EXPECT_NE(render_json("{% set l = [] %}{% if l.append(l) %}{% endif %}{{ l }}").find("..."), std::string::npos);
 }
 
 // The stack check behind the depth limits: recursion through macros, each level within every limit, still
@@ -173,11 +173,11 @@ TEST(ChatLimits, StackBudgetStopsDeepRecursion) {
   const std::string src = src_of(60);
   RenderOptions o;
   o.limits.max_stack_bytes = 64u << 10;
-  const std::string out = render(src, json::object(), o);
+  const std::string out = render_json(src, json::object(), o);
   EXPECT_EQ(out.rfind("ERROR[template_error]", 0), 0u) << out.substr(0, 200);
   EXPECT_NE(out.find("too deeply for the stack"), std::string::npos) << out.substr(0, 200);
   // With the default budget (2 MiB) a shallower recursion renders, even with a sanitizer's frames.
-  EXPECT_EQ(render(src_of(10)).substr(0, 3), "201");
+  EXPECT_EQ(render_json(src_of(10)).substr(0, 3), "201");
 }
 
 const std::string kNestedLoops =
@@ -210,7 +210,7 @@ TEST(ChatLimits, DeadlineStopsARender) {
   o.limits.max_steps = UINT64_MAX;
   o.limits.max_duration = std::chrono::milliseconds(100);
   const auto start = Clock::now();
-  const std::string out = render(kNestedLoops, json::object(), o);
+  const std::string out = render_json(kNestedLoops, json::object(), o);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
   EXPECT_EQ(out.rfind("ERROR[template_error]", 0), 0u) << out;
   EXPECT_NE(out.find("ran longer than 100 ms"), std::string::npos) << out;

@@ -22,7 +22,7 @@
 namespace car::config {
 namespace {
 
-const SystemFacts kUser{/*euid=*/1000, /*hardware_threads=*/8};
+const SystemFacts kTableUser{/*euid=*/1000, /*hardware_threads=*/8};
 
 /// Three distinct valid values per setting, each written as its row shows it (so show() must give it
 /// back). Integer rows take min+1..min+3 instead.
@@ -58,7 +58,7 @@ class SettingTableTest : public ::testing::Test {
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<const char*> argv;
     for (const auto& a : args) argv.push_back(a.c_str());
-    return load_settings(static_cast<int>(argv.size()), argv.data(), env, kUser);
+    return load_settings(static_cast<int>(argv.size()), argv.data(), env, kTableUser);
   }
   std::string write_file(const std::string& text) {
     const auto path = dir_.path() / "car.env";

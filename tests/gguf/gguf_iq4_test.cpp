@@ -15,12 +15,12 @@
 namespace car::gguf {
 namespace {
 
-struct Case {
+struct Iq4Case {
   GgmlType type;
   uint64_t row;        ///< elements per row (whole blocks)
   uint64_t row_bytes;  ///< bytes per row, per ggml-common.h's block structs
 };
-constexpr Case kCases[] = {
+constexpr Iq4Case kIq4Cases[] = {
     {GgmlType::IQ4_NL, 64, 2 * 18},
     {GgmlType::IQ4_XS, 512, 2 * 136},
     {GgmlType::MXFP4, 96, 3 * 17},
@@ -34,7 +34,7 @@ constexpr Case kCases[] = {
     {GgmlType::TQ2_0, 512, 2 * 66},
 };
 
-std::vector<uint8_t> one_tensor_file(const Case& c, uint64_t rows) {
+std::vector<uint8_t> one_tensor_file(const Iq4Case& c, uint64_t rows) {
   GgufWriter w;
   w.set_string("general.architecture", "llama");
   EXPECT_TRUE(w.add_tensor("blk.0.ffn_down.weight", c.type, {c.row, rows},
@@ -44,7 +44,7 @@ std::vector<uint8_t> one_tensor_file(const Case& c, uint64_t rows) {
 }
 
 TEST(GgufIq4, TensorsOfTheNewTypesParseWithTheirSize) {
-  for (const Case& c : kCases) {
+  for (const Iq4Case& c : kIq4Cases) {
     SCOPED_TRACE(std::string(ggml_type_name(c.type)));
     const auto bytes = one_tensor_file(c, 3);
     auto g = GgufFile::parse(bytes);
@@ -56,7 +56,7 @@ TEST(GgufIq4, TensorsOfTheNewTypesParseWithTheirSize) {
 }
 
 TEST(GgufIq4, TruncatedTensorDataIsOutOfBoundsNamingTheTensor) {
-  for (const Case& c : kCases) {
+  for (const Iq4Case& c : kIq4Cases) {
     SCOPED_TRACE(std::string(ggml_type_name(c.type)));
     auto bytes = one_tensor_file(c, 3);
     bytes.resize(bytes.size() - c.row_bytes);  // the last row (and any padding) is gone
@@ -70,7 +70,7 @@ TEST(GgufIq4, TruncatedTensorDataIsOutOfBoundsNamingTheTensor) {
 // A row length that is not a multiple of the type's block (an IQ4_XS row of 32, an MXFP4 row of 16): the
 // shape is patched in the encoded tensor info, since the writer refuses to write it.
 TEST(GgufIq4, RowNotWholeBlocksIsBadShape) {
-  for (const Case& c : kCases) {
+  for (const Iq4Case& c : kIq4Cases) {
     SCOPED_TRACE(std::string(ggml_type_name(c.type)));
     auto bytes = one_tensor_file(c, 1);
     const std::string name = "blk.0.ffn_down.weight";

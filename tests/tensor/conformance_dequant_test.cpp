@@ -18,7 +18,7 @@ namespace {
 // Bound on RMS(quantized - f16) / RMS(f16) per tensor. llama-quantize searches its scales, so its errors are
 // below those of round-to-nearest; these bounds sit just above what a round-to-nearest fit gives and far
 // below what a wrong bit layout gives (errors of the order of the values themselves, ratio ~1).
-double rel_rms_bound(GgmlType t) {
+double dequant_rel_rms_bound(GgmlType t) {
   switch (t) {
     case GgmlType::F32: return 0.0;
     case GgmlType::F16: return 0.0;
@@ -62,7 +62,7 @@ TEST_P(FixtureDequant, MatchesF16Weights) {
     ASSERT_NE(rt, nullptr);
     ASSERT_EQ(rt->ne, t.ne);
     ASSERT_TRUE(can_compute(t.type));
-    const double bound = rel_rms_bound(t.type);
+    const double bound = dequant_rel_rms_bound(t.type);
     ASSERT_GE(bound, 0.0) << "unexpected type";
     const auto got = dequantize_tensor(**file, t);
     const auto want = dequantize_tensor(**ref, *rt);

@@ -23,7 +23,7 @@ namespace {
 using testing::available_isas;
 using testing::random_floats;
 
-constexpr GgmlType kTypes[] = {GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+constexpr GgmlType kIq4Types[] = {GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
 
 TEST(Iq4Formats, E8m0HalfIsTwoToTheEMinus128) {
   EXPECT_EQ(e8m0_to_fp32_half(128), 1.0f);
@@ -102,7 +102,7 @@ TEST(Iq4Formats, GridValuesRoundTripExactly) {
 }
 
 TEST(Iq4Formats, ZeroRowsQuantizeToZero) {
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kIq4Types) {
     const int64_t n = 512;
     const std::vector<float> zeros(n, 0.0f);
     std::vector<uint8_t> q(detail::row_bytes(t, n), 0xab);
@@ -115,7 +115,7 @@ TEST(Iq4Formats, ActivationPartnersAreLlamaCpps) {
   EXPECT_EQ(activation_type(GgmlType::IQ4_NL), GgmlType::Q8_0);
   EXPECT_EQ(activation_type(GgmlType::MXFP4), GgmlType::Q8_0);
   EXPECT_EQ(activation_type(GgmlType::IQ4_XS), GgmlType::Q8_K);
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kIq4Types) {
     EXPECT_TRUE(can_compute(t)) << ggml_type_name(t);
     EXPECT_TRUE(can_quantize(t)) << ggml_type_name(t);
   }
@@ -127,7 +127,7 @@ TEST(Iq4Formats, EveryIsaEqualsTheReferenceBitForBit) {
   std::mt19937 rng(27);
   std::uniform_int_distribution<int> byte(0, 255);
   const auto& ref = detail::scalar_kernels();
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kIq4Types) {
     SCOPED_TRACE(ggml_type_name(t));
     const int64_t bs = testing::block_size(t);
     const GgmlType at = activation_type(t);
@@ -164,7 +164,7 @@ TEST(Iq4Formats, EveryIsaEqualsTheReferenceBitForBit) {
 // activations: the layouts of weights and activations agree (a wrong element order fails this).
 TEST(Iq4Formats, ReferenceDotMatchesDequantizedProduct) {
   std::mt19937 rng(2027);
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kIq4Types) {
     const int64_t n = 1024;
     const auto wf = random_floats(rng, n);
     const auto x = random_floats(rng, n);

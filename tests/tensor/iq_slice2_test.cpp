@@ -28,7 +28,7 @@ namespace {
 using testing::available_isas;
 using testing::random_floats;
 
-constexpr GgmlType kTypes[] = {GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS, GgmlType::IQ2_S,
+constexpr GgmlType kSlice2Types[] = {GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS, GgmlType::IQ2_S,
                                GgmlType::IQ1_M,   GgmlType::TQ1_0, GgmlType::TQ2_0};
 
 /// Random bytes with a sane fp16 super-block scale (IQ1_M keeps it in the top nibbles of its scale words, the
@@ -57,7 +57,7 @@ std::vector<uint8_t> random_row(GgmlType t, std::mt19937& rng, int64_t n) {
 }
 
 TEST(IqSlice2, ComputedAndWrittenWithQ8KActivations) {
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kSlice2Types) {
     EXPECT_TRUE(can_compute(t)) << ggml_type_name(t);
     EXPECT_TRUE(can_quantize(t)) << ggml_type_name(t);
     EXPECT_EQ(activation_type(t), GgmlType::Q8_K) << ggml_type_name(t);
@@ -67,7 +67,7 @@ TEST(IqSlice2, ComputedAndWrittenWithQ8KActivations) {
 TEST(IqSlice2, EveryIsaEqualsTheReferenceAndTheDequantizedProduct) {
   std::mt19937 rng(272);
   const auto& ref = detail::scalar_kernels();
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kSlice2Types) {
     SCOPED_TRACE(std::string(ggml_type_name(t)));
     for (int64_t nb : {1, 2, 3, 5, 16}) {
       const int64_t n = nb * QK_K;
@@ -106,13 +106,13 @@ TEST(IqSlice2, EveryIsaEqualsTheReferenceAndTheDequantizedProduct) {
 // quantizer measured, printed; the ternary formats' d = max|x| rounds most of a Gaussian row to 0, as
 // llama-quantize's does - they are made for ternary-trained weights), zero rows as zeros.
 TEST(IqSlice2, QuantizerRoundTrip) {
-  struct Case {
+  struct RoundTripCase {
     GgmlType t;
     double max_rel_rms;
   };
-  for (const Case& c : {Case{GgmlType::IQ3_XXS, 0.20}, Case{GgmlType::IQ3_S, 0.17}, Case{GgmlType::IQ2_XS, 0.33},
-                        Case{GgmlType::IQ2_S, 0.30}, Case{GgmlType::IQ1_M, 0.50},
-                        Case{GgmlType::TQ1_0, 0.80}, Case{GgmlType::TQ2_0, 0.80}, Case{GgmlType::IQ1_S, 0.55}}) {
+  for (const RoundTripCase& c : {RoundTripCase{GgmlType::IQ3_XXS, 0.20}, RoundTripCase{GgmlType::IQ3_S, 0.17}, RoundTripCase{GgmlType::IQ2_XS, 0.33},
+                        RoundTripCase{GgmlType::IQ2_S, 0.30}, RoundTripCase{GgmlType::IQ1_M, 0.50},
+                        RoundTripCase{GgmlType::TQ1_0, 0.80}, RoundTripCase{GgmlType::TQ2_0, 0.80}, RoundTripCase{GgmlType::IQ1_S, 0.55}}) {
     SCOPED_TRACE(std::string(ggml_type_name(c.t)));
     std::mt19937 rng(11);
     const int64_t n = 4096;
@@ -138,7 +138,7 @@ TEST(IqSlice2, QuantizerRoundTrip) {
 // A row whose weights are one grid point's values at a scale the file can hold comes back exactly (signs,
 // indices and scales all decoded where the quantizer put them).
 TEST(IqSlice2, OnGridValuesRoundTripExactly) {
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kSlice2Types) {
     if (t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0) continue;  // TernaryValuesRoundTripExactly
     SCOPED_TRACE(std::string(ggml_type_name(t)));
     std::mt19937 rng(5);

@@ -27,7 +27,7 @@ namespace {
 using testing::available_isas;
 using testing::random_floats;
 
-constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4};
+constexpr GgmlType kNl32Types[] = {GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4};
 
 std::string where(GgmlType t, Isa isa) {
   return std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa));
@@ -52,7 +52,7 @@ void expect_same_bits(float got, float want, const std::string& what) {
 TEST(RepackedNl32, DotAndRowsKernelsOfEveryIsaEqualTheReference) {
   std::mt19937 rng(41);
   const detail::DotKernels& ref = detail::scalar_kernels();
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kNl32Types) {
     const detail::DotFn oracle = ref.dot_gemv[detail::slot(t)];
     ASSERT_NE(oracle, nullptr) << ggml_type_name(t);
     ASSERT_EQ(ref.dot_gemm[detail::slot(t)], oracle) << "one order for gemv and gemm";
@@ -86,7 +86,7 @@ TEST(RepackedNl32, DotAndRowsKernelsOfEveryIsaEqualTheReference) {
     }
   }
   if (detect_isa() == Isa::avx512) {
-    for (GgmlType t : kTypes) {
+    for (GgmlType t : kNl32Types) {
       EXPECT_NE(detail::kernels_for(Isa::avx512).rows_gemv[detail::slot(t)], nullptr) << ggml_type_name(t);
     }
   }
@@ -97,7 +97,7 @@ TEST(RepackedNl32, TilesEqualTheReferenceForEveryRowAndVectorCount) {
   const detail::DotKernels& ref = detail::scalar_kernels();
   constexpr int64_t kMaxRows = 48, kMaxVec = 64;
   int tables = 0;
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kNl32Types) {
     for (Isa isa : available_isas()) {
       const detail::RepackedTileFn tile = detail::kernels_for(isa).tile_repacked[detail::slot(t)];
       if (tile == nullptr) continue;
@@ -152,7 +152,7 @@ TEST(RepackedNl32, TilesEqualTheReferenceForEveryRowAndVectorCount) {
 TEST(RepackedNl32, TheReferenceComputesTheDotProductInAnotherOrderThanVecDot) {
   std::mt19937 rng(43);
   const detail::DotKernels& ref = detail::scalar_kernels();
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kNl32Types) {
     int differs = 0;
     for (Isa isa : available_isas()) {
       const detail::DotKernels& k = detail::kernels_for(isa);
@@ -216,7 +216,7 @@ TEST(RepackedNl32, EveryMxfp4ScaleDecodesAsTheReferenceDecodesIt) {
 // multiple of 8 keeps ggml_vec_dot's order.
 TEST(RepackedNl32, ProductsAgreeAcrossEntryPointsAndIsas) {
   std::mt19937 rng(45);
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kNl32Types) {
     const int64_t cols = 6 * 32, rows = 40, n = 11;
     const auto w = testing::quantize_rows(t, random_floats(rng, cols * rows), rows, cols);
     const MatrixView view{t, w.data(), cols, rows, detail::row_bytes(t, cols)};

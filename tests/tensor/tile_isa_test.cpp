@@ -93,53 +93,53 @@ TEST(Amx, EmulatedTilesFollowTheDocumentedSemantics) {
 /// Every row count, vector count 1..64 and order mix of one repacked Q4_K (or Q2_K, Q4_0, IQ4_NL, MXFP4) tile
 /// against the references.
 void expect_tile_equals_references(detail::RepackedTileFn tile, const char* what, std::mt19937& rng,
-                                   std::initializer_list<int64_t> nbs, GgmlType kT = GgmlType::Q4_K) {
-  constexpr int64_t kMaxRows = 48, kMaxVec = 64;
+                                   std::initializer_list<int64_t> nbs, GgmlType type = GgmlType::Q4_K) {
+  constexpr int64_t kTileRows = 48, kTileVecs = 64;
   const detail::DotKernels& ref = detail::scalar_kernels();
   for (int64_t nb : nbs) {
-    const bool k_quant = testing::block_size(kT) == QK_K;
-    const int64_t cols = nb * testing::block_size(kT);
-    const size_t rb = detail::row_bytes(kT, cols);
-    const auto w = testing::quantize_rows(kT, random_floats(rng, cols * kMaxRows), kMaxRows, cols);
-    const size_t ab = activation_row_bytes(kT, cols);
-    std::vector<uint8_t> acts(ab * kMaxVec);
-    for (int64_t v = 0; v < kMaxVec; ++v) {
+    const bool k_quant = testing::block_size(type) == QK_K;
+    const int64_t cols = nb * testing::block_size(type);
+    const size_t rb = detail::row_bytes(type, cols);
+    const auto w = testing::quantize_rows(type, random_floats(rng, cols * kTileRows), kTileRows, cols);
+    const size_t ab = activation_row_bytes(type, cols);
+    std::vector<uint8_t> acts(ab * kTileVecs);
+    for (int64_t v = 0; v < kTileVecs; ++v) {
       const float scale = v == 5 ? 0.0f : v == 6 ? 1000.0f : v == 17 ? 1e-4f : 1.0f;
       const auto xf = random_floats(rng, cols, scale);
       uint8_t* dst = acts.data() + ab * static_cast<size_t>(v);
       if (k_quant) {
         detail::quantize_act_q8_K(xf.data(), dst, cols);
       } else {
-        quantize_activation(kT, xf.data(), dst, cols);  // Q8_0
+        quantize_activation(type, xf.data(), dst, cols);  // Q8_0
       }
     }
-    std::vector<float> want[2];  // [0] gemv, [1] gemm; [v * kMaxRows + r]
+    std::vector<float> want[2];  // [0] gemv, [1] gemm; [v * kTileRows + r]
     for (int o = 0; o < 2; ++o) {
-      want[o].resize(static_cast<size_t>(kMaxVec * kMaxRows));
-      const detail::DotFn oracle = o == 1 ? ref.dot_gemm[detail::slot(kT)] : ref.dot_gemv[detail::slot(kT)];
-      for (int64_t v = 0; v < kMaxVec; ++v) {
-        for (int64_t r = 0; r < kMaxRows; ++r) {
-          want[o][static_cast<size_t>(v * kMaxRows + r)] =
+      want[o].resize(static_cast<size_t>(kTileVecs * kTileRows));
+      const detail::DotFn oracle = o == 1 ? ref.dot_gemm[detail::slot(type)] : ref.dot_gemv[detail::slot(type)];
+      for (int64_t v = 0; v < kTileVecs; ++v) {
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          want[o][static_cast<size_t>(v * kTileRows + r)] =
               oracle(w.data() + rb * static_cast<size_t>(r), acts.data() + ab * static_cast<size_t>(v), cols);
         }
       }
     }
-    std::vector<uint8_t> mixed(kMaxVec);
+    std::vector<uint8_t> mixed(kTileVecs);
     for (auto& m : mixed) m = static_cast<uint8_t>(rng() % 3 == 0 ? 0 : 1);
-    const std::vector<uint8_t> all_gemm(kMaxVec, 1);
+    const std::vector<uint8_t> all_gemm(kTileVecs, 1);
     const uint8_t* const masks[] = {all_gemm.data(), nullptr, mixed.data()};
     for (const uint8_t* mask : masks) {
       const char* order = mask == nullptr ? "gemv" : mask == all_gemm.data() ? "gemm" : "mixed";
       for (int64_t nrows : {1, 5, 8, 9, 16, 17, 33, 48}) {
         const int64_t ldy = nrows + 3;
-        for (int64_t nvec = 1; nvec <= kMaxVec; ++nvec) {
+        for (int64_t nvec = 1; nvec <= kTileVecs; ++nvec) {
           std::vector<float> y(static_cast<size_t>(nvec * ldy + 3), -7.0f);
           tile(w.data(), rb, nrows, acts.data(), ab, nvec, cols, y.data(), ldy, mask);
           for (int64_t v = 0; v < nvec; ++v) {
             const int o = mask != nullptr && mask[v] != 0 ? 1 : 0;
             for (int64_t r = 0; r < ldy; ++r) {
               const float got = y[static_cast<size_t>(v * ldy + r)];
-              const float exp = r < nrows ? want[o][static_cast<size_t>(v * kMaxRows + r)] : -7.0f;
+              const float exp = r < nrows ? want[o][static_cast<size_t>(v * kTileRows + r)] : -7.0f;
               ASSERT_EQ(std::memcmp(&got, &exp, sizeof(float)), 0)
                   << what << " " << order << " nb " << nb << " nrows " << nrows << " nvec " << nvec << " v "
                   << v << " r " << r << ": " << got << " vs " << exp;
@@ -291,37 +291,37 @@ const Vnni256Tile kVnni256Tiles[] = {
 /// type t against the AVX2 table's dot kernel (the AVX-VNNI table's dot), bit for bit; nothing written past
 /// the rows or the last vector.
 void expect_tile_equals_avx2_dot(GgmlType t, detail::TileFn tile, const char* what, std::mt19937& rng) {
-  constexpr int64_t kMaxRows = 48, kMaxVec = 64;
+  constexpr int64_t kTileRows = 48, kTileVecs = 64;
   const detail::DotFn dot = detail::kernels_for(Isa::avx2).dot[detail::slot(t)];
   ASSERT_NE(dot, nullptr);
   const bool k_quant = testing::block_size(t) == QK_K;
   for (int64_t nb : k_quant ? std::vector<int64_t>{1, 3, 9} : std::vector<int64_t>{1, 7, 70}) {
     const int64_t cols = nb * testing::block_size(t);
     const size_t rb = detail::row_bytes(t, cols);
-    const auto w = testing::quantize_rows(t, random_floats(rng, cols * kMaxRows), kMaxRows, cols);
+    const auto w = testing::quantize_rows(t, random_floats(rng, cols * kTileRows), kTileRows, cols);
     const size_t ab = activation_row_bytes(t, cols);
-    std::vector<uint8_t> acts(ab * kMaxVec);
-    for (int64_t v = 0; v < kMaxVec; ++v) {
+    std::vector<uint8_t> acts(ab * kTileVecs);
+    for (int64_t v = 0; v < kTileVecs; ++v) {
       const float scale = v == 5 ? 0.0f : v == 6 ? 1000.0f : v == 7 ? 1e-4f : 1.0f;
       const auto xf = random_floats(rng, cols, scale);
       quantize_activation(t, xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
     }
-    std::vector<float> want(static_cast<size_t>(kMaxVec * kMaxRows));
-    for (int64_t v = 0; v < kMaxVec; ++v) {
-      for (int64_t r = 0; r < kMaxRows; ++r) {
-        want[static_cast<size_t>(v * kMaxRows + r)] =
+    std::vector<float> want(static_cast<size_t>(kTileVecs * kTileRows));
+    for (int64_t v = 0; v < kTileVecs; ++v) {
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        want[static_cast<size_t>(v * kTileRows + r)] =
             dot(w.data() + rb * static_cast<size_t>(r), acts.data() + ab * static_cast<size_t>(v), cols);
       }
     }
     for (int64_t nrows : {1, 5, 8, 9, 15, 17, 48}) {
       const int64_t ldy = nrows + 3;
-      for (int64_t nvec = 1; nvec <= kMaxVec; ++nvec) {
+      for (int64_t nvec = 1; nvec <= kTileVecs; ++nvec) {
         std::vector<float> y(static_cast<size_t>(nvec * ldy + 3), -7.0f);
         tile(w.data(), rb, nrows, acts.data(), ab, nvec, cols, y.data(), ldy);
         for (int64_t v = 0; v < nvec; ++v) {
           for (int64_t r = 0; r < ldy; ++r) {
             const float got = y[static_cast<size_t>(v * ldy + r)];
-            const float exp = r < nrows ? want[static_cast<size_t>(v * kMaxRows + r)] : -7.0f;
+            const float exp = r < nrows ? want[static_cast<size_t>(v * kTileRows + r)] : -7.0f;
             ASSERT_EQ(std::memcmp(&got, &exp, sizeof(float)), 0)
                 << what << " " << ggml_type_name(t) << " nb " << nb << " nrows " << nrows << " nvec " << nvec
                 << " v " << v << " r " << r << ": " << got << " vs " << exp;

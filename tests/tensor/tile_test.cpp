@@ -53,10 +53,10 @@ TEST(Tiles, EqualTheDotKernelForEveryRowAndVectorCount) {
   for (Isa isa : available_isas()) {
     const detail::DotKernels& k = detail::kernels_for(isa);
     for (int entry = 0; entry < 10; ++entry) {
-      constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+      constexpr GgmlType kTileTypes[] = {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                                      GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
                                      GgmlType::Q6_K, GgmlType::Q5_K};
-      const GgmlType t = kTypes[entry];
+      const GgmlType t = kTileTypes[entry];
       // entry 9: the VNNI Q5_K kernel alone, on the AVX-512 level
       const bool direct = entry == 9;
       if (direct && isa != Isa::avx512) continue;
