@@ -188,11 +188,12 @@ TEST(StreamedExperts, SyntheticModelsOfEveryTypeBitIdenticalToResident) {
 
 // qwen2moe: the routed experts stream, the shared expert (dense weights beside them) stays resident; the
 // streamed output equals the resident one bit for bit. Shapes as the reference fixtures
-// (tests/data/reference/fixtures.json), smaller: 8 experts top-2, Q4_K rows of 256, 8 heads of 32.
+// (tests/data/reference/fixtures.json), smaller: 8 experts top-2, Q4_K rows of 256, 8 heads of 32; F32, Q8_0,
+// Q4_K_M and the native types issue #27 asks of qwen2moe (IQ4_XS, IQ2_XXS).
 TEST(StreamedExperts, Qwen2MoeWithSharedExpertBitIdenticalToResident) {
   testing::TempDir dir;
   uint64_t seed = 31;
-  for (const char* type : {"f32", "q8_0", "q4_k_m"}) {
+  for (const char* type : {"f32", "q8_0", "q4_k_m", "iq4_xs", "iq2_xxs"}) {
     synth::SynthSpec spec = stream_spec("qwen2moe", type, seed++);
     spec.n_ff_shared = 512;
     spec.n_head = 8;
