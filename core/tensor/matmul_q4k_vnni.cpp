@@ -23,6 +23,7 @@ namespace {
 
 constexpr int kRows = 16;  // weight rows per packed group: one int32 / float lane each
 constexpr int kVectorsPerRun = 4;  // rows16's vectors: 6 and 8 spill on AVX-512's 32 registers, measured slower
+constexpr int kGemvVectorsPerRun = 8;  // rows16_gemv's
 
 /// One super-block of a group of 16 rows, interleaved so that lane r of every register is row r.
 /// Invariant: rows past the group's end (the chunk's last, short group) are all zero (scales, mins, d).
@@ -39,18 +40,36 @@ static_assert(sizeof(PackedBlock) == 4 * 8 * 64 + 8 * 64 + 4 * 64 + 2 * 64);
 
 using Scratch = AlignedScratch;
 
+/// Lane r of h[j] = dword j of row r's block header (d and dmin, then the 12 scale bytes), for the 16 rows'
+/// blocks `hdr(r)`: a 128-bit load per row and a 4 x 4 dword transposition per 128-bit lane (cheaper than four
+/// 16-lane gathers, which were a fifth of pack_rows' time in batched decode).
+template <class Header>
+inline void load_headers(Header hdr, __m512i* h) {
+  __m512i z[4];
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {  // 128-bit lane l of z[q]: row q + 4l
+    __m512i t = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr(q))));
+    t = _mm512_inserti32x4(t, _mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr(q + 4))), 1);
+    t = _mm512_inserti32x4(t, _mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr(q + 8))), 2);
+    z[q] = _mm512_inserti32x4(t, _mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr(q + 12))), 3);
+  }
+  const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+  h[0] = _mm512_unpacklo_epi64(t0, t2);
+  h[1] = _mm512_unpackhi_epi64(t0, t2);
+  h[2] = _mm512_unpacklo_epi64(t1, t3);
+  h[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
 /// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb); missing rows read as a zero block.
-void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
+/// kFull: nrows == 16 (every group but a chunk's last, short one), without the per-row bound checks.
+template <bool kFull>
+void pack_rows_impl(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
   alignas(64) static constexpr block_q4_K kZero{};
   auto block = [&](int r, int64_t i) -> const block_q4_K& {
-    return r < nrows ? reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes)[i] : kZero;
+    return kFull || r < nrows ? reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes)[i]
+                              : kZero;
   };
-  // lane r: row r's byte offset (int32: the gathers' index type); rows past nrows are masked off (zero)
-  assert(nrows <= kRows && row_bytes <= static_cast<size_t>(INT32_MAX / kRows));
-  const __mmask16 rows = static_cast<__mmask16>((1u << nrows) - 1);
-  const __m512i offsets =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
   for (int64_t i = 0; i < nb; ++i) {
     PackedBlock& b = pb[i];
     for (int g = 0; g < 4; ++g) {
@@ -63,12 +82,8 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
     }
     // The rows' headers (d, dmin, the 12 scale bytes: 4 dwords) a dword per lane, then ggml's utmp unpacking
     // (unpack_scale_min_k4_words) lane-wise.
-    const auto* base = reinterpret_cast<const int32_t*>(w + static_cast<size_t>(i) * sizeof(block_q4_K));
     __m512i h[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      h[j] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, offsets, base + j, 1);
-    }
+    load_headers([&](int r) { return &block(r, i); }, h);
     _mm512_store_ps(b.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
     _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
     const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
@@ -96,6 +111,15 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
                          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
                                          _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi)));
     }
+  }
+}
+
+void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
+  assert(nrows <= kRows);
+  if (nrows == kRows) {
+    pack_rows_impl<true>(w, row_bytes, nrows, nb, pb);
+  } else {
+    pack_rows_impl<false>(w, row_bytes, nrows, nb, pb);
   }
 }
 
@@ -170,12 +194,81 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
   for (int v = 0; v < kV; ++v) _mm512_mask_storeu_ps(out + v * ldy, mask, _mm512_sub_ps(acc[v], acc_m[v]));
 }
 
-/// Vectors [v0, v1) in one order against one packed group of rows, four at a time.
+/// rows16<kV, false> for up to kGemvVectorsPerRun vectors: the gemv order needs each block's integers only at
+/// the block's end, so the per-vector state that rows16 holds in registers across the groups (the min sums,
+/// the float accumulators) lives in memory here, and the freed registers take twice the vectors per run: each
+/// packed weight register is unpacked once for eight vectors instead of twice (batched decode's steps, issue
+/// #25). The min sums are formed after the block's groups from the packed mins. Same integers, same float
+/// operations in the same order as rows16<kV, false>, so the same bits.
+template <int kV>
+void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
+                 float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  alignas(64) float acc[kV][kRows], acc_m[kV][kRows];
+#pragma GCC unroll 8
+  for (int v = 0; v < kV; ++v) {
+    _mm512_store_ps(acc[v], _mm512_setzero_ps());
+    _mm512_store_ps(acc_m[v], _mm512_setzero_ps());
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    const PackedBlock& b = pb[i];
+    ahead.at(i, nb);
+    const int8_t* q8[kV];
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) q8[v] = y[v][i].qs;
+    __m512i isum[kV];
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) isum[v] = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) {
+      __m512i s0[kV], s1[kV];
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i raw = _mm512_load_si512(b.qs[g][k]);
+        const __m512i w0 = _mm512_and_si512(raw, m4);
+        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+#pragma GCC unroll 8
+        for (int v = 0; v < kV; ++v) {
+          s0[v] = dpbusd_bcast(s0[v], w0, q8[v] + 64 * g + 4 * k);
+          s1[v] = dpbusd_bcast(s1[v], w1, q8[v] + 64 * g + 32 + 4 * k);
+        }
+      }
+      const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
+#pragma GCC unroll 8
+      for (int v = 0; v < kV; ++v) {
+        isum[v] = _mm512_add_epi32(isum[v],
+                                   _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1)));
+      }
+    }
+    const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) {
+      __m512i imin = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        imin = _mm512_dpwssd_epi32(imin, _mm512_load_si512(b.mn[g]), _mm512_set1_epi32(pairs[v][4 * i + g]));
+      }
+      const __m512 yd = _mm512_set1_ps(y[v][i].d);
+      _mm512_store_ps(acc[v], _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_mul_ps(xd, yd),
+                                              _mm512_load_ps(acc[v])));
+      _mm512_store_ps(acc_m[v], _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(xdmin, yd),
+                                                _mm512_load_ps(acc_m[v])));
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < kV; ++v) {
+    _mm512_mask_storeu_ps(out + v * ldy, mask, _mm512_sub_ps(_mm512_load_ps(acc[v]), _mm512_load_ps(acc_m[v])));
+  }
+}
+
+/// Vectors [v0, v1) in one order against one packed group of rows: the gemm order four at a time (rows16),
+/// the gemv order eight at a time (rows16_gemv).
 template <bool kGemm>
 void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
                  const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask,
                  NextGroup<>& ahead) {
-  constexpr int kV = kVectorsPerRun;
+  constexpr int kV = kGemm ? kVectorsPerRun : kGemvVectorsPerRun;
   auto run = [&]<int kN>(int64_t first) {
     const block_q8_K* yv[kN];
     const int32_t* pv[kN];
@@ -183,17 +276,40 @@ void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t 
       yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(first + v) * act_bytes);
       pv[v] = pairs + 4 * (first + v) * nb;
     }
-    rows16<kN, kGemm>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
+    if constexpr (kGemm) {
+      rows16<kN, true>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
+    } else {
+      rows16_gemv<kN>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
+    }
     ahead.next_run();
   };
   int64_t v = v0;
   for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);
   switch (v1 - v) {
+    case 7: if constexpr (kV > 7) run.template operator()<7>(v); break;
+    case 6: if constexpr (kV > 6) run.template operator()<6>(v); break;
+    case 5: if constexpr (kV > 5) run.template operator()<5>(v); break;
+    case 4: if constexpr (kV > 4) run.template operator()<4>(v); break;
     case 3: run.template operator()<3>(v); break;
     case 2: run.template operator()<2>(v); break;
     case 1: run.template operator()<1>(v); break;
     default: break;
   }
+}
+
+/// The runs of vectors (rows16 / rows16_gemv calls) run_vectors makes over each group of rows.
+int64_t count_runs(int64_t nvec, const uint8_t* gemm) {
+  auto gemm_at = [&](int64_t v) { return gemm != nullptr && gemm[v] != 0; };
+  int64_t runs = 0;
+  for (int64_t v0 = 0; v0 < nvec;) {
+    const bool g = gemm_at(v0);
+    int64_t v1 = v0 + 1;
+    while (v1 < nvec && gemm_at(v1) == g) ++v1;
+    const int64_t per_run = g ? kVectorsPerRun : kGemvVectorsPerRun;
+    runs += (v1 - v0 + per_run - 1) / per_run;
+    v0 = v1;
+  }
+  return runs;
 }
 
 }  // namespace
@@ -215,11 +331,12 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
     }
   }
   auto gemm_at = [&](int64_t v) { return gemm != nullptr && gemm[v] != 0; };
+  const int64_t runs = count_runs(nvec, gemm);
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
-    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kVectorsPerRun);
+    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, runs, 1);
     // one transpose of the rows serves every run of vectors in the same order
     for (int64_t v0 = 0; v0 < nvec;) {
       const bool g = gemm_at(v0);
