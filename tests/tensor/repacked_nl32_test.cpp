@@ -33,18 +33,6 @@ std::string where(GgmlType t, Isa isa) {
   return std::string(ggml_type_name(t)) + " " + std::string(isa_name(isa));
 }
 
-/// `nvec` Q8_0 activation rows of `cols` elements; vectors 5, 6 and 7 are all zero, 1000x and 1e-4x.
-std::vector<uint8_t> make_acts(std::mt19937& rng, int64_t nvec, int64_t cols) {
-  const size_t ab = detail::row_bytes(GgmlType::Q8_0, cols);
-  std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
-  for (int64_t v = 0; v < nvec; ++v) {
-    const float scale = v == 5 ? 0.0f : v == 6 ? 1000.0f : v == 7 ? 1e-4f : 1.0f;
-    const auto xf = random_floats(rng, cols, scale);
-    detail::quantize_act_q8_0(xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
-  }
-  return acts;
-}
-
 void expect_same_bits(float got, float want, const std::string& what) {
   ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << what << ": " << got << " vs " << want;
 }
@@ -65,7 +53,7 @@ TEST(RepackedNl32, DotAndRowsKernelsOfEveryIsaEqualTheReference) {
         const int64_t cols = nb * 32, nrows = 19;
         const size_t rb = detail::row_bytes(t, cols);
         const auto w = testing::quantize_rows(t, random_floats(rng, cols * nrows), nrows, cols);
-        const auto acts = make_acts(rng, 8, cols);
+        const auto acts = testing::q8_0_acts(rng, 8, cols, 5);
         const size_t ab = detail::row_bytes(GgmlType::Q8_0, cols);
         for (int64_t v = 0; v < 8; ++v) {
           const uint8_t* act = acts.data() + ab * static_cast<size_t>(v);
@@ -106,7 +94,7 @@ TEST(RepackedNl32, TilesEqualTheReferenceForEveryRowAndVectorCount) {
         const int64_t cols = nb * 32;
         const size_t rb = detail::row_bytes(t, cols), ab = detail::row_bytes(GgmlType::Q8_0, cols);
         const auto w = testing::quantize_rows(t, random_floats(rng, cols * kMaxRows), kMaxRows, cols);
-        const auto acts = make_acts(rng, kMaxVec, cols);
+        const auto acts = testing::q8_0_acts(rng, kMaxVec, cols, 5);
         std::vector<float> want(static_cast<size_t>(kMaxVec * kMaxRows));
         for (int64_t v = 0; v < kMaxVec; ++v) {
           for (int64_t r = 0; r < kMaxRows; ++r) {
@@ -159,7 +147,7 @@ TEST(RepackedNl32, TheReferenceComputesTheDotProductInAnotherOrderThanVecDot) {
       const int64_t cols = 8 * 32, nrows = 64;
       const size_t rb = detail::row_bytes(t, cols);
       const auto w = testing::quantize_rows(t, random_floats(rng, cols * nrows), nrows, cols);
-      const auto acts = make_acts(rng, 1, cols);
+      const auto acts = testing::q8_0_acts(rng, 1, cols, 5);
       std::vector<float> wd(static_cast<size_t>(cols)), xd(static_cast<size_t>(cols));
       dequantize_row(GgmlType::Q8_0, acts.data(), xd.data(), cols);
       for (int64_t r = 0; r < nrows; ++r) {
@@ -191,7 +179,7 @@ TEST(RepackedNl32, EveryMxfp4ScaleDecodesAsTheReferenceDecodesIt) {
     w[static_cast<size_t>(r)].e = static_cast<uint8_t>(r);
     for (auto& q : w[static_cast<size_t>(r)].qs) q = static_cast<uint8_t>(rng());
   }
-  const auto acts = make_acts(rng, 4, cols);
+  const auto acts = testing::q8_0_acts(rng, 4, cols, 5);
   const size_t ab = detail::row_bytes(GgmlType::Q8_0, cols);
   const auto* bytes = reinterpret_cast<const uint8_t*>(w.data());
   for (Isa isa : available_isas()) {

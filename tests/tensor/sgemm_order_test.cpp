@@ -25,17 +25,6 @@ namespace {
 using testing::available_isas;
 using testing::random_floats;
 
-std::vector<uint8_t> q8_0_acts(std::mt19937& rng, int64_t nvec, int64_t cols) {
-  const size_t ab = detail::row_bytes(GgmlType::Q8_0, cols);
-  std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
-  for (int64_t v = 0; v < nvec; ++v) {
-    const float scale = v == 1 ? 0.0f : v == 2 ? 1000.0f : v == 3 ? 1e-4f : 1.0f;
-    const auto xf = random_floats(rng, cols, scale);
-    detail::quantize_act_q8_0(xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
-  }
-  return acts;
-}
-
 bool same_bits(float a, float b) {
   return std::memcmp(&a, &b, sizeof(float)) == 0;
 }
@@ -52,7 +41,7 @@ TEST(SgemmOrder, Iq4NlDotOfEveryIsaEqualsTheReference) {
       const int64_t cols = nb * 32, nrows = 24;
       const size_t rb = detail::row_bytes(GgmlType::IQ4_NL, cols);
       const auto w = testing::quantize_rows(GgmlType::IQ4_NL, random_floats(rng, cols * nrows), nrows, cols);
-      const auto acts = q8_0_acts(rng, 4, cols);
+      const auto acts = testing::q8_0_acts(rng, 4, cols, 1);
       const size_t ab = detail::row_bytes(GgmlType::Q8_0, cols);
       for (int64_t v = 0; v < 4; ++v) {
         for (int64_t r = 0; r < nrows; ++r) {
@@ -74,7 +63,7 @@ TEST(SgemmOrder, TheIq4NlReferenceIsTheDotProductInAnotherOrderThanVecDot) {
     const int64_t cols = nb * 32, nrows = 256;
     const size_t rb = detail::row_bytes(GgmlType::IQ4_NL, cols);
     const auto w = testing::quantize_rows(GgmlType::IQ4_NL, random_floats(rng, cols * nrows), nrows, cols);
-    const auto act = q8_0_acts(rng, 1, cols);
+    const auto act = testing::q8_0_acts(rng, 1, cols, 1);
     std::vector<float> wd(static_cast<size_t>(cols)), xd(static_cast<size_t>(cols));
     dequantize_row(GgmlType::Q8_0, act.data(), xd.data(), cols);
     int differs = 0;

@@ -51,6 +51,20 @@ inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scal
   return v;
 }
 
+/// `nvec` Q8_0 activation rows of `cols` random values; vectors first_special, first_special + 1 and
+/// first_special + 2 are all zero, 1000x and 1e-4x (extreme activation scales beside ordinary ones).
+inline std::vector<uint8_t> q8_0_acts(std::mt19937& rng, int64_t nvec, int64_t cols, int64_t first_special) {
+  const size_t ab = detail::row_bytes(GgmlType::Q8_0, cols);
+  std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
+  for (int64_t v = 0; v < nvec; ++v) {
+    const int64_t k = v - first_special;
+    const float scale = k == 0 ? 0.0f : k == 1 ? 1000.0f : k == 2 ? 1e-4f : 1.0f;
+    const auto xf = random_floats(rng, cols, scale);
+    detail::quantize_act_q8_0(xf.data(), acts.data() + ab * static_cast<size_t>(v), cols);
+  }
+  return acts;
+}
+
 /// What a product computes for row r of `w` against the rounded vector i of an n-vector product (matvec: i 0,
 /// n 1), with the current ISA's kernels: llama.cpp's repacked gemm / gemv order for the matrices it repacks
 /// (detail::repacked: gemm for the whole groups of 4 vectors of a mul_mat batch), its IQ panel order for a
