@@ -100,12 +100,7 @@ struct RowGroup {
       v = _mm512_inserti32x4(v, _mm_loadu_si128(at(4 * j + 2)), 2);
       z[j] = _mm512_inserti32x4(v, _mm_loadu_si128(at(4 * j + 3)), 3);
     }
-    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
-    qs[0] = _mm512_unpacklo_epi64(t0, t2);
-    qs[1] = _mm512_unpackhi_epi64(t0, t2);
-    qs[2] = _mm512_unpacklo_epi64(t1, t3);
-    qs[3] = _mm512_unpackhi_epi64(t1, t3);
+    transpose4x4_dwords_per_lane(z, qs);
     // the rows past the end read kZero through rows[] but the gather's base is row 0: mask them off
     const __m512i first = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, offsets,
                                                       rows[0] + static_cast<size_t>(i) * sizeof(Block), 1);

@@ -53,12 +53,7 @@ inline void load_headers(Header hdr, __m512i* h) {
     t = _mm512_inserti32x4(t, _mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr(q + 8))), 2);
     z[q] = _mm512_inserti32x4(t, _mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr(q + 12))), 3);
   }
-  const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
-  const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
-  h[0] = _mm512_unpacklo_epi64(t0, t2);
-  h[1] = _mm512_unpackhi_epi64(t0, t2);
-  h[2] = _mm512_unpacklo_epi64(t1, t3);
-  h[3] = _mm512_unpackhi_epi64(t1, t3);
+  transpose4x4_dwords_per_lane(z, h);
 }
 
 /// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb); missing rows read as a zero block.
@@ -123,6 +118,26 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   }
 }
 
+/// Group g (64 elements) of packed block b against kV vectors (q8[v]: vector v's block quants): s0[v] / s1[v],
+/// lane r = row r's integer sum of levels x quants over sub-block 2g (the low nibbles) / 2g + 1 (the high).
+template <int kV>
+inline void group_sums(const PackedBlock& b, int g, const int8_t* const* q8, __m512i m4, __m512i* s0,
+                       __m512i* s1) {
+#pragma GCC unroll 8
+  for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    const __m512i raw = _mm512_load_si512(b.qs[g][k]);
+    const __m512i w0 = _mm512_and_si512(raw, m4);
+    const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+#pragma GCC unroll 8
+    for (int v = 0; v < kV; ++v) {
+      s0[v] = dpbusd_bcast(s0[v], w0, q8[v] + 64 * g + 4 * k);
+      s1[v] = dpbusd_bcast(s1[v], w1, q8[v] + 64 * g + 32 + 4 * k);
+    }
+  }
+}
+
 /// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
 /// block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r] for the rows in
 /// `mask`.
@@ -153,19 +168,7 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
     for (int v = 0; v < kV; ++v) isum[v] = imin[v] = _mm512_setzero_si512();
     for (int g = 0; g < 4; ++g) {
       __m512i s0[kV], s1[kV];
-#pragma GCC unroll 8
-      for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) {
-        const __m512i raw = _mm512_load_si512(b.qs[g][k]);
-        const __m512i w0 = _mm512_and_si512(raw, m4);
-        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-#pragma GCC unroll 8
-        for (int v = 0; v < kV; ++v) {
-          s0[v] = dpbusd_bcast(s0[v], w0, q8[v] + 64 * g + 4 * k);
-          s1[v] = dpbusd_bcast(s1[v], w1, q8[v] + 64 * g + 32 + 4 * k);
-        }
-      }
+      group_sums<kV>(b, g, q8, m4, s0, s1);
       const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
       const __m512i mn = _mm512_load_si512(b.mn[g]);
 #pragma GCC unroll 8
@@ -221,19 +224,7 @@ void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, 
     for (int v = 0; v < kV; ++v) isum[v] = _mm512_setzero_si512();
     for (int g = 0; g < 4; ++g) {
       __m512i s0[kV], s1[kV];
-#pragma GCC unroll 8
-      for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) {
-        const __m512i raw = _mm512_load_si512(b.qs[g][k]);
-        const __m512i w0 = _mm512_and_si512(raw, m4);
-        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-#pragma GCC unroll 8
-        for (int v = 0; v < kV; ++v) {
-          s0[v] = dpbusd_bcast(s0[v], w0, q8[v] + 64 * g + 4 * k);
-          s1[v] = dpbusd_bcast(s1[v], w1, q8[v] + 64 * g + 32 + 4 * k);
-        }
-      }
+      group_sums<kV>(b, g, q8, m4, s0, s1);
       const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
 #pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) {

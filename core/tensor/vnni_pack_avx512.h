@@ -42,6 +42,17 @@ inline void transpose16x8_dwords(const __m512i* z, __m512i* out) {
   }
 }
 
+/// In each 128-bit lane l, the 4 x 4 dword transposition of the four registers: dword k of out[j]'s lane l is
+/// dword j of z[k]'s lane l.
+inline void transpose4x4_dwords_per_lane(const __m512i* z, __m512i* out) {
+  const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+  out[0] = _mm512_unpacklo_epi64(t0, t2);
+  out[1] = _mm512_unpackhi_epi64(t0, t2);
+  out[2] = _mm512_unpacklo_epi64(t1, t3);
+  out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
 /// The 16 rows of a packed group are 16 strided streams, too many for the hardware prefetcher; the next
 /// group's rows are one contiguous range, fetched into L2 while this group's vectors run, spread evenly over
 /// the group's runs of vectors (rows16 calls) and their blocks. Fetched in bursts during the pack, or all in
