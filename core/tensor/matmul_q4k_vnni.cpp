@@ -41,8 +41,8 @@ static_assert(sizeof(PackedBlock) == 4 * 8 * 64 + 8 * 64 + 4 * 64 + 2 * 64);
 using Scratch = AlignedScratch;
 
 /// Lane r of h[j] = dword j of row r's block header (d and dmin, then the 12 scale bytes), for the 16 rows'
-/// blocks `hdr(r)`: a 128-bit load per row and a 4 x 4 dword transposition per 128-bit lane (cheaper than four
-/// 16-lane gathers, which were a fifth of pack_rows' time in batched decode).
+/// blocks `hdr(r)`: a 128-bit load per row and a 4 x 4 dword transposition per 128-bit lane, cheaper than
+/// four 16-lane gathers (bench_kernels Q4KTile/gemv, 8 vectors: 183 -> 192 GMAC/s).
 template <class Header>
 inline void load_headers(Header hdr, __m512i* h) {
   __m512i z[4];
@@ -118,8 +118,9 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
   }
 }
 
-/// Group g (64 elements) of packed block b against kV vectors (q8[v]: vector v's block quants): s0[v] / s1[v],
-/// lane r = row r's integer sum of levels x quants over sub-block 2g (the low nibbles) / 2g + 1 (the high).
+/// Group g (64 elements) of packed block b against kV vectors (q8[v]: vector v's block quants): s0[v] /
+/// s1[v], lane r = row r's integer sum of levels x quants over sub-block 2g (the low nibbles) / 2g + 1 (the
+/// high).
 template <int kV>
 inline void group_sums(const PackedBlock& b, int g, const int8_t* const* q8, __m512i m4, __m512i* s0,
                        __m512i* s1) {
@@ -138,10 +139,10 @@ inline void group_sums(const PackedBlock& b, int g, const int8_t* const* q8, __m
   }
 }
 
-/// 16 packed rows x kV vectors over nb super-blocks. y[v]: vector v's Q8_K blocks; pairs: per vector and
-/// block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r] for the rows in
-/// `mask`.
-template <int kV, bool kGemm>
+/// 16 packed rows x kV vectors over nb super-blocks in the gemm order. y[v]: vector v's Q8_K blocks; pairs:
+/// per vector and block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r]
+/// for the rows in `mask`. (The gemv order: rows16_gemv.)
+template <int kV>
 void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
             float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -163,9 +164,6 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
       _mm512_store_ps(dv[v], _mm512_mul_ps(xd, yd));
       _mm512_store_ps(dmv[v], _mm512_mul_ps(xdmin, yd));
     }
-    __m512i isum[kV], imin[kV];  // gemv: the block's totals
-#pragma GCC unroll 8
-    for (int v = 0; v < kV; ++v) isum[v] = imin[v] = _mm512_setzero_si512();
     for (int g = 0; g < 4; ++g) {
       __m512i s0[kV], s1[kV];
       group_sums<kV>(b, g, q8, m4, s0, s1);
@@ -174,22 +172,10 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
 #pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) {
         const __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1));
-        const __m512i pr = _mm512_set1_epi32(pairs[v][4 * i + g]);
-        if constexpr (kGemm) {
-          const __m512i im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn, pr);
-          acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_load_ps(dv[v]), acc[v]);
-          acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_load_ps(dmv[v]), acc_m[v]);
-        } else {
-          isum[v] = _mm512_add_epi32(isum[v], is);
-          imin[v] = _mm512_dpwssd_epi32(imin[v], mn, pr);
-        }
-      }
-    }
-    if constexpr (!kGemm) {
-#pragma GCC unroll 8
-      for (int v = 0; v < kV; ++v) {
-        acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_load_ps(dv[v]), acc[v]);
-        acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[v]), _mm512_load_ps(dmv[v]), acc_m[v]);
+        const __m512i im =
+            _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn, _mm512_set1_epi32(pairs[v][4 * i + g]));
+        acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_load_ps(dv[v]), acc[v]);
+        acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_load_ps(dmv[v]), acc_m[v]);
       }
     }
   }
@@ -197,12 +183,12 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
   for (int v = 0; v < kV; ++v) _mm512_mask_storeu_ps(out + v * ldy, mask, _mm512_sub_ps(acc[v], acc_m[v]));
 }
 
-/// rows16<kV, false> for up to kGemvVectorsPerRun vectors: the gemv order needs each block's integers only at
-/// the block's end, so the per-vector state that rows16 holds in registers across the groups (the min sums,
-/// the float accumulators) lives in memory here, and the freed registers take twice the vectors per run: each
-/// packed weight register is unpacked once for eight vectors instead of twice (batched decode's steps, issue
-/// #25). The min sums are formed after the block's groups from the packed mins. Same integers, same float
-/// operations in the same order as rows16<kV, false>, so the same bits.
+/// rows16 in the gemv order (dot_q4_K_q8_K_gemv_ref: each block's integers, then its two FMAs) for up to
+/// kGemvVectorsPerRun vectors: the gemv order needs a block's integers only at the block's end, so the float
+/// accumulators live in memory (one load and store per vector and block) and the min sums are formed after
+/// the block's groups from the packed mins; the registers that leaves take eight vectors a run, each packed
+/// weight register unpacked once for them (batched decode's steps, issue #25; runs of four, as the gemm
+/// order's, unpacked it twice).
 template <int kV>
 void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
                  float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
@@ -228,8 +214,8 @@ void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, 
       const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
 #pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) {
-        isum[v] = _mm512_add_epi32(isum[v],
-                                   _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1)));
+        isum[v] = _mm512_add_epi32(
+            isum[v], _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1)));
       }
     }
     const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
@@ -249,7 +235,8 @@ void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, 
   }
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) {
-    _mm512_mask_storeu_ps(out + v * ldy, mask, _mm512_sub_ps(_mm512_load_ps(acc[v]), _mm512_load_ps(acc_m[v])));
+    _mm512_mask_storeu_ps(out + v * ldy, mask,
+                          _mm512_sub_ps(_mm512_load_ps(acc[v]), _mm512_load_ps(acc_m[v])));
   }
 }
 
@@ -268,7 +255,7 @@ void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t 
       pv[v] = pairs + 4 * (first + v) * nb;
     }
     if constexpr (kGemm) {
-      rows16<kN, true>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
+      rows16<kN>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
     } else {
       rows16_gemv<kN>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
     }
@@ -288,18 +275,26 @@ void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t 
   }
 }
 
-/// The runs of vectors (rows16 / rows16_gemv calls) run_vectors makes over each group of rows.
-int64_t count_runs(int64_t nvec, const uint8_t* gemm) {
+/// fn(v0, v1, gemm) for each maximal range [v0, v1) of vectors in one order (gemm: null = all gemv).
+template <class Fn>
+void for_each_order_range(int64_t nvec, const uint8_t* gemm, Fn&& fn) {
   auto gemm_at = [&](int64_t v) { return gemm != nullptr && gemm[v] != 0; };
-  int64_t runs = 0;
   for (int64_t v0 = 0; v0 < nvec;) {
     const bool g = gemm_at(v0);
     int64_t v1 = v0 + 1;
     while (v1 < nvec && gemm_at(v1) == g) ++v1;
-    const int64_t per_run = g ? kVectorsPerRun : kGemvVectorsPerRun;
-    runs += (v1 - v0 + per_run - 1) / per_run;
+    fn(v0, v1, g);
     v0 = v1;
   }
+}
+
+/// The runs of vectors (rows16 / rows16_gemv calls) run_vectors makes over each group of rows.
+int64_t count_runs(int64_t nvec, const uint8_t* gemm) {
+  int64_t runs = 0;
+  for_each_order_range(nvec, gemm, [&](int64_t v0, int64_t v1, bool g) {
+    const int64_t per_run = g ? kVectorsPerRun : kGemvVectorsPerRun;
+    runs += (v1 - v0 + per_run - 1) / per_run;
+  });
   return runs;
 }
 
@@ -321,7 +316,6 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
     }
   }
-  auto gemm_at = [&](int64_t v) { return gemm != nullptr && gemm[v] != 0; };
   const int64_t runs = count_runs(nvec, gemm);
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
@@ -329,17 +323,13 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, runs, 1);
     // one transpose of the rows serves every run of vectors in the same order
-    for (int64_t v0 = 0; v0 < nvec;) {
-      const bool g = gemm_at(v0);
-      int64_t v1 = v0 + 1;
-      while (v1 < nvec && gemm_at(v1) == g) ++v1;
+    for_each_order_range(nvec, gemm, [&](int64_t v0, int64_t v1, bool g) {
       if (g) {
         run_vectors<true>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask, ahead);
       } else {
         run_vectors<false>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask, ahead);
       }
-      v0 = v1;
-    }
+    });
   }
 }
 
