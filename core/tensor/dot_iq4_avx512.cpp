@@ -189,8 +189,8 @@ void rows_nl32(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
     for (int64_t k = 0; k < npairs; ++k) {
       const int64_t ib = 2 * k;
       // the next pair's bytes (contiguous, 2 * row_bytes) in one sweep, 4 blocks' worth a step
-      _mm_prefetch(ahead + 2 * ib * static_cast<int64_t>(sizeof(Block)), _MM_HINT_T0);
-      _mm_prefetch(ahead + 2 * ib * static_cast<int64_t>(sizeof(Block)) + 64, _MM_HINT_T0);
+      _mm_prefetch(ahead + 2 * ib * static_cast<int64_t>(sizeof(Block)), kWeightStreamHint);
+      _mm_prefetch(ahead + 2 * ib * static_cast<int64_t>(sizeof(Block)) + 64, kWeightStreamHint);
       const __m512i yv = load32x2(y[ib].qs, y[ib + 1].qs);
       const __m512i u0 = table_values64(_mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(x0[ib + 1].qs),
                                                             reinterpret_cast<const __m128i*>(x0[ib].qs)),
@@ -245,7 +245,7 @@ void rows_iq4_xs(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* 
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
       // the next pair's bytes (contiguous, 2 * row_bytes) in one sweep, 2 blocks' worth (272 bytes) a step
-      for (int line = 0; line < 5; ++line) _mm_prefetch(ahead + 2 * i * 136 + 64 * line, _MM_HINT_T0);
+      for (int line = 0; line < 5; ++line) _mm_prefetch(ahead + 2 * i * 136 + 64 * line, kWeightStreamHint);
       const __m512i ls0 = xs_scales16(x0[i]), ls1 = xs_scales16(x1[i]);
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
       for (int j = 0; j < 4; ++j) {

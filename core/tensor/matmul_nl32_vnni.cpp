@@ -247,7 +247,7 @@ void rows_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
     const RowGroup<F> g(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr);
     // decode of a Q4_0 model from memory with the next group fetched a share per block into L1: 1.55 -> 1.16 s
     // of CPU for 64 tokens (two groups ahead measured slower)
-    const NextGroup<_MM_HINT_T0> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, 1, 1);
+    const NextGroup<kWeightStreamHint> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, 1, 1);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
       ahead.at(i, nb);

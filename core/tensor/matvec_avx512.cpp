@@ -28,7 +28,7 @@ inline void q8_0_row_pair(const uint8_t* w, size_t row_bytes, const block_q8_0* 
   const char* ahead = reinterpret_cast<const char*>(w) + 2 * row_bytes;
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    _mm_prefetch(ahead + i * 2 * static_cast<int64_t>(sizeof(block_q8_0)), _MM_HINT_T0);
+    _mm_prefetch(ahead + i * 2 * static_cast<int64_t>(sizeof(block_q8_0)), kWeightStreamHint);
     const __m512i yq = _mm512_broadcast_i64x4(load32(y[i].qs));
     const __m512 dy = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(y[i].d)));
     const __m512i xq = load32x2(x0[i].qs, x1[i].qs);
@@ -100,7 +100,7 @@ inline void nibble_row_pair(const uint8_t* w, size_t row_bytes, const ActBlock* 
   float summs0 = 0;
   float summs1 = 0;
   for (int64_t i = 0; i < nb; ++i) {
-    _mm_prefetch(ahead + i * 2 * static_cast<int64_t>(sizeof(Block)), _MM_HINT_T0);
+    _mm_prefetch(ahead + i * 2 * static_cast<int64_t>(sizeof(Block)), kWeightStreamHint);
     if constexpr (kMin) {
       summs0 += h2f(x0[i].m) * h2f(y[i].s);
       summs1 += h2f(x1[i].m) * h2f(y[i].s);
@@ -138,8 +138,8 @@ inline void nibble_row_quad(const uint8_t* w, size_t row_bytes, const ActBlock* 
   float summs[4] = {0, 0, 0, 0};
   for (int64_t i = 0; i < nb; ++i) {
     const int64_t step = 4 * static_cast<int64_t>(sizeof(Block));
-    _mm_prefetch(ahead + i * step, _MM_HINT_T0);
-    _mm_prefetch(ahead + i * step + step / 2, _MM_HINT_T0);
+    _mm_prefetch(ahead + i * step, kWeightStreamHint);
+    _mm_prefetch(ahead + i * step + step / 2, kWeightStreamHint);
     if constexpr (kMin) {
       for (int r = 0; r < 4; ++r) summs[r] += h2f(x[r][i].m) * h2f(y[i].s);
     }
@@ -308,9 +308,9 @@ template <int V, int64_t kAhead>
 inline void q4_K_block_sums_v(const block_q4_K& xb, const Q8KPrepared* const* yp, const Q4KConsts& c, __m512i sc,
                               __m512i* out) {
   const char* ahead = reinterpret_cast<const char*>(&xb) + kAhead;
-  _mm_prefetch(ahead, _MM_HINT_T0);
-  _mm_prefetch(ahead + 64, _MM_HINT_T0);
-  _mm_prefetch(ahead + 128, _MM_HINT_T0);
+  _mm_prefetch(ahead, kWeightStreamHint);
+  _mm_prefetch(ahead + 64, kWeightStreamHint);
+  _mm_prefetch(ahead + 128, kWeightStreamHint);
   const __m512i bits0 = load64(xb.qs), bits1 = load64(xb.qs + 64);
   const __m512i lo0 = _mm512_and_si512(bits0, c.m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(bits0, 4), c.m4);
   const __m512i lo1 = _mm512_and_si512(bits1, c.m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(bits1, 4), c.m4);

@@ -24,6 +24,13 @@
 
 namespace car::tensor::detail::avx512 {
 
+/// The cache hint of the one-vector (decode) kernels' weight prefetches. They read each weight line once, as
+/// it arrives, and never again in the call: a non-temporal prefetch brings the line close without pushing
+/// the activations and the next lines out, and streamed the 1 GiB Q4_K matvec at 0.82-0.85 of the
+/// same-breath read where _MM_HINT_T0 reached 0.75-0.80 (no prefetch at all 0.73-0.81; issue #29,
+/// docs/performance.md "Non-temporal weight prefetches").
+constexpr auto kWeightStreamHint = _MM_HINT_NTA;
+
 inline __m512i load64(const void* p) {
   return _mm512_loadu_si512(p);
 }
@@ -94,7 +101,7 @@ inline float q6_K_row(const block_q6_K* x, const block_q8_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     if constexpr (kPrefetchBytes > 0) {
       const char* ahead = reinterpret_cast<const char*>(&x[i]) + kPrefetchBytes;
-      for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+      for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, kWeightStreamHint);
     }
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
     // ggml's -32 offset: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]) once per block.

@@ -59,7 +59,7 @@ inline void transpose4x4_dwords_per_lane(const __m512i* z, __m512i* out) {
 /// the first run, the prefetches waited on the core's outstanding misses; into L1 they evicted the group's
 /// own data (batched decode of dense-1b Q4_K_M, 8 sequences: docs/performance.md). Usage: one per group,
 /// at(i, nb) in each run's block loop, next_run() after each run. kHint: the cache level; decode's one-vector
-/// kernels, which read each line once as it arrives, fetch into L1 (_MM_HINT_T0).
+/// kernels, which read each line once as it arrives, fetch non-temporally (kWeightStreamHint).
 template <int kHint = _MM_HINT_T1>
 class NextGroup {
  public:
