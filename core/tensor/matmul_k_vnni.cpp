@@ -201,7 +201,7 @@ void prepare(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, Ve
 /// 16 packed rows x kV vectors over nb super-blocks: out[v * ldy + r] for the rows in `mask`.
 template <class K, int kV>
 void rows16(const PackedKBlock* pb, int64_t nb, const VecBlock* const* yv, float* out, int64_t ldy,
-            __mmask16 mask, const NextGroup<>& ahead) {
+            __mmask16 mask, const NextGroup& ahead) {
   __m512 acc[kV][8], summs[kV];
   alignas(64) float acc_m[K::kMins == Mins::lanes ? kV : 1][8][kRows];  // Q2_K's min lanes (kept in memory)
 #pragma GCC unroll 8
@@ -299,7 +299,7 @@ void tile_k(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* ac
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<K>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
-    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const VecBlock* yv[kN];

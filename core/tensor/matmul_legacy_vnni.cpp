@@ -122,7 +122,7 @@ void offsets(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb, in
 /// 16 packed rows x kV vectors over nb blocks: out[v * ldy + r] for the rows in `mask`.
 template <class F, int kV>
 void rows16(const PackedLegacyBlock* pb, int64_t nb, const typename F::ActBlock* const* y,
-            const int32_t* const* off, float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
+            const int32_t* const* off, float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
   __m512 acc[kV][8], summs[kV];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) {
@@ -181,7 +181,7 @@ void tile_legacy(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
-    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const ActBlock* yv[kN];

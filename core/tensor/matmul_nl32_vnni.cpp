@@ -132,7 +132,7 @@ inline void store_rows(float* out, __m512 acc, __mmask16 rows) {
 /// of its quants; out[v * ldy + r] for the rows in `mask`.
 template <int kV>
 void rows16(const PackedBlock* pb, int64_t nb, __m512i lut, const block_q8_0* const* y, const int32_t* const* off,
-            float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
+            float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc[kV];
 #pragma GCC unroll 8
@@ -200,7 +200,7 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<F>(RowGroup<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr), nb, pb);
-    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const block_q8_0* yv[kN];
@@ -245,9 +245,9 @@ void rows_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     const RowGroup<F> g(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr);
-    // decode of a Q4_0 model from memory with the next group fetched a share per block into L1: 1.55 -> 1.16 s
-    // of CPU for 64 tokens (two groups ahead measured slower)
-    const NextGroup<kWeightStreamHint> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, 1, 1);
+    // decode of a Q4_0 model from memory with the next group fetched a share per block (into L1 then; now
+    // kWeightStreamHint): 1.55 -> 1.16 s of CPU for 64 tokens (two groups ahead measured slower)
+    const NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, 1, 1);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
       ahead.at(i, nb);

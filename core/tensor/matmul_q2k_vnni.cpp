@@ -92,7 +92,7 @@ inline __m512i dpwssd_bcast(__m512i acc, __m512i w, const int16_t* p) {
 /// 16 packed rows x kV vectors over nb super-blocks; out[v * ldy + r] for the rows in `mask`.
 template <int kV, bool kGemm>
 void rows16(const PackedQ2Block* pb, int64_t nb, const block_q8_K* const* y, float* out, int64_t ldy,
-            __mmask16 mask, const NextGroup<>& ahead) {
+            __mmask16 mask, const NextGroup& ahead) {
   __m512 acc[kV], acc_m[kV];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
@@ -142,7 +142,7 @@ void rows16(const PackedQ2Block* pb, int64_t nb, const block_q8_K* const* y, flo
 /// Vectors [v0, v1) in one order against one packed group of rows, four at a time.
 template <bool kGemm>
 void run_vectors(const PackedQ2Block* pb, int64_t nb, const uint8_t* acts, size_t act_bytes, int64_t v0,
-                 int64_t v1, float* y, int64_t ldy, __mmask16 mask, NextGroup<>& ahead) {
+                 int64_t v1, float* y, int64_t ldy, __mmask16 mask, NextGroup& ahead) {
   constexpr int kV = kVectorsPerRun;
   auto run = [&]<int kN>(int64_t first) {
     const block_q8_K* yv[kN];
@@ -182,7 +182,7 @@ void tile_q2_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
-    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kVectorsPerRun);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kVectorsPerRun);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     // one transpose of the rows serves every run of vectors in the same order
     for (int64_t v0 = 0; v0 < nvec;) {

@@ -144,7 +144,7 @@ inline void group_sums(const PackedBlock& b, int g, const int8_t* const* q8, __m
 /// for the rows in `mask`. (The gemv order: rows16_gemv.)
 template <int kV>
 void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
-            float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
+            float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc[kV], acc_m[kV];
 #pragma GCC unroll 8
@@ -191,7 +191,7 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
 /// order's, unpacked it twice).
 template <int kV>
 void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
-                 float* out, int64_t ldy, __mmask16 mask, const NextGroup<>& ahead) {
+                 float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   alignas(64) float acc[kV][kRows], acc_m[kV][kRows];
 #pragma GCC unroll 8
@@ -245,7 +245,7 @@ void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, 
 template <bool kGemm>
 void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
                  const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask,
-                 NextGroup<>& ahead) {
+                 NextGroup& ahead) {
   constexpr int kV = kGemm ? kVectorsPerRun : kGemvVectorsPerRun;
   auto run = [&]<int kN>(int64_t first) {
     const block_q8_K* yv[kN];
@@ -321,7 +321,7 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
-    NextGroup<> ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, runs, 1);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, runs, 1);
     // one transpose of the rows serves every run of vectors in the same order
     for_each_order_range(nvec, gemm, [&](int64_t v0, int64_t v1, bool g) {
       if (g) {

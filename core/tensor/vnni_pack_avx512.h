@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/tensor/simd_avx512.h"
+
 namespace car::tensor::detail::avx512 {
 namespace {
 
@@ -54,13 +56,13 @@ inline void transpose4x4_dwords_per_lane(const __m512i* z, __m512i* out) {
 }
 
 /// The 16 rows of a packed group are 16 strided streams, too many for the hardware prefetcher; the next
-/// group's rows are one contiguous range, fetched into L2 while this group's vectors run, spread evenly over
-/// the group's runs of vectors (rows16 calls) and their blocks. Fetched in bursts during the pack, or all in
-/// the first run, the prefetches waited on the core's outstanding misses; into L1 they evicted the group's
-/// own data (batched decode of dense-1b Q4_K_M, 8 sequences: docs/performance.md). Usage: one per group,
-/// at(i, nb) in each run's block loop, next_run() after each run. kHint: the cache level; decode's one-vector
-/// kernels, which read each line once as it arrives, fetch non-temporally (kWeightStreamHint).
-template <int kHint = _MM_HINT_T1>
+/// group's rows are one contiguous range, fetched while this group's vectors run, spread evenly over the
+/// group's runs of vectors (rows16 calls) and their blocks. Fetched in bursts during the pack, or all in the
+/// first run, the prefetches waited on the core's outstanding misses; into L1 (_MM_HINT_T0) they evicted the
+/// group's own data; into L2 (_MM_HINT_T1) batched decode of dense-1b Q4_K_M at 8 sequences ran 4-5 % slower
+/// than with kWeightStreamHint's non-temporal fetch, prompts alike (docs/performance.md). Usage: one per
+/// group, at(i, nb) in each run's block loop, next_run() after each run; decode's one-vector kernels use it
+/// with one run of one vector.
 class NextGroup {
  public:
   /// The 16 rows after the group at `group`: past the call's last row they are usually the next chunk's
@@ -74,7 +76,7 @@ class NextGroup {
     if (run_ >= runs_) return;  // runs of an order's tail past the estimate: all fetched already
     const int64_t parts = runs_ * nb, part = run_ * nb + i;
     for (int64_t l = part * lines_ / parts; l < (part + 1) * lines_ / parts; ++l) {
-      _mm_prefetch(next_ + 64 * l, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(next_ + 64 * l, kWeightStreamHint);
     }
   }
   void next_run() { ++run_; }
