@@ -54,6 +54,11 @@ void run_rows(const DotKernels& k, const MatvecTask& t, const void* act, int64_t
   const MatrixView& w = t.w;
   const size_t stride = w.row_bytes;
   const uint8_t* base = w.data;
+  if (w.interleaved) {  // whole groups of 16 rows (matvec_fused's chunks)
+    k.q4k_interleaved.rows_gemv(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols,
+                                t.y + begin);
+    return;
+  }
   if (detail::repacked(w)) {  // a single vector: llama.cpp's repacked gemv order
     if (const detail::RowsFn multi = k.rows_gemv[slot(w.type)]; multi != nullptr) {
       multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, t.y + begin);
@@ -76,6 +81,21 @@ void run_rows(const DotKernels& k, const MatvecTask& t, const void* act, int64_t
 void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
   if (n == 0) return;
   const DotKernels& k = detail::kernels_for(current_isa());
+  if (k.q4k_interleaved.rows_gemv == nullptr) {
+    // An interleaved matrix under a table without its kernels (the ISA changed after the load): the same
+    // products on de-interleaved copies.
+    bool any = false;
+    for (size_t i = 0; i < n && !any; ++i) any = tasks[i].w.interleaved;
+    if (any) {
+      std::vector<MatvecTask> plain(tasks, tasks + n);
+      std::vector<std::vector<uint8_t>> bufs(n);
+      for (size_t i = 0; i < n; ++i) {
+        if (plain[i].w.interleaved) plain[i].w = detail::plain_copy(plain[i].w, bufs[i]);
+      }
+      matvec_fused(plain.data(), n, pool);
+      return;
+    }
+  }
   FusedState& s = tls_fused;
   s.act_of.assign(n, nullptr);
   s.act_offset.assign(n, 0);
@@ -129,7 +149,9 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
     int64_t rpc =
         std::max<int64_t>(1, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, w.row_bytes)));
     // A gemv kernel that interleaves rows (DotKernels::gemv_group) gets whole groups, none padded.
-    if (detail::repacked(w)) rpc = detail::whole_groups(rpc, k.gemv_group[slot(w.type)]);
+    if (detail::repacked(w)) {
+      rpc = detail::whole_groups(rpc, w.interleaved ? detail::kRepackedRowGroup : k.gemv_group[slot(w.type)]);
+    }
     s.rows_per_chunk[i] = rpc;
     chunks += (w.rows + rpc - 1) / rpc;
     s.chunk_end[i] = chunks;

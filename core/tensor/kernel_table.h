@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/gguf/ggml_type.h"
 #include "core/tensor/kernels.h"
@@ -91,6 +92,18 @@ struct DotKernels {
   /// rows per call; matmul hands them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h,
   /// avx_vnni.h) put their own Q4_K (AVX-VNNI: and Q2_K) tiles here.
   RepackedTileFn tile_repacked[kTypeSlots] = {};
+  /// Q4_K matrices held interleaved (MatrixView::interleaved, kernels.h): `interleave` writes that layout
+  /// (interleave_rows), the others multiply it - the gemv order for one vector and for a few, and a tile in
+  /// either order - with the bits of the kernels above. Set in the AVX-512 table only; where it is null no
+  /// matrix is interleaved (can_interleave), and a product that meets one anyway (the ISA changed after the
+  /// load) runs on a de-interleaved copy.
+  struct InterleavedQ4K {
+    void (*interleave)(const uint8_t* w, size_t row_bytes, int64_t nrows, int64_t n, uint8_t* dst) = nullptr;
+    RowsFn rows_gemv = nullptr;
+    TileFn rows_gemv_few = nullptr;
+    RepackedTileFn tile = nullptr;
+  };
+  InterleavedQ4K q4k_interleaved;
   /// The IQ panel kernel (iq_panel.h), one for every panel type; every table computes the panel order.
   PanelFn iq_panel = nullptr;
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
@@ -203,6 +216,9 @@ void check_view(const MatrixView& w, const DotKernels& k);
 const DotKernels& kernels_for(Isa isa);
 /// The table set_isa() selected (detect_isa()'s by default).
 const DotKernels& active_kernels();
+/// An interleaved view's rows in the file's layout in `buf` (the products of a table without the interleaved
+/// kernels: slow, but the same bits).
+MatrixView plain_copy(const MatrixView& w, std::vector<uint8_t>& buf);
 
 // ---- scalar references (ref_quantize.cpp, ref_dequantize.cpp, ref_dot.cpp) ----
 

@@ -127,6 +127,8 @@ void check_view(const MatrixView& w, const DotKernels& k) {
   CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
   CAR_CHECK(w.row_bytes >= row_bytes(w.type, w.cols));
   CAR_CHECK(w.rows >= 0 && (w.rows == 0 || w.data != nullptr));
+  CAR_CHECK(!w.interleaved || (w.type == GgmlType::Q4_K && repacked(w) && w.rows % kRepackedRowGroup == 0 &&
+                               w.row_bytes == row_bytes(w.type, w.cols) && k.q4k_interleaved.tile != nullptr));
 }
 
 namespace {
@@ -372,6 +374,12 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   int64_t n_panel = 0;
   for (int64_t i = 0; i < n; ++i) n_panel += panel_at(i) ? 1 : 0;
   const DotKernels& k = *active().table;
+  if (w.interleaved && k.q4k_interleaved.tile == nullptr) {
+    // An interleaved matrix under a table without its kernels (the ISA changed after the load).
+    std::vector<uint8_t> buf;
+    matmul_impl(detail::plain_copy(w, buf), x, n, ldx, y, ldy, gemm, panel, pool);
+    return;
+  }
   detail::check_view(w, k);
   CAR_CHECK(ldx >= w.cols && ldy >= w.rows);
   const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
@@ -422,8 +430,15 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   const detail::TileFn few = repacked && all_gemv ? k.rows_gemv_few[slot(w.type)] : nullptr;
   // The repacked tile transposes each chunk's rows before it multiplies, a cost shared by the call's vectors:
   // with fewer than kMinTileVectors the other kernels, which give the same bits, are faster.
-  const detail::RepackedTileFn tile_rp = repacked && n >= kMinTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
-  const detail::TileFn rows_few = tile_rp == nullptr ? few : nullptr;
+  detail::RepackedTileFn tile_rp = repacked && n >= kMinTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
+  detail::TileFn rows_few = tile_rp == nullptr ? few : nullptr;
+  if (w.interleaved) {
+    // No rows to transpose: the tile for any batch but a few all-gemv vectors, which the few-vector kernel
+    // takes in registers. (One gemv vector went to matvec above.)
+    const bool few_gemv = all_gemv && n < kMinTileVectors;
+    tile_rp = few_gemv ? nullptr : k.q4k_interleaved.tile;
+    rows_few = few_gemv ? k.q4k_interleaved.rows_gemv_few : nullptr;
+  }
   // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
   const uint8_t* orders = nullptr;
   if (tile_rp != nullptr && by_order) {
@@ -521,7 +536,8 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   // The repacked tiles interleave rows by kRepackedRowGroup, and some gemv kernels by DotKernels::gemv_group:
   // chunks of whole groups leave no padded group but the last.
   if (repacked) {
-    grain = detail::whole_groups(grain, tile_rp != nullptr ? detail::kRepackedRowGroup : k.gemv_group[slot(w.type)]);
+    grain = detail::whole_groups(grain, tile_rp != nullptr || w.interleaved ? detail::kRepackedRowGroup
+                                                                             : k.gemv_group[slot(w.type)]);
   }
   // A tile that packs its chunk's rows (DotKernels::tile_group) reads their weights once per call, whatever the
   // vector count, but repeats its per-vector setup per call: its chunks are sized for balance alone (at least

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <span>
 #include <string_view>
 
 #include "core/gguf/ggml_type.h"
@@ -72,7 +74,42 @@ struct MatrixView {
   int64_t rows = 0;  ///< ne[1]
   size_t row_bytes = 0;
   ProductOrder order = ProductOrder::mul_mat;  ///< mul_mat_id for MoE expert matrices (see ProductOrder)
+  /// The rows are held interleaved 16 at a time (interleave_rows), not as the file lays them out.
+  bool interleaved = false;
 };
+
+/// The interleaved layout of a Q4_K matrix (issue #29). Each group of 16 rows keeps its 16 * row_bytes bytes,
+/// super-block by super-block: for super-block i, 2048 bytes of quants, dword k of 64-element group g of all
+/// 16 rows side by side ([g][k][row], the order in which a vpdpbusd with one row per int32 lane consumes them),
+/// then the 16 rows' 16-byte block headers (d, dmin, the 12 scale bytes) transposed a dword per row ([dword
+/// j][row]). A product over it needs no per-call transposition of the rows: decode's one-vector kernel takes
+/// ~17 instructions per row and super-block where the file's layout needs ~36, and a batched step's tile skips
+/// its pack. Each result is bit for bit the file layout's (llama.cpp's repacked orders). Only products use the
+/// layout; a view of an interleaved matrix cannot be cut at a row that is not a multiple of 16, and its rows are
+/// not rows of the file (dequantize a row through deinterleave_rows).
+///
+/// Can `w` be interleaved under the current kernels: Q4_K in a repacked order (kernel_table.h repacked()), rows
+/// a whole number of 16-row groups, row_bytes the row's size, and a kernel table with the interleaved products
+/// (AVX-512 without AMX; elsewhere every matrix stays as the file has it).
+bool can_interleave(const MatrixView& w);
+/// Turn interleaving off (can_interleave false for every matrix from now on) or back on, process-wide: for
+/// comparing the two layouts (tests, benchmarks). On by default. Matrices already interleaved stay so.
+void set_interleave_enabled(bool on);
+/// Write w's rows (can_interleave(w)) interleaved into dst (w.rows * w.row_bytes bytes, 64-byte aligned; not
+/// overlapping w) and return the view of dst: w with data = dst and interleaved set. Groups of rows are split
+/// over `pool` (may be null).
+MatrixView interleave_rows(const MatrixView& w, uint8_t* dst, ThreadPool* pool = nullptr);
+/// The inverse: an interleaved view's rows in the file's layout into dst (w.rows * w.row_bytes bytes).
+void deinterleave_rows(const MatrixView& w, uint8_t* dst);
+/// Interleave every matrix of `views` that can take the layout (can_interleave) into one new block of memory,
+/// each view replaced by its copy's; returns the block (null when none could). The block is whole 2 MiB pages
+/// with transparent huge pages advised: the copy faults a 512th as often and a product's stream crosses a
+/// 512th as many TLB entries. `release_source`: the originals lie in a read-only file mapping, whose pages
+/// wholly inside an interleaved matrix are dropped from the process afterwards (read from the file again if
+/// touched) so the weights are not held twice - never set it for memory that is not such a mapping. The
+/// copies' groups of rows are split over `pool` (may be null).
+std::shared_ptr<uint8_t> interleave_all(std::span<MatrixView* const> views, bool release_source,
+                                        ThreadPool* pool = nullptr);
 
 /// y[r] = dot(W[r, :], round(x)) for r in [0, rows). x has w.cols floats, y has w.rows floats.
 /// `pool` may be null (run on the calling thread).

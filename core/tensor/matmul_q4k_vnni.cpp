@@ -1,14 +1,18 @@
-// The AVX-512 VNNI matmul tile for repacked Q4_K (kernel_table.h repacked(); issue #26): llama.cpp's gemm and
-// gemv orders from exact integer sums formed by vpdpbusd, sixteen weight rows per register.
+// The AVX-512 VNNI products of repacked Q4_K (kernel_table.h repacked(); issues #26, #29): llama.cpp's gemm
+// and gemv orders from exact integer sums formed by vpdpbusd, sixteen weight rows per register - the matmul
+// tile over the file's layout, and the tile, the one- and few-vector gemv kernels over the interleaved layout.
 //
 // Why the shape: the orders define one exact integer per (row, vector) and 64-element group (gemm) or
 // super-block (gemv), then float FMAs in block order. An integer sum may be formed any way, so the tile puts
 // one weight row in each int32 lane and broadcasts the vector's 4 quants of the same elements: one vpdpbusd
 // adds 4 products to 16 (row, vector) sums with no horizontal reduction anywhere, and every float step is a
 // lane-wise copy of the reference's (dot_q4_K_q8_K_gemm_ref / _gemv_ref), so each result equals it bit for
-// bit. The lane-per-row layout needs the rows interleaved: each call transposes its chunk's rows, 16 at a
-// time, into a per-thread buffer (PackedBlock) that all the call's vectors then share - the file's bytes
-// stay as they are, so decode's gemv reads them unchanged and memory does not grow.
+// bit. The lane-per-row layout needs the rows interleaved. Over the file's layout each call transposes its
+// chunk's rows, 16 at a time, into a per-thread buffer (PackedQs, PackedHeader) that all the call's vectors
+// then share. A matrix held interleaved (MatrixView::interleaved: the same transposition done once at load,
+// the headers kept packed, InterleavedBlock) is read in place: only the scales are unpacked per call, and
+// decode's one-vector kernel takes the layout too (gemv_interleaved_group), at about half the instructions per
+// weight of the file layout's (matvec_avx512.cpp rows_q4_K_gemv).
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
@@ -25,18 +29,43 @@ constexpr int kRows = 16;  // weight rows per packed group: one int32 / float la
 constexpr int kVectorsPerRun = 4;  // rows16's vectors: 6 and 8 spill on AVX-512's 32 registers, measured slower
 constexpr int kGemvVectorsPerRun = 8;  // rows16_gemv's
 
-/// One super-block of a group of 16 rows, interleaved so that lane r of every register is row r.
-/// Invariant: rows past the group's end (the chunk's last, short group) are all zero (scales, mins, d).
-struct PackedBlock {
-  /// [group g][chunk k]: lane r = row r's qs[32g + 4k .. 32g + 4k + 3]; the low nibbles are elements
-  /// 64g + 4k .. +3 (sub-block 2g), the high nibbles the same positions of sub-block 2g + 1.
+/// The quants of one super-block of a group of 16 rows, interleaved so that lane r of every register is row r:
+/// [group g][chunk k]: lane r = row r's qs[32g + 4k .. 32g + 4k + 3]; the low nibbles are elements
+/// 64g + 4k .. +3 (sub-block 2g), the high nibbles the same positions of sub-block 2g + 1. The per-call pack
+/// (file layout) and the interleaved layout at rest (InterleavedBlock) share it.
+struct PackedQs {
   alignas(64) uint8_t qs[4][8][64];
+};
+static_assert(sizeof(PackedQs) == 2048);
+
+/// The 16 rows' scales of one super-block, unpacked a row per lane for the products.
+/// Invariant: rows past the group's end (a chunk's last, short group) are all zero (scales, mins, d).
+struct alignas(64) PackedHeader {
   int32_t sc[8][kRows];   ///< [sub-block] row r's 6-bit scale
   int32_t mn[4][kRows];   ///< [group g] row r's mins 2g (low int16) and 2g + 1 (high int16)
   float d[kRows];         ///< row r's super-block scale
   float dmin[kRows];      ///< row r's super-block min scale
 };
-static_assert(sizeof(PackedBlock) == 4 * 8 * 64 + 8 * 64 + 4 * 64 + 2 * 64);
+static_assert(sizeof(PackedHeader) == 8 * 64 + 4 * 64 + 2 * 64);
+
+/// One super-block of 16 rows in the interleaved layout at rest (MatrixView::interleaved, kernels.h): the
+/// quants as PackedQs, then the rows' 16-byte block headers (d and dmin, the 12 scale bytes) transposed a
+/// dword per lane: lane r of h[j] = dword j of row r's header. 2304 bytes, the 16 rows' file bytes exactly, so
+/// a group of 16 rows takes 16 * row_bytes wherever it sits.
+struct InterleavedBlock {
+  PackedQs q;
+  alignas(64) uint32_t h[4][kRows];
+};
+static_assert(sizeof(InterleavedBlock) == 16 * sizeof(block_q4_K));
+
+/// Where rows16 / rows16_gemv find a group's super-blocks: block i's quants at qs + i * qs_stride (the pack's
+/// scratch, or the interleaved matrix itself), its unpacked scales at hdr[i].
+struct PackedRows {
+  const uint8_t* qs;
+  size_t qs_stride;
+  const PackedHeader* hdr;
+  const PackedQs& q(int64_t i) const { return *reinterpret_cast<const PackedQs*>(qs + static_cast<size_t>(i) * qs_stride); }
+};
 
 using Scratch = AlignedScratch;
 
@@ -56,65 +85,88 @@ inline void load_headers(Header hdr, __m512i* h) {
   transpose4x4_dwords_per_lane(z, h);
 }
 
-/// Pack rows [0, nrows) (nrows <= 16) of nb super-blocks into pb[0, nb); missing rows read as a zero block.
-/// kFull: nrows == 16 (every group but a chunk's last, short one), without the per-row bound checks.
+/// Unpack the 16 rows' transposed headers h (lane r of h[j]: dword j of row r's block header) into b:
+/// ggml's utmp unpacking (unpack_scale_min_k4_words) lane-wise.
+inline void unpack_headers(const __m512i* h, PackedHeader& b) {
+  _mm512_store_ps(b.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+  _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
+                k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff);
+  const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
+  const __m512i sc03 = _mm512_and_si512(u0, k1);
+  const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+  const __m512i mn03 = _mm512_and_si512(u1, k1);
+  const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    _mm512_store_si512(b.sc[j], _mm512_and_si512(_mm512_srli_epi32(sc03, 8 * j), byte));
+    _mm512_store_si512(b.sc[j + 4], _mm512_and_si512(_mm512_srli_epi32(sc47, 8 * j), byte));
+  }
+  // (min 2g, min 2g + 1) as int16 pairs: from bytes [m0 m1 m2 m3], words (m0, m1) and (m2, m3)
+  const __m512i word_hi = _mm512_set1_epi32(0xff0000);
+#pragma GCC unroll 2
+  for (int hh = 0; hh < 2; ++hh) {
+    const __m512i m = hh == 0 ? mn03 : mn47;
+    _mm512_store_si512(b.mn[2 * hh], _mm512_or_si512(_mm512_and_si512(m, byte),
+                                                     _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi)));
+    _mm512_store_si512(b.mn[2 * hh + 1], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
+                                                         _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi)));
+  }
+}
+
+/// Rows [0, nrows) (nrows <= 16) of nb super-blocks: block i's quants interleaved into qs[i] and, when `hdr`
+/// is set, its unpacked scales into hdr[i]; when `raw` is set, its transposed headers into raw[i] (the layout
+/// at rest). Missing rows read as a zero block. kFull: nrows == 16, without the per-row bound checks.
 template <bool kFull>
-void pack_rows_impl(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
+void pack_rows_impl(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, uint8_t* qs, size_t qs_stride,
+                    PackedHeader* hdr, uint32_t (*raw)[kRows], size_t raw_stride) {
   alignas(64) static constexpr block_q4_K kZero{};
   auto block = [&](int r, int64_t i) -> const block_q4_K& {
     return kFull || r < nrows ? reinterpret_cast<const block_q4_K*>(w + static_cast<size_t>(r) * row_bytes)[i]
                               : kZero;
   };
   for (int64_t i = 0; i < nb; ++i) {
-    PackedBlock& b = pb[i];
+    auto* q = reinterpret_cast<PackedQs*>(qs + static_cast<size_t>(i) * qs_stride);
     for (int g = 0; g < 4; ++g) {
       __m512i z[8], out[8];
 #pragma GCC unroll 8
       for (int r = 0; r < 8; ++r) z[r] = load32x2(block(r, i).qs + 32 * g, block(r + 8, i).qs + 32 * g);
       transpose16x8_dwords(z, out);
 #pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) _mm512_store_si512(b.qs[g][k], out[k]);
+      for (int k = 0; k < 8; ++k) _mm512_store_si512(q->qs[g][k], out[k]);
     }
-    // The rows' headers (d, dmin, the 12 scale bytes: 4 dwords) a dword per lane, then ggml's utmp unpacking
-    // (unpack_scale_min_k4_words) lane-wise.
     __m512i h[4];
     load_headers([&](int r) { return &block(r, i); }, h);
-    _mm512_store_ps(b.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
-    _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
-    const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
-                  k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff);
-    const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
-    const __m512i sc03 = _mm512_and_si512(u0, k1);
-    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
-                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
-    const __m512i mn03 = _mm512_and_si512(u1, k1);
-    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
-                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+    if (hdr != nullptr) unpack_headers(h, hdr[i]);
+    if (raw != nullptr) {
+      auto* dst = reinterpret_cast<uint32_t(*)[kRows]>(reinterpret_cast<uint8_t*>(raw) + static_cast<size_t>(i) * raw_stride);
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      _mm512_store_si512(b.sc[j], _mm512_and_si512(_mm512_srli_epi32(sc03, 8 * j), byte));
-      _mm512_store_si512(b.sc[j + 4], _mm512_and_si512(_mm512_srli_epi32(sc47, 8 * j), byte));
-    }
-    // (min 2g, min 2g + 1) as int16 pairs: from bytes [m0 m1 m2 m3], words (m0, m1) and (m2, m3)
-    const __m512i word_hi = _mm512_set1_epi32(0xff0000);
-#pragma GCC unroll 2
-    for (int hh = 0; hh < 2; ++hh) {
-      const __m512i m = hh == 0 ? mn03 : mn47;
-      _mm512_store_si512(b.mn[2 * hh], _mm512_or_si512(_mm512_and_si512(m, byte),
-                                                       _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi)));
-      _mm512_store_si512(b.mn[2 * hh + 1],
-                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
-                                         _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi)));
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(dst[j], h[j]);
     }
   }
 }
 
-void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedBlock* pb) {
+/// Pack a chunk's group of nrows (<= 16) rows for the products: quants into pb_qs (2048 bytes a block), scales
+/// into hdr.
+void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, PackedQs* pb_qs, PackedHeader* hdr) {
   assert(nrows <= kRows);
+  auto* qs = reinterpret_cast<uint8_t*>(pb_qs);
   if (nrows == kRows) {
-    pack_rows_impl<true>(w, row_bytes, nrows, nb, pb);
+    pack_rows_impl<true>(w, row_bytes, nrows, nb, qs, sizeof(PackedQs), hdr, nullptr, 0);
   } else {
-    pack_rows_impl<false>(w, row_bytes, nrows, nb, pb);
+    pack_rows_impl<false>(w, row_bytes, nrows, nb, qs, sizeof(PackedQs), hdr, nullptr, 0);
+  }
+}
+
+/// The scales of an interleaved group's nb super-blocks, unpacked into hdr.
+void unpack_interleaved_headers(const InterleavedBlock* x, int64_t nb, PackedHeader* hdr) {
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i h[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) h[j] = _mm512_load_si512(x[i].h[j]);
+    unpack_headers(h, hdr[i]);
   }
 }
 
@@ -122,7 +174,7 @@ void pack_rows(const uint8_t* w, size_t row_bytes, int nrows, int64_t nb, Packed
 /// s1[v], lane r = row r's integer sum of levels x quants over sub-block 2g (the low nibbles) / 2g + 1 (the
 /// high).
 template <int kV>
-inline void group_sums(const PackedBlock& b, int g, const int8_t* const* q8, __m512i m4, __m512i* s0,
+inline void group_sums(const PackedQs& b, int g, const int8_t* const* q8, __m512i m4, __m512i* s0,
                        __m512i* s1) {
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
@@ -143,21 +195,22 @@ inline void group_sums(const PackedBlock& b, int g, const int8_t* const* q8, __m
 /// per vector and block, 4 int32 (int16 pairs (bsums 4g + 4g+1, 4g+2 + 4g+3) of group g); out[v * ldy + r]
 /// for the rows in `mask`. (The gemv order: rows16_gemv.)
 template <int kV>
-void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
+void rows16(const PackedRows& pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
             float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc[kV], acc_m[kV];
 #pragma GCC unroll 8
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    const PackedBlock& b = pb[i];
+    const PackedQs& b = pb.q(i);
+    const PackedHeader& h = pb.hdr[i];
     ahead.at(i, nb);
     const int8_t* q8[kV];
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) q8[v] = y[v][i].qs;
     // d = x.d * y.d and dmin = x.dmin * y.d per (row, vector), as the references form them
     alignas(64) float dv[kV][kRows], dmv[kV][kRows];
-    const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
+    const __m512 xd = _mm512_load_ps(h.d), xdmin = _mm512_load_ps(h.dmin);
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) {
       const __m512 yd = _mm512_set1_ps(y[v][i].d);
@@ -167,8 +220,8 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
     for (int g = 0; g < 4; ++g) {
       __m512i s0[kV], s1[kV];
       group_sums<kV>(b, g, q8, m4, s0, s1);
-      const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
-      const __m512i mn = _mm512_load_si512(b.mn[g]);
+      const __m512i sc0 = _mm512_load_si512(h.sc[2 * g]), sc1 = _mm512_load_si512(h.sc[2 * g + 1]);
+      const __m512i mn = _mm512_load_si512(h.mn[g]);
 #pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) {
         const __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1));
@@ -190,7 +243,7 @@ void rows16(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const
 /// weight register unpacked once for them (batched decode's steps, issue #25; runs of four, as the gemm
 /// order's, unpacked it twice).
 template <int kV>
-void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
+void rows16_gemv(const PackedRows& pb, int64_t nb, const block_q8_K* const* y, const int32_t* const* pairs,
                  float* out, int64_t ldy, __mmask16 mask, const NextGroup& ahead) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   alignas(64) float acc[kV][kRows], acc_m[kV][kRows];
@@ -200,7 +253,8 @@ void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, 
     _mm512_store_ps(acc_m[v], _mm512_setzero_ps());
   }
   for (int64_t i = 0; i < nb; ++i) {
-    const PackedBlock& b = pb[i];
+    const PackedQs& b = pb.q(i);
+    const PackedHeader& h = pb.hdr[i];
     ahead.at(i, nb);
     const int8_t* q8[kV];
 #pragma GCC unroll 8
@@ -211,20 +265,20 @@ void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, 
     for (int g = 0; g < 4; ++g) {
       __m512i s0[kV], s1[kV];
       group_sums<kV>(b, g, q8, m4, s0, s1);
-      const __m512i sc0 = _mm512_load_si512(b.sc[2 * g]), sc1 = _mm512_load_si512(b.sc[2 * g + 1]);
+      const __m512i sc0 = _mm512_load_si512(h.sc[2 * g]), sc1 = _mm512_load_si512(h.sc[2 * g + 1]);
 #pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) {
         isum[v] = _mm512_add_epi32(
             isum[v], _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1)));
       }
     }
-    const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
+    const __m512 xd = _mm512_load_ps(h.d), xdmin = _mm512_load_ps(h.dmin);
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) {
       __m512i imin = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
-        imin = _mm512_dpwssd_epi32(imin, _mm512_load_si512(b.mn[g]), _mm512_set1_epi32(pairs[v][4 * i + g]));
+        imin = _mm512_dpwssd_epi32(imin, _mm512_load_si512(h.mn[g]), _mm512_set1_epi32(pairs[v][4 * i + g]));
       }
       const __m512 yd = _mm512_set1_ps(y[v][i].d);
       _mm512_store_ps(acc[v], _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_mul_ps(xd, yd),
@@ -243,7 +297,7 @@ void rows16_gemv(const PackedBlock* pb, int64_t nb, const block_q8_K* const* y, 
 /// Vectors [v0, v1) in one order against one packed group of rows: the gemm order four at a time (rows16),
 /// the gemv order eight at a time (rows16_gemv).
 template <bool kGemm>
-void run_vectors(const PackedBlock* pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
+void run_vectors(const PackedRows& pb, int64_t nb, const uint8_t* acts, size_t act_bytes,
                  const int32_t* pairs, int64_t v0, int64_t v1, float* y, int64_t ldy, __mmask16 mask,
                  NextGroup& ahead) {
   constexpr int kV = kGemm ? kVectorsPerRun : kGemvVectorsPerRun;
@@ -298,15 +352,10 @@ int64_t count_runs(int64_t nvec, const uint8_t* gemm) {
   return runs;
 }
 
-}  // namespace
 
-void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
-                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
-                             const uint8_t* gemm) {
-  assert(n % QK_K == 0);
-  thread_local Scratch pack_buf, pair_buf;
-  const int64_t nb = n / QK_K;
-  auto* pb = static_cast<PackedBlock*>(pack_buf.get(static_cast<size_t>(nb) * sizeof(PackedBlock)));
+/// The bsum pairs of nvec vectors' nb Q8_K blocks (rows16's `pairs`) into the calling thread's scratch.
+const int32_t* bsum_pairs(const uint8_t* acts, size_t act_bytes, int64_t nvec, int64_t nb) {
+  thread_local Scratch pair_buf;
   auto* pairs = static_cast<int32_t*>(pair_buf.get(static_cast<size_t>(nvec * nb) * 4 * sizeof(int32_t)));
   for (int64_t v = 0; v < nvec; ++v) {
     const auto* yb = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
@@ -316,12 +365,35 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
     }
   }
+  return pairs;
+}
+
+/// The tile over either layout: kInterleaved, the rows are interleaved at rest (each group's quants read in
+/// place, only its scales unpacked per call; nrows a multiple of 16); else each group of 16 is packed first.
+template <bool kInterleaved>
+void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+               int64_t nvec, int64_t n, float* y, int64_t ldy, const uint8_t* gemm) {
+  assert(n % QK_K == 0);
+  thread_local Scratch qs_buf, hdr_buf;
+  const int64_t nb = n / QK_K;
+  auto* hdr = static_cast<PackedHeader*>(hdr_buf.get(static_cast<size_t>(nb) * sizeof(PackedHeader)));
+  PackedQs* qs = kInterleaved ? nullptr : static_cast<PackedQs*>(qs_buf.get(static_cast<size_t>(nb) * sizeof(PackedQs)));
+  const int32_t* pairs = bsum_pairs(acts, act_bytes, nvec, nb);
   const int64_t runs = count_runs(nvec, gemm);
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
-    pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
+    const uint8_t* group = w + static_cast<size_t>(r0) * row_bytes;
+    PackedRows pb{};
+    if constexpr (kInterleaved) {
+      assert(nr == kRows);
+      unpack_interleaved_headers(reinterpret_cast<const InterleavedBlock*>(group), nb, hdr);
+      pb = PackedRows{group, sizeof(InterleavedBlock), hdr};
+    } else {
+      pack_rows(group, row_bytes, nr, nb, qs, hdr);
+      pb = PackedRows{reinterpret_cast<const uint8_t*>(qs), sizeof(PackedQs), hdr};
+    }
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
-    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, runs, 1);
+    NextGroup ahead(group, row_bytes, runs, 1);
     // one transpose of the rows serves every run of vectors in the same order
     for_each_order_range(nvec, gemm, [&](int64_t v0, int64_t v1, bool g) {
       if (g) {
@@ -330,6 +402,154 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
         run_vectors<false>(pb, nb, acts, act_bytes, pairs, v0, v1, y + r0, ldy, mask, ahead);
       }
     });
+  }
+}
+
+/// How far ahead the interleaved gemv prefetches: its groups are one contiguous stream.
+constexpr int64_t kInterleavedAhead = 8192;
+
+/// kV (1-3) vectors in the gemv order against one interleaved group of 16 rows, everything in registers: the
+/// scales unpacked from the transposed headers, per 64-element group two exact sums per (row, vector) by
+/// vpdpbusd with the vector's quants broadcast, times their scales by vpmulld, the mins' sum by vpdpwssd, then
+/// per super-block the reference's two FMAs lane-wise - rows16_gemv's operations, without its pack or its
+/// accumulators in memory (~17 instructions per row and super-block where the file layout's one-row kernel
+/// takes ~36, so decode streams at the read bandwidth: issue #29).
+template <int kV>
+inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const block_q8_K* const* y,
+                                   const int32_t* const* pairs, float* out, int64_t ldy) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
+                k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff),
+                word_hi = _mm512_set1_epi32(0xff0000);
+  __m512 acc[kV], acc_m[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const InterleavedBlock& b = x[i];
+    const char* ahead = reinterpret_cast<const char*>(&b) + kInterleavedAhead;
+#pragma GCC unroll 36
+    for (int l = 0; l < static_cast<int>(sizeof(InterleavedBlock) / 64); ++l) _mm_prefetch(ahead + 64 * l, kWeightStreamHint);
+    const __m512i h0 = _mm512_load_si512(b.h[0]), u0 = _mm512_load_si512(b.h[1]),
+                  u1 = _mm512_load_si512(b.h[2]), u2 = _mm512_load_si512(b.h[3]);
+    const __m512i sc03 = _mm512_and_si512(u0, k1);
+    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+    const __m512i mn03 = _mm512_and_si512(u1, k1);
+    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+    __m512i isum[kV], imin[kV];
+    for (int v = 0; v < kV; ++v) isum[v] = imin[v] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      __m512i s0[kV], s1[kV];
+      for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i raw = _mm512_load_si512(b.q.qs[g][k]);
+        const __m512i w0 = _mm512_and_si512(raw, m4);
+        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        for (int v = 0; v < kV; ++v) {
+          s0[v] = dpbusd_bcast(s0[v], w0, y[v][i].qs + 64 * g + 4 * k);
+          s1[v] = dpbusd_bcast(s1[v], w1, y[v][i].qs + 64 * g + 32 + 4 * k);
+        }
+      }
+      // sub-blocks 2g, 2g + 1: bytes 2(g % 2), 2(g % 2) + 1 of sc03 (g < 2) or sc47
+      const __m512i sc = g < 2 ? sc03 : sc47;
+      const int j = 2 * (g & 1);
+      const __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j), byte);
+      const __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j + 8), byte);
+      // (min 2g, min 2g + 1) as int16 pairs, as unpack_headers forms them
+      const __m512i m = g < 2 ? mn03 : mn47;
+      const __m512i mn =
+          (g & 1) == 0
+              ? _mm512_or_si512(_mm512_and_si512(m, byte), _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi))
+              : _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
+                                _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi));
+      for (int v = 0; v < kV; ++v) {
+        isum[v] = _mm512_add_epi32(
+            isum[v], _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1)));
+        imin[v] = _mm512_dpwssd_epi32(imin[v], mn, _mm512_set1_epi32(pairs[v][4 * i + g]));
+      }
+    }
+    const __m512 xd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
+    const __m512 xdmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
+    for (int v = 0; v < kV; ++v) {
+      const __m512 yd = _mm512_set1_ps(y[v][i].d);
+      acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_mul_ps(xd, yd), acc[v]);
+      acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[v]), _mm512_mul_ps(xdmin, yd), acc_m[v]);
+    }
+  }
+  for (int v = 0; v < kV; ++v) _mm512_storeu_ps(out + v * ldy, _mm512_sub_ps(acc[v], acc_m[v]));
+}
+
+/// kV vectors (acts + v * act_bytes) in the gemv order over interleaved rows [0, nrows) (whole groups).
+template <int kV>
+void gemv_interleaved(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                      int64_t n, float* y, int64_t ldy, const int32_t* pairs_all) {
+  const int64_t nb = n / QK_K;
+  const block_q8_K* yv[kV];
+  const int32_t* pv[kV];
+  for (int v = 0; v < kV; ++v) {
+    yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(v) * act_bytes);
+    pv[v] = pairs_all + 4 * v * nb;
+  }
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
+    gemv_interleaved_group<kV>(reinterpret_cast<const InterleavedBlock*>(w + static_cast<size_t>(r0) * row_bytes),
+                               nb, yv, pv, y + r0, ldy);
+  }
+}
+
+}  // namespace
+
+void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                             size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                             const uint8_t* gemm) {
+  tile_q4_K<false>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy, gemm);
+}
+
+void tile_q4_K_interleaved_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                                const uint8_t* gemm) {
+  assert(nrows % kRows == 0);
+  tile_q4_K<true>(w, row_bytes, nrows, acts, act_bytes, nvec, n, y, ldy, gemm);
+}
+
+void rows_q4_K_interleaved_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
+                                float* y) {
+  assert(nrows % kRows == 0 && n % QK_K == 0);
+  const auto* a = static_cast<const uint8_t*>(act);
+  gemv_interleaved<1>(w, row_bytes, nrows, a, 0, n, y, 0, bsum_pairs(a, 0, 1, n / QK_K));
+}
+
+void rows_q4_K_interleaved_gemv_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                                    size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  assert(nrows % kRows == 0 && n % QK_K == 0);
+  const int32_t* pairs = bsum_pairs(acts, act_bytes, nvec, n / QK_K);
+  const int64_t nb = n / QK_K;
+  for (int64_t i = 0; i < nvec;) {
+    const int64_t left = nvec - i;
+    const uint8_t* a = acts + static_cast<size_t>(i) * act_bytes;
+    const int32_t* p = pairs + 4 * i * nb;
+    if (left >= 3 && left != 4) {
+      gemv_interleaved<3>(w, row_bytes, nrows, a, act_bytes, n, y + i * ldy, ldy, p);
+      i += 3;
+    } else if (left >= 2) {
+      gemv_interleaved<2>(w, row_bytes, nrows, a, act_bytes, n, y + i * ldy, ldy, p);
+      i += 2;
+    } else {
+      gemv_interleaved<1>(w, row_bytes, nrows, a, act_bytes, n, y + i * ldy, ldy, p);
+      i += 1;
+    }
+  }
+}
+
+void interleave_q4_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, int64_t n, uint8_t* dst) {
+  assert(nrows % kRows == 0 && n % QK_K == 0 && row_bytes == static_cast<size_t>(n / QK_K) * sizeof(block_q4_K));
+  const int64_t nb = n / QK_K;
+  for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
+    auto* out = reinterpret_cast<InterleavedBlock*>(dst + static_cast<size_t>(r0) * row_bytes);
+    pack_rows_impl<true>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, kRows, nb,
+                         reinterpret_cast<uint8_t*>(&out->q), sizeof(InterleavedBlock), nullptr, out->h,
+                         sizeof(InterleavedBlock));
   }
 }
 

@@ -1,0 +1,215 @@
+// The interleaved Q4_K layout (kernels.h interleave_rows; issue #29): every product over an interleaved matrix
+// - matvec, matvec_fused, matmul and matmul_ordered with any vector count and any per-vector orders, the MoE
+// order, on one thread and on a pool - equals the same product over the file's layout bit for bit; the layout
+// round-trips (deinterleave_rows); which matrices take it; and a table without its kernels (the ISA changed
+// after interleaving) computes the same bits from a de-interleaved copy.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "core/tensor/blocks.h"
+#include "core/tensor/kernel_table.h"
+#include "core/tensor/kernels.h"
+#include "core/util/thread_pool.h"
+#include "tests/tensor/test_data.h"
+
+namespace car::tensor {
+namespace {
+
+using testing::IsaScope;
+
+/// A 64-byte aligned byte buffer.
+struct Aligned {
+  explicit Aligned(size_t n) : size(n), p(static_cast<uint8_t*>(::operator new(n, std::align_val_t{64}))) {}
+  ~Aligned() { ::operator delete(p, std::align_val_t{64}); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  size_t size;
+  uint8_t* p;
+};
+
+/// rows x cols Q4_K: quantized random rows, then (raw) random quants and scale bytes with finite d / dmin, so
+/// every scale and min from 0 to 63 and every nibble occur.
+std::unique_ptr<Aligned> random_q4_K(std::mt19937& rng, int64_t rows, int64_t cols, bool raw) {
+  const size_t rb = detail::row_bytes(GgmlType::Q4_K, cols);
+  auto buf = std::make_unique<Aligned>(rb * static_cast<size_t>(rows));
+  if (raw) {
+    for (size_t i = 0; i < buf->size; ++i) buf->p[i] = static_cast<uint8_t>(rng());
+    auto* b = reinterpret_cast<block_q4_K*>(buf->p);
+    for (int64_t i = 0; i < rows * cols / QK_K; ++i) {
+      b[i].d = static_cast<uint16_t>(0x2c00 + rng() % 0x1000);     // ~[0.06, 1)
+      b[i].dmin = static_cast<uint16_t>(0x2000 + rng() % 0x1000);  // ~[0.008, 0.125)
+    }
+  } else {
+    const auto x = testing::random_floats(rng, rows * cols);
+    const auto q = testing::quantize_rows(GgmlType::Q4_K, x, rows, cols);
+    std::memcpy(buf->p, q.data(), q.size());
+  }
+  return buf;
+}
+
+MatrixView view_of(const Aligned& buf, int64_t rows, int64_t cols) {
+  MatrixView w;
+  w.type = GgmlType::Q4_K;
+  w.data = buf.p;
+  w.cols = cols;
+  w.rows = rows;
+  w.row_bytes = detail::row_bytes(GgmlType::Q4_K, cols);
+  return w;
+}
+
+bool has_interleaved_kernels() {
+  return detail::kernels_for(Isa::avx512).q4k_interleaved.tile != nullptr && detect_isa() == Isa::avx512;
+}
+
+void expect_same_bits(const std::vector<float>& want, const std::vector<float>& got, const char* what) {
+  ASSERT_EQ(want.size(), got.size());
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0 && ++bad <= 3) {
+      ADD_FAILURE() << what << ": element " << i << " " << got[i] << ", file layout " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(InterleaveTest, RoundTripsAndKeepsTheBytesOfEachGroup) {
+  if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
+  IsaScope isa(Isa::avx512);
+  std::mt19937 rng(7);
+  for (int64_t cols : {256, 2816}) {
+    const int64_t rows = 48;
+    auto w = random_q4_K(rng, rows, cols, true);
+    const MatrixView plain = view_of(*w, rows, cols);
+    ASSERT_TRUE(can_interleave(plain));
+    Aligned il(w->size);
+    const MatrixView v = interleave_rows(plain, il.p);
+    EXPECT_TRUE(v.interleaved);
+    EXPECT_EQ(v.data, il.p);
+    EXPECT_NE(std::memcmp(il.p, w->p, w->size), 0);  // it moved the bytes
+    std::vector<uint8_t> back(w->size);
+    deinterleave_rows(v, back.data());
+    EXPECT_EQ(std::memcmp(back.data(), w->p, w->size), 0) << cols;
+  }
+}
+
+TEST(InterleaveTest, WhichMatricesTakeIt) {
+  if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
+  std::mt19937 rng(8);
+  auto w = random_q4_K(rng, 40, 256, false);
+  IsaScope isa(Isa::avx512);
+  EXPECT_TRUE(can_interleave(view_of(*w, 32, 256)));
+  EXPECT_FALSE(can_interleave(view_of(*w, 40, 256)));  // not whole groups of 16 (llama.cpp repacks it: 8 | 40)
+  EXPECT_FALSE(can_interleave(view_of(*w, 24, 256)));
+  MatrixView moe = view_of(*w, 32, 256);
+  moe.order = ProductOrder::mul_mat_id;
+  EXPECT_TRUE(can_interleave(moe));
+  MatrixView sgemm = view_of(*w, 32, 256);
+  sgemm.order = ProductOrder::sgemm;  // llama.cpp did not repack it
+  EXPECT_FALSE(can_interleave(sgemm));
+  MatrixView padded = view_of(*w, 16, 256);
+  padded.row_bytes += 144;
+  EXPECT_FALSE(can_interleave(padded));
+  MatrixView q4_0 = view_of(*w, 32, 256);
+  q4_0.type = GgmlType::Q4_0;
+  q4_0.row_bytes = detail::row_bytes(GgmlType::Q4_0, 256);
+  EXPECT_FALSE(can_interleave(q4_0));
+  {
+    IsaScope scalar(Isa::scalar);
+    EXPECT_FALSE(can_interleave(view_of(*w, 32, 256)));
+  }
+  {
+    IsaScope avx2(Isa::avx2);
+    EXPECT_FALSE(can_interleave(view_of(*w, 32, 256)));
+  }
+}
+
+/// Every product of `v` (interleaved) against the same product of `plain`, for vector counts 1..17 under the
+/// mul_mat rule, per-vector order masks, and the mul_mat_id order.
+void check_products(const MatrixView& plain, const MatrixView& v, ThreadPool* pool, std::mt19937& rng,
+                    const char* label) {
+  const int64_t cols = plain.cols, rows = plain.rows;
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13, 17}) {
+    const auto x = testing::random_floats(rng, n * cols);
+    std::vector<float> want(static_cast<size_t>(n * rows)), got(want.size());
+    matmul(plain, x.data(), n, cols, want.data(), rows, pool);
+    matmul(v, x.data(), n, cols, got.data(), rows, pool);
+    expect_same_bits(want, got, (std::string(label) + " matmul n=" + std::to_string(n)).c_str());
+    // Per-vector orders: all gemv, alternating runs, random.
+    for (int mode = 0; mode < 3; ++mode) {
+      std::vector<uint8_t> gemm(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        gemm[static_cast<size_t>(i)] = mode == 0 ? 0 : mode == 1 ? static_cast<uint8_t>((i / 2) % 2) : rng() % 2;
+      }
+      matmul_ordered(plain, x.data(), n, cols, want.data(), rows, gemm.data(), pool);
+      matmul_ordered(v, x.data(), n, cols, got.data(), rows, gemm.data(), pool);
+      expect_same_bits(want, got,
+                       (std::string(label) + " ordered n=" + std::to_string(n) + " mode " + std::to_string(mode)).c_str());
+    }
+    // MoE experts' order: every vector gemv.
+    MatrixView pid = plain, vid = v;
+    pid.order = vid.order = ProductOrder::mul_mat_id;
+    matmul(pid, x.data(), n, cols, want.data(), rows, pool);
+    matmul(vid, x.data(), n, cols, got.data(), rows, pool);
+    expect_same_bits(want, got, (std::string(label) + " mul_mat_id n=" + std::to_string(n)).c_str());
+  }
+  // matvec and a fused group mixing interleaved and plain matrices.
+  const auto x = testing::random_floats(rng, cols);
+  std::vector<float> want(static_cast<size_t>(rows)), got(want.size()), got2(want.size());
+  matvec(plain, x.data(), want.data(), pool);
+  matvec(v, x.data(), got.data(), pool);
+  expect_same_bits(want, got, (std::string(label) + " matvec").c_str());
+  const MatvecTask tasks[] = {{v, x.data(), got.data()}, {plain, x.data(), got2.data()}};
+  std::fill(got.begin(), got.end(), 0.0f);
+  matvec_fused(tasks, 2, pool);
+  expect_same_bits(want, got, (std::string(label) + " fused (interleaved)").c_str());
+  expect_same_bits(want, got2, (std::string(label) + " fused (plain)").c_str());
+}
+
+TEST(InterleaveTest, EveryProductEqualsTheFileLayoutsBitForBit) {
+  if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
+  IsaScope isa(Isa::avx512);
+  std::mt19937 rng(9);
+  ThreadPool pool(2);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  // one group; several; a row of 11 super-blocks (an MoE expert's); enough rows for the pool's chunks
+  for (const Shape s : {Shape{16, 256}, Shape{48, 512}, Shape{32, 2816}, Shape{512, 1024}}) {
+    for (bool raw : {false, true}) {
+      auto w = random_q4_K(rng, s.rows, s.cols, raw);
+      const MatrixView plain = view_of(*w, s.rows, s.cols);
+      Aligned il(w->size);
+      const MatrixView v = interleave_rows(plain, il.p, &pool);
+      const std::string label = std::to_string(s.rows) + "x" + std::to_string(s.cols) + (raw ? " raw" : "");
+      check_products(plain, v, nullptr, rng, (label + " 1 thread").c_str());
+      check_products(plain, v, &pool, rng, (label + " pool").c_str());
+    }
+  }
+}
+
+TEST(InterleaveTest, ATableWithoutTheKernelsComputesTheSameBitsFromACopy) {
+  if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
+  std::mt19937 rng(10);
+  const int64_t rows = 64, cols = 512;
+  auto w = random_q4_K(rng, rows, cols, true);
+  const MatrixView plain = view_of(*w, rows, cols);
+  Aligned il(w->size);
+  MatrixView v;
+  {
+    IsaScope isa(Isa::avx512);
+    v = interleave_rows(plain, il.p);
+  }
+  ThreadPool pool(2);
+  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+    IsaScope scope(isa);
+    check_products(plain, v, &pool, rng, isa == Isa::scalar ? "scalar" : "avx2");
+  }
+}
+
+}  // namespace
+}  // namespace car::tensor
