@@ -182,7 +182,8 @@ Result<std::shared_ptr<LoadedModel>> load_model(const std::string& path, const L
       lm->stream_reason += "; " + lm->streamed->join_layout().line();
       lm->experts = std::move(*src);
     } else {
-      lm->experts = std::make_unique<experts::ResidentExpertSource>(lm->model->expert_banks());
+      lm->experts = std::make_unique<experts::ResidentExpertSource>(lm->model->expert_banks(),
+                                                                    lm->model->file().fd() >= 0);
     }
   }
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());

@@ -1,11 +1,39 @@
 #include "core/experts/resident_source.h"
 
+#include <algorithm>
+#include <memory>
+#include <thread>
+
+#include "core/tensor/kernels.h"
+#include "core/util/thread_pool.h"
 #include "core/util/result.h"
 
 namespace car::experts {
 
-ResidentExpertSource::ResidentExpertSource(std::vector<ExpertBankInfo> banks)
-    : ExpertSource(std::move(banks)) {
+ResidentExpertSource::Interleaved ResidentExpertSource::interleave(std::vector<ExpertBankInfo> banks,
+                                                                   bool mapped) {
+  std::vector<tensor::MatrixView*> views;
+  for (ExpertBankInfo& b : banks) {
+    if (b.n_expert <= 0) continue;
+    for (tensor::MatrixView* v : {&b.gate_bank, &b.up_bank, &b.down_bank}) {
+      // Every expert's slice whole groups of 16 rows: the bank's groups never straddle two experts.
+      if (v->rows % b.n_expert == 0 && tensor::can_interleave(expert_slice(*v, b.n_expert, 0))) views.push_back(v);
+    }
+  }
+  Interleaved out;
+  if (!views.empty()) {
+    ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    out.owned = tensor::interleave_all(views, mapped, &pool);
+  }
+  out.banks = std::move(banks);
+  return out;
+}
+
+ResidentExpertSource::ResidentExpertSource(std::vector<ExpertBankInfo> banks, bool mapped)
+    : ResidentExpertSource(interleave(std::move(banks), mapped)) {}
+
+ResidentExpertSource::ResidentExpertSource(Interleaved il)
+    : ExpertSource(std::move(il.banks)), owned_(std::move(il.owned)) {
   size_t total = 0;
   layer_base_.reserve(static_cast<size_t>(n_layers()));
   for (int l = 0; l < n_layers(); ++l) {

@@ -1,10 +1,14 @@
 #include "core/model/model.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <thread>
 #include <string>
 
 #include "core/model/architecture.h"
 #include "core/util/error_codes.h"
+#include "core/util/thread_pool.h"
 
 namespace car::model {
 namespace {
@@ -283,7 +287,25 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
       CAR_TRY_ASSIGN(L.ffn_down, tl.matrix(blk(il, "ffn_down"), h.n_ff, h.n_embd));
     }
   }
+  m->interleave_weights();
   return std::shared_ptr<const Model>(std::move(m));
+}
+
+void Model::interleave_weights() {
+  std::vector<tensor::MatrixView*> views;
+  for (LayerWeights& L : layers_) {
+    for (tensor::MatrixView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a_mqa, &L.ffn_gate,
+                                  &L.ffn_up, &L.ffn_down, &L.ffn_gate_shexp, &L.ffn_up_shexp, &L.ffn_down_shexp}) {
+      views.push_back(v);
+    }
+  }
+  // A tied output is token_embd's bytes, which the embedding lookup reads row by row.
+  if (!tied_) views.push_back(&output_);
+  bool any = false;
+  for (const tensor::MatrixView* v : views) any = any || tensor::can_interleave(*v);
+  if (!any) return;
+  ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  interleaved_ = tensor::interleave_all(views, file_->fd() >= 0, &pool);
 }
 
 uint64_t Model::bytes_per_token() const {

@@ -27,6 +27,7 @@
 #include "core/experts/resident_source.h"
 #include "core/experts/streamed_source.h"
 #include "core/synth/synth_model.h"
+#include "core/tensor/kernel_table.h"
 #include "tests/test_support.h"
 
 namespace car::engine {
@@ -183,6 +184,50 @@ TEST(StreamedExperts, SyntheticModelsOfEveryTypeBitIdenticalToResident) {
        {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k"}) {
     check_synth_streamed_equals_resident(dir, stream_spec(seed % 2 == 1 ? "llama-moe" : "qwen3moe", type, seed));
     ++seed;
+  }
+}
+
+// The interleaved Q4_K layout (tensor::interleave_rows, issue #29): a model whose dense matrices and resident
+// expert banks were interleaved at load computes the same logits, prompt and decode, as the same file loaded
+// with interleaving off - dense and MoE, the kernels' bits carried through a whole forward pass.
+TEST(InterleavedWeights, ModelsComputeTheFileLayoutsBits) {
+  testing::TempDir dir;
+  uint64_t seed = 21;
+  for (const char* arch : {"llama", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    synth::SynthSpec spec = stream_spec(arch, "q4_k_m", seed++);
+    const std::string path = (dir / (std::string(arch) + ".gguf")).string();
+    ASSERT_TRUE(synth::write_synth_model(spec, path).ok());
+    auto f = gguf::GgufFile::open(path);
+    ASSERT_TRUE(f.ok());
+    ThreadPool pool(2);
+    Logits want, got;
+    std::vector<int32_t> toks;
+    {
+      tensor::set_interleave_enabled(false);
+      auto m = model::Model::load(*f);
+      tensor::set_interleave_enabled(true);
+      ASSERT_TRUE(m.ok());
+      EXPECT_FALSE((*m)->layers()[0].wq.interleaved);
+      toks = test_tokens((*m)->hparams().n_vocab, 9);
+      experts::ResidentExpertSource resident((*m)->expert_banks());
+      want = run(*m, &resident, false, toks, &pool);
+    }
+    auto m = model::Model::load(*f);
+    ASSERT_TRUE(m.ok());
+    const tensor::MatrixView& wq = (*m)->layers()[0].wq;
+    // Under kernels with the layout (AVX-512 without AMX), the Q4_K matrices take it.
+    const bool expect = wq.type == GgmlType::Q4_K && tensor::detail::active_kernels().q4k_interleaved.tile != nullptr;
+    EXPECT_EQ(wq.interleaved, expect);
+    experts::ResidentExpertSource resident((*m)->expert_banks(), true);
+    got = run(*m, &resident, false, toks, &pool);
+    EXPECT_EQ(first_difference(got.batch, want.batch), -1) << "prompt";
+    EXPECT_EQ(first_difference(got.decode, want.decode), -1) << "decode";
+    if (expect && (*m)->hparams().is_moe()) {
+      auto lease = resident.acquire(0, 1);
+      ASSERT_TRUE(lease.ok());
+      EXPECT_TRUE(lease->weights().gate.interleaved);
+    }
   }
 }
 

@@ -100,11 +100,21 @@ inline BankFile make_bank_file(const std::string& path, const BankGeometry& g) {
   return f;
 }
 
-/// True when `got` is `want`'s shape and bytes.
+/// A matrix's bytes as the file lays them out (an interleaved view's rows de-interleaved).
+inline std::vector<uint8_t> file_bytes(const tensor::MatrixView& v) {
+  std::vector<uint8_t> out(static_cast<size_t>(v.rows) * v.row_bytes);
+  if (v.interleaved) {
+    tensor::deinterleave_rows(v, out.data());
+  } else if (!out.empty()) {
+    std::memcpy(out.data(), v.data, out.size());
+  }
+  return out;
+}
+
+/// Same shape, order and file bytes (a resident source may hold a bank interleaved, a streamed one never).
 inline bool same_matrix(const tensor::MatrixView& got, const tensor::MatrixView& want) {
   return got.type == want.type && got.rows == want.rows && got.cols == want.cols &&
-         got.row_bytes == want.row_bytes && got.order == want.order &&
-         std::memcmp(got.data, want.data, static_cast<size_t>(want.rows) * want.row_bytes) == 0;
+         got.row_bytes == want.row_bytes && got.order == want.order && file_bytes(got) == file_bytes(want);
 }
 
 /// The resident slice of expert e of `bank`, for comparison.
