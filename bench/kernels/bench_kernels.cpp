@@ -193,15 +193,30 @@ void BM_StreamRead(benchmark::State& state) {
 /// matvec against a streaming read of the same matrix memory, back to back pass by pass (the shared machine's
 /// bandwidth drifts by tens of percent between seconds, so separate runs compare poorly). Counters: medians
 /// over the passes of the stream's and matvec's GiB/s and of their ratio (matvec / stream, per pair).
-void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order) {
+/// `interleaved`: the Q4_K matrix in the interleaved layout (tensor::interleave_all; rows a multiple of 16), as
+/// a model's Q4_K matrices are held under AVX-512 (issue #29).
+void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order, bool interleaved = false) {
   if (detect_isa() != Isa::avx512) {
     state.SkipWithError("needs avx512");
     return;
   }
   const size_t bytes = static_cast<size_t>(state.range(0)) << 10;
   const int threads = static_cast<int>(state.range(1));
-  Matrix& m = matrix(t, bytes, vec_dot_order);
+  Matrix& plain = matrix(t, bytes, vec_dot_order);
   set_isa(Isa::avx512);
+  static std::shared_ptr<uint8_t> il_bytes;
+  static Matrix il;
+  Matrix& m = interleaved ? il : plain;
+  if (interleaved && (il.view.type != plain.view.type || il.view.cols != plain.view.cols ||
+                      il.view.rows != plain.view.rows / 16 * 16 || !il_bytes)) {
+    il_bytes.reset();
+    il.view = plain.view;
+    il.view.rows -= il.view.rows % 16;
+    MatrixView* one = &il.view;
+    il_bytes = car::tensor::interleave_all(std::span<MatrixView* const>(&one, 1), false);
+    il.view.rows = plain.view.rows / 16 * 16;  // (kept by interleave_all; restated for the check above)
+  }
+  const uint8_t* data = m.view.data;
   const size_t wbytes = static_cast<size_t>(m.view.rows) * m.view.row_bytes;
   std::vector<float> x(kCols, 0.5f), y(static_cast<size_t>(m.view.rows));
   ThreadPool& pool = pool_of(threads);
@@ -211,7 +226,7 @@ void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order) 
   const double gib = static_cast<double>(wbytes) / (1u << 30);
   for (auto _ : state) {
     const auto t0 = Clock::now();
-    sink ^= stream_read(m.buf->data, wbytes, pool);
+    sink ^= stream_read(data, wbytes, pool);
     const auto t1 = Clock::now();
     matvec(m.view, x.data(), y.data(), &pool);
     benchmark::DoNotOptimize(y.data());
@@ -464,6 +479,15 @@ void register_all(bool big) {
           "MatvecVsStream/Q4_K_vecdot/" + name_size(kib) + "/t" + std::to_string(threads);
       benchmark::RegisterBenchmark(name.c_str(),
                                    [](benchmark::State& s) { BM_MatvecVsStream(s, GgmlType::Q4_K, true); })
+          ->Args({kib, threads})
+          ->UseRealTime()
+          ->MinTime(big ? 2.0 : 0.5);
+    }
+    for (int threads : {1, 2}) {
+      const std::string name =
+          "MatvecVsStream/Q4_K_interleaved/" + name_size(kib) + "/t" + std::to_string(threads);
+      benchmark::RegisterBenchmark(
+          name.c_str(), [](benchmark::State& s) { BM_MatvecVsStream(s, GgmlType::Q4_K, false, true); })
           ->Args({kib, threads})
           ->UseRealTime()
           ->MinTime(big ? 2.0 : 0.5);
