@@ -413,14 +413,17 @@ constexpr int64_t kInterleavedAhead = 8192;
 /// vpdpbusd with the vector's quants broadcast, times their scales by vpmulld, the mins' sum by vpdpwssd, then
 /// per super-block the reference's two FMAs lane-wise - rows16_gemv's operations, without its pack or its
 /// accumulators in memory (~17 instructions per row and super-block where the file layout's one-row kernel
-/// takes ~36, so decode streams at the read bandwidth: issue #29).
+/// takes ~36: issue #29). The high nibbles are multiplied in place (quant & 0xf0 = 16 x level), so each is one
+/// AND instead of a shift and an AND; the low nibbles' scales are taken 16 times larger to match, and the
+/// block's sum, 16 x the exact integer, is shifted back once: |integer| <= 8 x 63 x 32 x 15 x 128 < 2^31 / 16,
+/// so every step is exact and the result is the same integer.
 template <int kV>
 inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const block_q8_K* const* y,
                                    const int32_t* const* pairs, float* out, int64_t ldy) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
                 k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff),
-                word_hi = _mm512_set1_epi32(0xff0000);
+                byte16 = _mm512_set1_epi32(0xff0), word_hi = _mm512_set1_epi32(0xff0000);
   __m512 acc[kV], acc_m[kV];
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
@@ -446,16 +449,18 @@ inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const 
       for (int k = 0; k < 8; ++k) {
         const __m512i raw = _mm512_load_si512(b.q.qs[g][k]);
         const __m512i w0 = _mm512_and_si512(raw, m4);
-        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        const __m512i w1 = _mm512_andnot_si512(m4, raw);  // 16 x the high nibble
         for (int v = 0; v < kV; ++v) {
           s0[v] = dpbusd_bcast(s0[v], w0, y[v][i].qs + 64 * g + 4 * k);
           s1[v] = dpbusd_bcast(s1[v], w1, y[v][i].qs + 64 * g + 32 + 4 * k);
         }
       }
-      // sub-blocks 2g, 2g + 1: bytes 2(g % 2), 2(g % 2) + 1 of sc03 (g < 2) or sc47
+      // sub-blocks 2g, 2g + 1: bytes 2(g % 2), 2(g % 2) + 1 of sc03 (g < 2) or sc47; sub-block 2g's 16 times
+      // larger (s1 is 16 times its sum)
       const __m512i sc = g < 2 ? sc03 : sc47;
       const int j = 2 * (g & 1);
-      const __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j), byte);
+      const __m512i sc0 = j == 0 ? _mm512_and_si512(_mm512_slli_epi32(sc, 4), byte16)
+                                 : _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j - 4), byte16);
       const __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j + 8), byte);
       // (min 2g, min 2g + 1) as int16 pairs, as unpack_headers forms them
       const __m512i m = g < 2 ? mn03 : mn47;
@@ -474,7 +479,7 @@ inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const 
     const __m512 xdmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
     for (int v = 0; v < kV; ++v) {
       const __m512 yd = _mm512_set1_ps(y[v][i].d);
-      acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_mul_ps(xd, yd), acc[v]);
+      acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(isum[v], 4)), _mm512_mul_ps(xd, yd), acc[v]);
       acc_m[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[v]), _mm512_mul_ps(xdmin, yd), acc_m[v]);
     }
   }
