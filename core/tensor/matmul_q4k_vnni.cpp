@@ -85,35 +85,49 @@ inline void load_headers(Header hdr, __m512i* h) {
   transpose4x4_dwords_per_lane(z, h);
 }
 
-/// Unpack the 16 rows' transposed headers h (lane r of h[j]: dword j of row r's block header) into b:
-/// ggml's utmp unpacking (unpack_scale_min_k4_words) lane-wise.
+/// The 16 rows' scales and mins a byte each, lane r = row r: ggml's utmp unpacking (unpack_scale_min_k4_words)
+/// lane-wise, from the three scale dwords of their block headers (lane r of u[j]: dword j of row r's 12 scale
+/// bytes, the transposed headers' h[1..3]).
+struct ScaleMinBytes {
+  __m512i sc03, sc47;  ///< byte j: scale j / j + 4
+  __m512i mn03, mn47;  ///< byte j: min j / j + 4
+};
+inline ScaleMinBytes unpack_scale_min_bytes(__m512i u0, __m512i u1, __m512i u2) {
+  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
+                k3 = _mm512_set1_epi32(0x03030303);
+  ScaleMinBytes s;
+  s.sc03 = _mm512_and_si512(u0, k1);
+  s.sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
+                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+  s.mn03 = _mm512_and_si512(u1, k1);
+  s.mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+  return s;
+}
+
+/// Lane r: row r's (min 2g, min 2g + 1) as int16 pairs (from the bytes [m0 m1 m2 m3] of mn03 or mn47, the
+/// words (m0, m1) or (m2, m3)), vpdpwssd's operand against the bsum pairs of 64-element group g.
+inline __m512i min_pair(const ScaleMinBytes& s, int g) {
+  const __m512i byte = _mm512_set1_epi32(0xff), word_hi = _mm512_set1_epi32(0xff0000);
+  const __m512i m = g < 2 ? s.mn03 : s.mn47;
+  return (g & 1) == 0 ? _mm512_or_si512(_mm512_and_si512(m, byte), _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi))
+                      : _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
+                                        _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi));
+}
+
+/// Unpack the 16 rows' transposed headers h (lane r of h[j]: dword j of row r's block header) into b.
 inline void unpack_headers(const __m512i* h, PackedHeader& b) {
   _mm512_store_ps(b.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
   _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
-  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
-                k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff);
-  const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
-  const __m512i sc03 = _mm512_and_si512(u0, k1);
-  const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
-                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
-  const __m512i mn03 = _mm512_and_si512(u1, k1);
-  const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
-                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+  const ScaleMinBytes s = unpack_scale_min_bytes(h[1], h[2], h[3]);
+  const __m512i byte = _mm512_set1_epi32(0xff);
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
-    _mm512_store_si512(b.sc[j], _mm512_and_si512(_mm512_srli_epi32(sc03, 8 * j), byte));
-    _mm512_store_si512(b.sc[j + 4], _mm512_and_si512(_mm512_srli_epi32(sc47, 8 * j), byte));
+    _mm512_store_si512(b.sc[j], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 8 * j), byte));
+    _mm512_store_si512(b.sc[j + 4], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 8 * j), byte));
   }
-  // (min 2g, min 2g + 1) as int16 pairs: from bytes [m0 m1 m2 m3], words (m0, m1) and (m2, m3)
-  const __m512i word_hi = _mm512_set1_epi32(0xff0000);
-#pragma GCC unroll 2
-  for (int hh = 0; hh < 2; ++hh) {
-    const __m512i m = hh == 0 ? mn03 : mn47;
-    _mm512_store_si512(b.mn[2 * hh], _mm512_or_si512(_mm512_and_si512(m, byte),
-                                                     _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi)));
-    _mm512_store_si512(b.mn[2 * hh + 1], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
-                                                         _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi)));
-  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) _mm512_store_si512(b.mn[g], min_pair(s, g));
 }
 
 /// Rows [0, nrows) (nrows <= 16) of nb super-blocks: block i's quants interleaved into qs[i] and, when `hdr`
@@ -421,9 +435,7 @@ template <int kV>
 inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const block_q8_K* const* y,
                                    const int32_t* const* pairs, float* out, int64_t ldy) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
-                k3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xff),
-                byte16 = _mm512_set1_epi32(0xff0), word_hi = _mm512_set1_epi32(0xff0000);
+  const __m512i byte = _mm512_set1_epi32(0xff), byte16 = _mm512_set1_epi32(0xff0);
   __m512 acc[kV], acc_m[kV];
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
@@ -431,14 +443,9 @@ inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const 
     const char* ahead = reinterpret_cast<const char*>(&b) + kInterleavedAhead;
 #pragma GCC unroll 36
     for (int l = 0; l < static_cast<int>(sizeof(InterleavedBlock) / 64); ++l) _mm_prefetch(ahead + 64 * l, kWeightStreamHint);
-    const __m512i h0 = _mm512_load_si512(b.h[0]), u0 = _mm512_load_si512(b.h[1]),
-                  u1 = _mm512_load_si512(b.h[2]), u2 = _mm512_load_si512(b.h[3]);
-    const __m512i sc03 = _mm512_and_si512(u0, k1);
-    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
-                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
-    const __m512i mn03 = _mm512_and_si512(u1, k1);
-    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
-                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+    const __m512i h0 = _mm512_load_si512(b.h[0]);
+    const ScaleMinBytes smb =
+        unpack_scale_min_bytes(_mm512_load_si512(b.h[1]), _mm512_load_si512(b.h[2]), _mm512_load_si512(b.h[3]));
     __m512i isum[kV], imin[kV];
     for (int v = 0; v < kV; ++v) isum[v] = imin[v] = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -457,18 +464,12 @@ inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const 
       }
       // sub-blocks 2g, 2g + 1: bytes 2(g % 2), 2(g % 2) + 1 of sc03 (g < 2) or sc47; sub-block 2g's 16 times
       // larger (s1 is 16 times its sum)
-      const __m512i sc = g < 2 ? sc03 : sc47;
+      const __m512i sc = g < 2 ? smb.sc03 : smb.sc47;
       const int j = 2 * (g & 1);
       const __m512i sc0 = j == 0 ? _mm512_and_si512(_mm512_slli_epi32(sc, 4), byte16)
                                  : _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j - 4), byte16);
       const __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j + 8), byte);
-      // (min 2g, min 2g + 1) as int16 pairs, as unpack_headers forms them
-      const __m512i m = g < 2 ? mn03 : mn47;
-      const __m512i mn =
-          (g & 1) == 0
-              ? _mm512_or_si512(_mm512_and_si512(m, byte), _mm512_and_si512(_mm512_slli_epi32(m, 8), word_hi))
-              : _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(m, 16), byte),
-                                _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi));
+      const __m512i mn = min_pair(smb, g);
       for (int v = 0; v < kV; ++v) {
         isum[v] = _mm512_add_epi32(
             isum[v], _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1)));
