@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <memory>
-#include <thread>
 
 #include "core/tensor/kernels.h"
-#include "core/util/thread_pool.h"
 #include "core/util/result.h"
 
 namespace car::experts {
@@ -21,10 +19,7 @@ ResidentExpertSource::Interleaved ResidentExpertSource::interleave(std::vector<E
     }
   }
   Interleaved out;
-  if (!views.empty()) {
-    ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-    out.owned = tensor::interleave_all(views, mapped, &pool);
-  }
+  out.owned = tensor::interleave_all(views, mapped, nullptr, /*threads=*/0);
   out.banks = std::move(banks);
   return out;
 }

@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <string>
 
 #include "core/model/architecture.h"
 #include "core/util/error_codes.h"
-#include "core/util/thread_pool.h"
 
 namespace car::model {
 namespace {
@@ -301,11 +299,8 @@ void Model::interleave_weights() {
   }
   // A tied output is token_embd's bytes, which the embedding lookup reads row by row.
   if (!tied_) views.push_back(&output_);
-  bool any = false;
-  for (const tensor::MatrixView* v : views) any = any || tensor::can_interleave(*v);
-  if (!any) return;
-  ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  interleaved_ = tensor::interleave_all(views, file_->fd() >= 0, &pool);
+  // The copy is split over the machine's threads (a pool made only when a matrix can take the layout).
+  interleaved_ = tensor::interleave_all(views, file_->fd() >= 0, nullptr, /*threads=*/0);
 }
 
 uint64_t Model::bytes_per_token() const {
