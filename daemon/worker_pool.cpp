@@ -1,6 +1,7 @@
 #include "daemon/worker_pool.h"
 
 #include "core/util/result.h"
+#include "core/util/thread_signals.h"
 
 namespace car::daemon {
 
@@ -16,6 +17,7 @@ WorkerPool::WorkerPool(std::size_t threads, std::size_t queue_capacity) : capaci
     const int rc = pthread_create(
         &t, &attr,
         [](void* pool) -> void* {
+          util::block_process_signals();
           static_cast<WorkerPool*>(pool)->run();
           return nullptr;
         },

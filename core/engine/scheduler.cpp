@@ -10,6 +10,7 @@
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/error_codes.h"
 #include "core/util/limits.h"
+#include "core/util/thread_signals.h"
 
 namespace car::engine {
 
@@ -89,7 +90,10 @@ Scheduler::Scheduler(std::shared_ptr<const model::Model> model, std::shared_ptr<
     slots_.resize(static_cast<size_t>(options_.slots));
     for (size_t i = 0; i < slots_.size(); ++i) slots_[i].kv = std::move(caches[i]);
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    util::block_process_signals();
+    run();
+  });
 }
 
 Scheduler::~Scheduler() {

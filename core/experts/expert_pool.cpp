@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/experts/streamed_source.h"
+#include "core/util/thread_signals.h"
 
 namespace car::experts {
 namespace {
@@ -151,7 +152,10 @@ ExpertPool::ExpertPool(const StreamOptions& options) : options_(options) {
   const int n = std::max(1, options_.io_threads);
   max_prefetch_ = std::max(1, n / 2);
   readers_.reserve(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) readers_.emplace_back([this] { reader_loop(); });
+  for (int i = 0; i < n; ++i) readers_.emplace_back([this] {
+    util::block_process_signals();
+    reader_loop();
+  });
 }
 
 ExpertPool::~ExpertPool() {

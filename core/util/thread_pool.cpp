@@ -1,4 +1,5 @@
 #include "core/util/thread_pool.h"
+#include "core/util/thread_signals.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -36,6 +37,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::worker_main(int index) {
+  util::block_process_signals();
   uint32_t seen = 0;
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);

@@ -3,6 +3,8 @@
 #include "core/util/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,6 +38,26 @@ TEST(ThreadPool, RunUsesDistinctThreadsAndTheCaller) {
   pool.run(2, [&](int i, int) { ids[i] = std::this_thread::get_id(); });
   EXPECT_EQ(ids[0], std::this_thread::get_id());
   EXPECT_NE(ids[0], ids[1]);
+}
+
+// Stop and reload signals go to the thread that waits for them (the daemon's io thread), never to a worker:
+// under TSan a worker asleep in a futex would hold a SIGTERM's handler back indefinitely.
+TEST(ThreadPool, WorkersBlockTheStopAndReloadSignalsAndTheCallerKeepsItsMask) {
+  sigset_t before;
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, nullptr, &before), 0);
+  ThreadPool pool(3);
+  int blocked[3][3] = {};
+  pool.run(3, [&](int i, int) {
+    sigset_t now;
+    pthread_sigmask(SIG_SETMASK, nullptr, &now);
+    int k = 0;
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) blocked[i][k++] = sigismember(&now, sig);
+  });
+  for (int i = 1; i < 3; ++i) {
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(blocked[i][k], 1) << "worker " << i << ", signal " << k;
+  }
+  int k = 0;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) EXPECT_EQ(blocked[0][k++], sigismember(&before, sig));
 }
 
 TEST(ThreadPool, ParallelForCoversRangeExactlyOnce) {
