@@ -189,7 +189,9 @@ void swiglu_oai(const float* gate, const float* up, float* out, int64_t n) {
 }
 
 void to_fp16(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = tensor::fp32_to_fp16(x[i]);
+  // The kernel table's fp16 conversion: the hardware's round to nearest even where the ISA has it, the same
+  // bits as tensor::fp32_to_fp16 (SimdActivation.RoundingIsBitIdenticalToScalar).
+  tensor::quantize_activation(GgmlType::F16, x, y, n);
 }
 
 void select_experts(const float* logits, int64_t n_expert, int64_t k, bool normalize, float* probs, int32_t* ids,

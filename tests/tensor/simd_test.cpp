@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -269,6 +270,16 @@ TEST_P(SimdActivation, RoundingIsBitIdenticalToScalar) {
           x[9] = -7.0f;
         }
         if (rep == 4) x[0] = -9.0f;
+        if (rep == 5 && (at == GgmlType::F16 || at == GgmlType::BF16)) {
+          // The edges of the 16-bit formats (the engine writes its KV cache through this conversion):
+          // fp16 subnormals and the tie below the smallest, the largest finite and the overflow edge,
+          // infinities and NaN, signed zero.
+          const float edge[] = {0x1p-25f, 0x1.8p-25f, 0x1p-24f,  0x1.4p-24f, 6.0e-5f, -3.0e-7f, 65504.0f,
+                                65519.0f, 65520.0f,   -1.0e6f,   std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                                -0.0f,    0x1.002p0f, 0x1.006p0f};
+          std::copy(std::begin(edge), std::end(edge), x.begin() + 3);
+        }
         const size_t bytes = detail::row_bytes(at, n);
         std::vector<uint8_t> a(bytes, 0x55), b(bytes, 0xaa);
         ref.quantize_act[detail::slot(at)](x.data(), a.data(), n);
