@@ -116,15 +116,16 @@ void KvCache::advance(int64_t n) {
 
 void KvCache::touch(int64_t end) { touched_ = std::clamp(end, touched_, n_ctx_); }
 
-void KvCache::shrink(int64_t keep) {
+void KvCache::shrink(int64_t keep, int64_t retain) {
   truncate(keep);
-  if (touched_ <= keep) return;
-  if (keep == 0) {
+  retain = std::clamp(retain, keep, n_ctx_);
+  if (touched_ <= retain) return;
+  if (retain == 0) {
     map_.release(0, map_.size());
     touched_ = 0;
     return;
   }
-  // Region by region (K's, then V's): the pages wholly past row `keep` up to the rows written. A page that
+  // Region by region (K's, then V's): the pages wholly past row `retain` up to the rows written. A page that
   // also holds the next region's first rows is kept (it is in that region's prefix).
   const size_t page = KvMapping::page_size();
   const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
@@ -137,10 +138,10 @@ void KvCache::shrink(int64_t keep) {
       const size_t stop = start + static_cast<size_t>(n_ctx_) * row;
       const size_t limit = stop == total ? map_.size() : round_down(stop, page);
       const size_t end = std::min(round_up(start + static_cast<size_t>(touched_) * row, page), limit);
-      map_.release(start + static_cast<size_t>(keep) * row, end);
+      map_.release(start + static_cast<size_t>(retain) * row, end);
     }
   }
-  touched_ = keep;
+  touched_ = retain;
 }
 
 uint64_t KvCache::resident_bytes(int64_t rows) const {

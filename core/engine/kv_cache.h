@@ -78,9 +78,12 @@ class KvCache {
   /// Rows up to `end` may have been written (a writer that stopped before advance(), a failed step), so
   /// that the next shrink() gives their pages back too.
   void touch(int64_t end);
-  /// truncate(keep), then give back the whole pages of every region past row `keep` among the rows written
-  /// since the last shrink (none to give: no system call). keep == 0 gives back the whole mapping.
-  void shrink(int64_t keep);
+  /// truncate(keep), then give back the whole pages of every region past row `retain` (clamped to
+  /// [keep, n_ctx]) among the rows written since the last shrink (none to give: no system call); rows
+  /// [keep, retain) keep their pages - and stale values, never read before they are written again - for a
+  /// writer that is about to fill them. retain == 0 gives back the whole mapping.
+  void shrink(int64_t keep, int64_t retain);
+  void shrink(int64_t keep) { shrink(keep, keep); }
   /// Rows written since the last shrink (or creation): the pages holding them are resident.
   int64_t touched() const { return touched_; }
   /// Bytes of the pages that hold the first `rows` rows of every region (the union, so a page two regions

@@ -109,8 +109,8 @@ uint64_t Scheduler::kv_bytes() const {
   return static_cast<uint64_t>(options_.pool_tokens) * ForwardPass::kv_cache_bytes_for(model_->hparams(), 1);
 }
 
-void Scheduler::keep_prefix(Slot& s, int64_t keep) {
-  s.kv->shrink(keep);
+void Scheduler::keep_prefix(Slot& s, int64_t keep, int64_t retain) {
+  s.kv->shrink(keep, retain);
   s.cached.resize(static_cast<size_t>(keep));
   pool_used_ += keep - s.charge;
   s.charge = keep;
@@ -267,7 +267,9 @@ void Scheduler::admit(std::vector<std::unique_ptr<Job>>& finished) {
         keep_prefix(*s, 0);
       }
     }
-    keep_prefix(*best, common);
+    // The pages of the rows this request will write stay (resident within its reservation): releasing them
+    // only to fault them in again cost a page fault and a zeroed page per 4 KiB of KV.
+    keep_prefix(*best, common, job.need);
     pool_used_ += job.need - best->charge;
     best->charge = job.need;
     best->job = &job;

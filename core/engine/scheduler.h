@@ -141,8 +141,10 @@ class Scheduler {
             const SchedulerOptions& options, std::vector<std::unique_ptr<KvCache>> caches);
   void run();
   /// Keep the first `keep` positions of an idle slot (or of one being admitted): its cache gives back the
-  /// pages past them, and the pool charges it `keep`.
-  void keep_prefix(Slot& s, int64_t keep) CAR_REQUIRES(mu_);
+  /// pages past row `retain` (>= keep; a request being admitted keeps the pages its reservation will write,
+  /// instead of faulting them in again), and the pool charges it `keep`.
+  void keep_prefix(Slot& s, int64_t keep, int64_t retain) CAR_REQUIRES(mu_);
+  void keep_prefix(Slot& s, int64_t keep) CAR_REQUIRES(mu_) { keep_prefix(s, keep, keep); }
   /// Take queued requests into free slots (and drop cancelled queued ones into `finished`).
   void admit(std::vector<std::unique_ptr<Job>>& finished) CAR_REQUIRES(mu_);
   /// One step over the running jobs; finished jobs move to `finished`.

@@ -98,6 +98,22 @@ TEST_P(KvCacheMemoryTest, PagesFollowTheRowsWrittenAndGoBackOnShrink) {
   kv.shrink(n1);
   EXPECT_EQ(kv.mapping().resident_bytes(), r1);
 
+  // A prefix kept with its successor's rows retained (a request admitted to write up to `retain`): n_past
+  // is the prefix, the pages up to `retain` stay - those of the rows past it go back - and a later shrink
+  // still gives the retained ones back.
+  write_rows(kv, s, n1, s.n_ctx);
+  kv.touch(s.n_ctx);
+  const int64_t retain = n1 + (s.n_ctx - n1) / 2;
+  kv.shrink(keep, retain);
+  EXPECT_EQ(kv.n_past(), keep);
+  EXPECT_EQ(kv.touched(), retain);
+  EXPECT_EQ(kv.mapping().resident_bytes(), kv.resident_bytes(retain));
+  EXPECT_GT(kv.mapping().resident_bytes(), r1);
+  EXPECT_TRUE(rows_hold_pattern(kv, s, 0, retain)) << "the retained rows were not given back";
+  kv.shrink(keep, retain - 100000);  // a retain below the prefix is the prefix
+  EXPECT_EQ(kv.mapping().resident_bytes(), r2);
+  EXPECT_EQ(kv.touched(), keep);
+
   // Everything dropped: nothing resident, and the rows read as zero again.
   kv.shrink(0);
   EXPECT_EQ(kv.mapping().resident_bytes(), 0u);
