@@ -248,6 +248,7 @@ DotKernels make_table() {
   add_matmul_kernels(k);
   add_nl32_repacked_kernels(k);
   k.iq_panel = iq_panel_rows_avx512;
+  k.attend = attend_head_avx512;
   return k;
 }
 

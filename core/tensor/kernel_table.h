@@ -115,6 +115,9 @@ struct DotKernels {
 /// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                       float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
+/// The AVX-512 attention head (attention_avx512.cpp), bit-identical to attend_head_scalar.
+void attend_head_avx512(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                        int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
 
 /// Does llama.cpp's CPU backend (x86, AVX2 or better) hold this matrix repacked (ggml-cpu repack.cpp,
 /// ggml_repack_get_optimal_repack_type)? Q4_K weights whose row count is a multiple of 8 become

@@ -410,8 +410,9 @@ TEST(SimdMirror, AttentionOfEveryTableEqualsScalarBitForBit) {
     const detail::DotKernels& k = detail::kernels_for(isa);
     ASSERT_NE(k.attend, nullptr);
     set_isa(isa);
-    for (const auto& [n_kv, dk, dv] :
-         {std::array<int64_t, 3>{1, 64, 64}, {33, 72, 72}, {7, 12, 20}, {50, 128, 64}}) {
+    // (256: gemma's heads; 576 / 512: an MLA head's; 1040: past the AVX-512 kernel's Q buffer, its AVX2 fallback)
+    for (const auto& [n_kv, dk, dv] : {std::array<int64_t, 3>{1, 64, 64}, {33, 72, 72}, {7, 12, 20}, {50, 128, 64},
+                                       {21, 256, 256}, {9, 576, 512}, {3, 1040, 24}}) {
       const auto q = random_floats(rng, dk, 2.0f);
       const auto kf = random_floats(rng, n_kv * dk, 2.0f);
       const auto vf = random_floats(rng, n_kv * dv, 2.0f);
@@ -429,6 +430,16 @@ TEST(SimdMirror, AttentionOfEveryTableEqualsScalarBitForBit) {
             << n_kv << " " << dk << " " << dv << " " << d;
         ASSERT_EQ(b[static_cast<size_t>(d)], c[static_cast<size_t>(d)])
             << n_kv << " " << dk << " " << dv << " " << d;
+      }
+      // An attention sink (gpt-oss) below and above every score: the sum gains a term, or the values rescale.
+      for (const float sink : {-3.0f, 40.0f}) {
+        k.attend(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, a.data(), q16.data(), acc.data(), sink);
+        attend_head_scalar(q.data(), kh.data(), vh.data(), n_kv, dk, dv, 0.125f, c.data(), q16.data(),
+                           acc.data(), sink);
+        for (int64_t d = 0; d < dv; ++d) {
+          ASSERT_EQ(a[static_cast<size_t>(d)], c[static_cast<size_t>(d)])
+              << n_kv << " " << dk << " " << dv << " " << d << " sink " << sink;
+        }
       }
     }
   }
