@@ -19,7 +19,7 @@ ResidentExpertSource::Interleaved ResidentExpertSource::interleave(std::vector<E
     }
   }
   Interleaved out;
-  out.owned = tensor::interleave_all(views, mapped, nullptr, /*threads=*/0);
+  out.owned = tensor::interleave_all(views, mapped, /*threads=*/0);
   out.banks = std::move(banks);
   return out;
 }

@@ -300,7 +300,7 @@ void Model::interleave_weights() {
   // A tied output is token_embd's bytes, which the embedding lookup reads row by row.
   if (!tied_) views.push_back(&output_);
   // The copy is split over the machine's threads (a pool made only when a matrix can take the layout).
-  interleaved_ = tensor::interleave_all(views, file_->fd() >= 0, nullptr, /*threads=*/0);
+  interleaved_ = tensor::interleave_all(views, file_->fd() >= 0, /*threads=*/0);
 }
 
 uint64_t Model::bytes_per_token() const {

@@ -79,8 +79,7 @@ void deinterleave_rows(const MatrixView& w, uint8_t* dst) {
   }
 }
 
-std::shared_ptr<uint8_t> interleave_all(std::span<MatrixView* const> views, bool release_source,
-                                        ThreadPool* pool, int threads) {
+std::shared_ptr<uint8_t> interleave_all(std::span<MatrixView* const> views, bool release_source, int threads) {
   constexpr size_t kAlign = 64;
   constexpr size_t kHuge = size_t{2} << 20;
   auto bytes_of = [](const MatrixView& w) { return static_cast<size_t>(w.rows) * w.row_bytes; };
@@ -89,11 +88,9 @@ std::shared_ptr<uint8_t> interleave_all(std::span<MatrixView* const> views, bool
     if (can_interleave(*v)) total += (bytes_of(*v) + kAlign - 1) / kAlign * kAlign;
   }
   if (total == 0) return nullptr;
-  std::optional<ThreadPool> own_pool;
-  if (pool == nullptr) {
-    if (threads < 1) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    if (threads > 1) pool = &own_pool.emplace(threads);
-  }
+  if (threads < 1) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::optional<ThreadPool> pool;
+  if (threads > 1) pool.emplace(threads);
   const size_t cap = (total + kHuge - 1) / kHuge * kHuge;
   auto* block = static_cast<uint8_t*>(::operator new(cap, std::align_val_t{kHuge}));
   madvise(block, cap, MADV_HUGEPAGE);  // advice only: without THP the block is ordinary pages
@@ -104,7 +101,7 @@ std::shared_ptr<uint8_t> interleave_all(std::span<MatrixView* const> views, bool
     if (!can_interleave(*v)) continue;
     const size_t bytes = bytes_of(*v);
     const auto src = reinterpret_cast<uintptr_t>(v->data);
-    *v = interleave_rows(*v, block + at, pool);
+    *v = interleave_rows(*v, block + at, pool ? &*pool : nullptr);
     at += (bytes + kAlign - 1) / kAlign * kAlign;
     if (release_source) {
       const uintptr_t begin = (src + page - 1) / page * page;

@@ -107,10 +107,9 @@ void deinterleave_rows(const MatrixView& w, uint8_t* dst);
 /// 512th as many TLB entries. `release_source`: the originals lie in a read-only file mapping, whose pages
 /// wholly inside an interleaved matrix are dropped from the process afterwards (read from the file again if
 /// touched) so the weights are not held twice - never set it for memory that is not such a mapping. The
-/// copies' groups of rows are split over `pool`; without one (null), over a temporary pool of `threads`
-/// participants (< 1: the machine's hardware threads), made only when there is something to copy.
-std::shared_ptr<uint8_t> interleave_all(std::span<MatrixView* const> views, bool release_source,
-                                        ThreadPool* pool = nullptr, int threads = 1);
+/// copies' groups of rows are split over a temporary pool of `threads` participants (< 1: the machine's
+/// hardware threads), made only when there is something to copy.
+std::shared_ptr<uint8_t> interleave_all(std::span<MatrixView* const> views, bool release_source, int threads = 1);
 
 /// y[r] = dot(W[r, :], round(x)) for r in [0, rows). x has w.cols floats, y has w.rows floats.
 /// `pool` may be null (run on the calling thread).
