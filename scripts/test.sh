@@ -3,6 +3,7 @@
 #   --sanitize LIST   build with -fsanitize=LIST (address,undefined | thread) in build-<LIST>/
 #   -R REGEX          run only the ctest tests matching REGEX, and build only the test executables that can
 #                     hold such a test (see below) and what they depend on
+#   -E REGEX          do not run the ctest tests matching REGEX (they are still built)
 #   --tests-from DIR  with -R: DIR is a built tree of the same sources (CI: build/, which the README stage
 #                     built and ran) whose test list names the executables of the matching tests exactly;
 #                     build only those (falls back to the rule below when DIR cannot tell)
@@ -12,11 +13,12 @@
 # (so the same code and tests, and the same stripped .deb); unset, build/ keeps CMake's RelWithDebInfo flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sanitize=""; regex=""; tests_from=""; deps=1; dry=0
+sanitize=""; regex=""; exclude=""; tests_from=""; deps=1; dry=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize="$2"; shift 2 ;;
     -R) regex="$2"; shift 2 ;;
+    -E) exclude="$2"; shift 2 ;;
     --tests-from) tests_from="$2"; shift 2 ;;
     --no-deps) deps=0; shift ;;
     --dry-run) dry=1; shift ;;
@@ -127,4 +129,5 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
 ctest_args=(--test-dir "$build" --output-on-failure -j "$(nproc)")
 [ -n "$regex" ] && ctest_args+=(-R "$regex")
+[ -n "$exclude" ] && ctest_args+=(-E "$exclude")
 ctest "${ctest_args[@]}"
