@@ -20,19 +20,6 @@ if(CAR_SANITIZE)
   add_link_options(-fsanitize=${CAR_SANITIZE})
 endif()
 
-# CAR_USE_LLD: link with LLVM's lld (Debian's `lld`) when the compiler accepts -fuse-ld=lld. The test builds
-# link some sixty executables against the same static libraries; under ASan GNU ld takes ~4.5 s for one of
-# the daemon's test programs and lld ~1.5 s, a minute of each CI sanitizer build. Without lld installed the
-# build keeps the default linker.
-option(CAR_USE_LLD "Link with lld when it is available" ON)
-if(CAR_USE_LLD)
-  include(CheckLinkerFlag)
-  check_linker_flag(CXX "-fuse-ld=lld" CAR_HAVE_LLD)
-  if(CAR_HAVE_LLD)
-    add_link_options(-fuse-ld=lld)
-  endif()
-endif()
-
 # car_simd_source(FILE ISA): compile one kernel file for an instruction set; the runtime dispatcher decides
 # whether it is ever called, so the rest of the program stays runnable on any x86-64.
 # -ffp-contract=off: these files reproduce exact operation orders (the scalar references', llama.cpp's), and

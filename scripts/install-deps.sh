@@ -6,8 +6,7 @@
 #     --runtime   what the built binaries need to run (shared libraries; systemd for the units/sysusers)
 #     --build     compilers, CMake and the headers to build car and car-inferenced (the demo needs no more)
 #     --test      GoogleTest/GoogleMock, systemd-analyze (unit check), promtool (metrics check), dpkg-dev (the
-#                 .deb check), Node.js and npm (the HTTP front's test with the `openai` client), lld (links the
-#                 test programs faster)
+#                 .deb check), Node.js and npm (the HTTP front's test with the `openai` client)
 #     --bench     Google Benchmark (bench/)
 #     --fuzz      clang-14 and its libFuzzer/sanitizer runtimes (scripts/fuzz.sh)
 #     --all       every set
@@ -79,8 +78,7 @@ if [ "$want_test" -eq 1 ]; then
     prometheus                # promtool checks the daemon's metrics page (tests/daemon/check_metrics_page.sh)
     dpkg-dev fakeroot         # cpack -G DEB: dpkg-shlibdeps computes Depends (scripts/check-package.sh)
     python3-kubernetes python3-yaml  # the Kubernetes examples checked against the API schema (tests/packaging)
-    nodejs                    # the HTTP front's test with the official `openai` npm client (tests/http/node)
-    lld)                      # a faster linker for the sixty test programs (CAR_USE_LLD, cmake/CarDefaults.cmake)
+    nodejs)                   # the HTTP front's test with the official `openai` npm client (tests/http/node)
   # Debian's nodejs has no npm; a Node from elsewhere (NodeSource) brings its own.
   command -v npm >/dev/null || pkgs+=(npm)
 fi
