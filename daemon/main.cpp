@@ -109,6 +109,8 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
+  // Before any thread starts: only the io thread takes SIGTERM/SIGINT/SIGHUP (Server::run unblocks them).
+  car::daemon::Server::block_signals_in_new_threads();
   auto settings = car::config::load_settings(argc, argv, car::config::current_environment());
   if (!settings) {
     if (settings.error().code == car::errc::kHelp) {

@@ -1,5 +1,5 @@
 // Server: car-inferenced's top-level object. Owns the io_context and everything that runs on its one
-// thread - the NDJSON socket's Listener, the signal_set, the idle-eviction, watchdog and grace timers, the
+// thread - the NDJSON socket's Listener, the signalfd, the idle-eviction, watchdog and grace timers, the
 // ConnectionManager (the NDJSON sessions and their limits) and the RequestHandler (dispatch, cache, worker
 // pool). Heavy work never runs on the io thread.
 //
@@ -19,6 +19,8 @@
 
 #include <memory>
 #include <optional>
+
+#include <sys/signalfd.h>
 
 #include <boost/asio.hpp>
 
@@ -51,6 +53,14 @@ class Server {
   /// Begin a graceful shutdown as SIGTERM would (thread-safe).
   void request_stop();
 
+  /// Block SIGTERM, SIGINT and SIGHUP in the calling thread, so that every thread it starts afterwards
+  /// (workers, schedulers, compute and reader pools) inherits the mask. A process that lets the server
+  /// handle its signals (ServerOptions::handle_signals) calls it first thing in main(), before any thread
+  /// exists: the server reads the signals from a signalfd on its io thread, and a thread that did not
+  /// block them would take them with the default action instead (the process dies). open() blocks them
+  /// in its own thread as well.
+  static void block_signals_in_new_threads();
+
   const ServerOptions& options() const { return options_; }
   /// The HTTP front's TCP port (after open(); 0 when off or on a Unix socket).
   uint16_t http_port() const { return http_ ? http_->port() : 0; }
@@ -62,7 +72,7 @@ class Server {
   /// Arm the idle sweep: its usual period, or sooner when a model's keep-alive ends in `next_due`.
   void arm_idle_timer(std::optional<std::chrono::nanoseconds> next_due = std::nullopt);
   void arm_watchdog(std::chrono::microseconds period);
-  void register_signals();  // SIGTERM, SIGINT, SIGHUP into signals_ (once; before the socket is bound)
+  void register_signals();  // SIGTERM, SIGINT, SIGHUP into signal_fd_ (once; before the socket is bound)
   void wait_signals();
   void begin_shutdown(const char* why);
   /// Log a warning when the models directory is missing or holds no model.
@@ -76,7 +86,10 @@ class Server {
   // Declared before everything that uses its executor. One thread runs it (hint 1): handlers posted from
   // that thread skip the scheduler's lock and wake-ups; workers still post to it safely.
   boost::asio::io_context io_{1};
-  boost::asio::signal_set signals_;
+  // SIGTERM/SIGINT/SIGHUP, read from a signalfd (blocked in every thread): no handler runs in signal
+  // context, and no thread's system call is interrupted by them.
+  boost::asio::posix::stream_descriptor signal_fd_;
+  signalfd_siginfo signal_info_{};
   bool signals_registered_ = false;  // register_signals() ran
   const TimerClock& timer_clock_;
   Timer idle_timer_;
