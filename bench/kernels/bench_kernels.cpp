@@ -524,10 +524,11 @@ void register_all(bool big) {
     for (bool dot_loop : {false, true}) {
       if (dot_loop && (t == GgmlType::Q8_0 || t == GgmlType::Q6_K)) continue;
       // dense-1b's products with a 128-token prompt (attention, gate/up, down), 32 / 16 / 8 / 4 vectors
-      // (short prompts, batched decode), and a cache-resident one (256 rows: 168-384 KiB, in L2)
+      // (short prompts, batched decode), and cache-resident ones (256 rows: 168-384 KiB, in L2) with a
+      // prompt's 128 vectors and batched decode's 8
       const std::vector<std::array<int64_t, 3>> shapes = {
           {2048, 2048, 128}, {5632, 2048, 128}, {2048, 5632, 128}, {2048, 2048, 32},
-          {2048, 2048, 16},  {2048, 2048, 8},   {2048, 2048, 4},   {256, 2048, 128}};
+          {2048, 2048, 16},  {2048, 2048, 8},   {2048, 2048, 4},   {256, 2048, 128}, {256, 2048, 8}};
       for (const std::array<int64_t, 3>& sh : shapes) {
         const std::string name = std::string("PromptTile/") + std::string(car::ggml_type_name(t)) +
                                  (dot_loop ? "_dotloop" : "") + "/" + std::to_string(sh[0]) + "x" +

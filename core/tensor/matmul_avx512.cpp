@@ -379,7 +379,8 @@ struct q6_K_tile {
       const __m256i sc16 =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
       const __m512i scw = _mm512_castsi256_si512(sc16);
-      const __m512i sc2 = _mm512_broadcast_i64x4(sc16);
+      // -32 x the scales (|.| <= 4096, an int16): the offsets join the folded sums by one vpdpwssd
+      const __m512i sc2 = _mm512_broadcast_i64x4(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
       __m512i q[4], sc[4];
 #pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
@@ -409,9 +410,9 @@ struct q6_K_tile {
           s[h] = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[3], load64(q8 + 192)), sc[3]);
         }
         // lanes [0,8): fold16 of vector 2p's sums, [8,16): of vector 2p+1's; then the offsets, same layout
-        const __m512i f = _mm512_sub_epi32(
+        const __m512i f = _mm512_dpwssd_epi32(
             _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xee)),
-            _mm512_slli_epi32(_mm512_madd_epi16(_mm512_load_si512(bs + p), sc2), 5));
+            _mm512_load_si512(bs + p), sc2);
         acc[p] =
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(yd + 16 * p), xd), _mm512_cvtepi32_ps(f), acc[p]);
       }
