@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  // Before any thread starts: only the io thread takes SIGTERM/SIGINT/SIGHUP (Server::run unblocks them).
+  // Before any thread starts, so every thread inherits the mask: the server reads SIGTERM/SIGINT/SIGHUP
+  // from a signalfd on its io thread (Server::block_signals_in_new_threads).
   car::daemon::Server::block_signals_in_new_threads();
   auto settings = car::config::load_settings(argc, argv, car::config::current_environment());
   if (!settings) {
