@@ -219,7 +219,8 @@ void Server::register_signals() {
   if (fd < 0) {
     // Not expected on Linux; without it the daemon still serves, and SIGTERM (blocked) would be queued
     // unread: restore the default actions so that it still stops the process.
-    spdlog::error("signalfd: {}; SIGTERM, SIGINT and SIGHUP take their default actions", std::strerror(errno));
+    spdlog::error("signalfd: {}; SIGTERM, SIGINT and SIGHUP take their default actions",
+                  std::strerror(errno));
     ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
     return;
   }

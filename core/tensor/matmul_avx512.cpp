@@ -331,9 +331,10 @@ void tile_q5_K_pairs(const uint8_t* w, size_t row_bytes, int64_t nrows, const ui
 /// matmul tile for Q6_K. Per (row, vector) and block, dot_q6_K forms 8 int32 lanes (lane k: bytes 4k..4k+3 of
 /// every 32-element chunk, sum of scale * level * y, minus ggml's offset 32 * (bsums[2k] sc[2k] + bsums[2k+1]
 /// sc[2k+1])) and acc = fma(y.d * xd, float(lanes), acc). Here levels and scales are unpacked once per group,
-/// the offset comes from one madd of a vector pair's bsums (packed side by side) with the row's scales, and
-/// the float step runs on two vectors per register, lane-wise dot_q6_K's operations (bit-equal). pack, per
-/// block: the vectors' quants, y.d spread (kG/2 x 16 floats), then per vector pair the bsums.
+/// the offset joins the folded sums by one vpdpwssd of a vector pair's bsums (packed side by side) with -32 x
+/// the row's scales, and the float step runs on two vectors per register, lane-wise dot_q6_K's operations
+/// (bit-equal). pack, per block: the vectors' quants, y.d spread (kG/2 x 16 floats), then per vector pair the
+/// bsums.
 struct q6_K_tile {
   static constexpr int64_t kSlab = 8;
   static constexpr size_t kBlockBytes = sizeof(block_q6_K), kActBlockBytes = sizeof(block_q8_K);
@@ -380,7 +381,8 @@ struct q6_K_tile {
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
       const __m512i scw = _mm512_castsi256_si512(sc16);
       // -32 x the scales (|.| <= 4096, an int16): the offsets join the folded sums by one vpdpwssd
-      const __m512i sc2 = _mm512_broadcast_i64x4(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
+      const __m512i sc2 =
+          _mm512_broadcast_i64x4(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
       __m512i q[4], sc[4];
 #pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
