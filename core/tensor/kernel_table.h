@@ -67,6 +67,10 @@ struct DotKernels {
   /// mul_mat order; kernels.cpp uses them for mul_mat_id only where dot_id equals dot (the quantized types).
   RowsFn rows[kTypeSlots] = {};
   TileFn tile[kTypeSlots] = {};
+  /// A few vectors (2 to the tile's minimum: batched decode's rows of one MoE expert) in one pass over the
+  /// rows, each weight block unpacked once for all of them (TileFn's arguments; each result equals `dot`'s
+  /// bit for bit). Null: the loop over `dot`, one vector at a time.
+  TileFn rows_few[kTypeSlots] = {};
   /// Rows a tile packs together (the VNNI tiles: a row per int32 lane), or 0. Such a tile reads each weight
   /// once per call and redoes its per-vector setup per call, so matmul hands it large chunks of whole groups.
   int16_t tile_group[kTypeSlots] = {};
@@ -190,6 +194,9 @@ inline RowsFn rows_for(const DotKernels& k, GgmlType t, ProductOrder order) {
 }
 inline TileFn tile_for(const DotKernels& k, GgmlType t, ProductOrder order) {
   return order_differs(k, t, order) ? nullptr : k.tile[static_cast<int>(t)];
+}
+inline TileFn rows_few_for(const DotKernels& k, GgmlType t, ProductOrder order) {
+  return order_differs(k, t, order) ? nullptr : k.rows_few[static_cast<int>(t)];
 }
 
 /// Products with fewer weight bytes than this (all vectors counted) run on the calling thread: a fork-join

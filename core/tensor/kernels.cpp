@@ -415,6 +415,10 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
   const bool repacked = detail::repacked(w);
   const detail::TileFn tile =
       at == GgmlType::F32 || repacked || n < kMinTileVectors ? nullptr : detail::tile_for(k, w.type, w.order);
+  // Fewer vectors than the tile is worth, of a type with one order: its few-vector kernel, if it has one.
+  const detail::TileFn plain_few = at == GgmlType::F32 || repacked || n >= kMinTileVectors || n_panel > 0
+                                       ? nullptr
+                                       : detail::rows_few_for(k, w.type, w.order);
   // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole groups
   // of 4 vectors and its gemv over the rest; its mul_mat_id runs gemv on every row.
   const bool by_order = repacked && w.order == ProductOrder::mul_mat;
@@ -514,6 +518,11 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
     }
     if (tile != nullptr) {
       tile(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols, y + begin, ldy);
+      return;
+    }
+    if (plain_few != nullptr) {
+      plain_few(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
+                y + begin, ldy);
       return;
     }
     for (int64_t t0 = 0; t0 < n; t0 += kVectorTile) {

@@ -1,10 +1,11 @@
 // AVX-512 multi-row kernels for matvec (y = W x, DotKernels::rows): Q8_0 in row pairs, the nibble formats
 // (Q4_0, Q5_0, Q4_1, Q5_1) in rows of four, Q4_K one row at a time with its activation side prepared once per
 // call (in ggml_vec_dot's order, and in llama.cpp's repacked gemv order with the blocks' sums reduced eight
-// at a time), Q6_K one row at a time with a software prefetch. Each result equals the table's dot kernel for
-// that row bit for bit (the same float operations in the same order; integer sums, being exact, may be formed
-// differently); tests/tensor/rows_kernel_test.cpp checks that. Reading rows side by side defeats the hardware
-// prefetcher, so these kernels prefetch in software.
+// at a time), Q6_K one row at a time with a software prefetch (and for a few vectors at once). Each result
+// equals the table's dot kernel for that row bit for bit (the same float operations in the same order;
+// integer sums, being exact, may be formed differently); tests/tensor/rows_kernel_test.cpp checks that.
+// Reading rows side by side defeats the hardware prefetcher, so these kernels prefetch in software.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -547,6 +548,43 @@ void rows_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
         reinterpret_cast<const block_q6_K*>(w + static_cast<size_t>(r) * row_bytes), y, n / QK_K);
 }
 
+/// DotKernels::rows_few for Q6_K (an MoE expert's down rows in a batched decode step, 1-3 an expert): each
+/// row once for all vectors, in passes of up to 3 (4 as 2 + 2) while it sits in L1, the first pass
+/// prefetching as rows_q6_K does; each result is dot_q6_K's bits.
+void rows_q6_K_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                   int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = n / QK_K;
+  constexpr int kMaxPass = 3;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const auto* x = reinterpret_cast<const block_q6_K*>(w + static_cast<size_t>(r) * row_bytes);
+    for (int64_t i = 0; i < nvec;) {
+      const int64_t left = nvec - i;
+      const int pass =
+          left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
+      const block_q8_K* yv[kMaxPass];
+      for (int v = 0; v < pass; ++v)
+        yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(i + v) * act_bytes);
+      float* out = y + i * ldy + r;
+      const bool first = i == 0;
+      switch (pass) {
+        case 3:
+          first ? q6_K_row_v<3, kQ6KPrefetchBytes>(x, yv, nb, out, ldy)
+                : q6_K_row_v<3, 0>(x, yv, nb, out, ldy);
+          break;
+        case 2:
+          first ? q6_K_row_v<2, kQ6KPrefetchBytes>(x, yv, nb, out, ldy)
+                : q6_K_row_v<2, 0>(x, yv, nb, out, ldy);
+          break;
+        default:
+          first ? q6_K_row_v<1, kQ6KPrefetchBytes>(x, yv, nb, out, ldy)
+                : q6_K_row_v<1, 0>(x, yv, nb, out, ldy);
+          break;
+      }
+      i += pass;
+    }
+  }
+}
+
 }  // namespace
 
 void add_matvec_kernels(DotKernels& k) {
@@ -559,6 +597,7 @@ void add_matvec_kernels(DotKernels& k) {
   k.rows_gemv[slot(GgmlType::Q4_K)] = rows_q4_K_gemv;
   k.rows_gemv_few[slot(GgmlType::Q4_K)] = rows_q4_K_gemv_few;
   k.rows[slot(GgmlType::Q6_K)] = rows_q6_K;
+  k.rows_few[slot(GgmlType::Q6_K)] = rows_q6_K_few;
 }
 
 }  // namespace car::tensor::detail::avx512

@@ -84,11 +84,15 @@ inline __m256i fold16(__m512i v) {
 }
 
 /// dot(Q6_K row, Q8_K activations) over `nb` blocks in ggml's AVX2 lane order (8 int32 lanes, the 6-bit
-/// levels kept unsigned and ggml's -32 offset subtracted per lane from the bsums once per block). The one
-/// body behind dot_q6_K (kPrefetchBytes 0) and the matvec rows kernel, which prefetches the weights
-/// kPrefetchBytes ahead: a prefetch changes no arithmetic, so both give the same bits.
-template <int64_t kPrefetchBytes>
-inline float q6_K_row(const block_q6_K* x, const block_q8_K* y, int64_t nb) {
+/// levels kept unsigned and ggml's -32 offset subtracted per lane from the bsums once per block), for kV
+/// vectors y[0..kV) at once: out[v * ldo] = the row's dot with y[v]. The weight side of a block (levels,
+/// scale permutations) is unpacked once for all kV; each vector's operations are the one-vector kernel's, in
+/// its order, so every result is the same bits whatever kV. The one body behind dot_q6_K (kV 1, no
+/// prefetch), the matvec rows kernel (kV 1, weights prefetched kPrefetchBytes ahead) and the few-vector
+/// kernel: a prefetch changes no arithmetic.
+template <int kV, int64_t kPrefetchBytes>
+[[gnu::always_inline]] inline void q6_K_row_v(const block_q6_K* x, const block_q8_K* const* y, int64_t nb,
+                                              float* out, int64_t ldo) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i m30 = _mm512_set1_epi8(0x30);
   // Per 256-bit half of a register: left shifts 4 | 2 bring qh bits (0,1) | (2,3) to bits (4,5);
@@ -97,36 +101,51 @@ inline float q6_K_row(const block_q6_K* x, const block_q8_K* y, int64_t nb) {
   const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
   const __m512i perm[2][2] = {{perm_idx(kK6Perm[0][0]), perm_idx(kK6Perm[0][1])},
                               {perm_idx(kK6Perm[1][0]), perm_idx(kK6Perm[1][1])}};
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     if constexpr (kPrefetchBytes > 0) {
       const char* ahead = reinterpret_cast<const char*>(&x[i]) + kPrefetchBytes;
       for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, kWeightStreamHint);
     }
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    // ggml's -32 offset: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]) once per block.
-    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load32(y[i].bsums), sc16), 5);
     const __m512i sc = _mm512_castsi256_si512(sc16);
-    __m512i sumi = _mm512_setzero_si512();
-    const int8_t* q8 = y[i].qs;
-    for (int h = 0; h < 2; ++h, q8 += 128) {
+    __m512i sumi[kV];
+    for (int v = 0; v < kV; ++v) sumi[v] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
       const __m512i l = load64(x[i].ql + 64 * h);  // ql bytes 0..31 | 32..63 of this half
       const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * h));
       const __m512i q01 =
           _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl), m30));
       const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                           _mm512_and_si512(_mm512_srlv_epi16(hb, shr), m30));
-      const __m512i y01 = load64(q8), y23 = load64(q8 + 64);
-      // level (0..63) * y in int16 pairs; the offset is subtracted per block.
-      const __m512i p01 = _mm512_maddubs_epi16(q01, y01);
-      const __m512i p23 = _mm512_maddubs_epi16(q23, y23);
-      sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(perm[h][0], sc));
-      sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(perm[h][1], sc));
+      const __m512i s01 = _mm512_permutexvar_epi16(perm[h][0], sc);
+      const __m512i s23 = _mm512_permutexvar_epi16(perm[h][1], sc);
+      for (int v = 0; v < kV; ++v) {
+        const int8_t* q8 = y[v][i].qs + 128 * h;
+        // level (0..63) * y in int16 pairs; the offset is subtracted per block.
+        const __m512i p01 = _mm512_maddubs_epi16(q01, load64(q8));
+        const __m512i p23 = _mm512_maddubs_epi16(q23, load64(q8 + 64));
+        sumi[v] = _mm512_dpwssd_epi32(sumi[v], p01, s01);
+        sumi[v] = _mm512_dpwssd_epi32(sumi[v], p23, s23);
+      }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)),
-                          _mm256_cvtepi32_ps(_mm256_sub_epi32(fold16(sumi), offset)), acc);
+    for (int v = 0; v < kV; ++v) {
+      // ggml's -32 offset: lane l loses 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1]) once per block.
+      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load32(y[v][i].bsums), sc16), 5);
+      acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(y[v][i].d * h2f(x[i].d)),
+                               _mm256_cvtepi32_ps(_mm256_sub_epi32(fold16(sumi[v]), offset)), acc[v]);
+    }
   }
-  return hsum8(acc);
+  for (int v = 0; v < kV; ++v) out[v * ldo] = hsum8(acc[v]);
+}
+
+/// q6_K_row_v for one vector.
+template <int64_t kPrefetchBytes>
+[[gnu::always_inline]] inline float q6_K_row(const block_q6_K* x, const block_q8_K* y, int64_t nb) {
+  float out;
+  q6_K_row_v<1, kPrefetchBytes>(x, &y, nb, &out, 0);
+  return out;
 }
 
 /// dot(Q8_0 row, Q8_0 activations) in llama.cpp's order (dot_avx512.cpp); the multi-row kernel's odd row.
