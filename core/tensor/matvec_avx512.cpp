@@ -44,6 +44,70 @@ inline void q8_0_row_pair(const uint8_t* w, size_t row_bytes, const block_q8_0* 
   out[1] = hsum8(_mm512_extractf32x8_ps(acc, 1));
 }
 
+/// q8_0_row_pair for kV vectors at once (y[v]'s results at out[v * ldo], out[v * ldo + 1]): each block's
+/// weight side (the pair's levels, their magnitudes and signs, the pair's scales) once for all vectors, each
+/// vector's operations q8_0_row_pair's in its order, so every result equals dot_q8_0's bit for bit.
+template <int kV>
+inline void q8_0_row_pair_v(const uint8_t* w, size_t row_bytes, const block_q8_0* const* y, int64_t nb,
+                            float* out, int64_t ldo) {
+  const auto* x0 = reinterpret_cast<const block_q8_0*>(w);
+  const auto* x1 = reinterpret_cast<const block_q8_0*>(w + row_bytes);
+  const char* ahead = reinterpret_cast<const char*>(w) + 2 * row_bytes;
+  __m512 acc[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    _mm_prefetch(ahead + i * 2 * static_cast<int64_t>(sizeof(block_q8_0)), kWeightStreamHint);
+    const __m512i xq = load32x2(x0[i].qs, x1[i].qs);
+    const __mmask64 neg = _mm512_movepi8_mask(xq);
+    const __m512i ax = _mm512_abs_epi8(xq);
+    const __m512 dx = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<int16_t>(x0[i].d))),
+                                _mm_set1_epi16(static_cast<int16_t>(x1[i].d)), 1));
+    for (int v = 0; v < kV; ++v) {
+      const __m512i yq = _mm512_broadcast_i64x4(load32(y[v][i].qs));
+      const __m512 dy = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(y[v][i].d)));
+      const __m512i ys = _mm512_mask_sub_epi8(yq, neg, _mm512_setzero_si512(), yq);
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, ys);
+      acc[v] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(p), acc[v]);
+    }
+  }
+  for (int v = 0; v < kV; ++v) {
+    out[v * ldo] = hsum8(_mm512_castps512_ps256(acc[v]));
+    out[v * ldo + 1] = hsum8(_mm512_extractf32x8_ps(acc[v], 1));
+  }
+}
+
+/// DotKernels::rows_few for Q8_0 (an MoE expert's rows in a batched decode step, 1-3 an expert): row pairs
+/// as rows_q8_0 takes them, all vectors on each pair while it sits in L1, in passes of up to 3 (4 as 2 + 2);
+/// an odd last row by dot_q8_0 per vector. Each result is dot_q8_0's bits.
+void rows_q8_0_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                   int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = n / QK8_0;
+  constexpr int kMaxPass = 3;
+  auto act = [&](int64_t v) { return reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes); };
+  int64_t r = 0;
+  for (; r + 2 <= nrows; r += 2) {
+    const uint8_t* pair = w + static_cast<size_t>(r) * row_bytes;
+    for (int64_t i = 0; i < nvec;) {
+      const int64_t left = nvec - i;
+      const int pass =
+          left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
+      const block_q8_0* yv[kMaxPass];
+      for (int v = 0; v < pass; ++v) yv[v] = act(i + v);
+      float* out = y + i * ldy + r;
+      switch (pass) {
+        case 3: q8_0_row_pair_v<3>(pair, row_bytes, yv, nb, out, ldy); break;
+        case 2: q8_0_row_pair_v<2>(pair, row_bytes, yv, nb, out, ldy); break;
+        default: q8_0_row_pair_v<1>(pair, row_bytes, yv, nb, out, ldy); break;
+      }
+      i += pass;
+    }
+  }
+  if (r < nrows) {
+    for (int64_t v = 0; v < nvec; ++v) y[v * ldy + r] = dot_q8_0(w + static_cast<size_t>(r) * row_bytes, act(v), n);
+  }
+}
+
 void rows_q8_0(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n, float* y) {
   const auto* a = static_cast<const block_q8_0*>(act);
   const int64_t nb = n / QK8_0;
@@ -593,6 +657,7 @@ void add_matvec_kernels(DotKernels& k) {
   k.rows[slot(GgmlType::Q4_1)] = rows_nibbles<block_q4_1, block_q8_1, 0, false, true>;
   k.rows[slot(GgmlType::Q5_1)] = rows_nibbles<block_q5_1, block_q8_1, 0, true, true>;
   k.rows[slot(GgmlType::Q8_0)] = rows_q8_0;
+  k.rows_few[slot(GgmlType::Q8_0)] = rows_q8_0_few;
   k.rows[slot(GgmlType::Q4_K)] = rows_q4_K;
   k.rows_gemv[slot(GgmlType::Q4_K)] = rows_q4_K_gemv;
   k.rows_gemv_few[slot(GgmlType::Q4_K)] = rows_q4_K_gemv_few;
