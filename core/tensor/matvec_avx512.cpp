@@ -1,10 +1,11 @@
 // AVX-512 multi-row kernels for matvec (y = W x, DotKernels::rows): Q8_0 in row pairs, the nibble formats
 // (Q4_0, Q5_0, Q4_1, Q5_1) in rows of four, Q4_K one row at a time with its activation side prepared once per
 // call (in ggml_vec_dot's order, and in llama.cpp's repacked gemv order with the blocks' sums reduced eight
-// at a time), Q6_K one row at a time with a software prefetch (and for a few vectors at once). Each result
-// equals the table's dot kernel for that row bit for bit (the same float operations in the same order;
-// integer sums, being exact, may be formed differently); tests/tensor/rows_kernel_test.cpp checks that.
-// Reading rows side by side defeats the hardware prefetcher, so these kernels prefetch in software.
+// at a time), Q6_K one row at a time with a software prefetch; Q8_0 and Q6_K also for 2-3 vectors at once
+// (DotKernels::rows_few). Each result equals the table's dot kernel for that row bit for bit (the same float
+// operations in the same order; integer sums, being exact, may be formed differently);
+// tests/tensor/rows_kernel_test.cpp and matmul_test.cpp check that. Reading rows side by side defeats the
+// hardware prefetcher, so these kernels prefetch in software.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -14,42 +15,21 @@
 namespace car::tensor::detail::avx512 {
 namespace {
 
-/// matvec for Q8_0, two rows at a time in one 512-bit accumulator (lanes 0..7 row 0, 8..15 row 1): one row is
-/// bound by its chain of dependent FMAs (one per 34-byte block, ~28 GiB/s from L2), a pair keeps two chains
-/// in flight in one instruction stream (~45 GiB/s). Lane for lane the operations are dot_q8_0's in its order
-/// (the sign moved onto y by a masked negation instead of vpsignb: the same products), so each result
-/// equals dot_q8_0's bit for bit; the scale products are formed in all lanes at once (fp16 -> fp32 is exact,
-/// so every lane equals h2f(x.d) * h2f(y.d)). Reading two rows side by side defeats the hardware prefetcher
-/// (1 GiB matvec fell to 5-8 GiB/s), so the pair prefetches the next pair's bytes, one line per block (the
-/// pair after a chunk's last one starts the thread's next chunk; past the matrix's end, prefetches do not
-/// fault).
-inline void q8_0_row_pair(const uint8_t* w, size_t row_bytes, const block_q8_0* y, int64_t nb, float* out) {
-  const auto* x0 = reinterpret_cast<const block_q8_0*>(w);
-  const auto* x1 = reinterpret_cast<const block_q8_0*>(w + row_bytes);
-  const char* ahead = reinterpret_cast<const char*>(w) + 2 * row_bytes;
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    _mm_prefetch(ahead + i * 2 * static_cast<int64_t>(sizeof(block_q8_0)), kWeightStreamHint);
-    const __m512i yq = _mm512_broadcast_i64x4(load32(y[i].qs));
-    const __m512 dy = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(y[i].d)));
-    const __m512i xq = load32x2(x0[i].qs, x1[i].qs);
-    const __m512i ys = _mm512_mask_sub_epi8(yq, _mm512_movepi8_mask(xq), _mm512_setzero_si512(), yq);
-    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(xq), ys);
-    const __m256i dx =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<int16_t>(x0[i].d))),
-                                _mm_set1_epi16(static_cast<int16_t>(x1[i].d)), 1);
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtph_ps(dx), dy), _mm512_cvtepi32_ps(p), acc);
-  }
-  out[0] = hsum8(_mm512_castps512_ps256(acc));
-  out[1] = hsum8(_mm512_extractf32x8_ps(acc, 1));
-}
-
-/// q8_0_row_pair for kV vectors at once (y[v]'s results at out[v * ldo], out[v * ldo + 1]): each block's
-/// weight side (the pair's levels, their magnitudes and signs, the pair's scales) once for all vectors, each
-/// vector's operations q8_0_row_pair's in its order, so every result equals dot_q8_0's bit for bit.
+/// matvec for Q8_0, two rows at a time in one 512-bit accumulator (lanes 0..7 row 0, 8..15 row 1), for kV
+/// vectors at once (y[v]'s results at out[v * ldo], out[v * ldo + 1]; kV 1 for matvec, 2-3 for
+/// rows_q8_0_few). One row is bound by its chain of dependent FMAs (one per 34-byte block, ~28 GiB/s from
+/// L2); a pair keeps two chains in flight in one instruction stream (~45 GiB/s). Each block's weight side
+/// (the pair's levels, their magnitudes and signs, the pair's scales) is unpacked once for all kV vectors.
+/// Lane for lane each vector's operations are dot_q8_0's in its order (the sign moved onto y by a masked
+/// negation instead of vpsignb: the same products), so each result equals dot_q8_0's bit for bit whatever kV;
+/// the scale products are formed in all lanes at once (fp16 -> fp32 is exact, so every lane equals h2f(x.d) *
+/// h2f(y.d)). Reading two rows side by side defeats the hardware prefetcher (1 GiB matvec fell to 5-8
+/// GiB/s), so the pair prefetches the next pair's bytes, one line per block (the pair after a chunk's last
+/// one starts the thread's next chunk; past the matrix's end, prefetches do not fault).
 template <int kV>
-inline void q8_0_row_pair_v(const uint8_t* w, size_t row_bytes, const block_q8_0* const* y, int64_t nb,
-                            float* out, int64_t ldo) {
+[[gnu::always_inline]] inline void q8_0_row_pair_v(const uint8_t* w, size_t row_bytes,
+                                                   const block_q8_0* const* y, int64_t nb, float* out,
+                                                   int64_t ldo) {
   const auto* x0 = reinterpret_cast<const block_q8_0*>(w);
   const auto* x1 = reinterpret_cast<const block_q8_0*>(w + row_bytes);
   const char* ahead = reinterpret_cast<const char*>(w) + 2 * row_bytes;
@@ -77,6 +57,11 @@ inline void q8_0_row_pair_v(const uint8_t* w, size_t row_bytes, const block_q8_0
   }
 }
 
+/// The pair for one vector (rows_q8_0).
+inline void q8_0_row_pair(const uint8_t* w, size_t row_bytes, const block_q8_0* y, int64_t nb, float* out) {
+  q8_0_row_pair_v<1>(w, row_bytes, &y, nb, out, 0);
+}
+
 /// DotKernels::rows_few for Q8_0 (an MoE expert's rows in a batched decode step, 1-3 an expert): row pairs
 /// as rows_q8_0 takes them, all vectors on each pair while it sits in L1, in passes of up to 3 (4 as 2 + 2);
 /// an odd last row by dot_q8_0 per vector. Each result is dot_q8_0's bits.
@@ -84,7 +69,9 @@ void rows_q8_0_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint
                    int64_t nvec, int64_t n, float* y, int64_t ldy) {
   const int64_t nb = n / QK8_0;
   constexpr int kMaxPass = 3;
-  auto act = [&](int64_t v) { return reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes); };
+  auto act = [&](int64_t v) {
+    return reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes);
+  };
   int64_t r = 0;
   for (; r + 2 <= nrows; r += 2) {
     const uint8_t* pair = w + static_cast<size_t>(r) * row_bytes;
@@ -96,15 +83,22 @@ void rows_q8_0_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint
       for (int v = 0; v < pass; ++v) yv[v] = act(i + v);
       float* out = y + i * ldy + r;
       switch (pass) {
-        case 3: q8_0_row_pair_v<3>(pair, row_bytes, yv, nb, out, ldy); break;
-        case 2: q8_0_row_pair_v<2>(pair, row_bytes, yv, nb, out, ldy); break;
-        default: q8_0_row_pair_v<1>(pair, row_bytes, yv, nb, out, ldy); break;
+        case 3:
+          q8_0_row_pair_v<3>(pair, row_bytes, yv, nb, out, ldy);
+          break;
+        case 2:
+          q8_0_row_pair_v<2>(pair, row_bytes, yv, nb, out, ldy);
+          break;
+        default:
+          q8_0_row_pair_v<1>(pair, row_bytes, yv, nb, out, ldy);
+          break;
       }
       i += pass;
     }
   }
   if (r < nrows) {
-    for (int64_t v = 0; v < nvec; ++v) y[v * ldy + r] = dot_q8_0(w + static_cast<size_t>(r) * row_bytes, act(v), n);
+    for (int64_t v = 0; v < nvec; ++v)
+      y[v * ldy + r] = dot_q8_0(w + static_cast<size_t>(r) * row_bytes, act(v), n);
   }
 }
 
