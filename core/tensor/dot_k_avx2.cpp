@@ -369,10 +369,9 @@ float dot_q3_K(const void* w, const void* a, int64_t n) {
   const __m256i one = _mm256_set1_epi8(1);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    int8_t raw[16];
-    unpack_q3_K_scales(x[i].scales, raw);
-    int16_t sc[16];
-    for (int j = 0; j < 16; ++j) sc[j] = static_cast<int16_t>(raw[j] - 32);
+    // One 32-byte store; scale_pair's 4-byte loads inside it forward from it.
+    alignas(32) int16_t sc[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc), q3_K_scales16(x[i].scales));
     const __m256i hbits = load32(x[i].hmask);
     const int8_t* q8 = y[i].qs;
     __m256i sumi = _mm256_setzero_si256();

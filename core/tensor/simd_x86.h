@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/tensor/blocks.h"
 
@@ -48,6 +49,22 @@ inline __m256i nibbles32(const uint8_t* p) {
   const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
   return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/// Q3_K's 16 six-bit scales minus 32, as int16 lanes (k_scales.h unpack_q3_K_scales in registers): words 0-1
+/// take the low nibbles of packed words 0-1, words 2-3 their high nibbles, each byte's bits 4-5 from packed
+/// word 2 shifted by 0, 2, 4, 6. Reads exactly the 12 packed bytes and stores nothing: the scalar
+/// unpacking's 16-byte reload of four 4-byte stores stalled on store forwarding (the AVX-512 dot kernel ran
+/// at 5.4 GiB/s with it, 14.4 without).
+inline __m256i q3_K_scales16(const uint8_t* packed) {
+  uint32_t w2;
+  std::memcpy(&w2, packed + 8, 4);
+  const __m128i w01 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed));
+  const __m128i lo = _mm_srlv_epi32(_mm_shuffle_epi32(w01, 0x44), _mm_setr_epi32(0, 0, 4, 4));
+  const __m128i hi = _mm_srlv_epi32(_mm_set1_epi32(static_cast<int32_t>(w2)), _mm_setr_epi32(0, 2, 4, 6));
+  const __m128i raw = _mm_or_si128(_mm_and_si128(lo, _mm_set1_epi8(0x0f)),
+                                   _mm_slli_epi32(_mm_and_si128(hi, _mm_set1_epi8(0x03)), 4));
+  return _mm256_sub_epi16(_mm256_cvtepi8_epi16(raw), _mm256_set1_epi16(32));
 }
 
 /// The mins term of Q4_K / Q5_K as ggml's AVX2 kernels form it: bsums summed in pairs (int16 hadd), times

@@ -307,7 +307,8 @@ TEST(SimdMirror, Avx512EqualsAvx2BitForBitOnLlamaCppPaths) {
   const detail::DotKernels* v2 = table_if_supported(Isa::avx2);
   const auto& ref = detail::scalar_kernels();
   std::mt19937 rng(500);
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType t :
+       {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     SCOPED_TRACE(ggml_type_name(t));
     const GgmlType at = activation_type(t);
     for (int64_t n : shapes(t)) {
