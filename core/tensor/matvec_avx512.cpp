@@ -1,9 +1,9 @@
 // AVX-512 multi-row kernels for matvec (y = W x, DotKernels::rows): Q8_0 in row pairs, the nibble formats
 // (Q4_0, Q5_0, Q4_1, Q5_1) in rows of four, Q4_K one row at a time with its activation side prepared once per
 // call (in ggml_vec_dot's order, and in llama.cpp's repacked gemv order with the blocks' sums reduced eight
-// at a time), Q6_K one row at a time with a software prefetch; Q8_0 and Q6_K also for 2-3 vectors at once
-// (DotKernels::rows_few). Each result equals the table's dot kernel for that row bit for bit (the same float
-// operations in the same order; integer sums, being exact, may be formed differently);
+// at a time), Q6_K one row at a time with a software prefetch; Q8_0, Q6_K and Q3_K also for 2-3 vectors at
+// once (DotKernels::rows_few). Each result equals the table's dot kernel for that row bit for bit (the same
+// float operations in the same order; integer sums, being exact, may be formed differently);
 // tests/tensor/rows_kernel_test.cpp and matmul_test.cpp check that. Reading rows side by side defeats the
 // hardware prefetcher, so these kernels prefetch in software.
 #include <algorithm>
@@ -643,6 +643,39 @@ void rows_q6_K_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint
   }
 }
 
+/// DotKernels::rows_few for Q3_K (an MoE expert's rows in a batched decode step, 2-3 an expert): each row
+/// once for all vectors, in passes of up to 3 (4 as 2 + 2) while it sits in L1; each result is dot_q3_K's
+/// bits. No prefetch: Q3_K's arithmetic, not the stream, bounds it.
+void rows_q3_K_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
+                   int64_t nvec, int64_t n, float* y, int64_t ldy) {
+  const int64_t nb = n / QK_K;
+  constexpr int kMaxPass = 3;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const auto* x = reinterpret_cast<const block_q3_K*>(w + static_cast<size_t>(r) * row_bytes);
+    for (int64_t i = 0; i < nvec;) {
+      const int64_t left = nvec - i;
+      const int pass =
+          left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
+      const block_q8_K* yv[kMaxPass];
+      for (int v = 0; v < pass; ++v)
+        yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(i + v) * act_bytes);
+      float* out = y + i * ldy + r;
+      switch (pass) {
+        case 3:
+          q3_K_row_v<3>(x, yv, nb, out, ldy);
+          break;
+        case 2:
+          q3_K_row_v<2>(x, yv, nb, out, ldy);
+          break;
+        default:
+          q3_K_row_v<1>(x, yv, nb, out, ldy);
+          break;
+      }
+      i += pass;
+    }
+  }
+}
+
 }  // namespace
 
 void add_matvec_kernels(DotKernels& k) {
@@ -657,6 +690,7 @@ void add_matvec_kernels(DotKernels& k) {
   k.rows_gemv_few[slot(GgmlType::Q4_K)] = rows_q4_K_gemv_few;
   k.rows[slot(GgmlType::Q6_K)] = rows_q6_K;
   k.rows_few[slot(GgmlType::Q6_K)] = rows_q6_K_few;
+  k.rows_few[slot(GgmlType::Q3_K)] = rows_q3_K_few;
 }
 
 }  // namespace car::tensor::detail::avx512

@@ -148,6 +148,65 @@ template <int64_t kPrefetchBytes>
   return out;
 }
 
+/// vpermw indices for Q3_K: step k's register holds chunk k (32 elements, int16 lanes 0..15) and chunk k + 4
+/// (lanes 16..31); each chunk's two 16-element halves take scales 2c and 2c + 1.
+constexpr Perm2 make_q3_K_perm(int k) {
+  Perm2 p{};
+  for (int i = 0; i < 32; ++i)
+    p.idx[i] = static_cast<int16_t>(i < 16 ? 2 * k + i / 8 : 2 * (k + 4) + (i - 16) / 8);
+  return p;
+}
+inline constexpr Perm2 kQ3KPerm[4] = {make_q3_K_perm(0), make_q3_K_perm(1), make_q3_K_perm(2),
+                                      make_q3_K_perm(3)};
+
+/// dot(Q3_K row, Q8_K activations) in ggml's AVX2 lane order (the AVX2 kernel, dot_k_avx2.cpp): per block, 8
+/// int32 lanes, lane l summing bytes 4l..4l+3 of each 32-element chunk as level x y x scale (level = the two
+/// low bits minus 4 where the high-mask bit is clear), then one FMA of the 8 lanes by d x y.d. Here a
+/// 512-bit register takes chunks k and k + 4 at once (the same shift of the low bits for both), the scale
+/// multiply-add is one vpdpwssd, and the two halves' lanes are added at the block's end: the same exact
+/// integers per lane, the same float operations, so the same bits as the AVX2 kernel
+/// (SimdMirror.Avx512EqualsAvx2BitForBitOnLlamaCppPaths). For kV vectors y[0..kV) at once (out[v * ldo]): the
+/// weight side of a block (levels, high bits, scales) is unpacked once for all of them, each vector's
+/// operations the one-vector kernel's in its order - dot_q3_K is the kV = 1 instance, the few-vector kernel
+/// (matvec_avx512.cpp) the others.
+template <int kV>
+[[gnu::always_inline]] inline void q3_K_row_v(const block_q3_K* x, const block_q8_K* const* y, int64_t nb,
+                                              float* out, int64_t ldo) {
+  const __m512i m3 = _mm512_set1_epi8(3);
+  const __m512i one = _mm512_set1_epi8(1);
+  const __m512i perm[4] = {perm_idx(kQ3KPerm[0]), perm_idx(kQ3KPerm[1]), perm_idx(kQ3KPerm[2]),
+                           perm_idx(kQ3KPerm[3])};
+  __m256 acc[kV];
+  for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m512i sc = _mm512_castsi256_si512(q3_K_scales16(x[i].scales));
+    const __m512i bits = load64(x[i].qs);  // bytes 0..31 | 32..63: chunks k | k + 4 after the same shift
+    const __m512i hb = _mm512_broadcast_i64x4(load32(x[i].hmask));
+    __m512i sumi[kV];
+    for (int v = 0; v < kV; ++v) sumi[v] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i q = _mm512_and_si512(_mm512_srli_epi16(bits, 2 * k), m3);
+      // high-mask bit k (chunk k) | k + 4 (chunk k + 4); 4 where it is clear: level = q - that
+      const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(k)),
+                                               _mm256_set1_epi16(static_cast<int16_t>(k + 4)), 1);
+      const __m512i q_hi = _mm512_slli_epi16(_mm512_andnot_si512(_mm512_srlv_epi16(hb, shift), one), 2);
+      const __m512i s = _mm512_permutexvar_epi16(perm[k], sc);
+      for (int v = 0; v < kV; ++v) {
+        const int8_t* q8 = y[v][i].qs;
+        const __m512i y8 = load32x2(q8 + 32 * k, q8 + 128 + 32 * k);
+        const __m512i p = _mm512_sub_epi16(_mm512_maddubs_epi16(q, y8), _mm512_maddubs_epi16(q_hi, y8));
+        sumi[v] = _mm512_dpwssd_epi32(sumi[v], p, s);
+      }
+    }
+    for (int v = 0; v < kV; ++v) {
+      acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[v][i].d), _mm256_cvtepi32_ps(fold16(sumi[v])),
+                               acc[v]);
+    }
+  }
+  for (int v = 0; v < kV; ++v) out[v * ldo] = hsum8(acc[v]);
+}
+
 /// dot(Q8_0 row, Q8_0 activations) in llama.cpp's order (dot_avx512.cpp); the multi-row kernel's odd row.
 float dot_q8_0(const void* w, const void* a, int64_t n);
 
