@@ -8,6 +8,7 @@
 // hardware prefetcher, so these kernels prefetch in software.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/tensor/simd_avx512.h"
@@ -62,43 +63,54 @@ inline void q8_0_row_pair(const uint8_t* w, size_t row_bytes, const block_q8_0* 
   q8_0_row_pair_v<1>(w, row_bytes, &y, nb, out, 0);
 }
 
+/// The few-vector kernels' passes over one row (or row pair): vectors [0, nvec) in passes of up to 3 (4 as
+/// 2 + 2), fn(std::integral_constant<int, V>, activations of the pass's V vectors, the first one's output,
+/// whether it is the row's first pass).
+template <class Act, class Fn>
+[[gnu::always_inline]] inline void few_passes(const uint8_t* acts, size_t act_bytes, int64_t nvec, float* out,
+                                              int64_t ldy, Fn&& fn) {
+  constexpr int kMaxPass = 3;
+  for (int64_t i = 0; i < nvec;) {
+    const int64_t left = nvec - i;
+    const int pass = left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
+    const Act* yv[kMaxPass];
+    for (int v = 0; v < pass; ++v)
+      yv[v] = reinterpret_cast<const Act*>(acts + static_cast<size_t>(i + v) * act_bytes);
+    float* o = out + i * ldy;
+    switch (pass) {
+      case 3:
+        fn(std::integral_constant<int, 3>{}, yv, o, i == 0);
+        break;
+      case 2:
+        fn(std::integral_constant<int, 2>{}, yv, o, i == 0);
+        break;
+      default:
+        fn(std::integral_constant<int, 1>{}, yv, o, i == 0);
+        break;
+    }
+    i += pass;
+  }
+}
+
 /// DotKernels::rows_few for Q8_0 (an MoE expert's rows in a batched decode step, 1-3 an expert): row pairs
 /// as rows_q8_0 takes them, all vectors on each pair while it sits in L1, in passes of up to 3 (4 as 2 + 2);
 /// an odd last row by dot_q8_0 per vector. Each result is dot_q8_0's bits.
 void rows_q8_0_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                    int64_t nvec, int64_t n, float* y, int64_t ldy) {
   const int64_t nb = n / QK8_0;
-  constexpr int kMaxPass = 3;
-  auto act = [&](int64_t v) {
-    return reinterpret_cast<const block_q8_0*>(acts + static_cast<size_t>(v) * act_bytes);
-  };
   int64_t r = 0;
   for (; r + 2 <= nrows; r += 2) {
     const uint8_t* pair = w + static_cast<size_t>(r) * row_bytes;
-    for (int64_t i = 0; i < nvec;) {
-      const int64_t left = nvec - i;
-      const int pass =
-          left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
-      const block_q8_0* yv[kMaxPass];
-      for (int v = 0; v < pass; ++v) yv[v] = act(i + v);
-      float* out = y + i * ldy + r;
-      switch (pass) {
-        case 3:
-          q8_0_row_pair_v<3>(pair, row_bytes, yv, nb, out, ldy);
-          break;
-        case 2:
-          q8_0_row_pair_v<2>(pair, row_bytes, yv, nb, out, ldy);
-          break;
-        default:
-          q8_0_row_pair_v<1>(pair, row_bytes, yv, nb, out, ldy);
-          break;
-      }
-      i += pass;
-    }
+    few_passes<block_q8_0>(acts, act_bytes, nvec, y + r, ldy,
+                           [&](auto kv, const block_q8_0* const* yv, float* out, bool /*first*/)
+                               [[gnu::always_inline]] {
+                                 q8_0_row_pair_v<decltype(kv)::value>(pair, row_bytes, yv, nb, out, ldy);
+                               });
   }
   if (r < nrows) {
     for (int64_t v = 0; v < nvec; ++v)
-      y[v * ldy + r] = dot_q8_0(w + static_cast<size_t>(r) * row_bytes, act(v), n);
+      y[v * ldy + r] =
+          dot_q8_0(w + static_cast<size_t>(r) * row_bytes, acts + static_cast<size_t>(v) * act_bytes, n);
   }
 }
 
@@ -612,34 +624,17 @@ void rows_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
 void rows_q6_K_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                    int64_t nvec, int64_t n, float* y, int64_t ldy) {
   const int64_t nb = n / QK_K;
-  constexpr int kMaxPass = 3;
   for (int64_t r = 0; r < nrows; ++r) {
     const auto* x = reinterpret_cast<const block_q6_K*>(w + static_cast<size_t>(r) * row_bytes);
-    for (int64_t i = 0; i < nvec;) {
-      const int64_t left = nvec - i;
-      const int pass =
-          left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
-      const block_q8_K* yv[kMaxPass];
-      for (int v = 0; v < pass; ++v)
-        yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(i + v) * act_bytes);
-      float* out = y + i * ldy + r;
-      const bool first = i == 0;
-      switch (pass) {
-        case 3:
-          first ? q6_K_row_v<3, kQ6KPrefetchBytes>(x, yv, nb, out, ldy)
-                : q6_K_row_v<3, 0>(x, yv, nb, out, ldy);
-          break;
-        case 2:
-          first ? q6_K_row_v<2, kQ6KPrefetchBytes>(x, yv, nb, out, ldy)
-                : q6_K_row_v<2, 0>(x, yv, nb, out, ldy);
-          break;
-        default:
-          first ? q6_K_row_v<1, kQ6KPrefetchBytes>(x, yv, nb, out, ldy)
-                : q6_K_row_v<1, 0>(x, yv, nb, out, ldy);
-          break;
-      }
-      i += pass;
-    }
+    few_passes<block_q8_K>(acts, act_bytes, nvec, y + r, ldy,
+                           [&](auto kv, const block_q8_K* const* yv, float* out, bool first)
+                               [[gnu::always_inline]] {
+                                 if (first) {
+                                   q6_K_row_v<decltype(kv)::value, kQ6KPrefetchBytes>(x, yv, nb, out, ldy);
+                                 } else {
+                                   q6_K_row_v<decltype(kv)::value, 0>(x, yv, nb, out, ldy);
+                                 }
+                               });
   }
 }
 
@@ -649,30 +644,12 @@ void rows_q6_K_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint
 void rows_q3_K_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                    int64_t nvec, int64_t n, float* y, int64_t ldy) {
   const int64_t nb = n / QK_K;
-  constexpr int kMaxPass = 3;
   for (int64_t r = 0; r < nrows; ++r) {
     const auto* x = reinterpret_cast<const block_q3_K*>(w + static_cast<size_t>(r) * row_bytes);
-    for (int64_t i = 0; i < nvec;) {
-      const int64_t left = nvec - i;
-      const int pass =
-          left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
-      const block_q8_K* yv[kMaxPass];
-      for (int v = 0; v < pass; ++v)
-        yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(i + v) * act_bytes);
-      float* out = y + i * ldy + r;
-      switch (pass) {
-        case 3:
-          q3_K_row_v<3>(x, yv, nb, out, ldy);
-          break;
-        case 2:
-          q3_K_row_v<2>(x, yv, nb, out, ldy);
-          break;
-        default:
-          q3_K_row_v<1>(x, yv, nb, out, ldy);
-          break;
-      }
-      i += pass;
-    }
+    few_passes<block_q8_K>(
+        acts, act_bytes, nvec, y + r, ldy,
+        [&](auto kv, const block_q8_K* const* yv, float* out, bool /*first*/)
+            [[gnu::always_inline]] { q3_K_row_v<decltype(kv)::value>(x, yv, nb, out, ldy); });
   }
 }
 
