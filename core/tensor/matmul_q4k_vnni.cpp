@@ -531,21 +531,10 @@ void rows_q4_K_interleaved_gemv_few(const uint8_t* w, size_t row_bytes, int64_t 
   assert(nrows % kRows == 0 && n % QK_K == 0);
   const int32_t* pairs = bsum_pairs(acts, act_bytes, nvec, n / QK_K);
   const int64_t nb = n / QK_K;
-  for (int64_t i = 0; i < nvec;) {
-    const int64_t left = nvec - i;
-    const uint8_t* a = acts + static_cast<size_t>(i) * act_bytes;
-    const int32_t* p = pairs + 4 * i * nb;
-    if (left >= 3 && left != 4) {
-      gemv_interleaved<3>(w, row_bytes, nrows, a, act_bytes, n, y + i * ldy, ldy, p);
-      i += 3;
-    } else if (left >= 2) {
-      gemv_interleaved<2>(w, row_bytes, nrows, a, act_bytes, n, y + i * ldy, ldy, p);
-      i += 2;
-    } else {
-      gemv_interleaved<1>(w, row_bytes, nrows, a, act_bytes, n, y + i * ldy, ldy, p);
-      i += 1;
-    }
-  }
+  vector_passes(nvec, [&](auto kv, int64_t i) [[gnu::always_inline]] {
+    gemv_interleaved<decltype(kv)::value>(w, row_bytes, nrows, acts + static_cast<size_t>(i) * act_bytes,
+                                          act_bytes, n, y + i * ldy, ldy, pairs + 4 * i * nb);
+  });
 }
 
 void interleave_q4_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, int64_t n, uint8_t* dst) {

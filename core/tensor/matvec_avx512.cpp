@@ -63,33 +63,18 @@ inline void q8_0_row_pair(const uint8_t* w, size_t row_bytes, const block_q8_0* 
   q8_0_row_pair_v<1>(w, row_bytes, &y, nb, out, 0);
 }
 
-/// The few-vector kernels' passes over one row (or row pair): vectors [0, nvec) in passes of up to 3 (4 as
-/// 2 + 2), fn(std::integral_constant<int, V>, activations of the pass's V vectors, the first one's output,
-/// whether it is the row's first pass).
+/// The few-vector kernels' passes over one row (or row pair), as vector_passes splits them: fn(std::
+/// integral_constant<int, V>, activations of the pass's V vectors, the first one's output, whether it is the
+/// row's first pass).
 template <class Act, class Fn>
 [[gnu::always_inline]] inline void few_passes(const uint8_t* acts, size_t act_bytes, int64_t nvec, float* out,
                                               int64_t ldy, Fn&& fn) {
-  constexpr int kMaxPass = 3;
-  for (int64_t i = 0; i < nvec;) {
-    const int64_t left = nvec - i;
-    const int pass = left >= kMaxPass && left != 4 ? kMaxPass : static_cast<int>(std::min<int64_t>(left, 2));
-    const Act* yv[kMaxPass];
-    for (int v = 0; v < pass; ++v)
+  vector_passes(nvec, [&](auto kv, int64_t i) [[gnu::always_inline]] {
+    const Act* yv[decltype(kv)::value];
+    for (int v = 0; v < decltype(kv)::value; ++v)
       yv[v] = reinterpret_cast<const Act*>(acts + static_cast<size_t>(i + v) * act_bytes);
-    float* o = out + i * ldy;
-    switch (pass) {
-      case 3:
-        fn(std::integral_constant<int, 3>{}, yv, o, i == 0);
-        break;
-      case 2:
-        fn(std::integral_constant<int, 2>{}, yv, o, i == 0);
-        break;
-      default:
-        fn(std::integral_constant<int, 1>{}, yv, o, i == 0);
-        break;
-    }
-    i += pass;
-  }
+    fn(kv, yv, out + i * ldy, i == 0);
+  });
 }
 
 /// DotKernels::rows_few for Q8_0 (an MoE expert's rows in a batched decode step, 1-3 an expert): row pairs
@@ -304,7 +289,7 @@ struct alignas(64) Q8KGroupPrepared {
 };
 
 /// Vectors a gemv kernel call takes at most (rows_q4_K_gemv_few); each has its own prepared activations.
-constexpr int kMaxFewVectors = 3;
+constexpr int kMaxFewVectors = kMaxVectorPass;
 thread_local std::vector<Q8KPrepared> tls_q8k_prepared[kMaxFewVectors];
 thread_local std::vector<Q8KGroupPrepared> tls_q8k_group_prepared[kMaxFewVectors];
 
@@ -588,21 +573,10 @@ void rows_q4_K_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const voi
 /// DotKernels::rows_gemv_few for Q4_K: vectors in passes of up to kMaxFewVectors (rows_q4_K_gemv_v).
 void rows_q4_K_gemv_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts, size_t act_bytes,
                         int64_t nvec, int64_t n, float* y, int64_t ldy) {
-  for (int64_t i = 0; i < nvec;) {
-    const int64_t left = nvec - i;
-    const uint8_t* a = acts + static_cast<size_t>(i) * act_bytes;
-    float* yi = y + i * ldy;
-    if (left >= 3 && left != 4) {
-      rows_q4_K_gemv_v<3>(w, row_bytes, nrows, a, act_bytes, n, yi, ldy);
-      i += 3;
-    } else if (left >= 2) {
-      rows_q4_K_gemv_v<2>(w, row_bytes, nrows, a, act_bytes, n, yi, ldy);
-      i += 2;
-    } else {
-      rows_q4_K_gemv_v<1>(w, row_bytes, nrows, a, act_bytes, n, yi, ldy);
-      i += 1;
-    }
-  }
+  vector_passes(nvec, [&](auto kv, int64_t i) [[gnu::always_inline]] {
+    rows_q4_K_gemv_v<decltype(kv)::value>(w, row_bytes, nrows, acts + static_cast<size_t>(i) * act_bytes,
+                                          act_bytes, n, y + i * ldy, ldy);
+  });
 }
 
 /// How far ahead rows_q6_K prefetches. Q6_K's one-row loop is cheap enough to be bound by the memory

@@ -16,6 +16,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/tensor/blocks.h"
 #include "core/tensor/k_scales.h"
@@ -81,6 +82,31 @@ inline __m512i perm_idx(const Perm2& p) {
 /// yields exactly the 8 lanes ggml's AVX2 kernels accumulate (lane k: bytes 4k..4k+3 of every chunk).
 inline __m256i fold16(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/// The most vectors one pass of a few-vector kernel takes (vector_passes).
+constexpr int kMaxVectorPass = 3;
+
+/// The few-vector kernels' split of vectors [0, nvec) into passes of up to kMaxVectorPass, 4 as 2 + 2 (a pass
+/// of 3 then 1 would run the one-vector body once more): fn(std::integral_constant<int, V>, the pass's first
+/// vector) for each pass in order. Which pass a vector falls in changes no result: each kernel's vectors are
+/// independent.
+template <class Fn>
+[[gnu::always_inline]] inline void vector_passes(int64_t nvec, Fn&& fn) {
+  constexpr int kMaxPass = kMaxVectorPass;
+  for (int64_t i = 0; i < nvec;) {
+    const int64_t left = nvec - i;
+    if (left >= kMaxPass && left != 4) {
+      fn(std::integral_constant<int, kMaxPass>{}, i);
+      i += kMaxPass;
+    } else if (left >= 2) {
+      fn(std::integral_constant<int, 2>{}, i);
+      i += 2;
+    } else {
+      fn(std::integral_constant<int, 1>{}, i);
+      i += 1;
+    }
+  }
 }
 
 /// dot(Q6_K row, Q8_K activations) over `nb` blocks in ggml's AVX2 lane order (8 int32 lanes, the 6-bit

@@ -192,6 +192,48 @@ TEST(InterleaveTest, EveryProductEqualsTheFileLayoutsBitForBit) {
   }
 }
 
+// The interleaved few-vector gemv kernel, called directly: matmul hands it at most 3 vectors (one pass), so
+// check_products never reaches its later passes; here every count 1..7 (passes of 3, 2 + 2, 3 + 2, ...) and
+// an output stride, each (row, vector) against the scalar gemv reference on the file's layout.
+TEST(InterleaveTest, TheFewVectorKernelGivesEveryPassTheReferenceBits) {
+  if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
+  const detail::TileFn few = detail::kernels_for(Isa::avx512).q4k_interleaved.rows_gemv_few;
+  ASSERT_NE(few, nullptr);
+  const detail::DotFn ref = detail::scalar_kernels().dot_gemv[detail::slot(GgmlType::Q4_K)];
+  std::mt19937 rng(11);
+  const int64_t rows = 32, cols = 768;
+  auto w = random_q4_K(rng, rows, cols, true);
+  const MatrixView plain = view_of(*w, rows, cols);
+  Aligned il(w->size);
+  MatrixView v;
+  {
+    IsaScope isa(Isa::avx512);
+    v = interleave_rows(plain, il.p);
+  }
+  ASSERT_TRUE(v.interleaved);
+  const size_t ab = detail::row_bytes(GgmlType::Q8_K, cols);
+  for (int64_t nvec = 1; nvec <= 7; ++nvec) {
+    std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
+    for (int64_t i = 0; i < nvec; ++i) {
+      const auto x = testing::random_floats(rng, cols);
+      detail::quantize_act_q8_K(x.data(), acts.data() + ab * static_cast<size_t>(i), cols);
+    }
+    const int64_t ldy = rows + 5;
+    std::vector<float> y(static_cast<size_t>(ldy * nvec), -7.0f);
+    few(v.data, v.row_bytes, rows, acts.data(), ab, nvec, cols, y.data(), ldy);
+    for (int64_t i = 0; i < nvec; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float want = ref(plain.data + plain.row_bytes * static_cast<size_t>(r),
+                               acts.data() + ab * static_cast<size_t>(i), cols);
+        const float got = y[static_cast<size_t>(i * ldy + r)];
+        ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
+            << "nvec " << nvec << " vector " << i << " row " << r << ": " << got << " vs " << want;
+      }
+      for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[static_cast<size_t>(i * ldy + r)], -7.0f);
+    }
+  }
+}
+
 TEST(InterleaveTest, ATableWithoutTheKernelsComputesTheSameBitsFromACopy) {
   if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
   std::mt19937 rng(10);
