@@ -81,6 +81,7 @@ ForwardPass::ForwardPass(std::shared_ptr<const model::Model> model, experts::Exp
     active_.reserve(sz(E));
     leases_.reserve(sz(std::max(E, K)));
     tasks_.reserve(sz(2 * K));
+    expert_tasks_.reserve(sz(2 * E));
     guessed_.resize(sz(E));
     guess_.reserve(sz(E));
     if (hp_.n_ff_shexp > 0 && !hp_.is_mla()) shexp_gate_.resize(sz(B));
@@ -194,6 +195,11 @@ void ForwardPass::mm(const tensor::MatrixView& w, const float* x, int64_t n, flo
   } else {
     tensor::matmul(w, x, n, w.cols, y, w.rows, pool_);
   }
+}
+
+tensor::MatmulTask ForwardPass::row_task(const tensor::MatrixView& w, const float* x, int64_t n,
+                                         float* y) const {
+  return {w, x, n, w.cols, y, w.rows, gemm_.data(), panel_.data()};
 }
 
 void ForwardPass::mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y) {
@@ -376,9 +382,10 @@ void ForwardPass::attention(int64_t il, int64_t n) {
         {L.wq, xn_.data(), q_.data()}, {L.wk, xn_.data(), k_.data()}, {L.wv, xn_.data(), v_.data()}};
     tensor::matvec_fused(qkv, 3, pool_);
   } else {
-    mm_rows(L.wq, xn_.data(), n, q_.data());
-    mm_rows(L.wk, xn_.data(), n, k_.data());
-    mm_rows(L.wv, xn_.data(), n, v_.data());
+    const tensor::MatmulTask qkv[] = {row_task(L.wq, xn_.data(), n, q_.data()),
+                                      row_task(L.wk, xn_.data(), n, k_.data()),
+                                      row_task(L.wv, xn_.data(), n, v_.data())};
+    tensor::matmul_fused(qkv, 3, pool_);
   }
 
   for (int64_t i = 0; i < n; ++i) {
@@ -565,8 +572,9 @@ void ForwardPass::dense_ffn(int64_t il, int64_t n) {
                                           {L.ffn_up, xn_.data(), up_.data()}};
     tensor::matvec_fused(gate_up, 2, pool_);
   } else {
-    mm_rows(L.ffn_gate, xn_.data(), n, gate_.data());
-    mm_rows(L.ffn_up, xn_.data(), n, up_.data());
+    const tensor::MatmulTask gate_up[] = {row_task(L.ffn_gate, xn_.data(), n, gate_.data()),
+                                          row_task(L.ffn_up, xn_.data(), n, up_.data())};
+    tensor::matmul_fused(gate_up, 2, pool_);
   }
   glu(n * ff);
   mm_rows(L.ffn_down, gate_.data(), n, proj_.data());
@@ -671,9 +679,10 @@ void ForwardPass::shared_expert(int64_t il, int64_t n) {
                                         {L.ffn_gate_inp_shexp, xn_.data(), shexp_gate_.data()}};
     tensor::matvec_fused(tasks, gated ? 3 : 2, pool_);
   } else {
-    if (gated) mm_rows(L.ffn_gate_inp_shexp, xn_.data(), n, shexp_gate_.data());
-    mm_rows(L.ffn_gate_shexp, xn_.data(), n, gate_.data());
-    mm_rows(L.ffn_up_shexp, xn_.data(), n, up_.data());
+    const tensor::MatmulTask tasks[] = {row_task(L.ffn_gate_shexp, xn_.data(), n, gate_.data()),
+                                        row_task(L.ffn_up_shexp, xn_.data(), n, up_.data()),
+                                        row_task(L.ffn_gate_inp_shexp, xn_.data(), n, shexp_gate_.data())};
+    tensor::matmul_fused(tasks, gated ? 3 : 2, pool_);
   }
   glu(n * ff);
   mm_rows(L.ffn_down_shexp, gate_.data(), n, xe_.data());
@@ -701,38 +710,77 @@ void ForwardPass::run_experts(int64_t il, size_t first, size_t count) {
   const int64_t E = hp_.n_embd;
   const int64_t K = hp_.n_expert_used;
   const int64_t ff = hp_.n_ff_exp;
-  for (size_t j = 0; j < count; ++j) {
-    const int32_t e = active_[first + j];
-    const experts::ExpertWeights& w = leases_[j].weights();
-    const int32_t g0 = group_start_[sz(e)];
-    const int64_t m = group_start_[sz(e) + 1] - g0;
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t row = group_rows_[sz(g0 + r)] / K;
-      std::memcpy(xe_.data() + r * E, xn_.data() + row * E, sz(E) * sizeof(float));
+  // The experts in groups whose rows fit the buffers (xe_ and proj_ hold max_batch_ rows, gate_ and up_ at
+  // least as many; an expert has at most one row per token, so any one fits): per group, every expert's gate
+  // and up in one fused region, the activation over all their rows, every down in a second region. A batched
+  // decode step's experts have a few rows each, and a region per product left the threads waiting on each
+  // other's tails; the products are each expert's own matmul, so the bits do not change.
+  for (size_t j0 = 0; j0 < count;) {
+    size_t j1 = j0;
+    int64_t rows = 0;
+    while (j1 < count) {
+      const int32_t e = active_[first + j1];
+      const int64_t m = group_start_[sz(e) + 1] - group_start_[sz(e)];
+      if (j1 > j0 && rows + m > max_batch_) break;
+      rows += m;
+      ++j1;
     }
-    const float* xin = xe_.data();
-    mm(w.gate, xin, m, gate_.data());
-    mm(w.up, xin, m, up_.data());
+    // Gather each expert's rows, then its gate and up products.
+    expert_tasks_.clear();
+    for (size_t j = j0, off = 0; j < j1; ++j) {
+      const int32_t e = active_[first + j];
+      const experts::ExpertWeights& w = leases_[j].weights();
+      const int32_t g0 = group_start_[sz(e)];
+      const int64_t m = group_start_[sz(e) + 1] - g0;
+      float* xin = xe_.data() + off * sz(E);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t row = group_rows_[sz(g0 + r)] / K;
+        std::memcpy(xin + r * E, xn_.data() + row * E, sz(E) * sizeof(float));
+      }
+      expert_tasks_.push_back({w.gate, xin, m, E, gate_.data() + off * sz(ff), ff});
+      expert_tasks_.push_back({w.up, xin, m, E, up_.data() + off * sz(ff), ff});
+      off += sz(m);
+    }
+    tensor::matmul_fused(expert_tasks_.data(), expert_tasks_.size(), pool_);
     if (L.ffn_gate_exps_bias != nullptr) {
       // Expert biases (gpt-oss): llama.cpp's ggml_add_id after each product, expert e's row to its rows.
-      for (int64_t r = 0; r < m; ++r) {
-        add_bias(up_.data() + r * ff, L.ffn_up_exps_bias + e * ff, ff);
-        add_bias(gate_.data() + r * ff, L.ffn_gate_exps_bias + e * ff, ff);
+      for (size_t j = j0, off = 0; j < j1; ++j) {
+        const int32_t e = active_[first + j];
+        const int64_t m = group_start_[sz(e) + 1] - group_start_[sz(e)];
+        for (int64_t r = 0; r < m; ++r) {
+          add_bias(up_.data() + (sz(off) + sz(r)) * sz(ff), L.ffn_up_exps_bias + e * ff, ff);
+          add_bias(gate_.data() + (sz(off) + sz(r)) * sz(ff), L.ffn_gate_exps_bias + e * ff, ff);
+        }
+        off += sz(m);
       }
     }
-    expert_glu(m * ff);
-    mm(w.down, gate_.data(), m, proj_.data());  // proj_ is free until the slots are summed below
-    if (L.ffn_down_exps_bias != nullptr) {
-      for (int64_t r = 0; r < m; ++r) add_bias(proj_.data() + r * E, L.ffn_down_exps_bias + e * E, E);
+    expert_glu(rows * ff);
+    // The downs into proj_ (free until the slots are summed below), then each row's weighted output to its
+    // slot.
+    expert_tasks_.clear();
+    for (size_t j = j0, off = 0; j < j1; ++j) {
+      const int32_t e = active_[first + j];
+      const int64_t m = group_start_[sz(e) + 1] - group_start_[sz(e)];
+      expert_tasks_.push_back(
+          {leases_[j].weights().down, gate_.data() + off * sz(ff), m, ff, proj_.data() + off * sz(E), E});
+      off += sz(m);
     }
-    const float* dout = proj_.data();
-    for (int64_t r = 0; r < m; ++r) {
-      const int32_t a = group_rows_[sz(g0 + r)];
-      const float wgt = sel_w_[sz(a)];
-      float* dst = slot_out_.data() + sz(a) * sz(E);
-      const float* src = dout + r * E;
-      for (int64_t d = 0; d < E; ++d) dst[d] = src[d] * wgt;
+    tensor::matmul_fused(expert_tasks_.data(), expert_tasks_.size(), pool_);
+    for (size_t j = j0, off = 0; j < j1; ++j) {
+      const int32_t e = active_[first + j];
+      const int32_t g0 = group_start_[sz(e)];
+      const int64_t m = group_start_[sz(e) + 1] - g0;
+      for (int64_t r = 0; r < m; ++r) {
+        float* src = proj_.data() + (sz(off) + sz(r)) * sz(E);
+        if (L.ffn_down_exps_bias != nullptr) add_bias(src, L.ffn_down_exps_bias + e * E, E);
+        const int32_t a = group_rows_[sz(g0 + r)];
+        const float wgt = sel_w_[sz(a)];
+        float* dst = slot_out_.data() + sz(a) * sz(E);
+        for (int64_t d = 0; d < E; ++d) dst[d] = src[d] * wgt;
+      }
+      off += sz(m);
     }
+    j0 = j1;
   }
 }
 

@@ -175,6 +175,9 @@ class ForwardPass {
   void mm(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
   /// mm over the step's rows x_ / xn_ / attn_ / gate_ layout: row i in the orders gemm_[i] and panel_[i] say.
   void mm_rows(const tensor::MatrixView& w, const float* x, int64_t n, float* y);
+  /// mm_rows' product as a task of a fused group (tensor::matmul_fused: products that are ready together in
+  /// one fork-join, their shared input rounded once).
+  tensor::MatmulTask row_task(const tensor::MatrixView& w, const float* x, int64_t n, float* y) const;
   /// gate_[i] = act(gate_[i], up_[i]) (swiglu, or geglu for FfnAct::gelu) for i in [0, count), on the pool
   /// when it is long enough.
   void glu(int64_t count);
@@ -225,6 +228,7 @@ class ForwardPass {
   std::vector<experts::ExpertLease> leases_;  // decode: the token's K experts in slot order; batch: one wave
   std::vector<uint8_t> guessed_;              // (n_expert) prefetch: expert already in guess_
   std::vector<int32_t> guess_;                // (<= n_expert) prefetch: the guessed experts of one layer
+  std::vector<tensor::MatmulTask> expert_tasks_;  // a batched step's fused expert products
   std::vector<tensor::MatvecTask> tasks_;     // (2 * n_expert_used) decode: one fused group of products
   // Per row of a step (max_batch_ each): its token, cache and position, and its repacked product order.
   std::vector<int32_t> row_token_;

@@ -49,34 +49,43 @@ void check_task(const MatvecTask& t, const DotKernels& k) {
   CAR_CHECK(t.x != nullptr && (t.w.rows == 0 || t.y != nullptr));
 }
 
-/// rows [begin, end) of task t against its rounded input.
-void run_rows(const DotKernels& k, const MatvecTask& t, const void* act, int64_t begin, int64_t end) {
-  const MatrixView& w = t.w;
+}  // namespace
+
+void detail::matvec_rows(const DotKernels& k, const MatrixView& w, const void* act, float* y, int64_t begin,
+                         int64_t end) {
   const size_t stride = w.row_bytes;
   const uint8_t* base = w.data;
   if (w.interleaved) {  // whole groups of 16 rows (matvec_fused's chunks)
     k.q4k_interleaved.rows_gemv(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols,
-                                t.y + begin);
+                                y + begin);
     return;
   }
   if (detail::repacked(w)) {  // a single vector: llama.cpp's repacked gemv order
     if (const detail::RowsFn multi = k.rows_gemv[slot(w.type)]; multi != nullptr) {
-      multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, t.y + begin);
+      multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, y + begin);
       return;
     }
     const detail::DotFn dot = k.dot_gemv[slot(w.type)];
-    for (int64_t r = begin; r < end; ++r) t.y[r] = dot(base + static_cast<size_t>(r) * stride, act, w.cols);
+    for (int64_t r = begin; r < end; ++r) y[r] = dot(base + static_cast<size_t>(r) * stride, act, w.cols);
     return;
   }
   if (const detail::RowsFn multi = detail::rows_for(k, w.type, w.order); multi != nullptr) {
-    multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, t.y + begin);
+    multi(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols, y + begin);
     return;
   }
   const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
-  for (int64_t r = begin; r < end; ++r) t.y[r] = dot(base + static_cast<size_t>(r) * stride, act, w.cols);
+  for (int64_t r = begin; r < end; ++r) y[r] = dot(base + static_cast<size_t>(r) * stride, act, w.cols);
 }
 
-}  // namespace
+int64_t detail::matvec_chunk_rows(const DotKernels& k, const MatrixView& w) {
+  int64_t rpc =
+      std::max<int64_t>(1, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, w.row_bytes)));
+  // A gemv kernel that interleaves rows (DotKernels::gemv_group) gets whole groups, none padded.
+  if (detail::repacked(w)) {
+    rpc = detail::whole_groups(rpc, w.interleaved ? detail::kRepackedRowGroup : k.gemv_group[slot(w.type)]);
+  }
+  return rpc;
+}
 
 void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
   if (n == 0) return;
@@ -136,7 +145,8 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
   }
 
   if (pool == nullptr || pool->size() == 1 || total_bytes < detail::kMinParallelBytes) {
-    for (size_t i = 0; i < n; ++i) run_rows(k, tasks[i], s.act_of[i], 0, tasks[i].w.rows);
+    for (size_t i = 0; i < n; ++i)
+      detail::matvec_rows(k, tasks[i].w, s.act_of[i], tasks[i].y, 0, tasks[i].w.rows);
     return;
   }
 
@@ -145,15 +155,9 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
   s.rows_per_chunk.resize(n);
   int64_t chunks = 0;
   for (size_t i = 0; i < n; ++i) {
-    const MatrixView& w = tasks[i].w;
-    int64_t rpc =
-        std::max<int64_t>(1, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, w.row_bytes)));
-    // A gemv kernel that interleaves rows (DotKernels::gemv_group) gets whole groups, none padded.
-    if (detail::repacked(w)) {
-      rpc = detail::whole_groups(rpc, w.interleaved ? detail::kRepackedRowGroup : k.gemv_group[slot(w.type)]);
-    }
+    const int64_t rpc = detail::matvec_chunk_rows(k, tasks[i].w);
     s.rows_per_chunk[i] = rpc;
-    chunks += (w.rows + rpc - 1) / rpc;
+    chunks += (tasks[i].w.rows + rpc - 1) / rpc;
     s.chunk_end[i] = chunks;
   }
   const int64_t* chunk_end = s.chunk_end.data();
@@ -165,7 +169,8 @@ void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
       while (c >= chunk_end[i]) ++i;
       const int64_t first = i == 0 ? 0 : chunk_end[i - 1];
       const int64_t r0 = (c - first) * rows_per_chunk[i];
-      run_rows(k, tasks[i], act_of[i], r0, std::min(tasks[i].w.rows, r0 + rows_per_chunk[i]));
+      detail::matvec_rows(k, tasks[i].w, act_of[i], tasks[i].y, r0,
+                          std::min(tasks[i].w.rows, r0 + rows_per_chunk[i]));
     }
   });
 }

@@ -229,6 +229,11 @@ const DotKernels& active_kernels();
 /// An interleaved view's rows in the file's layout in `buf` (the products of a table without the interleaved
 /// kernels: slow, but the same bits).
 MatrixView plain_copy(const MatrixView& w, std::vector<uint8_t>& buf);
+/// matvec's rows [begin, end) of w against a rounded input (fused.cpp; matvec_fused's kernels), and the rows
+/// of its chunks (whole row groups where its kernel interleaves rows).
+void matvec_rows(const DotKernels& k, const MatrixView& w, const void* act, float* y, int64_t begin,
+                 int64_t end);
+int64_t matvec_chunk_rows(const DotKernels& k, const MatrixView& w);
 
 // ---- scalar references (ref_quantize.cpp, ref_dequantize.cpp, ref_dot.cpp) ----
 

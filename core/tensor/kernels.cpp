@@ -354,25 +354,250 @@ void matvec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
 
 namespace {
 constexpr int64_t kMinMatmulChunks = 16;  // matmul: tasks per product (at least, rows permitting)
-}  // namespace
 
-namespace {
-/// matmul and matmul_ordered: `gemm` null = the mul_mat rule (whole groups of 4 vectors in the gemm order);
-/// `panel` null = the panel's rule (every vector of a batch of kIqPanelMinBatch or more).
+/// Does matmul hand this product to matvec (one vector, in the gemv order, not in the IQ panel's)?
+bool one_vector_product(const MatrixView& w, int64_t n, const uint8_t* gemm, const uint8_t* panel) {
+  const bool panel0 =
+      detail::iq_panel(w) && (panel != nullptr ? panel[0] != 0 : n >= detail::kIqPanelMinBatch);
+  return n == 1 && (gemm == nullptr || gemm[0] == 0) && !panel0;
+}
+
+/// One matmul product's kernel choices, made once per call; then rows(begin, end), on any thread, computes
+/// rows [begin, end) of every vector against the rounded inputs (set_acts). matmul_impl runs one plan,
+/// matmul_fused several in one fork-join: the same choices and kernels, so the same bits. `gemm` null = the
+/// mul_mat rule (whole groups of 4 vectors in the gemm order); `panel` null = the panel's rule (every vector
+/// of a batch of kIqPanelMinBatch or more).
+class MatmulPlan {
+ public:
+  MatmulPlan(const DotKernels& k, const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y,
+             int64_t ldy, const uint8_t* gemm, const uint8_t* panel)
+      : k_(k), w_(w), x_(x), n_(n), ldx_(ldx), y_(y), ldy_(ldy), gemm_(gemm), panel_(panel) {
+    detail::check_view(w, k);
+    CAR_CHECK(n >= 1 && ldx >= w.cols && ldy >= w.rows);
+    panel_product_ = detail::iq_panel(w);
+    for (int64_t i = 0; i < n; ++i) n_panel_ += panel_at(i) ? 1 : 0;
+    dot_ = detail::dot_for(k, w.type, w.order);
+    at_ = detail::act_type(w.type);
+    cols_ = w.cols;
+    act_bytes_ = at_ == GgmlType::F32 ? 0 : activation_row_bytes(w.type, cols_);
+    base_ = w.data;
+    stride_ = w.row_bytes;
+    repacked_ = detail::repacked(w);
+    tile_ = at_ == GgmlType::F32 || repacked_ || n < kMinTileVectors ? nullptr
+                                                                     : detail::tile_for(k, w.type, w.order);
+    // Fewer vectors than the tile is worth, of a type with one order: its few-vector kernel, if it has one.
+    plain_few_ = at_ == GgmlType::F32 || repacked_ || n >= kMinTileVectors || n_panel_ > 0
+                     ? nullptr
+                     : detail::rows_few_for(k, w.type, w.order);
+    // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole
+    // groups of 4 vectors and its gemv over the rest; its mul_mat_id runs gemv on every row.
+    by_order_ = repacked_ && w.order == ProductOrder::mul_mat;
+    n_gemm_ = by_order_ ? detail::gemm_vectors(n) : 0;
+    dot_gemm_ = k.dot_gemm[slot(w.type)];
+    dot_gemv_ = k.dot_gemv[slot(w.type)];
+    rows_gemv_ = repacked_ ? k.rows_gemv[slot(w.type)] : nullptr;
+    // Fewer vectors than the tile is worth, all in the gemv order: the few-vector gemv kernel, if the type
+    // has one.
+    bool all_gemv = true;
+    for (int64_t i = 0; i < n && all_gemv; ++i) all_gemv = !gemm_at(i);
+    const detail::TileFn few = repacked_ && all_gemv ? k.rows_gemv_few[slot(w.type)] : nullptr;
+    // The repacked tile transposes each chunk's rows before it multiplies, a cost shared by the call's
+    // vectors: with fewer than kMinTileVectors the other kernels, which give the same bits, are faster.
+    tile_rp_ = repacked_ && n >= kMinTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
+    rows_few_ = tile_rp_ == nullptr ? few : nullptr;
+    if (w.interleaved) {
+      // No rows to transpose: the tile for any batch but a few all-gemv vectors, which the few-vector kernel
+      // takes in registers. (One gemv vector goes to matvec.)
+      const bool few_gemv = all_gemv && n < kMinTileVectors;
+      tile_rp_ = few_gemv ? nullptr : k.q4k_interleaved.tile;
+      rows_few_ = few_gemv ? k.q4k_interleaved.rows_gemv_few : nullptr;
+    }
+    // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
+    if (tile_rp_ != nullptr && by_order_) {
+      if (gemm != nullptr) {
+        orders_ = gemm;
+      } else {
+        rule_.resize(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) rule_[static_cast<size_t>(i)] = i < n_gemm_ ? 1 : 0;
+        orders_ = rule_.data();
+      }
+    }
+    // The panel's vectors: all of them (mask null) or those the caller marks.
+    panel_mask_ = n_panel_ == n ? nullptr : panel;
+  }
+  // Moving keeps orders_ valid: it points into rule_'s heap buffer, which moves with it.
+  MatmulPlan(MatmulPlan&&) = default;
+  MatmulPlan& operator=(MatmulPlan&&) = delete;
+
+  GgmlType act_type() const { return at_; }
+  /// Bytes of one rounded vector (0: F32 weights, which read X in place).
+  size_t act_bytes() const { return act_bytes_; }
+  /// Where the rounded vectors are (n x act_bytes()); unused for F32 weights.
+  void set_acts(uint8_t* acts) { acts_ = acts; }
+  /// Rounds vectors [begin, end) into the acts.
+  void quantize(int64_t begin, int64_t end) const {
+    for (int64_t i = begin; i < end; ++i) {
+      k_.quantize_act[slot(at_)](x_ + i * ldx_, acts_ + static_cast<size_t>(i) * act_bytes_, cols_);
+    }
+  }
+  /// Weight bytes times vectors: the work the threading threshold weighs.
+  size_t work() const { return static_cast<size_t>(w_.rows) * w_.row_bytes * static_cast<size_t>(n_); }
+  int64_t vectors() const { return n_; }
+
+  /// Rows per task on a pool of `threads`.
+  int64_t grain(int threads) const {
+    // A chunk is re-read once per group of vectors and should stay in L2; it is also the span over which a
+    // tile kernel's per-group setup is shared, so not too small, and at least kMinMatmulChunks per product.
+    int64_t grain = std::max<int64_t>(
+        1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride_)),
+                    w_.rows / kMinMatmulChunks));
+    // The repacked tiles interleave rows by kRepackedRowGroup, and some gemv kernels by
+    // DotKernels::gemv_group: chunks of whole groups leave no padded group but the last.
+    if (repacked_) {
+      grain =
+          detail::whole_groups(grain, tile_rp_ != nullptr || w_.interleaved ? detail::kRepackedRowGroup
+                                                                            : k_.gemv_group[slot(w_.type)]);
+    }
+    // A tile that packs its chunk's rows (DotKernels::tile_group) reads their weights once per call,
+    // whatever the vector count, but repeats its per-vector setup per call: its chunks are sized for balance
+    // alone (at least kMinMatmulChunks per product and four per thread), in whole groups.
+    const int64_t group = tile_ != nullptr ? k_.tile_group[slot(w_.type)] : 0;
+    if (group > 0) {
+      const int64_t chunks = std::max<int64_t>(kMinMatmulChunks, 4 * static_cast<int64_t>(threads));
+      grain = std::max<int64_t>(group, w_.rows / chunks / group * group);
+    }
+    return grain;
+  }
+
+  void rows(int64_t begin, int64_t end) const {
+    if (n_panel_ > 0) {
+      k_.iq_panel(w_.type, base_ + static_cast<size_t>(begin) * stride_, stride_, end - begin, acts_,
+                  act_bytes_, n_, panel_mask_, cols_, y_ + begin, ldy_);
+      if (n_panel_ == n_) return;
+      // The rest (a batched step's decode rows beside a prompt's): the dot order, one vector at a time.
+      for (int64_t r = begin; r < end; ++r) {
+        const uint8_t* row = base_ + static_cast<size_t>(r) * stride_;
+        for (int64_t i = 0; i < n_; ++i) {
+          if (!panel_at(i)) y_[i * ldy_ + r] = dot_(row, act_of(i), cols_);
+        }
+      }
+      return;
+    }
+    if (tile_rp_ != nullptr) {
+      tile_rp_(base_ + static_cast<size_t>(begin) * stride_, stride_, end - begin, acts_, act_bytes_, n_,
+               cols_, y_ + begin, ldy_, orders_);
+      return;
+    }
+    if (rows_few_ != nullptr) {
+      // A few vectors, all in the gemv order (an expert's rows in a batched decode step; 2-3 streams): one
+      // pass over the rows that unpacks each weight block once for all of them, same bits as rows_gemv.
+      rows_few_(base_ + static_cast<size_t>(begin) * stride_, stride_, end - begin, acts_, act_bytes_, n_,
+                cols_, y_ + begin, ldy_);
+      return;
+    }
+    if (repacked_ && rows_gemv_ != nullptr) {
+      // A few vectors, some in the gemm order: the matvec kernel per gemv vector, over sub-chunks that stay in
+      // L2 while the vectors take their turns, so the weights come from memory once. It gives the one-row gemv
+      // kernel's bits (both are dot_q4_K_q8_K_gemv_ref's) and is faster.
+      const int64_t sub =
+          detail::whole_groups(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride_)),
+                               k_.gemv_group[slot(w_.type)]);
+      for (int64_t r0 = begin; r0 < end; r0 += sub) {
+        const int64_t r1 = std::min(end, r0 + sub);
+        for (int64_t i = 0; i < n_; ++i) {
+          if (gemm_at(i)) {
+            for (int64_t r = r0; r < r1; ++r) {
+              y_[i * ldy_ + r] = dot_gemm_(base_ + static_cast<size_t>(r) * stride_, act_of(i), cols_);
+            }
+          } else {
+            rows_gemv_(base_ + static_cast<size_t>(r0) * stride_, stride_, r1 - r0, act_of(i), cols_,
+                       y_ + i * ldy_ + r0);
+          }
+        }
+      }
+      return;
+    }
+    if (repacked_) {
+      for (int64_t t0 = 0; t0 < n_; t0 += kVectorTile) {
+        const int64_t t1 = std::min(n_, t0 + kVectorTile);
+        for (int64_t r = begin; r < end; ++r) {
+          const uint8_t* row = base_ + static_cast<size_t>(r) * stride_;
+          for (int64_t i = t0; i < t1; ++i) {
+            y_[i * ldy_ + r] = (gemm_at(i) ? dot_gemm_ : dot_gemv_)(row, act_of(i), cols_);
+          }
+        }
+      }
+      return;
+    }
+    if (tile_ != nullptr) {
+      tile_(base_ + static_cast<size_t>(begin) * stride_, stride_, end - begin, acts_, act_bytes_, n_, cols_,
+            y_ + begin, ldy_);
+      return;
+    }
+    if (plain_few_ != nullptr) {
+      plain_few_(base_ + static_cast<size_t>(begin) * stride_, stride_, end - begin, acts_, act_bytes_, n_,
+                 cols_, y_ + begin, ldy_);
+      return;
+    }
+    for (int64_t t0 = 0; t0 < n_; t0 += kVectorTile) {
+      const int64_t t1 = std::min(n_, t0 + kVectorTile);
+      for (int64_t r = begin; r < end; ++r) {
+        const uint8_t* row = base_ + static_cast<size_t>(r) * stride_;
+        for (int64_t i = t0; i < t1; ++i) y_[i * ldy_ + r] = dot_(row, act_of(i), cols_);
+      }
+    }
+  }
+
+ private:
+  bool panel_at(int64_t i) const {
+    return panel_product_ && (panel_ != nullptr ? panel_[i] != 0 : n_ >= detail::kIqPanelMinBatch);
+  }
+  bool gemm_at(int64_t i) const { return by_order_ && (gemm_ != nullptr ? gemm_[i] != 0 : i < n_gemm_); }
+  const void* act_of(int64_t i) const {
+    return at_ == GgmlType::F32 ? static_cast<const void*>(x_ + i * ldx_)
+                                : static_cast<const void*>(acts_ + static_cast<size_t>(i) * act_bytes_);
+  }
+
+  const DotKernels& k_;
+  MatrixView w_;
+  const float* x_;
+  int64_t n_, ldx_;
+  float* y_;
+  int64_t ldy_;
+  const uint8_t* gemm_;
+  const uint8_t* panel_;
+  bool panel_product_ = false;
+  int64_t n_panel_ = 0;
+  detail::DotFn dot_ = nullptr;
+  GgmlType at_ = GgmlType::F32;
+  int64_t cols_ = 0;
+  size_t act_bytes_ = 0;
+  uint8_t* acts_ = nullptr;
+  const uint8_t* base_ = nullptr;
+  size_t stride_ = 0;
+  bool repacked_ = false;
+  detail::TileFn tile_ = nullptr;
+  detail::TileFn plain_few_ = nullptr;
+  bool by_order_ = false;
+  int64_t n_gemm_ = 0;
+  detail::DotFn dot_gemm_ = nullptr;
+  detail::DotFn dot_gemv_ = nullptr;
+  detail::RowsFn rows_gemv_ = nullptr;
+  detail::RepackedTileFn tile_rp_ = nullptr;
+  detail::TileFn rows_few_ = nullptr;
+  const uint8_t* orders_ = nullptr;
+  const uint8_t* panel_mask_ = nullptr;
+  std::vector<uint8_t> rule_;  // the mul_mat rule's orders, when the caller gives none
+};
+
+/// matmul and matmul_ordered (see MatmulPlan for `gemm` and `panel`).
 void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
                  const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool) {
   if (n <= 0) return;
-  // llama.cpp's IQ panel order (iq_panel.h): vector i takes it when panel_at(i).
-  const bool panel_product = detail::iq_panel(w);
-  auto panel_at = [&](int64_t i) {
-    return panel_product && (panel != nullptr ? panel[i] != 0 : n >= detail::kIqPanelMinBatch);
-  };
-  if (n == 1 && (gemm == nullptr || gemm[0] == 0) && !panel_at(0)) {
+  if (one_vector_product(w, n, gemm, panel)) {
     matvec(w, x, y, pool);
     return;
   }
-  int64_t n_panel = 0;
-  for (int64_t i = 0; i < n; ++i) n_panel += panel_at(i) ? 1 : 0;
   const DotKernels& k = *active().table;
   if (w.interleaved && k.q4k_interleaved.tile == nullptr) {
     // An interleaved matrix under a table without its kernels (the ISA changed after the load).
@@ -380,182 +605,26 @@ void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, fl
     matmul_impl(detail::plain_copy(w, buf), x, n, ldx, y, ldy, gemm, panel, pool);
     return;
   }
-  detail::check_view(w, k);
-  CAR_CHECK(ldx >= w.cols && ldy >= w.rows);
-  const detail::DotFn dot = detail::dot_for(k, w.type, w.order);
-  const GgmlType at = detail::act_type(w.type);
-  const int64_t cols = w.cols;
-
+  MatmulPlan plan(k, w, x, n, ldx, y, ldy, gemm, panel);
   // Round every input vector once; F32 weights read X in place.
-  const size_t act_bytes = at == GgmlType::F32 ? 0 : activation_row_bytes(w.type, cols);
-  uint8_t* acts = detail::act_scratch(std::max<size_t>(1, act_bytes * static_cast<size_t>(n)));
-  auto act_of = [&](int64_t i) -> const void* {
-    return at == GgmlType::F32 ? static_cast<const void*>(x + i * ldx)
-                               : static_cast<const void*>(acts + static_cast<size_t>(i) * act_bytes);
-  };
-  const bool threaded = pool != nullptr && pool->size() > 1 &&
-                        static_cast<size_t>(w.rows) * w.row_bytes * static_cast<size_t>(n) >= detail::kMinParallelBytes;
-  if (at != GgmlType::F32) {
-    auto quantize = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        k.quantize_act[slot(at)](x + i * ldx, acts + static_cast<size_t>(i) * act_bytes, cols);
-      }
-    };
+  plan.set_acts(detail::act_scratch(std::max<size_t>(1, plan.act_bytes() * static_cast<size_t>(n))));
+  const bool threaded = pool != nullptr && pool->size() > 1 && plan.work() >= detail::kMinParallelBytes;
+  if (plan.act_type() != GgmlType::F32) {
+    auto quantize = [&](int64_t begin, int64_t end) { plan.quantize(begin, end); };
     if (threaded) {
-      pool->parallel_for(n, std::max<int64_t>(1, 16384 / cols), 0, quantize);
+      pool->parallel_for(n, std::max<int64_t>(1, 16384 / w.cols), 0, quantize);
     } else {
       quantize(0, n);
     }
   }
-
   // Each task owns a chunk of rows; within it, tiles of vectors sweep the chunk, so the chunk's weights come
   // from memory once and from cache for the remaining tiles.
-  const uint8_t* base = w.data;
-  const size_t stride = w.row_bytes;
-  const bool repacked = detail::repacked(w);
-  const detail::TileFn tile =
-      at == GgmlType::F32 || repacked || n < kMinTileVectors ? nullptr : detail::tile_for(k, w.type, w.order);
-  // Fewer vectors than the tile is worth, of a type with one order: its few-vector kernel, if it has one.
-  const detail::TileFn plain_few = at == GgmlType::F32 || repacked || n >= kMinTileVectors || n_panel > 0
-                                       ? nullptr
-                                       : detail::rows_few_for(k, w.type, w.order);
-  // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole groups
-  // of 4 vectors and its gemv over the rest; its mul_mat_id runs gemv on every row.
-  const bool by_order = repacked && w.order == ProductOrder::mul_mat;
-  const int64_t n_gemm = by_order ? detail::gemm_vectors(n) : 0;
-  // Vector i's order: the caller's, or the mul_mat rule.
-  auto gemm_at = [&](int64_t i) { return by_order && (gemm != nullptr ? gemm[i] != 0 : i < n_gemm); };
-  const detail::DotFn dot_gemm = k.dot_gemm[slot(w.type)];
-  const detail::DotFn dot_gemv = k.dot_gemv[slot(w.type)];
-  const detail::RowsFn rows_gemv = repacked ? k.rows_gemv[slot(w.type)] : nullptr;
-  // Fewer vectors than the tile is worth, all in the gemv order: the few-vector gemv kernel, if the type has one.
-  bool all_gemv = true;
-  for (int64_t i = 0; i < n && all_gemv; ++i) all_gemv = !gemm_at(i);
-  const detail::TileFn few = repacked && all_gemv ? k.rows_gemv_few[slot(w.type)] : nullptr;
-  // The repacked tile transposes each chunk's rows before it multiplies, a cost shared by the call's vectors:
-  // with fewer than kMinTileVectors the other kernels, which give the same bits, are faster.
-  detail::RepackedTileFn tile_rp = repacked && n >= kMinTileVectors ? k.tile_repacked[slot(w.type)] : nullptr;
-  detail::TileFn rows_few = tile_rp == nullptr ? few : nullptr;
-  if (w.interleaved) {
-    // No rows to transpose: the tile for any batch but a few all-gemv vectors, which the few-vector kernel
-    // takes in registers. (One gemv vector went to matvec above.)
-    const bool few_gemv = all_gemv && n < kMinTileVectors;
-    tile_rp = few_gemv ? nullptr : k.q4k_interleaved.tile;
-    rows_few = few_gemv ? k.q4k_interleaved.rows_gemv_few : nullptr;
-  }
-  // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
-  const uint8_t* orders = nullptr;
-  if (tile_rp != nullptr && by_order) {
-    if (gemm != nullptr) {
-      orders = gemm;
-    } else {
-      thread_local std::vector<uint8_t> rule;  // grow-only
-      if (rule.size() < static_cast<size_t>(n)) rule.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) rule[static_cast<size_t>(i)] = i < n_gemm ? 1 : 0;
-      orders = rule.data();
-    }
-  }
-  // The panel's vectors: all of them (mask null) or those the caller marks.
-  const uint8_t* panel_mask = n_panel == n ? nullptr : panel;
-  auto rows = [&](int64_t begin, int64_t end) {
-    if (n_panel > 0) {
-      k.iq_panel(w.type, base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n,
-                 panel_mask, cols, y + begin, ldy);
-      if (n_panel == n) return;
-      // The rest (a batched step's decode rows beside a prompt's): the dot order, one vector at a time.
-      for (int64_t r = begin; r < end; ++r) {
-        const uint8_t* row = base + static_cast<size_t>(r) * stride;
-        for (int64_t i = 0; i < n; ++i) {
-          if (!panel_at(i)) y[i * ldy + r] = dot(row, act_of(i), cols);
-        }
-      }
-      return;
-    }
-    if (tile_rp != nullptr) {
-      tile_rp(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
-              y + begin, ldy, orders);
-      return;
-    }
-    if (rows_few != nullptr) {
-      // A few vectors, all in the gemv order (an expert's rows in a batched decode step; 2-3 streams): one
-      // pass over the rows that unpacks each weight block once for all of them, same bits as rows_gemv.
-      rows_few(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
-               y + begin, ldy);
-      return;
-    }
-    if (repacked && rows_gemv != nullptr) {
-      // A few vectors, some in the gemm order: the matvec kernel per gemv vector, over sub-chunks that stay in
-      // L2 while the vectors take their turns, so the weights come from memory once. It gives the one-row gemv
-      // kernel's bits (both are dot_q4_K_q8_K_gemv_ref's) and is faster.
-      const int64_t sub = detail::whole_groups(
-          static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)), k.gemv_group[slot(w.type)]);
-      for (int64_t r0 = begin; r0 < end; r0 += sub) {
-        const int64_t r1 = std::min(end, r0 + sub);
-        for (int64_t i = 0; i < n; ++i) {
-          if (gemm_at(i)) {
-            for (int64_t r = r0; r < r1; ++r) {
-              y[i * ldy + r] = dot_gemm(base + static_cast<size_t>(r) * stride, act_of(i), cols);
-            }
-          } else {
-            rows_gemv(base + static_cast<size_t>(r0) * stride, stride, r1 - r0, act_of(i), cols,
-                      y + i * ldy + r0);
-          }
-        }
-      }
-      return;
-    }
-    if (repacked) {
-      for (int64_t t0 = 0; t0 < n; t0 += kVectorTile) {
-        const int64_t t1 = std::min(n, t0 + kVectorTile);
-        for (int64_t r = begin; r < end; ++r) {
-          const uint8_t* row = base + static_cast<size_t>(r) * stride;
-          for (int64_t i = t0; i < t1; ++i) {
-            y[i * ldy + r] = (gemm_at(i) ? dot_gemm : dot_gemv)(row, act_of(i), cols);
-          }
-        }
-      }
-      return;
-    }
-    if (tile != nullptr) {
-      tile(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols, y + begin, ldy);
-      return;
-    }
-    if (plain_few != nullptr) {
-      plain_few(base + static_cast<size_t>(begin) * stride, stride, end - begin, acts, act_bytes, n, cols,
-                y + begin, ldy);
-      return;
-    }
-    for (int64_t t0 = 0; t0 < n; t0 += kVectorTile) {
-      const int64_t t1 = std::min(n, t0 + kVectorTile);
-      for (int64_t r = begin; r < end; ++r) {
-        const uint8_t* row = base + static_cast<size_t>(r) * stride;
-        for (int64_t i = t0; i < t1; ++i) y[i * ldy + r] = dot(row, act_of(i), cols);
-      }
-    }
-  };
+  auto rows = [&](int64_t begin, int64_t end) { plan.rows(begin, end); };
   if (!threaded) {
     rows(0, w.rows);
     return;
   }
-  // A chunk is re-read once per group of vectors and should stay in L2; it is also the span over which a
-  // tile kernel's per-group setup is shared, so not too small, and at least kMinMatmulChunks per product.
-  int64_t grain =
-      std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, stride)),
-                                    w.rows / kMinMatmulChunks));
-  // The repacked tiles interleave rows by kRepackedRowGroup, and some gemv kernels by DotKernels::gemv_group:
-  // chunks of whole groups leave no padded group but the last.
-  if (repacked) {
-    grain = detail::whole_groups(grain, tile_rp != nullptr || w.interleaved ? detail::kRepackedRowGroup
-                                                                             : k.gemv_group[slot(w.type)]);
-  }
-  // A tile that packs its chunk's rows (DotKernels::tile_group) reads their weights once per call, whatever the
-  // vector count, but repeats its per-vector setup per call: its chunks are sized for balance alone (at least
-  // kMinMatmulChunks per product and four per thread), in whole groups.
-  const int64_t group = tile != nullptr ? k.tile_group[slot(w.type)] : 0;
-  if (group > 0) {
-    const int64_t chunks = std::max<int64_t>(kMinMatmulChunks, 4 * static_cast<int64_t>(pool->size()));
-    grain = std::max<int64_t>(group, w.rows / chunks / group * group);
-  }
+  const int64_t grain = plan.grain(pool->size());
   if (n <= kVectorTile) {
     // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
     // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.
@@ -580,6 +649,130 @@ void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx,
                     const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool) {
   CAR_CHECK(gemm != nullptr && panel != nullptr);
   matmul_impl(w, x, n, ldx, y, ldy, gemm, panel, pool);
+}
+
+void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
+  const DotKernels& k = *active().table;
+  auto ldx_of = [](const MatmulTask& t) { return t.ldx != 0 ? t.ldx : t.w.cols; };
+  auto ldy_of = [](const MatmulTask& t) { return t.ldy != 0 ? t.ldy : t.w.rows; };
+  bool one_by_one = count <= 1;
+  for (size_t i = 0; i < count && !one_by_one; ++i) {
+    // An interleaved matrix under a table without its kernels (the ISA changed after the load): matmul's
+    // de-interleaved copies.
+    one_by_one = tasks[i].w.interleaved && k.q4k_interleaved.tile == nullptr;
+  }
+  if (one_by_one) {
+    for (size_t i = 0; i < count; ++i) {
+      const MatmulTask& t = tasks[i];
+      matmul_impl(t.w, t.x, t.n, ldx_of(t), t.y, ldy_of(t), t.gemm, t.panel, pool);
+    }
+    return;
+  }
+  // The plans (tasks without vectors have none), and where each one's rounded vectors go: one rounding per
+  // distinct input, shared by the tasks that read it.
+  std::vector<MatmulPlan> plans;
+  std::vector<const MatmulTask*> of;  // each plan's task
+  std::vector<size_t> offset;         // each plan's rounding in the scratch
+  std::vector<uint8_t> rounds;        // whether the plan rounds its input (else F32, or another plan's)
+  plans.reserve(count);
+  of.reserve(count);
+  size_t bytes = 0, work = 0;
+  int64_t to_round = 0, max_cols = 1;
+  for (size_t i = 0; i < count; ++i) {
+    const MatmulTask& t = tasks[i];
+    if (t.n <= 0) continue;
+    CAR_CHECK(t.x != nullptr && t.y != nullptr);
+    plans.emplace_back(k, t.w, t.x, t.n, ldx_of(t), t.y, ldy_of(t), t.gemm, t.panel);
+    of.push_back(&t);
+    const MatmulPlan& p = plans.back();
+    work += p.work();
+    size_t off = bytes;
+    uint8_t round = 0;
+    if (p.act_type() != GgmlType::F32) {
+      size_t j = 0;
+      while (j + 1 < plans.size() && !(of[j]->x == t.x && ldx_of(*of[j]) == ldx_of(t) && of[j]->n == t.n &&
+                                       of[j]->w.cols == t.w.cols && plans[j].act_type() == p.act_type())) {
+        ++j;
+      }
+      if (j + 1 < plans.size()) {
+        off = offset[j];
+      } else {
+        round = 1;
+        bytes += (p.act_bytes() * static_cast<size_t>(t.n) + 63) / 64 * 64;
+        to_round += t.n;
+        max_cols = std::max(max_cols, t.w.cols);
+      }
+    }
+    offset.push_back(off);
+    rounds.push_back(round);
+  }
+  if (plans.empty()) return;
+  uint8_t* acts = detail::act_scratch(std::max<size_t>(1, bytes));
+  for (size_t i = 0; i < plans.size(); ++i) plans[i].set_acts(acts + offset[i]);
+  const bool threaded = pool != nullptr && pool->size() > 1 && work >= detail::kMinParallelBytes;
+
+  // Round the inputs: every vector to round, numbered across the plans that round.
+  std::vector<int64_t> round_end(plans.size());
+  for (size_t i = 0, v = 0; i < plans.size(); ++i) {
+    v += rounds[i] ? static_cast<size_t>(plans[i].vectors()) : 0;
+    round_end[i] = static_cast<int64_t>(v);
+  }
+  auto quantize = [&](int64_t begin, int64_t end) {
+    size_t i = 0;
+    for (int64_t v = begin; v < end; ++v) {
+      while (v >= round_end[i]) ++i;
+      const int64_t first = round_end[i] - plans[i].vectors();
+      plans[i].quantize(v - first, v - first + 1);
+    }
+  };
+  if (to_round > 0) {
+    if (threaded) {
+      pool->parallel_for(to_round, std::max<int64_t>(1, 16384 / max_cols), 0, quantize);
+    } else {
+      quantize(0, to_round);
+    }
+  }
+
+  // Each plan's rows: matvec's kernels for a one-vector product, else its own.
+  auto run = [&](size_t i, int64_t begin, int64_t end) {
+    const MatmulTask& t = *of[i];
+    if (one_vector_product(t.w, t.n, t.gemm, t.panel)) {
+      const bool f32 = plans[i].act_type() == GgmlType::F32;
+      detail::matvec_rows(k, t.w, f32 ? static_cast<const void*>(t.x) : acts + offset[i], t.y, begin, end);
+    } else {
+      plans[i].rows(begin, end);
+    }
+  };
+  if (!threaded) {
+    for (size_t i = 0; i < plans.size(); ++i) run(i, 0, of[i]->w.rows);
+    return;
+  }
+  // One chunk list over all plans, in task order; each plan's chunks as its own matmul (or matvec) cuts them.
+  std::vector<int64_t> chunk_end(plans.size()), chunk_rows(plans.size());
+  int64_t chunks = 0;
+  bool few = true;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const MatmulTask& t = *of[i];
+    chunk_rows[i] = one_vector_product(t.w, t.n, t.gemm, t.panel) ? detail::matvec_chunk_rows(k, t.w)
+                                                                  : plans[i].grain(pool->size());
+    chunks += (t.w.rows + chunk_rows[i] - 1) / chunk_rows[i];
+    chunk_end[i] = chunks;
+    few = few && t.n <= kVectorTile;
+  }
+  auto chunk = [&](int64_t begin, int64_t end) {
+    size_t i = 0;
+    for (int64_t c = begin; c < end; ++c) {
+      while (c >= chunk_end[i]) ++i;
+      const int64_t r0 = (c - (i == 0 ? 0 : chunk_end[i - 1])) * chunk_rows[i];
+      run(i, r0, std::min(of[i]->w.rows, r0 + chunk_rows[i]));
+    }
+  };
+  // A batched decode step's few vectors per product: contiguous shares, as matmul and matvec take them.
+  if (few) {
+    pool->parallel_for_shares(chunks, 1, 0, chunk);
+  } else {
+    pool->parallel_for(chunks, 1, 0, chunk);
+  }
 }
 
 bool iq_panel_product(const MatrixView& w) { return detail::iq_panel(w); }

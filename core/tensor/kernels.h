@@ -152,6 +152,29 @@ void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx,
 void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
                     const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool);
 
+/// One product of a fused group: Y (n x w.rows, row stride ldy) = W round(X) (n x w.cols, row stride ldx) as
+/// matmul_ordered(w, x, n, ldx, y, ldy, gemm, panel) computes it; `gemm` null takes matmul's mul_mat rule and
+/// `panel` null the panel's rule (so a task with both null is matmul(w, x, n, ldx, y, ldy)); ldx / ldy 0 mean
+/// w.cols / w.rows. `y` must not overlap any task's x or another task's y.
+struct MatmulTask {
+  MatrixView w;
+  const float* x = nullptr;
+  int64_t n = 0;
+  int64_t ldx = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  const uint8_t* gemm = nullptr;
+  const uint8_t* panel = nullptr;
+};
+
+/// Run `count` matmul products as one fork-join on `pool` (null: the calling thread), as matvec_fused does
+/// for one vector each: every distinct input (same x, ldx, n, columns and activation type: Q/K/V, gate/up) is
+/// rounded once, then the chunks of all products, in task order, are split across the threads. Each task
+/// takes the kernels its own matmul would (a one-vector task matvec's), so every result equals its matmul's
+/// bit for bit; only the scheduling differs. For the small products of a batched step (an MoE layer's
+/// experts, a few rows each), which one fork-join per product left waiting on each other's tails.
+void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool);
+
 /// Does llama.cpp multiply a batch of 8 or more vectors by this matrix in its IQ panel order (ggml-cpu iqp.cpp:
 /// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M and IQ4_XS mul_mat products, rows a multiple of 8)?
 /// One exact integer per 256-element super-block and vector, times the super-block's scale and the

@@ -167,6 +167,26 @@ TEST(ForwardConsistency, ChunkingAndThreadsDoNotChangeLogits) {
   EXPECT_LT(dev, 1e-4);
 }
 
+// A batched MoE step runs its experts in fused groups whose rows fit max_batch (forward.cpp run_experts): the
+// same 8-token step with room for every expert's rows in one group (max_batch 64) and in groups of at most 8
+// rows (16 expert rows in all) gives the same bits.
+TEST(ForwardConsistency, ExpertGroupsOfABatchDoNotChangeABit) {
+  TinySpec q8;
+  q8.n_expert = 4;
+  q8.n_expert_used = 2;
+  q8.matrix_type = GgmlType::Q8_0;
+  for (const TinySpec& s : {qwen3moe_q4k(), q8}) {
+    testing::TempDir dir;
+    Loaded l = load_tiny(dir, s);
+    const auto toks = some_tokens(8, s.n_vocab);
+    ThreadPool pool(2);
+    const auto one_group = eval_all(l, toks, &pool, 64);
+    const auto groups = eval_all(l, toks, &pool, 8);
+    ASSERT_EQ(one_group.size(), groups.size());
+    EXPECT_EQ(std::memcmp(one_group.data(), groups.data(), one_group.size() * sizeof(float)), 0) << s.arch;
+  }
+}
+
 TEST(ForwardConsistency, LastRowOnlyEqualsLastOfAllRows) {
   TinySpec s;
   s.arch = "qwen3";
