@@ -62,6 +62,12 @@ MatrixView view_of(const Aligned& buf, int64_t rows, int64_t cols) {
   return w;
 }
 
+/// `plain` interleaved into `buf`, under the AVX-512 table (which has the layout's writer).
+MatrixView interleaved(const MatrixView& plain, Aligned& buf) {
+  IsaScope isa(Isa::avx512);
+  return interleave_rows(plain, buf.p);
+}
+
 bool has_interleaved_kernels() {
   return detail::kernels_for(Isa::avx512).q4k_interleaved.tile != nullptr && detect_isa() == Isa::avx512;
 }
@@ -205,11 +211,7 @@ TEST(InterleaveTest, TheFewVectorKernelGivesEveryPassTheReferenceBits) {
   auto w = random_q4_K(rng, rows, cols, true);
   const MatrixView plain = view_of(*w, rows, cols);
   Aligned il(w->size);
-  MatrixView v;
-  {
-    IsaScope isa(Isa::avx512);
-    v = interleave_rows(plain, il.p);
-  }
+  const MatrixView v = interleaved(plain, il);
   ASSERT_TRUE(v.interleaved);
   const size_t ab = detail::row_bytes(GgmlType::Q8_K, cols);
   for (int64_t nvec = 1; nvec <= 7; ++nvec) {
@@ -241,11 +243,7 @@ TEST(InterleaveTest, ATableWithoutTheKernelsComputesTheSameBitsFromACopy) {
   auto w = random_q4_K(rng, rows, cols, true);
   const MatrixView plain = view_of(*w, rows, cols);
   Aligned il(w->size);
-  MatrixView v;
-  {
-    IsaScope isa(Isa::avx512);
-    v = interleave_rows(plain, il.p);
-  }
+  const MatrixView v = interleaved(plain, il);
   ThreadPool pool(2);
   for (Isa isa : {Isa::scalar, Isa::avx2}) {
     IsaScope scope(isa);
