@@ -590,6 +590,24 @@ class MatmulPlan {
   std::vector<uint8_t> rule_;  // the mul_mat rule's orders, when the caller gives none
 };
 
+/// matmul_fused's bookkeeping for one call, kept per thread so a step's calls allocate nothing once grown.
+struct FusedMatmulState {
+  std::vector<MatmulPlan> plans;     // the tasks with vectors
+  std::vector<const MatmulTask*> of;  // each plan's task
+  std::vector<size_t> offset;         // each plan's rounding in the scratch
+  std::vector<uint8_t> rounds;        // whether the plan rounds its input (else F32, or another plan's)
+  std::vector<int64_t> round_end;     // cumulative vectors to round, per plan
+  std::vector<int64_t> chunk_end;     // cumulative chunks, per plan
+  std::vector<int64_t> chunk_rows;    // rows per chunk, per plan
+  void clear() {
+    plans.clear();
+    of.clear();
+    offset.clear();
+    rounds.clear();
+  }
+};
+thread_local FusedMatmulState tls_fused_matmul;
+
 /// matmul and matmul_ordered (see MatmulPlan for `gemm` and `panel`).
 void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
                  const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool) {
@@ -670,12 +688,12 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
   }
   // The plans (tasks without vectors have none), and where each one's rounded vectors go: one rounding per
   // distinct input, shared by the tasks that read it.
-  std::vector<MatmulPlan> plans;
-  std::vector<const MatmulTask*> of;  // each plan's task
-  std::vector<size_t> offset;         // each plan's rounding in the scratch
-  std::vector<uint8_t> rounds;        // whether the plan rounds its input (else F32, or another plan's)
-  plans.reserve(count);
-  of.reserve(count);
+  FusedMatmulState& st = tls_fused_matmul;
+  st.clear();
+  std::vector<MatmulPlan>& plans = st.plans;
+  std::vector<const MatmulTask*>& of = st.of;
+  std::vector<size_t>& offset = st.offset;
+  std::vector<uint8_t>& rounds = st.rounds;
   size_t bytes = 0, work = 0;
   int64_t to_round = 0, max_cols = 1;
   for (size_t i = 0; i < count; ++i) {
@@ -712,7 +730,8 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
   const bool threaded = pool != nullptr && pool->size() > 1 && work >= detail::kMinParallelBytes;
 
   // Round the inputs: every vector to round, numbered across the plans that round.
-  std::vector<int64_t> round_end(plans.size());
+  std::vector<int64_t>& round_end = st.round_end;
+  round_end.resize(plans.size());
   for (size_t i = 0, v = 0; i < plans.size(); ++i) {
     v += rounds[i] ? static_cast<size_t>(plans[i].vectors()) : 0;
     round_end[i] = static_cast<int64_t>(v);
@@ -748,7 +767,10 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
     return;
   }
   // One chunk list over all plans, in task order; each plan's chunks as its own matmul (or matvec) cuts them.
-  std::vector<int64_t> chunk_end(plans.size()), chunk_rows(plans.size());
+  std::vector<int64_t>& chunk_end = st.chunk_end;
+  std::vector<int64_t>& chunk_rows = st.chunk_rows;
+  chunk_end.resize(plans.size());
+  chunk_rows.resize(plans.size());
   int64_t chunks = 0;
   bool few = true;
   for (size_t i = 0; i < plans.size(); ++i) {
