@@ -363,8 +363,9 @@ bool one_vector_product(const MatrixView& w, int64_t n, const uint8_t* gemm, con
 }
 
 /// One matmul product's kernel choices, made once per call; then rows(begin, end), on any thread, computes
-/// rows [begin, end) of every vector against the rounded inputs (set_acts). matmul_impl runs one plan,
-/// matmul_fused several in one fork-join: the same choices and kernels, so the same bits. `gemm` null = the
+/// rows [begin, end) of every vector against the rounded inputs (set_acts). matmul_fused runs the plans of
+/// its tasks in one fork-join, and matmul, matmul_ordered, matvec and matvec_fused are matmul_fused: one set
+/// of choices and kernels, so the same bits whatever the grouping. `gemm` null = the
 /// mul_mat rule (whole groups of 4 vectors in the gemm order); `panel` null = the panel's rule (every vector
 /// of a batch of kIqPanelMinBatch or more).
 class MatmulPlan {
@@ -374,12 +375,15 @@ class MatmulPlan {
       : k_(k), w_(w), x_(x), n_(n), ldx_(ldx), y_(y), ldy_(ldy), gemm_(gemm), panel_(panel) {
     detail::check_view(w, k);
     CAR_CHECK(n >= 1 && ldx >= w.cols && ldy >= w.rows);
-    panel_product_ = detail::iq_panel(w);
-    for (int64_t i = 0; i < n; ++i) n_panel_ += panel_at(i) ? 1 : 0;
-    dot_ = detail::dot_for(k, w.type, w.order);
     at_ = detail::act_type(w.type);
     cols_ = w.cols;
     act_bytes_ = at_ == GgmlType::F32 ? 0 : activation_row_bytes(w.type, cols_);
+    // One vector in the gemv order (not the IQ panel's): matvec's kernels and chunks, nothing else to choose.
+    one_vector_ = one_vector_product(w, n, gemm, panel);
+    if (one_vector_) return;
+    panel_product_ = detail::iq_panel(w);
+    for (int64_t i = 0; i < n; ++i) n_panel_ += panel_at(i) ? 1 : 0;
+    dot_ = detail::dot_for(k, w.type, w.order);
     base_ = w.data;
     stride_ = w.row_bytes;
     repacked_ = detail::repacked(w);
@@ -446,6 +450,7 @@ class MatmulPlan {
 
   /// Rows per task on a pool of `threads`.
   int64_t grain(int threads) const {
+    if (one_vector_) return detail::matvec_chunk_rows(k_, w_);
     // A chunk is re-read once per group of vectors and should stay in L2; it is also the span over which a
     // tile kernel's per-group setup is shared, so not too small, and at least kMinMatmulChunks per product.
     int64_t grain = std::max<int64_t>(
@@ -470,6 +475,10 @@ class MatmulPlan {
   }
 
   void rows(int64_t begin, int64_t end) const {
+    if (one_vector_) {
+      detail::matvec_rows(k_, w_, act_of(0), y_, begin, end);
+      return;
+    }
     if (n_panel_ > 0) {
       k_.iq_panel(w_.type, base_ + static_cast<size_t>(begin) * stride_, stride_, end - begin, acts_,
                   act_bytes_, n_, panel_mask_, cols_, y_ + begin, ldy_);
@@ -566,6 +575,7 @@ class MatmulPlan {
   int64_t ldy_;
   const uint8_t* gemm_;
   const uint8_t* panel_;
+  bool one_vector_ = false;
   bool panel_product_ = false;
   int64_t n_panel_ = 0;
   detail::DotFn dot_ = nullptr;
@@ -608,83 +618,45 @@ struct FusedMatmulState {
 };
 thread_local FusedMatmulState tls_fused_matmul;
 
-/// matmul and matmul_ordered (see MatmulPlan for `gemm` and `panel`).
-void matmul_impl(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
-                 const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool) {
-  if (n <= 0) return;
-  if (one_vector_product(w, n, gemm, panel)) {
-    matvec(w, x, y, pool);
-    return;
-  }
-  const DotKernels& k = *active().table;
-  if (w.interleaved && k.q4k_interleaved.tile == nullptr) {
-    // An interleaved matrix under a table without its kernels (the ISA changed after the load).
-    std::vector<uint8_t> buf;
-    matmul_impl(detail::plain_copy(w, buf), x, n, ldx, y, ldy, gemm, panel, pool);
-    return;
-  }
-  MatmulPlan plan(k, w, x, n, ldx, y, ldy, gemm, panel);
-  // Round every input vector once; F32 weights read X in place.
-  plan.set_acts(detail::act_scratch(std::max<size_t>(1, plan.act_bytes() * static_cast<size_t>(n))));
-  const bool threaded = pool != nullptr && pool->size() > 1 && plan.work() >= detail::kMinParallelBytes;
-  if (plan.act_type() != GgmlType::F32) {
-    auto quantize = [&](int64_t begin, int64_t end) { plan.quantize(begin, end); };
-    if (threaded) {
-      pool->parallel_for(n, std::max<int64_t>(1, 16384 / w.cols), 0, quantize);
-    } else {
-      quantize(0, n);
-    }
-  }
-  // Each task owns a chunk of rows; within it, tiles of vectors sweep the chunk, so the chunk's weights come
-  // from memory once and from cache for the remaining tiles.
-  auto rows = [&](int64_t begin, int64_t end) { plan.rows(begin, end); };
-  if (!threaded) {
-    rows(0, w.rows);
-    return;
-  }
-  const int64_t grain = plan.grain(pool->size());
-  if (n <= kVectorTile) {
-    // A few vectors (a batched decode step): memory-bound like matvec, so each thread streams its own
-    // contiguous share of the rows (the schedule matvec uses) rather than chunks dealt from one cursor.
-    pool->parallel_for_shares(w.rows, grain, 0, rows);
-    return;
-  }
-  pool->parallel_for(w.rows, grain, 0, rows);
-}
 }  // namespace
 
 void matmul(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy, ThreadPool* pool) {
-  matmul_impl(w, x, n, ldx, y, ldy, nullptr, nullptr, pool);
+  const MatmulTask t{w, x, n, ldx, y, ldy, nullptr, nullptr};
+  matmul_fused(&t, 1, pool);
 }
 
 void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
                     const uint8_t* gemm, ThreadPool* pool) {
   CAR_CHECK(gemm != nullptr);
-  matmul_impl(w, x, n, ldx, y, ldy, gemm, nullptr, pool);
+  const MatmulTask t{w, x, n, ldx, y, ldy, gemm, nullptr};
+  matmul_fused(&t, 1, pool);
 }
 
 void matmul_ordered(const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy,
                     const uint8_t* gemm, const uint8_t* panel, ThreadPool* pool) {
   CAR_CHECK(gemm != nullptr && panel != nullptr);
-  matmul_impl(w, x, n, ldx, y, ldy, gemm, panel, pool);
+  const MatmulTask t{w, x, n, ldx, y, ldy, gemm, panel};
+  matmul_fused(&t, 1, pool);
 }
 
 void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
   const DotKernels& k = *active().table;
   auto ldx_of = [](const MatmulTask& t) { return t.ldx != 0 ? t.ldx : t.w.cols; };
   auto ldy_of = [](const MatmulTask& t) { return t.ldy != 0 ? t.ldy : t.w.rows; };
-  bool one_by_one = count <= 1;
-  for (size_t i = 0; i < count && !one_by_one; ++i) {
-    // An interleaved matrix under a table without its kernels (the ISA changed after the load): matmul's
-    // de-interleaved copies.
-    one_by_one = tasks[i].w.interleaved && k.q4k_interleaved.tile == nullptr;
-  }
-  if (one_by_one) {
-    for (size_t i = 0; i < count; ++i) {
-      const MatmulTask& t = tasks[i];
-      matmul_impl(t.w, t.x, t.n, ldx_of(t), t.y, ldy_of(t), t.gemm, t.panel, pool);
+  if (k.q4k_interleaved.tile == nullptr || k.q4k_interleaved.rows_gemv == nullptr) {
+    // An interleaved matrix under a table without its kernels (the ISA changed after the load): the same
+    // products on de-interleaved copies (slow, but the same bits).
+    bool any = false;
+    for (size_t i = 0; i < count && !any; ++i) any = tasks[i].w.interleaved;
+    if (any) {
+      std::vector<MatmulTask> plain(tasks, tasks + count);
+      std::vector<std::vector<uint8_t>> bufs(count);
+      for (size_t i = 0; i < count; ++i) {
+        if (plain[i].w.interleaved) plain[i].w = detail::plain_copy(plain[i].w, bufs[i]);
+      }
+      matmul_fused(plain.data(), count, pool);
+      return;
     }
-    return;
   }
   // The plans (tasks without vectors have none), and where each one's rounded vectors go: one rounding per
   // distinct input, shared by the tasks that read it.
@@ -699,7 +671,7 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
   for (size_t i = 0; i < count; ++i) {
     const MatmulTask& t = tasks[i];
     if (t.n <= 0) continue;
-    CAR_CHECK(t.x != nullptr && t.y != nullptr);
+    CAR_CHECK(t.x != nullptr && (t.w.rows == 0 || t.y != nullptr));
     plans.emplace_back(k, t.w, t.x, t.n, ldx_of(t), t.y, ldy_of(t), t.gemm, t.panel);
     of.push_back(&t);
     const MatmulPlan& p = plans.back();
@@ -752,18 +724,8 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
     }
   }
 
-  // Each plan's rows: matvec's kernels for a one-vector product, else its own.
-  auto run = [&](size_t i, int64_t begin, int64_t end) {
-    const MatmulTask& t = *of[i];
-    if (one_vector_product(t.w, t.n, t.gemm, t.panel)) {
-      const bool f32 = plans[i].act_type() == GgmlType::F32;
-      detail::matvec_rows(k, t.w, f32 ? static_cast<const void*>(t.x) : acts + offset[i], t.y, begin, end);
-    } else {
-      plans[i].rows(begin, end);
-    }
-  };
   if (!threaded) {
-    for (size_t i = 0; i < plans.size(); ++i) run(i, 0, of[i]->w.rows);
+    for (size_t i = 0; i < plans.size(); ++i) plans[i].rows(0, of[i]->w.rows);
     return;
   }
   // One chunk list over all plans, in task order; each plan's chunks as its own matmul (or matvec) cuts them.
@@ -775,8 +737,7 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
   bool few = true;
   for (size_t i = 0; i < plans.size(); ++i) {
     const MatmulTask& t = *of[i];
-    chunk_rows[i] = one_vector_product(t.w, t.n, t.gemm, t.panel) ? detail::matvec_chunk_rows(k, t.w)
-                                                                  : plans[i].grain(pool->size());
+    chunk_rows[i] = plans[i].grain(pool->size());
     chunks += (t.w.rows + chunk_rows[i] - 1) / chunk_rows[i];
     chunk_end[i] = chunks;
     few = few && t.n <= kVectorTile;
@@ -786,7 +747,7 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
     for (int64_t c = begin; c < end; ++c) {
       while (c >= chunk_end[i]) ++i;
       const int64_t r0 = (c - (i == 0 ? 0 : chunk_end[i - 1])) * chunk_rows[i];
-      run(i, r0, std::min(of[i]->w.rows, r0 + chunk_rows[i]));
+      plans[i].rows(r0, std::min(of[i]->w.rows, r0 + chunk_rows[i]));
     }
   };
   // A batched decode step's few vectors per product: contiguous shares, as matmul and matvec take them.
@@ -795,6 +756,15 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
   } else {
     pool->parallel_for(chunks, 1, 0, chunk);
   }
+}
+
+void matvec_fused(const MatvecTask* tasks, size_t n, ThreadPool* pool) {
+  // matmul_fused's one-vector tasks take matvec's kernels and chunks (MatmulPlan); per thread, so decode's
+  // calls allocate nothing once grown.
+  thread_local std::vector<MatmulTask> as_matmul;
+  as_matmul.clear();
+  for (size_t i = 0; i < n; ++i) as_matmul.push_back(MatmulTask{tasks[i].w, tasks[i].x, 1, 0, tasks[i].y, 0});
+  matmul_fused(as_matmul.data(), as_matmul.size(), pool);
 }
 
 bool iq_panel_product(const MatrixView& w) { return detail::iq_panel(w); }
