@@ -10,6 +10,10 @@
 //   tg<n> xN  with --parallel N,...: N requests of tg<n> submitted together, run batched by the model's
 //          scheduler (one forward pass per step over every sequence, like llama.cpp's llama-batched-bench):
 //          aggregate tokens/s = N * n / (wall time from submission to the last one's end), and per stream.
+//          Each step reads the weights once for all N: the weight bytes read per step are every tensor but
+//          the expert banks (token_embd as above) plus the expert bytes the timed runs leased (each chosen
+//          expert once per step: engine::model_expert_bytes_leased) over their n steps each; the batched
+//          bound is N * bandwidth / that, printed with the fraction achieved.
 // Reported beside them: model size and parameters (from the GGUF tensor table), the weight bytes read per
 // decoded token (every tensor, except that token_embd contributes one row when a separate output matrix
 // exists, and MoE expert banks count expert_used_count / expert_count of their size), the decode bound
@@ -70,6 +74,8 @@ struct ModelFigures {
   uint64_t tensor_bytes = 0;
   uint64_t params = 0;
   uint64_t bytes_per_token = 0;  // weight bytes read per decoded token
+  uint64_t expert_bytes = 0;     // the routed expert banks' bytes (all experts)
+  uint64_t expert_bytes_per_token = 0;  // their share of bytes_per_token
   int64_t vocab = 0;
   int64_t n_expert = 0;
   int64_t n_expert_used = 0;
@@ -95,20 +101,24 @@ Result<ModelFigures> model_figures(const std::string& path) {
   m.vocab = static_cast<int64_t>(embd->rows());
   const bool tied = f.find_tensor("output.weight") == nullptr;
 
-  double read = 0;
+  double read = 0, experts = 0;
   for (const auto& t : f.tensors()) {
     m.tensor_bytes += t.n_bytes;
     m.params += t.n_elements;
     if (&t == embd && !tied) {
       read += static_cast<double>(t.n_bytes) / static_cast<double>(std::max<uint64_t>(1, t.rows()));
     } else if (m.n_expert > 0 && t.name.find("_exps.") != std::string::npos) {
-      read += static_cast<double>(t.n_bytes) * static_cast<double>(m.n_expert_used) /
-              static_cast<double>(m.n_expert);
+      const double share = static_cast<double>(t.n_bytes) * static_cast<double>(m.n_expert_used) /
+                           static_cast<double>(m.n_expert);
+      read += share;
+      experts += share;
+      m.expert_bytes += t.n_bytes;
     } else {
       read += static_cast<double>(t.n_bytes);
     }
   }
   m.bytes_per_token = static_cast<uint64_t>(read);
+  m.expert_bytes_per_token = static_cast<uint64_t>(experts);
   return m;
 }
 
@@ -291,12 +301,26 @@ void bench(const BenchFlags& f) {
   if (!f.json && !tg.empty()) print_row("tg", f.n_gen, tgs);
   // Batched decode: N sequences at once.
   nlohmann::json parallel_json = nlohmann::json::array();
+  struct StepBytes {
+    int n_seq = 0;
+    double tokens_per_s = 0;
+    double bytes = 0;         // weight bytes read per step
+    double expert_share = 0;  // of the expert banks, read per step
+  };
+  std::vector<StepBytes> step_bytes;
+  const uint64_t dense_bytes = m.bytes_per_token - m.expert_bytes_per_token;
   for (int n_seq : f.parallel) {
     if (f.n_gen <= 0) break;
     if (!f.no_warmup) run_parallel(model, rng, m.vocab, n_seq, 2);
+    const uint64_t leased0 = engine::model_expert_bytes_leased(model);
     std::vector<double> agg;
     for (int i = 0; i < f.reps; ++i) agg.push_back(run_parallel(model, rng, m.vocab, n_seq, f.n_gen));
     const Stats as = stats_of(agg);
+    // n steps per run (the 1-token prompts' step, then one per token but the last), every sequence in each
+    const double steps = static_cast<double>(f.reps) * static_cast<double>(f.n_gen);
+    const double leased = static_cast<double>(engine::model_expert_bytes_leased(model) - leased0) / steps;
+    step_bytes.push_back({n_seq, as.mean, static_cast<double>(dense_bytes) + leased,
+                          m.expert_bytes > 0 ? leased / static_cast<double>(m.expert_bytes) : 0});
     if (!f.json) {
       std::printf("| %s | %.2f MB | %.2f %s | %d | tg%d x%d | %.2f ± %.2f (%.2f per stream) |\n", name.c_str(),
                   size_mb, params, unit, threads, f.n_gen, n_seq, as.mean, as.stdev, as.mean / n_seq);
@@ -306,7 +330,9 @@ void bench(const BenchFlags& f) {
                              {"n_tokens", f.n_gen},
                              {"samples", agg},
                              {"tokens_per_s", {{"mean", as.mean}, {"stdev", as.stdev}}},
-                             {"per_stream_tokens_per_s", as.mean / n_seq}});
+                             {"per_stream_tokens_per_s", as.mean / n_seq},
+                             {"weight_bytes_per_step", step_bytes.back().bytes},
+                             {"expert_banks_read_per_step", step_bytes.back().expert_share}});
   }
   save_expert_usage(model, "car bench");
   // The memory figures first: the bandwidth probe's buffer must not count as the model's peak.
@@ -345,6 +371,11 @@ void bench(const BenchFlags& f) {
     out["bandwidth_source"] = measured ? "measured" : "given";
     out["decode_bound_tokens_per_s"] = bound;
     out["decode_fraction_of_bound"] = fraction;
+    for (size_t i = 0; i < step_bytes.size() && i < out["parallel"].size(); ++i) {
+      const double b = step_bytes[i].n_seq * bandwidth_gbs * 1e9 / step_bytes[i].bytes;
+      out["parallel"][i]["bound_tokens_per_s"] = b;
+      out["parallel"][i]["fraction_of_bound"] = step_bytes[i].tokens_per_s / b;
+    }
     out["model_memory_bytes"] = engine::model_memory_bytes(model);
     out["rss_bytes"] = rss;
     out["peak_rss_bytes"] = hwm;
@@ -356,6 +387,12 @@ void bench(const BenchFlags& f) {
               static_cast<double>(m.bytes_per_token) / 1e6, bandwidth_gbs,
               measured ? "measured read rate" : "given", bound);
   if (!tg.empty()) std::printf("; achieved %.0f%%", fraction * 100.0);
+  for (const StepBytes& sb : step_bytes) {
+    const double b = sb.n_seq * bandwidth_gbs * 1e9 / sb.bytes;
+    std::printf("\ntg%d x%d: weight bytes read per step %.1f MB", f.n_gen, sb.n_seq, sb.bytes / 1e6);
+    if (m.expert_bytes > 0) std::printf(" (%.0f%% of the expert banks)", sb.expert_share * 100.0);
+    std::printf("; bound %.1f tok/s; achieved %.0f%%", b, sb.tokens_per_s / b * 100.0);
+  }
   if (auto e = engine::model_expert_stats(model); e && engine::model_streams_experts(model)) {
     std::printf(
         "\nexperts streamed (%s): cap %d/bank, pinned %d, hit rate %.1f%%, %.1f MB read, read p50 %.0f us "

@@ -370,6 +370,23 @@ std::optional<experts::ExpertStats> model_expert_stats(const LoadedModel& lm) {
   return lm.experts->stats();
 }
 
+uint64_t model_expert_bytes_leased(const LoadedModel& lm) {
+  if (lm.experts == nullptr) return 0;
+  const experts::ExpertSource& src = *lm.experts;
+  uint64_t bytes = 0;
+  for (int l = 0; l < src.n_layers(); ++l) {
+    const experts::ExpertBankInfo& b = src.bank(l);
+    if (b.n_expert <= 0) continue;
+    // An expert's three matrices are its banks' e-th equal slices (experts::expert_slice).
+    const uint64_t per_expert = (static_cast<uint64_t>(b.gate_bank.rows) * b.gate_bank.row_bytes +
+                                 static_cast<uint64_t>(b.up_bank.rows) * b.up_bank.row_bytes +
+                                 static_cast<uint64_t>(b.down_bank.rows) * b.down_bank.row_bytes) /
+                                static_cast<uint64_t>(b.n_expert);
+    for (int e = 0; e < b.n_expert; ++e) bytes += src.use_count(l, e) * per_expert;
+  }
+  return bytes;
+}
+
 std::vector<std::string> model_take_warnings(LoadedModel& lm) {
   if (lm.streamed == nullptr) return {};
   return lm.streamed->take_warnings();

@@ -172,6 +172,11 @@ bool model_streams_experts(const LoadedModel& model);
 const std::string& model_stream_reason(const LoadedModel& model);
 /// The expert source's counters; nullopt for a dense model. Thread-safe (may run beside generate()).
 std::optional<experts::ExpertStats> model_expert_stats(const LoadedModel& model);
+/// The routed experts' weight bytes the forward passes have leased so far: over every (layer, expert), its
+/// leases (ExpertSource::use_count) times its gate + up + down bytes. A step leases each expert its rows
+/// chose once, so the growth over a run is what its steps read of the expert banks (car bench --parallel).
+/// 0 for a dense model. Thread-safe (may run beside generate()).
+uint64_t model_expert_bytes_leased(const LoadedModel& model);
 /// Warnings of the expert source since the last call (sidecar lines skipped, O_DIRECT fallback).
 std::vector<std::string> model_take_warnings(LoadedModel& model);
 /// Save persistent state (the expert usage sidecar; nothing for a resident or dense model). Thread-safe.

@@ -114,6 +114,9 @@ class ExpertSource {
   virtual uint64_t resident_bytes() const { return 0; }
   /// True when experts come from disk reads rather than the mapping.
   virtual bool streams() const { return false; }
+  /// How many leases expert `expert` of `layer` has had in this run (acquire_many counts each entry). A step
+  /// leases each expert its rows chose once, whatever their number, so this counts the expert's weight reads.
+  virtual uint64_t use_count(int layer, int expert) const = 0;
 
   int n_layers() const { return static_cast<int>(banks_.size()); }
   /// Experts of `layer`; 0 for a dense layer.

@@ -30,7 +30,7 @@ class ResidentExpertSource final : public ExpertSource {
   Result<ExpertLease> acquire(int layer, int expert) override;
 
   /// How many times expert `expert` of `layer` was acquired.
-  uint64_t use_count(int layer, int expert) const;
+  uint64_t use_count(int layer, int expert) const override;
 
  private:
   struct Interleaved {

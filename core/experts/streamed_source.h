@@ -111,7 +111,7 @@ class StreamedExpertSource final : public ExpertSource {
   /// True while reads use O_DIRECT (false after a fallback, or when the filesystem refused it).
   bool direct_io() const;
   /// This run's acquire count of (layer, expert), saved or not.
-  uint64_t use_count(int layer, int expert) const;
+  uint64_t use_count(int layer, int expert) const override;
   /// The pool's layout line after this source joined (for the caller's log).
   const PoolLayout& join_layout() const { return join_layout_; }
   /// Warnings collected since the last call (sidecar lines skipped, O_DIRECT fallback); clears them.

@@ -417,6 +417,39 @@ TEST(StreamedExperts, EngineStreamsOnRequestAndAccountsTheCacheNotTheBanks) {
   EXPECT_GT(model_expert_stats(**streamed)->misses, 0u);
 }
 
+// car bench's batched-step figure: the expert bytes a run leased. One token per forward pass leases exactly
+// its n_expert_used experts per MoE layer, resident or streamed, so m passes lease m x layers x used experts.
+TEST(ExpertBytesLeased, EachPassLeasesItsChosenExpertsOnce) {
+  testing::TempDir dir;
+  const std::string path = write_moe(dir, "m.gguf");
+  auto file = gguf::GgufFile::open(path);
+  ASSERT_TRUE(file.ok());
+  uint64_t banks = 0;
+  for (const auto& t : (*file)->tensors()) {
+    if (t.name.find("_exps.") != std::string::npos) banks += t.n_bytes;
+  }
+  const uint64_t per_expert = banks / (2 * 8);  // write_moe: 2 layers of 8 experts, 2 used
+  for (const StreamExperts mode : {StreamExperts::off, StreamExperts::on}) {
+    LoadOptions o;
+    o.threads = 1;
+    o.stream_experts = mode;
+    o.expert_ram_gb = 0.0001;
+    auto m = load_model(path, o);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_EQ(model_expert_bytes_leased(**m), 0u);
+    GenerateRequest req = greedy(5);
+    req.prompt.clear();
+    req.prompt_ids = {17};
+    req.add_bos = false;
+    auto r = generate(**m, req, {}, nullptr);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    ASSERT_EQ(r->tokens.size(), 5u);
+    // the prompt's pass, then one per generated token but the last
+    EXPECT_EQ(model_expert_bytes_leased(**m), 5u * 2 * 2 * per_expert)
+        << "streamed: " << (mode == StreamExperts::on);
+  }
+}
+
 TEST(StreamedExperts, ReadErrorFailsTheRequestAndTheModelStaysUsable) {
   testing::TempDir dir;
   const std::string path = write_moe(dir, "m.gguf");

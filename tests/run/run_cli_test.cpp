@@ -255,4 +255,33 @@ TEST_F(RunCli, BenchJson) {
   EXPECT_GT(j.at("peak_rss_bytes").get<double>(), 0.0);
 }
 
+// The batched steps' weight bytes: one sequence's step reads what one decoded token does (its chosen
+// experts' share of the banks); eight sequences' steps read more of the banks, never more than all of them.
+TEST_F(RunCli, BenchParallelCountsTheExpertsEachStepRead) {
+  const std::string moe = (dir_->path() / "moe.gguf").string();
+  ASSERT_EQ(
+      run_car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
+              "--ctx 256 --experts 8 --experts-used 2 --type q8_0 --seed 4 -o " +
+              moe)
+          .exit_code,
+      0);
+  const auto o =
+      run_car("bench " + moe + " -p 0 -n 6 -r 2 --threads 1 --parallel 1,8 --bandwidth-gbs 10 --json");
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  const auto& par = j.at("parallel");
+  ASSERT_EQ(par.size(), 2u);
+  const double per_token = j.at("weight_bytes_per_token").get<double>();
+  const double x1 = par.at(0).at("weight_bytes_per_step").get<double>();
+  const double x8 = par.at(1).at("weight_bytes_per_step").get<double>();
+  EXPECT_NEAR(x1, per_token, 2.0);  // the same bytes, up to rounding
+  EXPECT_NEAR(par.at(0).at("expert_banks_read_per_step").get<double>(), 2.0 / 8.0, 1e-9);
+  const double share8 = par.at(1).at("expert_banks_read_per_step").get<double>();
+  EXPECT_GT(share8, 2.0 / 8.0);
+  EXPECT_LE(share8, 1.0);
+  EXPECT_GT(x8, x1);
+  // bound = N x bandwidth / bytes per step
+  EXPECT_NEAR(par.at(1).at("bound_tokens_per_s").get<double>(), 8 * 10e9 / x8, 1e-6 * 8 * 10e9 / x8);
+}
+
 }  // namespace
