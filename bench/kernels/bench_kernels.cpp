@@ -12,6 +12,9 @@
 //   bench_kernels --benchmark_filter='Q4KTile'
 //                                      # the repacked Q4_K prompt tile (issue #26): GMAC/s, share of the
 //                                      # vpdpbusd peak, weight GiB/s
+//   bench_kernels --benchmark_filter='FewVectors'
+//                                      # an MoE expert's product with 1-8 vectors (batched decode, issue
+//                                      # #25), from cache: the core's weight bytes per second
 //   bench_kernels --benchmark_filter='PromptTile'
 //                                      # the Q8_0 / Q6_K / Q5_K / Q3_K / Q2_K / Q4_1 / Q5_0 / Q5_1 prompt
 //                                      # tiles (issue #26), the same counters; <type>_dotloop: the loop
@@ -33,7 +36,9 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -332,6 +337,39 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
 }
 
+/// One thread, an MoE expert's product with `nvec` vectors in the gemv order (mul_mat_id), through
+/// matmul_ordered as a batched decode step runs it: the Q4_K gate/up shape (2816 x 1024) in the interleaved
+/// layout a model holds, and the Q6_K down shape (1024 x 2816; Q4_K_M files keep half the downs in Q6_K).
+/// The 1.6-2.3 MB matrix stays in cache, so the weight bytes per second are the CPU's ceiling for that many
+/// vectors: batched decode at N sequences gives each expert about N x used / experts of them (issue #25), and
+/// two threads at this rate against the machine's read rate say whether those products wait on memory or on
+/// the core.
+void BM_FewVectors(benchmark::State& state, GgmlType t) {
+  const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
+  const size_t rb = detail::row_bytes(t, cols);
+  AlignedBuffer buf(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
+  set_isa(detect_isa());
+  MatrixView view{t, buf.data, cols, rows, rb};
+  std::shared_ptr<uint8_t> il;
+  if (t == GgmlType::Q4_K && detect_isa() == Isa::avx512) {
+    MatrixView* one = &view;
+    il = car::tensor::interleave_all(std::span<MatrixView* const>(&one, 1), false);
+  }
+  std::vector<float> x(static_cast<size_t>(cols * nvec));
+  for (auto& v : x) v = dist(rng);
+  std::vector<float> y(static_cast<size_t>(rows * nvec));
+  const std::vector<uint8_t> gemv(static_cast<size_t>(nvec), 0);
+  for (auto _ : state) {
+    matmul_ordered(view, x.data(), nvec, cols, y.data(), rows, gemv.data(), nullptr);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * static_cast<int64_t>(rb));
+}
+
 /// One thread, the prompt tile (DotKernels::tile) of a `t` matrix that llama.cpp does not repack (Q8_0, Q6_K,
 /// ...; for Q2_K, which it repacks, DotKernels::tile_repacked in the gemm order) with `nvec` vectors, called
 /// on chunks of rows as matmul deals them to its threads (about kChunkBytes of rows, or a 16th of them for a
@@ -515,6 +553,17 @@ void register_all(bool big) {
                                std::to_string(sh[2]);
       benchmark::RegisterBenchmark(name.c_str(), [gemm](benchmark::State& s) { BM_Q4KTile(s, gemm); })
           ->Args({sh[0], sh[1], sh[2]})
+          ->MinTime(0.5);
+    }
+  }
+  for (const auto& [t, rows, cols] : {std::tuple{GgmlType::Q4_K, int64_t{2816}, int64_t{1024}},
+                                      std::tuple{GgmlType::Q6_K, int64_t{1024}, int64_t{2816}}}) {
+    for (int64_t nvec : {1, 2, 3, 4, 8}) {
+      const std::string name = std::string("FewVectors/") + std::string(car::ggml_type_name(t)) + "/" +
+                               std::to_string(rows) + "x" + std::to_string(cols) + "/v" +
+                               std::to_string(nvec);
+      benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& st) { BM_FewVectors(st, t); })
+          ->Args({rows, cols, nvec})
           ->MinTime(0.5);
     }
   }
