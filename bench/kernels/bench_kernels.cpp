@@ -198,8 +198,10 @@ void BM_StreamRead(benchmark::State& state) {
 /// matvec against a streaming read of the same matrix memory, back to back pass by pass (the shared machine's
 /// bandwidth drifts by tens of percent between seconds, so separate runs compare poorly). Counters: medians
 /// over the passes of the stream's and matvec's GiB/s and of their ratio (matvec / stream, per pair).
-/// `interleaved`: the Q4_K matrix in the interleaved layout (tensor::interleave_all; rows a multiple of 16), as
-/// a model's Q4_K matrices are held under AVX-512 (issue #29).
+/// `interleaved`: the Q4_K matrix in the interleaved layout (tensor::interleave_all; rows a multiple of 16),
+/// as a model's Q4_K matrices are held under AVX-512 (issue #29). A third argument > 1 multiplies that many
+/// vectors in the gemv order (matmul_ordered, as a batched decode step gives an MoE expert its few rows;
+/// issue #25) instead of one; the GiB/s are still weight bytes.
 void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order, bool interleaved = false) {
   if (detect_isa() != Isa::avx512) {
     state.SkipWithError("needs avx512");
@@ -222,7 +224,9 @@ void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order, 
   }
   const uint8_t* data = m.view.data;
   const size_t wbytes = static_cast<size_t>(m.view.rows) * m.view.row_bytes;
-  std::vector<float> x(kCols, 0.5f), y(static_cast<size_t>(m.view.rows));
+  const int64_t nvec = state.range(2);
+  std::vector<float> x(static_cast<size_t>(kCols * nvec), 0.5f), y(static_cast<size_t>(m.view.rows * nvec));
+  const std::vector<uint8_t> gemv(static_cast<size_t>(nvec), 0);
   ThreadPool& pool = pool_of(threads);
   std::vector<double> stream_gibs, matvec_gibs, ratio;
   uint64_t sink = 0;
@@ -232,7 +236,11 @@ void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order, 
     const auto t0 = Clock::now();
     sink ^= stream_read(data, wbytes, pool);
     const auto t1 = Clock::now();
-    matvec(m.view, x.data(), y.data(), &pool);
+    if (nvec == 1) {
+      matvec(m.view, x.data(), y.data(), &pool);
+    } else {
+      matmul_ordered(m.view, x.data(), nvec, kCols, y.data(), m.view.rows, gemv.data(), &pool);
+    }
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
     const auto t2 = Clock::now();
@@ -506,7 +514,7 @@ void register_all(bool big) {
                                  name_size(kib) + "/t" + std::to_string(threads);
         benchmark::RegisterBenchmark(name.c_str(),
                                      [t](benchmark::State& s) { BM_MatvecVsStream(s, t, false); })
-            ->Args({kib, threads})
+            ->Args({kib, threads, 1})
             ->UseRealTime()
             ->MinTime(big ? 2.0 : 0.5);
       }
@@ -516,7 +524,7 @@ void register_all(bool big) {
           "MatvecVsStream/Q4_K_vecdot/" + name_size(kib) + "/t" + std::to_string(threads);
       benchmark::RegisterBenchmark(name.c_str(),
                                    [](benchmark::State& s) { BM_MatvecVsStream(s, GgmlType::Q4_K, true); })
-          ->Args({kib, threads})
+          ->Args({kib, threads, 1})
           ->UseRealTime()
           ->MinTime(big ? 2.0 : 0.5);
     }
@@ -525,9 +533,23 @@ void register_all(bool big) {
           "MatvecVsStream/Q4_K_interleaved/" + name_size(kib) + "/t" + std::to_string(threads);
       benchmark::RegisterBenchmark(
           name.c_str(), [](benchmark::State& s) { BM_MatvecVsStream(s, GgmlType::Q4_K, false, true); })
-          ->Args({kib, threads})
+          ->Args({kib, threads, 1})
           ->UseRealTime()
           ->MinTime(big ? 2.0 : 0.5);
+    }
+    // A batched decode step's expert products (issue #25): 2-8 vectors in the gemv order, two threads.
+    for (int64_t nvec : {2, 3, 4, 8}) {
+      for (const bool il : {true, false}) {
+        const std::string name = std::string("MatvecVsStream/") + (il ? "Q4_K_interleaved/" : "Q6_K/") +
+                                 name_size(kib) + "/t2/v" + std::to_string(nvec);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [il](benchmark::State& s) {
+                                       BM_MatvecVsStream(s, il ? GgmlType::Q4_K : GgmlType::Q6_K, false, il);
+                                     })
+            ->Args({kib, 2, nvec})
+            ->UseRealTime()
+            ->MinTime(big ? 2.0 : 0.5);
+      }
     }
   }
   for (bool vec_dot_order : {false, true}) {
