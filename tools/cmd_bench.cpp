@@ -19,16 +19,17 @@
 // exists, and MoE expert banks count expert_used_count / expert_count of their size), the decode bound
 // bandwidth / bytes-per-token, the fraction of it achieved, and the process's RSS. The bandwidth is
 // --bandwidth-gbs when given, else measured here after the tests (and after the RSS figures are taken): the
-// best of three timed reads of a 128 MB buffer by the compute threads (measure_read_gbs). Human output prints
+// best of five timed reads of a 256 MB buffer by the compute threads (measure_read_gbs). Human output prints
 // each table row as its test finishes (like llama-bench) and uses decimal units throughout (MB, GB, GB/s).
 // `--json` prints one object with all of it.
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -204,39 +205,49 @@ double run_parallel(engine::LoadedModel& model, std::mt19937_64& rng, int64_t vo
 }
 
 /// The machine's memory read bandwidth in GB/s as `threads` threads see it: each thread sums its share of a
-/// 128 MB buffer (written first, so its pages exist), three passes, the fastest counts. About 0.1-0.3 s.
+/// 256 MB buffer (written first, so its pages exist), five passes, the fastest counts. The threads are
+/// started once and meet at a barrier before and after each pass, so a pass times the reads alone: with a
+/// thread started per pass (the first version), a late start counted against a ~3 ms read and the figure
+/// swung between 28 and 68 GB/s from one run to the next. About 0.2-0.4 s.
 double measure_read_gbs(int threads) {
-  constexpr size_t kBytes = 128u << 20;
-  constexpr int kPasses = 3;
+  constexpr size_t kBytes = 256u << 20;
+  constexpr int kPasses = 5;
   const size_t words = kBytes / sizeof(uint64_t);
   std::vector<uint64_t> buf(words);
   for (size_t i = 0; i < words; ++i) buf[i] = i;
   const int n = std::max(1, threads);
   std::vector<uint64_t> sums(static_cast<size_t>(n));
+  std::barrier sync(n);
+  std::chrono::steady_clock::time_point t0, t1;
   double best = 0;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 0; t < n; ++t) {
-      pool.emplace_back([&, t] {
-        const size_t lo = words * static_cast<size_t>(t) / static_cast<size_t>(n);
-        const size_t hi = words * static_cast<size_t>(t + 1) / static_cast<size_t>(n);
-        uint64_t a = 0, b = 0, c = 0, d = 0;
-        size_t i = lo;
-        for (; i + 4 <= hi; i += 4) {
-          a += buf[i];
-          b += buf[i + 1];
-          c += buf[i + 2];
-          d += buf[i + 3];
-        }
-        for (; i < hi; ++i) a += buf[i];
-        sums[static_cast<size_t>(t)] = a + b + c + d;
-      });
+  auto worker = [&](int t) {
+    const size_t lo = words * static_cast<size_t>(t) / static_cast<size_t>(n);
+    const size_t hi = words * static_cast<size_t>(t + 1) / static_cast<size_t>(n);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      sync.arrive_and_wait();
+      if (t == 0) t0 = std::chrono::steady_clock::now();
+      uint64_t a = 0, b = 0, c = 0, d = 0;
+      size_t i = lo;
+      for (; i + 4 <= hi; i += 4) {
+        a += buf[i];
+        b += buf[i + 1];
+        c += buf[i + 2];
+        d += buf[i + 3];
+      }
+      for (; i < hi; ++i) a += buf[i];
+      sums[static_cast<size_t>(t)] += a + b + c + d;
+      sync.arrive_and_wait();
+      if (t == 0) {
+        t1 = std::chrono::steady_clock::now();
+        const double s = std::chrono::duration<double>(t1 - t0).count();
+        if (s > 0) best = std::max(best, static_cast<double>(kBytes) / s / 1e9);
+      }
     }
-    for (auto& th : pool) th.join();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0) best = std::max(best, static_cast<double>(kBytes) / s / 1e9);
-  }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(worker, t);
+  worker(0);
+  for (auto& th : pool) th.join();
   uint64_t total = 0;
   for (const auto v : sums) total += v;
   if (total == 1) std::fprintf(stderr, " ");  // keeps the sums observable so the reads are not optimized away
