@@ -273,6 +273,22 @@ void fill_repeating_rows(GgmlType t, int64_t rows, int64_t cols, size_t rb, uint
   }
 }
 
+/// A benchmark's `rows` x `cols` matrix of type t: fill_repeating_rows's rows (drawn from the caller's rng),
+/// with the active ISA set to the CPU's best.
+struct FilledMatrix {
+  FilledMatrix(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng,
+               std::normal_distribution<float>& dist)
+      : rb(detail::row_bytes(t, cols)),
+        buf(rb * static_cast<size_t>(rows)),
+        view{t, buf.data, cols, rows, rb} {
+    fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
+    set_isa(detect_isa());
+  }
+  size_t rb;
+  AlignedBuffer buf;
+  MatrixView view;
+};
+
 /// One thread, one Q4_K matrix of the given shape (1.6-6.5 MB, L3-resident), in the repacked gemv order
 /// (rows as given, a multiple of 8) or the vec_dot order (one row fewer): the kernels' CPU cost per weight
 /// byte on the shapes decode multiplies (issue #29; bench/e2e models: dense 2048 / 5632, MoE experts 1024 /
@@ -281,15 +297,13 @@ void BM_Q4KShape(benchmark::State& state, bool vec_dot_order) {
   const GgmlType t = GgmlType::Q4_K;
   const int64_t rows = state.range(0) - (vec_dot_order ? 1 : 0);
   const int64_t cols = state.range(1);
-  const size_t rb = detail::row_bytes(t, cols);
-  AlignedBuffer buf(rb * static_cast<size_t>(rows));
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 1.0f);
+  const FilledMatrix m(t, rows, cols, rng, dist);
+  const MatrixView& view = m.view;
+  const size_t rb = m.rb;
   std::vector<float> x(static_cast<size_t>(cols));
-  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
   for (auto& v : x) v = dist(rng);
-  set_isa(detect_isa());
-  const MatrixView view{t, buf.data, cols, rows, rb};
   std::vector<float> y(static_cast<size_t>(rows));
   for (auto _ : state) {
     matvec(view, x.data(), y.data(), nullptr);
@@ -321,15 +335,13 @@ double cpu_ghz() {
 void BM_Q4KTile(benchmark::State& state, bool gemm) {
   const GgmlType t = GgmlType::Q4_K;
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
-  const size_t rb = detail::row_bytes(t, cols);
-  AlignedBuffer buf(rb * static_cast<size_t>(rows));
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
+  const FilledMatrix m(t, rows, cols, rng, dist);
+  const MatrixView& view = m.view;
+  const size_t rb = m.rb;
   std::vector<float> x(static_cast<size_t>(cols * nvec));
-  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
   for (auto& v : x) v = dist(rng);
-  set_isa(detect_isa());
-  const MatrixView view{t, buf.data, cols, rows, rb};
   std::vector<float> y(static_cast<size_t>(rows * nvec));
   std::vector<uint8_t> order(static_cast<size_t>(nvec), gemm ? 1 : 0);
   for (auto _ : state) {
@@ -354,13 +366,11 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
 /// the core.
 void BM_FewVectors(benchmark::State& state, GgmlType t) {
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
-  const size_t rb = detail::row_bytes(t, cols);
-  AlignedBuffer buf(rb * static_cast<size_t>(rows));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
-  set_isa(detect_isa());
-  MatrixView view{t, buf.data, cols, rows, rb};
+  FilledMatrix m(t, rows, cols, rng, dist);
+  MatrixView& view = m.view;
+  const size_t rb = m.rb;
   std::shared_ptr<uint8_t> il;
   if (t == GgmlType::Q4_K && detect_isa() == Isa::avx512) {
     MatrixView* one = &view;
@@ -385,12 +395,10 @@ void BM_FewVectors(benchmark::State& state, GgmlType t) {
 /// BM_Q4KTile.
 void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false, bool vec_dot = false) {
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
-  const size_t rb = detail::row_bytes(t, cols);
-  AlignedBuffer buf(rb * static_cast<size_t>(rows));
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  fill_repeating_rows(t, rows, cols, rb, buf.data, rng, dist);
-  set_isa(detect_isa());
+  const FilledMatrix m(t, rows, cols, rng, dist);
+  const size_t rb = m.rb;
   // dot_loop: what matmul runs for a type without a tile (kernels.cpp: per chunk, vectors 8 at a time, each
   // (row, vector) by the dot kernel) - the "before" of a new tile.
   // A type llama.cpp repacks (Q2_K) runs its repacked tile with every vector in the gemm order, as a prompt's
@@ -413,7 +421,7 @@ void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false, b
     for (auto& e : x) e = dist(rng);
     quantize_activation(t, x.data(), acts.data() + ab * static_cast<size_t>(v), cols);
   }
-  // matmul_impl's chunks (kernels.cpp)
+  // MatmulPlan::grain's chunks (kernels.cpp)
   int64_t grain = std::max<int64_t>(1, std::min(static_cast<int64_t>(detail::kChunkBytes / rb), rows / 16));
   const int64_t group = dot_loop             ? 0
                         : tile_rp != nullptr ? 16
@@ -433,13 +441,13 @@ void BM_PromptTile(benchmark::State& state, GgmlType t, bool dot_loop = false, b
   for (auto _ : state) {
     for (int64_t r0 = 0; r0 < rows; r0 += grain) {
       if (tile != nullptr) {
-        tile(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab, nvec,
+        tile(m.buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab, nvec,
              cols, y.data() + r0, rows);
       } else if (tile_rp != nullptr) {
-        tile_rp(buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab,
+        tile_rp(m.buf.data + static_cast<size_t>(r0) * rb, rb, std::min(grain, rows - r0), acts.data(), ab,
                 nvec, cols, y.data() + r0, rows, all_gemm.data());
       } else {
-        loop(buf.data + static_cast<size_t>(r0) * rb, std::min(grain, rows - r0), y.data() + r0);
+        loop(m.buf.data + static_cast<size_t>(r0) * rb, std::min(grain, rows - r0), y.data() + r0);
       }
     }
     benchmark::DoNotOptimize(y.data());
