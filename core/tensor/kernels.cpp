@@ -365,9 +365,9 @@ bool one_vector_product(const MatrixView& w, int64_t n, const uint8_t* gemm, con
 /// One matmul product's kernel choices, made once per call; then rows(begin, end), on any thread, computes
 /// rows [begin, end) of every vector against the rounded inputs (set_acts). matmul_fused runs the plans of
 /// its tasks in one fork-join, and matmul, matmul_ordered, matvec and matvec_fused are matmul_fused: one set
-/// of choices and kernels, so the same bits whatever the grouping. `gemm` null = the
-/// mul_mat rule (whole groups of 4 vectors in the gemm order); `panel` null = the panel's rule (every vector
-/// of a batch of kIqPanelMinBatch or more).
+/// of choices and kernels, so the same bits whatever the grouping. `gemm` null = the mul_mat rule (whole
+/// groups of 4 vectors in the gemm order); `panel` null = the panel's rule (every vector of a batch of
+/// kIqPanelMinBatch or more).
 class MatmulPlan {
  public:
   MatmulPlan(const DotKernels& k, const MatrixView& w, const float* x, int64_t n, int64_t ldx, float* y,
@@ -750,7 +750,9 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
       plans[i].rows(r0, std::min(of[i]->w.rows, r0 + chunk_rows[i]));
     }
   };
-  // A batched decode step's few vectors per product: contiguous shares, as matmul and matvec take them.
+  // One vector, or a batched decode step's few per product: memory-bound, so each thread streams its own
+  // contiguous share of the chunks (fused.cpp says why). More vectors: chunks dealt from one cursor; within a
+  // chunk the tiles of vectors sweep its rows, so they come from memory once and from cache for the rest.
   if (few) {
     pool->parallel_for_shares(chunks, 1, 0, chunk);
   } else {
