@@ -10,10 +10,12 @@
 //   tg<n> xN  with --parallel N,...: N requests of tg<n> submitted together, run batched by the model's
 //          scheduler (one forward pass per step over every sequence, like llama.cpp's llama-batched-bench):
 //          aggregate tokens/s = N * n / (wall time from submission to the last one's end), and per stream.
-//          Each step reads the weights once for all N: the weight bytes read per step are every tensor but
-//          the expert banks (token_embd as above) plus the expert bytes the timed runs leased (each chosen
-//          expert once per step: engine::model_expert_bytes_leased) over their n steps each; the batched
-//          bound is N * bandwidth / that, printed with the fraction achieved.
+//          Each step reads the weights once for all its sequences: the weight bytes read per step are every
+//          tensor but the expert banks (token_embd as above) plus the expert bytes the timed runs leased
+//          (each chosen expert once per step: engine::model_expert_bytes_leased) over the steps they ran
+//          (SchedulerStats::steps; N * n tokens over them is the tokens per step, N when every step held
+//          every sequence); the batched bound is tokens per step * bandwidth / bytes per step, printed
+//          with the fraction achieved.
 // Reported beside them: model size and parameters (from the GGUF tensor table), the weight bytes read per
 // decoded token (every tensor, except that token_embd contributes one row when a separate output matrix
 // exists, and MoE expert banks count expert_used_count / expert_count of their size), the decode bound
@@ -316,6 +318,7 @@ void bench(const BenchFlags& f) {
     int n_seq = 0;
     double tokens_per_s = 0;
     double bytes = 0;         // weight bytes read per step
+    double tokens = 0;        // tokens per step (n_seq when every step held every sequence)
     double expert_share = 0;  // of the expert banks, read per step
   };
   std::vector<StepBytes> step_bytes;
@@ -324,13 +327,17 @@ void bench(const BenchFlags& f) {
     if (f.n_gen <= 0) break;
     if (!f.no_warmup) run_parallel(model, rng, m.vocab, n_seq, 2);
     const uint64_t leased0 = engine::model_expert_bytes_leased(model);
+    const uint64_t steps0 = engine::model_scheduler_stats(model).steps;
     std::vector<double> agg;
     for (int i = 0; i < f.reps; ++i) agg.push_back(run_parallel(model, rng, m.vocab, n_seq, f.n_gen));
     const Stats as = stats_of(agg);
-    // n steps per run (the 1-token prompts' step, then one per token but the last), every sequence in each
-    const double steps = static_cast<double>(f.reps) * static_cast<double>(f.n_gen);
+    // At least n steps per run (the 1-token prompts' step, then one per token but the last); more when the
+    // sequences did not all start in the same step.
+    const double steps =
+        static_cast<double>(std::max<uint64_t>(1, engine::model_scheduler_stats(model).steps - steps0));
     const double leased = static_cast<double>(engine::model_expert_bytes_leased(model) - leased0) / steps;
-    step_bytes.push_back({n_seq, as.mean, static_cast<double>(dense_bytes) + leased,
+    const double tokens = static_cast<double>(n_seq) * f.reps * f.n_gen / steps;
+    step_bytes.push_back({n_seq, as.mean, static_cast<double>(dense_bytes) + leased, tokens,
                           m.expert_bytes > 0 ? leased / static_cast<double>(m.expert_bytes) : 0});
     if (!f.json) {
       std::printf("| %s | %.2f MB | %.2f %s | %d | tg%d x%d | %.2f ± %.2f (%.2f per stream) |\n", name.c_str(),
@@ -343,6 +350,7 @@ void bench(const BenchFlags& f) {
                              {"tokens_per_s", {{"mean", as.mean}, {"stdev", as.stdev}}},
                              {"per_stream_tokens_per_s", as.mean / n_seq},
                              {"weight_bytes_per_step", step_bytes.back().bytes},
+                             {"tokens_per_step", step_bytes.back().tokens},
                              {"expert_banks_read_per_step", step_bytes.back().expert_share}});
   }
   save_expert_usage(model, "car bench");
@@ -383,7 +391,7 @@ void bench(const BenchFlags& f) {
     out["decode_bound_tokens_per_s"] = bound;
     out["decode_fraction_of_bound"] = fraction;
     for (size_t i = 0; i < step_bytes.size() && i < out["parallel"].size(); ++i) {
-      const double b = step_bytes[i].n_seq * bandwidth_gbs * 1e9 / step_bytes[i].bytes;
+      const double b = step_bytes[i].tokens * bandwidth_gbs * 1e9 / step_bytes[i].bytes;
       out["parallel"][i]["bound_tokens_per_s"] = b;
       out["parallel"][i]["fraction_of_bound"] = step_bytes[i].tokens_per_s / b;
     }
@@ -399,10 +407,11 @@ void bench(const BenchFlags& f) {
               measured ? "measured read rate" : "given", bound);
   if (!tg.empty()) std::printf("; achieved %.0f%%", fraction * 100.0);
   for (const StepBytes& sb : step_bytes) {
-    const double b = sb.n_seq * bandwidth_gbs * 1e9 / sb.bytes;
+    const double b = sb.tokens * bandwidth_gbs * 1e9 / sb.bytes;
     std::printf("\ntg%d x%d: weight bytes read per step %.1f MB", f.n_gen, sb.n_seq, sb.bytes / 1e6);
     if (m.expert_bytes > 0) std::printf(" (%.0f%% of the expert banks)", sb.expert_share * 100.0);
-    std::printf("; bound %.1f tok/s; achieved %.0f%%", b, sb.tokens_per_s / b * 100.0);
+    std::printf("; %.2f tokens per step; bound %.1f tok/s; achieved %.0f%%", sb.tokens, b,
+                sb.tokens_per_s / b * 100.0);
   }
   if (auto e = engine::model_expert_stats(model); e && engine::model_streams_experts(model)) {
     std::printf(

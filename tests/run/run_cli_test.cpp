@@ -256,7 +256,8 @@ TEST_F(RunCli, BenchJson) {
 }
 
 // The batched steps' weight bytes: one sequence's step reads what one decoded token does (its chosen
-// experts' share of the banks); eight sequences' steps read more of the banks, never more than all of them.
+// experts' share of the banks); eight sequences' steps read more of the banks, never more than all of them,
+// over the steps the scheduler really ran (CI's loaded machine starts them in several steps).
 TEST_F(RunCli, BenchParallelCountsTheExpertsEachStepRead) {
   const std::string moe = (dir_->path() / "moe.gguf").string();
   ASSERT_EQ(
@@ -280,8 +281,14 @@ TEST_F(RunCli, BenchParallelCountsTheExpertsEachStepRead) {
   EXPECT_GT(share8, 2.0 / 8.0);
   EXPECT_LE(share8, 1.0);
   EXPECT_GT(x8, x1);
-  // bound = N x bandwidth / bytes per step
-  EXPECT_NEAR(par.at(1).at("bound_tokens_per_s").get<double>(), 8 * 10e9 / x8, 1e-6 * 8 * 10e9 / x8);
+  // One sequence: one token a step. Eight: at most eight (fewer when they did not all start together).
+  EXPECT_DOUBLE_EQ(par.at(0).at("tokens_per_step").get<double>(), 1.0);
+  const double tokens8 = par.at(1).at("tokens_per_step").get<double>();
+  EXPECT_GT(tokens8, 1.0);
+  EXPECT_LE(tokens8, 8.0);
+  // bound = tokens per step x bandwidth / bytes per step
+  EXPECT_NEAR(par.at(1).at("bound_tokens_per_s").get<double>(), tokens8 * 10e9 / x8,
+              1e-6 * tokens8 * 10e9 / x8);
 }
 
 }  // namespace
