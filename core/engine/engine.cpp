@@ -377,11 +377,7 @@ uint64_t model_expert_bytes_leased(const LoadedModel& lm) {
   for (int l = 0; l < src.n_layers(); ++l) {
     const experts::ExpertBankInfo& b = src.bank(l);
     if (b.n_expert <= 0) continue;
-    // An expert's three matrices are its banks' e-th equal slices (experts::expert_slice).
-    const uint64_t per_expert = (static_cast<uint64_t>(b.gate_bank.rows) * b.gate_bank.row_bytes +
-                                 static_cast<uint64_t>(b.up_bank.rows) * b.up_bank.row_bytes +
-                                 static_cast<uint64_t>(b.down_bank.rows) * b.down_bank.row_bytes) /
-                                static_cast<uint64_t>(b.n_expert);
+    const uint64_t per_expert = b.expert_bytes();
     for (int e = 0; e < b.n_expert; ++e) bytes += src.use_count(l, e) * per_expert;
   }
   return bytes;

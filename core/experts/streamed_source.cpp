@@ -380,7 +380,7 @@ Result<std::unique_ptr<StreamedExpertSource>> StreamedExpertSource::open(const s
       pj.view.rows = v.rows / n;
       pj.view.data = nullptr;
       pj.base = bases[p];
-      pj.bytes = total / static_cast<uint64_t>(n);
+      pj.bytes = expert_matrix_bytes(v, n);
       pj.window = window_bytes(pj.bytes);
       pj.slot_offset = b.slot_bytes;
       b.slot_bytes += pj.window;

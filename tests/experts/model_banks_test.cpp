@@ -52,6 +52,12 @@ TEST(ModelBanks, StreamedExpertsAreTheResidentSlicesOfASyntheticMoeModel) {
           EXPECT_TRUE(testing::same_matrix(g.gate, r.gate) && testing::same_matrix(g.up, r.up) &&
                       testing::same_matrix(g.down, r.down))
               << "layer " << l << " expert " << e;
+          // The bytes the bench and the stream reads charge an expert are its three slices' bytes.
+          const auto bytes = [](const tensor::MatrixView& v) {
+            return static_cast<uint64_t>(v.rows) * v.row_bytes;
+          };
+          EXPECT_EQ(banks[static_cast<size_t>(l)].expert_bytes(),
+                    bytes(r.gate) + bytes(r.up) + bytes(r.down));
           ++compared;
         }
       }
