@@ -198,10 +198,10 @@ void BM_StreamRead(benchmark::State& state) {
 /// matvec against a streaming read of the same matrix memory, back to back pass by pass (the shared machine's
 /// bandwidth drifts by tens of percent between seconds, so separate runs compare poorly). Counters: medians
 /// over the passes of the stream's and matvec's GiB/s and of their ratio (matvec / stream, per pair).
-/// `interleaved`: the Q4_K matrix in the interleaved layout (tensor::interleave_all; rows a multiple of 16),
-/// as a model's Q4_K matrices are held under AVX-512 (issue #29). A third argument > 1 multiplies that many
-/// vectors in the gemv order (matmul_ordered, as a batched decode step gives an MoE expert its few rows;
-/// issue #25) instead of one; the GiB/s are still weight bytes.
+/// `interleaved`: the Q4_K or Q6_K matrix in the interleaved layout (tensor::interleave_all; rows a multiple
+/// of 16), as a model's Q4_K and Q6_K matrices are held under AVX-512 (issues #29, #25). A third argument > 1
+/// multiplies that many vectors in the gemv order (matmul_ordered, as a batched decode step gives an MoE
+/// expert its few rows; issue #25) instead of one; the GiB/s are still weight bytes.
 void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order, bool interleaved = false) {
   if (detect_isa() != Isa::avx512) {
     state.SkipWithError("needs avx512");
@@ -359,12 +359,13 @@ void BM_Q4KTile(benchmark::State& state, bool gemm) {
 
 /// One thread, an MoE expert's product with `nvec` vectors in the gemv order (mul_mat_id), through
 /// matmul_ordered as a batched decode step runs it: the Q4_K gate/up shape (2816 x 1024) in the interleaved
-/// layout a model holds, and the Q6_K down shape (1024 x 2816; Q4_K_M files keep half the downs in Q6_K).
-/// The 1.6-2.3 MB matrix stays in cache, so the weight bytes per second are the CPU's ceiling for that many
-/// vectors: batched decode at N sequences gives each expert about N x used / experts of them (issue #25), and
-/// two threads at this rate against the machine's read rate say whether those products wait on memory or on
-/// the core.
-void BM_FewVectors(benchmark::State& state, GgmlType t) {
+/// layout a model holds, and the Q6_K down shape (1024 x 2816; Q4_K_M files keep half the downs in Q6_K),
+/// also interleaved as a model holds it, and as "Q6_K_file" in the file's layout (issue #25: what the layout
+/// saves). The 1.6-2.3 MB matrix stays in cache, so the weight bytes per second are the CPU's ceiling for
+/// that many vectors: batched decode at N sequences gives each expert about N x used / experts of them (issue
+/// #25), and two threads at this rate against the machine's read rate say whether those products wait on
+/// memory or on the core.
+void BM_FewVectors(benchmark::State& state, GgmlType t, bool file_layout) {
   const int64_t rows = state.range(0), cols = state.range(1), nvec = state.range(2);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -372,7 +373,7 @@ void BM_FewVectors(benchmark::State& state, GgmlType t) {
   MatrixView& view = m.view;
   const size_t rb = m.rb;
   std::shared_ptr<uint8_t> il;
-  if (t == GgmlType::Q4_K && detect_isa() == Isa::avx512) {
+  if (!file_layout && detect_isa() == Isa::avx512) {
     MatrixView* one = &view;
     il = car::tensor::interleave_all(std::span<MatrixView* const>(&one, 1), false);
   }
@@ -536,24 +537,27 @@ void register_all(bool big) {
           ->UseRealTime()
           ->MinTime(big ? 2.0 : 0.5);
     }
-    for (int threads : {1, 2}) {
-      const std::string name =
-          "MatvecVsStream/Q4_K_interleaved/" + name_size(kib) + "/t" + std::to_string(threads);
-      benchmark::RegisterBenchmark(
-          name.c_str(), [](benchmark::State& s) { BM_MatvecVsStream(s, GgmlType::Q4_K, false, true); })
-          ->Args({kib, threads, 1})
-          ->UseRealTime()
-          ->MinTime(big ? 2.0 : 0.5);
-    }
-    // A batched decode step's expert products (issue #25): 2-8 vectors in the gemv order, two threads.
-    for (int64_t nvec : {2, 3, 4, 8}) {
-      for (const bool il : {true, false}) {
-        const std::string name = std::string("MatvecVsStream/") + (il ? "Q4_K_interleaved/" : "Q6_K/") +
-                                 name_size(kib) + "/t2/v" + std::to_string(nvec);
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+      for (int threads : {1, 2}) {
+        const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) + "_interleaved/" +
+                                 name_size(kib) + "/t" + std::to_string(threads);
         benchmark::RegisterBenchmark(name.c_str(),
-                                     [il](benchmark::State& s) {
-                                       BM_MatvecVsStream(s, il ? GgmlType::Q4_K : GgmlType::Q6_K, false, il);
-                                     })
+                                     [t](benchmark::State& s) { BM_MatvecVsStream(s, t, false, true); })
+            ->Args({kib, threads, 1})
+            ->UseRealTime()
+            ->MinTime(big ? 2.0 : 0.5);
+      }
+    }
+    // A batched decode step's expert products (issue #25): 2-8 vectors in the gemv order, two threads, Q4_K
+    // interleaved, Q6_K interleaved and in the file's layout.
+    for (int64_t nvec : {2, 3, 4, 8}) {
+      for (const auto& [t, il] : {std::pair{GgmlType::Q4_K, true}, std::pair{GgmlType::Q6_K, true},
+                                  std::pair{GgmlType::Q6_K, false}}) {
+        const std::string name = "MatvecVsStream/" + std::string(car::ggml_type_name(t)) +
+                                 (il ? "_interleaved/" : "/") + name_size(kib) + "/t2/v" +
+                                 std::to_string(nvec);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [t, il](benchmark::State& s) { BM_MatvecVsStream(s, t, false, il); })
             ->Args({kib, 2, nvec})
             ->UseRealTime()
             ->MinTime(big ? 2.0 : 0.5);
@@ -586,13 +590,15 @@ void register_all(bool big) {
           ->MinTime(0.5);
     }
   }
-  for (const auto& [t, rows, cols] : {std::tuple{GgmlType::Q4_K, int64_t{2816}, int64_t{1024}},
-                                      std::tuple{GgmlType::Q6_K, int64_t{1024}, int64_t{2816}}}) {
+  for (const auto& [t, rows, cols, file] : {std::tuple{GgmlType::Q4_K, int64_t{2816}, int64_t{1024}, false},
+                                            std::tuple{GgmlType::Q6_K, int64_t{1024}, int64_t{2816}, false},
+                                            std::tuple{GgmlType::Q6_K, int64_t{1024}, int64_t{2816}, true}}) {
     for (int64_t nvec : {1, 2, 3, 4, 8}) {
-      const std::string name = std::string("FewVectors/") + std::string(car::ggml_type_name(t)) + "/" +
-                               std::to_string(rows) + "x" + std::to_string(cols) + "/v" +
-                               std::to_string(nvec);
-      benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& st) { BM_FewVectors(st, t); })
+      const std::string name = std::string("FewVectors/") + std::string(car::ggml_type_name(t)) +
+                               (file ? "_file/" : "/") + std::to_string(rows) + "x" + std::to_string(cols) +
+                               "/v" + std::to_string(nvec);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [t, file](benchmark::State& st) { BM_FewVectors(st, t, file); })
           ->Args({rows, cols, nvec})
           ->MinTime(0.5);
     }

@@ -1,11 +1,11 @@
 // ResidentExpertSource: experts are views into the mmapped GGUF file, or into the source's interleaved copy
 // of a bank; acquire() does no I/O and no locking.
 //
-// A bank whose experts can take the interleaved layout (tensor::can_interleave: Q4_K, rows a multiple of 16,
-// under kernels that have it) is copied into it at construction, as the model's dense matrices are at load
-// (issue #29: decode's expert rows then stream at the read bandwidth, and batched steps skip the per-call
-// transposition), and the mapping's pages of the original are dropped when the caller says the banks are
-// a file mapping. The pages of the other banks are faulted in by the kernels as they read them. Usage
+// A bank whose experts can take the interleaved layout (tensor::can_interleave: Q4_K or Q6_K, rows a multiple
+// of 16, under kernels that have it) is copied into it at construction, as the model's dense matrices are at
+// load (issue #29: decode's expert rows then stream at the read bandwidth, and batched steps skip the
+// per-call transposition), and the mapping's pages of the original are dropped when the caller says the banks
+// are a file mapping. The pages of the other banks are faulted in by the kernels as they read them. Usage
 // counts are kept per (layer, expert) with relaxed atomics so the streaming issue's sidecar can be fed
 // from a resident run too.
 //

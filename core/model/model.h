@@ -112,10 +112,10 @@ class Model {
   std::vector<std::unique_ptr<float[]>> owned_;  // dequantized copies of non-F32 vectors (norms)
   std::shared_ptr<uint8_t> interleaved_;  // the interleaved copies of dense matrices (interleave_weights)
 
-  /// Hold every dense matrix that can take it (tensor::can_interleave: Q4_K with whole groups of 16 rows,
-  /// under kernels that have the layout) in the interleaved layout, in owned memory, and drop the mapping's
-  /// pages of the originals. The expert banks stay as the file has them: the streamer reads them there, and a
-  /// resident source interleaves its own (core/experts/resident_source.h).
+  /// Hold every dense matrix that can take it (tensor::can_interleave: Q4_K or Q6_K with whole groups of 16
+  /// rows, under kernels that have the layout) in the interleaved layout, in owned memory, and drop the
+  /// mapping's pages of the originals. The expert banks stay as the file has them: the streamer reads them
+  /// there, and a resident source interleaves its own (core/experts/resident_source.h).
   void interleave_weights();
 };
 

@@ -84,7 +84,7 @@ const DotKernels* amx_kernels() {
     static DotKernels k = *base;
     k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_amx;
     // The AMX tile reads the file's layout: no Q4_K matrix is interleaved under this table, so prompts keep it.
-    k.q4k_interleaved = {};
+    k.interleaved[slot(GgmlType::Q4_K)] = {};
     return &k;
   }();
   return table;

@@ -30,8 +30,8 @@ void detail::matvec_rows(const DotKernels& k, const MatrixView& w, const void* a
   const size_t stride = w.row_bytes;
   const uint8_t* base = w.data;
   if (w.interleaved) {  // whole groups of 16 rows (matvec_chunk_rows)
-    k.q4k_interleaved.rows_gemv(base + static_cast<size_t>(begin) * stride, stride, end - begin, act, w.cols,
-                                y + begin);
+    k.interleaved[slot(w.type)].rows(base + static_cast<size_t>(begin) * stride, stride, end - begin, act,
+                                     w.cols, y + begin);
     return;
   }
   if (detail::repacked(w)) {  // a single vector: llama.cpp's repacked gemv order
@@ -55,8 +55,10 @@ int64_t detail::matvec_chunk_rows(const DotKernels& k, const MatrixView& w) {
   int64_t rpc =
       std::max<int64_t>(1, static_cast<int64_t>(detail::kChunkBytes / std::max<size_t>(1, w.row_bytes)));
   // A gemv kernel that interleaves rows (DotKernels::gemv_group) gets whole groups, none padded.
-  if (detail::repacked(w)) {
-    rpc = detail::whole_groups(rpc, w.interleaved ? detail::kRepackedRowGroup : k.gemv_group[slot(w.type)]);
+  if (w.interleaved) {
+    rpc = detail::whole_groups(rpc, detail::kRepackedRowGroup);
+  } else if (detail::repacked(w)) {
+    rpc = detail::whole_groups(rpc, k.gemv_group[slot(w.type)]);
   }
   return rpc;
 }

@@ -1,5 +1,6 @@
-// The interleaved Q4_K layout (kernels.h interleave_rows): which matrices take it, the writer (the table's
-// SIMD kernel), the portable inverse, and the de-interleaved copy a table without the layout's kernels reads.
+// The interleaved layouts of Q4_K and Q6_K (kernels.h interleave_rows): which matrices take them, the writer
+// (the table's kernel), the portable inverses, and the de-interleaved copy a table without the layout's
+// kernels reads.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "core/tensor/blocks.h"
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
+#include "core/tensor/q6k_interleaved.h"
 #include "core/util/result.h"
 #include "core/util/thread_pool.h"
 
@@ -34,15 +36,22 @@ void set_interleave_enabled(bool on) { g_enabled.store(on, std::memory_order_rel
 
 bool can_interleave(const MatrixView& w) {
   const detail::DotKernels& k = detail::active_kernels();
-  return g_enabled.load(std::memory_order_relaxed) && k.q4k_interleaved.interleave != nullptr && !w.interleaved && w.type == GgmlType::Q4_K &&
-         detail::repacked(w) && w.rows > 0 && w.rows % kGroup == 0 && w.cols % QK_K == 0 &&
-         w.row_bytes == detail::row_bytes(GgmlType::Q4_K, w.cols) && w.data != nullptr;
+  if (!g_enabled.load(std::memory_order_relaxed) || w.interleaved || w.data == nullptr || w.rows <= 0 ||
+      w.rows % kGroup != 0 || w.cols % QK_K != 0 ||
+      static_cast<uint32_t>(w.type) >= static_cast<uint32_t>(detail::kTypeSlots) ||
+      !k.interleaved[detail::slot(w.type)].usable() || w.row_bytes != detail::row_bytes(w.type, w.cols)) {
+    return false;
+  }
+  // Q4_K: llama.cpp's repacked gemv / gemm orders, which the layout's kernels keep. Q6_K: the one dot order,
+  // which the product's order must not replace.
+  if (w.type == GgmlType::Q4_K) return detail::repacked(w);
+  return w.type == GgmlType::Q6_K && !detail::order_differs(k, w.type, w.order);
 }
 
 MatrixView interleave_rows(const MatrixView& w, uint8_t* dst, ThreadPool* pool) {
   CAR_CHECK(can_interleave(w));
   CAR_CHECK(reinterpret_cast<uintptr_t>(dst) % 64 == 0);
-  const auto interleave = detail::active_kernels().q4k_interleaved.interleave;
+  const auto interleave = detail::active_kernels().interleaved[detail::slot(w.type)].interleave;
   const int64_t groups = w.rows / kGroup;
   const size_t group_bytes = static_cast<size_t>(kGroup) * w.row_bytes;
   auto run = [&](int64_t g0, int64_t g1) {
@@ -61,8 +70,20 @@ MatrixView interleave_rows(const MatrixView& w, uint8_t* dst, ThreadPool* pool) 
 }
 
 void deinterleave_rows(const MatrixView& w, uint8_t* dst) {
-  CAR_CHECK(w.interleaved && w.type == GgmlType::Q4_K && w.rows % kGroup == 0);
+  CAR_CHECK(w.interleaved && (w.type == GgmlType::Q4_K || w.type == GgmlType::Q6_K) && w.rows % kGroup == 0);
   const int64_t nb = w.cols / QK_K;
+  if (w.type == GgmlType::Q6_K) {
+    for (int64_t r0 = 0; r0 < w.rows; r0 += kGroup) {
+      const uint8_t* src = w.data + static_cast<size_t>(r0) * w.row_bytes;
+      for (int64_t i = 0; i < nb; ++i) {
+        detail::q6k::read_block(
+            src + static_cast<size_t>(i) * detail::q6k::kBlockBytes, [&](int r) -> block_q6_K& {
+              return reinterpret_cast<block_q6_K*>(dst + static_cast<size_t>(r0 + r) * w.row_bytes)[i];
+            });
+      }
+    }
+    return;
+  }
   const size_t block_bytes = sizeof(block_q4_K);
   for (int64_t r0 = 0; r0 < w.rows; r0 += kGroup) {
     const uint8_t* src = w.data + static_cast<size_t>(r0) * w.row_bytes;

@@ -96,18 +96,22 @@ struct DotKernels {
   /// rows per call; matmul hands them chunks of whole groups of 16 rows. The AMX and AVX-VNNI tables (amx.h,
   /// avx_vnni.h) put their own Q4_K (AVX-VNNI: and Q2_K) tiles here.
   RepackedTileFn tile_repacked[kTypeSlots] = {};
-  /// Q4_K matrices held interleaved (MatrixView::interleaved, kernels.h): `interleave` writes that layout
-  /// (interleave_rows), the others multiply it - the gemv order for one vector and for a few, and a tile in
-  /// either order - with the bits of the kernels above. Set in the AVX-512 table only; where it is null no
-  /// matrix is interleaved (can_interleave), and a product that meets one anyway (the ISA changed after the
-  /// load) runs on a de-interleaved copy.
-  struct InterleavedQ4K {
+  /// Per type, matrices held interleaved (MatrixView::interleaved, kernels.h): `interleave` writes that
+  /// layout (interleave_rows), the others multiply it - one vector, a few, and a tile - with the bits of the
+  /// kernels above in the matrix's order: Q4_K (repacked: the gemv order for one vector and a few, the tile
+  /// in either order; matmul_q4k_vnni.cpp) and Q6_K (dot_q6_K's one order; matmul_q6k_vnni.cpp). Set in the
+  /// AVX-512 table only; where a type's are null none of its matrices is interleaved (can_interleave), and a
+  /// product that meets one anyway (the ISA changed after the load) runs on a de-interleaved copy.
+  struct Interleaved {
     void (*interleave)(const uint8_t* w, size_t row_bytes, int64_t nrows, int64_t n, uint8_t* dst) = nullptr;
-    RowsFn rows_gemv = nullptr;
-    TileFn rows_gemv_few = nullptr;
+    RowsFn rows = nullptr;
+    TileFn rows_few = nullptr;
     RepackedTileFn tile = nullptr;
+    bool usable() const {
+      return interleave != nullptr && rows != nullptr && rows_few != nullptr && tile != nullptr;
+    }
   };
-  InterleavedQ4K q4k_interleaved;
+  Interleaved interleaved[kTypeSlots];
   /// The IQ panel kernel (iq_panel.h), one for every panel type; every table computes the panel order.
   PanelFn iq_panel = nullptr;
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).

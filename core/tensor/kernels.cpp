@@ -127,8 +127,10 @@ void check_view(const MatrixView& w, const DotKernels& k) {
   CAR_CHECK(w.cols > 0 && w.cols % g.block_size == 0);
   CAR_CHECK(w.row_bytes >= row_bytes(w.type, w.cols));
   CAR_CHECK(w.rows >= 0 && (w.rows == 0 || w.data != nullptr));
-  CAR_CHECK(!w.interleaved || (w.type == GgmlType::Q4_K && repacked(w) && w.rows % kRepackedRowGroup == 0 &&
-                               w.row_bytes == row_bytes(w.type, w.cols) && k.q4k_interleaved.tile != nullptr));
+  CAR_CHECK(!w.interleaved || (((w.type == GgmlType::Q4_K && repacked(w)) ||
+                                (w.type == GgmlType::Q6_K && !order_differs(k, w.type, w.order))) &&
+                               w.rows % kRepackedRowGroup == 0 && w.row_bytes == row_bytes(w.type, w.cols) &&
+                               k.interleaved[slot(w.type)].usable()));
 }
 
 namespace {
@@ -387,10 +389,11 @@ class MatmulPlan {
     base_ = w.data;
     stride_ = w.row_bytes;
     repacked_ = detail::repacked(w);
-    tile_ = at_ == GgmlType::F32 || repacked_ || n < kMinTileVectors ? nullptr
-                                                                     : detail::tile_for(k, w.type, w.order);
+    // (An interleaved matrix takes none of the file layout's kernels: its own are chosen below.)
+    const bool file_kernels = at_ != GgmlType::F32 && !repacked_ && !w.interleaved;
+    tile_ = !file_kernels || n < kMinTileVectors ? nullptr : detail::tile_for(k, w.type, w.order);
     // Fewer vectors than the tile is worth, of a type with one order: its few-vector kernel, if it has one.
-    plain_few_ = at_ == GgmlType::F32 || repacked_ || n >= kMinTileVectors || n_panel_ > 0
+    plain_few_ = !file_kernels || n >= kMinTileVectors || n_panel_ > 0
                      ? nullptr
                      : detail::rows_few_for(k, w.type, w.order);
     // Repacked products (see detail::repacked): llama.cpp's mul_mat runs its gemm over the batch's whole
@@ -413,8 +416,8 @@ class MatmulPlan {
       // No rows to transpose: the tile for any batch but a few all-gemv vectors, which the few-vector kernel
       // takes in registers. (One gemv vector goes to matvec.)
       const bool few_gemv = all_gemv && n < kMinTileVectors;
-      tile_rp_ = few_gemv ? nullptr : k.q4k_interleaved.tile;
-      rows_few_ = few_gemv ? k.q4k_interleaved.rows_gemv_few : nullptr;
+      tile_rp_ = few_gemv ? nullptr : k.interleaved[slot(w.type)].tile;
+      rows_few_ = few_gemv ? k.interleaved[slot(w.type)].rows_few : nullptr;
     }
     // The tile's per-vector orders: the caller's mask, the mul_mat rule written out, or null (all gemv).
     if (tile_rp_ != nullptr && by_order_) {
@@ -458,7 +461,7 @@ class MatmulPlan {
                     w_.rows / kMinMatmulChunks));
     // The repacked tiles interleave rows by kRepackedRowGroup, and some gemv kernels by
     // DotKernels::gemv_group: chunks of whole groups leave no padded group but the last.
-    if (repacked_) {
+    if (repacked_ || w_.interleaved) {
       grain =
           detail::whole_groups(grain, tile_rp_ != nullptr || w_.interleaved ? detail::kRepackedRowGroup
                                                                             : k_.gemv_group[slot(w_.type)]);
@@ -643,16 +646,20 @@ void matmul_fused(const MatmulTask* tasks, size_t count, ThreadPool* pool) {
   const DotKernels& k = *active().table;
   auto ldx_of = [](const MatmulTask& t) { return t.ldx != 0 ? t.ldx : t.w.cols; };
   auto ldy_of = [](const MatmulTask& t) { return t.ldy != 0 ? t.ldy : t.w.rows; };
-  if (k.q4k_interleaved.tile == nullptr || k.q4k_interleaved.rows_gemv == nullptr) {
+  {
     // An interleaved matrix under a table without its kernels (the ISA changed after the load): the same
     // products on de-interleaved copies (slow, but the same bits).
+    auto orphan = [&](const MatrixView& w) {
+      return w.interleaved && (static_cast<uint32_t>(w.type) >= static_cast<uint32_t>(detail::kTypeSlots) ||
+                               !k.interleaved[slot(w.type)].usable());
+    };
     bool any = false;
-    for (size_t i = 0; i < count && !any; ++i) any = tasks[i].w.interleaved;
+    for (size_t i = 0; i < count && !any; ++i) any = orphan(tasks[i].w);
     if (any) {
       std::vector<MatmulTask> plain(tasks, tasks + count);
       std::vector<std::vector<uint8_t>> bufs(count);
       for (size_t i = 0; i < count; ++i) {
-        if (plain[i].w.interleaved) plain[i].w = detail::plain_copy(plain[i].w, bufs[i]);
+        if (orphan(plain[i].w)) plain[i].w = detail::plain_copy(plain[i].w, bufs[i]);
       }
       matmul_fused(plain.data(), count, pool);
       return;

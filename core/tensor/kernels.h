@@ -80,17 +80,24 @@ struct MatrixView {
 
 /// The interleaved layout of a Q4_K matrix (issue #29). Each group of 16 rows keeps its 16 * row_bytes bytes,
 /// super-block by super-block: for super-block i, 2048 bytes of quants, dword k of 64-element group g of all
-/// 16 rows side by side ([g][k][row], the order in which a vpdpbusd with one row per int32 lane consumes them),
-/// then the 16 rows' 16-byte block headers (d, dmin, the 12 scale bytes) transposed a dword per row ([dword
-/// j][row]). A product over it needs no per-call transposition of the rows: decode's one-vector kernel takes
-/// ~17 instructions per row and super-block where the file's layout needs ~36, and a batched step's tile skips
-/// its pack. Each result is bit for bit the file layout's (llama.cpp's repacked orders). Only products use the
-/// layout; a view of an interleaved matrix cannot be cut at a row that is not a multiple of 16, and its rows are
-/// not rows of the file (dequantize a row through deinterleave_rows).
+/// 16 rows side by side ([g][k][row], the order in which a vpdpbusd with one row per int32 lane consumes
+/// them), then the 16 rows' 16-byte block headers (d, dmin, the 12 scale bytes) transposed a dword per row
+/// ([dword j][row]). A product over it needs no per-call transposition of the rows: decode's one-vector
+/// kernel takes ~17 instructions per row and super-block where the file's layout needs ~36, and a batched
+/// step's tile skips its pack. Each result is bit for bit the file layout's (llama.cpp's repacked orders).
+/// Only products use the layout; a view of an interleaved matrix cannot be cut at a row that is not a
+/// multiple of 16, and its rows are not rows of the file (dequantize a row through deinterleave_rows).
 ///
-/// Can `w` be interleaved under the current kernels: Q4_K in a repacked order (kernel_table.h repacked()), rows
-/// a whole number of 16-row groups, row_bytes the row's size, and a kernel table with the interleaved products
-/// (AVX-512 without AMX; elsewhere every matrix stays as the file has it).
+/// Q6_K has an interleaved layout too (issue #25; core/tensor/q6k_interleaved.h): per super-block the 16
+/// rows' levels a register per (32-element chunk, int32 lane of the dot order), then their scales and d, in
+/// the 16 rows' 3360 file bytes. Its kernels unpack each row's levels once per call for every vector (the
+/// file layout's one-row kernel, once per row and call at ~2.8x the instructions), which is where a batched
+/// decode step's MoE expert downs and output matrix spent their time. Each result is dot_q6_K's bits.
+///
+/// Can `w` be interleaved under the current kernels: Q4_K in a repacked order (kernel_table.h repacked()) or
+/// Q6_K in its one dot order, rows a whole number of 16-row groups, row_bytes the row's size, and a kernel
+/// table with the type's interleaved products (AVX-512; under AMX, Q6_K only; elsewhere every matrix stays as
+/// the file has it).
 bool can_interleave(const MatrixView& w);
 /// Turn interleaving off (can_interleave false for every matrix from now on) or back on, process-wide: for
 /// comparing the two layouts (tests, benchmarks). On by default. Matrices already interleaved stay so.

@@ -471,10 +471,10 @@ void tile_q5_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
 
 void add_matmul_kernels(DotKernels& k) {
   k.tile_repacked[slot(GgmlType::Q4_K)] = tile_q4_K_repacked_vnni;
-  k.q4k_interleaved.interleave = interleave_q4_K_vnni;
-  k.q4k_interleaved.rows_gemv = rows_q4_K_interleaved_gemv;
-  k.q4k_interleaved.rows_gemv_few = rows_q4_K_interleaved_gemv_few;
-  k.q4k_interleaved.tile = tile_q4_K_interleaved_vnni;
+  k.interleaved[slot(GgmlType::Q4_K)] = {interleave_q4_K_vnni, rows_q4_K_interleaved_gemv,
+                                         rows_q4_K_interleaved_gemv_few, tile_q4_K_interleaved_vnni};
+  k.interleaved[slot(GgmlType::Q6_K)] = {interleave_q6_K, rows_q6_K_interleaved, rows_q6_K_interleaved_few,
+                                         tile_q6_K_interleaved};
   k.tile_repacked[slot(GgmlType::Q2_K)] = tile_q2_K_repacked_vnni;
   k.tile[slot(GgmlType::Q4_K)] = tile_q4_K;
   k.tile[slot(GgmlType::Q6_K)] = tile_q6_K;

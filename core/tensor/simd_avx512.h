@@ -258,7 +258,7 @@ void tile_q4_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
                              const uint8_t* gemm);
 
 /// The interleaved Q4_K layout (MatrixView::interleaved; matmul_q4k_vnni.cpp): the layout's writer, and its
-/// products (DotKernels::InterleavedQ4K), bit-equal to dot_q4_K_q8_K_gemv_ref / _gemm_ref.
+/// products (DotKernels::Interleaved), bit-equal to dot_q4_K_q8_K_gemv_ref / _gemm_ref.
 void interleave_q4_K_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, int64_t n, uint8_t* dst);
 void rows_q4_K_interleaved_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
                                 float* y);
@@ -267,5 +267,15 @@ void rows_q4_K_interleaved_gemv_few(const uint8_t* w, size_t row_bytes, int64_t 
 void tile_q4_K_interleaved_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
                                 size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
                                 const uint8_t* gemm);
+/// The interleaved Q6_K layout (q6k_interleaved.h; matmul_q6k_vnni.cpp): its writer and products, bit-equal
+/// to dot_q6_K (the tile ignores `gemm`: Q6_K has one order).
+void interleave_q6_K(const uint8_t* w, size_t row_bytes, int64_t nrows, int64_t n, uint8_t* dst);
+void rows_q6_K_interleaved(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* act, int64_t n,
+                           float* y);
+void rows_q6_K_interleaved_few(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                               size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy);
+void tile_q6_K_interleaved(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts,
+                           size_t act_bytes, int64_t nvec, int64_t n, float* y, int64_t ldy,
+                           const uint8_t* gemm);
 
 }  // namespace car::tensor::detail::avx512

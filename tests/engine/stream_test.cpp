@@ -217,7 +217,9 @@ TEST(InterleavedWeights, ModelsComputeTheFileLayoutsBits) {
     ASSERT_TRUE(m.ok());
     const tensor::MatrixView& wq = (*m)->layers()[0].wq;
     // Under kernels with the layout (AVX-512 without AMX), the Q4_K matrices take it.
-    const bool expect = wq.type == GgmlType::Q4_K && tensor::detail::active_kernels().q4k_interleaved.tile != nullptr;
+    const bool expect =
+        wq.type == GgmlType::Q4_K &&
+        tensor::detail::active_kernels().interleaved[tensor::detail::slot(GgmlType::Q4_K)].usable();
     EXPECT_EQ(wq.interleaved, expect);
     experts::ResidentExpertSource resident((*m)->expert_banks(), true);
     got = run(*m, &resident, false, toks, &pool);

@@ -255,7 +255,8 @@ TEST(MatmulFused, OrdersPanelsAndExperts) {
 }
 
 TEST(MatmulFused, InterleavedBesideFileLayoutMatrices) {
-  if (detect_isa() != Isa::avx512 || detail::kernels_for(Isa::avx512).q4k_interleaved.tile == nullptr) {
+  if (detect_isa() != Isa::avx512 ||
+      !detail::kernels_for(Isa::avx512).interleaved[detail::slot(GgmlType::Q4_K)].usable()) {
     GTEST_SKIP() << "no interleaved kernels on this CPU";
   }
   std::mt19937 rng(43);

@@ -1,4 +1,5 @@
-// The interleaved Q4_K layout (kernels.h interleave_rows; issue #29): every product over an interleaved matrix
+// The interleaved Q4_K and Q6_K layouts (kernels.h interleave_rows; issues #29, #25): for each, every product
+// over an interleaved matrix
 // - matvec, matvec_fused, matmul and matmul_ordered with any vector count and any per-vector orders, the MoE
 // order, on one thread and on a pool - equals the same product over the file's layout bit for bit; the layout
 // round-trips (deinterleave_rows); which matrices take it; and a table without its kernels (the ISA changed
@@ -32,34 +33,47 @@ struct Aligned {
   uint8_t* p;
 };
 
-/// rows x cols Q4_K: quantized random rows, then (raw) random quants and scale bytes with finite d / dmin, so
-/// every scale and min from 0 to 63 and every nibble occur.
-std::unique_ptr<Aligned> random_q4_K(std::mt19937& rng, int64_t rows, int64_t cols, bool raw) {
-  const size_t rb = detail::row_bytes(GgmlType::Q4_K, cols);
+/// rows x cols of `type` (Q4_K or Q6_K): quantized random rows, or (raw) random quant and scale bytes with
+/// finite d (and dmin), so every level, scale and min occurs (Q6_K: scales -128..127, levels 0..63).
+std::unique_ptr<Aligned> random_rows(std::mt19937& rng, GgmlType type, int64_t rows, int64_t cols, bool raw) {
+  const size_t rb = detail::row_bytes(type, cols);
   auto buf = std::make_unique<Aligned>(rb * static_cast<size_t>(rows));
   if (raw) {
     for (size_t i = 0; i < buf->size; ++i) buf->p[i] = static_cast<uint8_t>(rng());
-    auto* b = reinterpret_cast<block_q4_K*>(buf->p);
     for (int64_t i = 0; i < rows * cols / QK_K; ++i) {
-      b[i].d = static_cast<uint16_t>(0x2c00 + rng() % 0x1000);     // ~[0.06, 1)
-      b[i].dmin = static_cast<uint16_t>(0x2000 + rng() % 0x1000);  // ~[0.008, 0.125)
+      if (type == GgmlType::Q4_K) {
+        auto* b = reinterpret_cast<block_q4_K*>(buf->p);
+        b[i].d = static_cast<uint16_t>(0x2c00 + rng() % 0x1000);     // ~[0.06, 1)
+        b[i].dmin = static_cast<uint16_t>(0x2000 + rng() % 0x1000);  // ~[0.008, 0.125)
+      } else {
+        reinterpret_cast<block_q6_K*>(buf->p)[i].d = static_cast<uint16_t>(0x2000 + rng() % 0x1000);
+      }
     }
   } else {
     const auto x = testing::random_floats(rng, rows * cols);
-    const auto q = testing::quantize_rows(GgmlType::Q4_K, x, rows, cols);
+    const auto q = testing::quantize_rows(type, x, rows, cols);
     std::memcpy(buf->p, q.data(), q.size());
   }
   return buf;
 }
+std::unique_ptr<Aligned> random_q4_K(std::mt19937& rng, int64_t rows, int64_t cols, bool raw) {
+  return random_rows(rng, GgmlType::Q4_K, rows, cols, raw);
+}
 
-MatrixView view_of(const Aligned& buf, int64_t rows, int64_t cols) {
+MatrixView view_of(const Aligned& buf, int64_t rows, int64_t cols, GgmlType type = GgmlType::Q4_K) {
   MatrixView w;
-  w.type = GgmlType::Q4_K;
+  w.type = type;
   w.data = buf.p;
   w.cols = cols;
   w.rows = rows;
-  w.row_bytes = detail::row_bytes(GgmlType::Q4_K, cols);
+  w.row_bytes = detail::row_bytes(type, cols);
   return w;
+}
+
+/// The types with an interleaved layout.
+constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
+const char* name_of(GgmlType t) {
+  return t == GgmlType::Q4_K ? "Q4_K" : "Q6_K";
 }
 
 /// `plain` interleaved into `buf`, under the AVX-512 table (which has the layout's writer).
@@ -69,7 +83,10 @@ MatrixView interleaved(const MatrixView& plain, Aligned& buf) {
 }
 
 bool has_interleaved_kernels() {
-  return detail::kernels_for(Isa::avx512).q4k_interleaved.tile != nullptr && detect_isa() == Isa::avx512;
+  for (GgmlType t : kTypes) {
+    if (!detail::kernels_for(Isa::avx512).interleaved[detail::slot(t)].usable()) return false;
+  }
+  return detect_isa() == Isa::avx512;
 }
 
 void expect_same_bits(const std::vector<float>& want, const std::vector<float>& got, const char* what) {
@@ -87,19 +104,22 @@ TEST(InterleaveTest, RoundTripsAndKeepsTheBytesOfEachGroup) {
   if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
   IsaScope isa(Isa::avx512);
   std::mt19937 rng(7);
-  for (int64_t cols : {256, 2816}) {
-    const int64_t rows = 48;
-    auto w = random_q4_K(rng, rows, cols, true);
-    const MatrixView plain = view_of(*w, rows, cols);
-    ASSERT_TRUE(can_interleave(plain));
-    Aligned il(w->size);
-    const MatrixView v = interleave_rows(plain, il.p);
-    EXPECT_TRUE(v.interleaved);
-    EXPECT_EQ(v.data, il.p);
-    EXPECT_NE(std::memcmp(il.p, w->p, w->size), 0);  // it moved the bytes
-    std::vector<uint8_t> back(w->size);
-    deinterleave_rows(v, back.data());
-    EXPECT_EQ(std::memcmp(back.data(), w->p, w->size), 0) << cols;
+  for (GgmlType type : kTypes) {
+    for (int64_t cols : {256, 2816}) {
+      SCOPED_TRACE(name_of(type));
+      const int64_t rows = 48;
+      auto w = random_rows(rng, type, rows, cols, true);
+      const MatrixView plain = view_of(*w, rows, cols, type);
+      ASSERT_TRUE(can_interleave(plain));
+      Aligned il(w->size);
+      const MatrixView v = interleave_rows(plain, il.p);
+      EXPECT_TRUE(v.interleaved);
+      EXPECT_EQ(v.data, il.p);
+      EXPECT_NE(std::memcmp(il.p, w->p, w->size), 0);  // it moved the bytes
+      std::vector<uint8_t> back(w->size);
+      deinterleave_rows(v, back.data());
+      EXPECT_EQ(std::memcmp(back.data(), w->p, w->size), 0) << cols;
+    }
   }
 }
 
@@ -131,6 +151,22 @@ TEST(InterleaveTest, WhichMatricesTakeIt) {
   {
     IsaScope avx2(Isa::avx2);
     EXPECT_FALSE(can_interleave(view_of(*w, 32, 256)));
+  }
+  // Q6_K: one order, which every product order keeps (no other kernel for mul_mat_id or sgemm).
+  auto w6 = random_rows(rng, GgmlType::Q6_K, 40, 256, false);
+  EXPECT_TRUE(can_interleave(view_of(*w6, 32, 256, GgmlType::Q6_K)));
+  EXPECT_FALSE(can_interleave(view_of(*w6, 40, 256, GgmlType::Q6_K)));
+  MatrixView moe6 = view_of(*w6, 16, 256, GgmlType::Q6_K);
+  moe6.order = ProductOrder::mul_mat_id;
+  EXPECT_TRUE(can_interleave(moe6));
+  moe6.order = ProductOrder::sgemm;
+  EXPECT_TRUE(can_interleave(moe6));
+  MatrixView padded6 = view_of(*w6, 16, 256, GgmlType::Q6_K);
+  padded6.row_bytes += 210;
+  EXPECT_FALSE(can_interleave(padded6));
+  {
+    IsaScope avx2(Isa::avx2);
+    EXPECT_FALSE(can_interleave(view_of(*w6, 32, 256, GgmlType::Q6_K)));
   }
 }
 
@@ -185,53 +221,62 @@ TEST(InterleaveTest, EveryProductEqualsTheFileLayoutsBitForBit) {
     int64_t rows, cols;
   };
   // one group; several; a row of 11 super-blocks (an MoE expert's); enough rows for the pool's chunks
-  for (const Shape s : {Shape{16, 256}, Shape{48, 512}, Shape{32, 2816}, Shape{512, 1024}}) {
-    for (bool raw : {false, true}) {
-      auto w = random_q4_K(rng, s.rows, s.cols, raw);
-      const MatrixView plain = view_of(*w, s.rows, s.cols);
-      Aligned il(w->size);
-      const MatrixView v = interleave_rows(plain, il.p, &pool);
-      const std::string label = std::to_string(s.rows) + "x" + std::to_string(s.cols) + (raw ? " raw" : "");
-      check_products(plain, v, nullptr, rng, (label + " 1 thread").c_str());
-      check_products(plain, v, &pool, rng, (label + " pool").c_str());
+  for (GgmlType type : kTypes) {
+    for (const Shape s : {Shape{16, 256}, Shape{48, 512}, Shape{32, 2816}, Shape{512, 1024}}) {
+      for (bool raw : {false, true}) {
+        auto w = random_rows(rng, type, s.rows, s.cols, raw);
+        const MatrixView plain = view_of(*w, s.rows, s.cols, type);
+        Aligned il(w->size);
+        const MatrixView v = interleave_rows(plain, il.p, &pool);
+        ASSERT_TRUE(v.interleaved);
+        const std::string label = std::string(name_of(type)) + " " + std::to_string(s.rows) + "x" +
+                                  std::to_string(s.cols) + (raw ? " raw" : "");
+        check_products(plain, v, nullptr, rng, (label + " 1 thread").c_str());
+        check_products(plain, v, &pool, rng, (label + " pool").c_str());
+      }
     }
   }
 }
 
-// The interleaved few-vector gemv kernel, called directly: matmul hands it at most 3 vectors (one pass), so
-// check_products never reaches its later passes; here every count 1..7 (passes of 3, 2 + 2, 3 + 2, ...) and
-// an output stride, each (row, vector) against the scalar gemv reference on the file's layout.
+// The interleaved few-vector kernels, called directly: matmul hands them at most 3 vectors (one pass), so
+// check_products never reaches their later passes; here every count 1..9 (Q4_K: passes of 3, 2 + 2, 3 + 2,
+// ...; Q6_K: of 4 and a tail) and an output stride, each (row, vector) against the scalar reference of the
+// type's order on the file's layout (Q4_K: the gemv order; Q6_K: dot_q6_K's).
 TEST(InterleaveTest, TheFewVectorKernelGivesEveryPassTheReferenceBits) {
   if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
-  const detail::TileFn few = detail::kernels_for(Isa::avx512).q4k_interleaved.rows_gemv_few;
-  ASSERT_NE(few, nullptr);
-  const detail::DotFn ref = detail::scalar_kernels().dot_gemv[detail::slot(GgmlType::Q4_K)];
-  std::mt19937 rng(11);
-  const int64_t rows = 32, cols = 768;
-  auto w = random_q4_K(rng, rows, cols, true);
-  const MatrixView plain = view_of(*w, rows, cols);
-  Aligned il(w->size);
-  const MatrixView v = interleaved(plain, il);
-  ASSERT_TRUE(v.interleaved);
-  const size_t ab = detail::row_bytes(GgmlType::Q8_K, cols);
-  for (int64_t nvec = 1; nvec <= 7; ++nvec) {
-    std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
-    for (int64_t i = 0; i < nvec; ++i) {
-      const auto x = testing::random_floats(rng, cols);
-      detail::quantize_act_q8_K(x.data(), acts.data() + ab * static_cast<size_t>(i), cols);
-    }
-    const int64_t ldy = rows + 5;
-    std::vector<float> y(static_cast<size_t>(ldy * nvec), -7.0f);
-    few(v.data, v.row_bytes, rows, acts.data(), ab, nvec, cols, y.data(), ldy);
-    for (int64_t i = 0; i < nvec; ++i) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const float want = ref(plain.data + plain.row_bytes * static_cast<size_t>(r),
-                               acts.data() + ab * static_cast<size_t>(i), cols);
-        const float got = y[static_cast<size_t>(i * ldy + r)];
-        ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
-            << "nvec " << nvec << " vector " << i << " row " << r << ": " << got << " vs " << want;
+  for (GgmlType type : kTypes) {
+    SCOPED_TRACE(name_of(type));
+    const detail::TileFn few = detail::kernels_for(Isa::avx512).interleaved[detail::slot(type)].rows_few;
+    ASSERT_NE(few, nullptr);
+    const detail::DotFn ref = type == GgmlType::Q4_K ? detail::scalar_kernels().dot_gemv[detail::slot(type)]
+                                                     : detail::dot_q6_K_q8_K_x86_ref;
+    std::mt19937 rng(11);
+    const int64_t rows = 32, cols = 768;
+    auto w = random_rows(rng, type, rows, cols, true);
+    const MatrixView plain = view_of(*w, rows, cols, type);
+    Aligned il(w->size);
+    const MatrixView v = interleaved(plain, il);
+    ASSERT_TRUE(v.interleaved);
+    const size_t ab = detail::row_bytes(GgmlType::Q8_K, cols);
+    for (int64_t nvec = 1; nvec <= 9; ++nvec) {
+      std::vector<uint8_t> acts(ab * static_cast<size_t>(nvec));
+      for (int64_t i = 0; i < nvec; ++i) {
+        const auto x = testing::random_floats(rng, cols);
+        detail::quantize_act_q8_K(x.data(), acts.data() + ab * static_cast<size_t>(i), cols);
       }
-      for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[static_cast<size_t>(i * ldy + r)], -7.0f);
+      const int64_t ldy = rows + 5;
+      std::vector<float> y(static_cast<size_t>(ldy * nvec), -7.0f);
+      few(v.data, v.row_bytes, rows, acts.data(), ab, nvec, cols, y.data(), ldy);
+      for (int64_t i = 0; i < nvec; ++i) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float want = ref(plain.data + plain.row_bytes * static_cast<size_t>(r),
+                                 acts.data() + ab * static_cast<size_t>(i), cols);
+          const float got = y[static_cast<size_t>(i * ldy + r)];
+          ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
+              << "nvec " << nvec << " vector " << i << " row " << r << ": " << got << " vs " << want;
+        }
+        for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[static_cast<size_t>(i * ldy + r)], -7.0f);
+      }
     }
   }
 }
@@ -239,15 +284,19 @@ TEST(InterleaveTest, TheFewVectorKernelGivesEveryPassTheReferenceBits) {
 TEST(InterleaveTest, ATableWithoutTheKernelsComputesTheSameBitsFromACopy) {
   if (!has_interleaved_kernels()) GTEST_SKIP() << "no AVX-512 interleaved kernels on this CPU";
   std::mt19937 rng(10);
-  const int64_t rows = 64, cols = 512;
-  auto w = random_q4_K(rng, rows, cols, true);
-  const MatrixView plain = view_of(*w, rows, cols);
-  Aligned il(w->size);
-  const MatrixView v = interleaved(plain, il);
   ThreadPool pool(2);
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
-    IsaScope scope(isa);
-    check_products(plain, v, &pool, rng, isa == Isa::scalar ? "scalar" : "avx2");
+  for (GgmlType type : kTypes) {
+    const int64_t rows = 64, cols = 512;
+    auto w = random_rows(rng, type, rows, cols, true);
+    const MatrixView plain = view_of(*w, rows, cols, type);
+    Aligned il(w->size);
+    const MatrixView v = interleaved(plain, il);
+    ASSERT_TRUE(v.interleaved);
+    for (Isa isa : {Isa::scalar, Isa::avx2}) {
+      IsaScope scope(isa);
+      check_products(plain, v, &pool, rng,
+                     (std::string(name_of(type)) + (isa == Isa::scalar ? " scalar" : " avx2")).c_str());
+    }
   }
 }
 
