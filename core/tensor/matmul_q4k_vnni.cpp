@@ -441,8 +441,12 @@ inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const 
   for (int64_t i = 0; i < nb; ++i) {
     const InterleavedBlock& b = x[i];
     const char* ahead = reinterpret_cast<const char*>(&b) + kInterleavedAhead;
+    if constexpr (kV == 1) {
 #pragma GCC unroll 36
-    for (int l = 0; l < static_cast<int>(sizeof(InterleavedBlock) / 64); ++l) _mm_prefetch(ahead + 64 * l, kWeightStreamHint);
+      for (int l = 0; l < static_cast<int>(sizeof(InterleavedBlock) / 64); ++l) {
+        _mm_prefetch(ahead + 64 * l, kWeightStreamHint);
+      }
+    }
     const __m512i h0 = _mm512_load_si512(b.h[0]);
     const ScaleMinBytes smb =
         unpack_scale_min_bytes(_mm512_load_si512(b.h[1]), _mm512_load_si512(b.h[2]), _mm512_load_si512(b.h[3]));
@@ -450,6 +454,15 @@ inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const 
     for (int v = 0; v < kV; ++v) isum[v] = imin[v] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) {
+      // 2-3 vectors: a quarter of the block kInterleavedAhead on per group. All 36 lines at the block's start
+      // held them at 0.74-0.80 (2) and 0.59-0.70 (3) of the read (MatvecVsStream Q4_K_interleaved 256 MiB t2,
+      // three rounds alternated, 2026-12-07), spread at 0.92-0.96 and 0.75-0.83; one vector (decode, issue
+      // #29) measured no clear difference in five rounds (t2 0.82-0.90 against 0.89-0.95, t1 0.82-0.99
+      // against 0.79-1.02) and keeps the bunched prefetch it was tuned with.
+      if constexpr (kV > 1) {
+#pragma GCC unroll 9
+        for (int l = 0; l < 9; ++l) _mm_prefetch(ahead + 64 * (9 * g + l), kWeightStreamHint);
+      }
       __m512i s0[kV], s1[kV];
       for (int v = 0; v < kV; ++v) s0[v] = s1[v] = _mm512_setzero_si512();
 #pragma GCC unroll 8

@@ -82,6 +82,19 @@ MatrixView interleaved(const MatrixView& plain, Aligned& buf) {
   return interleave_rows(plain, buf.p);
 }
 
+/// A random `type` matrix (random_rows, raw) in the file's layout and interleaved.
+struct BothLayouts {
+  BothLayouts(std::mt19937& rng, GgmlType type, int64_t rows, int64_t cols)
+      : w(random_rows(rng, type, rows, cols, true)),
+        plain(view_of(*w, rows, cols, type)),
+        il(w->size),
+        v(interleaved(plain, il)) {}
+  std::unique_ptr<Aligned> w;
+  MatrixView plain;
+  Aligned il;
+  MatrixView v;
+};
+
 bool has_interleaved_kernels() {
   for (GgmlType t : kTypes) {
     if (!detail::kernels_for(Isa::avx512).interleaved[detail::slot(t)].usable()) return false;
@@ -252,10 +265,8 @@ TEST(InterleaveTest, TheFewVectorKernelGivesEveryPassTheReferenceBits) {
                                                      : detail::dot_q6_K_q8_K_x86_ref;
     std::mt19937 rng(11);
     const int64_t rows = 32, cols = 768;
-    auto w = random_rows(rng, type, rows, cols, true);
-    const MatrixView plain = view_of(*w, rows, cols, type);
-    Aligned il(w->size);
-    const MatrixView v = interleaved(plain, il);
+    const BothLayouts m(rng, type, rows, cols);
+    const MatrixView &plain = m.plain, &v = m.v;
     ASSERT_TRUE(v.interleaved);
     const size_t ab = detail::row_bytes(GgmlType::Q8_K, cols);
     for (int64_t nvec = 1; nvec <= 9; ++nvec) {
@@ -286,11 +297,8 @@ TEST(InterleaveTest, ATableWithoutTheKernelsComputesTheSameBitsFromACopy) {
   std::mt19937 rng(10);
   ThreadPool pool(2);
   for (GgmlType type : kTypes) {
-    const int64_t rows = 64, cols = 512;
-    auto w = random_rows(rng, type, rows, cols, true);
-    const MatrixView plain = view_of(*w, rows, cols, type);
-    Aligned il(w->size);
-    const MatrixView v = interleaved(plain, il);
+    const BothLayouts m(rng, type, 64, 512);
+    const MatrixView &plain = m.plain, &v = m.v;
     ASSERT_TRUE(v.interleaved);
     for (Isa isa : {Isa::scalar, Isa::avx2}) {
       IsaScope scope(isa);
