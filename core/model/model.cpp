@@ -312,8 +312,7 @@ uint64_t Model::bytes_per_token() const {
     total += bytes(L.wq_a) + bytes(L.wq_b) + bytes(L.wkv_a_mqa) + bytes(L.wk_b) + bytes(L.wv_b);
     if (L.is_moe) {
       const experts::ExpertBankInfo& b = banks_[il];
-      const uint64_t per_expert = (bytes(b.gate_bank) + bytes(b.up_bank) + bytes(b.down_bank)) /
-                                  static_cast<uint64_t>(b.n_expert);
+      const uint64_t per_expert = b.expert_bytes();
       total += bytes(L.ffn_gate_inp) + per_expert * static_cast<uint64_t>(hparams_.n_expert_used);
       if (L.has_shexp) {
         total += bytes(L.ffn_gate_inp_shexp) + bytes(L.ffn_gate_shexp) + bytes(L.ffn_up_shexp) +
