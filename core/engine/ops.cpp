@@ -66,7 +66,13 @@ void rope_cache(const RopeParams& p, int64_t pos, float* cache) {
   }
 }
 
-void rope_apply(const RopeParams& p, const float* cache, float* x, int64_t n_heads) {
+namespace {
+
+/// rope_apply's loop. std::fma is one instruction where the compiler may use FMA, else a call into libm
+/// (the baseline build's case: ~2 us per row's query heads, ~0.5 ms of a batched decode step of 8 rows of
+/// moe-2b), so the x86 build compiles it twice and picks by the CPU; both round each fma once, so the
+/// results are the same bits.
+inline void rope_rows(const RopeParams& p, const float* cache, float* x, int64_t n_heads) {
   const int64_t half = p.n_rot / 2;
   for (int64_t h = 0; h < n_heads; ++h) {
     float* xh = x + h * p.head_dim;
@@ -81,6 +87,26 @@ void rope_apply(const RopeParams& p, const float* cache, float* x, int64_t n_hea
       xh[b] = std::fma(x0, s, x1 * c);
     }
   }
+}
+
+#if defined(__x86_64__) && !defined(__FMA__)
+__attribute__((target("fma"))) void rope_rows_fma(const RopeParams& p, const float* cache, float* x,
+                                                  int64_t n_heads) {
+  rope_rows(p, cache, x, n_heads);
+}
+#endif
+
+}  // namespace
+
+void rope_apply(const RopeParams& p, const float* cache, float* x, int64_t n_heads) {
+#if defined(__x86_64__) && !defined(__FMA__)
+  static const bool has_fma = __builtin_cpu_supports("fma");
+  if (has_fma) {
+    rope_rows_fma(p, cache, x, n_heads);
+    return;
+  }
+#endif
+  rope_rows(p, cache, x, n_heads);
 }
 
 void softmax(float* x, int64_t n) {
