@@ -17,6 +17,7 @@ namespace {
 
 constexpr int64_t kMinParallelGlu = 2048;  // SwiGLU elements below which the pool is not used
 constexpr int64_t kGluGrain = 256;
+constexpr int64_t kNormGrain = 4;           // rows per task of norm_rows
 constexpr int64_t kPrefetchKvElems = 4096;  // fp16 keys (values) fetched ahead per KV group: 8 KiB
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
@@ -176,6 +177,15 @@ void ForwardPass::parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, i
   pool_->parallel_for(n, grain, 0, fn);
 }
 
+void ForwardPass::norm_rows(const float* w, int64_t n) {
+  // rms_norm sums each row's squares in double one after another (ggml's order), ~1 us a row of 1024 at
+  // the add's latency: rows are shared out from kNormGrain up (a fork-join costs ~0.25 us).
+  const int64_t E = hp_.n_embd;
+  parallel(n, kNormGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) rms_norm(x_.data() + i * E, w, xn_.data() + i * E, E, hp_.rms_eps);
+  });
+}
+
 void ForwardPass::glu(int64_t count) {
   // Element-wise, so the split cannot change a result: a decode step's few thousand expf calls are worth
   // sharing with the pool's other threads, which would otherwise wait (a fork-join costs ~0.25 us).
@@ -318,9 +328,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
       if (rows == 0) break;
     }
     for (int64_t i = 0; i < rows * E; ++i) x_[sz(i)] = proj_[sz(i)] + x_[sz(i)];
-    for (int64_t i = 0; i < rows; ++i) {
-      rms_norm(x_.data() + i * E, L.ffn_norm, xn_.data() + i * E, E, hp_.rms_eps);
-    }
+    norm_rows(L.ffn_norm, rows);
     if (L.is_moe) {
       if (Result<void> r = moe_ffn(il, rows); !r) return r;
     } else {
@@ -332,9 +340,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
 
   if (n_keep == 0) return {};
   CAR_CHECK(logits != nullptr);
-  for (int64_t i = 0; i < rows; ++i) {
-    rms_norm(x_.data() + i * E, model_->output_norm(), xn_.data() + i * E, E, hp_.rms_eps);
-  }
+  norm_rows(model_->output_norm(), rows);
   mm_rows(model_->output(), xn_.data(), rows, logits);
   if (const float* b = model_->output_bias(); b != nullptr) {
     for (int64_t i = 0; i < rows; ++i) add_bias(logits + i * hp_.n_vocab, b, hp_.n_vocab);
@@ -345,11 +351,10 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
 
 void ForwardPass::prefetch_layer(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
-  const int64_t E = hp_.n_embd;
   const int64_t K = hp_.n_expert_used;
   // The router's input will be rms_norm(x + attention(x)) * ffn_norm; x itself is a cheap, usually close,
   // stand-in available before the attention runs. xn_ and the router scratch are recomputed before use.
-  for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.ffn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  norm_rows(L.ffn_norm, n);
   route(il, n);
   std::fill(guessed_.begin(), guessed_.end(), uint8_t{0});
   guess_.clear();
@@ -377,7 +382,7 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   const int64_t n_head = hp_.n_head;
   const int64_t n_kv_head = hp_.n_head_kv;
 
-  for (int64_t i = 0; i < n; ++i) rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  norm_rows(L.attn_norm, n);
   if (n == 1 && plain_one()) {
     const tensor::MatvecTask qkv[] = {
         {L.wq, xn_.data(), q_.data()}, {L.wk, xn_.data(), k_.data()}, {L.wv, xn_.data(), v_.data()}};
@@ -511,7 +516,6 @@ void push_head_product(std::vector<tensor::MatvecTask>& tasks, tensor::MatrixVie
 
 void ForwardPass::attention_mla(int64_t il, int64_t n) {
   const model::LayerWeights& L = model_->layers()[sz(il)];
-  const int64_t E = hp_.n_embd;
   const int64_t n_head = hp_.n_head;
   const int64_t dq = hp_.head_dim_k;  // a query head: [nope | rope]
   const int64_t nope = dq - hp_.n_rot;
@@ -519,8 +523,7 @@ void ForwardPass::attention_mla(int64_t il, int64_t n) {
   const int64_t dc = hp_.mla_cache_dim_k();  // a cache row / absorbed query head: [latent | rope]
   const int64_t dv = hp_.head_dim_v;
 
-  for (int64_t i = 0; i < n; ++i)
-    rms_norm(x_.data() + i * E, L.attn_norm, xn_.data() + i * E, E, hp_.rms_eps);
+  norm_rows(L.attn_norm, n);
   // q = wq h, or wq_b(rms_norm(wq_a h) * attn_q_a_norm); [latent | k_pe] = wkv_a_mqa h.
   if (hp_.q_lora_rank > 0) {
     mm_rows(L.wq_a, xn_.data(), n, mla_qa_.data());
