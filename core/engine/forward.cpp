@@ -18,6 +18,7 @@ namespace {
 constexpr int64_t kMinParallelGlu = 2048;  // SwiGLU elements below which the pool is not used
 constexpr int64_t kGluGrain = 256;
 constexpr int64_t kNormGrain = 4;           // rows per task of norm_rows
+constexpr int64_t kPrefetchKvRows = 16;     // steps of up to this many rows fetch their K / V rows ahead
 constexpr int64_t kPrefetchKvElems = 4096;  // fp16 keys (values) fetched ahead per KV group: 8 KiB
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
@@ -382,6 +383,21 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   const int64_t n_head = hp_.n_head;
   const int64_t n_kv_head = hp_.n_head_kv;
 
+  // This layer's K and V rows of the step's positions are cold (the weights streamed through the caches
+  // since they were last near): ask for them now, for writing, so the stores below do not wait on each line
+  // in turn while the projections run. A prompt's rows are consecutive and the hardware finds them itself.
+  if (n <= kPrefetchKvRows) {
+    for (int64_t i = 0; i < n; ++i) {
+      KvCache& kv = *row_kv_[sz(i)];
+      const int64_t pos = row_pos_[sz(i)];
+      for (int64_t h = 0; h < n_kv_head; ++h) {
+        const auto* kr = reinterpret_cast<const char*>(kv.k(il, h) + pos * dk);
+        const auto* vr = reinterpret_cast<const char*>(kv.v(il, h) + pos * dv);
+        for (int64_t b = 0; b < dk * 2; b += 64) __builtin_prefetch(kr + b, 1);
+        for (int64_t b = 0; b < dv * 2; b += 64) __builtin_prefetch(vr + b, 1);
+      }
+    }
+  }
   norm_rows(L.attn_norm, n);
   if (n == 1 && plain_one()) {
     const tensor::MatvecTask qkv[] = {
