@@ -448,23 +448,18 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   // heads share those rows) and fetches the start of the next group's while it attends this one (the start:
   // a long context's rows are a sequential read the hardware prefetcher takes over). Decode at 8 streams of
   // moe-2b spent ~1 ms a step here with one head per task from a shared cursor, 0.5-0.6 ms so.
-  auto kv_span = [&](int64_t t, auto&& fn) {
+  auto prefetch_kv = [&](int64_t t) {  // the keys and values task t reads, their first 8 KiB each
     const int64_t i = t / n_head;
     const KvCache& ckv = *row_kv_[sz(i)];
     const int64_t g = (t % n_head) / group;
     const int64_t pos = row_pos_[sz(i)];
     const int64_t first = ckv.first_visible(il, pos);
-    fn(ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first);
-  };
-  auto prefetch_kv = [&](int64_t t) {
-    kv_span(t, [&](const uint16_t* k, const uint16_t* v, int64_t count) {
-      const auto* kb = reinterpret_cast<const char*>(k);
-      const auto* vb = reinterpret_cast<const char*>(v);
-      const int64_t k_bytes = std::min<int64_t>(count * dk, kPrefetchKvElems) * 2;
-      const int64_t v_bytes = std::min<int64_t>(count * dv, kPrefetchKvElems) * 2;
-      for (int64_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(kb + off);
-      for (int64_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(vb + off);
-    });
+    const auto* kb = reinterpret_cast<const char*>(ckv.k(il, g) + first * dk);
+    const auto* vb = reinterpret_cast<const char*>(ckv.v(il, g) + first * dv);
+    const int64_t k_bytes = std::min<int64_t>((pos + 1 - first) * dk, kPrefetchKvElems) * 2;
+    const int64_t v_bytes = std::min<int64_t>((pos + 1 - first) * dv, kPrefetchKvElems) * 2;
+    for (int64_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(kb + off);
+    for (int64_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(vb + off);
   };
   auto task = [&](int64_t begin, int64_t end) {
     std::array<uint16_t, kMaxHeadDim> q16;

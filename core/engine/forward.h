@@ -178,10 +178,10 @@ class ForwardPass {
   /// mm_rows' product as a task of a fused group (tensor::matmul_fused: products that are ready together in
   /// one fork-join, their shared input rounded once).
   tensor::MatmulTask row_task(const tensor::MatrixView& w, const float* x, int64_t n, float* y) const;
-  /// gate_[i] = act(gate_[i], up_[i]) (swiglu, or geglu for FfnAct::gelu) for i in [0, count), on the pool
-  /// when it is long enough.
   /// xn_ = rms_norm(x_) * w over rows [0, n), on the pool when there are enough rows.
   void norm_rows(const float* w, int64_t n);
+  /// gate_[i] = act(gate_[i], up_[i]) (swiglu, or geglu for FfnAct::gelu) for i in [0, count), on the pool
+  /// when it is long enough.
   void glu(int64_t count);
   /// fn(begin, end) over [0, n) on the pool (inline when there is none).
   void parallel(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn);
