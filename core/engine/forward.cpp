@@ -448,16 +448,27 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   // heads share those rows) and fetches the start of the next group's while it attends this one (the start:
   // a long context's rows are a sequential read the hardware prefetcher takes over). Decode at 8 streams of
   // moe-2b spent ~1 ms a step here with one head per task from a shared cursor, 0.5-0.6 ms so.
-  auto prefetch_kv = [&](int64_t t) {  // the keys and values task t reads, their first 8 KiB each
+  struct KvRows {
+    const uint16_t* k;
+    const uint16_t* v;
+    int64_t count;
+  };
+  auto kv_rows = [&](int64_t t) {  // the keys and values task t (row t / n_head, head t % n_head) attends
     const int64_t i = t / n_head;
     const KvCache& ckv = *row_kv_[sz(i)];
     const int64_t g = (t % n_head) / group;
+    // Positions before the layer's sliding window are masked (-inf) in llama.cpp, which its flash
+    // attention skips; starting the loop at the window's first key is the same arithmetic.
     const int64_t pos = row_pos_[sz(i)];
     const int64_t first = ckv.first_visible(il, pos);
-    const auto* kb = reinterpret_cast<const char*>(ckv.k(il, g) + first * dk);
-    const auto* vb = reinterpret_cast<const char*>(ckv.v(il, g) + first * dv);
-    const int64_t k_bytes = std::min<int64_t>((pos + 1 - first) * dk, kPrefetchKvElems) * 2;
-    const int64_t v_bytes = std::min<int64_t>((pos + 1 - first) * dv, kPrefetchKvElems) * 2;
+    return KvRows{ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first};
+  };
+  auto prefetch_kv = [&](int64_t t) {  // their first 8 KiB each
+    const KvRows r = kv_rows(t);
+    const auto* kb = reinterpret_cast<const char*>(r.k);
+    const auto* vb = reinterpret_cast<const char*>(r.v);
+    const int64_t k_bytes = std::min<int64_t>(r.count * dk, kPrefetchKvElems) * 2;
+    const int64_t v_bytes = std::min<int64_t>(r.count * dv, kPrefetchKvElems) * 2;
     for (int64_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(kb + off);
     for (int64_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(vb + off);
   };
@@ -468,20 +479,15 @@ void ForwardPass::attention(int64_t il, int64_t n) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / n_head;
       const int64_t h = t % n_head;
-      const int64_t g = h / group;
-      const KvCache& ckv = *row_kv_[sz(i)];
-      // Positions before the layer's sliding window are masked (-inf) in llama.cpp, which its flash
-      // attention skips; starting the loop at the window's first key is the same arithmetic.
-      const int64_t pos = row_pos_[sz(i)];
-      const int64_t first = ckv.first_visible(il, pos);
+      const KvRows r = kv_rows(t);
       const float* qh = q_.data() + i * hp_.q_dim() + h * dk;
       float* out = attn_.data() + i * hp_.attn_out_dim() + h * dv;
       if (hp_.attn_logit_softcap > 0.0f) {  // gemma2: the cap sits inside the softmax (no sinks there)
-        attend_head_softcap(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv,
-                            scale, hp_.attn_logit_softcap, out, q16.data(), acc16.data());
+        attend_head_softcap(qh, r.k, r.v, r.count, dk, dv, scale, hp_.attn_logit_softcap, out, q16.data(),
+                            acc16.data());
       } else {
-        attend_head(qh, ckv.k(il, g) + first * dk, ckv.v(il, g) + first * dv, pos + 1 - first, dk, dv, scale,
-                    out, q16.data(), acc16.data(), sinks != nullptr ? sinks[h] : tensor::kNoSink);
+        attend_head(qh, r.k, r.v, r.count, dk, dv, scale, out, q16.data(), acc16.data(),
+                    sinks != nullptr ? sinks[h] : tensor::kNoSink);
       }
     }
   };
