@@ -24,6 +24,10 @@
 // best of five timed reads of a 256 MB buffer by the compute threads (measure_read_gbs). Human output prints
 // each table row as its test finishes (like llama-bench) and uses decimal units throughout (MB, GB, GB/s).
 // `--json` prints one object with all of it.
+// `--phases`: where each test's forward steps spend their time (engine::StepPhase: attention products,
+// attention, expert products...), per step, measured on the step's own thread while the timed repetitions
+// run; "outside" is the rest of the wall time (sampling, the scheduler, streaming the tokens). A clock read
+// per phase and layer; the figures it prints are not those of the uninstrumented run above by more than that.
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -63,7 +67,51 @@ struct BenchFlags {
   bool json = false;
   bool no_iq_panel = false;   // --no-iq-panel: every IQ product in the dot order (A/B of the panel)
   std::vector<int> parallel;  // --parallel: sequence counts for the batched decode test
+  bool phases = false;        // --phases: the forward steps' phase breakdown per test
 };
+
+/// One test's phase totals (--phases): the forward pass's, and the test's wall time over the same steps.
+struct PhaseRow {
+  std::string test;
+  engine::StepPhaseTimes times;
+  double wall_s = 0;
+};
+
+void print_phases(const std::vector<PhaseRow>& rows) {
+  for (const PhaseRow& r : rows) {
+    if (r.times.steps == 0) continue;
+    const double steps = static_cast<double>(r.times.steps);
+    double forward = 0;
+    for (double s : r.times.seconds) forward += s;
+    const double wall = std::max(r.wall_s, forward);
+    std::printf(
+        "\nphases of %s: %llu steps, %.3f ms a step\n| phase | ms per step | share |\n|---|---:|---:|\n",
+        r.test.c_str(), static_cast<unsigned long long>(r.times.steps), wall / steps * 1e3);
+    for (int p = 0; p < engine::kStepPhases; ++p) {
+      const double sec = r.times.seconds[static_cast<size_t>(p)];
+      if (sec <= 0) continue;
+      std::printf("| %s | %.3f | %.1f%% |\n", engine::step_phase_name(static_cast<engine::StepPhase>(p)),
+                  sec / steps * 1e3, sec / wall * 100.0);
+    }
+    std::printf("| outside | %.3f | %.1f%% |\n", (wall - forward) / steps * 1e3,
+                (wall - forward) / wall * 100.0);
+  }
+}
+
+nlohmann::json phases_json(const PhaseRow& r) {
+  nlohmann::json j = nlohmann::json::object();
+  if (r.times.steps == 0) return j;
+  const double steps = static_cast<double>(r.times.steps);
+  double forward = 0;
+  for (int p = 0; p < engine::kStepPhases; ++p) {
+    const double sec = r.times.seconds[static_cast<size_t>(p)];
+    forward += sec;
+    j[engine::step_phase_name(static_cast<engine::StepPhase>(p))] = sec / steps;
+  }
+  j["outside"] = std::max(0.0, r.wall_s - forward) / steps;
+  j["steps"] = r.times.steps;
+  return j;
+}
 
 [[noreturn]] void fail(int code, const std::string& message) {
   std::fprintf(stderr, "car bench: %s\n", message.c_str());
@@ -302,14 +350,30 @@ void bench(const BenchFlags& f) {
   }
   std::vector<double> pp;
   std::vector<double> tg;
+  // --phases: the steps of the timed repetitions (samples: tokens/s of `tokens` each) as one row.
+  std::vector<PhaseRow> phase_rows;
+  const auto phases_begin = [&] {
+    if (f.phases) engine::model_set_phase_timing(model, true);
+  };
+  const auto phases_end = [&](std::string test, const std::vector<double>& samples, double tokens) {
+    if (!f.phases) return;
+    PhaseRow r{std::move(test), engine::model_phase_times(model), 0};
+    engine::model_set_phase_timing(model, false);
+    for (double tps : samples) r.wall_s += tps > 0 ? tokens / tps : 0;
+    phase_rows.push_back(std::move(r));
+  };
+  phases_begin();
   for (int i = 0; i < f.reps && f.n_prompt > 0; ++i) {
     pp.push_back(run_once(model, random_ids(rng, m.vocab, f.n_prompt), 1, true));
   }
+  phases_end("pp" + std::to_string(f.n_prompt), pp, f.n_prompt);
   const Stats pps = stats_of(pp);
   if (!f.json && !pp.empty()) print_row("pp", f.n_prompt, pps);
+  phases_begin();
   for (int i = 0; i < f.reps && f.n_gen > 0; ++i) {
     tg.push_back(run_once(model, random_ids(rng, m.vocab, 1), f.n_gen, false));
   }
+  phases_end("tg" + std::to_string(f.n_gen), tg, f.n_gen);
   const Stats tgs = stats_of(tg);
   if (!f.json && !tg.empty()) print_row("tg", f.n_gen, tgs);
   // Batched decode: N sequences at once.
@@ -329,7 +393,10 @@ void bench(const BenchFlags& f) {
     const uint64_t leased0 = engine::model_expert_bytes_leased(model);
     const uint64_t steps0 = engine::model_scheduler_stats(model).steps;
     std::vector<double> agg;
+    phases_begin();
     for (int i = 0; i < f.reps; ++i) agg.push_back(run_parallel(model, rng, m.vocab, n_seq, f.n_gen));
+    phases_end("tg" + std::to_string(f.n_gen) + " x" + std::to_string(n_seq), agg,
+               static_cast<double>(n_seq) * f.n_gen);
     const Stats as = stats_of(agg);
     // At least n steps per run (the 1-token prompts' step, then one per token but the last); more when the
     // sequences did not all start in the same step.
@@ -352,6 +419,7 @@ void bench(const BenchFlags& f) {
                              {"weight_bytes_per_step", step_bytes.back().bytes},
                              {"tokens_per_step", step_bytes.back().tokens},
                              {"expert_banks_read_per_step", step_bytes.back().expert_share}});
+    if (f.phases) parallel_json.back()["phases"] = phases_json(phase_rows.back());
   }
   save_expert_usage(model, "car bench");
   // The memory figures first: the bandwidth probe's buffer must not count as the model's peak.
@@ -384,6 +452,12 @@ void bench(const BenchFlags& f) {
     };
     if (!pp.empty()) out["pp"] = test(f.n_prompt, f.reps, pp, pps);
     if (!tg.empty()) out["tg"] = test(f.n_gen, f.reps, tg, tgs);
+    for (const PhaseRow& r : phase_rows) {
+      if (r.test.starts_with("pp") && out.contains("pp")) out["pp"]["phases"] = phases_json(r);
+      if (r.test.starts_with("tg") && r.test.find(" x") == std::string::npos && out.contains("tg")) {
+        out["tg"]["phases"] = phases_json(r);
+      }
+    }
     if (!parallel_json.empty()) out["parallel"] = parallel_json;
     out["weight_bytes_per_token"] = m.bytes_per_token;
     out["bandwidth_gbs"] = bandwidth_gbs;
@@ -423,6 +497,7 @@ void bench(const BenchFlags& f) {
         e->prefetch_precision * 100.0, e->prefetch_layers_on, e->banks,
         static_cast<unsigned long long>(e->prefetch_issued), static_cast<unsigned long long>(e->prefetch_scored));
   }
+  print_phases(phase_rows);
   std::printf("\nisa %s; load %.1f ms; RSS %.1f MB (peak %.1f MB); file %.1f MB\n",
               std::string(tensor::isa_name(tensor::current_isa())).c_str(), load_ms,
               static_cast<double>(rss) / 1e6, static_cast<double>(hwm) / 1e6,
@@ -456,6 +531,10 @@ void setup_bench(CLI::App& root) {
                   "Batched decode: run tg<n> with N sequences at once for each N given (e.g. 1,2,4,8)")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
+  cmd->add_flag(
+      "--phases", flags->phases,
+      "Print where each test's forward steps spend their time (attention, expert products, ...), per "
+      "step");
   cmd->callback([flags] {
     flags->path = resolve_model_path(flags->path, flags->models_dir, "car bench");
     if (flags->no_iq_panel) tensor::set_iq_panel_enabled(false);

@@ -233,6 +233,12 @@ void submit(LoadedModel& lm, const GenerateRequest& request, GenerateCallbacks c
 }
 
 SchedulerStats model_scheduler_stats(const LoadedModel& lm) { return lm.scheduler->stats(); }
+void model_set_phase_timing(LoadedModel& lm, bool on) {
+  lm.scheduler->set_phase_timing(on);
+}
+StepPhaseTimes model_phase_times(const LoadedModel& lm) {
+  return lm.scheduler->phase_times();
+}
 
 namespace {
 /// Bytes of the file the mapping may bring in: all of it, less the expert banks a streamed model never

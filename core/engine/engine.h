@@ -121,6 +121,11 @@ void submit(LoadedModel& model, const GenerateRequest& request, GenerateCallback
 
 /// The model's scheduler now: running sequences, queued requests, KV use. Thread-safe.
 SchedulerStats model_scheduler_stats(const LoadedModel& model);
+/// Time the phases of the model's forward steps (StepPhase; car bench --phases): on clears the totals.
+/// Thread-safe; changes no result.
+void model_set_phase_timing(LoadedModel& model, bool on);
+/// The phase totals since timing was switched on. Thread-safe.
+StepPhaseTimes model_phase_times(const LoadedModel& model);
 
 /// What a model holds, by part: the same terms for the estimate made before loading and the figure read
 /// after it, so the two can be compared term by term.

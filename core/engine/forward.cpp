@@ -293,6 +293,8 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
     n += len;
   }
   CAR_CHECK(n > 0);
+  timing_ = time_phases_.load(std::memory_order_relaxed);
+  if (timing_) phase_last_ = PhaseClock::now();
 
   embed(row_token_.data(), n);
   for (int64_t i = 0; i < n; ++i) rope_cache(rope_, row_pos_[sz(i)], rope_cache_.data() + i * hp_.n_rot);
@@ -301,6 +303,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
       rope_cache(rope_swa_, row_pos_[sz(i)], rope_cache_swa_.data() + i * hp_.n_rot);
     }
   }
+  phase_end(StepPhase::embed);
 
   int64_t rows = n;  // rows still carried through the layers
   const bool prefetch = prefetch_ && experts_ != nullptr && experts_->streams();
@@ -309,6 +312,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
     if (prefetch && L.is_moe) prefetch_layer(il, rows);
     if (hp_.is_mla()) {
       attention_mla(il, rows);
+      phase_end(StepPhase::attention);
     } else {
       attention(il, rows);
     }
@@ -336,8 +340,10 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
       dense_ffn(il, rows);
     }
     for (int64_t i = 0; i < rows * E; ++i) x_[sz(i)] = proj_[sz(i)] + x_[sz(i)];
+    phase_end(StepPhase::ffn_rest);
   }
   for (const SeqChunk& ch : chunks) ch.kv->advance(static_cast<int64_t>(ch.tokens.size()));
+  if (timing_) phase_steps_.fetch_add(1, std::memory_order_relaxed);
 
   if (n_keep == 0) return {};
   CAR_CHECK(logits != nullptr);
@@ -347,7 +353,55 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
     for (int64_t i = 0; i < rows; ++i) add_bias(logits + i * hp_.n_vocab, b, hp_.n_vocab);
   }
   if (hp_.final_logit_softcap > 0.0f) softcap(logits, hp_.final_logit_softcap, rows * hp_.n_vocab);
+  phase_end(StepPhase::output);
   return {};
+}
+
+const char* step_phase_name(StepPhase p) {
+  switch (p) {
+    case StepPhase::embed:
+      return "embed";
+    case StepPhase::attn_proj:
+      return "attn_proj";
+    case StepPhase::rope_kv:
+      return "rope_kv";
+    case StepPhase::attention:
+      return "attention";
+    case StepPhase::attn_out:
+      return "attn_out";
+    case StepPhase::route:
+      return "route";
+    case StepPhase::ffn_gate_up:
+      return "ffn_gate_up";
+    case StepPhase::ffn_act:
+      return "ffn_act";
+    case StepPhase::ffn_down:
+      return "ffn_down";
+    case StepPhase::ffn_rest:
+      return "ffn_rest";
+    case StepPhase::output:
+      return "output";
+    case StepPhase::count:
+      break;
+  }
+  return "?";
+}
+
+void ForwardPass::set_phase_timing(bool on) {
+  if (on) {
+    for (std::atomic<uint64_t>& ns : phase_ns_) ns.store(0, std::memory_order_relaxed);
+    phase_steps_.store(0, std::memory_order_relaxed);
+  }
+  time_phases_.store(on, std::memory_order_relaxed);
+}
+
+StepPhaseTimes ForwardPass::phase_times() const {
+  StepPhaseTimes t;
+  for (size_t p = 0; p < t.seconds.size(); ++p) {
+    t.seconds[p] = static_cast<double>(phase_ns_[p].load(std::memory_order_relaxed)) * 1e-9;
+  }
+  t.steps = phase_steps_.load(std::memory_order_relaxed);
+  return t;
 }
 
 void ForwardPass::prefetch_layer(int64_t il, int64_t n) {
@@ -409,6 +463,7 @@ void ForwardPass::attention(int64_t il, int64_t n) {
                                       row_task(L.wv, xn_.data(), n, v_.data())};
     tensor::matmul_fused(qkv, 3, pool_);
   }
+  phase_end(StepPhase::attn_proj);
 
   for (int64_t i = 0; i < n; ++i) {
     float* qi = q_.data() + i * hp_.q_dim();
@@ -439,6 +494,7 @@ void ForwardPass::attention(int64_t il, int64_t n) {
       to_fp16(vi + h * dv, kv.v(il, h) + pos * dv, dv);
     }
   }
+  phase_end(StepPhase::rope_kv);
 
   const float scale = hp_.attn_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t group = n_head / n_kv_head;
@@ -496,11 +552,13 @@ void ForwardPass::attention(int64_t il, int64_t n) {
   } else {
     pool_->parallel_for_shares(n * n_head, group, 0, task);
   }
+  phase_end(StepPhase::attention);
   mm_rows(L.wo, attn_.data(), n, proj_.data());
   if (L.o_bias != nullptr) {
     for (int64_t i = 0; i < n; ++i) add_bias(proj_.data() + i * E, L.o_bias, E);
   }
   post_norm(L.attn_post_norm, n);
+  phase_end(StepPhase::attn_out);
 }
 
 namespace {
@@ -625,9 +683,12 @@ void ForwardPass::dense_ffn(int64_t il, int64_t n) {
                                           row_task(L.ffn_up, xn_.data(), n, up_.data())};
     tensor::matmul_fused(gate_up, 2, pool_);
   }
+  phase_end(StepPhase::ffn_gate_up);
   glu(n * ff);
+  phase_end(StepPhase::ffn_act);
   mm_rows(L.ffn_down, gate_.data(), n, proj_.data());
   post_norm(L.ffn_post_norm, n);
+  phase_end(StepPhase::ffn_down);
 }
 
 Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
@@ -636,6 +697,7 @@ Result<void> ForwardPass::moe_ffn(int64_t il, int64_t n) {
   const int64_t K = hp_.n_expert_used;
 
   route(il, n);
+  phase_end(StepPhase::route);
   if (n == 1) {
     if (Result<void> r = moe_ffn_token(il); !r) return r;
     if (L.has_shexp) shared_expert(il, 1);
@@ -803,7 +865,9 @@ void ForwardPass::run_experts(int64_t il, size_t first, size_t count) {
         off += sz(m);
       }
     }
+    phase_end(StepPhase::ffn_gate_up);
     expert_glu(rows * ff);
+    phase_end(StepPhase::ffn_act);
     // The downs into proj_ (free until the slots are summed below), then each row's weighted output to its
     // slot.
     expert_tasks_.clear();
@@ -829,6 +893,7 @@ void ForwardPass::run_experts(int64_t il, size_t first, size_t count) {
       }
       off += sz(m);
     }
+    phase_end(StepPhase::ffn_down);
     j0 = j1;
   }
 }
@@ -859,7 +924,9 @@ Result<void> ForwardPass::moe_ffn_token(int64_t il) {
       add_bias(gate_.data() + j * ff, L.ffn_gate_exps_bias + e * ff, ff);
     }
   }
+  phase_end(StepPhase::ffn_gate_up);
   expert_glu(K * ff);
+  phase_end(StepPhase::ffn_act);
   tasks_.clear();
   for (int64_t j = 0; j < K; ++j) {
     tasks_.push_back({leases_[sz(j)].weights().down, gate_.data() + j * ff, slot_out_.data() + j * E});
@@ -872,6 +939,7 @@ Result<void> ForwardPass::moe_ffn_token(int64_t il) {
     if (L.ffn_down_exps_bias != nullptr) add_bias(dst, L.ffn_down_exps_bias + sel_ids_[sz(j)] * E, E);
     for (int64_t d = 0; d < E; ++d) dst[d] = dst[d] * wgt;
   }
+  phase_end(StepPhase::ffn_down);
   sum_slots(1);
   return {};
 }

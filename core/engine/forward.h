@@ -44,6 +44,9 @@
 // are shared and must outlive it; the ThreadPool (may be null = single-threaded) too.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -103,6 +106,33 @@ inline int64_t sgemm_end(int64_t begin, int64_t n) {
   return ubatch_rows_end(begin, n, 2);
 }
 
+/// The parts of a forward step whose wall time ForwardPass::set_phase_timing measures, in step order. Each
+/// phase ends where its work does and takes all the time since the previous one ended (the small glue
+/// between products - residual adds, norms, gathers - goes to the product that follows it).
+enum class StepPhase : int {
+  embed,        ///< token embeddings and the RoPE tables of the step's positions
+  attn_proj,    ///< attention norm and the Q / K / V products (an MLA layer's whole attention: `attention`)
+  rope_kv,      ///< biases, Q / K norms, RoPE, the K / V stores
+  attention,    ///< the attention kernel over each row's cache
+  attn_out,     ///< the attention output product (and post-norm)
+  route,        ///< residual, FFN norm, the router and its top-k (MoE layers)
+  ffn_gate_up,  ///< the FFN's gate and up products: a dense layer's, or the routed experts' (with the gather)
+  ffn_act,      ///< the gated activation (SwiGLU, GELU, swiglu_oai)
+  ffn_down,     ///< the FFN's down product(s)
+  ffn_rest,     ///< the rest of the layer: expert weights' sum, the shared expert, the residual
+  output,       ///< the final norm and the output (vocabulary) product
+  count
+};
+inline constexpr int kStepPhases = static_cast<int>(StepPhase::count);
+/// The phase's name in car bench's table and JSON ("attn_proj", ...).
+const char* step_phase_name(StepPhase p);
+
+/// Step phases summed over steps since timing was switched on.
+struct StepPhaseTimes {
+  std::array<double, kStepPhases> seconds{};
+  uint64_t steps = 0;
+};
+
 class ForwardPass {
  public:
   /// `experts` may be null for a dense model.
@@ -125,6 +155,12 @@ class ForwardPass {
   /// Errors: the expert source's (io_error); then no cache is advanced.
   Result<void> eval_step(std::span<const SeqChunk> chunks, float* logits);
 
+  /// Time each step's phases (StepPhase) on the calling thread: a clock read at each phase's end, summed
+  /// into totals another thread may read (phase_times). Off by default (one branch per phase when off);
+  /// switching on clears the totals. Changes no result.
+  void set_phase_timing(bool on);
+  StepPhaseTimes phase_times() const;
+
   /// Prefetch the next MoE layer's guessed experts (streaming sources only). On by default.
   void set_prefetch(bool on) { prefetch_ = on; }
   bool prefetch() const { return prefetch_; }
@@ -146,6 +182,17 @@ class ForwardPass {
   static uint64_t kv_cache_bytes_for(const model::Hparams& hp, int64_t n_ctx);
 
  private:
+  using PhaseClock = std::chrono::steady_clock;
+  /// The phase `p` ends now: the time since the previous phase ended is its.
+  void phase_end(StepPhase p) {
+    if (!timing_) return;
+    const PhaseClock::time_point now = PhaseClock::now();
+    phase_ns_[static_cast<size_t>(p)].fetch_add(
+        static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(now - phase_last_).count()),
+        std::memory_order_relaxed);
+    phase_last_ = now;
+  }
   void embed(const int32_t* tokens, int64_t n);
   void attention(int64_t il, int64_t n);
   /// deepseek2's multi-head latent attention in llama.cpp's absorbed form (model/deepseek2.cpp): proj_ rows =
@@ -190,6 +237,11 @@ class ForwardPass {
   const model::Hparams& hp_;
   experts::ExpertSource* experts_;  // non-owning; null for dense models
   ThreadPool* pool_;                // non-owning; may be null
+  std::atomic<bool> time_phases_{false};
+  bool timing_ = false;  ///< time_phases_ as the current step began
+  PhaseClock::time_point phase_last_;
+  std::array<std::atomic<uint64_t>, kStepPhases> phase_ns_{};
+  std::atomic<uint64_t> phase_steps_{0};
   int64_t max_batch_;
   RopeParams rope_;
   RopeParams rope_swa_;  // the sliding-window layers' (rope_freq_base_swa; = rope_ when they share it)

@@ -124,6 +124,9 @@ class Scheduler {
   /// kv_bytes_resident as the kernel sees it, for tests and diagnostics (a system call per slot).
   uint64_t kv_bytes_mapped_resident() const;
   const ForwardPass& forward() const { return *forward_; }
+  /// ForwardPass::set_phase_timing / phase_times of the model's forward pass; from any thread.
+  void set_phase_timing(bool on) { forward_->set_phase_timing(on); }
+  StepPhaseTimes phase_times() const { return forward_->phase_times(); }
 
  private:
   struct Job;

@@ -187,6 +187,52 @@ TEST(ForwardConsistency, ExpertGroupsOfABatchDoNotChangeABit) {
   }
 }
 
+// car bench --phases: timing a step's phases counts every step, gives time to each phase the model has (an
+// MoE model's expert products, a dense one's FFN) and none to a phase it has not, and changes no bit.
+TEST(ForwardPhases, TimingCountsStepsAndChangesNoBit) {
+  for (bool moe : {false, true}) {
+    TinySpec s;
+    if (moe) {
+      s.n_expert = 4;
+      s.n_expert_used = 2;
+    }
+    s.matrix_type = GgmlType::Q8_0;
+    testing::TempDir dir;
+    Loaded l = load_tiny(dir, s);
+    const auto toks = some_tokens(6, s.n_vocab);
+    ThreadPool pool(2);
+    const auto plain = eval_all(l, toks, &pool, 64);
+    ForwardPass fp(l.model, l.experts.get(), &pool, 64);
+    EXPECT_EQ(fp.phase_times().steps, 0u);
+    fp.set_phase_timing(true);
+    KvCache kv = fp.make_cache(64);
+    const size_t nv = static_cast<size_t>(s.n_vocab);
+    std::vector<float> timed(toks.size() * nv);
+    // a batch of 4, then one token at a time: both paths of each phase
+    ASSERT_TRUE(fp.eval(std::span<const int32_t>(toks.data(), 4), kv, timed.data(), true).ok());
+    for (size_t i = 4; i < toks.size(); ++i) {
+      ASSERT_TRUE(fp.eval(std::span<const int32_t>(&toks[i], 1), kv, timed.data() + i * nv, false).ok());
+    }
+    EXPECT_EQ(std::memcmp(plain.data(), timed.data(), plain.size() * sizeof(float)), 0) << moe;
+    const StepPhaseTimes t = fp.phase_times();
+    EXPECT_EQ(t.steps, 3u) << moe;
+    for (StepPhase p : {StepPhase::embed, StepPhase::attn_proj, StepPhase::rope_kv, StepPhase::attention,
+                        StepPhase::attn_out, StepPhase::ffn_gate_up, StepPhase::ffn_act, StepPhase::ffn_down,
+                        StepPhase::ffn_rest, StepPhase::output}) {
+      EXPECT_GT(t.seconds[static_cast<size_t>(p)], 0.0) << step_phase_name(p) << " moe " << moe;
+    }
+    EXPECT_EQ(t.seconds[static_cast<size_t>(StepPhase::route)] > 0.0, moe);
+    // Off: no more steps counted; on again: the totals start over.
+    fp.set_phase_timing(false);
+    std::vector<float> more(nv);
+    ASSERT_TRUE(fp.eval(std::span<const int32_t>(&toks[0], 1), kv, more.data(), false).ok());
+    EXPECT_EQ(fp.phase_times().steps, 3u);
+    fp.set_phase_timing(true);
+    EXPECT_EQ(fp.phase_times().steps, 0u);
+    EXPECT_EQ(fp.phase_times().seconds[static_cast<size_t>(StepPhase::attention)], 0.0);
+  }
+}
+
 TEST(ForwardConsistency, LastRowOnlyEqualsLastOfAllRows) {
   TinySpec s;
   s.arch = "qwen3";

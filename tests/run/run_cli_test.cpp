@@ -291,4 +291,37 @@ TEST_F(RunCli, BenchParallelCountsTheExpertsEachStepRead) {
               1e-6 * tokens8 * 10e9 / x8);
 }
 
+// --phases: each test's steps, per phase, in the JSON (seconds a step) and as tables in the human output.
+TEST_F(RunCli, BenchPhases) {
+  const std::string moe = (dir_->path() / "moe-phases.gguf").string();
+  ASSERT_EQ(
+      run_car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
+              "--ctx 256 --experts 8 --experts-used 2 --type q8_0 --seed 4 -o " +
+              moe)
+          .exit_code,
+      0);
+  const std::string args = " -p 8 -n 4 -r 2 --threads 1 --parallel 4 --bandwidth-gbs 10 --phases";
+  const auto o = run_car("bench " + moe + args + " --json");
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  const auto& pp = j.at("pp").at("phases");
+  EXPECT_EQ(pp.at("steps").get<int>(), 2);  // one step per 8-token prompt
+  EXPECT_EQ(j.at("tg").at("phases").at("steps").get<int>(), 2 * 4);
+  const auto& x4 = j.at("parallel").at(0).at("phases");
+  EXPECT_GE(x4.at("steps").get<int>(), 4);  // 4 tokens each: at least 4 steps a run
+  for (const auto* phase : {"attn_proj", "attention", "route", "ffn_gate_up", "ffn_down", "output"}) {
+    EXPECT_GT(pp.at(phase).get<double>(), 0.0) << phase;
+    EXPECT_GT(x4.at(phase).get<double>(), 0.0) << phase;
+  }
+  EXPECT_GE(x4.at("outside").get<double>(), 0.0);
+  const auto human = run_car("bench " + moe + args);
+  ASSERT_EQ(human.exit_code, 0) << human.err;
+  EXPECT_NE(human.out.find("phases of tg4 x4:"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("| ffn_gate_up |"), std::string::npos) << human.out;
+  // Without the flag, no phases.
+  const auto plain =
+      nlohmann::json::parse(run_car("bench " + moe + " -p 8 -n 4 -r 1 --threads 1 --json").out);
+  EXPECT_FALSE(plain.at("pp").contains("phases"));
+}
+
 }  // namespace
