@@ -295,6 +295,7 @@ Result<void> ForwardPass::eval_step(std::span<const SeqChunk> chunks, float* log
   CAR_CHECK(n > 0);
   timing_ = time_phases_.load(std::memory_order_relaxed);
   if (timing_) phase_last_ = PhaseClock::now();
+  for (const SeqChunk& ch : chunks) ch.kv->prepare(ch.kv->n_past() + static_cast<int64_t>(ch.tokens.size()));
 
   embed(row_token_.data(), n);
   for (int64_t i = 0; i < n; ++i) rope_cache(rope_, row_pos_[sz(i)], rope_cache_.data() + i * hp_.n_rot);

@@ -110,7 +110,7 @@ inline int64_t sgemm_end(int64_t begin, int64_t n) {
 /// phase ends where its work does and takes all the time since the previous one ended (the small glue
 /// between products - residual adds, norms, gathers - goes to the product that follows it).
 enum class StepPhase : int {
-  embed,        ///< token embeddings and the RoPE tables of the step's positions
+  embed,        ///< the KV pages the step writes (KvCache::prepare), token embeddings, RoPE tables
   attn_proj,    ///< attention norm and the Q / K / V products (an MLA layer's whole attention: `attention`)
   rope_kv,      ///< biases, Q / K norms, RoPE, the K / V stores
   attention,    ///< the attention kernel over each row's cache

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -67,6 +68,20 @@ void KvMapping::release(size_t begin, size_t end) {
   (void)::madvise(data_ + begin, end - begin, MADV_DONTNEED);
 }
 
+bool KvMapping::populate(size_t begin, size_t end) {
+#ifdef MADV_POPULATE_WRITE
+  end = std::min(end, size_);
+  if (begin >= end) return true;
+  // EINVAL: the kernel has no MADV_POPULATE_WRITE. Anything else (ENOMEM, EINTR) leaves the rest of the
+  // range to fault in at first write, as it would have.
+  return ::madvise(data_ + begin, end - begin, MADV_POPULATE_WRITE) == 0 || errno != EINVAL;
+#else
+  (void)begin;
+  (void)end;
+  return false;
+#endif
+}
+
 uint64_t KvMapping::resident_bytes() const {
   if (data_ == nullptr) return 0;
   const size_t page = page_size();
@@ -116,6 +131,42 @@ void KvCache::advance(int64_t n) {
 
 void KvCache::touch(int64_t end) { touched_ = std::clamp(end, touched_, n_ctx_); }
 
+void KvCache::prepare(int64_t end) {
+  end = std::min(end, n_ctx_);
+  const int64_t have = std::max(touched_, prepared_);
+  if (end <= have) {
+    touch(end);
+    return;
+  }
+  static std::atomic<bool> unsupported{false};
+  if (!unsupported.load(std::memory_order_relaxed)) {
+    // Rows below `have` have their pages already; the page holding row `have` may too (populating a
+    // resident page changes nothing). Each region's pages now hold whole rows up to its last page's end:
+    // prepared_ is the fewest of those, so the next steps' rows make no system call until they pass it.
+    const size_t page = KvMapping::page_size();
+    const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
+    int64_t covered = n_ctx_;
+    for (int kind = 0; kind < 2; ++kind) {
+      const size_t row = static_cast<size_t>(kind == 0 ? dk_ : dv_) * sizeof(uint16_t);
+      const size_t first = kind == 0 ? 0 : k_elems() * sizeof(uint16_t);
+      for (size_t r = 0; r < regions; ++r) {
+        const size_t start = first + r * static_cast<size_t>(n_ctx_) * row;
+        const size_t from = round_down(start + static_cast<size_t>(have) * row, page);
+        const size_t to = round_up(start + static_cast<size_t>(end) * row, page);
+        if (!map_.populate(from, to)) {
+          unsupported.store(true, std::memory_order_relaxed);
+          covered = 0;
+          break;
+        }
+        covered = std::min(covered, static_cast<int64_t>((to - start) / row));
+      }
+      if (covered == 0) break;
+    }
+    prepared_ = std::max(end, std::min(covered, n_ctx_));
+  }
+  touch(end);
+}
+
 void KvCache::shrink(int64_t keep, int64_t retain) {
   truncate(keep);
   retain = std::clamp(retain, keep, n_ctx_);
@@ -123,6 +174,7 @@ void KvCache::shrink(int64_t keep, int64_t retain) {
   if (retain == 0) {
     map_.release(0, map_.size());
     touched_ = 0;
+    prepared_ = 0;
     return;
   }
   // Region by region (K's, then V's): the pages wholly past row `retain` up to the rows written. A page that
@@ -142,6 +194,7 @@ void KvCache::shrink(int64_t keep, int64_t retain) {
     }
   }
   touched_ = retain;
+  prepared_ = std::min(prepared_, retain);
 }
 
 uint64_t KvCache::resident_bytes(int64_t rows) const {

@@ -46,6 +46,10 @@ class KvMapping {
   size_t size() const { return size_; }
   /// Give back the whole pages inside [begin, end) (byte offsets); they read as zero afterwards.
   void release(size_t begin, size_t end);
+  /// Make the pages of [begin, end) (page-aligned) resident and writable in one system call
+  /// (MADV_POPULATE_WRITE) rather than one fault per page at first write. False where the kernel has no such
+  /// call (before Linux 5.14): the pages then come at first write, as without it.
+  bool populate(size_t begin, size_t end);
   /// Bytes of the mapping's pages resident now, as the kernel reports them (mincore).
   uint64_t resident_bytes() const;
   static size_t page_size();
@@ -78,6 +82,12 @@ class KvCache {
   /// Rows up to `end` may have been written (a writer that stopped before advance(), a failed step), so
   /// that the next shrink() gives their pages back too.
   void touch(int64_t end);
+  /// Rows up to `end` are about to be written: the pages that hold them in every region are made resident
+  /// now, one system call per region (KvMapping::populate), and touch(end). A step writes one row per
+  /// region and layer for each token, so its first write to each new page would otherwise fault on its own:
+  /// ~10-15 us a fault in the paravirtualized guests CI and benchmarks run on against ~1-2 us a page
+  /// populated (docs/performance.md). The same pages become resident either way.
+  void prepare(int64_t end);
   /// truncate(keep), then give back the whole pages of every region past row `retain` (clamped to
   /// [keep, n_ctx]) among the rows written since the last shrink (none to give: no system call); rows
   /// [keep, retain) keep their pages - and stale values, never read before they are written again - for a
@@ -125,6 +135,7 @@ class KvCache {
   int64_t n_layer_, n_ctx_, n_head_kv_, dk_, dv_;
   int64_t n_past_ = 0;
   int64_t touched_ = 0;  // rows [0, touched_) of some region may have been written since the last shrink
+  int64_t prepared_ = 0;          // prepare(): every region's pages hold rows [0, prepared_) (until a shrink)
   std::vector<int64_t> windows_;  // n_layer entries, or empty (all global)
   KvMapping map_;  // K [n_layer][n_head_kv][n_ctx][dk], then V [n_layer][n_head_kv][n_ctx][dv]
 };

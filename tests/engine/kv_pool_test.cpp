@@ -122,6 +122,47 @@ TEST_P(KvCacheMemoryTest, PagesFollowTheRowsWrittenAndGoBackOnShrink) {
   EXPECT_EQ(kv.v(s.n_layer - 1, s.n_head_kv - 1)[s.dv - 1], 0u);
 }
 
+// prepare(end) makes resident exactly the pages that writing rows up to `end` would (whatever the kernel
+// supports: populated now, or at first write), marks them touched so a shrink gives them back, and never
+// changes a row already written.
+TEST_P(KvCacheMemoryTest, PrepareHoldsThePagesWritingWouldAndShrinkGivesThemBack) {
+  const Shape s = GetParam();
+  auto made = KvCache::create(s.n_layer, s.n_ctx, s.n_head_kv, s.dk, s.dv);
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  KvCache& kv = *made;
+  const int64_t n1 = s.n_ctx / 3 + 1;
+  kv.prepare(n1);
+  EXPECT_EQ(kv.touched(), n1);
+  EXPECT_EQ(kv.n_past(), 0);
+  EXPECT_LE(kv.mapping().resident_bytes(), kv.resident_bytes(n1));
+  write_rows(kv, s, 0, n1);
+  kv.advance(n1);
+  EXPECT_EQ(kv.mapping().resident_bytes(), kv.resident_bytes(n1));
+  // Row by row, as decode prepares: the resident pages follow the rows, the written rows stay.
+  for (int64_t end = n1 + 1; end <= s.n_ctx / 2 + 7; ++end) {
+    kv.prepare(end);
+    write_rows(kv, s, end - 1, end);
+    kv.advance(1);
+    ASSERT_EQ(kv.mapping().resident_bytes(), kv.resident_bytes(end)) << end;
+  }
+  EXPECT_TRUE(rows_hold_pattern(kv, s, 0, kv.n_past()));
+  // Prepared past the rows written (a step that then failed): a shrink still gives every page back.
+  kv.prepare(s.n_ctx);
+  EXPECT_EQ(kv.touched(), s.n_ctx);
+  EXPECT_TRUE(rows_hold_pattern(kv, s, 0, kv.n_past()));
+  kv.shrink(5);
+  EXPECT_EQ(kv.mapping().resident_bytes(), kv.resident_bytes(5));
+  EXPECT_TRUE(rows_hold_pattern(kv, s, 0, 5));
+  // After the shrink, prepare brings the pages back (it does not trust what it populated before).
+  kv.prepare(s.n_ctx / 2);
+  write_rows(kv, s, 5, s.n_ctx / 2);
+  kv.advance(s.n_ctx / 2 - 5);
+  EXPECT_EQ(kv.mapping().resident_bytes(), kv.resident_bytes(s.n_ctx / 2));
+  EXPECT_TRUE(rows_hold_pattern(kv, s, 0, s.n_ctx / 2));
+  kv.shrink(0);
+  EXPECT_EQ(kv.mapping().resident_bytes(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, KvCacheMemoryTest,
                          ::testing::Values(Shape{2, 256, 2, 64, 64},   // regions of 8 whole pages
                                            Shape{3, 100, 2, 48, 40},   // regions that straddle pages
