@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/tensor/fp16.h"
 #include "core/tensor/kernel_table.h"
 #include "core/tensor/kernels.h"
 #include "core/util/thread_pool.h"
@@ -256,6 +257,36 @@ void BM_MatvecVsStream(benchmark::State& state, GgmlType t, bool vec_dot_order, 
   state.counters["stream_GiBps"] = median(stream_gibs);
   state.counters["matvec_GiBps"] = median(matvec_gibs);
   state.counters["ratio"] = median(ratio);
+}
+
+/// One KV group's attention (a GQA group of `g` query heads over n_kv cached keys, dk = dv = 64, fp16 K / V
+/// in cache), as the engine runs it: attend_group, or (`per_head`) attend_head once per head - the path
+/// before attend_group. Counter: keys x heads a second.
+void BM_AttentionGroup(benchmark::State& state, bool per_head) {
+  const int64_t n_kv = state.range(0), g = state.range(1), dk = 64, dv = 64;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(g * dk)), out(static_cast<size_t>(g * dv));
+  for (float& x : q) x = dist(rng);
+  std::vector<uint16_t> k(static_cast<size_t>(n_kv * dk)), v(static_cast<size_t>(n_kv * dv));
+  for (uint16_t& x : k) x = car::tensor::fp32_to_fp16(dist(rng));
+  for (uint16_t& x : v) x = car::tensor::fp32_to_fp16(dist(rng));
+  std::vector<uint16_t> q16(static_cast<size_t>(dk)), acc16(static_cast<size_t>(dv));
+  for (auto _ : state) {
+    if (per_head) {
+      for (int64_t h = 0; h < g; ++h) {
+        attend_head(q.data() + h * dk, k.data(), v.data(), n_kv, dk, dv, 0.125f, out.data() + h * dv,
+                    q16.data(), acc16.data());
+      }
+    } else {
+      attend_group(q.data(), g, k.data(), v.data(), n_kv, dk, dv, 0.125f, out.data(), nullptr, q16.data(),
+                   acc16.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["key_heads_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * n_kv * g), benchmark::Counter::kIsRate);
 }
 
 /// `rows` quantized rows of `cols` at `data` (`rb` bytes each): 16 rows of random values, repeated - the
@@ -572,6 +603,16 @@ void register_all(bool big) {
       benchmark::RegisterBenchmark(name.c_str(),
                                    [vec_dot_order](benchmark::State& s) { BM_Q4KShape(s, vec_dot_order); })
           ->Args({rows, cols})
+          ->MinTime(0.3);
+    }
+  }
+  for (bool per_head : {false, true}) {
+    for (int64_t n_kv : {16, 64, 512, 4096}) {
+      const std::string name = std::string("AttentionGroup/") + (per_head ? "per_head" : "group") + "/kv" +
+                               std::to_string(n_kv) + "/g2";
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [per_head](benchmark::State& s) { BM_AttentionGroup(s, per_head); })
+          ->Args({n_kv, 2})
           ->MinTime(0.3);
     }
   }

@@ -533,18 +533,22 @@ void ForwardPass::attention(int64_t il, int64_t n) {
     std::array<uint16_t, kMaxHeadDim> q16;
     std::array<uint16_t, kMaxHeadDim> acc16;
     if (end < n * n_head) prefetch_kv(end);
-    for (int64_t t = begin; t < end; ++t) {
+    // Whole KV groups (the shares and the inline loop below are in units of `group`): a group's heads read
+    // the same keys and values, which attend_group converts once for two heads.
+    for (int64_t t = begin; t < end; t += group) {
       const int64_t i = t / n_head;
       const int64_t h = t % n_head;
       const KvRows r = kv_rows(t);
       const float* qh = q_.data() + i * hp_.q_dim() + h * dk;
       float* out = attn_.data() + i * hp_.attn_out_dim() + h * dv;
       if (hp_.attn_logit_softcap > 0.0f) {  // gemma2: the cap sits inside the softmax (no sinks there)
-        attend_head_softcap(qh, r.k, r.v, r.count, dk, dv, scale, hp_.attn_logit_softcap, out, q16.data(),
-                            acc16.data());
+        for (int64_t j = 0; j < group; ++j) {
+          attend_head_softcap(qh + j * dk, r.k, r.v, r.count, dk, dv, scale, hp_.attn_logit_softcap,
+                              out + j * dv, q16.data(), acc16.data());
+        }
       } else {
-        attend_head(qh, r.k, r.v, r.count, dk, dv, scale, out, q16.data(), acc16.data(),
-                    sinks != nullptr ? sinks[h] : tensor::kNoSink);
+        tensor::attend_group(qh, group, r.k, r.v, r.count, dk, dv, scale, out,
+                             sinks != nullptr ? sinks + h : nullptr, q16.data(), acc16.data());
       }
     }
   };

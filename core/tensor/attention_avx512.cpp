@@ -12,6 +12,7 @@
 // (`car bench --parallel 8`) the AVX2 kernel was 6 % of the step.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -123,6 +124,147 @@ void attend_head_avx512(const float* q, const uint16_t* k, const uint16_t* v, in
   }
   for (; d < dv16; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_mul_ps(load_h16(acc16 + d), vms), vinv));
   for (; d < dv; ++d) out[d] = (fp16_to_fp32(acc16[d]) * ms) * inv;
+}
+
+namespace {
+
+constexpr int64_t kGroupMaxQ = 256;  // the register kernel's longest K head (Q converted once per call)
+
+/// kG heads (1-2) over the same keys and values, dk a multiple of 64 (<= kGroupMaxQ), dv = 16 x kNv: per
+/// head attend_head_avx512's operations in its order, with the fp16 accumulator held in registers instead
+/// of memory (the same rounding at each step: a float result converted to fp16 is the value a store and a
+/// reload gives) and each key's and value's row converted once for the group. In the memory kernel each
+/// key's accumulation waited on the previous key's store (store, reload, convert, FMA, convert): perf put
+/// ~40 % of its samples there. Two heads give the core two independent chains.
+template <int kG, int kNv>
+void attend_heads_reg(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                      float scale, float* out, const float* sinks) {
+  constexpr int64_t dv = 16 * kNv;
+  alignas(64) float qf[kG][kGroupMaxQ];
+  for (int h = 0; h < kG; ++h) {
+    for (int64_t d = 0; d < dk; d += 16) {
+      const __m256i h16 = _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(q + h * dk + d), kRne);
+      _mm512_store_ps(qf[h] + d, _mm512_maskz_cvtph_ps(0xffff, h16));
+    }
+  }
+  __m256i acc[kG][kNv];
+  float sum[kG], mx[kG];
+  for (int h = 0; h < kG; ++h) {
+    for (int c = 0; c < kNv; ++c) acc[h][c] = _mm256_setzero_si256();
+    sum[h] = 0.0f;
+    mx[h] = -std::numeric_limits<float>::infinity();
+  }
+  // Keys in blocks: first every score of the block and its softmax step (the exp calls, which clobber every
+  // vector register), then the values with the accumulators in registers, so they are saved around calls
+  // once a block rather than once a key. The steps run in key order either way.
+  constexpr int64_t kBlock = 16;
+  for (int64_t ic0 = 0; ic0 < n_kv; ic0 += kBlock) {
+    const int64_t nb = std::min(kBlock, n_kv - ic0);
+    float sc[kG][kBlock];
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint16_t* kr = k + (ic0 + b) * dk;
+      __m512 a[kG][4];
+      for (int h = 0; h < kG; ++h) {
+        for (int j = 0; j < 4; ++j) a[h][j] = _mm512_setzero_ps();
+      }
+      for (int64_t i = 0; i < dk; i += 64) {
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          const __m512 kx = load_h16(kr + i + 16 * j);
+          for (int h = 0; h < kG; ++h)
+            a[h][j] = _mm512_fmadd_ps(kx, _mm512_load_ps(qf[h] + i + 16 * j), a[h][j]);
+        }
+      }
+      for (int h = 0; h < kG; ++h) {
+        const __m512 s16 = _mm512_add_ps(_mm512_add_ps(a[h][0], a[h][2]), _mm512_add_ps(a[h][1], a[h][3]));
+        const __m256 h8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, s16, 1),
+                                        _mm512_maskz_extractf32x8_ps(0xff, s16, 0));
+        const __m128 q4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));
+        alignas(16) float r[4];
+        _mm_store_ps(r, q4);
+        const double dot = static_cast<double>((r[0] + r[2]) + (r[1] + r[3]));
+        sc[h][b] = static_cast<float>(dot) * scale;
+      }
+    }
+    float ms[kG][kBlock], vs[kG][kBlock];
+    bool rescale[kG][kBlock];
+    for (int h = 0; h < kG; ++h) {
+      for (int64_t b = 0; b < nb; ++b)
+        rescale[h][b] = online_softmax_step(sc[h][b], mx[h], ms[h][b], vs[h][b]);
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint16_t* vr = v + (ic0 + b) * dv;
+      for (int h = 0; h < kG; ++h) {
+        if (!rescale[h][b]) continue;
+        const __m512 vms = _mm512_set1_ps(ms[h][b]);
+        for (int c = 0; c < kNv; ++c) {
+          acc[h][c] = _mm512_maskz_cvtps_ph(
+              0xffff, _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xffff, acc[h][c]), vms), kRne);
+        }
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < kNv; ++c) {
+        const __m512 vx = load_h16(vr + 16 * c);
+        for (int h = 0; h < kG; ++h) {
+          const __m512 prev = _mm512_maskz_cvtph_ps(0xffff, acc[h][c]);
+          acc[h][c] =
+              _mm512_maskz_cvtps_ph(0xffff, _mm512_fmadd_ps(vx, _mm512_set1_ps(vs[h][b]), prev), kRne);
+        }
+      }
+      for (int h = 0; h < kG; ++h) sum[h] = sum[h] * ms[h][b] + vs[h][b];
+    }
+  }
+  for (int h = 0; h < kG; ++h) {
+    float hm = 1.0f;
+    const float sink = sinks != nullptr ? sinks[h] : kNoSink;
+    if (sink != kNoSink) hm = online_sink_step(sink, mx[h], sum[h]);
+    const float inv = sum[h] == 0.0f ? 0.0f : 1.0f / sum[h];
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512 vms = _mm512_set1_ps(hm);
+    float* o = out + h * dv;
+    for (int c = 0; c < kNv; ++c) {
+      const __m512 x = _mm512_maskz_cvtph_ps(0xffff, acc[h][c]);
+      _mm512_storeu_ps(o + 16 * c,
+                       sink == kNoSink ? _mm512_mul_ps(x, vinv) : _mm512_mul_ps(_mm512_mul_ps(x, vms), vinv));
+    }
+  }
+}
+
+template <int kNv>
+void attend_pairs(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                  float scale, float* out, const float* sinks) {
+  constexpr int64_t dv = 16 * kNv;
+  int64_t h = 0;
+  for (; h + 2 <= g; h += 2) {
+    attend_heads_reg<2, kNv>(q + h * dk, k, v, n_kv, dk, scale, out + h * dv,
+                             sinks != nullptr ? sinks + h : nullptr);
+  }
+  if (h < g)
+    attend_heads_reg<1, kNv>(q + h * dk, k, v, n_kv, dk, scale, out + h * dv,
+                             sinks != nullptr ? sinks + h : nullptr);
+}
+
+}  // namespace
+
+void attend_group_avx512(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
+                         int64_t dk, int64_t dv, float scale, float* out, const float* sinks, uint16_t* q16,
+                         uint16_t* acc16) {
+  if (dk % 64 == 0 && dk <= kGroupMaxQ) {
+    switch (dv) {
+      case 64:
+        attend_pairs<4>(q, g, k, v, n_kv, dk, scale, out, sinks);
+        return;
+      case 128:
+        attend_pairs<8>(q, g, k, v, n_kv, dk, scale, out, sinks);
+        return;
+      default:
+        break;
+    }
+  }
+  for (int64_t h = 0; h < g; ++h) {
+    attend_head_avx512(q + h * dk, k, v, n_kv, dk, dv, scale, out + h * dv, q16, acc16,
+                       sinks != nullptr ? sinks[h] : kNoSink);
+  }
 }
 
 }  // namespace car::tensor::detail

@@ -258,6 +258,7 @@ DotKernels make_table() {
   add_nl32_repacked_kernels(k);
   k.iq_panel = iq_panel_rows_avx512;
   k.attend = attend_head_avx512;
+  k.attend_group = attend_group_avx512;
   return k;
 }
 

@@ -57,6 +57,11 @@ using GluFn = void (*)(const float* gate, const float* up, float* out, int64_t n
 using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                           int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
 
+/// attend_group (kernels.h).
+using AttendGroupFn = void (*)(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
+                               int64_t dk, int64_t dv, float scale, float* out, const float* sinks,
+                               uint16_t* q16, uint16_t* acc16);
+
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
   DotFn dot_id[kTypeSlots] = {};            ///< the same products in ProductOrder::mul_mat_id summation order
@@ -116,6 +121,8 @@ struct DotKernels {
   PanelFn iq_panel = nullptr;
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;
+  /// The heads of one KV group together (attend_head's bits per head); null: attend per head.
+  AttendGroupFn attend_group = nullptr;
   /// SwiGLU in llama.cpp's AVX-512 arithmetic (silu.h: swiglu_scalar's bits in every table).
   GluFn swiglu = nullptr;
 };
@@ -123,6 +130,10 @@ struct DotKernels {
 /// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                       float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
+/// The AVX-512 group of attention heads (attention_avx512.cpp): attend_head_avx512's bits per head.
+void attend_group_avx512(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
+                         int64_t dk, int64_t dv, float scale, float* out, const float* sinks, uint16_t* q16,
+                         uint16_t* acc16);
 /// The AVX-512 attention head (attention_avx512.cpp), bit-identical to attend_head_scalar.
 void attend_head_avx512(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                         int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);

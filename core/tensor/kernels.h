@@ -223,6 +223,14 @@ inline constexpr float kNoSink = -std::numeric_limits<float>::infinity();
 void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                  float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink = kNoSink);
 
+/// attend_head for the `g` query heads of one KV group (grouped-query attention), which share `k` and `v`:
+/// head j's query at q + j * dk, its output at out + j * dv, its sink sinks[j] (sinks null: none). Each
+/// head's result is attend_head's bit for bit; the AVX-512 kernel reads and converts each key and value row
+/// once for two heads and keeps their accumulators in registers (dk a multiple of 64 up to 256, dv 64 or
+/// 128; other shapes run attend_head per head). q16 (dk) and acc16 (dv) are scratch.
+void attend_group(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
+                  int64_t dv, float scale, float* out, const float* sinks, uint16_t* q16, uint16_t* acc16);
+
 /// out[i] = silu(gate[i]) * up[i] for i in [0, n), silu(x) = x / (1 + exp(-x)) with llama.cpp's AVX-512 exp
 /// (ggml_v_expf; silu.h), with the current ISA's kernel; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);

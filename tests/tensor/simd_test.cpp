@@ -474,6 +474,64 @@ TEST(SimdMirror, AttentionRescalingAtEveryKeyEqualsScalarBitForBit) {
   }
 }
 
+// attend_group (the heads of one KV group together; AVX-512: two heads at a time, their accumulators in
+// registers) gives each head attend_head_scalar's bits: register shapes (dk 64 / 128 / 256, dv 64 / 128) and
+// the per-head fallback (other shapes), odd and even groups, no keys, one key, rising scores (a rescale at
+// every key), and sinks below and above every score.
+TEST(SimdMirror, AttentionGroupEqualsScalarPerHeadBitForBit) {
+  std::mt19937 rng(803);
+  const Isa saved = current_isa();
+  for (Isa isa : testing::available_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    set_isa(isa);
+    for (const auto& [n_kv, dk, dv] : {std::array<int64_t, 3>{0, 64, 64},
+                                       {1, 64, 64},
+                                       {77, 64, 64},
+                                       {40, 128, 128},
+                                       {19, 256, 64},
+                                       {33, 128, 64},
+                                       {12, 72, 72},
+                                       {9, 64, 80},
+                                       {5, 320, 128}}) {
+      for (const int64_t g : {1, 2, 3, 4, 7}) {
+        for (const bool rising : {false, true}) {
+          const auto q = random_floats(rng, g * dk, 2.0f);
+          std::vector<uint16_t> kh(static_cast<size_t>(n_kv * dk)), vh(static_cast<size_t>(n_kv * dv));
+          for (int64_t i = 0; i < n_kv; ++i) {
+            const auto kr = random_floats(rng, dk, 2.0f);
+            const float f = 0.05f * static_cast<float>(i + 1);
+            for (int64_t d = 0; d < dk; ++d) {
+              const float x = rising ? f * q[static_cast<size_t>(d)] : kr[static_cast<size_t>(d)];
+              kh[static_cast<size_t>(i * dk + d)] = fp32_to_fp16(x);
+            }
+          }
+          const auto vf = random_floats(rng, n_kv * dv, 2.0f);
+          for (size_t i = 0; i < vf.size(); ++i) vh[i] = fp32_to_fp16(vf[i]);
+          std::vector<float> sinks(static_cast<size_t>(g));
+          for (int64_t h = 0; h < g; ++h) sinks[static_cast<size_t>(h)] = h % 2 == 0 ? -3.0f : 40.0f;
+          for (const bool with_sinks : {false, true}) {
+            std::vector<uint16_t> q16(static_cast<size_t>(dk)), acc(static_cast<size_t>(dv));
+            std::vector<float> got(static_cast<size_t>(g * dv), -1.0f), want(static_cast<size_t>(dv));
+            attend_group(q.data(), g, kh.data(), vh.data(), n_kv, dk, dv, 0.125f, got.data(),
+                         with_sinks ? sinks.data() : nullptr, q16.data(), acc.data());
+            for (int64_t h = 0; h < g; ++h) {
+              attend_head_scalar(q.data() + h * dk, kh.data(), vh.data(), n_kv, dk, dv, 0.125f, want.data(),
+                                 q16.data(), acc.data(),
+                                 with_sinks ? sinks[static_cast<size_t>(h)] : kNoSink);
+              for (int64_t d = 0; d < dv; ++d) {
+                ASSERT_EQ(got[static_cast<size_t>(h * dv + d)], want[static_cast<size_t>(d)])
+                    << n_kv << " " << dk << " " << dv << " g " << g << " head " << h << " d " << d
+                    << " rising " << rising << " sinks " << with_sinks;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  set_isa(saved);
+}
+
 // SwiGLU (llama.cpp's AVX-512 silu, silu.h) in every table equals the scalar kernel bit for bit, over values
 // from the tiny to past exp's range, the signed zeros, infinities and NaN, and lengths with SIMD tails.
 TEST(SimdMirror, SwigluOfEveryTableEqualsScalarBitForBit) {
