@@ -39,6 +39,17 @@ std::vector<float> eval_all(const Loaded& l, const std::vector<int32_t>& toks, T
   return logits;
 }
 
+/// The tiny Q8_0 model, dense or with 4 experts (2 used).
+TinySpec q8_tiny(bool moe) {
+  TinySpec s;
+  if (moe) {
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+  }
+  s.matrix_type = GgmlType::Q8_0;
+  return s;
+}
+
 double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
@@ -128,12 +139,7 @@ TEST(ForwardReference, Qwen3MoeQ4K) {
 
 TEST(ForwardConsistency, BatchEqualsTokenByToken) {
   for (bool moe : {false, true}) {
-    TinySpec s;
-    if (moe) {
-      s.n_expert = 4;
-      s.n_expert_used = 2;
-    }
-    s.matrix_type = GgmlType::Q8_0;
+    const TinySpec s = q8_tiny(moe);
     testing::TempDir dir;
     Loaded l = load_tiny(dir, s);
     auto toks = some_tokens(10, s.n_vocab);
@@ -191,12 +197,7 @@ TEST(ForwardConsistency, ExpertGroupsOfABatchDoNotChangeABit) {
 // MoE model's expert products, a dense one's FFN) and none to a phase it has not, and changes no bit.
 TEST(ForwardPhases, TimingCountsStepsAndChangesNoBit) {
   for (bool moe : {false, true}) {
-    TinySpec s;
-    if (moe) {
-      s.n_expert = 4;
-      s.n_expert_used = 2;
-    }
-    s.matrix_type = GgmlType::Q8_0;
+    const TinySpec s = q8_tiny(moe);
     testing::TempDir dir;
     Loaded l = load_tiny(dir, s);
     const auto toks = some_tokens(6, s.n_vocab);

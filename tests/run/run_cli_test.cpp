@@ -30,6 +30,15 @@ class RunCli : public ::testing::Test {
     delete dir_;
     dir_ = nullptr;
   }
+  /// A tiny MoE model (8 experts, 2 used, Q8_0) written by car gguf synth under `name`; "" if that failed.
+  static std::string write_tiny_moe(const std::string& name) {
+    const std::string path = (dir_->path() / name).string();
+    const auto o = run_car(
+        "gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
+        "--ctx 256 --experts 8 --experts-used 2 --type q8_0 --seed 4 -o " +
+        path);
+    return o.exit_code == 0 ? path : std::string();
+  }
   static car::testing::TempDir* dir_;
   static std::string model_;
 };
@@ -259,13 +268,8 @@ TEST_F(RunCli, BenchJson) {
 // experts' share of the banks); eight sequences' steps read more of the banks, never more than all of them,
 // over the steps the scheduler really ran (CI's loaded machine starts them in several steps).
 TEST_F(RunCli, BenchParallelCountsTheExpertsEachStepRead) {
-  const std::string moe = (dir_->path() / "moe.gguf").string();
-  ASSERT_EQ(
-      run_car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
-              "--ctx 256 --experts 8 --experts-used 2 --type q8_0 --seed 4 -o " +
-              moe)
-          .exit_code,
-      0);
+  const std::string moe = write_tiny_moe("moe.gguf");
+  ASSERT_FALSE(moe.empty());
   const auto o =
       run_car("bench " + moe + " -p 0 -n 6 -r 2 --threads 1 --parallel 1,8 --bandwidth-gbs 10 --json");
   ASSERT_EQ(o.exit_code, 0) << o.err;
@@ -293,13 +297,8 @@ TEST_F(RunCli, BenchParallelCountsTheExpertsEachStepRead) {
 
 // --phases: each test's steps, per phase, in the JSON (seconds a step) and as tables in the human output.
 TEST_F(RunCli, BenchPhases) {
-  const std::string moe = (dir_->path() / "moe-phases.gguf").string();
-  ASSERT_EQ(
-      run_car("gguf synth --arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 "
-              "--ctx 256 --experts 8 --experts-used 2 --type q8_0 --seed 4 -o " +
-              moe)
-          .exit_code,
-      0);
+  const std::string moe = write_tiny_moe("moe-phases.gguf");
+  ASSERT_FALSE(moe.empty());
   const std::string args = " -p 8 -n 4 -r 2 --threads 1 --parallel 4 --bandwidth-gbs 10 --phases";
   const auto o = run_car("bench " + moe + args + " --json");
   ASSERT_EQ(o.exit_code, 0) << o.err;
