@@ -78,10 +78,7 @@ void attend_head(const float* q, const uint16_t* k, const uint16_t* v, int64_t n
 void attend_group(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                   int64_t dv, float scale, float* out, const float* sinks, uint16_t* q16, uint16_t* acc16) {
   const detail::DotKernels& kt = detail::active_kernels();
-  if (kt.attend_group != nullptr) {
-    kt.attend_group(q, g, k, v, n_kv, dk, dv, scale, out, sinks, q16, acc16);
-    return;
-  }
+  if (kt.attend_group != nullptr && kt.attend_group(q, g, k, v, n_kv, dk, dv, scale, out, sinks)) return;
   for (int64_t h = 0; h < g; ++h) {
     kt.attend(q + h * dk, k, v, n_kv, dk, dv, scale, out + h * dv, q16, acc16,
               sinks != nullptr ? sinks[h] : kNoSink);

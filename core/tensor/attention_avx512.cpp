@@ -44,6 +44,19 @@ inline void store_h8(uint16_t* p, __m256 x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, kRne));
 }
 
+/// Q.K of one key from dot_f16_ggml's four accumulators: summed (0+2)+(1+3), then the 16 lanes folded to 8
+/// (h[l] = s[l + 8] + s[l]), to 4 (r[l] = h[l + 4] + h[l]) and the last four as (0+2)+(1+3), as the AVX2
+/// kernel (and ggml) fold them.
+inline double fold_dot(const __m512 (&acc)[4]) {
+  const __m512 s16 = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+  const __m256 h8 =
+      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, s16, 1), _mm512_maskz_extractf32x8_ps(0xff, s16, 0));
+  const __m128 q4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));
+  alignas(16) float r[4];
+  _mm_store_ps(r, q4);
+  return static_cast<double>((r[0] + r[2]) + (r[1] + r[3]));
+}
+
 }  // namespace
 
 void attend_head_avx512(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
@@ -80,13 +93,7 @@ void attend_head_avx512(const float* q, const uint16_t* k, const uint16_t* v, in
           acc[j] = _mm512_fmadd_ps(load_h16(kr + i + 16 * j), _mm512_load_ps(qf + i + 16 * j), acc[j]);
         }
       }
-      const __m512 s16 = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-      // h[l] = s[l + 8] + s[l], then r[l] = h[l + 4] + h[l], as the AVX2 kernel (and ggml) fold them
-      const __m256 h8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, s16, 1), _mm512_maskz_extractf32x8_ps(0xff, s16, 0));
-      const __m128 q4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));
-      alignas(16) float r[4];
-      _mm_store_ps(r, q4);
-      dot = static_cast<double>((r[0] + r[2]) + (r[1] + r[3]));
+      dot = fold_dot(acc);
     }
     for (int64_t d = dk64; d < dk; ++d) {
       dot += static_cast<double>(fp16_to_fp32(kr[d]) * qf[d]);
@@ -175,16 +182,7 @@ void attend_heads_reg(const float* q, const uint16_t* k, const uint16_t* v, int6
             a[h][j] = _mm512_fmadd_ps(kx, _mm512_load_ps(qf[h] + i + 16 * j), a[h][j]);
         }
       }
-      for (int h = 0; h < kG; ++h) {
-        const __m512 s16 = _mm512_add_ps(_mm512_add_ps(a[h][0], a[h][2]), _mm512_add_ps(a[h][1], a[h][3]));
-        const __m256 h8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, s16, 1),
-                                        _mm512_maskz_extractf32x8_ps(0xff, s16, 0));
-        const __m128 q4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));
-        alignas(16) float r[4];
-        _mm_store_ps(r, q4);
-        const double dot = static_cast<double>((r[0] + r[2]) + (r[1] + r[3]));
-        sc[h][b] = static_cast<float>(dot) * scale;
-      }
+      for (int h = 0; h < kG; ++h) sc[h][b] = static_cast<float>(fold_dot(a[h])) * scale;
     }
     float ms[kG][kBlock], vs[kG][kBlock];
     bool rescale[kG][kBlock];
@@ -246,24 +244,18 @@ void attend_pairs(const float* q, int64_t g, const uint16_t* k, const uint16_t* 
 
 }  // namespace
 
-void attend_group_avx512(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
-                         int64_t dk, int64_t dv, float scale, float* out, const float* sinks, uint16_t* q16,
-                         uint16_t* acc16) {
-  if (dk % 64 == 0 && dk <= kGroupMaxQ) {
-    switch (dv) {
-      case 64:
-        attend_pairs<4>(q, g, k, v, n_kv, dk, scale, out, sinks);
-        return;
-      case 128:
-        attend_pairs<8>(q, g, k, v, n_kv, dk, scale, out, sinks);
-        return;
-      default:
-        break;
-    }
-  }
-  for (int64_t h = 0; h < g; ++h) {
-    attend_head_avx512(q + h * dk, k, v, n_kv, dk, dv, scale, out + h * dv, q16, acc16,
-                       sinks != nullptr ? sinks[h] : kNoSink);
+bool attend_group_avx512(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
+                         int64_t dk, int64_t dv, float scale, float* out, const float* sinks) {
+  if (dk % 64 != 0 || dk > kGroupMaxQ) return false;
+  switch (dv) {
+    case 64:
+      attend_pairs<4>(q, g, k, v, n_kv, dk, scale, out, sinks);
+      return true;
+    case 128:
+      attend_pairs<8>(q, g, k, v, n_kv, dk, scale, out, sinks);
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -57,10 +57,10 @@ using GluFn = void (*)(const float* gate, const float* up, float* out, int64_t n
 using AttendFn = void (*)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                           int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
 
-/// attend_group (kernels.h).
-using AttendGroupFn = void (*)(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
-                               int64_t dk, int64_t dv, float scale, float* out, const float* sinks,
-                               uint16_t* q16, uint16_t* acc16);
+/// attend_group (kernels.h) for the shapes a table's group kernel takes; false (nothing written): attend per
+/// head.
+using AttendGroupFn = bool (*)(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
+                               int64_t dk, int64_t dv, float scale, float* out, const float* sinks);
 
 struct DotKernels {
   DotFn dot[kTypeSlots] = {};               ///< indexed by weight type id; ProductOrder::mul_mat
@@ -121,7 +121,8 @@ struct DotKernels {
   PanelFn iq_panel = nullptr;
   /// One attention head over the fp16 KV cache (attend_head_scalar's arithmetic in every table).
   AttendFn attend = nullptr;
-  /// The heads of one KV group together (attend_head's bits per head); null: attend per head.
+  /// The heads of one KV group together (attend_head's bits per head); null, or false for a shape: attend
+  /// per head.
   AttendGroupFn attend_group = nullptr;
   /// SwiGLU in llama.cpp's AVX-512 arithmetic (silu.h: swiglu_scalar's bits in every table).
   GluFn swiglu = nullptr;
@@ -130,10 +131,10 @@ struct DotKernels {
 /// The AVX2 attention head (attention_avx2.cpp), bit-identical to attend_head_scalar.
 void attend_head_avx2(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk, int64_t dv,
                       float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
-/// The AVX-512 group of attention heads (attention_avx512.cpp): attend_head_avx512's bits per head.
-void attend_group_avx512(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
-                         int64_t dk, int64_t dv, float scale, float* out, const float* sinks, uint16_t* q16,
-                         uint16_t* acc16);
+/// The AVX-512 group of attention heads (attention_avx512.cpp): attend_head_avx512's bits per head, for dk a
+/// multiple of 64 up to 256 and dv 64 or 128 (false for other shapes).
+bool attend_group_avx512(const float* q, int64_t g, const uint16_t* k, const uint16_t* v, int64_t n_kv,
+                         int64_t dk, int64_t dv, float scale, float* out, const float* sinks);
 /// The AVX-512 attention head (attention_avx512.cpp), bit-identical to attend_head_scalar.
 void attend_head_avx512(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_kv, int64_t dk,
                         int64_t dv, float scale, float* out, uint16_t* q16, uint16_t* acc16, float sink);
