@@ -144,25 +144,20 @@ void KvCache::prepare(int64_t end) {
     // resident page changes nothing). Each region's pages now hold whole rows up to its last page's end:
     // prepared_ is the fewest of those, so the next steps' rows make no system call until they pass it.
     const size_t page = KvMapping::page_size();
-    const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
     int64_t covered = n_ctx_;
-    for (int kind = 0; kind < 2; ++kind) {
-      const size_t row = static_cast<size_t>(kind == 0 ? dk_ : dv_) * sizeof(uint16_t);
-      const size_t first = kind == 0 ? 0 : k_elems() * sizeof(uint16_t);
-      for (size_t r = 0; r < regions; ++r) {
-        const size_t start = first + r * static_cast<size_t>(n_ctx_) * row;
-        const size_t from = round_down(start + static_cast<size_t>(have) * row, page);
-        const size_t to = round_up(start + static_cast<size_t>(end) * row, page);
-        if (!map_.populate(from, to)) {
-          unsupported.store(true, std::memory_order_relaxed);
-          covered = 0;
-          break;
-        }
-        covered = std::min(covered, static_cast<int64_t>((to - start) / row));
+    bool failed = false;
+    for_each_region([&](size_t start, size_t row) {
+      if (failed) return;
+      const size_t from = round_down(start + static_cast<size_t>(have) * row, page);
+      const size_t to = round_up(start + static_cast<size_t>(end) * row, page);
+      if (!map_.populate(from, to)) {
+        unsupported.store(true, std::memory_order_relaxed);
+        failed = true;
+        return;
       }
-      if (covered == 0) break;
-    }
-    prepared_ = std::max(end, std::min(covered, n_ctx_));
+      covered = std::min(covered, static_cast<int64_t>((to - start) / row));
+    });
+    prepared_ = failed ? end : std::max(end, covered);
   }
   touch(end);
 }
@@ -180,19 +175,13 @@ void KvCache::shrink(int64_t keep, int64_t retain) {
   // Region by region (K's, then V's): the pages wholly past row `retain` up to the rows written. A page that
   // also holds the next region's first rows is kept (it is in that region's prefix).
   const size_t page = KvMapping::page_size();
-  const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
   const size_t total = size_bytes();
-  for (int kind = 0; kind < 2; ++kind) {
-    const size_t row = static_cast<size_t>(kind == 0 ? dk_ : dv_) * sizeof(uint16_t);
-    const size_t first = kind == 0 ? 0 : k_elems() * sizeof(uint16_t);
-    for (size_t r = 0; r < regions; ++r) {
-      const size_t start = first + r * static_cast<size_t>(n_ctx_) * row;
-      const size_t stop = start + static_cast<size_t>(n_ctx_) * row;
-      const size_t limit = stop == total ? map_.size() : round_down(stop, page);
-      const size_t end = std::min(round_up(start + static_cast<size_t>(touched_) * row, page), limit);
-      map_.release(start + static_cast<size_t>(retain) * row, end);
-    }
-  }
+  for_each_region([&](size_t start, size_t row) {
+    const size_t stop = start + static_cast<size_t>(n_ctx_) * row;
+    const size_t limit = stop == total ? map_.size() : round_down(stop, page);
+    const size_t end = std::min(round_up(start + static_cast<size_t>(touched_) * row, page), limit);
+    map_.release(start + static_cast<size_t>(retain) * row, end);
+  });
   touched_ = retain;
   prepared_ = std::min(prepared_, retain);
 }
@@ -201,20 +190,14 @@ uint64_t KvCache::resident_bytes(int64_t rows) const {
   rows = std::clamp<int64_t>(rows, 0, n_ctx_);
   if (rows == 0) return 0;
   const size_t page = KvMapping::page_size();
-  const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
   size_t covered = 0;  // pages [0, covered) already counted
   uint64_t pages = 0;
-  for (int kind = 0; kind < 2; ++kind) {
-    const size_t row = static_cast<size_t>(kind == 0 ? dk_ : dv_) * sizeof(uint16_t);
-    const size_t first = kind == 0 ? 0 : k_elems() * sizeof(uint16_t);
-    for (size_t r = 0; r < regions; ++r) {
-      const size_t start = first + r * static_cast<size_t>(n_ctx_) * row;
-      const size_t p0 = std::max(start / page, covered);
-      const size_t p1 = (start + static_cast<size_t>(rows) * row + page - 1) / page;
-      if (p1 > p0) pages += p1 - p0;
-      covered = std::max(covered, p1);
-    }
-  }
+  for_each_region([&](size_t start, size_t row) {
+    const size_t p0 = std::max(start / page, covered);
+    const size_t p1 = (start + static_cast<size_t>(rows) * row + page - 1) / page;
+    if (p1 > p0) pages += p1 - p0;
+    covered = std::max(covered, p1);
+  });
   return pages * page;
 }
 

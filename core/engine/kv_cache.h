@@ -131,6 +131,17 @@ class KvCache {
   size_t offset_v(int64_t layer, int64_t head) const {
     return k_elems() + static_cast<size_t>((layer * n_head_kv_ + head) * n_ctx_ * dv_);
   }
+  /// fn(start, row) for each (layer, head) region in address order, K's then V's: the region's first byte in
+  /// the mapping and the bytes of one of its rows.
+  template <class Fn>
+  void for_each_region(Fn&& fn) const {
+    const size_t regions = static_cast<size_t>(n_layer_ * n_head_kv_);
+    for (int kind = 0; kind < 2; ++kind) {
+      const size_t row = static_cast<size_t>(kind == 0 ? dk_ : dv_) * sizeof(uint16_t);
+      const size_t first = kind == 0 ? 0 : k_elems() * sizeof(uint16_t);
+      for (size_t r = 0; r < regions; ++r) fn(first + r * static_cast<size_t>(n_ctx_) * row, row);
+    }
+  }
 
   int64_t n_layer_, n_ctx_, n_head_kv_, dk_, dv_;
   int64_t n_past_ = 0;
