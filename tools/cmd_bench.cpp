@@ -73,17 +73,24 @@ struct BenchFlags {
 /// One test's phase totals (--phases): the forward pass's, and the test's wall time over the same steps.
 struct PhaseRow {
   std::string test;
+  std::string json_key;  ///< the test's object in --json ("pp", "tg"); empty: the caller places it
   engine::StepPhaseTimes times;
   double wall_s = 0;
+  double forward_s() const {
+    double sum = 0;
+    for (double s : times.seconds) sum += s;
+    return sum;
+  }
+  /// The wall time, at least the forward pass's (the two clocks read at different points).
+  double step_wall_s() const { return std::max(wall_s, forward_s()); }
 };
 
 void print_phases(const std::vector<PhaseRow>& rows) {
   for (const PhaseRow& r : rows) {
     if (r.times.steps == 0) continue;
     const double steps = static_cast<double>(r.times.steps);
-    double forward = 0;
-    for (double s : r.times.seconds) forward += s;
-    const double wall = std::max(r.wall_s, forward);
+    const double forward = r.forward_s();
+    const double wall = r.step_wall_s();
     std::printf(
         "\nphases of %s: %llu steps, %.3f ms a step\n| phase | ms per step | share |\n|---|---:|---:|\n",
         r.test.c_str(), static_cast<unsigned long long>(r.times.steps), wall / steps * 1e3);
@@ -102,13 +109,11 @@ nlohmann::json phases_json(const PhaseRow& r) {
   nlohmann::json j = nlohmann::json::object();
   if (r.times.steps == 0) return j;
   const double steps = static_cast<double>(r.times.steps);
-  double forward = 0;
   for (int p = 0; p < engine::kStepPhases; ++p) {
-    const double sec = r.times.seconds[static_cast<size_t>(p)];
-    forward += sec;
-    j[engine::step_phase_name(static_cast<engine::StepPhase>(p))] = sec / steps;
+    j[engine::step_phase_name(static_cast<engine::StepPhase>(p))] =
+        r.times.seconds[static_cast<size_t>(p)] / steps;
   }
-  j["outside"] = std::max(0.0, r.wall_s - forward) / steps;
+  j["outside"] = (r.step_wall_s() - r.forward_s()) / steps;
   j["steps"] = r.times.steps;
   return j;
 }
@@ -355,9 +360,10 @@ void bench(const BenchFlags& f) {
   const auto phases_begin = [&] {
     if (f.phases) engine::model_set_phase_timing(model, true);
   };
-  const auto phases_end = [&](std::string test, const std::vector<double>& samples, double tokens) {
+  const auto phases_end = [&](std::string test, std::string json_key, const std::vector<double>& samples,
+                              double tokens) {
     if (!f.phases) return;
-    PhaseRow r{std::move(test), engine::model_phase_times(model), 0};
+    PhaseRow r{std::move(test), std::move(json_key), engine::model_phase_times(model), 0};
     engine::model_set_phase_timing(model, false);
     for (double tps : samples) r.wall_s += tps > 0 ? tokens / tps : 0;
     phase_rows.push_back(std::move(r));
@@ -366,14 +372,14 @@ void bench(const BenchFlags& f) {
   for (int i = 0; i < f.reps && f.n_prompt > 0; ++i) {
     pp.push_back(run_once(model, random_ids(rng, m.vocab, f.n_prompt), 1, true));
   }
-  phases_end("pp" + std::to_string(f.n_prompt), pp, f.n_prompt);
+  phases_end("pp" + std::to_string(f.n_prompt), "pp", pp, f.n_prompt);
   const Stats pps = stats_of(pp);
   if (!f.json && !pp.empty()) print_row("pp", f.n_prompt, pps);
   phases_begin();
   for (int i = 0; i < f.reps && f.n_gen > 0; ++i) {
     tg.push_back(run_once(model, random_ids(rng, m.vocab, 1), f.n_gen, false));
   }
-  phases_end("tg" + std::to_string(f.n_gen), tg, f.n_gen);
+  phases_end("tg" + std::to_string(f.n_gen), "tg", tg, f.n_gen);
   const Stats tgs = stats_of(tg);
   if (!f.json && !tg.empty()) print_row("tg", f.n_gen, tgs);
   // Batched decode: N sequences at once.
@@ -395,7 +401,7 @@ void bench(const BenchFlags& f) {
     std::vector<double> agg;
     phases_begin();
     for (int i = 0; i < f.reps; ++i) agg.push_back(run_parallel(model, rng, m.vocab, n_seq, f.n_gen));
-    phases_end("tg" + std::to_string(f.n_gen) + " x" + std::to_string(n_seq), agg,
+    phases_end("tg" + std::to_string(f.n_gen) + " x" + std::to_string(n_seq), "", agg,
                static_cast<double>(n_seq) * f.n_gen);
     const Stats as = stats_of(agg);
     // At least n steps per run (the 1-token prompts' step, then one per token but the last); more when the
@@ -453,10 +459,7 @@ void bench(const BenchFlags& f) {
     if (!pp.empty()) out["pp"] = test(f.n_prompt, f.reps, pp, pps);
     if (!tg.empty()) out["tg"] = test(f.n_gen, f.reps, tg, tgs);
     for (const PhaseRow& r : phase_rows) {
-      if (r.test.starts_with("pp") && out.contains("pp")) out["pp"]["phases"] = phases_json(r);
-      if (r.test.starts_with("tg") && r.test.find(" x") == std::string::npos && out.contains("tg")) {
-        out["tg"]["phases"] = phases_json(r);
-      }
+      if (!r.json_key.empty() && out.contains(r.json_key)) out[r.json_key]["phases"] = phases_json(r);
     }
     if (!parallel_json.empty()) out["parallel"] = parallel_json;
     out["weight_bytes_per_token"] = m.bytes_per_token;
