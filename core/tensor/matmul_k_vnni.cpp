@@ -305,7 +305,6 @@ void tile_k(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* ac
       const VecBlock* yv[kN];
       for (int v = 0; v < kN; ++v) yv[v] = vb + (first + v) * nb;
       rows16<K, kN>(pb, nb, yv, y + first * ldy + r0, ldy, mask, ahead);
-      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);

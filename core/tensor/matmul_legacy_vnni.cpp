@@ -191,7 +191,6 @@ void tile_legacy(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_
         ov[v] = off == nullptr ? nullptr : off + 8 * (first + v) * nb;
       }
       rows16<F, kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, mask, ahead);
-      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);

@@ -210,7 +210,6 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts
         ov[v] = off + (first + v) * nb;
       }
       rows16<kN>(pb, nb, lut, yv, ov, y + first * ldy + r0, ldy, mask, ahead);
-      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);

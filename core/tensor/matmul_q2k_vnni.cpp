@@ -150,7 +150,6 @@ void run_vectors(const PackedQ2Block* pb, int64_t nb, const uint8_t* acts, size_
       yv[v] = reinterpret_cast<const block_q8_K*>(acts + static_cast<size_t>(first + v) * act_bytes);
     }
     rows16<kN, kGemm>(pb, nb, yv, y + first * ldy, ldy, mask, ahead);
-    ahead.next_run();
   };
   int64_t v = v0;
   for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);

@@ -327,7 +327,6 @@ void run_vectors(const PackedRows& pb, int64_t nb, const uint8_t* acts, size_t a
     } else {
       rows16_gemv<kN>(pb, nb, yv, pv, y + first * ldy, ldy, mask, ahead);
     }
-    ahead.next_run();
   };
   int64_t v = v0;
   for (; v + kV <= v1; v += kV) run.template operator()<kV>(v);

@@ -137,7 +137,6 @@ void tile_q8_0_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, const uin
         ov[v] = off + 8 * (first + v) * nb;
       }
       rows16<kN>(pb, nb, yv, ov, y + first * ldy + r0, ldy, mask, ahead);
-      ahead.next_run();
     };
     int64_t v = 0;
     for (; v + kV <= nvec; v += kV) run.template operator()<kV>(v);

@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -61,31 +62,34 @@ inline void transpose4x4_dwords_per_lane(const __m512i* z, __m512i* out) {
 /// first run, the prefetches waited on the core's outstanding misses; into L1 (_MM_HINT_T0) they evicted the
 /// group's own data; into L2 (_MM_HINT_T1) batched decode of dense-1b Q4_K_M at 8 sequences ran 4-5 % slower
 /// than with kWeightStreamHint's non-temporal fetch, prompts alike (docs/performance.md). Usage: one per
-/// group, at(i, nb) in each run's block loop, next_run() after each run; decode's one-vector kernels use it
-/// with one run of one vector.
+/// group, at(i, nb) in each run's block loop, in order; decode's one-vector kernels use it with one run of
+/// one vector. Each call takes the next ceil(lines / (runs x nb)) lines from a running cursor (the even share
+/// per block cost two 64-bit divisions a call). The prefetches themselves cost an 8-vector Q4_K run ~9 % when
+/// its rows are already in cache, and from memory it takes nearly twice as long without them (bench_kernels
+/// FewVectors and MatvecVsStream .../t2/v8 with and without them, issue #25).
 class NextGroup {
  public:
   /// The 16 rows after the group at `group`: past the call's last row they are usually the next chunk's
   /// (products call the tiles on consecutive chunks), and a prefetch never faults, even past the matrix.
+  /// `nvec` vectors in runs of `vectors_per_run`.
   NextGroup(const uint8_t* group, size_t row_bytes, int64_t nvec, int vectors_per_run)
       : next_(reinterpret_cast<const char*>(group + 16 * row_bytes)),
         lines_(static_cast<int64_t>((16 * row_bytes + 63) / 64)),
         runs_((nvec + vectors_per_run - 1) / vectors_per_run) {}
-  /// The share of the lines that goes with block i of nb in the current run.
-  void at(int64_t i, int64_t nb) const {
-    if (run_ >= runs_) return;  // runs of an order's tail past the estimate: all fetched already
-    const int64_t parts = runs_ * nb, part = run_ * nb + i;
-    for (int64_t l = part * lines_ / parts; l < (part + 1) * lines_ / parts; ++l) {
-      _mm_prefetch(next_ + 64 * l, kWeightStreamHint);
-    }
+  /// The lines that go with the next block (of nb a run): none once every line is on its way.
+  void at(int64_t /*i*/, int64_t nb) const {
+    if (per_ == 0) per_ = (lines_ + runs_ * nb - 1) / (runs_ * nb);
+    const int64_t end = std::min(done_ + per_, lines_);
+    for (int64_t l = done_; l < end; ++l) _mm_prefetch(next_ + 64 * l, kWeightStreamHint);
+    done_ = end;
   }
-  void next_run() { ++run_; }
 
  private:
   const char* next_;
   int64_t lines_;
   int64_t runs_;  ///< at least the group's runs: every line is fetched by the end of the last
-  int64_t run_ = 0;
+  mutable int64_t per_ = 0;   ///< lines a block, set by the first call
+  mutable int64_t done_ = 0;  ///< lines fetched so far
 };
 
 }  // namespace
