@@ -41,7 +41,7 @@ static_assert(sizeof(PackedQs) == 2048);
 /// The 16 rows' scales of one super-block, unpacked a row per lane for the products.
 /// Invariant: rows past the group's end (a chunk's last, short group) are all zero (scales, mins, d).
 struct alignas(64) PackedHeader {
-  int32_t sc[8][kRows];   ///< [sub-block] row r's 6-bit scale
+  int32_t sc[8][kRows];   ///< [sub-block] row r's 6-bit scale, 16 times it for even sub-blocks (group_sums)
   int32_t mn[4][kRows];   ///< [group g] row r's mins 2g (low int16) and 2g + 1 (high int16)
   float d[kRows];         ///< row r's super-block scale
   float dmin[kRows];      ///< row r's super-block min scale
@@ -121,11 +121,16 @@ inline void unpack_headers(const __m512i* h, PackedHeader& b) {
   _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
   const ScaleMinBytes s = unpack_scale_min_bytes(h[1], h[2], h[3]);
   const __m512i byte = _mm512_set1_epi32(0xff);
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    _mm512_store_si512(b.sc[j], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 8 * j), byte));
-    _mm512_store_si512(b.sc[j + 4], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 8 * j), byte));
-  }
+  // even sub-blocks (the low nibbles) 16 times larger, to match group_sums' high nibbles multiplied in place
+  const __m512i byte16 = _mm512_set1_epi32(0xff0);
+  _mm512_store_si512(b.sc[0], _mm512_and_si512(_mm512_slli_epi32(s.sc03, 4), byte16));
+  _mm512_store_si512(b.sc[1], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 8), byte));
+  _mm512_store_si512(b.sc[2], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 12), byte16));
+  _mm512_store_si512(b.sc[3], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 24), byte));
+  _mm512_store_si512(b.sc[4], _mm512_and_si512(_mm512_slli_epi32(s.sc47, 4), byte16));
+  _mm512_store_si512(b.sc[5], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 8), byte));
+  _mm512_store_si512(b.sc[6], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 12), byte16));
+  _mm512_store_si512(b.sc[7], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 24), byte));
 #pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) _mm512_store_si512(b.mn[g], min_pair(s, g));
 }
@@ -185,8 +190,11 @@ void unpack_interleaved_headers(const InterleavedBlock* x, int64_t nb, PackedHea
 }
 
 /// Group g (64 elements) of packed block b against kV vectors (q8[v]: vector v's block quants): s0[v] /
-/// s1[v], lane r = row r's integer sum of levels x quants over sub-block 2g (the low nibbles) / 2g + 1 (the
-/// high).
+/// s1[v], lane r = row r's integer sum of levels x quants over sub-block 2g (the low nibbles) / 16 times that
+/// of 2g + 1 (the high): the high nibbles are multiplied in place (quant & 0xf0 = 16 x level), one AND where
+/// a shift and an AND took two ops of the ports vpdpbusd runs on; PackedHeader::sc holds the even sub-blocks'
+/// scales 16 times larger to match, so s0 x sc[2g] + s1 x sc[2g + 1] is 16 times the exact integer (|sum| <=
+/// 8 x 63 x 32 x 15 x 128 x 16 < 2^31 over a whole super-block) and one arithmetic shift gives it back.
 template <int kV>
 inline void group_sums(const PackedQs& b, int g, const int8_t* const* q8, __m512i m4, __m512i* s0,
                        __m512i* s1) {
@@ -196,7 +204,7 @@ inline void group_sums(const PackedQs& b, int g, const int8_t* const* q8, __m512
   for (int k = 0; k < 8; ++k) {
     const __m512i raw = _mm512_load_si512(b.qs[g][k]);
     const __m512i w0 = _mm512_and_si512(raw, m4);
-    const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    const __m512i w1 = _mm512_andnot_si512(m4, raw);  // 16 x the high nibble
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) {
       s0[v] = dpbusd_bcast(s0[v], w0, q8[v] + 64 * g + 4 * k);
@@ -238,7 +246,8 @@ void rows16(const PackedRows& pb, int64_t nb, const block_q8_K* const* y, const 
       const __m512i mn = _mm512_load_si512(h.mn[g]);
 #pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) {
-        const __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1));
+        const __m512i is = _mm512_srai_epi32(
+            _mm512_add_epi32(_mm512_mullo_epi32(s0[v], sc0), _mm512_mullo_epi32(s1[v], sc1)), 4);
         const __m512i im =
             _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn, _mm512_set1_epi32(pairs[v][4 * i + g]));
         acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_load_ps(dv[v]), acc[v]);
@@ -295,8 +304,8 @@ void rows16_gemv(const PackedRows& pb, int64_t nb, const block_q8_K* const* y, c
         imin = _mm512_dpwssd_epi32(imin, _mm512_load_si512(h.mn[g]), _mm512_set1_epi32(pairs[v][4 * i + g]));
       }
       const __m512 yd = _mm512_set1_ps(y[v][i].d);
-      _mm512_store_ps(acc[v], _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), _mm512_mul_ps(xd, yd),
-                                              _mm512_load_ps(acc[v])));
+      _mm512_store_ps(acc[v], _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(isum[v], 4)),
+                                              _mm512_mul_ps(xd, yd), _mm512_load_ps(acc[v])));
       _mm512_store_ps(acc_m[v], _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(xdmin, yd),
                                                 _mm512_load_ps(acc_m[v])));
     }
