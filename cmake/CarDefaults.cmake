@@ -26,7 +26,12 @@ endif()
 # every FMA they mean is written as one; with -mfma GCC would otherwise fuse a written multiply and add (it
 # fused attention_avx2.cpp's softmax sum `sum * ms + vs`, which the scalar reference and llama.cpp's CPU
 # build round twice: a last-bit difference that moved deepseek2's logprobs by up to 6.5e-2, issue #27).
-set(CAR_FLAGS_AVX2 "-mavx2;-mfma;-mf16c;-mbmi2;-ffp-contract=off")
+# -falign-loops=64: every loop of a kernel file starts on a cache line. The hot loops are long (the one-vector
+# Q4_K kernel's block loop is 1.7 KB) and their speed moved with where an unrelated edit to the same file
+# happened to place them: gemv_interleaved<1> compiled to the same instructions 16 bytes further along ran
+# dense-1b decode 4-17 % slower in four alternated rounds (car bench -p 0 -n 64, 2026-12-07); aligned, the two
+# builds' rounds overlap again. It costs ~10 KB of padding in `car`.
+set(CAR_FLAGS_AVX2 "-mavx2;-mfma;-mf16c;-mbmi2;-ffp-contract=off;-falign-loops=64")
 set(CAR_FLAGS_AVX512 "${CAR_FLAGS_AVX2};-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16")
 function(car_simd_source file isa)
   set_source_files_properties(${file} PROPERTIES COMPILE_OPTIONS "${CAR_FLAGS_${isa}}")
