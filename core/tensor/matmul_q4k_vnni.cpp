@@ -115,22 +115,29 @@ inline __m512i min_pair(const ScaleMinBytes& s, int g) {
                                         _mm512_and_si512(_mm512_srli_epi32(m, 8), word_hi));
 }
 
+/// The scales of sub-blocks 2h and 2h + 1 (h = 0, 1) from the bytes [s0 s1 s2 s3] of sc03 or sc47, a dword
+/// per lane: the even one 16 times larger (group_sums and the one-vector kernel multiply the high nibbles in
+/// place, 16 times their level), the odd one as it is.
+inline void scale_pair(__m512i sc, int h, __m512i* even16, __m512i* odd) {
+  const __m512i byte = _mm512_set1_epi32(0xff), byte16 = _mm512_set1_epi32(0xff0);
+  *even16 = h == 0 ? _mm512_and_si512(_mm512_slli_epi32(sc, 4), byte16)
+                   : _mm512_and_si512(_mm512_srli_epi32(sc, 12), byte16);
+  *odd = _mm512_and_si512(_mm512_srli_epi32(sc, 16 * h + 8), byte);
+}
+
 /// Unpack the 16 rows' transposed headers h (lane r of h[j]: dword j of row r's block header) into b.
 inline void unpack_headers(const __m512i* h, PackedHeader& b) {
   _mm512_store_ps(b.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
   _mm512_store_ps(b.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
   const ScaleMinBytes s = unpack_scale_min_bytes(h[1], h[2], h[3]);
-  const __m512i byte = _mm512_set1_epi32(0xff);
-  // even sub-blocks (the low nibbles) 16 times larger, to match group_sums' high nibbles multiplied in place
-  const __m512i byte16 = _mm512_set1_epi32(0xff0);
-  _mm512_store_si512(b.sc[0], _mm512_and_si512(_mm512_slli_epi32(s.sc03, 4), byte16));
-  _mm512_store_si512(b.sc[1], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 8), byte));
-  _mm512_store_si512(b.sc[2], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 12), byte16));
-  _mm512_store_si512(b.sc[3], _mm512_and_si512(_mm512_srli_epi32(s.sc03, 24), byte));
-  _mm512_store_si512(b.sc[4], _mm512_and_si512(_mm512_slli_epi32(s.sc47, 4), byte16));
-  _mm512_store_si512(b.sc[5], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 8), byte));
-  _mm512_store_si512(b.sc[6], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 12), byte16));
-  _mm512_store_si512(b.sc[7], _mm512_and_si512(_mm512_srli_epi32(s.sc47, 24), byte));
+#pragma GCC unroll 4
+  for (int j = 0; j < 4;
+       ++j) {  // sub-blocks 2j and 2j + 1: bytes 2(j % 2), 2(j % 2) + 1 of sc03 (j < 2) or sc47
+    __m512i even16, odd;
+    scale_pair(j < 2 ? s.sc03 : s.sc47, j & 1, &even16, &odd);
+    _mm512_store_si512(b.sc[2 * j], even16);
+    _mm512_store_si512(b.sc[2 * j + 1], odd);
+  }
 #pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) _mm512_store_si512(b.mn[g], min_pair(s, g));
 }
@@ -443,7 +450,6 @@ template <int kV>
 inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const block_q8_K* const* y,
                                    const int32_t* const* pairs, float* out, int64_t ldy) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i byte = _mm512_set1_epi32(0xff), byte16 = _mm512_set1_epi32(0xff0);
   __m512 acc[kV], acc_m[kV];
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
@@ -483,13 +489,9 @@ inline void gemv_interleaved_group(const InterleavedBlock* x, int64_t nb, const 
           s1[v] = dpbusd_bcast(s1[v], w1, y[v][i].qs + 64 * g + 32 + 4 * k);
         }
       }
-      // sub-blocks 2g, 2g + 1: bytes 2(g % 2), 2(g % 2) + 1 of sc03 (g < 2) or sc47; sub-block 2g's 16 times
-      // larger (s1 is 16 times its sum)
-      const __m512i sc = g < 2 ? smb.sc03 : smb.sc47;
-      const int j = 2 * (g & 1);
-      const __m512i sc0 = j == 0 ? _mm512_and_si512(_mm512_slli_epi32(sc, 4), byte16)
-                                 : _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j - 4), byte16);
-      const __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(sc, 8 * j + 8), byte);
+      // sub-blocks 2g, 2g + 1; sub-block 2g's scale 16 times larger (s1 is 16 times its sum)
+      __m512i sc0, sc1;
+      scale_pair(g < 2 ? smb.sc03 : smb.sc47, g & 1, &sc0, &sc1);
       const __m512i mn = min_pair(smb, g);
       for (int v = 0; v < kV; ++v) {
         isum[v] = _mm512_add_epi32(
