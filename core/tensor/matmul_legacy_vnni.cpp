@@ -132,7 +132,7 @@ void rows16(const PackedLegacyBlock* pb, int64_t nb, const typename F::ActBlock*
   }
   for (int64_t i = 0; i < nb; ++i) {
     const PackedLegacyBlock& b = pb[i];
-    ahead.at(i, nb);
+    ahead.at();
     const __m512 xd = _mm512_load_ps(b.d);
     __m512 d[kV];  // x.d * y.d per (row, vector), as the dot kernels form it
 #pragma GCC unroll 8
@@ -181,7 +181,7 @@ void tile_legacy(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
-    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nb, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const ActBlock* yv[kN];

@@ -139,7 +139,7 @@ void rows16(const PackedBlock* pb, int64_t nb, __m512i lut, const block_q8_0* co
   for (int v = 0; v < kV; ++v) acc[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const PackedBlock& b = pb[i];
-    ahead.at(i, nb);
+    ahead.at();
     __m512i s[kV];
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) s[v] = _mm512_setzero_si512();
@@ -200,7 +200,7 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t* acts
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows<F>(RowGroup<F>(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr), nb, pb);
-    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kV);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nb, nvec, kV);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     auto run = [&]<int kN>(int64_t first) {
       const block_q8_0* yv[kN];
@@ -246,10 +246,10 @@ void rows_gemv(const uint8_t* w, size_t row_bytes, int64_t nrows, const void* ac
     const RowGroup<F> g(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr);
     // decode of a Q4_0 model from memory with the next group fetched a share per block (into L1 then; now
     // kWeightStreamHint): 1.55 -> 1.16 s of CPU for 64 tokens (two groups ahead measured slower)
-    const NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, 1, 1);
+    const NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nb, 1, 1);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
-      ahead.at(i, nb);
+      ahead.at();
       __m512i qs[4];
       __m512 d;
       g.load(i, qs, &d);

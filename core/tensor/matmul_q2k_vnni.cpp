@@ -98,7 +98,7 @@ void rows16(const PackedQ2Block* pb, int64_t nb, const block_q8_K* const* y, flo
   for (int v = 0; v < kV; ++v) acc[v] = acc_m[v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const PackedQ2Block& b = pb[i];
-    ahead.at(i, nb);
+    ahead.at();
     const __m512 xd = _mm512_load_ps(b.d), xdmin = _mm512_load_ps(b.dmin);
     // integer chains: the half's sums (gemm) or the block's (gemv: not reset between the halves)
     __m512i s0[kV], s1[kV], m[kV];
@@ -181,7 +181,7 @@ void tile_q2_K_repacked_vnni(const uint8_t* w, size_t row_bytes, int64_t nrows, 
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, nrows - r0));
     pack_rows(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nr, nb, pb);
-    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nvec, kVectorsPerRun);
+    NextGroup ahead(w + static_cast<size_t>(r0) * row_bytes, row_bytes, nb, nvec, kVectorsPerRun);
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
     // one transpose of the rows serves every run of vectors in the same order
     for (int64_t v0 = 0; v0 < nvec;) {

@@ -233,7 +233,7 @@ void rows16(const PackedRows& pb, int64_t nb, const block_q8_K* const* y, const 
   for (int64_t i = 0; i < nb; ++i) {
     const PackedQs& b = pb.q(i);
     const PackedHeader& h = pb.hdr[i];
-    ahead.at(i, nb);
+    ahead.at();
     const int8_t* q8[kV];
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) q8[v] = y[v][i].qs;
@@ -285,7 +285,7 @@ void rows16_gemv(const PackedRows& pb, int64_t nb, const block_q8_K* const* y, c
   for (int64_t i = 0; i < nb; ++i) {
     const PackedQs& b = pb.q(i);
     const PackedHeader& h = pb.hdr[i];
-    ahead.at(i, nb);
+    ahead.at();
     const int8_t* q8[kV];
 #pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) q8[v] = y[v][i].qs;
@@ -422,7 +422,7 @@ void tile_q4_K(const uint8_t* w, size_t row_bytes, int64_t nrows, const uint8_t*
       pb = PackedRows{reinterpret_cast<const uint8_t*>(qs), sizeof(PackedQs), hdr};
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
-    NextGroup ahead(group, row_bytes, runs, 1);
+    NextGroup ahead(group, row_bytes, nb, runs, 1);
     // one transpose of the rows serves every run of vectors in the same order
     for_each_order_range(nvec, gemm, [&](int64_t v0, int64_t v1, bool g) {
       if (g) {

@@ -62,7 +62,7 @@ inline void transpose4x4_dwords_per_lane(const __m512i* z, __m512i* out) {
 /// first run, the prefetches waited on the core's outstanding misses; into L1 (_MM_HINT_T0) they evicted the
 /// group's own data; into L2 (_MM_HINT_T1) batched decode of dense-1b Q4_K_M at 8 sequences ran 4-5 % slower
 /// than with kWeightStreamHint's non-temporal fetch, prompts alike (docs/performance.md). Usage: one per
-/// group, at(i, nb) in each run's block loop, in order; decode's one-vector kernels use it with one run of
+/// group, at() in each run's block loop, in order; decode's one-vector kernels use it with one run of
 /// one vector. Each call takes the next ceil(lines / (runs x nb)) lines from a running cursor (the even share
 /// per block cost two 64-bit divisions a call). The prefetches themselves cost an 8-vector Q4_K run ~9 % when
 /// its rows are already in cache, and from memory it takes nearly twice as long without them (bench_kernels
@@ -71,14 +71,16 @@ class NextGroup {
  public:
   /// The 16 rows after the group at `group`: past the call's last row they are usually the next chunk's
   /// (products call the tiles on consecutive chunks), and a prefetch never faults, even past the matrix.
-  /// `nvec` vectors in runs of `vectors_per_run`.
-  NextGroup(const uint8_t* group, size_t row_bytes, int64_t nvec, int vectors_per_run)
+  /// `nvec` vectors in runs of `vectors_per_run`, each run over `nb` blocks.
+  NextGroup(const uint8_t* group, size_t row_bytes, int64_t nb, int64_t nvec, int vectors_per_run)
       : next_(reinterpret_cast<const char*>(group + 16 * row_bytes)),
-        lines_(static_cast<int64_t>((16 * row_bytes + 63) / 64)),
-        runs_((nvec + vectors_per_run - 1) / vectors_per_run) {}
-  /// The lines that go with the next block (of nb a run): none once every line is on its way.
-  void at(int64_t /*i*/, int64_t nb) const {
-    if (per_ == 0) per_ = (lines_ + runs_ * nb - 1) / (runs_ * nb);
+        lines_(static_cast<int64_t>((16 * row_bytes + 63) / 64)) {
+    const int64_t parts = (nvec + vectors_per_run - 1) / vectors_per_run * nb;
+    per_ = (lines_ + parts - 1) / parts;
+  }
+  /// The lines that go with the next block of a run: none once every line is on its way (the runs' blocks
+  /// take ceil(lines / parts) each, so every line is fetched by the end of the last run).
+  void at() const {
     const int64_t end = std::min(done_ + per_, lines_);
     for (int64_t l = done_; l < end; ++l) _mm_prefetch(next_ + 64 * l, kWeightStreamHint);
     done_ = end;
@@ -87,8 +89,7 @@ class NextGroup {
  private:
   const char* next_;
   int64_t lines_;
-  int64_t runs_;  ///< at least the group's runs: every line is fetched by the end of the last
-  mutable int64_t per_ = 0;   ///< lines a block, set by the first call
+  int64_t per_;               ///< lines a block
   mutable int64_t done_ = 0;  ///< lines fetched so far
 };
 
